@@ -1,0 +1,34 @@
+# kvctl_cc_library(NAME name SRCS ... DEPS ... [PUBLIC_DEPS ...])
+#   One library per source folder; our warnings apply to our code only.
+# kvctl_cc_test(NAME name SRCS ... DEPS ...)
+#   Adds the sources to the shared Catch2 test binary of the calling folder group.
+set(KVCTL_WARNINGS -Wall -Wextra)
+if(KVCTL_WERROR)
+  list(APPEND KVCTL_WARNINGS -Werror)
+endif()
+
+function(kvctl_cc_library)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_library(${ARG_NAME} STATIC ${ARG_SRCS})
+  target_include_directories(${ARG_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${ARG_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KVCTL_WARNINGS}>)
+  target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS})
+endfunction()
+
+function(kvctl_cc_binary)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_compile_options(${ARG_NAME} PRIVATE ${KVCTL_WARNINGS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
+endfunction()
+
+# One Catch2 executable per test folder; every TEST_CASE becomes its own CTest test.
+function(kvctl_cc_test)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_compile_options(${ARG_NAME} PRIVATE ${KVCTL_WARNINGS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} kvctl_catch_main)
+  set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: "
+                       PROPERTIES SKIP_RETURN_CODE 77)
+endfunction()

@@ -1,0 +1,102 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "common/tensor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+#include "common/half.h"
+
+namespace kvctl {
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "float32";
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+StatusOr<DType> ParseDType(std::string_view name) {
+  if (name == "float32" || name == "fp32" || name == "f32") return DType::kF32;
+  if (name == "float16" || name == "fp16" || name == "f16" || name == "half") return DType::kF16;
+  if (name == "bfloat16" || name == "bf16") return DType::kBF16;
+  return InvalidArgument("dtype: got \"", name, "\", expected float32, float16 or bfloat16");
+}
+
+KvTensorView KvTensorView::Contiguous(const void* data, DType dtype, int64_t tokens, int64_t heads,
+                                      int64_t head_dim) {
+  return KvTensorView{data, dtype, tokens, heads, head_dim, heads * head_dim, head_dim};
+}
+
+Status KvTensorView::Validate(std::string_view name) const {
+  if (tokens <= 0) return InvalidArgument(name, ": tokens must be > 0, got ", tokens);
+  if (heads <= 0) return InvalidArgument(name, ": heads must be > 0, got ", heads);
+  if (head_dim <= 0) return InvalidArgument(name, ": head_dim must be > 0, got ", head_dim);
+  if (data == nullptr) return InvalidArgument(name, ": data pointer is null");
+  if (heads > 1 && std::llabs(head_stride) < head_dim) {
+    return InvalidArgument(name, ": head_stride ", head_stride, " overlaps rows of head_dim ",
+                           head_dim);
+  }
+  if (tokens > 1 && std::llabs(token_stride) < head_dim) {
+    return InvalidArgument(name, ": token_stride ", token_stride, " overlaps rows of head_dim ",
+                           head_dim);
+  }
+  return OkStatus();
+}
+
+void KvTensorView::LoadRow(int64_t t, int64_t h, float* out) const {
+  const int64_t offset = t * token_stride + h * head_stride;
+  switch (dtype) {
+    case DType::kF32: {
+      const float* src = static_cast<const float*>(data) + offset;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = src[d];
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(data) + offset;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = HalfToFloat(src[d]);
+      return;
+    }
+    case DType::kBF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(data) + offset;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = Bf16ToFloat(src[d]);
+      return;
+    }
+  }
+}
+
+Status KvTensorView::CheckFinite(std::string_view name) const {
+  float row[1024];
+  float* buf = row;
+  std::unique_ptr<float[]> heap;
+  if (head_dim > 1024) {
+    heap.reset(new float[head_dim]);
+    buf = heap.get();
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      LoadRow(t, h, buf);
+      for (int64_t d = 0; d < head_dim; ++d) {
+        if (!std::isfinite(buf[d])) {
+          return InvalidArgument(name, ": element (token ", t, ", head ", h, ", channel ", d,
+                                 ") is ", buf[d], ", expected a finite value");
+        }
+      }
+    }
+  }
+  return OkStatus();
+}
+
+KvTensorView KvTensorView::Tokens(int64_t first, int64_t count) const {
+  KvTensorView v = *this;
+  v.data = static_cast<const char*>(data) +
+           static_cast<ptrdiff_t>(first * token_stride) * static_cast<ptrdiff_t>(DTypeSize(dtype));
+  v.tokens = count;
+  return v;
+}
+
+}  // namespace kvctl

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what kvctl needs on a fresh Debian 12 machine and builds it into build/.
+# Idempotent: apt runs only when a package is missing; pip only when a pin is unmet.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(cmake g++ make pkg-config libzmq3-dev cppzmq-dev libboost-dev libtomlplusplus-dev
+  catch2 libspdlog-dev libcli11-dev libncurses-dev libbenchmark-dev tmux)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ -f python/requirements.txt ] && [ "${KVCTL_SKIP_PIP:-0}" != "1" ]; then
+  python3 -m pip install -q --disable-pip-version-check -r python/requirements.txt
+fi
+
+JOBS=${KVCTL_JOBS:-$(nproc)}
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${KVCTL_CMAKE_ARGS:-} >/dev/null
+cmake --build build -j "$JOBS"
