@@ -35,7 +35,8 @@ KVCTL_HOST_DEVICE inline uint16_t FloatToHalf(float f) {
   }
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // Rounds past 65504.
   if (abs < 0x38800000u) {  // Result is subnormal or zero: |f| < 2^-14.
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // Below half the smallest subnormal.
+    if (abs < 0x33000000u)
+      return static_cast<uint16_t>(sign);  // Below half the smallest subnormal.
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
     const uint32_t shift = 126u - exp;  // 14..24: value = mant * 2^(exp-150), unit = 2^-24.

@@ -113,8 +113,8 @@ Status PermissionDenied(const Args&... args) {
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(const T& value) : value_(value) {}         // NOLINT: implicit by design.
-  StatusOr(T&& value) : value_(std::move(value)) {}   // NOLINT
+  StatusOr(const T& value) : value_(value) {}             // NOLINT: implicit by design.
+  StatusOr(T&& value) : value_(std::move(value)) {}       // NOLINT
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = Status(StatusCode::kInternal, "StatusOr built from OK status");
   }
@@ -140,10 +140,10 @@ class [[nodiscard]] StatusOr {
 #define KVCTL_INTERNAL_CONCAT2(a, b) a##b
 #define KVCTL_INTERNAL_CONCAT(a, b) KVCTL_INTERNAL_CONCAT2(a, b)
 
-#define KVCTL_RETURN_IF_ERROR(expr)                 \
-  do {                                              \
-    ::kvctl::Status kvctl_status_ = (expr);         \
-    if (!kvctl_status_.ok()) return kvctl_status_;  \
+#define KVCTL_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::kvctl::Status kvctl_status_ = (expr);        \
+    if (!kvctl_status_.ok()) return kvctl_status_; \
   } while (0)
 
 #define KVCTL_ASSIGN_OR_RETURN(lhs, expr) \
@@ -154,12 +154,12 @@ class [[nodiscard]] StatusOr {
   lhs = std::move(tmp).value()
 
 // Aborts on a broken internal invariant. Never use it on client input or configuration.
-#define KVCTL_CHECK(cond)                                                              \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
+#define KVCTL_CHECK(cond)                                                                 \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       std::fprintf(stderr, "%s:%d: KVCTL_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                    \
-    }                                                                                  \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
 
 #endif  // KVCTL_COMMON_STATUS_H_

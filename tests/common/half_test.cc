@@ -1,9 +1,8 @@
 #include "common/half.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
-
-#include <catch2/catch.hpp>
 
 namespace kvctl {
 namespace {
@@ -16,7 +15,7 @@ TEST_CASE("Half: known encodings", "[common]") {
   CHECK(FloatToHalf(65504.0f) == 0x7BFF);
   CHECK(FloatToHalf(65520.0f) == 0x7C00);  // Ties to even rounds up to Inf.
   CHECK(FloatToHalf(std::numeric_limits<float>::infinity()) == 0x7C00);
-  CHECK(FloatToHalf(5.9604644775390625e-8f) == 0x0001);  // Smallest subnormal.
+  CHECK(FloatToHalf(5.9604644775390625e-8f) == 0x0001);   // Smallest subnormal.
   CHECK(FloatToHalf(2.98023223876953125e-8f) == 0x0000);  // Exactly half of it: ties to even.
   CHECK(FloatToHalf(6.103515625e-5f) == 0x0400);          // Smallest normal.
   CHECK(FloatToHalf(1.0f + 1.0f / 2048) == 0x3C00);       // Tie, even mantissa stays.

@@ -1,9 +1,8 @@
 #include "common/tensor.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "common/half.h"
 

@@ -1,0 +1,268 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: kernels/quant_block.h
+// The per-block math of every quantizer, written once for the CPU reference and the CUDA kernels
+// (KVCTL_HOST_DEVICE). These functions allocate nothing, validate nothing and never fail except by
+// reporting fp16 metadata overflow: callers check specs and inputs first (kernels/quantize.cc).
+//
+// Rounding rules (the spec the SIMD path reproduces bit for bit):
+//   - round() is rintf: round half to even.
+//   - A quotient x / s is computed as x * (1.0f / s), with the reciprocal taken once per group.
+//   - Stored metadata is fp16 (round to nearest even); codes are computed from the fp16-rounded
+//     scale and zero so that dequantization uses exactly the values that produced the codes, except
+//     KVarN, whose codes come from fp32 parameters and whose folded scales are rounded afterwards
+//     (as in its reference implementation).
+//   - Sums run in index order, in fp32.
+//   - Group minima and maxima are canonicalised with + 0.0f, so -0 and +0 never give different
+//     bytes whatever order a SIMD reduction visits them in.
+#ifndef KVCTL_KERNELS_QUANT_BLOCK_H_
+#define KVCTL_KERNELS_QUANT_BLOCK_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/half.h"
+#include "common/host_device.h"
+#include "kernels/quant_types.h"
+
+namespace kvctl::block {
+
+// 1/sqrt(2^i) in fp32 for i = 0..10: the orthonormal Hadamard scale for head_dim 2^i.
+KVCTL_HOST_DEVICE inline float HadamardScale(int d) {
+  constexpr float kScale[11] = {1.0f,   0.70710677f,  0.5f,    0.35355339f,  0.25f,   0.17677669f,
+                                0.125f, 0.088388346f, 0.0625f, 0.044194173f, 0.03125f};
+  int log2 = 0;
+  while ((1 << log2) < d) ++log2;
+  return kScale[log2];
+}
+
+// In-place orthonormal fast Walsh-Hadamard transform of one row of d (power of two) floats.
+// Self-inverse: applying it twice restores the row up to rounding.
+KVCTL_HOST_DEVICE inline void FwhtRow(float* x, int d) {
+  for (int len = 1; len < d; len <<= 1) {
+    for (int i = 0; i < d; i += 2 * len) {
+      for (int j = i; j < i + len; ++j) {
+        const float a = x[j];
+        const float b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float s = HadamardScale(d);
+  for (int j = 0; j < d; ++j) x[j] *= s;
+}
+
+// Codes: rows of n codes of `bits` bits, LSB-first bit stream, row bytes = n * bits / 8.
+// REQUIRES for PutCode: the row was zeroed.
+KVCTL_HOST_DEVICE inline void PutCode(uint8_t* row, int i, int bits, uint32_t code) {
+  const int bit = i * bits;
+  const int byte = bit >> 3;
+  const int shift = bit & 7;
+  row[byte] = static_cast<uint8_t>(row[byte] | (code << shift));
+  if (shift + bits > 8) row[byte + 1] = static_cast<uint8_t>(row[byte + 1] | (code >> (8 - shift)));
+}
+
+KVCTL_HOST_DEVICE inline uint32_t GetCode(const uint8_t* row, int i, int bits) {
+  const int bit = i * bits;
+  const int byte = bit >> 3;
+  const int shift = bit & 7;
+  uint32_t v = row[byte] >> shift;
+  if (shift + bits > 8) v |= static_cast<uint32_t>(row[byte + 1]) << (8 - shift);
+  return v & ((1u << bits) - 1u);
+}
+
+KVCTL_HOST_DEVICE inline void StoreHalf(uint8_t* base, int i, float v) {
+  const uint16_t h = FloatToHalf(v);
+  base[2 * i] = static_cast<uint8_t>(h & 0xFF);
+  base[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+}
+
+KVCTL_HOST_DEVICE inline float LoadHalf(const uint8_t* base, int i) {
+  return HalfToFloat(static_cast<uint16_t>(base[2 * i] | (base[2 * i + 1] << 8)));
+}
+
+KVCTL_HOST_DEVICE inline bool FitsHalf(float v) { return v == v && fabsf(v) <= kHalfMax; }
+
+// x_hat = code * scale + zero; both stored as fp16.
+struct Affine {
+  float scale;
+  float zero;
+};
+
+// KIVI / QuaRot RTN (ALGORITHMS.md §0.1, KIVI variant) over [lo, hi] with fp16 parameters. A
+// constant group (range rounds to a zero scale) gets scale 0: every code 0, x_hat = zero.
+// Returns false when a parameter overflows fp16.
+KVCTL_HOST_DEVICE inline bool MinMaxAffine(float lo, float hi, int bits, Affine* p) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  p->zero = RoundToHalf(lo);
+  p->scale = RoundToHalf((hi - p->zero) / levels);
+  if (!(p->scale > 0.0f)) p->scale = 0.0f;
+  return FitsHalf(p->zero) && FitsHalf(p->scale);
+}
+
+KVCTL_HOST_DEVICE inline uint32_t MinMaxCode(float x, const Affine& p, float inv_scale,
+                                             float levels) {
+  if (p.scale == 0.0f) return 0;
+  const float q = rintf((x - p.zero) * inv_scale);
+  return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), levels));
+}
+
+// OScaR RTN (§0.1, OScaR variant): integer zero point zq = round(-lo / scale),
+// code = clamp(round(x / scale + zq)), x_hat = code * scale + zero with zero = -zq * scale.
+// lo = hi = 0 widens to [-1, 1]; a zero scale gives every code 0 and x_hat = lo.
+struct OscarAffine {
+  Affine a;
+  float inv_scale;
+  float zq;
+};
+
+KVCTL_HOST_DEVICE inline bool OscarParams(float lo, float hi, int bits, OscarAffine* p) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  if (lo == 0.0f && hi == 0.0f) {
+    lo = -1.0f;
+    hi = 1.0f;
+  }
+  p->a.scale = RoundToHalf((hi - lo) / levels);
+  if (!(p->a.scale > 0.0f)) {
+    p->a.scale = 0.0f;
+    p->a.zero = RoundToHalf(lo);
+    p->inv_scale = 0.0f;
+    p->zq = 0.0f;
+  } else {
+    p->inv_scale = 1.0f / p->a.scale;
+    p->zq = rintf(-lo * p->inv_scale);
+    p->a.zero = RoundToHalf(-p->zq * p->a.scale);
+  }
+  return FitsHalf(p->a.zero) && FitsHalf(p->a.scale);
+}
+
+KVCTL_HOST_DEVICE inline uint32_t OscarCode(float x, const OscarAffine& p, float levels) {
+  if (p.a.scale == 0.0f) return 0;
+  const float q = rintf(x * p.inv_scale + p.zq);
+  return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), levels));
+}
+
+// KVarN's Sinkhorn-style variance normalisation (§1.1 item 3) of a rows x cols fp32 matrix x
+// (row-major). Outputs the best-iterate axis scales r[rows], c[cols] (x_bal = x / (r c)).
+// Scratch: SinkhornScratch (y[rows*cols] and six vectors per axis).
+// Sample standard deviations (n - 1), clamped to [1e-3, 1e3]; log scales clipped to [-0.3, 10];
+// imbalance = max/min of column stds + max/min of row stds, on the clamped stds [ours: the clamp
+// keeps all-zero rows from making it infinite]; ties keep the later iterate.
+KVCTL_HOST_DEVICE inline float ClampStd(float s) { return fminf(fmaxf(s, 1e-3f), 1e3f); }
+
+KVCTL_HOST_DEVICE inline void ColumnStds(const float* y, int rows, int cols, float* out) {
+  for (int j = 0; j < cols; ++j) {
+    float sum = 0.0f;
+    for (int i = 0; i < rows; ++i) sum += y[i * cols + j];
+    const float mean = sum / static_cast<float>(rows);
+    float ss = 0.0f;
+    for (int i = 0; i < rows; ++i) {
+      const float dv = y[i * cols + j] - mean;
+      ss += dv * dv;
+    }
+    out[j] = ClampStd(sqrtf(ss / static_cast<float>(rows - 1)));
+  }
+}
+
+KVCTL_HOST_DEVICE inline void RowStds(const float* y, int rows, int cols, float* out) {
+  for (int i = 0; i < rows; ++i) {
+    float sum = 0.0f;
+    for (int j = 0; j < cols; ++j) sum += y[i * cols + j];
+    const float mean = sum / static_cast<float>(cols);
+    float ss = 0.0f;
+    for (int j = 0; j < cols; ++j) {
+      const float dv = y[i * cols + j] - mean;
+      ss += dv * dv;
+    }
+    out[i] = ClampStd(sqrtf(ss / static_cast<float>(cols - 1)));
+  }
+}
+
+KVCTL_HOST_DEVICE inline float MaxOverMin(const float* v, int n) {
+  float lo = v[0], hi = v[0];
+  for (int i = 1; i < n; ++i) {
+    lo = fminf(lo, v[i]);
+    hi = fmaxf(hi, v[i]);
+  }
+  return hi / lo;
+}
+
+// y[i][j] = (x[i][j] * ir[i]) * ic[j], with ir = 1 / exp(lr) and ic = 1 / exp(lc): the reciprocals
+// are taken once per axis, so the balanced tile costs two multiplies per element.
+KVCTL_HOST_DEVICE inline void ApplyScales(const float* x, int rows, int cols, const float* ir,
+                                          const float* ic, float* y) {
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) y[i * cols + j] = x[i * cols + j] * ir[i] * ic[j];
+  }
+}
+
+struct SinkhornScratch {
+  float* y;   // rows * cols
+  float* lr;  // rows: log row scales
+  float* lc;  // cols
+  float* er;  // rows: exp(lr)
+  float* ec;  // cols
+  float* ir;  // rows: 1 / er
+  float* ic;  // cols: 1 / ec
+  float* rs;  // rows: row stds
+  float* cs;  // cols: column stds
+};
+
+KVCTL_HOST_DEVICE inline void Sinkhorn(const float* x, int rows, int cols, int iters,
+                                       const SinkhornScratch& s, float* r_best, float* c_best) {
+  for (int i = 0; i < rows; ++i) s.lr[i] = 0.0f, s.er[i] = s.ir[i] = r_best[i] = 1.0f;
+  for (int j = 0; j < cols; ++j) s.lc[j] = 0.0f, s.ec[j] = s.ic[j] = c_best[j] = 1.0f;
+  ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
+  ColumnStds(s.y, rows, cols, s.cs);
+  RowStds(s.y, rows, cols, s.rs);
+  float best = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);
+  for (int it = 0; it < iters; ++it) {
+    for (int j = 0; j < cols; ++j) {
+      s.lc[j] = fminf(fmaxf(s.lc[j] + logf(s.cs[j]), -0.3f), 10.0f);
+      s.ec[j] = expf(s.lc[j]);
+      s.ic[j] = 1.0f / s.ec[j];
+    }
+    ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
+    RowStds(s.y, rows, cols, s.rs);
+    for (int i = 0; i < rows; ++i) {
+      s.lr[i] = fminf(fmaxf(s.lr[i] + logf(s.rs[i]), -0.3f), 10.0f);
+      s.er[i] = expf(s.lr[i]);
+      s.ir[i] = 1.0f / s.er[i];
+    }
+    ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
+    ColumnStds(s.y, rows, cols, s.cs);  // Also the next iteration's column stds.
+    RowStds(s.y, rows, cols, s.rs);
+    const float imb = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);
+    if (imb <= best) {
+      best = imb;
+      for (int i = 0; i < rows; ++i) r_best[i] = s.er[i];
+      for (int j = 0; j < cols; ++j) c_best[j] = s.ec[j];
+    }
+  }
+}
+
+// KVarN RTN of one balanced row (fp32 parameters, §0.1 KVarN variant): delta = max(range/L, 1e-10).
+struct KvarnRow {
+  float lo;
+  float delta;
+  float inv_delta;
+};
+
+KVCTL_HOST_DEVICE inline KvarnRow KvarnRowParams(float lo, float hi, int bits) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  KvarnRow p;
+  p.lo = lo;
+  p.delta = fmaxf((hi - lo) / levels, 1e-10f);
+  p.inv_delta = 1.0f / p.delta;
+  return p;
+}
+
+KVCTL_HOST_DEVICE inline uint32_t KvarnCode(float y, const KvarnRow& p, float levels) {
+  const float q = rintf((y - p.lo) * p.inv_delta);
+  return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), levels));
+}
+
+}  // namespace kvctl::block
+
+#endif  // KVCTL_KERNELS_QUANT_BLOCK_H_

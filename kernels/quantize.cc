@@ -1,0 +1,188 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "kernels/quantize.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/block_codec.h"
+#include "kernels/quantize_simd.h"
+
+namespace kvctl {
+namespace {
+
+std::atomic<SimdLevel> g_level{DetectSimdLevel()};
+
+// Per-thread scratch so the hot path never allocates after warm-up.
+float* Scratch(int64_t floats) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
+  return buf.data();
+}
+
+Status CheckInput(const QuantSpec& spec, const BlockInput& in) {
+  if (in.k == nullptr || in.v == nullptr) return InvalidArgument("block input: null K or V rows");
+  if (in.row_stride < spec.head_dim) {
+    return InvalidArgument("row_stride: got ", in.row_stride, ", expected >= head_dim ",
+                           spec.head_dim);
+  }
+  for (int t = 0; t < spec.block_tokens; ++t) {
+    const float* k = in.k + t * in.row_stride;
+    const float* v = in.v + t * in.row_stride;
+    for (int c = 0; c < spec.head_dim; ++c) {
+      if (!std::isfinite(k[c])) {
+        return InvalidArgument("k: element (token ", t, ", channel ", c, ") is ", k[c],
+                               ", expected a finite value");
+      }
+      if (!std::isfinite(v[c])) {
+        return InvalidArgument("v: element (token ", t, ", channel ", c, ") is ", v[c],
+                               ", expected a finite value");
+      }
+    }
+  }
+  if (TraitsOf(spec.method).needs_token_norms) {
+    if (in.token_norms == nullptr) {
+      return InvalidArgument("token_norms: null, expected ", spec.block_tokens,
+                             " per-token norms for ", QuantMethodName(spec.method));
+    }
+    for (int t = 0; t < spec.block_tokens; ++t) {
+      const float n = in.token_norms[t];
+      if (!(std::isfinite(n) && n > 0.0f)) {
+        return InvalidArgument("token_norms[", t, "]: got ", n, ", expected a finite value > 0");
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status OverflowError(const QuantSpec& spec) {
+  return InvalidArgument("block of ", spec.block_tokens, " tokens: ", QuantMethodName(spec.method),
+                         " metadata would exceed the fp16 range (|value| <= 65504); K/V "
+                         "magnitudes this large cannot be stored by this method");
+}
+
+using EncodeFn = bool (*)(const QuantSpec&, const BlockLayout&, const float*, const float*, int64_t,
+                          const float*, float*, uint8_t*);
+using DecodeFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
+                          float*, float*, float*);
+
+// The SIMD codecs need every row count to be a multiple of their lane count.
+bool SimdFits(const QuantSpec& spec, int lanes) {
+  const bool channel_groups =
+      spec.method == QuantMethod::kKivi || spec.method == QuantMethod::kOscar;
+  return spec.block_tokens % lanes == 0 && spec.head_dim % lanes == 0 &&
+         (!channel_groups || spec.k_group_tokens % lanes == 0);
+}
+
+struct SimdCodec {
+  EncodeFn encode = nullptr;
+  DecodeFn decode = nullptr;
+};
+
+SimdCodec PickCodec(const QuantSpec& spec) {
+  const SimdLevel level = g_level.load(std::memory_order_relaxed);
+  if (level == SimdLevel::kAvx512 && SimdFits(spec, 16)) {
+    return {simd::EncodeRecordAvx512, simd::DecodeRecordAvx512};
+  }
+  if (level >= SimdLevel::kAvx2 && SimdFits(spec, 8)) {
+    return {simd::EncodeRecordAvx2, simd::DecodeRecordAvx2};
+  }
+  return {};
+}
+
+}  // namespace
+
+Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* record) {
+  KVCTL_RETURN_IF_ERROR(CheckInput(spec, in));
+  const BlockLayout layout = BlockLayoutOf(spec);
+  std::memset(record, 0, layout.record_bytes);
+  float* scratch = Scratch(block::ScratchFloats(spec));
+  if (!block::EncodeRecord(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch,
+                           record)) {
+    return OverflowError(spec);
+  }
+  return OkStatus();
+}
+
+Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record) {
+  const SimdCodec codec = PickCodec(spec);
+  if (codec.encode == nullptr) return QuantizeBlockRef(spec, in, record);
+  KVCTL_RETURN_IF_ERROR(CheckInput(spec, in));
+  const BlockLayout layout = BlockLayoutOf(spec);
+  std::memset(record, 0, layout.record_bytes);
+  float* scratch = Scratch(simd::ScratchFloats(spec));
+  if (!codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record)) {
+    return OverflowError(spec);
+  }
+  return OkStatus();
+}
+
+void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
+                        float* k_out, float* v_out) {
+  block::DecodeRecord(spec, BlockLayoutOf(spec), record, token_norms, k_out, v_out);
+}
+
+void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
+                     float* k_out, float* v_out) {
+  const SimdCodec codec = PickCodec(spec);
+  if (codec.decode == nullptr) return DequantizeBlockRef(spec, record, token_norms, k_out, v_out);
+  codec.decode(spec, BlockLayoutOf(spec), record, token_norms, Scratch(simd::ScratchFloats(spec)),
+               k_out, v_out);
+}
+
+namespace simd {
+int64_t ScratchFloats(const QuantSpec& s) {
+  return 4 * static_cast<int64_t>(s.block_tokens) * s.head_dim + 8 * (s.block_tokens + s.head_dim);
+}
+}  // namespace simd
+
+void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
+  std::vector<float> row(static_cast<size_t>(k.head_dim));
+  for (int64_t t = 0; t < k.tokens; ++t) {
+    float ss = 0.0f;
+    for (int64_t h = 0; h < k.heads; ++h) {
+      k.LoadRow(t, h, row.data());
+      for (float x : row) ss += x * x;
+    }
+    const float n = std::sqrt(ss);
+    norms_out[t] = n > 0.0f ? n : 1.0f;
+  }
+}
+
+std::string_view SimdLevelName(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+SimdLevel DetectSimdLevel() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl")) {
+    return SimdLevel::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2")) return SimdLevel::kAvx2;
+#endif
+  return SimdLevel::kScalar;
+}
+
+SimdLevel ActiveSimdLevel() { return g_level.load(std::memory_order_relaxed); }
+
+Status SetSimdLevel(SimdLevel level) {
+  if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) {
+    return Unimplemented("simd level: got ", SimdLevelName(level), ", this CPU supports up to ",
+                         SimdLevelName(DetectSimdLevel()));
+  }
+  g_level.store(level, std::memory_order_relaxed);
+  return OkStatus();
+}
+
+}  // namespace kvctl

@@ -1,0 +1,66 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: kernels/quantize.h
+// Quantize and dequantize block records (see kernels/quant_types.h): K and V of block_tokens tokens
+// of one (layer, KV head) to one record, and back. Inputs and outputs are fp32 rows of head_dim in
+// the engine's frame: rotating methods apply the Hadamard inside and undo it on dequantize.
+//
+// Three implementations produce identical bytes: the scalar reference (`*Ref`, the spec, per-block
+// math in kernels/quant_block.h shared with CUDA), and the SIMD path (AVX2, or AVX-512 where the
+// CPU has it) picked at run time by Quantize/Dequantize. `SetSimdLevel` forces one for tests and
+// benchmarks.
+//
+// Thread safety: all functions are reentrant; scratch is per call.
+//
+//   std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+//   KVCTL_RETURN_IF_ERROR(QuantizeBlock(spec, {k, v, head_dim, nullptr}, rec.data()));
+//   DequantizeBlock(spec, rec.data(), nullptr, k_out, v_out);
+#ifndef KVCTL_KERNELS_QUANTIZE_H_
+#define KVCTL_KERNELS_QUANTIZE_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/quant_types.h"
+
+namespace kvctl {
+
+// One head's tokens for one block. Row t of K starts at k + t * row_stride (floats).
+struct BlockInput {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t row_stride = 0;              // >= head_dim.
+  const float* token_norms = nullptr;  // block_tokens norms from ComputeTokenNorms; OScaR only.
+};
+
+// Writes one record of BlockLayoutOf(spec).record_bytes bytes (padding zeroed). Fails with
+// INVALID_ARGUMENT on non-finite input or when stored fp16 metadata would overflow (|value| beyond
+// 65504), naming the token and channel. REQUIRES: ValidateQuantSpec(spec).ok().
+Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
+Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
+
+// Reads a record back to dense fp32 rows [block_tokens, head_dim] in the engine's frame.
+// token_norms: the side record of this block (OScaR), else null. Never fails on a record written by
+// QuantizeBlock*; garbage bytes give garbage values but no out-of-bounds access.
+void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
+                        float* k_out, float* v_out);
+void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
+                     float* k_out, float* v_out);
+
+// OScaR's omni-token norm: for each token, the L2 norm of K over all heads and channels of the
+// layer, in fp32, summed in (head, channel) order; 1 where the norm is not > 0. A Hadamard
+// preserves norms, so this is computed on the unrotated K. `k` must be valid and finite.
+void ComputeTokenNorms(const KvTensorView& k, float* norms_out);
+
+enum class SimdLevel : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+std::string_view SimdLevelName(SimdLevel level);
+SimdLevel DetectSimdLevel();  // Best level this CPU supports.
+SimdLevel ActiveSimdLevel();  // What QuantizeBlock/DequantizeBlock use now.
+// Selects the path for this process; a level above DetectSimdLevel() is an error.
+Status SetSimdLevel(SimdLevel level);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_KERNELS_QUANTIZE_H_
