@@ -1,0 +1,158 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "kernels/block_codec.h"
+#include "kernels/cuda/quant_cuda.h"
+
+#define KVCTL_CUDA_RETURN_IF_ERROR(expr)                                      \
+  do {                                                                        \
+    const cudaError_t kvctl_err_ = (expr);                                    \
+    if (kvctl_err_ != cudaSuccess) {                                          \
+      return ::kvctl::Unavailable(__FILE__, ":", __LINE__, ": ", #expr, ": ", \
+                                  cudaGetErrorString(kvctl_err_));            \
+    }                                                                         \
+  } while (0)
+
+namespace kvctl {
+namespace {
+
+constexpr int kThreads = 64;
+
+__global__ void EncodeRecordsKernel(QuantSpec spec, BlockLayout layout, DeviceBlockBatch batch,
+                                    float* scratch, int64_t scratch_floats, uint8_t* records,
+                                    int* overflow) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= batch.n_blocks) return;
+  uint8_t* rec = records + static_cast<size_t>(b) * layout.record_bytes;
+  for (size_t i = 0; i < layout.record_bytes; ++i) rec[i] = 0;
+  const float* norms =
+      batch.norms ? batch.norms + static_cast<int64_t>(b) * spec.block_tokens : nullptr;
+  const bool ok = block::EncodeRecord(spec, layout, batch.k + b * batch.block_stride,
+                                      batch.v + b * batch.block_stride, batch.row_stride, norms,
+                                      scratch + b * scratch_floats, rec);
+  if (!ok) atomicExch(overflow, 1);
+}
+
+__global__ void DecodeRecordsKernel(QuantSpec spec, BlockLayout layout, const uint8_t* records,
+                                    const float* norms, int n_blocks, float* k_out, float* v_out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= n_blocks) return;
+  const int64_t elems = static_cast<int64_t>(spec.block_tokens) * spec.head_dim;
+  block::DecodeRecord(spec, layout, records + static_cast<size_t>(b) * layout.record_bytes,
+                      norms ? norms + static_cast<int64_t>(b) * spec.block_tokens : nullptr,
+                      k_out + b * elems, v_out + b * elems);
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  cudaError_t Allocate(size_t count) { return cudaMalloc(&ptr, count * sizeof(T)); }
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+Status QuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch, uint8_t* records) {
+  KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  if (batch.n_blocks <= 0)
+    return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
+  const BlockLayout layout = BlockLayoutOf(spec);
+  const int64_t scratch_floats = block::ScratchFloats(spec);
+  DeviceBuffer<float> scratch;
+  DeviceBuffer<int> overflow;
+  KVCTL_CUDA_RETURN_IF_ERROR(
+      scratch.Allocate(static_cast<size_t>(scratch_floats) * batch.n_blocks));
+  KVCTL_CUDA_RETURN_IF_ERROR(overflow.Allocate(1));
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaMemset(overflow.ptr, 0, sizeof(int)));
+  const int grid = (batch.n_blocks + kThreads - 1) / kThreads;
+  EncodeRecordsKernel<<<grid, kThreads>>>(spec, layout, batch, scratch.ptr, scratch_floats, records,
+                                          overflow.ptr);
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  int host_overflow = 0;
+  KVCTL_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&host_overflow, overflow.ptr, sizeof(int), cudaMemcpyDeviceToHost));
+  if (host_overflow) {
+    return InvalidArgument(QuantMethodName(spec.method),
+                           " metadata would exceed the fp16 range (|value| <= 65504)");
+  }
+  return OkStatus();
+}
+
+Status DequantizeBlocksCuda(const QuantSpec& spec, const uint8_t* records, const float* norms,
+                            int n_blocks, float* k_out, float* v_out) {
+  KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  if (n_blocks <= 0) return InvalidArgument("n_blocks: got ", n_blocks, ", expected > 0");
+  const int grid = (n_blocks + kThreads - 1) / kThreads;
+  DecodeRecordsKernel<<<grid, kThreads>>>(spec, BlockLayoutOf(spec), records, norms, n_blocks,
+                                          k_out, v_out);
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return OkStatus();
+}
+
+Status QuantizeBlocksCudaHost(const QuantSpec& spec, const DeviceBlockBatch& host,
+                              uint8_t* host_records) {
+  KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  if (host.n_blocks <= 0) return InvalidArgument("n_blocks: got ", host.n_blocks, ", expected > 0");
+  // The host batch may be strided: copy the span that covers every row of every block.
+  const int64_t span = (host.n_blocks - 1) * host.block_stride +
+                       (spec.block_tokens - 1) * host.row_stride + spec.head_dim;
+  const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  DeviceBuffer<float> k, v, norms;
+  DeviceBuffer<uint8_t> records;
+  KVCTL_CUDA_RETURN_IF_ERROR(k.Allocate(span));
+  KVCTL_CUDA_RETURN_IF_ERROR(v.Allocate(span));
+  KVCTL_CUDA_RETURN_IF_ERROR(records.Allocate(record_bytes * host.n_blocks));
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(k.ptr, host.k, span * 4, cudaMemcpyHostToDevice));
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(v.ptr, host.v, span * 4, cudaMemcpyHostToDevice));
+  DeviceBlockBatch dev = host;
+  dev.k = k.ptr;
+  dev.v = v.ptr;
+  if (host.norms) {
+    const size_t n = static_cast<size_t>(host.n_blocks) * spec.block_tokens;
+    KVCTL_CUDA_RETURN_IF_ERROR(norms.Allocate(n));
+    KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(norms.ptr, host.norms, n * 4, cudaMemcpyHostToDevice));
+    dev.norms = norms.ptr;
+  }
+  KVCTL_RETURN_IF_ERROR(QuantizeBlocksCuda(spec, dev, records.ptr));
+  KVCTL_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(host_records, records.ptr, record_bytes * host.n_blocks, cudaMemcpyDeviceToHost));
+  return OkStatus();
+}
+
+Status DequantizeBlocksCudaHost(const QuantSpec& spec, const uint8_t* host_records,
+                                const float* host_norms, int n_blocks, float* k_out, float* v_out) {
+  KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  if (n_blocks <= 0) return InvalidArgument("n_blocks: got ", n_blocks, ", expected > 0");
+  const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  const size_t elems = static_cast<size_t>(n_blocks) * spec.block_tokens * spec.head_dim;
+  DeviceBuffer<uint8_t> records;
+  DeviceBuffer<float> norms, k, v;
+  KVCTL_CUDA_RETURN_IF_ERROR(records.Allocate(record_bytes * n_blocks));
+  KVCTL_CUDA_RETURN_IF_ERROR(k.Allocate(elems));
+  KVCTL_CUDA_RETURN_IF_ERROR(v.Allocate(elems));
+  KVCTL_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(records.ptr, host_records, record_bytes * n_blocks, cudaMemcpyHostToDevice));
+  if (host_norms) {
+    const size_t n = static_cast<size_t>(n_blocks) * spec.block_tokens;
+    KVCTL_CUDA_RETURN_IF_ERROR(norms.Allocate(n));
+    KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(norms.ptr, host_norms, n * 4, cudaMemcpyHostToDevice));
+  }
+  KVCTL_RETURN_IF_ERROR(DequantizeBlocksCuda(spec, records.ptr, norms.ptr, n_blocks, k.ptr, v.ptr));
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(k_out, k.ptr, elems * 4, cudaMemcpyDeviceToHost));
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(v_out, v.ptr, elems * 4, cudaMemcpyDeviceToHost));
+  return OkStatus();
+}
+
+}  // namespace kvctl

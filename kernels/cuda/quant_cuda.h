@@ -1,0 +1,58 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: kernels/cuda/quant_cuda.h
+// CUDA path of the block codecs. The kernels call block::EncodeRecord / block::DecodeRecord from
+// kernels/block_codec.h, the very functions the CPU reference loops over, one record per thread,
+// so there is one copy of the math. Built only when CUDA is enabled (KVCTL_HAVE_CUDA); callers
+// include this header only under KVCTL_USE_CUDA.
+//
+// Agreement with the CPU reference: bit-identical records for fp16, KIVI, QuaRot and OScaR (the
+// kernels are compiled with --fmad=false and use IEEE division, sqrt and rint); KVarN uses the
+// device logf/expf, which may differ from glibc by an ulp, so its records agree within a stated
+// tolerance (tests/kernels_cuda).
+//
+// Thread safety: functions are reentrant; each call synchronizes its own stream (the default one).
+//
+//   if (CudaDeviceCount() > 0) KVCTL_RETURN_IF_ERROR(QuantizeBlocksCudaHost(spec, batch, records));
+#ifndef KVCTL_KERNELS_CUDA_QUANT_CUDA_H_
+#define KVCTL_KERNELS_CUDA_QUANT_CUDA_H_
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "kernels/quant_types.h"
+
+namespace kvctl {
+
+// Number of visible CUDA devices; 0 when there is none or no driver.
+int CudaDeviceCount();
+
+// A batch of n_blocks blocks on the device. Block b's K rows start at k + b * block_stride
+// (floats), row t of it at + t * row_stride; the same for v. norms: block_tokens floats per block
+// (OScaR), else null. Records are written back to back, record_bytes apart.
+struct DeviceBlockBatch {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t row_stride = 0;
+  int64_t block_stride = 0;
+  const float* norms = nullptr;
+  int n_blocks = 0;
+};
+
+// Device pointers. Fails with INVALID_ARGUMENT on fp16 metadata overflow (as the CPU path) and
+// UNAVAILABLE/INTERNAL on CUDA errors, with the CUDA error string. Inputs must be finite (the
+// controller validates on the CPU before upload).
+Status QuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch, uint8_t* records);
+// Dense rows [n_blocks, block_tokens, head_dim] for K and V.
+Status DequantizeBlocksCuda(const QuantSpec& spec, const uint8_t* records, const float* norms,
+                            int n_blocks, float* k_out, float* v_out);
+
+// Host-memory conveniences for tests and benchmarks: copy in, run, copy out.
+Status QuantizeBlocksCudaHost(const QuantSpec& spec, const DeviceBlockBatch& host_batch,
+                              uint8_t* host_records);
+Status DequantizeBlocksCudaHost(const QuantSpec& spec, const uint8_t* host_records,
+                                const float* host_norms, int n_blocks, float* k_out, float* v_out);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_KERNELS_CUDA_QUANT_CUDA_H_
