@@ -1,0 +1,609 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// The schema table (one row per key) and the conversions between text, TOML and field values.
+// Loading, printing and quantizer resolution live in config.cc.
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+#include "controller/config.h"
+#include "controller/pool.h"
+
+namespace kvctl {
+namespace {
+
+constexpr double kKiB = 1024.0;
+constexpr double kMiB = 1024.0 * kKiB;
+constexpr double kGiB = 1024.0 * kMiB;
+constexpr double kTiB = 1024.0 * kGiB;
+
+// ---- Typed field access, built from a member-pointer path -------------------------------------
+
+template <typename T>
+struct MemberOf;
+template <typename C, typename M>
+struct MemberOf<M C::*> {
+  using Class = C;
+};
+
+template <typename Root>
+constexpr ConfigScope ScopeOf() {
+  if constexpr (std::is_same_v<Root, Config>) return ConfigScope::kGlobal;
+  if constexpr (std::is_same_v<Root, QuantSettings>) return ConfigScope::kQuant;
+  if constexpr (std::is_same_v<Root, QuantOverride>) return ConfigScope::kOverride;
+  if constexpr (std::is_same_v<Root, ModelConfig>) return ConfigScope::kModel;
+}
+
+// The field's C++ type decides the row's type, so the two cannot disagree. Every uint64_t field
+// is a byte size.
+template <typename T>
+constexpr ConfigType TypeOf() {
+  if constexpr (std::is_enum_v<T>) return ConfigType::kEnum;
+  if constexpr (std::is_same_v<T, bool>) return ConfigType::kBool;
+  if constexpr (std::is_same_v<T, uint64_t>) return ConfigType::kBytes;
+  if constexpr (std::is_same_v<T, int>) return ConfigType::kInt;
+  if constexpr (std::is_same_v<T, double>) return ConfigType::kDouble;
+  if constexpr (std::is_same_v<T, std::string>) return ConfigType::kString;
+}
+
+template <auto First, auto... Rest>
+struct Field {
+  using Root = typename MemberOf<decltype(First)>::Class;
+  // Folds the path: ((root.*First).*Second).*Third ...
+  static auto& Ref(Root& root) { return ((root.*First).*....*Rest); }
+  using Type = std::remove_reference_t<decltype(Ref(std::declval<Root&>()))>;
+
+  static ConfigValue Get(const void* p) {
+    const Type& x = Ref(*static_cast<Root*>(const_cast<void*>(p)));
+    if constexpr (std::is_enum_v<Type>) {
+      return static_cast<int64_t>(x);
+    } else if constexpr (std::is_same_v<Type, bool> || std::is_same_v<Type, double> ||
+                         std::is_same_v<Type, std::string>) {
+      return x;
+    } else {
+      return static_cast<int64_t>(x);
+    }
+  }
+  static void Set(void* p, const ConfigValue& v) {
+    Type& x = Ref(*static_cast<Root*>(p));
+    if constexpr (std::is_enum_v<Type>) {
+      x = static_cast<Type>(std::get<int64_t>(v));
+    } else if constexpr (std::is_same_v<Type, bool> || std::is_same_v<Type, double> ||
+                         std::is_same_v<Type, std::string>) {
+      x = std::get<Type>(v);
+    } else {
+      x = static_cast<Type>(std::get<int64_t>(v));
+    }
+  }
+};
+
+template <auto... Path>
+ConfigOption Row(ConfigOption row) {
+  using F = Field<Path...>;
+  row.type = TypeOf<typename F::Type>();
+  row.scope = ScopeOf<typename F::Root>();
+  row.get = &F::Get;
+  row.set = &F::Set;
+  return row;
+}
+
+// ---- Extra checks -----------------------------------------------------------------------------
+
+std::string CheckEndpoint(const ConfigValue& v) {
+  const std::string& s = std::get<std::string>(v);
+  for (std::string_view scheme : {"ipc://", "tcp://", "inproc://"}) {
+    if (s.size() > scheme.size() && s.compare(0, scheme.size(), scheme) == 0) return "";
+  }
+  return "a ZeroMQ endpoint: ipc://PATH, tcp://HOST:PORT or inproc://NAME";
+}
+
+std::string CheckShmName(const ConfigValue& v) {
+  if (ValidateShmName(std::get<std::string>(v)).ok()) return "";
+  return "a POSIX shm name: '/' then 1..254 characters, none of them '/'";
+}
+
+std::vector<std::string> MethodNames() {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumQuantMethods; ++i) {
+    names.emplace_back(TraitsOf(static_cast<QuantMethod>(i)).name);
+  }
+  return names;
+}
+
+std::vector<ConfigOption> BuildSchema() {
+  constexpr uint32_t kImm = kImmutable;
+  constexpr uint32_t kRel = kReloadable;
+  return {
+      // [server]
+      Row<&Config::server, &ServerConfig::endpoint>(
+          {.key = "server.endpoint",
+           .default_text = "ipc:///tmp/kvctl.sock",
+           .flags = kImm,
+           .env = "KVCTL_SERVER_ENDPOINT",
+           .doc = "ZeroMQ endpoint the daemon binds. ipc:// sockets are created with mode 0600; "
+                  "tcp:// should be loopback unless CurveZMQ keys are configured.",
+           .check = &CheckEndpoint}),
+      Row<&Config::server, &ServerConfig::log_level>(
+          {.key = "server.log_level",
+           .default_text = "info",
+           .flags = kRel,
+           .env = "KVCTL_SERVER_LOG_LEVEL",
+           .names = {"trace", "debug", "info", "warn", "error", "off"},
+           .doc = "Log verbosity."}),
+      Row<&Config::server, &ServerConfig::lease_ms>(
+          {.key = "server.lease_ms",
+           .default_text = "10000",
+           .min = 100,
+           .max = 3600000,
+           .flags = kRel,
+           .env = "KVCTL_SERVER_LEASE_MS",
+           .doc = "A session that sends nothing for this long is dropped and its sequences are "
+                  "freed (a dead engine cannot pin pool memory)."}),
+      Row<&Config::server, &ServerConfig::workers>(
+          {.key = "server.workers",
+           .default_text = "2",
+           .min = 1,
+           .max = 64,
+           .flags = kImm,
+           .env = "KVCTL_SERVER_WORKERS",
+           .doc = "Threads that run quantization and fetches behind the socket."}),
+      Row<&Config::server, &ServerConfig::max_message_bytes>(
+          {.key = "server.max_message_bytes",
+           .default_text = "256MiB",
+           .min = 64 * kKiB,
+           .max = 4 * kGiB,
+           .flags = kImm,
+           .env = "KVCTL_SERVER_MAX_MESSAGE_BYTES",
+           .doc = "Largest request accepted (inline K/V of remote engines); larger ones are "
+                  "refused by the transport."}),
+      Row<&Config::server, &ServerConfig::stats_interval_ms>(
+          {.key = "server.stats_interval_ms",
+           .default_text = "1000",
+           .min = 100,
+           .max = 600000,
+           .flags = kRel,
+           .env = "KVCTL_SERVER_STATS_INTERVAL_MS",
+           .doc = "Period of the stats publisher (kvtop, /metrics)."}),
+      // [pool]
+      Row<&Config::pool, &PoolConfig::backend>(
+          {.key = "pool.backend",
+           .default_text = "cpu",
+           .flags = kImm,
+           .env = "KVCTL_POOL_BACKEND",
+           .names = {"cpu", "cuda"},
+           .doc = "Where the pool lives: cpu = POSIX shared memory; cuda = device memory shared "
+                  "by CUDA IPC (the daemon refuses it when no device is present)."}),
+      Row<&Config::pool, &PoolConfig::bytes>(
+          {.key = "pool.bytes",
+           .default_text = "256MiB",
+           .min = kMiB,
+           .max = 4 * kTiB,
+           .flags = kImm,
+           .env = "KVCTL_POOL_BYTES",
+           .doc = "Total pool size, staging slots included; reserved at startup and never "
+                  "exceeded."}),
+      Row<&Config::pool, &PoolConfig::page_bytes>(
+          {.key = "pool.page_bytes",
+           .default_text = "64KiB",
+           .min = 4 * kKiB,
+           .max = 64 * kMiB,
+           .flags = kImm | kPowerOfTwo,
+           .env = "KVCTL_POOL_PAGE_BYTES",
+           .doc = "Allocation unit of the pool; block records are packed into pages."}),
+      Row<&Config::pool, &PoolConfig::shm_name>(
+          {.key = "pool.shm_name",
+           .default_text = "/kvctl-pool",
+           .flags = kImm,
+           .env = "KVCTL_POOL_SHM_NAME",
+           .doc = "POSIX shared-memory name of the cpu pool (/dev/shm/<name>, mode 0600).",
+           .check = &CheckShmName}),
+      Row<&Config::pool, &PoolConfig::staging_bytes_per_session>(
+          {.key = "pool.staging_bytes_per_session",
+           .default_text = "8MiB",
+           .min = 0,
+           .max = kGiB,
+           .flags = kImm,
+           .env = "KVCTL_POOL_STAGING_BYTES_PER_SESSION",
+           .doc = "Size of one staging slot, where an engine writes new K/V for APPEND; 0 "
+                  "disables staging (K/V then travel inline)."}),
+      Row<&Config::pool, &PoolConfig::staging_slots>(
+          {.key = "pool.staging_slots",
+           .default_text = "4",
+           .min = 0,
+           .max = 4096,
+           .flags = kImm,
+           .env = "KVCTL_POOL_STAGING_SLOTS",
+           .doc = "Sessions that can hold a staging slot at once; the slots are carved from "
+                  "pool.bytes and may take at most half of it."}),
+      Row<&Config::pool, &PoolConfig::unlink_stale>(
+          {.key = "pool.unlink_stale",
+           .default_text = "false",
+           .flags = kImm,
+           .env = "KVCTL_POOL_UNLINK_STALE",
+           .doc = "Remove a leftover shm object of the same name that no live daemon holds "
+                  "(after a crash). One held by a running daemon is never removed."}),
+      Row<&Config::pool, &PoolConfig::budget_fraction>(
+          {.key = "pool.budget_fraction",
+           .default_text = "0.9",
+           .min = 0.1,
+           .max = 1.0,
+           .flags = kRel,
+           .env = "KVCTL_POOL_BUDGET_FRACTION",
+           .doc = "Fraction of the pages the budget planner fills; it evicts or lowers bits "
+                  "before usage passes it."}),
+      // [quant]
+      Row<&QuantSettings::method>(
+          {.key = "quant.method",
+           .default_text = "kvarn",
+           .flags = kRel,
+           .env = "KVCTL_QUANT_METHOD",
+           .names = MethodNames(),
+           .doc = "Quantizer of new sequences (kernels/quant_types.h registry)."}),
+      Row<&QuantSettings::k_bits>(
+          {.key = "quant.k_bits",
+           .default_text = "2",
+           .min = 1,
+           .max = 16,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_K_BITS",
+           .doc = "Code width of K; the method's allowed widths are checked (fp16: 16)."}),
+      Row<&QuantSettings::v_bits>({.key = "quant.v_bits",
+                                   .default_text = "2",
+                                   .min = 1,
+                                   .max = 16,
+                                   .flags = kRel,
+                                   .env = "KVCTL_QUANT_V_BITS",
+                                   .doc = "Code width of V."}),
+      Row<&QuantSettings::block_tokens>(
+          {.key = "quant.block_tokens",
+           .default_text = "0",
+           .min = 0,
+           .max = 1024,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_BLOCK_TOKENS",
+           .doc = "Tokens per block record; 0 = method default (kvarn 128, others 32)."}),
+      Row<&QuantSettings::k_group_tokens>(
+          {.key = "quant.k_group_tokens",
+           .default_text = "0",
+           .min = 0,
+           .max = 1024,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_K_GROUP_TOKENS",
+           .doc = "Tokens sharing one K scale per channel (kivi, oscar; ignored by the others); "
+                  "0 = method default."}),
+      Row<&QuantSettings::v_group_channels>(
+          {.key = "quant.v_group_channels",
+           .default_text = "0",
+           .min = 0,
+           .max = 1024,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_V_GROUP_CHANNELS",
+           .doc = "Channels sharing one V scale per token (kivi, oscar; ignored by the others); "
+                  "0 = method default."}),
+      Row<&QuantSettings::sinkhorn_iters>(
+          {.key = "quant.sinkhorn_iters",
+           .default_text = "16",
+           .min = 1,
+           .max = 64,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_SINKHORN_ITERS",
+           .doc = "KVarN variance-normalisation iterations (ignored by the other methods)."}),
+      Row<&QuantSettings::sink_tokens>(
+          {.key = "quant.sink_tokens",
+           .default_text = "-1",
+           .min = -1,
+           .max = 65536,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_SINK_TOKENS",
+           .doc = "First tokens of a sequence kept fp16 forever; -1 = method default "
+                  "(kvarn 128, others 0)."}),
+      Row<&QuantSettings::flush_tokens>(
+          {.key = "quant.flush_tokens",
+           .default_text = "0",
+           .min = 0,
+           .max = 65536,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_FLUSH_TOKENS",
+           .doc = "fp16 tail length that triggers quantization, a multiple of block_tokens; 0 = "
+                  "method default rounded up to a multiple of block_tokens."}),
+      // [[quant.override]] and [[model.override]]
+      Row<&QuantOverride::layer>({.key = "quant.override.layer",
+                                  .min = 0,
+                                  .max = 4095,
+                                  .flags = kRel | kRequired,
+                                  .doc = "Layer the override applies to."}),
+      Row<&QuantOverride::head>(
+          {.key = "quant.override.head",
+           .default_text = "-1",
+           .min = -1,
+           .max = 1023,
+           .flags = kRel,
+           .doc = "KV head of that layer; -1 = all its heads (an exact head wins over -1)."}),
+      Row<&QuantOverride::k_bits>({.key = "quant.override.k_bits",
+                                   .default_text = "0",
+                                   .min = 0,
+                                   .max = 16,
+                                   .flags = kRel,
+                                   .doc = "K code width there; 0 = keep the inherited width."}),
+      Row<&QuantOverride::v_bits>({.key = "quant.override.v_bits",
+                                   .default_text = "0",
+                                   .min = 0,
+                                   .max = 16,
+                                   .flags = kRel,
+                                   .doc = "V code width there; 0 = keep the inherited width."}),
+      // [[model]]
+      Row<&ModelConfig::name>(
+          {.key = "model.name",
+           .flags = kRel | kRequired,
+           .doc = "Model name sent by the client in HELLO (full name or the part after the "
+                  "last '/'). The table may also set any [quant] key and hold [[model.override]] "
+                  "tables, for that model only."}),
+  };
+}
+
+bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+std::string FormatNumber(double x) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
+  std::string s(buf, end);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // TOML needs a float literal.
+  return s;
+}
+
+std::string Quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string RangeText(const ConfigOption& o) {
+  if (o.type == ConfigType::kBytes) {
+    return FormatByteSize(static_cast<uint64_t>(o.min)) + ".." +
+           FormatByteSize(static_cast<uint64_t>(o.max));
+  }
+  if (o.type == ConfigType::kDouble) {
+    return internal::StrCat(o.min, "..", o.max);
+  }
+  return internal::StrCat(static_cast<int64_t>(o.min), "..", static_cast<int64_t>(o.max));
+}
+
+// A value as shown in error messages.
+std::string ShowValue(const ConfigOption& o, const ConfigValue& v) {
+  if (o.type == ConfigType::kBytes) {
+    const int64_t b = std::get<int64_t>(v);
+    return b < 0 ? std::to_string(b) : FormatByteSize(static_cast<uint64_t>(b));
+  }
+  if (o.type == ConfigType::kEnum) return std::to_string(std::get<int64_t>(v));
+  return FormatConfigValue(o, v);
+}
+
+Status Expected(const ConfigOption& o, std::string_view got, std::string_view expected) {
+  return InvalidArgument(o.key, ": got ", got, ", expected ", expected);
+}
+
+}  // namespace
+
+std::string_view ConfigSourceName(ConfigSource source) {
+  switch (source) {
+    case ConfigSource::kDefault:
+      return "default";
+    case ConfigSource::kFile:
+      return "file";
+    case ConfigSource::kEnv:
+      return "env";
+    case ConfigSource::kCli:
+      return "cli";
+  }
+  return "unknown";
+}
+
+std::string_view ConfigOption::short_key() const {
+  return std::string_view(key).substr(key.rfind('.') + 1);
+}
+
+const std::vector<ConfigOption>& ConfigSchema() {
+  static const std::vector<ConfigOption> schema = BuildSchema();
+  return schema;
+}
+
+const ConfigOption* FindConfigOption(std::string_view key) {
+  for (const ConfigOption& o : ConfigSchema()) {
+    if (o.key == key) return &o;
+  }
+  return nullptr;
+}
+
+Config::Config() {
+  for (const ConfigOption& o : ConfigSchema()) {
+    if (o.scope != ConfigScope::kGlobal && o.scope != ConfigScope::kQuant) continue;
+    StatusOr<ConfigValue> v = ParseConfigValue(o, o.default_text);
+    KVCTL_CHECK(v.ok());  // The table's own defaults; a test parses every one.
+    o.set(o.scope == ConfigScope::kGlobal ? static_cast<void*>(this) : &quant, *v);
+  }
+}
+
+bool Config::operator==(const Config& other) const {
+  return server == other.server && pool == other.pool && quant == other.quant &&
+         quant_overrides == other.quant_overrides && models == other.models;
+}
+
+StatusOr<uint64_t> ParseByteSize(std::string_view text) {
+  const auto fail = [&] {
+    return InvalidArgument("got \"", text,
+                           "\", expected a byte size like 4096, \"64KiB\", \"512MiB\" or \"1GiB\" "
+                           "(units B, KiB, MiB, GiB, TiB; whole numbers)");
+  };
+  std::string_view s = text;
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc() || ptr == s.data()) return fail();
+  std::string_view unit = s.substr(ptr - s.data());
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  std::string lower;
+  for (char c : unit) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  int shift = -1;
+  if (lower.empty() || lower == "b") shift = 0;
+  if (lower == "kib") shift = 10;
+  if (lower == "mib") shift = 20;
+  if (lower == "gib") shift = 30;
+  if (lower == "tib") shift = 40;
+  if (shift < 0) return fail();
+  if (shift > 0 && n > (UINT64_MAX >> shift)) {
+    return InvalidArgument("got \"", text, "\", expected a byte size below 2^64");
+  }
+  return n << shift;
+}
+
+std::string FormatByteSize(uint64_t bytes) {
+  static constexpr std::pair<int, const char*> kUnits[] = {
+      {40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}};
+  for (auto [shift, name] : kUnits) {
+    const uint64_t unit = uint64_t{1} << shift;
+    if (bytes >= unit && bytes % unit == 0) return std::to_string(bytes >> shift) + name;
+  }
+  return std::to_string(bytes) + "B";
+}
+
+StatusOr<ConfigValue> ParseConfigValue(const ConfigOption& o, std::string_view text) {
+  const std::string got = Quote(text);
+  ConfigValue value;
+  switch (o.type) {
+    case ConfigType::kInt: {
+      int64_t n = 0;
+      auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+      if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) {
+        return Expected(o, got, DescribeExpected(o));
+      }
+      value = n;
+      break;
+    }
+    case ConfigType::kBytes: {
+      StatusOr<uint64_t> n = ParseByteSize(text);
+      if (!n.ok() || *n > static_cast<uint64_t>(INT64_MAX)) {
+        return Expected(o, got, DescribeExpected(o));
+      }
+      value = static_cast<int64_t>(*n);
+      break;
+    }
+    case ConfigType::kDouble: {
+      double x = 0;
+      auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+      if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) {
+        return Expected(o, got, DescribeExpected(o));
+      }
+      value = x;
+      break;
+    }
+    case ConfigType::kBool:
+      if (text != "true" && text != "false") return Expected(o, got, DescribeExpected(o));
+      value = text == "true";
+      break;
+    case ConfigType::kString:
+      value = std::string(text);
+      break;
+    case ConfigType::kEnum: {
+      size_t i = 0;
+      while (i < o.names.size() && o.names[i] != text) ++i;
+      if (i == o.names.size()) return Expected(o, got, DescribeExpected(o));
+      value = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  KVCTL_RETURN_IF_ERROR(CheckConfigValue(o, value));
+  return value;
+}
+
+Status CheckConfigValue(const ConfigOption& o, const ConfigValue& v) {
+  switch (o.type) {
+    case ConfigType::kInt:
+    case ConfigType::kBytes: {
+      const int64_t n = std::get<int64_t>(v);
+      if (static_cast<double>(n) < o.min || static_cast<double>(n) > o.max ||
+          ((o.flags & kPowerOfTwo) && !IsPowerOfTwo(n))) {
+        return Expected(o, ShowValue(o, v), DescribeExpected(o));
+      }
+      break;
+    }
+    case ConfigType::kDouble: {
+      const double x = std::get<double>(v);
+      if (!(x >= o.min && x <= o.max)) return Expected(o, ShowValue(o, v), DescribeExpected(o));
+      break;
+    }
+    case ConfigType::kEnum: {
+      const int64_t i = std::get<int64_t>(v);
+      if (i < 0 || i >= static_cast<int64_t>(o.names.size())) {
+        return Expected(o, ShowValue(o, v), DescribeExpected(o));
+      }
+      break;
+    }
+    case ConfigType::kBool:
+    case ConfigType::kString:
+      break;
+  }
+  if (o.check != nullptr) {
+    const std::string expected = o.check(v);
+    if (!expected.empty()) return Expected(o, ShowValue(o, v), expected);
+  }
+  return OkStatus();
+}
+
+std::string FormatConfigValue(const ConfigOption& o, const ConfigValue& v) {
+  switch (o.type) {
+    case ConfigType::kInt:
+      return std::to_string(std::get<int64_t>(v));
+    case ConfigType::kBytes:
+      return Quote(FormatByteSize(static_cast<uint64_t>(std::get<int64_t>(v))));
+    case ConfigType::kDouble:
+      return FormatNumber(std::get<double>(v));
+    case ConfigType::kBool:
+      return std::get<bool>(v) ? "true" : "false";
+    case ConfigType::kString:
+      return Quote(std::get<std::string>(v));
+    case ConfigType::kEnum: {
+      const int64_t i = std::get<int64_t>(v);
+      if (i < 0 || i >= static_cast<int64_t>(o.names.size())) return std::to_string(i);
+      return Quote(o.names[i]);
+    }
+  }
+  return "";
+}
+
+std::string DescribeExpected(const ConfigOption& o) {
+  switch (o.type) {
+    case ConfigType::kInt:
+      return "an integer in " + RangeText(o);
+    case ConfigType::kBytes:
+      return std::string(o.flags & kPowerOfTwo ? "a power-of-two byte size" : "a byte size") +
+             " in " + RangeText(o) + " (an integer or a string like \"64KiB\", \"512MiB\")";
+    case ConfigType::kDouble:
+      return "a number in " + RangeText(o);
+    case ConfigType::kBool:
+      return "true or false";
+    case ConfigType::kString:
+      return "a string";
+    case ConfigType::kEnum: {
+      std::string s = "one of ";
+      for (size_t i = 0; i < o.names.size(); ++i) s += (i ? ", " : "") + o.names[i];
+      return s;
+    }
+  }
+  return "";
+}
+
+}  // namespace kvctl
