@@ -69,6 +69,7 @@ struct QuantSettings {
   int k_group_tokens = 0;
   int v_group_channels = 0;
   int sinkhorn_iters = 0;
+  bool lossless = false;  // Compression off: rows kept exactly in the session dtype.
   int sink_tokens = 0;
   int flush_tokens = 0;
   bool operator==(const QuantSettings&) const = default;

@@ -282,6 +282,14 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_QUANT_V_GROUP_CHANNELS",
            .doc = "Channels sharing one V scale per token (kivi, oscar; ignored by the others); "
                   "0 = method default."}),
+      Row<&QuantSettings::lossless>(
+          {.key = "quant.lossless",
+           .default_text = "false",
+           .flags = kRel,
+           .env = "KVCTL_QUANT_LOSSLESS",
+           .doc = "Compression off: keep every token exactly as sent, in the session dtype, and "
+                  "never quantize (the baseline for exactness checks; method and bits are "
+                  "ignored)."}),
       Row<&QuantSettings::sinkhorn_iters>(
           {.key = "quant.sinkhorn_iters",
            .default_text = "16",

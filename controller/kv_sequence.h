@@ -1,0 +1,123 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/kv_sequence.h
+// KvSequence: the stored KV cache of one sequence, per layer and per KV head, in pool pages.
+// Each (layer, head) stream holds full-precision rows (the method's sink tokens, then the tail of
+// not-yet-quantized tokens) and a list of quantized block records; OScaR layers also hold one norm
+// per quantized token. Tokens move from the tail into records exactly per the layer's
+// StreamingRules (kernels/quant_types.h): when the tail holds flush_tokens tokens they are
+// quantized once, as flush_tokens / block_tokens records, and the tail empties.
+//
+// Rows of the sink and tail are stored as fp16 when the layer quantizes, so a token's path to its
+// record does not depend on how appends were batched. A lossless layer (quant.method = "none")
+// never flushes and stores rows in the session dtype: reads return exactly what was appended.
+//
+// Append is all or nothing: it validates everything, quantizes into temporary memory, reserves
+// every page it needs in one allocation, and only then changes stored state. On any error (bad
+// shape, NaN, fp16 overflow, RESOURCE_EXHAUSTED) the sequence is unchanged.
+//
+// Thread safety: none; callers serialise operations on one sequence (the daemon holds a
+// per-sequence mutex).
+#ifndef KVCTL_CONTROLLER_KV_SEQUENCE_H_
+#define KVCTL_CONTROLLER_KV_SEQUENCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "controller/pool.h"
+#include "controller/slot_array.h"
+#include "kernels/quant_types.h"
+
+namespace kvctl {
+
+// How one layer stores its heads. All heads of a layer share the method, block and rules (OScaR's
+// token norm spans the heads); bit widths may differ per head.
+struct LayerPlan {
+  bool lossless = false;              // Never quantize; rows in the session dtype.
+  StreamingRules rules;               // Ignored when lossless.
+  std::vector<QuantSpec> head_specs;  // One per KV head.
+};
+
+struct SequenceGeometry {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kF32;  // Session dtype: appended data and lossless rows.
+};
+
+// Dense rows of a layer range, concatenated per (layer, head) in that order.
+struct DenseKv {
+  std::vector<uint32_t> counts;    // [layers * kv_heads] tokens per (layer, head).
+  std::vector<int64_t> positions;  // Per row.
+  std::vector<float> k, v;         // Per row, head_dim floats each.
+};
+
+// Where one (layer, head) keeps its records, for readers that map the pool (blocks-mode FETCH).
+struct HeadBlocks {
+  std::vector<uint32_t> record_pages;  // Page ids in order; slots_per_page records per page.
+  uint32_t records = 0;                // Records in use (the last page may be partly filled).
+  uint32_t records_per_page = 0;
+  uint32_t sink_rows = 0, tail_rows = 0;
+  int64_t first_quantized_position = 0;
+};
+
+struct SequenceUsage {
+  int64_t tokens = 0;            // Appended so far.
+  int64_t quantized_tokens = 0;  // Per head, in records (layer 0, head 0).
+  uint64_t pool_bytes = 0;       // Whole pages held.
+  uint64_t payload_bytes = 0;    // Bytes of records, rows and norms in use (no page slack).
+  uint64_t elements = 0;         // K and V elements stored (2 * tokens * layers * heads * D).
+};
+
+class KvSequence {
+ public:
+  // REQUIRES: plans.size() == geometry.layers, every spec valid with head_dim == geometry.head_dim.
+  KvSequence(PageAllocator* pool, const SequenceGeometry& geometry, std::vector<LayerPlan> plans);
+  ~KvSequence();
+  KvSequence(const KvSequence&) = delete;
+  KvSequence& operator=(const KvSequence&) = delete;
+
+  // Appends n_tokens tokens at positions first_position... k[l], v[l] are [n_tokens, kv_heads,
+  // head_dim] views of layer l. The first append fixes the sequence's start position; later ones
+  // must continue it (INVALID_ARGUMENT "first_position: got X, expected Y").
+  Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
+                const std::vector<KvTensorView>& v);
+
+  // Dequantized rows of layers [layer_begin, layer_end), in token order per (layer, head).
+  // REQUIRES: 0 <= layer_begin < layer_end <= layers.
+  DenseKv FetchDense(int layer_begin, int layer_end) const;
+
+  // Record locations of one (layer, head).
+  HeadBlocks Blocks(int layer, int head) const;
+  const QuantSpec& HeadSpec(int layer, int head) const;
+  bool Lossless(int layer) const;
+  // OScaR layers: pages of the per-record norm slots (block_tokens fp32 each), in record order.
+  const SlotArray* Norms(int layer) const;
+  // Only the full-precision rows (sinks, then tail) of layers [layer_begin, layer_end).
+  DenseKv FetchWindow(int layer_begin, int layer_end) const;
+
+  SequenceUsage Usage() const;
+  int64_t tokens() const { return tokens_; }
+  int64_t first_position() const { return first_position_; }
+
+ private:
+  struct HeadStream;
+  struct LayerState;
+
+  DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
+  Status AppendLayerPrepare(int layer, const KvTensorView& k, const KvTensorView& v,
+                            struct PreparedLayer* out) const;
+
+  PageAllocator* pool_;
+  SequenceGeometry geometry_;
+  std::vector<std::unique_ptr<LayerState>> layers_;
+  int64_t tokens_ = 0;
+  int64_t first_position_ = 0;
+};
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_KV_SEQUENCE_H_

@@ -1,0 +1,55 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/slot_array.h"
+
+#include <utility>
+
+namespace kvctl {
+
+SlotArray::SlotArray(PageAllocator* pool, size_t slot_bytes)
+    : pool_(pool),
+      slot_bytes_(slot_bytes),
+      per_page_(pool->page_bytes() / slot_bytes),
+      page_bytes_(pool->page_bytes()) {
+  KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0);
+}
+
+SlotArray::~SlotArray() { Clear(); }
+
+SlotArray::SlotArray(SlotArray&& other) noexcept
+    : pool_(other.pool_),
+      slot_bytes_(other.slot_bytes_),
+      per_page_(other.per_page_),
+      page_bytes_(other.page_bytes_),
+      size_(other.size_),
+      pages_(std::move(other.pages_)) {
+  other.size_ = 0;
+  other.pages_.clear();
+}
+
+size_t SlotArray::PagesNeeded(size_t n) const {
+  const size_t want = PagesFor(n);
+  return want > pages_.size() ? want - pages_.size() : 0;
+}
+
+uint8_t* SlotArray::Slot(size_t i) const {
+  KVCTL_CHECK(i < size_);
+  return pool_->PagePointer(pages_[i / per_page_]) + (i % per_page_) * slot_bytes_;
+}
+
+void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
+  const size_t want = PagesFor(n);
+  while (pages_.size() < want) {
+    KVCTL_CHECK(reserved != nullptr && !reserved->empty());
+    pages_.push_back(reserved->back());
+    reserved->pop_back();
+  }
+  while (pages_.size() > want) {
+    KVCTL_CHECK(pool_->Free(pages_.back()).ok());
+    pages_.pop_back();
+  }
+  size_ = n;
+}
+
+void SlotArray::Clear() { Resize(0, nullptr); }
+
+}  // namespace kvctl
