@@ -1,0 +1,98 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// kvbench: benchmarks of kvctl's building blocks, one subcommand each.
+//   kvbench quant [--input DIR | --tokens N --heads H --head-dim D --seed S] [--methods ...]
+//                 [--bits ...] [--simd scalar|avx2|avx512] [--json] [--quick]
+// Exit status: 0 on success, 1 on any error (bad flags, bad input), with one message on stderr.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "tools/kvbench_quant.h"
+
+namespace {
+
+// The quant subcommand's flags, bound into `options`. Returns the subcommand.
+CLI::App* AddQuantCommand(CLI::App& app, kvctl::QuantBenchOptions& options, bool& json) {
+  CLI::App* cmd = app.add_subcommand(
+      "quant",
+      "Quantizers: bits/element, K/V relative MSE and attention error (pure and streaming), "
+      "one-thread quantize/dequantize GB/s against memcpy");
+  options.synthetic.tokens = 4096;
+  options.synthetic.heads = 8;
+  options.synthetic.head_dim = 128;
+  options.synthetic.seed = 1;
+  CLI::Option* input =
+      cmd->add_option("--input", options.input_dir,
+                      "Directory with k.npy and v.npy ([T, H, D], float16 or float32) and "
+                      "optionally q.npy ([T, Hq, D], Hq a multiple of H); default: synthetic");
+  CLI::Option* tokens =
+      cmd->add_option("--tokens", options.synthetic.tokens, "Synthetic input: tokens T")
+          ->capture_default_str();
+  CLI::Option* heads =
+      cmd->add_option("--heads", options.synthetic.heads, "Synthetic input: KV heads H")
+          ->capture_default_str();
+  CLI::Option* head_dim =
+      cmd->add_option("--head-dim", options.synthetic.head_dim, "Synthetic input: head_dim D")
+          ->capture_default_str();
+  CLI::Option* q_heads = cmd->add_option("--q-heads", options.synthetic.q_heads,
+                                         "Synthetic input: query heads (GQA), 0 = same as --heads")
+                             ->capture_default_str();
+  cmd->add_option("--seed", options.synthetic.seed,
+                  "Seed of the synthetic input (and of Gaussian queries when q.npy is absent)")
+      ->capture_default_str();
+  for (CLI::Option* opt : {tokens, heads, head_dim, q_heads}) input->excludes(opt);
+  cmd->add_option("--methods", options.methods,
+                  "Comma-separated subset of fp16,kivi,quarot,kvarn,oscar (default: all)")
+      ->delimiter(',');
+  cmd->add_option(
+         "--bits", options.bits,
+         "Comma-separated subset of 2,3,4,8,k4v2,16 (default: all; the fp16 baseline ignores it)")
+      ->delimiter(',');
+  cmd->add_option("--simd", options.simd,
+                  "Force the SIMD path: scalar, avx2 or avx512 (default: best the CPU has)");
+  CLI::Option* reps =
+      cmd->add_option("--reps", options.reps, "Timed repetitions per measurement (median)")
+          ->capture_default_str();
+  cmd->add_option("--attn-queries", options.attn_queries, "Attention probe: the last N positions")
+      ->capture_default_str();
+  cmd->add_flag("--json", json, "Print one JSON object instead of the table");
+  cmd->add_flag("--quick", options.quick,
+                "Small sizes for a CI smoke run (T=512, H=2, 2 reps unless given)");
+  cmd->add_flag_callback(
+      "--no-throughput", [&options] { options.throughput = false; },
+      "Skip the timing runs (accuracy only)");
+  cmd->callback([&options, tokens, heads, reps] {
+    if (!options.quick) return;
+    if (tokens->count() == 0) options.synthetic.tokens = 512;
+    if (heads->count() == 0) options.synthetic.heads = 2;
+    if (reps->count() == 0) options.reps = 2;
+  });
+  return cmd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    CLI::App app{"kvbench: benchmarks for kvctl"};
+    app.require_subcommand(1);
+    // One line per error, like every other failure of kvbench.
+    app.failure_message([](const CLI::App*, const CLI::Error& e) {
+      return "kvbench: " + std::string(e.what()) + " (see --help)\n";
+    });
+    kvctl::QuantBenchOptions quant;
+    bool quant_json = false;
+    CLI::App* quant_cmd = AddQuantCommand(app, quant, quant_json);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e) == 0 ? 0 : 1;  // --help is a success; every parse error exits 1.
+    }
+    if (quant_cmd->parsed()) return kvctl::RunQuantCommand(quant, quant_json, stdout, stderr);
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvbench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,228 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// kvbench quant: one-thread throughput (quantize, dequantize, scalar reference, memcpy) and the
+// driver that runs every selected row.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "common/tensor.h"
+#include "kernels/quantize.h"
+#include "tools/kvbench_quant.h"
+
+namespace kvctl {
+namespace {
+
+using QuantizeFn = Status (*)(const QuantSpec&, const BlockInput&, uint8_t*);
+using DequantizeFn = void (*)(const QuantSpec&, const uint8_t*, const float*, float*, float*);
+
+// Runs `run` once to warm caches, page in buffers and settle the clock, then `reps` timed times;
+// returns the median wall time in seconds.
+template <typename Fn>
+double MedianSeconds(int reps, Fn&& run) {
+  run();
+  std::vector<double> seconds;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    const auto stop = std::chrono::steady_clock::now();
+    seconds.push_back(std::chrono::duration<double>(stop - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const size_t n = seconds.size();
+  return n % 2 == 1 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
+}
+
+// The pure-mode workload: every full block of every head, block-major as a flush would produce
+// them. OScaR's token norms are part of the quantize work, so they are computed inside the loop.
+class Workload {
+ public:
+  Workload(const QuantBenchContext& ctx, const QuantSpec& spec)
+      : in_(ctx.input),
+        spec_(spec),
+        layout_(BlockLayoutOf(spec)),
+        needs_norms_(TraitsOf(spec.method).needs_token_norms),
+        g_(spec.block_tokens),
+        blocks_(in_.tokens / g_),
+        records_(static_cast<size_t>(blocks_ * in_.heads) * layout_.record_bytes),
+        norms_(static_cast<size_t>(blocks_ * g_), 1.0f),
+        k_out_(static_cast<size_t>(blocks_ * g_ * in_.heads * in_.head_dim)),
+        v_out_(k_out_.size()) {}
+
+  int64_t tokens() const { return blocks_ * g_; }
+
+  Status Quantize(QuantizeFn fn) {
+    const int64_t h_kv = in_.heads, d = in_.head_dim;
+    const KvTensorView k_view =
+        KvTensorView::Contiguous(in_.k.data(), DType::kF32, in_.tokens, h_kv, d);
+    for (int64_t b = 0; b < blocks_; ++b) {
+      const int64_t s = b * g_;
+      const float* norms = nullptr;
+      if (needs_norms_) {
+        ComputeTokenNorms(k_view.Tokens(s, g_), &norms_[s]);
+        norms = &norms_[s];
+      }
+      for (int64_t h = 0; h < h_kv; ++h) {
+        const BlockInput block{in_.k.data() + (s * h_kv + h) * d, in_.v.data() + (s * h_kv + h) * d,
+                               h_kv * d, norms};
+        KVCTL_RETURN_IF_ERROR(fn(spec_, block, Record(b, h)));
+      }
+    }
+    return OkStatus();
+  }
+
+  void Dequantize(DequantizeFn fn) {
+    const int64_t h_kv = in_.heads, rows = g_ * in_.head_dim;
+    for (int64_t b = 0; b < blocks_; ++b) {
+      const float* norms = needs_norms_ ? &norms_[b * g_] : nullptr;
+      for (int64_t h = 0; h < h_kv; ++h) {
+        const int64_t r = b * h_kv + h;
+        fn(spec_, Record(b, h), norms, &k_out_[r * rows], &v_out_[r * rows]);
+      }
+    }
+  }
+
+ private:
+  uint8_t* Record(int64_t b, int64_t h) {
+    return &records_[static_cast<size_t>(b * in_.heads + h) * layout_.record_bytes];
+  }
+
+  const QuantBenchInput& in_;
+  const QuantSpec spec_;
+  const BlockLayout layout_;
+  const bool needs_norms_;
+  const int64_t g_, blocks_;
+  std::vector<uint8_t> records_;
+  std::vector<float> norms_, k_out_, v_out_;
+};
+
+StatusOr<double> QuantizeGbps(Workload& w, QuantizeFn fn, double bytes, int reps) {
+  Status status;
+  const double s = MedianSeconds(reps, [&] {
+    Status st = w.Quantize(fn);
+    if (status.ok() && !st.ok()) status = std::move(st);
+  });
+  KVCTL_RETURN_IF_ERROR(status);
+  return bytes / s / 1e9;
+}
+
+double DequantizeGbps(Workload& w, DequantizeFn fn, double bytes, int reps) {
+  return bytes / MedianSeconds(reps, [&] { w.Dequantize(fn); }) / 1e9;
+}
+
+StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (name == SimdLevelName(l)) return l;
+  }
+  return InvalidArgument("--simd: got \"", name, "\", expected scalar, avx2 or avx512");
+}
+
+}  // namespace
+
+StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
+                                                 const QuantSpec& spec, int reps) {
+  Workload w(ctx, spec);
+  QuantThroughput p;
+  p.tokens = w.tokens();
+  p.bytes = 2.0 * static_cast<double>(p.tokens) * ctx.input.heads * ctx.input.head_dim * 2;
+  if (p.tokens == 0) {
+    return InvalidArgument("tokens: got ", ctx.input.tokens, ", expected at least block_tokens ",
+                           spec.block_tokens);
+  }
+  KVCTL_ASSIGN_OR_RETURN(p.quantize_gbps, QuantizeGbps(w, &QuantizeBlock, p.bytes, reps));
+  p.dequantize_gbps = DequantizeGbps(w, &DequantizeBlock, p.bytes, reps);
+  KVCTL_ASSIGN_OR_RETURN(p.ref_quantize_gbps, QuantizeGbps(w, &QuantizeBlockRef, p.bytes, reps));
+  p.ref_dequantize_gbps = DequantizeGbps(w, &DequantizeBlockRef, p.bytes, reps);
+  return p;
+}
+
+double MeasureMemcpyGbps(size_t bytes, int reps) {
+  std::vector<uint8_t> src(bytes), dst(bytes);
+  for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131u + 7u);
+  std::memset(dst.data(), 0, bytes);
+  // A copy takes ~1 ms at these sizes, so more repetitions than the quantizers cost little and
+  // steady the median.
+  const double s =
+      MedianSeconds(std::max(reps, 25), [&] { std::memcpy(dst.data(), src.data(), bytes); });
+  // Reading the copy keeps the compiler from treating the memcpy as dead.
+  volatile uint8_t sink = dst[bytes / 2];
+  (void)sink;
+  return static_cast<double>(bytes) / s / 1e9;
+}
+
+double QuantizeTarget(const QuantSpec& spec) {
+  switch (spec.method) {
+    case QuantMethod::kKivi:
+    case QuantMethod::kQuaRot:
+      return 0.25;
+    case QuantMethod::kKvarn:
+      return spec.sinkhorn_iters == 16 ? 0.03 : 0.0;
+    default:
+      return 0.0;
+  }
+}
+
+StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
+  if (o.reps < 1 || o.reps > 1000) {
+    return InvalidArgument("--reps: got ", o.reps, ", expected 1..1000");
+  }
+  if (!o.simd.empty()) {
+    KVCTL_ASSIGN_OR_RETURN(SimdLevel level, ParseSimdLevel(o.simd));
+    const Status st = SetSimdLevel(level);
+    if (!st.ok()) return Status(st.code(), internal::StrCat("--simd: ", st.message()));
+  }
+  KVCTL_ASSIGN_OR_RETURN(std::vector<QuantRowSpec> rows, SelectQuantRows(o.methods, o.bits));
+  QuantBenchInput input;
+  if (o.input_dir.empty()) {
+    KVCTL_ASSIGN_OR_RETURN(input, MakeSyntheticInput(o.synthetic));
+  } else {
+    KVCTL_ASSIGN_OR_RETURN(input, LoadQuantBenchInput(o.input_dir, o.synthetic.seed));
+  }
+  // Reject rows that cannot run on this input before spending minutes on the others.
+  for (const QuantRowSpec& row : rows) {
+    StatusOr<QuantSpec> spec = MakeQuantSpec(row.method, input.head_dim, row.k_bits, row.v_bits);
+    if (!spec.ok()) {
+      return InvalidArgument(QuantRowLabel(row), ": ", spec.status().message(),
+                             " (drop it with --methods/--bits)");
+    }
+    if (input.tokens < spec->block_tokens) {
+      return InvalidArgument(QuantRowLabel(row), ": tokens: got ", input.tokens,
+                             ", expected at least block_tokens ", spec->block_tokens);
+    }
+  }
+  KVCTL_ASSIGN_OR_RETURN(QuantBenchContext ctx,
+                         PrepareQuantBench(std::move(input), o.attn_queries));
+
+  QuantBenchReport report;
+  report.detected_simd = std::string(SimdLevelName(DetectSimdLevel()));
+  report.active_simd = std::string(SimdLevelName(ActiveSimdLevel()));
+  const QuantBenchInput& in = ctx.input;
+  report.input.source = in.source;
+  report.input.description = in.description;
+  report.input.queries = in.queries;
+  report.input.tokens = in.tokens;
+  report.input.heads = in.heads;
+  report.input.q_heads = in.q_heads;
+  report.input.head_dim = in.head_dim;
+  report.input.seed = in.seed;
+  report.attn_queries = o.attn_queries;
+  report.reps = o.reps;
+  report.throughput = o.throughput;
+  report.quick = o.quick;
+  report.memcpy_bytes = 2.0 * static_cast<double>(in.tokens) * in.heads * in.head_dim * 2;
+  if (o.throughput) {
+    report.memcpy_gbps = MeasureMemcpyGbps(static_cast<size_t>(report.memcpy_bytes), o.reps);
+  }
+  for (const QuantRowSpec& row : rows) {
+    QuantBenchRow r;
+    KVCTL_ASSIGN_OR_RETURN(r.accuracy, ComputeQuantRow(ctx, row));
+    r.target = QuantizeTarget(r.accuracy.spec);
+    if (o.throughput) {
+      KVCTL_ASSIGN_OR_RETURN(r.perf, MeasureQuantThroughput(ctx, r.accuracy.spec, o.reps));
+    }
+    report.rows.push_back(std::move(r));
+  }
+  return report;
+}
+
+}  // namespace kvctl
