@@ -1,0 +1,281 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: ipc/messages.h
+// The messages of the kvctl wire protocol as C++ values: one struct per request and per reply, the
+// message-type numbers and the protocol limits. ipc/PROTOCOL.md is the byte-level specification;
+// ipc/protocol.h encodes and decodes these structs. Tensor payloads are zmq::message_t frames moved
+// in and out of the socket without copying; read them with FrameBytes().
+//
+// Thread safety: plain values (move-only where they hold frames).
+//
+//   AppendRequest req{.session_id = s, .sequence_id = 7, .first_position = 0, .n_tokens = 16};
+//   req.k = zmq::message_t(k_bytes.data(), k_bytes.size());   // [layers, 16, kv_heads, head_dim]
+//   req.v = zmq::message_t(v_bytes.data(), v_bytes.size());
+#ifndef KVCTL_IPC_MESSAGES_H_
+#define KVCTL_IPC_MESSAGES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+#include <zmq.hpp>
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace kvctl::ipc {
+
+inline constexpr uint32_t kMagic = 0x5443564B;  // Bytes "KVCT" on the wire.
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 18;
+
+// Message types. Values are on the wire: never renumber, never reuse a retired number (leave a
+// tombstone comment). Replies are `request | kReplyBit`; kError answers any request.
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kOpen = 2,
+  kClose = 3,
+  kPing = 4,
+  kAppend = 5,
+  kFetch = 6,
+  kStats = 7,
+  // 8..0x7FFF: unassigned; new requests take the next free number.
+  kError = 0xFFFF,
+};
+inline constexpr uint16_t kReplyBit = 0x8000;
+inline constexpr uint16_t kFirstRequestType = 1;
+inline constexpr uint16_t kLastRequestType = 7;
+
+// "HELLO", "FETCH", "ERROR"; replies read "HELLO_REPLY"; unknown numbers read "0x0042".
+std::string TypeName(uint16_t type);
+
+// Limits (PROTOCOL.md "Limits"). Decoders reject anything outside them.
+inline constexpr uint32_t kMaxLayers = 1024;
+inline constexpr uint32_t kMaxHeads = 1024;                     // kv_heads and q_heads.
+inline constexpr uint32_t kMinHeadDim = 8, kMaxHeadDim = 1024;  // And a multiple of 8.
+inline constexpr uint32_t kMaxAppendTokens = 1u << 20;
+inline constexpr uint32_t kMaxBlockTokens = 1u << 16;
+inline constexpr uint32_t kMaxLayouts = 1024;
+inline constexpr size_t kMaxNameBytes = 256;     // client_name, model_name, server_version.
+inline constexpr size_t kMaxShmNameBytes = 255;  // NAME_MAX.
+inline constexpr size_t kMaxSectionBytes = 256;  // STATS section filter.
+inline constexpr size_t kMaxErrorMessageBytes = 4096;
+inline constexpr size_t kMaxStatsTextBytes = 1u << 20;
+inline constexpr size_t kMaxHeaderFrameBytes = 16u << 20;    // Frame 0 (header + body).
+inline constexpr size_t kMaxTensorFrameBytes = 1u << 30;     // Each later frame.
+inline constexpr size_t kMaxFrames = 4;                      // Frame 0 + at most 3 tensor frames.
+inline constexpr int64_t kMaxPosition = (int64_t{1} << 62);  // Positions are < 2^62.
+inline constexpr uint32_t kNoPage = 0xFFFFFFFF;
+// Quantizer methods are kvctl::QuantMethod values (kernels/quant_types.h): 0 fp16, 1 kivi,
+// 2 quarot, 3 kvarn, 4 oscar. ipc may not include kernels/, so the controller static_asserts that
+// kNumQuantMethods matches.
+inline constexpr uint8_t kNumWireQuantMethods = 5;
+
+// The bytes of a frame, for reading tensor payloads.
+inline std::span<const std::byte> FrameBytes(const zmq::message_t& frame) {
+  return {static_cast<const std::byte*>(frame.data()), frame.size()};
+}
+
+// ---- Requests ----------------------------------------------------------------------------------
+
+// Model geometry a session declares once; APPEND tensors are sized from it.
+struct Geometry {
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t q_heads = 0;  // Query heads sent with APPEND for scorers; 0 = no Q.
+  uint32_t head_dim = 0;
+  DType dtype = DType::kF16;
+  bool operator==(const Geometry&) const = default;
+};
+
+struct HelloRequest {
+  uint16_t client_max_version = kProtocolVersion;  // Highest version the client speaks.
+  std::string client_name{};                       // 1..256 bytes.
+  std::string model_name{};                        // 0..256 bytes.
+  Geometry geometry;
+};
+
+struct OpenRequest {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;  // Chosen by the client, unique within its session.
+};
+
+struct CloseRequest {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;
+};
+
+struct PingRequest {
+  uint64_t session_id = 0;  // 0 = no session (monitoring); otherwise also renews its lease.
+};
+
+enum class AppendSource : uint8_t { kInline = 0, kStaging = 1 };
+
+// Inline: k, v (and q when has_q) hold [layers, n_tokens, heads, head_dim] in the session dtype.
+// Staging: the same tensors lie back to back (K, V, Q) at staging_offset of the shm pool and the
+// frames are empty. Decoding can only check the tensors against the session geometry once the
+// session is known: call CheckAppendShape().
+struct AppendRequest {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;
+  uint64_t first_position = 0;  // Position of the first appended token.
+  uint32_t n_tokens = 0;        // 1..kMaxAppendTokens.
+  AppendSource source = AppendSource::kInline;
+  bool has_q = false;
+  uint64_t staging_offset = 0;  // Byte offset in the shm pool; 0 for inline.
+  zmq::message_t k{}, v{}, q{};
+};
+
+enum class FetchMode : uint8_t { kDense = 0, kBlocks = 1 };
+
+struct FetchRequest {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;
+  uint32_t layer_begin = 0;
+  uint32_t layer_end = 0;  // Exclusive.
+  FetchMode mode = FetchMode::kDense;
+  DType out_dtype = DType::kF16;  // Dense K/V rows; fp16 tail rows in blocks mode.
+};
+
+struct StatsRequest {
+  uint64_t session_id = 0;
+  std::string section{};  // "" = all sections; otherwise a section name, case-insensitive.
+};
+
+// ---- Replies -----------------------------------------------------------------------------------
+
+// The quantizer a session gets by default (per-head bit widths may differ later; FETCH blocks
+// replies describe each record layout exactly).
+struct QuantInfo {
+  uint8_t method = 0;  // kvctl::QuantMethod value.
+  uint8_t k_bits = 16;
+  uint8_t v_bits = 16;
+  uint32_t block_tokens = 32;
+  uint32_t sink_tokens = 0;
+  uint32_t flush_tokens = 128;  // Multiple of block_tokens.
+  bool operator==(const QuantInfo&) const = default;
+};
+
+struct HelloReply {
+  uint64_t session_id = 0;  // Never 0.
+  uint32_t lease_ms = 0;    // The session dies after this long without a request; 0 = no lease.
+  std::string server_version{};
+  uint64_t pool_bytes = 0;
+  uint32_t page_bytes = 0;
+  std::string shm_name{};       // POSIX shm object of the pool; "" = no shared pool.
+  uint64_t staging_offset = 0;  // The session's staging slot inside the pool.
+  uint64_t staging_bytes = 0;   // 0 = no slot (send tensors inline).
+  QuantInfo quant;
+};
+
+struct OpenReply {};
+
+struct CloseReply {
+  uint64_t bytes_freed = 0;
+};
+
+struct PingReply {
+  uint64_t server_time_us = 0;  // Server monotonic clock.
+};
+
+struct AppendReply {
+  uint64_t tokens_total = 0;      // Sequence length after the append.
+  uint64_t tokens_quantized = 0;  // <= tokens_total.
+  uint64_t pool_bytes_used = 0;
+};
+
+// Pairs (layer, head) are numbered i = (layer - layer_begin) * kv_heads + head.
+struct FetchDenseReply {
+  uint32_t layer_begin = 0;
+  uint32_t n_layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  DType dtype = DType::kF16;
+  std::vector<uint32_t> counts{};  // Tokens per pair, n_layers * kv_heads entries.
+  zmq::message_t positions{};      // int64 per token, pairs concatenated in order.
+  zmq::message_t k{}, v{};         // [count, head_dim] per pair, concatenated, in dtype.
+};
+
+// Byte layout of one block record: K and V of block_tokens tokens of one (layer, head), quantized.
+// Mirrors kvctl::BlockLayout plus the QuantSpec fields a kernel needs to decode it.
+struct RecordLayout {
+  uint8_t method = 0;
+  uint8_t k_bits = 0;
+  uint8_t v_bits = 0;
+  uint32_t k_group_tokens = 0;
+  uint32_t v_group_channels = 0;
+  uint32_t record_bytes = 0;  // records_per_page * record_bytes <= page_bytes.
+  uint32_t k_codes_offset = 0, k_codes_bytes = 0;
+  uint32_t k_meta_offset = 0, k_meta_bytes = 0;
+  uint32_t v_codes_offset = 0, v_codes_bytes = 0;
+  uint32_t v_meta_offset = 0, v_meta_bytes = 0;
+  uint32_t side_bytes_per_token = 0;  // Per-token side record (OScaR norms); 0 = none.
+  bool operator==(const RecordLayout&) const = default;
+};
+
+// A page table in FlashInfer's vocabulary (paged_kv_t) with one "request" per (layer, head) pair
+// and one FlashInfer page per block record: the records of pair i are
+// indices[indptr[i] .. indptr[i+1]); all hold block_tokens tokens except the last, which holds
+// last_page_len[i]. A record id x lives in the shm pool at byte
+//   (x / records_per_page) * page_bytes + (x % records_per_page) * layouts[pair's].record_bytes
+// and its side record (if any) id y at
+//   (y / side_records_per_page) * page_bytes + (y % side_records_per_page) * block_tokens *
+//   side_bytes_per_token.
+// The fp16 window (sinks + tail) is not in records: it comes inline in the frames.
+struct FetchBlocksReply {
+  uint32_t layer_begin = 0;
+  uint32_t n_layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t page_bytes = 0;                // Pool page size.
+  uint32_t block_tokens = 0;              // Tokens per record (FlashInfer page_size).
+  uint32_t records_per_page = 1;          // Record slots per pool page.
+  uint32_t side_records_per_page = 0;     // Side-record slots per pool page; 0 if no side records.
+  std::vector<RecordLayout> layouts{};    // 1..kMaxLayouts distinct layouts.
+  std::vector<uint16_t> layout_index{};   // Per pair: index into layouts.
+  std::vector<uint32_t> indptr{};         // n_pairs + 1 entries, indptr[0] = 0, non-decreasing.
+  std::vector<uint32_t> indices{};        // indptr[n_pairs] record ids.
+  std::vector<uint32_t> last_page_len{};  // Per pair: 0 if no records, else 1..block_tokens.
+  // Per record: its side record id, or kNoPage if its layout has none. Empty if no layout has
+  // side records.
+  std::vector<uint32_t> side_indices{};
+  DType tail_dtype = DType::kF16;
+  std::vector<uint32_t> tail_counts{};  // Per pair: fp16-window tokens.
+  zmq::message_t tail_positions{};      // int64 per tail token, pairs concatenated.
+  zmq::message_t tail_k{}, tail_v{};    // [tail_count, head_dim] per pair, in tail_dtype.
+};
+
+struct StatsReply {
+  std::string text{};  // "# Section\nfield:value\n..." (INFO style), UTF-8.
+};
+
+struct ErrorReply {
+  StatusCode code = StatusCode::kInternal;  // Never kOk.
+  std::string message{};
+};
+
+using RequestBody = std::variant<HelloRequest, OpenRequest, CloseRequest, PingRequest,
+                                 AppendRequest, FetchRequest, StatsRequest>;
+using ReplyBody = std::variant<HelloReply, OpenReply, CloseReply, PingReply, AppendReply,
+                               FetchDenseReply, FetchBlocksReply, StatsReply, ErrorReply>;
+
+struct Request {
+  uint64_t request_id = 0;
+  RequestBody body;
+};
+
+struct Reply {
+  uint64_t request_id = 0;
+  ReplyBody body;
+};
+
+// The wire type of a body (replies: with kReplyBit; ErrorReply: kError).
+MsgType TypeOf(const RequestBody& body);
+uint16_t TypeOf(const ReplyBody& body);
+
+}  // namespace kvctl::ipc
+
+#endif  // KVCTL_IPC_MESSAGES_H_

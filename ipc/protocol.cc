@@ -1,0 +1,721 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "ipc/protocol.h"
+
+#include <bit>
+#include <cstdio>
+#include <cstring>
+
+#include "ipc/protocol_internal.h"
+
+namespace kvctl::ipc {
+
+// Tensor frames and int64 positions are raw little-endian memory; a big-endian port would need
+// byte swaps on every payload.
+static_assert(std::endian::native == std::endian::little, "kvctl's wire format is little-endian");
+
+// The last kvctl::StatusCode (common/status.h); error replies carry 1..kLastStatusCode.
+constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kPermissionDenied);
+
+std::string TypeName(uint16_t type) {
+  static constexpr const char* kNames[] = {"",     "HELLO",  "OPEN",  "CLOSE",
+                                           "PING", "APPEND", "FETCH", "STATS"};
+  if (type == static_cast<uint16_t>(MsgType::kError)) return "ERROR";
+  const uint16_t base = type & ~kReplyBit;
+  if (base >= kFirstRequestType && base <= kLastRequestType) {
+    return std::string(kNames[base]) + ((type & kReplyBit) ? "_REPLY" : "");
+  }
+  char hex[8];
+  std::snprintf(hex, sizeof(hex), "0x%04X", type);
+  return hex;
+}
+
+// ---- Shared field checks
+// -------------------------------------------------------------------------
+
+Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi) {
+  if (value < lo || value > hi) {
+    return InvalidArgument(field, ": got ", value, ", expected ", lo, "..", hi);
+  }
+  return OkStatus();
+}
+
+Status CheckHeadDim(std::string_view field, uint32_t head_dim) {
+  if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim || head_dim % 8 != 0) {
+    return InvalidArgument(field, ": got ", head_dim, ", expected a multiple of 8 in ", kMinHeadDim,
+                           "..", kMaxHeadDim);
+  }
+  return OkStatus();
+}
+
+Status CheckString(std::string_view field, const std::string& s, size_t min_bytes,
+                   size_t max_bytes) {
+  if (s.size() < min_bytes || s.size() > max_bytes) {
+    return InvalidArgument(field, ": length ", s.size(), " bytes, expected ", min_bytes, "..",
+                           max_bytes);
+  }
+  if (!IsValidUtf8(s)) return InvalidArgument(field, ": not valid UTF-8 (or contains NUL)");
+  return OkStatus();
+}
+
+Status CheckDType(std::string_view field, DType dtype) {
+  return CheckRange(field, static_cast<uint8_t>(dtype), 0, 2);
+}
+
+Status ReadDType(WireReader& r, std::string_view field, DType* out) {
+  uint8_t v;
+  KVCTL_RETURN_IF_ERROR(r.U8(field, &v));
+  KVCTL_RETURN_IF_ERROR(CheckRange(field, v, 0, 2));
+  *out = static_cast<DType>(v);
+  return OkStatus();
+}
+
+Status CheckTensorFrame(std::string_view field, const zmq::message_t& frame, uint64_t expected) {
+  if (frame.size() != expected) {
+    return InvalidArgument(field, ": frame has ", frame.size(), " bytes, expected ", expected);
+  }
+  if (expected > kMaxTensorFrameBytes) {
+    return InvalidArgument(field, ": ", expected, " bytes exceed the frame limit of ",
+                           kMaxTensorFrameBytes);
+  }
+  return OkStatus();
+}
+
+Status CheckPositions(std::string_view field, const zmq::message_t& frame) {
+  const auto* p = static_cast<const uint8_t*>(frame.data());
+  for (size_t i = 0; i + 8 <= frame.size(); i += 8) {
+    int64_t pos;
+    std::memcpy(&pos, p + i, 8);  // Frames need not be 8-byte aligned.
+    if (pos < 0 || pos >= kMaxPosition) {
+      return InvalidArgument(field, "[", i / 8, "]: got ", pos, ", expected 0..", kMaxPosition - 1);
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<uint64_t> RowBytes(std::string_view field, uint64_t rows, uint32_t head_dim, DType dtype) {
+  uint64_t bytes;
+  if (MulOverflow(rows, head_dim, &bytes) || MulOverflow(bytes, DTypeSize(dtype), &bytes)) {
+    return InvalidArgument(field, ": ", rows, " rows of ", head_dim, " elements overflow");
+  }
+  return bytes;
+}
+
+Status ValidateGeometry(const Geometry& g) {
+  KVCTL_RETURN_IF_ERROR(CheckRange("layers", g.layers, 1, kMaxLayers));
+  KVCTL_RETURN_IF_ERROR(CheckRange("kv_heads", g.kv_heads, 1, kMaxHeads));
+  KVCTL_RETURN_IF_ERROR(CheckRange("q_heads", g.q_heads, 0, kMaxHeads));
+  if (g.q_heads % g.kv_heads != 0) {
+    return InvalidArgument("q_heads: got ", g.q_heads, ", expected 0 or a multiple of kv_heads (",
+                           g.kv_heads, ")");
+  }
+  KVCTL_RETURN_IF_ERROR(CheckHeadDim("head_dim", g.head_dim));
+  return CheckDType("dtype", g.dtype);
+}
+
+// ---- Header
+// --------------------------------------------------------------------------------------
+
+StatusOr<Header> DecodeHeader(const zmq::message_t& frame0) {
+  if (frame0.size() > kMaxHeaderFrameBytes) {
+    return InvalidArgument("frame 0: ", frame0.size(), " bytes, expected at most ",
+                           kMaxHeaderFrameBytes);
+  }
+  if (frame0.size() < kHeaderBytes) {
+    return InvalidArgument("header: frame 0 has ", frame0.size(), " bytes, expected at least ",
+                           kHeaderBytes);
+  }
+  WireReader r(frame0.data(), frame0.size(), 0);
+  uint32_t magic;
+  Header h;
+  KVCTL_RETURN_IF_ERROR(r.U32("magic", &magic));
+  if (magic != kMagic) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "magic: got 0x%08X, expected 0x%08X (\"KVCT\")", magic, kMagic);
+    return InvalidArgument(buf);
+  }
+  KVCTL_RETURN_IF_ERROR(r.U16("version", &h.version));
+  KVCTL_RETURN_IF_ERROR(r.U16("type", &h.type));
+  KVCTL_RETURN_IF_ERROR(r.U64("request_id", &h.request_id));
+  KVCTL_RETURN_IF_ERROR(r.U16("flags", &h.flags));
+  if (h.version != kProtocolVersion) {
+    return InvalidArgument("version: got ", h.version, ", expected ", kProtocolVersion);
+  }
+  if (h.flags != 0) return InvalidArgument("flags: got ", h.flags, ", expected 0 (reserved)");
+  return h;
+}
+
+uint64_t PeekRequestId(const zmq::message_t& frame0) {
+  WireReader r(frame0.data(), frame0.size(), 0);
+  uint32_t magic;
+  uint16_t version, type;
+  uint64_t id;
+  if (!r.U32("", &magic).ok() || magic != kMagic || !r.U16("", &version).ok() ||
+      !r.U16("", &type).ok() || !r.U64("", &id).ok()) {
+    return 0;
+  }
+  return id;
+}
+
+namespace {
+
+void WriteHeader(WireWriter& w, uint16_t type, uint64_t request_id) {
+  w.U32(kMagic);
+  w.U16(kProtocolVersion);
+  w.U16(type);
+  w.U64(request_id);
+  w.U16(0);
+}
+
+Status CheckSession(uint64_t session_id) {
+  if (session_id == 0) return InvalidArgument("session_id: got 0, expected a session from HELLO");
+  return OkStatus();
+}
+
+Status ReadBool(WireReader& r, std::string_view field, bool* out) {
+  uint8_t v;
+  KVCTL_RETURN_IF_ERROR(r.U8(field, &v));
+  KVCTL_RETURN_IF_ERROR(CheckRange(field, v, 0, 1));
+  *out = v != 0;
+  return OkStatus();
+}
+
+// Defaults for messages without tensor frames.
+template <typename M>
+size_t TensorFrameCount(const M&) {
+  return 0;
+}
+template <typename M>
+void TakeTensorFrames(M&, Frames*) {}
+template <typename M>
+Status PutTensorFrames(Frames&, M*) {
+  return OkStatus();
+}
+
+// ---- HELLO ----
+
+void WriteBody(WireWriter& w, const HelloRequest& m) {
+  w.U16(m.client_max_version);
+  w.Str(m.client_name);
+  w.Str(m.model_name);
+  const Geometry& g = m.geometry;
+  for (uint32_t v : {g.layers, g.kv_heads, g.q_heads, g.head_dim}) w.U32(v);
+  w.U8(static_cast<uint8_t>(g.dtype));
+}
+Status ReadBody(WireReader& r, HelloRequest* m) {
+  Geometry& g = m->geometry;
+  KVCTL_RETURN_IF_ERROR(r.U16("client_max_version", &m->client_max_version));
+  KVCTL_RETURN_IF_ERROR(r.Str("client_name", kMaxNameBytes, &m->client_name));
+  KVCTL_RETURN_IF_ERROR(r.Str("model_name", kMaxNameBytes, &m->model_name));
+  KVCTL_RETURN_IF_ERROR(r.U32("layers", &g.layers));
+  KVCTL_RETURN_IF_ERROR(r.U32("kv_heads", &g.kv_heads));
+  KVCTL_RETURN_IF_ERROR(r.U32("q_heads", &g.q_heads));
+  KVCTL_RETURN_IF_ERROR(r.U32("head_dim", &g.head_dim));
+  return ReadDType(r, "dtype", &g.dtype);
+}
+Status Validate(const HelloRequest& m) {
+  KVCTL_RETURN_IF_ERROR(CheckRange("client_max_version", m.client_max_version, 1, UINT16_MAX));
+  KVCTL_RETURN_IF_ERROR(CheckString("client_name", m.client_name, 1, kMaxNameBytes));
+  KVCTL_RETURN_IF_ERROR(CheckString("model_name", m.model_name, 0, kMaxNameBytes));
+  return ValidateGeometry(m.geometry);
+}
+
+void WriteBody(WireWriter& w, const HelloReply& m) {
+  w.U64(m.session_id);
+  w.U32(m.lease_ms);
+  w.Str(m.server_version);
+  w.U64(m.pool_bytes);
+  w.U32(m.page_bytes);
+  w.Str(m.shm_name);
+  w.U64(m.staging_offset);
+  w.U64(m.staging_bytes);
+  w.U8(m.quant.method);
+  w.U8(m.quant.k_bits);
+  w.U8(m.quant.v_bits);
+  w.U32(m.quant.block_tokens);
+  w.U32(m.quant.sink_tokens);
+  w.U32(m.quant.flush_tokens);
+}
+Status ReadBody(WireReader& r, HelloReply* m) {
+  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
+  KVCTL_RETURN_IF_ERROR(r.U32("lease_ms", &m->lease_ms));
+  KVCTL_RETURN_IF_ERROR(r.Str("server_version", kMaxNameBytes, &m->server_version));
+  KVCTL_RETURN_IF_ERROR(r.U64("pool_bytes", &m->pool_bytes));
+  KVCTL_RETURN_IF_ERROR(r.U32("page_bytes", &m->page_bytes));
+  KVCTL_RETURN_IF_ERROR(r.Str("shm_name", kMaxShmNameBytes, &m->shm_name));
+  KVCTL_RETURN_IF_ERROR(r.U64("staging_offset", &m->staging_offset));
+  KVCTL_RETURN_IF_ERROR(r.U64("staging_bytes", &m->staging_bytes));
+  KVCTL_RETURN_IF_ERROR(r.U8("quant.method", &m->quant.method));
+  KVCTL_RETURN_IF_ERROR(r.U8("quant.k_bits", &m->quant.k_bits));
+  KVCTL_RETURN_IF_ERROR(r.U8("quant.v_bits", &m->quant.v_bits));
+  KVCTL_RETURN_IF_ERROR(r.U32("quant.block_tokens", &m->quant.block_tokens));
+  KVCTL_RETURN_IF_ERROR(r.U32("quant.sink_tokens", &m->quant.sink_tokens));
+  return r.U32("quant.flush_tokens", &m->quant.flush_tokens);
+}
+Status Validate(const HelloReply& m) {
+  KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
+  KVCTL_RETURN_IF_ERROR(CheckString("server_version", m.server_version, 1, kMaxNameBytes));
+  KVCTL_RETURN_IF_ERROR(CheckRange("page_bytes", m.page_bytes, 1, UINT32_MAX));
+  KVCTL_RETURN_IF_ERROR(CheckString("shm_name", m.shm_name, 0, kMaxShmNameBytes));
+  if (m.staging_bytes == 0 && m.staging_offset != 0) {
+    return InvalidArgument("staging_offset: got ", m.staging_offset,
+                           ", expected 0 when staging_bytes is 0");
+  }
+  uint64_t end;
+  if (m.staging_bytes > 0 &&
+      (AddOverflow(m.staging_offset, m.staging_bytes, &end) || end > m.pool_bytes)) {
+    return InvalidArgument("staging slot: offset ", m.staging_offset, " + bytes ", m.staging_bytes,
+                           " ends past pool_bytes ", m.pool_bytes);
+  }
+  if (m.staging_bytes > 0 && m.shm_name.empty()) {
+    return InvalidArgument("shm_name: empty, expected the pool's shm name when staging_bytes is ",
+                           m.staging_bytes);
+  }
+  const QuantInfo& q = m.quant;
+  KVCTL_RETURN_IF_ERROR(CheckRange("quant.method", q.method, 0, kNumWireQuantMethods - 1));
+  KVCTL_RETURN_IF_ERROR(CheckRange("quant.k_bits", q.k_bits, 1, 16));
+  KVCTL_RETURN_IF_ERROR(CheckRange("quant.v_bits", q.v_bits, 1, 16));
+  KVCTL_RETURN_IF_ERROR(CheckRange("quant.block_tokens", q.block_tokens, 1, kMaxBlockTokens));
+  if (q.flush_tokens == 0 || q.flush_tokens % q.block_tokens != 0) {
+    return InvalidArgument("quant.flush_tokens: got ", q.flush_tokens,
+                           ", expected a positive multiple of block_tokens (", q.block_tokens, ")");
+  }
+  return OkStatus();
+}
+
+// ---- OPEN / CLOSE / PING ----
+
+template <typename M>
+void WriteSessionSequence(WireWriter& w, const M& m) {
+  w.U64(m.session_id);
+  w.U64(m.sequence_id);
+}
+template <typename M>
+Status ReadSessionSequence(WireReader& r, M* m) {
+  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
+  return r.U64("sequence_id", &m->sequence_id);
+}
+
+void WriteBody(WireWriter& w, const OpenRequest& m) { WriteSessionSequence(w, m); }
+Status ReadBody(WireReader& r, OpenRequest* m) { return ReadSessionSequence(r, m); }
+Status Validate(const OpenRequest& m) { return CheckSession(m.session_id); }
+
+void WriteBody(WireWriter& w, const CloseRequest& m) { WriteSessionSequence(w, m); }
+Status ReadBody(WireReader& r, CloseRequest* m) { return ReadSessionSequence(r, m); }
+Status Validate(const CloseRequest& m) { return CheckSession(m.session_id); }
+
+void WriteBody(WireWriter& w, const PingRequest& m) { w.U64(m.session_id); }
+Status ReadBody(WireReader& r, PingRequest* m) { return r.U64("session_id", &m->session_id); }
+Status Validate(const PingRequest&) { return OkStatus(); }
+
+void WriteBody(WireWriter&, const OpenReply&) {}
+Status ReadBody(WireReader&, OpenReply*) { return OkStatus(); }
+Status Validate(const OpenReply&) { return OkStatus(); }
+
+void WriteBody(WireWriter& w, const CloseReply& m) { w.U64(m.bytes_freed); }
+Status ReadBody(WireReader& r, CloseReply* m) { return r.U64("bytes_freed", &m->bytes_freed); }
+Status Validate(const CloseReply&) { return OkStatus(); }
+
+void WriteBody(WireWriter& w, const PingReply& m) { w.U64(m.server_time_us); }
+Status ReadBody(WireReader& r, PingReply* m) { return r.U64("server_time_us", &m->server_time_us); }
+Status Validate(const PingReply&) { return OkStatus(); }
+
+// ---- APPEND ----
+
+void WriteBody(WireWriter& w, const AppendRequest& m) {
+  w.U64(m.session_id);
+  w.U64(m.sequence_id);
+  w.U64(m.first_position);
+  w.U32(m.n_tokens);
+  w.U8(static_cast<uint8_t>(m.source));
+  w.U8(m.has_q ? 1 : 0);
+  w.U64(m.staging_offset);
+}
+Status ReadBody(WireReader& r, AppendRequest* m) {
+  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
+  KVCTL_RETURN_IF_ERROR(r.U64("sequence_id", &m->sequence_id));
+  KVCTL_RETURN_IF_ERROR(r.U64("first_position", &m->first_position));
+  KVCTL_RETURN_IF_ERROR(r.U32("n_tokens", &m->n_tokens));
+  uint8_t source;
+  KVCTL_RETURN_IF_ERROR(r.U8("source", &source));
+  KVCTL_RETURN_IF_ERROR(CheckRange("source", source, 0, 1));
+  m->source = static_cast<AppendSource>(source);
+  KVCTL_RETURN_IF_ERROR(ReadBool(r, "has_q", &m->has_q));
+  return r.U64("staging_offset", &m->staging_offset);
+}
+size_t TensorFrameCount(const AppendRequest& m) {
+  if (m.source == AppendSource::kStaging) return 0;
+  return m.has_q ? 3 : 2;
+}
+void TakeTensorFrames(AppendRequest& m, Frames* out) {
+  if (m.source == AppendSource::kStaging) return;
+  out->push_back(std::move(m.k));
+  out->push_back(std::move(m.v));
+  if (m.has_q) out->push_back(std::move(m.q));
+}
+Status PutTensorFrames(Frames& in, AppendRequest* m) {
+  if (m->source == AppendSource::kStaging) return OkStatus();
+  m->k = std::move(in[1]);
+  m->v = std::move(in[2]);
+  if (m->has_q) m->q = std::move(in[3]);
+  return OkStatus();
+}
+Status Validate(const AppendRequest& m) {
+  KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
+  KVCTL_RETURN_IF_ERROR(CheckRange("n_tokens", m.n_tokens, 1, kMaxAppendTokens));
+  KVCTL_RETURN_IF_ERROR(
+      CheckRange("first_position", m.first_position, 0, kMaxPosition - m.n_tokens));
+  KVCTL_RETURN_IF_ERROR(CheckRange("source", static_cast<uint8_t>(m.source), 0, 1));
+  if (m.source == AppendSource::kStaging) {
+    if (m.k.size() + m.v.size() + m.q.size() != 0) {
+      return InvalidArgument("staging append: carries ", m.k.size() + m.v.size() + m.q.size(),
+                             " inline tensor bytes, expected none");
+    }
+    return OkStatus();
+  }
+  if (m.staging_offset != 0) {
+    return InvalidArgument("staging_offset: got ", m.staging_offset, ", expected 0 for source 0 ",
+                           "(inline)");
+  }
+  const auto check = [&](std::string_view name, const zmq::message_t& t) {
+    if (t.size() == 0 || t.size() % m.n_tokens != 0 || t.size() > kMaxTensorFrameBytes) {
+      return InvalidArgument(name, ": frame has ", t.size(), " bytes, expected a positive ",
+                             "multiple of n_tokens (", m.n_tokens, ") up to ",
+                             kMaxTensorFrameBytes);
+    }
+    return OkStatus();
+  };
+  KVCTL_RETURN_IF_ERROR(check("k", m.k));
+  KVCTL_RETURN_IF_ERROR(check("v", m.v));
+  if (m.v.size() != m.k.size()) {
+    return InvalidArgument("v: frame has ", m.v.size(), " bytes, expected ", m.k.size(),
+                           " (same as k)");
+  }
+  if (m.has_q) return check("q", m.q);
+  if (m.q.size() != 0) {
+    return InvalidArgument("q: frame has ", m.q.size(), " bytes, expected none (has_q is 0)");
+  }
+  return OkStatus();
+}
+
+void WriteBody(WireWriter& w, const AppendReply& m) {
+  w.U64(m.tokens_total);
+  w.U64(m.tokens_quantized);
+  w.U64(m.pool_bytes_used);
+}
+Status ReadBody(WireReader& r, AppendReply* m) {
+  KVCTL_RETURN_IF_ERROR(r.U64("tokens_total", &m->tokens_total));
+  KVCTL_RETURN_IF_ERROR(r.U64("tokens_quantized", &m->tokens_quantized));
+  return r.U64("pool_bytes_used", &m->pool_bytes_used);
+}
+Status Validate(const AppendReply& m) {
+  return CheckRange("tokens_quantized", m.tokens_quantized, 0, m.tokens_total);
+}
+
+// ---- FETCH (replies in protocol_fetch.cc) ----
+
+void WriteBody(WireWriter& w, const FetchRequest& m) {
+  WriteSessionSequence(w, m);
+  w.U32(m.layer_begin);
+  w.U32(m.layer_end);
+  w.U8(static_cast<uint8_t>(m.mode));
+  w.U8(static_cast<uint8_t>(m.out_dtype));
+}
+Status ReadBody(WireReader& r, FetchRequest* m) {
+  KVCTL_RETURN_IF_ERROR(ReadSessionSequence(r, m));
+  KVCTL_RETURN_IF_ERROR(r.U32("layer_begin", &m->layer_begin));
+  KVCTL_RETURN_IF_ERROR(r.U32("layer_end", &m->layer_end));
+  uint8_t mode;
+  KVCTL_RETURN_IF_ERROR(r.U8("mode", &mode));
+  KVCTL_RETURN_IF_ERROR(CheckRange("mode", mode, 0, 1));
+  m->mode = static_cast<FetchMode>(mode);
+  return ReadDType(r, "out_dtype", &m->out_dtype);
+}
+Status Validate(const FetchRequest& m) {
+  KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
+  KVCTL_RETURN_IF_ERROR(CheckRange("layer_end", m.layer_end, 1, kMaxLayers));
+  KVCTL_RETURN_IF_ERROR(CheckRange("layer_begin", m.layer_begin, 0, m.layer_end - 1));
+  KVCTL_RETURN_IF_ERROR(CheckRange("mode", static_cast<uint8_t>(m.mode), 0, 1));
+  return CheckDType("out_dtype", m.out_dtype);
+}
+size_t TensorFrameCount(const FetchDenseReply&) { return 3; }
+size_t TensorFrameCount(const FetchBlocksReply&) { return 3; }
+
+// ---- STATS ----
+
+void WriteBody(WireWriter& w, const StatsRequest& m) {
+  w.U64(m.session_id);
+  w.Str(m.section);
+}
+Status ReadBody(WireReader& r, StatsRequest* m) {
+  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
+  return r.Str("section", kMaxSectionBytes, &m->section);
+}
+Status Validate(const StatsRequest& m) {
+  return CheckString("section", m.section, 0, kMaxSectionBytes);
+}
+
+void WriteBody(WireWriter&, const StatsReply&) {}
+Status ReadBody(WireReader&, StatsReply*) { return OkStatus(); }
+size_t TensorFrameCount(const StatsReply&) { return 1; }
+void TakeTensorFrames(StatsReply& m, Frames* out) {
+  out->emplace_back(m.text.data(), m.text.size());
+}
+Status PutTensorFrames(Frames& in, StatsReply* m) {
+  m->text.assign(static_cast<const char*>(in[1].data()), in[1].size());
+  return OkStatus();
+}
+Status Validate(const StatsReply& m) { return CheckString("text", m.text, 0, kMaxStatsTextBytes); }
+
+// ---- ERROR ----
+
+void WriteBody(WireWriter& w, const ErrorReply& m) {
+  w.U32(static_cast<uint32_t>(m.code));
+  w.Str(m.message);
+}
+Status ReadBody(WireReader& r, ErrorReply* m) {
+  uint32_t code;
+  KVCTL_RETURN_IF_ERROR(r.U32("code", &code));
+  KVCTL_RETURN_IF_ERROR(CheckRange("code", code, 1, kLastStatusCode));
+  m->code = static_cast<StatusCode>(code);
+  return r.Str("message", kMaxErrorMessageBytes, &m->message);
+}
+Status Validate(const ErrorReply& m) {
+  KVCTL_RETURN_IF_ERROR(CheckRange("code", static_cast<uint32_t>(m.code), 1, kLastStatusCode));
+  return CheckString("message", m.message, 0, kMaxErrorMessageBytes);
+}
+
+// ---- Generic encode / decode
+// ---------------------------------------------------------------------
+
+Status Prefixed(std::string_view what, const Status& s) {
+  if (s.ok()) return s;
+  return Status(s.code(), std::string(what) + ": " + s.message());
+}
+
+template <typename M>
+StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
+  const std::string what = TypeName(type);
+  KVCTL_RETURN_IF_ERROR(Prefixed(what, Validate(msg)));
+  WireWriter w;
+  WriteHeader(w, type, request_id);
+  WriteBody(w, msg);
+  if (w.size() > kMaxHeaderFrameBytes) {
+    return InvalidArgument(what, ": frame 0 would be ", w.size(), " bytes, limit ",
+                           kMaxHeaderFrameBytes);
+  }
+  Frames frames;
+  frames.push_back(w.ToFrame());
+  TakeTensorFrames(msg, &frames);
+  return frames;
+}
+
+// `frames[0]` has passed DecodeHeader. Body starts at `body_offset` (after FETCH's mode byte).
+template <typename M>
+StatusOr<M> DecodeAs(uint16_t type, Frames& frames, size_t body_offset) {
+  const std::string what = TypeName(type);
+  M msg;
+  WireReader r(frames[0].data(), frames[0].size(), body_offset);
+  KVCTL_RETURN_IF_ERROR(Prefixed(what, ReadBody(r, &msg)));
+  KVCTL_RETURN_IF_ERROR(Prefixed(what, r.Finish()));
+  const size_t want = 1 + TensorFrameCount(msg);
+  if (frames.size() != want) {
+    return InvalidArgument(what, ": frame count: got ", frames.size(), ", expected ", want);
+  }
+  for (size_t i = 1; i < frames.size(); ++i) {
+    if (frames[i].size() > kMaxTensorFrameBytes) {
+      return InvalidArgument(what, ": frame ", i, ": ", frames[i].size(),
+                             " bytes, expected at most ", kMaxTensorFrameBytes);
+    }
+  }
+  KVCTL_RETURN_IF_ERROR(PutTensorFrames(frames, &msg));
+  KVCTL_RETURN_IF_ERROR(Prefixed(what, Validate(msg)));
+  return msg;
+}
+
+template <typename M, typename Out>
+StatusOr<Out> DecodeInto(uint16_t type, uint64_t request_id, Frames& frames,
+                         size_t body_offset = kHeaderBytes) {
+  KVCTL_ASSIGN_OR_RETURN(M msg, DecodeAs<M>(type, frames, body_offset));
+  return Out{request_id, std::move(msg)};
+}
+
+constexpr uint16_t ReplyType(MsgType t) { return static_cast<uint16_t>(t) | kReplyBit; }
+
+}  // namespace
+
+StatusOr<Request> DecodeRequest(Frames frames) {
+  if (frames.empty()) return InvalidArgument("message: no frames, expected a header frame");
+  KVCTL_ASSIGN_OR_RETURN(Header h, DecodeHeader(frames[0]));
+  switch (static_cast<MsgType>(h.type)) {
+    case MsgType::kHello:
+      return DecodeInto<HelloRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kOpen:
+      return DecodeInto<OpenRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kClose:
+      return DecodeInto<CloseRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kPing:
+      return DecodeInto<PingRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kAppend:
+      return DecodeInto<AppendRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kFetch:
+      return DecodeInto<FetchRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kStats:
+      return DecodeInto<StatsRequest, Request>(h.type, h.request_id, frames);
+    default:
+      break;
+  }
+  if (h.type & kReplyBit) {
+    return InvalidArgument("type: got ", TypeName(h.type), ", expected a request (",
+                           kFirstRequestType, "..", kLastRequestType, ")");
+  }
+  return Unimplemented("type: got ", TypeName(h.type), ", expected a known request (",
+                       kFirstRequestType, "..", kLastRequestType, ")");
+}
+
+StatusOr<Reply> DecodeReply(Frames frames) {
+  if (frames.empty()) return InvalidArgument("message: no frames, expected a header frame");
+  KVCTL_ASSIGN_OR_RETURN(Header h, DecodeHeader(frames[0]));
+  const uint64_t id = h.request_id;
+  switch (h.type) {
+    case ReplyType(MsgType::kHello):
+      return DecodeInto<HelloReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kOpen):
+      return DecodeInto<OpenReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kClose):
+      return DecodeInto<CloseReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kPing):
+      return DecodeInto<PingReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kAppend):
+      return DecodeInto<AppendReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kStats):
+      return DecodeInto<StatsReply, Reply>(h.type, id, frames);
+    case static_cast<uint16_t>(MsgType::kError):
+      return DecodeInto<ErrorReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kFetch): {
+      WireReader r(frames[0].data(), frames[0].size(), kHeaderBytes);
+      uint8_t mode;
+      KVCTL_RETURN_IF_ERROR(Prefixed("FETCH_REPLY", r.U8("mode", &mode)));
+      if (mode == static_cast<uint8_t>(FetchMode::kDense)) {
+        return DecodeInto<FetchDenseReply, Reply>(h.type, id, frames, kHeaderBytes + 1);
+      }
+      if (mode == static_cast<uint8_t>(FetchMode::kBlocks)) {
+        return DecodeInto<FetchBlocksReply, Reply>(h.type, id, frames, kHeaderBytes + 1);
+      }
+      return InvalidArgument("FETCH_REPLY: mode: got ", int{mode}, ", expected 0..1");
+    }
+    default:
+      break;
+  }
+  if (!(h.type & kReplyBit)) {
+    return InvalidArgument("type: got ", TypeName(h.type), ", expected a reply");
+  }
+  return Unimplemented("type: got ", TypeName(h.type), ", expected a known reply");
+}
+
+#define KVCTL_IPC_ENCODE(Msg, type)                                \
+  StatusOr<Frames> Encode(uint64_t request_id, Msg msg) {          \
+    return EncodeAs(static_cast<uint16_t>(type), request_id, msg); \
+  }
+KVCTL_IPC_ENCODE(HelloRequest, MsgType::kHello)
+KVCTL_IPC_ENCODE(OpenRequest, MsgType::kOpen)
+KVCTL_IPC_ENCODE(CloseRequest, MsgType::kClose)
+KVCTL_IPC_ENCODE(PingRequest, MsgType::kPing)
+KVCTL_IPC_ENCODE(AppendRequest, MsgType::kAppend)
+KVCTL_IPC_ENCODE(FetchRequest, MsgType::kFetch)
+KVCTL_IPC_ENCODE(StatsRequest, MsgType::kStats)
+KVCTL_IPC_ENCODE(HelloReply, ReplyType(MsgType::kHello))
+KVCTL_IPC_ENCODE(OpenReply, ReplyType(MsgType::kOpen))
+KVCTL_IPC_ENCODE(CloseReply, ReplyType(MsgType::kClose))
+KVCTL_IPC_ENCODE(PingReply, ReplyType(MsgType::kPing))
+KVCTL_IPC_ENCODE(AppendReply, ReplyType(MsgType::kAppend))
+KVCTL_IPC_ENCODE(FetchDenseReply, ReplyType(MsgType::kFetch))
+KVCTL_IPC_ENCODE(FetchBlocksReply, ReplyType(MsgType::kFetch))
+KVCTL_IPC_ENCODE(StatsReply, ReplyType(MsgType::kStats))
+#undef KVCTL_IPC_ENCODE
+
+StatusOr<Frames> Encode(uint64_t request_id, RequestBody msg) {
+  return std::visit([&](auto& m) { return Encode(request_id, std::move(m)); }, msg);
+}
+
+StatusOr<Frames> Encode(uint64_t request_id, ReplyBody msg) {
+  return std::visit(
+      [&](auto& m) -> StatusOr<Frames> {
+        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, ErrorReply>) {
+          return EncodeError(request_id, ToStatus(m));
+        } else {
+          return Encode(request_id, std::move(m));
+        }
+      },
+      msg);
+}
+
+Frames EncodeError(uint64_t request_id, const Status& status) {
+  ErrorReply reply;
+  if (status.ok()) {
+    reply.code = StatusCode::kInternal;
+    reply.message = "error reply built from OK status";
+  } else {
+    reply.code = status.code();
+    reply.message = SanitizeUtf8(status.message(), kMaxErrorMessageBytes);
+  }
+  if (static_cast<uint32_t>(reply.code) > kLastStatusCode) reply.code = StatusCode::kInternal;
+  StatusOr<Frames> frames = EncodeAs(static_cast<uint16_t>(MsgType::kError), request_id, reply);
+  KVCTL_CHECK(frames.ok());  // Sanitized above: encoding cannot fail.
+  return std::move(frames).value();
+}
+
+// RequestBody lists the requests in type order, HELLO first.
+static_assert(std::variant_size_v<RequestBody> == kLastRequestType - kFirstRequestType + 1);
+
+MsgType TypeOf(const RequestBody& body) {
+  return static_cast<MsgType>(body.index() + kFirstRequestType);
+}
+
+uint16_t TypeOf(const ReplyBody& body) {
+  static constexpr uint16_t kTypes[] = {ReplyType(MsgType::kHello),
+                                        ReplyType(MsgType::kOpen),
+                                        ReplyType(MsgType::kClose),
+                                        ReplyType(MsgType::kPing),
+                                        ReplyType(MsgType::kAppend),
+                                        ReplyType(MsgType::kFetch),
+                                        ReplyType(MsgType::kFetch),
+                                        ReplyType(MsgType::kStats),
+                                        static_cast<uint16_t>(MsgType::kError)};
+  static_assert(std::size(kTypes) == std::variant_size_v<ReplyBody>);
+  return kTypes[body.index()];
+}
+
+Status CheckAppendShape(const AppendRequest& m, const Geometry& g) {
+  if (m.has_q && g.q_heads == 0) {
+    return InvalidArgument("has_q: got 1, expected 0: the session declared q_heads = 0");
+  }
+  if (m.source == AppendSource::kStaging) return OkStatus();
+  uint64_t kv_bytes, q_bytes = 0;
+  KVCTL_ASSIGN_OR_RETURN(
+      kv_bytes, RowBytes("k", uint64_t{g.layers} * m.n_tokens * g.kv_heads, g.head_dim, g.dtype));
+  if (m.has_q) {
+    KVCTL_ASSIGN_OR_RETURN(
+        q_bytes, RowBytes("q", uint64_t{g.layers} * m.n_tokens * g.q_heads, g.head_dim, g.dtype));
+  }
+  const auto check = [&](const char* name, const zmq::message_t& t, uint64_t want, uint32_t heads) {
+    if (t.size() == want) return OkStatus();
+    return InvalidArgument(name, ": frame has ", t.size(), " bytes, expected ", want, " = [",
+                           g.layers, " layers, ", m.n_tokens, " tokens, ", heads, " heads, ",
+                           g.head_dim, "] x ", DTypeSize(g.dtype), " bytes (", DTypeName(g.dtype),
+                           ")");
+  };
+  KVCTL_RETURN_IF_ERROR(check("k", m.k, kv_bytes, g.kv_heads));
+  KVCTL_RETURN_IF_ERROR(check("v", m.v, kv_bytes, g.kv_heads));
+  if (m.has_q) return check("q", m.q, q_bytes, g.q_heads);
+  return OkStatus();
+}
+
+StatusOr<uint64_t> AppendPayloadBytes(const Geometry& g, uint32_t n_tokens, bool has_q) {
+  if (has_q && g.q_heads == 0) {
+    return InvalidArgument("has_q: got 1, expected 0: the session declared q_heads = 0");
+  }
+  const uint64_t heads = 2 * uint64_t{g.kv_heads} + (has_q ? g.q_heads : 0);
+  return RowBytes("append payload", uint64_t{g.layers} * n_tokens * heads, g.head_dim, g.dtype);
+}
+
+}  // namespace kvctl::ipc

@@ -1,0 +1,422 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "ipc/protocol.h"
+
+#include <catch2/catch.hpp>
+
+#include "ipc/wire.h"
+#include "tests/ipc/ipc_test_util.h"
+
+namespace kvctl::ipc {
+namespace {
+
+using testing::Bytes;
+using testing::CopyFrames;
+using testing::FrameOf;
+using testing::MustEncode;
+
+template <typename M>
+M RoundTripRequest(M msg, uint64_t id = 7) {
+  StatusOr<Frames> frames = Encode(id, std::move(msg));
+  REQUIRE(frames.ok());
+  StatusOr<Request> decoded = DecodeRequest(std::move(frames).value());
+  INFO(decoded.status().ToString());
+  REQUIRE(decoded.ok());
+  CHECK(decoded->request_id == id);
+  REQUIRE(std::holds_alternative<M>(decoded->body));
+  return std::move(std::get<M>(decoded->body));
+}
+
+template <typename M>
+M RoundTripReply(M msg, uint64_t id = 7) {
+  StatusOr<Frames> frames = Encode(id, std::move(msg));
+  INFO(frames.status().ToString());
+  REQUIRE(frames.ok());
+  StatusOr<Reply> decoded = DecodeReply(std::move(frames).value());
+  INFO(decoded.status().ToString());
+  REQUIRE(decoded.ok());
+  CHECK(decoded->request_id == id);
+  REQUIRE(std::holds_alternative<M>(decoded->body));
+  return std::move(std::get<M>(decoded->body));
+}
+
+// Hex with the spaces of a readable golden string removed.
+std::string Spaced(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c != ' ') out += c;
+  }
+  return out;
+}
+
+std::string Hex(const zmq::message_t& m) {
+  std::string out;
+  char buf[4];
+  for (uint8_t b : Bytes(m)) {
+    std::snprintf(buf, sizeof(buf), "%02x", b);
+    out += buf;
+  }
+  return out;
+}
+
+TEST_CASE("Protocol: every request round-trips", "[ipc]") {
+  const HelloRequest hello = RoundTripRequest(testing::SampleHello(), 1);
+  CHECK(hello.client_max_version == 1);
+  CHECK(hello.client_name == "engine-ü");
+  CHECK(hello.model_name == "llama-3-8b");
+  CHECK(hello.geometry == testing::SampleGeometry());
+
+  const OpenRequest open = RoundTripRequest(OpenRequest{42, 0xFFFFFFFFFFFFFFFFull});
+  CHECK(open.session_id == 42);
+  CHECK(open.sequence_id == 0xFFFFFFFFFFFFFFFFull);
+  const CloseRequest close = RoundTripRequest(CloseRequest{3, 4});
+  CHECK((close.session_id == 3 && close.sequence_id == 4));
+  CHECK(RoundTripRequest(PingRequest{0}).session_id == 0);
+
+  const AppendRequest want = testing::SampleAppendInline();
+  const AppendRequest append = RoundTripRequest(testing::SampleAppendInline(), 1ull << 63);
+  CHECK(append.session_id == 42);
+  CHECK(append.sequence_id == 7);
+  CHECK(append.first_position == 100);
+  CHECK(append.n_tokens == 3);
+  CHECK(append.source == AppendSource::kInline);
+  CHECK(append.has_q);
+  CHECK(Bytes(append.k) == Bytes(want.k));
+  CHECK(Bytes(append.v) == Bytes(want.v));
+  CHECK(Bytes(append.q) == Bytes(want.q));
+
+  const AppendRequest staging = RoundTripRequest(testing::SampleAppendStaging());
+  CHECK(staging.source == AppendSource::kStaging);
+  CHECK(staging.staging_offset == 8192);
+  CHECK((staging.k.size() == 0 && staging.v.size() == 0 && staging.q.size() == 0));
+
+  const FetchRequest fetch =
+      RoundTripRequest(FetchRequest{42, 7, 3, 1024, FetchMode::kBlocks, DType::kBF16});
+  CHECK((fetch.layer_begin == 3 && fetch.layer_end == 1024));
+  CHECK(fetch.mode == FetchMode::kBlocks);
+  CHECK(fetch.out_dtype == DType::kBF16);
+
+  CHECK(RoundTripRequest(StatsRequest{5, "Pool"}).section == "Pool");
+  CHECK(RoundTripRequest(StatsRequest{0, ""}).section.empty());
+}
+
+TEST_CASE("Protocol: every reply round-trips", "[ipc]") {
+  const HelloReply want = testing::SampleHelloReply();
+  const HelloReply hello = RoundTripReply(testing::SampleHelloReply());
+  CHECK(hello.session_id == want.session_id);
+  CHECK(hello.lease_ms == want.lease_ms);
+  CHECK(hello.server_version == want.server_version);
+  CHECK(hello.pool_bytes == want.pool_bytes);
+  CHECK(hello.page_bytes == want.page_bytes);
+  CHECK(hello.shm_name == want.shm_name);
+  CHECK(hello.staging_offset == want.staging_offset);
+  CHECK(hello.staging_bytes == want.staging_bytes);
+  CHECK(hello.quant == want.quant);
+
+  RoundTripReply(OpenReply{});
+  CHECK(RoundTripReply(CloseReply{77}).bytes_freed == 77);
+  CHECK(RoundTripReply(PingReply{991}).server_time_us == 991);
+  const AppendReply append = RoundTripReply(AppendReply{103, 96, 12345});
+  CHECK((append.tokens_total == 103 && append.tokens_quantized == 96));
+  CHECK(append.pool_bytes_used == 12345);
+  CHECK(RoundTripReply(StatsReply{"# Pool\npool_bytes:1\n"}).text == "# Pool\npool_bytes:1\n");
+
+  const FetchDenseReply dense_want = testing::SampleFetchDense();
+  const FetchDenseReply dense = RoundTripReply(testing::SampleFetchDense());
+  CHECK(dense.layer_begin == 1);
+  CHECK(dense.n_layers == 2);
+  CHECK(dense.kv_heads == 2);
+  CHECK(dense.head_dim == 8);
+  CHECK(dense.dtype == DType::kF32);
+  CHECK(dense.counts == dense_want.counts);
+  CHECK(Bytes(dense.positions) == Bytes(dense_want.positions));
+  CHECK(Bytes(dense.k) == Bytes(dense_want.k));
+  CHECK(Bytes(dense.v) == Bytes(dense_want.v));
+
+  const FetchBlocksReply blocks_want = testing::SampleFetchBlocks();
+  const FetchBlocksReply blocks = RoundTripReply(testing::SampleFetchBlocks());
+  CHECK(blocks.page_bytes == 512);
+  CHECK(blocks.block_tokens == 32);
+  CHECK(blocks.records_per_page == 2);
+  CHECK(blocks.side_records_per_page == 4);
+  CHECK(blocks.layouts == blocks_want.layouts);
+  CHECK(blocks.layout_index == blocks_want.layout_index);
+  CHECK(blocks.indptr == blocks_want.indptr);
+  CHECK(blocks.indices == blocks_want.indices);
+  CHECK(blocks.last_page_len == blocks_want.last_page_len);
+  CHECK(blocks.side_indices == blocks_want.side_indices);
+  CHECK(blocks.tail_dtype == DType::kF16);
+  CHECK(blocks.tail_counts == blocks_want.tail_counts);
+  CHECK(Bytes(blocks.tail_positions) == Bytes(blocks_want.tail_positions));
+  CHECK(Bytes(blocks.tail_k) == Bytes(blocks_want.tail_k));
+  CHECK(Bytes(blocks.tail_v) == Bytes(blocks_want.tail_v));
+
+  StatusOr<Reply> error = DecodeReply(EncodeError(9, ResourceExhausted("pool: full")));
+  REQUIRE(error.ok());
+  CHECK(error->request_id == 9);
+  const Status status = ToStatus(std::get<ErrorReply>(error->body));
+  CHECK(status.code() == StatusCode::kResourceExhausted);
+  CHECK(status.message() == "pool: full");
+}
+
+TEST_CASE("Protocol: PING and OPEN reply and ERROR match the byte layout of PROTOCOL.md", "[ipc]") {
+  // magic "KVCT", version 1, type, request id 7, flags 0, body.
+  CHECK(Hex(MustEncode(PingRequest{42})[0]) ==
+        Spaced("4b564354 0100 0400 0700000000000000 0000 2a00000000000000"));
+  CHECK(Hex(MustEncode(OpenReply{})[0]) == Spaced("4b564354 0100 0280 0700000000000000 0000"));
+  CHECK(Hex(EncodeError(7, NotFound("no"))[0]) ==
+        Spaced("4b564354 0100 ffff 0700000000000000 0000 02000000 02000000 6e6f"));
+  const Frames staging = MustEncode(testing::SampleAppendStaging());
+  REQUIRE(staging.size() == 1);
+  CHECK(Hex(staging[0]) ==
+        Spaced("4b564354 0100 0500 0700000000000000 0000 2a00000000000000 0700000000000000 "
+               "6700000000000000 01000000 01 00 0020000000000000"));
+}
+
+TEST_CASE("Protocol: the HELLO and FETCH blocks examples of PROTOCOL.md are exact", "[ipc]") {
+  StatusOr<Frames> hello = Encode(1, HelloRequest{1, "vllm", "qwen", {2, 1, 2, 8, DType::kF16}});
+  REQUIRE(hello.ok());
+  CHECK(Hex((*hello)[0]) == Spaced("4b564354 0100 0100 0100000000000000 0000 0100 04000000766c6c6d "
+                                   "04000000 7177656e 02000000 01000000 02000000 08000000 01"));
+
+  FetchBlocksReply b{.layer_begin = 0,
+                     .n_layers = 1,
+                     .kv_heads = 1,
+                     .head_dim = 8,
+                     .page_bytes = 4096,
+                     .block_tokens = 32,
+                     .records_per_page = 16,
+                     .side_records_per_page = 0};
+  b.layouts = {{.method = 3,
+                .k_bits = 2,
+                .v_bits = 2,
+                .k_group_tokens = 32,
+                .v_group_channels = 8,
+                .record_bytes = 256,
+                .k_codes_offset = 0,
+                .k_codes_bytes = 64,
+                .k_meta_offset = 64,
+                .k_meta_bytes = 64,
+                .v_codes_offset = 128,
+                .v_codes_bytes = 64,
+                .v_meta_offset = 192,
+                .v_meta_bytes = 64,
+                .side_bytes_per_token = 0}};
+  b.layout_index = {0};
+  b.indptr = {0, 2};
+  b.indices = {17, 18};
+  b.last_page_len = {32};
+  b.tail_counts = {1};
+  b.tail_positions = testing::PositionsFrame(1, 64);
+  b.tail_k = testing::PatternFrame(16, 0);
+  b.tail_v = testing::PatternFrame(16, 0);
+  StatusOr<Frames> blocks = Encode(8, std::move(b));
+  REQUIRE(blocks.ok());
+  REQUIRE(blocks->size() == 4);
+  CHECK(Hex((*blocks)[0]) ==
+        Spaced("4b564354 0100 0680 0800000000000000 0000 01 00000000 01000000 01000000 08000000 "
+               "00100000 20000000 10000000 00000000 0100 03020200 20000000 08000000 00010000 "
+               "00000000 40000000 40000000 40000000 80000000 40000000 c0000000 40000000 00000000 "
+               "0000 00000000 02000000 11000000 12000000 20000000 01 01000000"));
+  CHECK(Hex((*blocks)[1]) == "4000000000000000");
+}
+
+TEST_CASE("Protocol: encoders refuse invalid messages and name the field", "[ipc]") {
+  HelloRequest hello = testing::SampleHello();
+  hello.geometry.layers = 0;
+  StatusOr<Frames> f = Encode(1, hello);
+  CHECK(f.status().code() == StatusCode::kInvalidArgument);
+  CHECK(f.status().message() == "HELLO: layers: got 0, expected 1..1024");
+
+  hello = testing::SampleHello();
+  hello.geometry.head_dim = 100;
+  CHECK(Encode(1, hello).status().message() ==
+        "HELLO: head_dim: got 100, expected a multiple of 8 in 8..1024");
+  hello = testing::SampleHello();
+  hello.geometry.q_heads = 3;
+  CHECK(Encode(1, hello).status().message().find("q_heads: got 3") != std::string::npos);
+  hello = testing::SampleHello();
+  hello.client_name = "";
+  CHECK(Encode(1, hello).status().message().find("client_name: length 0") != std::string::npos);
+  hello = testing::SampleHello();
+  hello.client_name = "bad\xff";
+  CHECK(Encode(1, hello).status().message().find("UTF-8") != std::string::npos);
+
+  CHECK(Encode(1, OpenRequest{0, 1}).status().message().find("session_id: got 0") !=
+        std::string::npos);
+  CHECK(Encode(1, FetchRequest{1, 1, 2, 2, FetchMode::kDense, DType::kF16}).status().message() ==
+        "FETCH: layer_begin: got 2, expected 0..1");
+  CHECK(Encode(1, AppendReply{5, 6, 0}).status().message() ==
+        "APPEND_REPLY: tokens_quantized: got 6, expected 0..5");
+
+  AppendRequest append = testing::SampleAppendInline();
+  append.n_tokens = 0;
+  CHECK(Encode(1, std::move(append)).status().message() ==
+        "APPEND: n_tokens: got 0, expected 1..1048576");
+  append = testing::SampleAppendInline();
+  append.v = testing::PatternFrame(append.k.size() + 6, 0);
+  CHECK(Encode(1, std::move(append)).status().message().find("v: frame has") != std::string::npos);
+  append = testing::SampleAppendInline();
+  append.has_q = false;
+  CHECK(Encode(1, std::move(append)).status().message().find("has_q is 0") != std::string::npos);
+  append = testing::SampleAppendStaging();
+  append.k = testing::PatternFrame(8, 0);
+  CHECK(Encode(1, std::move(append)).status().message().find("expected none") != std::string::npos);
+
+  HelloReply reply = testing::SampleHelloReply();
+  reply.staging_offset = reply.pool_bytes;
+  CHECK(Encode(1, reply).status().message().find("ends past pool_bytes") != std::string::npos);
+  reply = testing::SampleHelloReply();
+  reply.quant.flush_tokens = 100;
+  CHECK(Encode(1, reply).status().message().find("quant.flush_tokens: got 100") !=
+        std::string::npos);
+
+  FetchDenseReply dense = testing::SampleFetchDense();
+  dense.counts[0] = 4;
+  CHECK(Encode(1, std::move(dense)).status().message() ==
+        "FETCH_REPLY: positions: frame has 48 bytes, expected 56");
+  dense = testing::SampleFetchDense();
+  std::memset(dense.positions.data(), 0xFF, 8);  // Position -1.
+  CHECK(Encode(1, std::move(dense)).status().message().find("positions[0]: got -1") !=
+        std::string::npos);
+
+  FetchBlocksReply blocks = testing::SampleFetchBlocks();
+  blocks.indptr = {0, 5, 4};
+  CHECK(Encode(1, std::move(blocks)).status().message() ==
+        "FETCH_REPLY: indptr[2]: got 4, expected >= indptr[1] = 5");
+  blocks = testing::SampleFetchBlocks();
+  blocks.last_page_len[0] = 33;
+  CHECK(Encode(1, std::move(blocks)).status().message() ==
+        "FETCH_REPLY: last_page_len[0]: got 33, expected 1..32");
+  blocks = testing::SampleFetchBlocks();
+  blocks.layouts[0].k_meta_offset = 60;
+  CHECK(Encode(1, std::move(blocks)).status().message().find("overlaps") != std::string::npos);
+  blocks = testing::SampleFetchBlocks();
+  blocks.side_indices[3] = kNoPage;
+  CHECK(Encode(1, std::move(blocks)).status().message().find("side_indices[3]") !=
+        std::string::npos);
+  blocks = testing::SampleFetchBlocks();
+  blocks.layouts[1].record_bytes = 257;  // Two no longer fit a page.
+  CHECK(Encode(1, std::move(blocks)).status().message() ==
+        "FETCH_REPLY: layouts[1].record_bytes: got 257, expected 1..256");
+  blocks = testing::SampleFetchBlocks();
+  blocks.side_records_per_page = 5;
+  CHECK(Encode(1, std::move(blocks))
+            .status()
+            .message()
+            .find("layouts[1].side_bytes_per_token: got 4") != std::string::npos);
+  blocks = testing::SampleFetchBlocks();
+  blocks.layouts[1].side_bytes_per_token = 0;  // No side records at all: the count must be 0.
+  CHECK(Encode(1, std::move(blocks)).status().message() ==
+        "FETCH_REPLY: side_records_per_page: got 4, expected 0..0");
+}
+
+TEST_CASE("Protocol: decoders name the header problem", "[ipc]") {
+  Frames ping = MustEncode(PingRequest{1});
+  std::string bytes = Bytes(ping[0]);
+
+  std::string bad = bytes;
+  bad[4] = 2;  // Version 2.
+  Frames f;
+  f.push_back(FrameOf(bad));
+  StatusOr<Request> r = DecodeRequest(std::move(f));
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(r.status().message() == "version: got 2, expected 1");
+  CHECK(PeekRequestId(FrameOf(bad)) == 7);  // Still answerable with the right id.
+
+  bad = bytes;
+  bad[6] = 9;  // Type 9: not assigned.
+  f.clear();
+  f.push_back(FrameOf(bad));
+  r = DecodeRequest(std::move(f));
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK(r.status().message().find("type: got 0x0009") != std::string::npos);
+
+  f.clear();
+  f.push_back(FrameOf(bytes));
+  CHECK(DecodeReply(std::move(f)).status().message() == "type: got PING, expected a reply");
+
+  bad = bytes;
+  bad[16] = 1;
+  f.clear();
+  f.push_back(FrameOf(bad));
+  CHECK(DecodeRequest(std::move(f)).status().message() == "flags: got 1, expected 0 (reserved)");
+
+  bad = "KVCX" + bytes.substr(4);
+  f.clear();
+  f.push_back(FrameOf(bad));
+  CHECK(DecodeRequest(std::move(f)).status().message() ==
+        "magic: got 0x5843564B, expected 0x5443564B (\"KVCT\")");
+  CHECK(PeekRequestId(FrameOf(bad)) == 0);
+
+  f.clear();
+  f.push_back(FrameOf(bytes + "x"));
+  CHECK(DecodeRequest(std::move(f)).status().message().find("1 unexpected trailing bytes") !=
+        std::string::npos);
+
+  f = MustEncode(PingRequest{1});
+  f.push_back(FrameOf("extra"));
+  CHECK(DecodeRequest(std::move(f)).status().message() == "PING: frame count: got 2, expected 1");
+  CHECK(DecodeRequest(Frames()).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Protocol: APPEND tensors are checked against the session geometry", "[ipc]") {
+  const Geometry g = testing::SampleGeometry();
+  AppendRequest append = testing::SampleAppendInline();
+  CHECK(CheckAppendShape(append, g).ok());
+  Geometry no_q = g;
+  no_q.q_heads = 0;
+  CHECK(CheckAppendShape(append, no_q).message().find("q_heads = 0") != std::string::npos);
+  Geometry more_layers = g;
+  more_layers.layers = 3;
+  const Status s = CheckAppendShape(append, more_layers);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message() ==
+        "k: frame has 192 bytes, expected 288 = [3 layers, 3 tokens, 2 heads, 8] "
+        "x 2 bytes (float16)");
+  CHECK(CheckAppendShape(testing::SampleAppendStaging(), g).ok());
+
+  StatusOr<uint64_t> bytes = AppendPayloadBytes(g, 3, true);
+  REQUIRE(bytes.ok());
+  CHECK(*bytes == 2 * 3 * (2 + 2 + 4) * 8 * 2);
+  CHECK(AppendPayloadBytes(no_q, 3, true).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Protocol: ERROR encoding survives any status", "[ipc]") {
+  StatusOr<Reply> r = DecodeReply(EncodeError(1, OkStatus()));
+  REQUIRE(r.ok());
+  CHECK(std::get<ErrorReply>(r->body).code == StatusCode::kInternal);
+
+  const std::string huge(10000, 'x');
+  r = DecodeReply(EncodeError(1, InvalidArgument(huge, "\xff\xfe")));
+  REQUIRE(r.ok());
+  CHECK(std::get<ErrorReply>(r->body).message.size() == kMaxErrorMessageBytes);
+
+  r = DecodeReply(EncodeError(1, InvalidArgument("bad \xc3 byte")));
+  REQUIRE(r.ok());
+  CHECK(std::get<ErrorReply>(r->body).message == "bad ? byte");
+
+  CHECK(DecodeReply(EncodeError(1, Status(static_cast<StatusCode>(77), "future"))).ok());
+}
+
+TEST_CASE("Protocol: UTF-8 validation rejects overlongs and surrogates and NUL", "[ipc]") {
+  CHECK(IsValidUtf8("plain"));
+  CHECK(IsValidUtf8("é€𝄞"));
+  CHECK_FALSE(IsValidUtf8(std::string("a\0b", 3)));
+  CHECK_FALSE(IsValidUtf8("\xc0\xaf"));          // Overlong '/'.
+  CHECK_FALSE(IsValidUtf8("\xed\xa0\x80"));      // Surrogate.
+  CHECK_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // > U+10FFFF.
+  CHECK_FALSE(IsValidUtf8("\xe2\x82"));          // Truncated.
+  CHECK(SanitizeUtf8("ab€", 4) == "ab");         // Never cuts inside a code point.
+}
+
+TEST_CASE("Protocol: type names", "[ipc]") {
+  CHECK(TypeName(1) == "HELLO");
+  CHECK(TypeName(0x8006) == "FETCH_REPLY");
+  CHECK(TypeName(0xFFFF) == "ERROR");
+  CHECK(TypeName(0) == "0x0000");
+  CHECK(TypeOf(RequestBody{StatsRequest{}}) == MsgType::kStats);
+  CHECK(TypeOf(ReplyBody{FetchBlocksReply{}}) == 0x8006);
+}
+
+}  // namespace
+}  // namespace kvctl::ipc
