@@ -1,0 +1,168 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "ipc/client.h"
+
+#include <chrono>
+
+#include "ipc/transport.h"
+
+namespace kvctl::ipc {
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(std::string_view endpoint, int timeout_ms) {
+  KVCTL_ASSIGN_OR_RETURN(Endpoint ep, ParseConnectEndpoint(endpoint));
+  if (timeout_ms < 1) return InvalidArgument("timeout_ms: got ", timeout_ms, ", expected >= 1");
+  std::unique_ptr<Client> c(new Client());
+  c->endpoint_ = std::string(endpoint);
+  c->address_ = ep.address;
+  c->ipv6_ = ep.ipv6;
+  c->timeout_ms_ = timeout_ms;
+  KVCTL_RETURN_IF_ERROR(c->ResetSocket());
+  c->socket_resets_ = 0;
+  return c;
+}
+
+Client::~Client() = default;
+
+Status Client::ResetSocket() {
+  ++socket_resets_;
+  try {
+    // linger 0: an unanswered request dies with the old socket instead of reaching a restarted
+    // server long after its caller gave up.
+    socket_.close();
+    socket_ = zmq::socket_t(ctx_, zmq::socket_type::dealer);
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxTensorFrameBytes));
+    if (ipv6_) socket_.set(zmq::sockopt::ipv6, 1);
+    socket_.connect(address_);
+  } catch (const zmq::error_t& e) {
+    socket_.close();
+    return Unavailable("connect ", endpoint_, ": ", e.what());
+  }
+  return OkStatus();
+}
+
+StatusOr<ReplyBody> Client::Call(RequestBody request) {
+  using Clock = std::chrono::steady_clock;
+  const MsgType type = TypeOf(request);
+  const uint64_t id = next_request_id_++;
+  const std::string what = TypeName(static_cast<uint16_t>(type)) + " request " + std::to_string(id);
+  KVCTL_ASSIGN_OR_RETURN(Frames frames, Encode(id, std::move(request)));
+  if (!socket_) KVCTL_RETURN_IF_ERROR(ResetSocket());
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
+  try {
+    Frames no_prefix;
+    if (!SendMessage(socket_, no_prefix, frames)) {
+      (void)ResetSocket();
+      return Unavailable(what, ": cannot queue the request to ", endpoint_, "; socket reset");
+    }
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        (void)ResetSocket();
+        return DeadlineExceeded(what, ": no reply from ", endpoint_, " within ", timeout_ms_,
+                                " ms; socket reset");
+      }
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, left);
+      Frames reply;
+      size_t discarded = 0;
+      while ((item.revents & ZMQ_POLLIN) && RecvMessage(socket_, &reply, kMaxFrames, &discarded)) {
+        if (reply.empty() || PeekRequestId(reply[0]) != id) {
+          ++stale_replies_;  // The late answer to a request that already timed out.
+          continue;
+        }
+        if (discarded > 0) {
+          return Internal(what, ": malformed reply: more than ", kMaxFrames, " frames");
+        }
+        StatusOr<Reply> decoded = DecodeReply(std::move(reply));
+        if (!decoded.ok()) return Internal(what, ": malformed reply: ", decoded.status().message());
+        ReplyBody& body = decoded->body;
+        if (const auto* error = std::get_if<ErrorReply>(&body)) return ToStatus(*error);
+        if (TypeOf(body) != (static_cast<uint16_t>(type) | kReplyBit)) {
+          return Internal(what, ": reply has type ", TypeName(TypeOf(body)));
+        }
+        return std::move(body);
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    (void)ResetSocket();
+    return Unavailable(what, ": ", e.what());
+  }
+}
+
+template <typename R>
+StatusOr<R> Client::CallAs(RequestBody request) {
+  KVCTL_ASSIGN_OR_RETURN(ReplyBody body, Call(std::move(request)));
+  if (R* reply = std::get_if<R>(&body)) return std::move(*reply);
+  return Internal(TypeName(TypeOf(body)), ": reply has the wrong form for the request");
+}
+
+StatusOr<HelloReply> Client::Hello(HelloRequest request) {
+  return CallAs<HelloReply>(std::move(request));
+}
+
+StatusOr<OpenReply> Client::Open(uint64_t session_id, uint64_t sequence_id) {
+  return CallAs<OpenReply>(OpenRequest{session_id, sequence_id});
+}
+
+StatusOr<CloseReply> Client::Close(uint64_t session_id, uint64_t sequence_id) {
+  return CallAs<CloseReply>(CloseRequest{session_id, sequence_id});
+}
+
+StatusOr<PingReply> Client::Ping(uint64_t session_id) {
+  return CallAs<PingReply>(PingRequest{session_id});
+}
+
+StatusOr<AppendReply> Client::AppendInline(const AppendArgs& args, std::span<const std::byte> k,
+                                           std::span<const std::byte> v,
+                                           std::span<const std::byte> q) {
+  for (auto [name, t] : {std::pair{"k", k}, std::pair{"v", v}, std::pair{"q", q}}) {
+    if (t.size() > kMaxTensorFrameBytes) {  // Refused before copying gigabytes.
+      return InvalidArgument(name, ": ", t.size(), " bytes exceed the frame limit of ",
+                             kMaxTensorFrameBytes, "; split the append into fewer tokens");
+    }
+  }
+  AppendRequest req{.session_id = args.session_id,
+                    .sequence_id = args.sequence_id,
+                    .first_position = args.first_position,
+                    .n_tokens = args.n_tokens,
+                    .source = AppendSource::kInline,
+                    .has_q = !q.empty()};
+  req.k = zmq::message_t(k.data(), k.size());
+  req.v = zmq::message_t(v.data(), v.size());
+  if (!q.empty()) req.q = zmq::message_t(q.data(), q.size());
+  return CallAs<AppendReply>(std::move(req));
+}
+
+StatusOr<AppendReply> Client::AppendStaging(const AppendArgs& args, uint64_t staging_offset,
+                                            bool has_q) {
+  return CallAs<AppendReply>(AppendRequest{.session_id = args.session_id,
+                                           .sequence_id = args.sequence_id,
+                                           .first_position = args.first_position,
+                                           .n_tokens = args.n_tokens,
+                                           .source = AppendSource::kStaging,
+                                           .has_q = has_q,
+                                           .staging_offset = staging_offset});
+}
+
+StatusOr<FetchDenseReply> Client::FetchDense(uint64_t session_id, uint64_t sequence_id,
+                                             uint32_t layer_begin, uint32_t layer_end,
+                                             DType out_dtype) {
+  return CallAs<FetchDenseReply>(
+      FetchRequest{session_id, sequence_id, layer_begin, layer_end, FetchMode::kDense, out_dtype});
+}
+
+StatusOr<FetchBlocksReply> Client::FetchBlocks(uint64_t session_id, uint64_t sequence_id,
+                                               uint32_t layer_begin, uint32_t layer_end,
+                                               DType tail_dtype) {
+  return CallAs<FetchBlocksReply>(FetchRequest{session_id, sequence_id, layer_begin, layer_end,
+                                               FetchMode::kBlocks, tail_dtype});
+}
+
+StatusOr<std::string> Client::Stats(uint64_t session_id, std::string_view section) {
+  KVCTL_ASSIGN_OR_RETURN(StatsReply reply,
+                         CallAs<StatsReply>(StatsRequest{session_id, std::string(section)}));
+  return std::move(reply.text);
+}
+
+}  // namespace kvctl::ipc

@@ -1,0 +1,103 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: ipc/client.h
+// Client: the C++ client library of the kvctl protocol, for engines, tools and tests. A DEALER
+// socket; every call sends one request with a fresh request id and waits at most timeout_ms for
+// the reply with that id, dropping stale replies to earlier (timed-out) requests. On a timeout
+// the socket is closed and recreated (the "Lazy Pirate" pattern), so one dead or restarted server
+// never wedges the client; the timed-out request is not retried (APPEND is not idempotent).
+// ERROR replies come back as the Status they carry.
+//
+// Thread safety: not thread-safe; use one Client per thread (they are cheap).
+//
+//   KVCTL_ASSIGN_OR_RETURN(auto client, Client::Connect("ipc:///run/kvctl.sock", 2000));
+//   KVCTL_ASSIGN_OR_RETURN(HelloReply hello, client->Hello({.client_name = "vllm", ...}));
+//   KVCTL_RETURN_IF_ERROR(client->Open(hello.session_id, /*sequence_id=*/1).status());
+#ifndef KVCTL_IPC_CLIENT_H_
+#define KVCTL_IPC_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <zmq.hpp>
+
+#include "common/status.h"
+#include "ipc/messages.h"
+#include "ipc/protocol.h"
+
+namespace kvctl::ipc {
+
+// Which tokens an APPEND adds.
+struct AppendArgs {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;
+  uint64_t first_position = 0;
+  uint32_t n_tokens = 0;
+};
+
+class Client {
+ public:
+  // Creates the socket and starts connecting; does not wait for the server (the first call does).
+  // Errors: INVALID_ARGUMENT for a malformed endpoint or timeout_ms < 1.
+  static StatusOr<std::unique_ptr<Client>> Connect(std::string_view endpoint, int timeout_ms);
+
+  // Typed calls. Each returns the reply, the Status of an ERROR reply, INVALID_ARGUMENT if the
+  // request itself is invalid (nothing is sent), DEADLINE_EXCEEDED after timeout_ms without a
+  // reply, UNAVAILABLE if the socket failed, INTERNAL if the server sent a malformed reply.
+  StatusOr<HelloReply> Hello(HelloRequest request);
+  StatusOr<OpenReply> Open(uint64_t session_id, uint64_t sequence_id);
+  StatusOr<CloseReply> Close(uint64_t session_id, uint64_t sequence_id);
+  StatusOr<PingReply> Ping(uint64_t session_id = 0);
+  // K and V (and Q if non-empty) as [layers, n_tokens, heads, head_dim] in the session dtype;
+  // copied once into the message.
+  StatusOr<AppendReply> AppendInline(const AppendArgs& args, std::span<const std::byte> k,
+                                     std::span<const std::byte> v,
+                                     std::span<const std::byte> q = {});
+  // The tensors are already in the staging slot at `staging_offset`.
+  StatusOr<AppendReply> AppendStaging(const AppendArgs& args, uint64_t staging_offset, bool has_q);
+  StatusOr<FetchDenseReply> FetchDense(uint64_t session_id, uint64_t sequence_id,
+                                       uint32_t layer_begin, uint32_t layer_end,
+                                       DType out_dtype = DType::kF16);
+  StatusOr<FetchBlocksReply> FetchBlocks(uint64_t session_id, uint64_t sequence_id,
+                                         uint32_t layer_begin, uint32_t layer_end,
+                                         DType tail_dtype = DType::kF16);
+  // The INFO-style text; `section` "" = all sections.
+  StatusOr<std::string> Stats(uint64_t session_id = 0, std::string_view section = "");
+
+  // Any request; the reply body is of the matching type (an ERROR reply becomes its Status).
+  StatusOr<ReplyBody> Call(RequestBody request);
+
+  // REQUIRES: timeout_ms >= 1.
+  void set_timeout_ms(int timeout_ms) { timeout_ms_ = timeout_ms; }
+  int timeout_ms() const { return timeout_ms_; }
+  const std::string& endpoint() const { return endpoint_; }
+  uint64_t stale_replies_dropped() const { return stale_replies_; }
+  uint64_t socket_resets() const { return socket_resets_; }
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+ private:
+  Client() = default;
+  Status ResetSocket();
+  template <typename R>
+  StatusOr<R> CallAs(RequestBody request);
+
+  std::string endpoint_;
+  std::string address_;
+  bool ipv6_ = false;
+  int timeout_ms_ = 1000;
+  uint64_t next_request_id_ = 1;
+  uint64_t stale_replies_ = 0;
+  uint64_t socket_resets_ = 0;
+  zmq::context_t ctx_;
+  zmq::socket_t socket_;
+};
+
+}  // namespace kvctl::ipc
+
+#endif  // KVCTL_IPC_CLIENT_H_

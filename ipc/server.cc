@@ -1,0 +1,331 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "ipc/server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "ipc/transport.h"
+
+namespace kvctl::ipc {
+namespace internal {
+
+// A reply on its way from any thread to the I/O thread.
+struct Outgoing {
+  std::string routing_id;
+  bool delimiter = false;  // The request came from a REQ socket: echo the empty frame.
+  Frames frames;
+  bool is_error = false;
+};
+
+// The queue between Responders (any thread) and the I/O thread. Pushing and the in-flight count
+// change under one mutex, so the I/O thread never sees "nothing in flight, queue empty" while an
+// answer is on its way. The PUSH socket only wakes the I/O thread; the mutex also serialises it,
+// since ZeroMQ sockets are not thread-safe.
+class ReplyChannel {
+ public:
+  ReplyChannel(zmq::context_t& ctx, const char* wake_address) : push_(ctx, zmq::socket_type::push) {
+    push_.set(zmq::sockopt::linger, 0);
+    push_.connect(wake_address);
+  }
+
+  void BeginRequest() {
+    std::lock_guard lock(mu_);
+    ++in_flight_;
+  }
+
+  // Queues an answer to a request counted by BeginRequest. False once closed.
+  bool Answer(Outgoing out) {
+    std::lock_guard lock(mu_);
+    --in_flight_;
+    if (closed_) return false;
+    const bool was_empty = items_.empty();
+    items_.push_back(std::move(out));
+    if (was_empty) WakeLocked();
+    return true;
+  }
+
+  // Everything queued, and the number of requests still unanswered after it.
+  std::vector<Outgoing> TakeAll(int64_t* in_flight) {
+    std::lock_guard lock(mu_);
+    *in_flight = in_flight_;
+    return std::exchange(items_, {});
+  }
+
+  int64_t in_flight() const {
+    std::lock_guard lock(mu_);
+    return in_flight_;
+  }
+
+  void Wake() {
+    std::lock_guard lock(mu_);
+    if (!closed_) WakeLocked();
+  }
+
+  void Close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    items_.clear();
+    push_.close();
+  }
+
+  // Written by the I/O thread only; read by counters().
+  std::atomic<uint64_t> requests{0}, rejected{0}, errors{0}, replies{0}, bytes_in{0}, bytes_out{0};
+
+ private:
+  void WakeLocked() {
+    // A full wake pipe already holds a wake-up, so a failed send loses nothing.
+    (void)push_.send(zmq::message_t(), zmq::send_flags::dontwait);
+  }
+
+  mutable std::mutex mu_;
+  zmq::socket_t push_;           // Guarded by mu_.
+  std::vector<Outgoing> items_;  // Guarded by mu_.
+  int64_t in_flight_ = 0;        // Guarded by mu_.
+  bool closed_ = false;          // Guarded by mu_.
+};
+
+struct PendingRequest {
+  std::shared_ptr<ReplyChannel> channel;
+  std::string routing_id;
+  bool delimiter = false;
+  uint64_t request_id = 0;
+  MsgType type = MsgType::kPing;
+  std::atomic<bool> answered{false};
+
+  bool Answer(Frames frames, bool is_error) {
+    if (answered.exchange(true)) return false;
+    return channel->Answer({routing_id, delimiter, std::move(frames), is_error});
+  }
+
+  ~PendingRequest() {
+    if (!answered.load()) {
+      Answer(EncodeError(request_id, Internal("the server dropped ", TypeName(uint16_t(type)),
+                                              " request ", request_id, " without a reply")),
+             true);
+    }
+  }
+};
+
+}  // namespace internal
+
+namespace {
+constexpr const char* kWakeAddress = "inproc://kvctl-ipc-wake";
+constexpr int kMaxBatch = 64;  // Requests read per wake-up before replies are flushed again.
+}  // namespace
+
+// ---- Responder
+// -----------------------------------------------------------------------------------
+
+Responder::Responder(std::shared_ptr<internal::PendingRequest> pending)
+    : pending_(std::move(pending)) {}
+
+uint64_t Responder::request_id() const { return pending_->request_id; }
+MsgType Responder::request_type() const { return pending_->type; }
+
+bool Responder::Error(const Status& status) {
+  return Deliver(EncodeError(request_id(), status), /*is_error=*/true);
+}
+
+bool Responder::Deliver(Frames frames, bool is_error) {
+  return pending_->Answer(std::move(frames), is_error);
+}
+
+// ---- ZmqServer
+// -----------------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<ZmqServer>> ZmqServer::Bind(ServerOptions options) {
+  KVCTL_ASSIGN_OR_RETURN(Endpoint ep, ParseBindEndpoint(options.endpoint));
+  if (ep.kind == Endpoint::Kind::kIpc) KVCTL_RETURN_IF_ERROR(ClaimIpcPath(ep.ipc_path));
+  std::unique_ptr<ZmqServer> s(new ZmqServer());
+  s->options_ = options;
+  try {
+    s->ctx_ = zmq::context_t(1);
+    s->router_ = zmq::socket_t(s->ctx_, zmq::socket_type::router);
+    s->router_.set(zmq::sockopt::linger, options.linger_ms);
+    s->router_.set(zmq::sockopt::sndhwm, options.send_hwm);
+    s->router_.set(zmq::sockopt::rcvhwm, options.recv_hwm);
+    s->router_.set(zmq::sockopt::maxmsgsize, options.max_frame_bytes);
+    if (ep.ipv6) s->router_.set(zmq::sockopt::ipv6, 1);
+    s->router_.bind(ep.address);
+    s->endpoint_ = s->router_.get(zmq::sockopt::last_endpoint);
+    s->wake_pull_ = zmq::socket_t(s->ctx_, zmq::socket_type::pull);
+    s->wake_pull_.set(zmq::sockopt::linger, 0);
+    s->wake_pull_.bind(kWakeAddress);
+    s->channel_ = std::make_shared<internal::ReplyChannel>(s->ctx_, kWakeAddress);
+  } catch (const zmq::error_t& e) {
+    return Unavailable("bind ", options.endpoint, ": ", e.what());
+  }
+  if (ep.kind == Endpoint::Kind::kIpc) {
+    s->ipc_path_ = ep.ipc_path;
+    struct stat st;
+    if (lstat(ep.ipc_path.c_str(), &st) != 0) {
+      return Unavailable("ipc path ", ep.ipc_path, ": missing after bind: ", std::strerror(errno));
+    }
+    s->ipc_inode_ = st.st_ino;  // Recorded first, so that a failed chmod still removes the file.
+    // Clients of other users must not reach the pool; the window before chmod is the bind call.
+    if (chmod(ep.ipc_path.c_str(), 0600) != 0) {
+      return FailedPrecondition("ipc path ", ep.ipc_path,
+                                ": cannot set mode 0600: ", std::strerror(errno));
+    }
+  }
+  return s;
+}
+
+ZmqServer::~ZmqServer() { Stop(); }
+
+Status ZmqServer::Start(Handler handler) {
+  if (started_ || shut_down_) {
+    return FailedPrecondition("ZmqServer::Start: already ", started_ ? "started" : "stopped");
+  }
+  if (!handler) return InvalidArgument("ZmqServer::Start: handler is empty");
+  handler_ = std::move(handler);
+  started_ = true;
+  io_thread_ = std::thread([this] { Run(); });
+  return OkStatus();
+}
+
+void ZmqServer::Stop() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (started_) {
+    stopping_.store(true);
+    channel_->Wake();
+    io_thread_.join();
+  } else {
+    Shutdown();
+  }
+  // Remove only the file this server created: a new server may already own the path.
+  struct stat st;
+  if (!ipc_path_.empty() && lstat(ipc_path_.c_str(), &st) == 0 && st.st_ino == ipc_inode_) {
+    unlink(ipc_path_.c_str());
+  }
+  ctx_.close();
+}
+
+ServerCounters ZmqServer::counters() const {
+  const internal::ReplyChannel& c = *channel_;
+  ServerCounters out;
+  out.requests_total = c.requests.load();
+  out.rejected_total = c.rejected.load();
+  out.errors_total = c.errors.load();
+  out.replies_total = c.replies.load();
+  out.bytes_in_total = c.bytes_in.load();
+  out.bytes_out_total = c.bytes_out.load();
+  out.in_flight = static_cast<uint64_t>(c.in_flight());
+  return out;
+}
+
+void ZmqServer::Shutdown() {
+  router_.close();  // Lingers up to linger_ms for replies already queued.
+  if (channel_) channel_->Close();
+  wake_pull_.close();
+}
+
+void ZmqServer::SendDirect(std::string routing_id, bool delimiter, Frames frames, bool is_error) {
+  Frames prefix;
+  prefix.emplace_back(routing_id.data(), routing_id.size());
+  if (delimiter) prefix.emplace_back();
+  const uint64_t bytes = TotalBytes(frames);
+  try {
+    // ROUTER drops (rather than blocks on) a reply to a vanished or congested client.
+    if (!SendMessage(router_, prefix, frames)) return;
+  } catch (const zmq::error_t&) {
+    return;
+  }
+  channel_->replies.fetch_add(1);
+  channel_->bytes_out.fetch_add(bytes);
+  if (is_error) channel_->errors.fetch_add(1);
+}
+
+void ZmqServer::HandleIncoming(Frames frames, size_t discarded, bool draining) {
+  if (frames.empty()) return;
+  std::string routing_id(static_cast<const char*>(frames[0].data()), frames[0].size());
+  frames.erase(frames.begin());
+  // A REQ client puts an empty delimiter first; a header frame is never empty.
+  const bool delimiter = !frames.empty() && frames[0].size() == 0;
+  if (delimiter) frames.erase(frames.begin());
+  channel_->bytes_in.fetch_add(TotalBytes(frames));
+
+  const uint64_t peek_id = frames.empty() ? 0 : PeekRequestId(frames[0]);
+  Status reject;
+  if (frames.empty()) {
+    reject = InvalidArgument("message: no frames after the routing envelope");
+  } else if (discarded > 0) {
+    reject = InvalidArgument("frame count: got more than ", kMaxFrames, " (", discarded,
+                             " extra), expected at most ", kMaxFrames);
+  } else if (draining) {
+    reject = Unavailable("the server is stopping");
+  }
+  StatusOr<Request> request = reject.ok() ? DecodeRequest(std::move(frames)) : reject;
+  if (!request.ok()) {
+    channel_->rejected.fetch_add(1);
+    SendDirect(std::move(routing_id), delimiter, EncodeError(peek_id, request.status()), true);
+    return;
+  }
+  auto pending = std::make_shared<internal::PendingRequest>();
+  pending->channel = channel_;
+  pending->routing_id = std::move(routing_id);
+  pending->delimiter = delimiter;
+  pending->request_id = request->request_id;
+  pending->type = TypeOf(request->body);
+  channel_->BeginRequest();
+  channel_->requests.fetch_add(1);
+  Responder responder(std::move(pending));
+  try {
+    handler_(std::move(request).value(), responder);
+  } catch (const std::exception& e) {
+    // Exceptions stop at the ipc edge; the client still gets an answer.
+    responder.Error(Internal("request handler threw: ", e.what()));
+  }
+}
+
+void ZmqServer::Run() {
+  using Clock = std::chrono::steady_clock;
+  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                             {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}};
+  bool draining = false;
+  Clock::time_point deadline;
+  Frames frames;
+  for (;;) {
+    if (!draining && stopping_.load()) {
+      draining = true;
+      deadline = Clock::now() + std::chrono::milliseconds(options_.stop_timeout_ms);
+    }
+    int64_t in_flight = 0;
+    for (internal::Outgoing& out : channel_->TakeAll(&in_flight)) {
+      SendDirect(std::move(out.routing_id), out.delimiter, std::move(out.frames), out.is_error);
+    }
+    auto timeout = std::chrono::milliseconds(-1);
+    if (draining) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (in_flight == 0 || left.count() <= 0) break;
+      timeout = left;
+    }
+    try {
+      zmq::poll(items, 2, timeout);
+      if (items[1].revents & ZMQ_POLLIN) {
+        zmq::message_t wake;
+        while (wake_pull_.recv(wake, zmq::recv_flags::dontwait)) {
+        }
+      }
+      size_t discarded = 0;
+      for (int i = 0; i < kMaxBatch && (items[0].revents & ZMQ_POLLIN) &&
+                      RecvMessage(router_, &frames, kMaxFrames + 2, &discarded);
+           ++i) {
+        HandleIncoming(std::move(frames), discarded, draining);
+        frames = Frames();
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) break;  // ETERM cannot happen: Stop joins before closing the context.
+    }
+  }
+  Shutdown();
+}
+
+}  // namespace kvctl::ipc

@@ -1,0 +1,59 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: ipc/transport.h
+// Endpoint rules and socket helpers shared by ZmqServer and Client. The server binds only local
+// endpoints: `ipc://PATH` (a Unix socket file) or loopback TCP (`tcp://127.0.0.1:PORT`,
+// `tcp://localhost:PORT`, `tcp://[::1]:PORT`; PORT may be `*` for an ephemeral port). Remote TCP
+// needs CurveZMQ, which kvctl does not do yet, so any other host is refused.
+//
+// Thread safety: free functions; the socket helpers need the caller to own the socket.
+//
+//   KVCTL_ASSIGN_OR_RETURN(Endpoint ep, ParseBindEndpoint("ipc:///run/kvctl/kvctl.sock"));
+//   KVCTL_RETURN_IF_ERROR(ClaimIpcPath(ep.ipc_path));  // Refuses a live server, removes stale.
+#ifndef KVCTL_IPC_TRANSPORT_H_
+#define KVCTL_IPC_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <zmq.hpp>
+
+#include "common/status.h"
+#include "ipc/protocol.h"
+
+namespace kvctl::ipc {
+
+struct Endpoint {
+  enum class Kind { kIpc, kTcp };
+  Kind kind = Kind::kIpc;
+  std::string address;   // What ZeroMQ binds or connects: "ipc:///x.sock", "tcp://127.0.0.1:5555".
+  std::string ipc_path;  // kIpc only: the socket file.
+  bool ipv6 = false;     // kTcp to an IPv6 address (sets ZMQ_IPV6).
+};
+
+// Server side. INVALID_ARGUMENT for a malformed endpoint, another transport, a path too long for
+// a Unix socket, or a TCP host that is not loopback (the message says why).
+StatusOr<Endpoint> ParseBindEndpoint(std::string_view endpoint);
+
+// Client side: ipc://PATH or tcp://HOST:PORT with any host.
+StatusOr<Endpoint> ParseConnectEndpoint(std::string_view endpoint);
+
+// Makes `path` free for bind: OK if it does not exist; removes a stale socket file nobody listens
+// on. ALREADY_EXISTS if a server accepts connections there; FAILED_PRECONDITION if the path is not
+// a socket or cannot be probed or removed.
+Status ClaimIpcPath(const std::string& path);
+
+// Receives one multipart message without blocking; false if none was waiting. Keeps the first
+// `max_frames` frames and discards the rest, counting them in *discarded.
+bool RecvMessage(zmq::socket_t& socket, Frames* out, size_t max_frames, size_t* discarded);
+
+// Queues `frames` as one multipart message without blocking; false if the socket would block.
+// `prefix` frames (routing id, delimiter) go first.
+bool SendMessage(zmq::socket_t& socket, Frames& prefix, Frames& frames);
+
+uint64_t TotalBytes(const Frames& frames);
+
+}  // namespace kvctl::ipc
+
+#endif  // KVCTL_IPC_TRANSPORT_H_
