@@ -93,10 +93,10 @@ ConfigOption Row(ConfigOption row) {
 
 std::string CheckEndpoint(const ConfigValue& v) {
   const std::string& s = std::get<std::string>(v);
-  for (std::string_view scheme : {"ipc://", "tcp://", "inproc://"}) {
+  for (std::string_view scheme : {"ipc://", "tcp://"}) {
     if (s.size() > scheme.size() && s.compare(0, scheme.size(), scheme) == 0) return "";
   }
-  return "a ZeroMQ endpoint: ipc://PATH, tcp://HOST:PORT or inproc://NAME";
+  return "a ZeroMQ endpoint: ipc://PATH or tcp://127.0.0.1:PORT (loopback only)";
 }
 
 std::string CheckShmName(const ConfigValue& v) {

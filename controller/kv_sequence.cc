@@ -72,6 +72,14 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
                        std::vector<LayerPlan> plans)
     : pool_(pool), geometry_(geometry) {
   KVCTL_CHECK(static_cast<int>(plans.size()) == geometry.layers);
+  // Every record array packs the same number of records per page, whatever its bit widths.
+  size_t max_record = 1;
+  for (const LayerPlan& plan : plans) {
+    for (const QuantSpec& spec : plan.head_specs) {
+      max_record = std::max(max_record, BlockLayoutOf(spec).record_bytes);
+    }
+  }
+  const size_t records_per_page = pool->page_bytes() / max_record;
   for (LayerPlan& plan : plans) {
     KVCTL_CHECK(static_cast<int>(plan.head_specs.size()) == geometry.kv_heads);
     const QuantSpec& first = plan.head_specs[0];
@@ -82,8 +90,9 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
     layer->row_dtype = plan.lossless ? geometry.dtype : DType::kF16;
     layer->row_bytes = static_cast<size_t>(geometry.head_dim) * DTypeSize(layer->row_dtype);
     for (const QuantSpec& spec : plan.head_specs) {
-      layer->heads.push_back(HeadStream{spec, SlotArray(pool, 2 * layer->row_bytes),
-                                        SlotArray(pool, BlockLayoutOf(spec).record_bytes)});
+      layer->heads.push_back(
+          HeadStream{spec, SlotArray(pool, 2 * layer->row_bytes),
+                     SlotArray(pool, BlockLayoutOf(spec).record_bytes, records_per_page)});
     }
     layer->plan = std::move(plan);
     layers_.push_back(std::move(layer));

@@ -5,12 +5,12 @@
 
 namespace kvctl {
 
-SlotArray::SlotArray(PageAllocator* pool, size_t slot_bytes)
+SlotArray::SlotArray(PageAllocator* pool, size_t slot_bytes, size_t per_page)
     : pool_(pool),
       slot_bytes_(slot_bytes),
-      per_page_(pool->page_bytes() / slot_bytes),
+      per_page_(per_page > 0 ? per_page : pool->page_bytes() / slot_bytes),
       page_bytes_(pool->page_bytes()) {
-  KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0);
+  KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0 && per_page_ * slot_bytes <= page_bytes_);
 }
 
 SlotArray::~SlotArray() { Clear(); }

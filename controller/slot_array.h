@@ -25,8 +25,9 @@ namespace kvctl {
 
 class SlotArray {
  public:
-  // REQUIRES: 0 < slot_bytes <= pool->page_bytes().
-  SlotArray(PageAllocator* pool, size_t slot_bytes);
+  // REQUIRES: 0 < slot_bytes <= pool->page_bytes(). per_page (0 = as many as fit) lets streams of
+  // different slot sizes share one slot numbering (blocks-mode FETCH has one records_per_page).
+  SlotArray(PageAllocator* pool, size_t slot_bytes, size_t per_page = 0);
   ~SlotArray();
   SlotArray(SlotArray&& other) noexcept;
   SlotArray& operator=(SlotArray&&) = delete;

@@ -1,0 +1,24 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/blocks_reply.h
+// Builds the blocks-mode FETCH reply of a sequence: a FlashInfer-style page table over the
+// quantized records in the shm pool (engines attend on them in place), plus the full-precision
+// window (sinks and tail) inline. Record id r lives at byte
+// (r / records_per_page) * page_bytes + (r % records_per_page) * record_bytes of the pool.
+//
+// Thread safety: the caller holds the sequence's lock.
+#ifndef KVCTL_CONTROLLER_BLOCKS_REPLY_H_
+#define KVCTL_CONTROLLER_BLOCKS_REPLY_H_
+
+#include "controller/kv_sequence.h"
+#include "ipc/messages.h"
+
+namespace kvctl {
+
+ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& geometry,
+                                       int layer_begin, int layer_end, DType tail_dtype,
+                                       uint64_t page_bytes);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_BLOCKS_REPLY_H_

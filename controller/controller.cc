@@ -1,0 +1,503 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/controller.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "common/half.h"
+#include "controller/blocks_reply.h"
+#include "ipc/protocol.h"
+
+namespace kvctl {
+
+static_assert(kNumQuantMethods == ipc::kNumWireQuantMethods,
+              "ipc/messages.h must list every kernels/quant_types.h method");
+
+struct Controller::SequenceEntry {
+  std::mutex mu;
+  std::unique_ptr<KvSequence> seq;  // Guarded by mu.
+};
+
+struct Controller::Session {
+  uint64_t id = 0;
+  std::string client_name, model_name;
+  ipc::Geometry geometry;
+  bool has_staging = false;
+  StagingSlot staging;
+  SteadyTime last_seen;
+  std::map<uint64_t, std::shared_ptr<SequenceEntry>> sequences;
+};
+
+namespace {
+
+int64_t Micros(SteadyTime t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+std::string ShmNameFor(const Config& config) { return config.pool.shm_name; }
+
+// Builds every layer's plan for a new sequence from the config in force.
+StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::string& model,
+                                            const ipc::Geometry& g) {
+  const QuantSettings q = EffectiveQuantSettings(config, FindModel(config, model));
+  std::vector<LayerPlan> plans(g.layers);
+  const bool lossless = q.lossless;
+  StreamingRules rules;
+  if (!lossless) {
+    KVCTL_ASSIGN_OR_RETURN(rules, ResolveStreamingRules(config, model, g.head_dim));
+  }
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    plans[l].lossless = lossless;
+    plans[l].rules = rules;
+    for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      if (lossless) {
+        // A lossless layer has no records; any valid spec with this head_dim describes it.
+        KVCTL_ASSIGN_OR_RETURN(QuantSpec spec,
+                               MakeQuantSpec(QuantMethod::kFp16, g.head_dim, 16, 16));
+        plans[l].head_specs.push_back(spec);
+        continue;
+      }
+      StatusOr<QuantSpec> spec = ResolveQuantSpec(config, model, g.head_dim, l, h);
+      if (!spec.ok()) {
+        return Status(spec.status().code(),
+                      internal::StrCat("quantizer for layer ", l, ", head ", h, " (head_dim ",
+                                       g.head_dim, "): ", spec.status().message()));
+      }
+      plans[l].head_specs.push_back(*spec);
+    }
+  }
+  return plans;
+}
+
+// Copies fp32 rows into a frame in `dtype`.
+zmq::message_t ToFrame(const std::vector<float>& rows, DType dtype) {
+  zmq::message_t frame(rows.size() * DTypeSize(dtype));
+  auto* out = static_cast<uint8_t*>(frame.data());
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(out, rows.data(), rows.size() * 4);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const uint16_t h = FloatToHalf(rows[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      break;
+    case DType::kBF16:
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const uint16_t b = FloatToBf16(rows[i]);
+        std::memcpy(out + 2 * i, &b, 2);
+      }
+      break;
+  }
+  return frame;
+}
+
+}  // namespace
+
+Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool,
+                       std::string shm_name)
+    : pool_(std::move(pool)),
+      shm_name_(std::move(shm_name)),
+      started_(std::chrono::steady_clock::now()),
+      config_(config) {}
+
+Controller::~Controller() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, session] : sessions_) FreeSessionLocked(*session);
+  sessions_.clear();
+}
+
+StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
+  KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
+  if (config.pool.backend == PoolBackend::kCuda) {
+    return FailedPrecondition(
+        "pool.backend: got \"cuda\", but this daemon has no CUDA pool yet (no device-memory "
+        "arena is built in); use \"cpu\"");
+  }
+  const StaleShm stale = config.pool.unlink_stale ? StaleShm::kUnlink : StaleShm::kRefuse;
+  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<ShmArena> arena,
+                         ShmArena::Create(ShmNameFor(config), config.pool.bytes, stale));
+  PageAllocatorOptions options;
+  options.page_bytes = config.pool.page_bytes;
+  if (config.pool.staging_bytes_per_session > 0) {
+    options.staging_slots = static_cast<uint32_t>(config.pool.staging_slots);
+    options.staging_slot_bytes = config.pool.staging_bytes_per_session;
+  }
+  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<PageAllocator> pool,
+                         PageAllocator::Create(std::move(arena), options));
+  return std::unique_ptr<Controller>(new Controller(config, std::move(pool), ShmNameFor(config)));
+}
+
+Config Controller::config() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return config_;
+}
+
+Status Controller::Reload(const Config& config) {
+  KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
+  std::lock_guard<std::mutex> lock(mu_);
+  KVCTL_RETURN_IF_ERROR(CheckReload(config_, config));
+  config_ = config;
+  return OkStatus();
+}
+
+void Controller::RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error) {
+  stats_.Record(type, latency, error);
+}
+
+void Controller::FreeSessionLocked(Session& session) {
+  for (auto& [id, entry] : session.sequences) {
+    std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an append in flight.
+    entry->seq.reset();
+  }
+  session.sequences.clear();
+  if (session.has_staging) {
+    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
+    session.has_staging = false;
+  }
+}
+
+StatusOr<std::shared_ptr<Controller::Session>> Controller::FindSessionLocked(uint64_t session_id,
+                                                                             SteadyTime now) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return NotFound("session_id: ", session_id,
+                    " is not an open session (never opened, closed, or its lease expired); "
+                    "send HELLO again");
+  }
+  it->second->last_seen = now;
+  return it->second;
+}
+
+StatusOr<std::shared_ptr<Controller::SequenceEntry>> Controller::FindSequence(uint64_t session_id,
+                                                                              uint64_t sequence_id,
+                                                                              SteadyTime now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, FindSessionLocked(session_id, now));
+  auto it = session->sequences.find(sequence_id);
+  if (it == session->sequences.end()) {
+    return NotFound("sequence_id: ", sequence_id, " is not open in session ", session_id,
+                    " (OPEN it first; sequences of other sessions are not visible)");
+  }
+  return it->second;
+}
+
+StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, SteadyTime now) {
+  KVCTL_RETURN_IF_ERROR(ipc::ValidateGeometry(request.geometry));
+  std::lock_guard<std::mutex> lock(mu_);
+  // Resolve once now so a geometry the config cannot serve fails at HELLO, not at OPEN.
+  KVCTL_RETURN_IF_ERROR(PlanLayers(config_, request.model_name, request.geometry).status());
+  auto session = std::make_shared<Session>();
+  session->id = next_session_id_++;
+  session->client_name = request.client_name;
+  session->model_name = request.model_name;
+  session->geometry = request.geometry;
+  session->last_seen = now;
+  ipc::HelloReply reply;
+  if (pool_->staging_slots() > 0) {
+    StatusOr<uint64_t> need =
+        ipc::AppendPayloadBytes(request.geometry, 1, request.geometry.q_heads > 0);
+    StatusOr<StagingSlot> slot =
+        pool_->AllocateStaging(need.ok() ? std::max<uint64_t>(*need, 1) : 1);
+    if (slot.ok()) {  // No free slot: the client sends tensors inline.
+      session->has_staging = true;
+      session->staging = *slot;
+      reply.staging_offset = slot->offset;
+      reply.staging_bytes = slot->bytes;
+    }
+  }
+  sessions_[session->id] = session;
+  reply.session_id = session->id;
+  reply.lease_ms = static_cast<uint32_t>(config_.server.lease_ms);
+  reply.server_version = kKvctlVersion;
+  reply.pool_bytes = config_.pool.bytes;
+  reply.page_bytes = static_cast<uint32_t>(pool_->page_bytes());
+  reply.shm_name = shm_name_;
+  const QuantSettings q = EffectiveQuantSettings(config_, FindModel(config_, request.model_name));
+  if (!q.lossless) {
+    StatusOr<QuantSpec> spec =
+        ResolveQuantSpec(config_, request.model_name, request.geometry.head_dim, 0, 0);
+    StatusOr<StreamingRules> rules =
+        ResolveStreamingRules(config_, request.model_name, request.geometry.head_dim);
+    KVCTL_CHECK(spec.ok() && rules.ok());  // PlanLayers above resolved the same.
+    reply.quant = ipc::QuantInfo{
+        static_cast<uint8_t>(spec->method),        static_cast<uint8_t>(spec->k_bits),
+        static_cast<uint8_t>(spec->v_bits),        static_cast<uint32_t>(spec->block_tokens),
+        static_cast<uint32_t>(rules->sink_tokens), static_cast<uint32_t>(rules->flush_tokens)};
+  } else {
+    reply.quant = ipc::QuantInfo{static_cast<uint8_t>(QuantMethod::kFp16), 16, 16, 32, 0, 32};
+  }
+  return reply;
+}
+
+Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                         FindSessionLocked(request.session_id, now));
+  if (session->sequences.count(request.sequence_id)) {
+    return AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
+                         request.session_id);
+  }
+  KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
+                         PlanLayers(config_, session->model_name, session->geometry));
+  const ipc::Geometry& g = session->geometry;
+  auto entry = std::make_shared<SequenceEntry>();
+  entry->seq = std::make_unique<KvSequence>(
+      pool_.get(),
+      SequenceGeometry{static_cast<int>(g.layers), static_cast<int>(g.kv_heads),
+                       static_cast<int>(g.head_dim), g.dtype},
+      std::move(plans));
+  session->sequences[request.sequence_id] = entry;
+  return OkStatus();
+}
+
+StatusOr<ipc::CloseReply> Controller::Close(const ipc::CloseRequest& request, SteadyTime now) {
+  std::shared_ptr<SequenceEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                           FindSessionLocked(request.session_id, now));
+    auto it = session->sequences.find(request.sequence_id);
+    if (it == session->sequences.end()) {
+      return NotFound("sequence_id: ", request.sequence_id, " is not open in session ",
+                      request.session_id);
+    }
+    entry = it->second;
+    session->sequences.erase(it);
+  }
+  std::lock_guard<std::mutex> seq_lock(entry->mu);
+  ipc::CloseReply reply;
+  if (entry->seq) reply.bytes_freed = entry->seq->Usage().pool_bytes;
+  entry->seq.reset();
+  return reply;
+}
+
+StatusOr<ipc::PingReply> Controller::Ping(const ipc::PingRequest& request, SteadyTime now) {
+  if (request.session_id != 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
+  }
+  return ipc::PingReply{static_cast<uint64_t>(Micros(now))};
+}
+
+StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request, SteadyTime now) {
+  ipc::Geometry g;
+  const uint8_t* k_bytes = nullptr;
+  const uint8_t* v_bytes = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                           FindSessionLocked(request.session_id, now));
+    g = session->geometry;
+    KVCTL_RETURN_IF_ERROR(ipc::CheckAppendShape(request, g));
+    if (request.source == ipc::AppendSource::kStaging) {
+      if (!session->has_staging) {
+        return FailedPrecondition("source: staging, but session ", request.session_id,
+                                  " has no staging slot (HELLO returned staging_bytes 0); send "
+                                  "tensors inline");
+      }
+      KVCTL_ASSIGN_OR_RETURN(uint64_t need,
+                             ipc::AppendPayloadBytes(g, request.n_tokens, request.has_q));
+      const StagingSlot& slot = session->staging;
+      if (request.staging_offset < slot.offset ||
+          request.staging_offset + need > slot.offset + slot.bytes) {
+        return InvalidArgument("staging_offset: got ", request.staging_offset, " for ", need,
+                               " bytes, expected the range to lie inside this session's slot [",
+                               slot.offset, ", ", slot.offset + slot.bytes, ")");
+      }
+      k_bytes = pool_->StagingPointer(slot.id) + (request.staging_offset - slot.offset);
+    }
+  }
+  const size_t layer_bytes =
+      static_cast<size_t>(request.n_tokens) * g.kv_heads * g.head_dim * DTypeSize(g.dtype);
+  if (k_bytes != nullptr) {
+    v_bytes = k_bytes + layer_bytes * g.layers;
+  } else {
+    k_bytes = static_cast<const uint8_t*>(request.k.data());
+    v_bytes = static_cast<const uint8_t*>(request.v.data());
+  }
+  std::vector<KvTensorView> k, v;
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    k.push_back(KvTensorView::Contiguous(k_bytes + l * layer_bytes, g.dtype, request.n_tokens,
+                                         g.kv_heads, g.head_dim));
+    v.push_back(KvTensorView::Contiguous(v_bytes + l * layer_bytes, g.dtype, request.n_tokens,
+                                         g.kv_heads, g.head_dim));
+  }
+  KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
+                         FindSequence(request.session_id, request.sequence_id, now));
+  std::lock_guard<std::mutex> seq_lock(entry->mu);
+  if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+  if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
+    return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
+  }
+  KVCTL_RETURN_IF_ERROR(entry->seq->Append(static_cast<int64_t>(request.first_position), k, v));
+  const SequenceUsage usage = entry->seq->Usage();
+  return ipc::AppendReply{static_cast<uint64_t>(usage.tokens),
+                          static_cast<uint64_t>(usage.quantized_tokens), pool_->Stats().bytes_used};
+}
+
+StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now) {
+  ipc::Geometry g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                           FindSessionLocked(request.session_id, now));
+    g = session->geometry;
+  }
+  if (request.layer_begin >= request.layer_end || request.layer_end > g.layers) {
+    return InvalidArgument("layers: got [", request.layer_begin, ", ", request.layer_end,
+                           "), expected a non-empty range inside [0, ", g.layers, ")");
+  }
+  KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
+                         FindSequence(request.session_id, request.sequence_id, now));
+  std::lock_guard<std::mutex> seq_lock(entry->mu);
+  if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+  const KvSequence& seq = *entry->seq;
+  const int begin = static_cast<int>(request.layer_begin);
+  const int end = static_cast<int>(request.layer_end);
+  if (request.mode == ipc::FetchMode::kDense) {
+    DenseKv dense = seq.FetchDense(begin, end);
+    ipc::FetchDenseReply reply;
+    reply.layer_begin = request.layer_begin;
+    reply.n_layers = request.layer_end - request.layer_begin;
+    reply.kv_heads = g.kv_heads;
+    reply.head_dim = g.head_dim;
+    reply.dtype = request.out_dtype;
+    reply.counts = std::move(dense.counts);
+    reply.positions = zmq::message_t(dense.positions.data(), dense.positions.size() * 8);
+    reply.k = ToFrame(dense.k, request.out_dtype);
+    reply.v = ToFrame(dense.v, request.out_dtype);
+    return ipc::ReplyBody(std::move(reply));
+  }
+  return ipc::ReplyBody(
+      BuildBlocksReply(seq, g, begin, end, request.out_dtype, pool_->page_bytes()));
+}
+
+int Controller::ExpireLeases(SteadyTime now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (config_.server.lease_ms <= 0) return 0;
+  const auto lease = std::chrono::milliseconds(config_.server.lease_ms);
+  int expired = 0;
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (now - it->second->last_seen > lease) {
+      FreeSessionLocked(*it->second);
+      it = sessions_.erase(it);
+      ++expired;
+      ++sessions_expired_;
+    } else {
+      ++it;
+    }
+  }
+  return expired;
+}
+
+}  // namespace kvctl
+
+namespace kvctl {
+
+StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, SteadyTime now) {
+  static const char* const kSections[] = {"server", "pool", "sequences", "quant", "requests"};
+  std::string want = request.section;
+  std::transform(want.begin(), want.end(), want.begin(), ::tolower);
+  if (!want.empty() &&
+      std::find(std::begin(kSections), std::end(kSections), want) == std::end(kSections)) {
+    return InvalidArgument("section: got \"", request.section,
+                           "\", expected empty or one of server, pool, sequences, quant, requests");
+  }
+  auto show = [&](const char* s) { return want.empty() || want == s; };
+  std::ostringstream out;
+  uint64_t sessions = 0, sequences = 0, expired = 0;
+  SequenceUsage total;
+  QuantSettings q;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (request.session_id != 0) {
+      KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
+    }
+    q = config_.quant;
+    sessions = sessions_.size();
+    expired = sessions_expired_;
+    for (auto& [sid, session] : sessions_) {
+      for (auto& [qid, entry] : session->sequences) {
+        ++sequences;
+        std::lock_guard<std::mutex> seq_lock(entry->mu);
+        if (!entry->seq) continue;
+        const SequenceUsage u = entry->seq->Usage();
+        total.tokens += u.tokens;
+        total.quantized_tokens += u.quantized_tokens;
+        total.pool_bytes += u.pool_bytes;
+        total.payload_bytes += u.payload_bytes;
+        total.elements += u.elements;
+      }
+    }
+  }
+  if (show("server")) {
+    out << "# Server\n"
+        << "kvctl_version:" << kKvctlVersion << "\n"
+        << "protocol_version:" << ipc::kProtocolVersion << "\n"
+        << "pid:" << getpid() << "\n"
+        << "uptime_s:" << std::chrono::duration_cast<std::chrono::seconds>(now - started_).count()
+        << "\n";
+  }
+  if (show("pool")) {
+    const PoolStats p = pool_->Stats();
+    out << "# Pool\n"
+        << "pool_backend:cpu\n"
+        << "pool_shm_name:" << shm_name_ << "\n"
+        << "pool_bytes:" << p.arena_bytes << "\n"
+        << "page_bytes:" << p.page_bytes << "\n"
+        << "pages_total:" << p.pages_total << "\n"
+        << "pages_used:" << p.pages_used << "\n"
+        << "pages_high_water:" << p.pages_high_water << "\n"
+        << "bytes_used:" << p.bytes_used << "\n"
+        << "bytes_free:" << p.bytes_free << "\n"
+        << "bytes_high_water:" << p.bytes_high_water << "\n"
+        << "staging_slots_total:" << p.staging_slots_total << "\n"
+        << "staging_slots_used:" << p.staging_slots_used << "\n"
+        << "staging_bytes_total:" << p.staging_bytes_total << "\n"
+        << "alloc_failures_total:" << p.alloc_failures_total << "\n";
+  }
+  if (show("sequences")) {
+    const double fp16_bytes = static_cast<double>(total.elements) * 2;
+    out << "# Sequences\n"
+        << "sessions:" << sessions << "\n"
+        << "sessions_expired_total:" << expired << "\n"
+        << "sequences:" << sequences << "\n"
+        << "tokens:" << total.tokens << "\n"
+        << "tokens_quantized:" << total.quantized_tokens << "\n"
+        << "kv_payload_bytes:" << total.payload_bytes << "\n"
+        << "kv_pool_bytes:" << total.pool_bytes << "\n"
+        << "kv_fp16_equivalent_bytes:" << static_cast<uint64_t>(fp16_bytes) << "\n"
+        << "bits_per_element:"
+        << (total.elements ? 8.0 * static_cast<double>(total.payload_bytes) /
+                                 static_cast<double>(total.elements)
+                           : 0.0)
+        << "\n"
+        << "compression_vs_fp16:"
+        << (total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
+        << "\n";
+  }
+  if (show("quant")) {
+    out << "# Quant\n"
+        << "quant_method:" << (q.lossless ? "none" : QuantMethodName(q.method)) << "\n"
+        << "quant_k_bits:" << q.k_bits << "\n"
+        << "quant_v_bits:" << q.v_bits << "\n";
+  }
+  if (show("requests")) {
+    out << "# Requests\n";
+    for (const RequestTypeStats& s : stats_.Snapshot()) {
+      out << s.name << "_requests_total:" << s.requests_total << "\n"
+          << s.name << "_errors_total:" << s.errors_total << "\n"
+          << s.name << "_latency_p50_us:" << s.latency_p50_us << "\n"
+          << s.name << "_latency_p99_us:" << s.latency_p99_us << "\n"
+          << s.name << "_latency_max_us:" << s.latency_max_us << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace kvctl

@@ -1,0 +1,94 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/controller.h
+// Controller: the daemon's state and request logic, with no sockets, signals or threads of its own
+// (controller/daemon.h wires it to ZeroMQ and Boost.Asio). It owns the pool, the sessions a HELLO
+// opens, their sequences and their leases, and answers each request with a reply struct or a
+// Status whose message names the field, the value and what was expected. A request can never
+// corrupt stored data: KvSequence::Append is all or nothing, and a client only reaches its own
+// session's sequences.
+//
+// Thread safety: every method may be called from any thread. The session table is guarded by one
+// mutex held only for lookups; work on a sequence holds that sequence's own mutex, so appends and
+// fetches of different sequences run in parallel and a small request never waits for a big one.
+//
+//   KVCTL_ASSIGN_OR_RETURN(auto controller, Controller::Create(config));
+//   StatusOr<ipc::HelloReply> hello = controller->Hello(request, Now());
+#ifndef KVCTL_CONTROLLER_CONTROLLER_H_
+#define KVCTL_CONTROLLER_CONTROLLER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "controller/config.h"
+#include "controller/kv_sequence.h"
+#include "controller/pool.h"
+#include "controller/stats.h"
+#include "ipc/messages.h"
+
+namespace kvctl {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+inline constexpr const char* kKvctlVersion = "0.1.0";
+
+class Controller {
+ public:
+  // Creates the shm pool (pool.bytes, pool.page_bytes, staging slots). FAILED_PRECONDITION for
+  // pool.backend = "cuda" when the build or the machine has no CUDA device.
+  static StatusOr<std::unique_ptr<Controller>> Create(const Config& config);
+  ~Controller();
+
+  StatusOr<ipc::HelloReply> Hello(const ipc::HelloRequest& request, SteadyTime now);
+  Status Open(const ipc::OpenRequest& request, SteadyTime now);
+  StatusOr<ipc::CloseReply> Close(const ipc::CloseRequest& request, SteadyTime now);
+  StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now);
+  StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now);
+  StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now);
+  // INFO-style text; `section` empty for all.
+  StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now);
+
+  // Frees every session whose lease ran out by `now`; returns how many.
+  int ExpireLeases(SteadyTime now);
+
+  // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
+  // Refuses, with a message, changes to keys that are fixed for the daemon's life.
+  Status Reload(const Config& config);
+
+  // Records one served request for STATS (type, latency, error or not).
+  void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);
+
+  Config config() const;
+  PoolStats pool_stats() const { return pool_->Stats(); }
+  const std::string& shm_name() const { return shm_name_; }
+
+ private:
+  struct SequenceEntry;
+  struct Session;
+
+  Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name);
+  StatusOr<std::shared_ptr<SequenceEntry>> FindSequence(uint64_t session_id, uint64_t sequence_id,
+                                                        SteadyTime now);
+  StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
+  void FreeSessionLocked(Session& session);
+
+  const std::unique_ptr<PageAllocator> pool_;
+  const std::string shm_name_;
+  const SteadyTime started_;
+  ServerStats stats_;  // Internally synchronized.
+
+  mutable std::mutex mu_;
+  Config config_;                                          // Guarded by mu_.
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
+  uint64_t next_session_id_ = 1;                           // Guarded by mu_.
+  uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
+};
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_CONTROLLER_H_

@@ -1,0 +1,197 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/daemon.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <csignal>
+
+namespace kvctl {
+
+struct Daemon::Impl {
+  boost::asio::io_context io;
+  boost::asio::signal_set signals{io, SIGINT, SIGTERM, SIGHUP};
+  boost::asio::steady_timer lease_timer{io};
+  std::unique_ptr<boost::asio::thread_pool> workers;
+};
+
+namespace {
+
+spdlog::level::level_enum SpdLevel(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
+std::chrono::milliseconds LeaseTick(const Config& config) {
+  const int lease = config.server.lease_ms > 0 ? config.server.lease_ms : 1000;
+  return std::chrono::milliseconds(std::clamp(lease / 4, 20, 1000));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, ConfigLoadOptions reload) {
+  spdlog::set_level(SpdLevel(config.server.log_level));
+  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(config));
+  ipc::ServerOptions options;
+  options.endpoint = config.server.endpoint;
+  options.max_frame_bytes = static_cast<int64_t>(config.server.max_message_bytes);
+  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<ipc::ZmqServer> server,
+                         ipc::ZmqServer::Bind(std::move(options)));
+  return std::unique_ptr<Daemon>(
+      new Daemon(std::move(controller), std::move(server), std::move(reload)));
+}
+
+Daemon::Daemon(std::unique_ptr<Controller> controller, std::unique_ptr<ipc::ZmqServer> server,
+               ConfigLoadOptions reload)
+    : controller_(std::move(controller)),
+      server_(std::move(server)),
+      reload_(std::move(reload)),
+      impl_(std::make_unique<Impl>()) {}
+
+Daemon::~Daemon() = default;
+
+void Daemon::RequestStop() {
+  boost::asio::post(impl_->io, [this] { impl_->io.stop(); });
+}
+
+void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
+  const auto now = std::chrono::steady_clock::now();
+  auto answer = [&](auto result) {
+    if (result.ok()) {
+      responder.Reply(std::move(result).value());
+    } else {
+      responder.Error(result.status());
+    }
+    return result.ok();
+  };
+  bool ok = false;
+  std::visit(
+      [&](auto& body) {
+        using T = std::decay_t<decltype(body)>;
+        if constexpr (std::is_same_v<T, ipc::HelloRequest>) {
+          ok = answer(controller_->Hello(body, now));
+          if (ok)
+            spdlog::info("hello from \"{}\" (model \"{}\")", body.client_name, body.model_name);
+        } else if constexpr (std::is_same_v<T, ipc::OpenRequest>) {
+          Status s = controller_->Open(body, now);
+          ok = s.ok();
+          ok ? (void)responder.Reply(ipc::OpenReply{}) : (void)responder.Error(s);
+        } else if constexpr (std::is_same_v<T, ipc::CloseRequest>) {
+          ok = answer(controller_->Close(body, now));
+        } else if constexpr (std::is_same_v<T, ipc::PingRequest>) {
+          ok = answer(controller_->Ping(body, now));
+        } else if constexpr (std::is_same_v<T, ipc::AppendRequest>) {
+          ok = answer(controller_->Append(body, now));
+        } else if constexpr (std::is_same_v<T, ipc::FetchRequest>) {
+          StatusOr<ipc::ReplyBody> reply = controller_->Fetch(body, now);
+          ok = reply.ok();
+          if (ok) {
+            std::visit([&](auto& r) { responder.Reply(std::move(r)); }, *reply);
+          } else {
+            responder.Error(reply.status());
+          }
+        } else if constexpr (std::is_same_v<T, ipc::StatsRequest>) {
+          StatusOr<std::string> text = controller_->Stats(body, now);
+          ok = text.ok();
+          ok ? (void)responder.Reply(ipc::StatsReply{std::move(text).value()})
+             : (void)responder.Error(text.status());
+        }
+      },
+      request.body);
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - now);
+  controller_->RecordRequest(static_cast<uint16_t>(ipc::TypeOf(request.body)), elapsed, !ok);
+}
+
+void Daemon::Handle(ipc::Request request, ipc::Responder responder) {
+  const bool heavy = std::holds_alternative<ipc::AppendRequest>(request.body) ||
+                     std::holds_alternative<ipc::FetchRequest>(request.body);
+  if (!heavy) {
+    Serve(request, responder);
+    return;
+  }
+  auto shared = std::make_shared<std::pair<ipc::Request, ipc::Responder>>(std::move(request),
+                                                                          std::move(responder));
+  boost::asio::post(*impl_->workers, [this, shared] { Serve(shared->first, shared->second); });
+}
+
+void Daemon::Reload() {
+  StatusOr<Config> config = LoadConfig(reload_);
+  if (!config.ok()) {
+    spdlog::error("SIGHUP: config not reloaded: {}", config.status().message());
+    return;
+  }
+  Status s = controller_->Reload(*config);
+  if (!s.ok()) {
+    spdlog::error("SIGHUP: config not reloaded: {}", s.message());
+    return;
+  }
+  spdlog::set_level(SpdLevel(config->server.log_level));
+  spdlog::info("SIGHUP: config reloaded; quantizer settings apply to sequences opened from now on");
+}
+
+int Daemon::Run() {
+  Impl& impl = *impl_;
+  const Config config = controller_->config();
+  impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int signo) {
+        if (ec) return;
+        if (signo == SIGHUP) {
+          Reload();
+          impl.signals.async_wait(on_signal);
+          return;
+        }
+        spdlog::info("signal {}: stopping", signo);
+        impl.io.stop();
+      };
+  impl.signals.async_wait(on_signal);
+  const auto tick = LeaseTick(config);
+  std::function<void(const boost::system::error_code&)> on_tick =
+      [&](const boost::system::error_code& ec) {
+        if (ec) return;
+        const int expired = controller_->ExpireLeases(std::chrono::steady_clock::now());
+        if (expired > 0) spdlog::info("lease expired: freed {} session(s)", expired);
+        impl.lease_timer.expires_after(tick);
+        impl.lease_timer.async_wait(on_tick);
+      };
+  impl.lease_timer.expires_after(tick);
+  impl.lease_timer.async_wait(on_tick);
+
+  Status started = server_->Start([this](ipc::Request request, ipc::Responder responder) {
+    Handle(std::move(request), std::move(responder));
+  });
+  if (!started.ok()) {
+    spdlog::error("cannot start the server: {}", started.ToString());
+    return 1;
+  }
+  spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
+               server_->endpoint(), config.pool.bytes, controller_->shm_name());
+  impl.io.run();
+
+  server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
+  impl.workers->join();
+  server_.reset();
+  controller_.reset();  // Frees sequences, staging slots and the shm pool.
+  spdlog::info("stopped cleanly");
+  return 0;
+}
+
+}  // namespace kvctl
