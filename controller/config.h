@@ -45,6 +45,9 @@ struct ServerConfig {
   int workers = 0;
   uint64_t max_message_bytes = 0;
   int stats_interval_ms = 0;
+  std::string stats_endpoint;  // ZeroMQ PUB of the stats text; "" = off.
+  std::string http_address;    // HOST:PORT of /metrics and /healthz (loopback); "" = off.
+  int quality_sample_period = 0;
   bool operator==(const ServerConfig&) const = default;
 };
 

@@ -99,6 +99,25 @@ std::string CheckEndpoint(const ConfigValue& v) {
   return "a ZeroMQ endpoint: ipc://PATH or tcp://127.0.0.1:PORT (loopback only)";
 }
 
+std::string CheckOptionalEndpoint(const ConfigValue& v) {
+  if (std::get<std::string>(v).empty()) return "";
+  return CheckEndpoint(v);
+}
+
+std::string CheckHttpAddress(const ConfigValue& v) {
+  const std::string& s = std::get<std::string>(v);
+  if (s.empty()) return "";
+  const size_t colon = s.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : s.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : s.substr(colon + 1);
+  const bool loopback = host == "127.0.0.1" || host == "localhost" || host == "[::1]";
+  const bool numeric = !port.empty() && port.size() <= 5 &&
+                       port.find_first_not_of("0123456789") == std::string::npos &&
+                       std::stoi(port) <= 65535;
+  if (loopback && numeric) return "";
+  return "\"\" or a loopback HOST:PORT (127.0.0.1, localhost or [::1])";
+}
+
 std::string CheckShmName(const ConfigValue& v) {
   if (ValidateShmName(std::get<std::string>(v)).ok()) return "";
   return "a POSIX shm name: '/' then 1..254 characters, none of them '/'";
@@ -166,6 +185,31 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_SERVER_STATS_INTERVAL_MS",
            .doc = "Period of the stats publisher (kvtop, /metrics)."}),
+      Row<&Config::server, &ServerConfig::stats_endpoint>(
+          {.key = "server.stats_endpoint",
+           .default_text = "ipc:///tmp/kvctl-stats.sock",
+           .flags = kImm,
+           .env = "KVCTL_SERVER_STATS_ENDPOINT",
+           .doc = "ZeroMQ PUB endpoint where the stats text is published every "
+                  "stats_interval_ms (kvtop subscribes); \"\" = off.",
+           .check = CheckOptionalEndpoint}),
+      Row<&Config::server, &ServerConfig::http_address>(
+          {.key = "server.http_address",
+           .default_text = "",
+           .flags = kImm,
+           .env = "KVCTL_SERVER_HTTP_ADDRESS",
+           .doc = "Loopback HOST:PORT serving Prometheus /metrics and /healthz over HTTP, e.g. "
+                  "127.0.0.1:9464; \"\" = off.",
+           .check = CheckHttpAddress}),
+      Row<&Config::server, &ServerConfig::quality_sample_period>(
+          {.key = "server.quality_sample_period",
+           .default_text = "16",
+           .min = 0,
+           .max = 1000000,
+           .flags = kRel,
+           .env = "KVCTL_SERVER_QUALITY_SAMPLE_PERIOD",
+           .doc = "Live quality telemetry: every Nth quantized record of each (layer, head) is "
+                  "decoded and its relative error recorded (new sequences); 0 = off."}),
       // [pool]
       Row<&Config::pool, &PoolConfig::backend>(
           {.key = "pool.backend",

@@ -14,6 +14,8 @@ struct KvSequence::HeadStream {
   QuantSpec spec;
   SlotArray rows;     // Sinks, then tail: K row then V row per slot.
   SlotArray records;  // Quantized block records.
+  uint64_t quality_samples = 0;
+  double k_rel_error_sum = 0, v_rel_error_sum = 0;
 };
 
 struct KvSequence::LayerState {
@@ -38,6 +40,11 @@ struct PreparedLayer {
   std::vector<std::vector<uint8_t>> rows;     // Per head, converted rows to write.
   std::vector<std::vector<uint8_t>> records;  // Per head, new records back to back.
   std::vector<float> norms;                   // OScaR norms of the flushed tokens.
+  struct Sample {
+    int head;
+    double k_rel_error, v_rel_error;
+  };
+  std::vector<Sample> samples;  // Quality telemetry of sampled new records.
 };
 
 namespace {
@@ -64,6 +71,26 @@ void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
 
 void LoadRow(const uint8_t* src, int d, DType dtype, float* dst) {
   KvTensorView::Contiguous(src, dtype, 1, 1, d).LoadRow(0, 0, dst);
+}
+
+// Decodes a fresh record and compares it with the rows it was made from.
+void SampleQuality(const QuantSpec& spec, const BlockInput& in, const uint8_t* rec,
+                   PreparedLayer::Sample* out) {
+  const int g = spec.block_tokens, d = spec.head_dim;
+  thread_local std::vector<float> k, v;
+  k.resize(static_cast<size_t>(g) * d);
+  v.resize(k.size());
+  DequantizeBlock(spec, rec, in.token_norms, k.data(), v.data());
+  double ek = 0, rk = 0, ev = 0, rv = 0;
+  for (int t = 0; t < g; ++t) {
+    for (int c = 0; c < d; ++c) {
+      const double xk = in.k[t * in.row_stride + c], xv = in.v[t * in.row_stride + c];
+      ek += (k[t * d + c] - xk) * (k[t * d + c] - xk), rk += xk * xk;
+      ev += (v[t * d + c] - xv) * (v[t * d + c] - xv), rv += xv * xv;
+    }
+  }
+  out->k_rel_error = rk > 0 ? ek / rk : 0;
+  out->v_rel_error = rv > 0 ? ev / rv : 0;
 }
 
 }  // namespace
@@ -176,9 +203,16 @@ Status KvSequence::AppendLayerPrepare(int l, const KvTensorView& k, const KvTens
       const BlockInput in{&fk[b * g * stride + h * d], &fv[b * g * stride + h * d],
                           static_cast<int64_t>(stride),
                           needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};
-      Status s = QuantizeBlock(spec, in, out->records[h].data() + b * rb);
+      uint8_t* rec = out->records[h].data() + b * rb;
+      Status s = QuantizeBlock(spec, in, rec);
       if (!s.ok()) {
         return Status(s.code(), internal::StrCat("layer ", l, ", head ", h, ": ", s.message()));
+      }
+      const size_t index = layer.heads[h].records.size() + static_cast<size_t>(b);
+      if (geometry_.quality_sample_period > 0 &&
+          index % static_cast<size_t>(geometry_.quality_sample_period) == 0) {
+        out->samples.push_back({h, 0, 0});
+        SampleQuality(spec, in, rec, &out->samples.back());
       }
     }
   }
@@ -297,6 +331,12 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
     }
     layer.sink_rows += p.new_sinks;
     layer.tail_rows = p.tail_after;
+    for (const PreparedLayer::Sample& sample : p.samples) {
+      HeadStream& head = layer.heads[sample.head];
+      ++head.quality_samples;
+      head.k_rel_error_sum += sample.k_rel_error;
+      head.v_rel_error_sum += sample.v_rel_error;
+    }
   }
   KVCTL_CHECK(reserved.empty());
   if (tokens_ == 0) first_position_ = first_position;
@@ -377,6 +417,23 @@ bool KvSequence::Lossless(int layer) const { return layers_[layer]->plan.lossles
 const SlotArray* KvSequence::Norms(int layer) const {
   const LayerState& l = *layers_[layer];
   return l.norms.size() > 0 ? &l.norms : nullptr;
+}
+
+HeadUsage KvSequence::HeadUsageOf(int layer, int head) const {
+  const LayerState& l = *layers_[layer];
+  const HeadStream& h = l.heads[head];
+  HeadUsage u;
+  u.tokens =
+      l.sink_rows + static_cast<int64_t>(h.records.size()) * h.spec.block_tokens + l.tail_rows;
+  u.payload_bytes = h.rows.size() * h.rows.slot_bytes() +
+                    h.records.size() * h.records.slot_bytes() +
+                    l.norms.size() * l.norms.slot_bytes() / l.heads.size();
+  u.k_bits = l.plan.lossless ? static_cast<int>(8 * DTypeSize(l.row_dtype)) : h.spec.k_bits;
+  u.v_bits = l.plan.lossless ? static_cast<int>(8 * DTypeSize(l.row_dtype)) : h.spec.v_bits;
+  u.quality_samples = h.quality_samples;
+  u.k_rel_error_sum = h.k_rel_error_sum;
+  u.v_rel_error_sum = h.v_rel_error_sum;
+  return u;
 }
 
 SequenceUsage KvSequence::Usage() const {

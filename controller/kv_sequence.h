@@ -46,6 +46,18 @@ struct SequenceGeometry {
   int kv_heads = 0;
   int head_dim = 0;
   DType dtype = DType::kF32;  // Session dtype: appended data and lossless rows.
+  // Live quality telemetry: every Nth record of a head is decoded right after it is quantized
+  // and its relative reconstruction error recorded. 0 = off.
+  int quality_sample_period = 0;
+};
+
+// Per (layer, head) usage and sampled quality, for STATS.
+struct HeadUsage {
+  int64_t tokens = 0;
+  uint64_t payload_bytes = 0;  // Rows + records (+ this head's share of OScaR norms).
+  int k_bits = 16, v_bits = 16;
+  uint64_t quality_samples = 0;
+  double k_rel_error_sum = 0, v_rel_error_sum = 0;  // Sum over samples of ||x - x^||^2 / ||x||^2.
 };
 
 // Dense rows of a layer range, concatenated per (layer, head) in that order.
@@ -100,6 +112,7 @@ class KvSequence {
   DenseKv FetchWindow(int layer_begin, int layer_end) const;
 
   SequenceUsage Usage() const;
+  HeadUsage HeadUsageOf(int layer, int head) const;
   int64_t tokens() const { return tokens_; }
   int64_t first_position() const { return first_position_; }
 
