@@ -9,27 +9,13 @@
 
 #include "common/half.h"
 #include "controller/blocks_reply.h"
+#include "controller/controller_internal.h"
 #include "ipc/protocol.h"
 
 namespace kvctl {
 
 static_assert(kNumQuantMethods == ipc::kNumWireQuantMethods,
               "ipc/messages.h must list every kernels/quant_types.h method");
-
-struct Controller::SequenceEntry {
-  std::mutex mu;
-  std::unique_ptr<KvSequence> seq;  // Guarded by mu.
-};
-
-struct Controller::Session {
-  uint64_t id = 0;
-  std::string client_name, model_name;
-  ipc::Geometry geometry;
-  bool has_staging = false;
-  StagingSlot staging;
-  SteadyTime last_seen;
-  std::map<uint64_t, std::shared_ptr<SequenceEntry>> sequences;
-};
 
 namespace {
 
@@ -246,10 +232,11 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
                          PlanLayers(config_, session->model_name, session->geometry));
   const ipc::Geometry& g = session->geometry;
   auto entry = std::make_shared<SequenceEntry>();
+  entry->opened = now;
   entry->seq = std::make_unique<KvSequence>(
       pool_.get(),
       SequenceGeometry{static_cast<int>(g.layers), static_cast<int>(g.kv_heads),
-                       static_cast<int>(g.head_dim), g.dtype},
+                       static_cast<int>(g.head_dim), g.dtype, config_.server.quality_sample_period},
       std::move(plans));
   session->sequences[request.sequence_id] = entry;
   return OkStatus();
@@ -393,111 +380,6 @@ int Controller::ExpireLeases(SteadyTime now) {
     }
   }
   return expired;
-}
-
-}  // namespace kvctl
-
-namespace kvctl {
-
-StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, SteadyTime now) {
-  static const char* const kSections[] = {"server", "pool", "sequences", "quant", "requests"};
-  std::string want = request.section;
-  std::transform(want.begin(), want.end(), want.begin(), ::tolower);
-  if (!want.empty() &&
-      std::find(std::begin(kSections), std::end(kSections), want) == std::end(kSections)) {
-    return InvalidArgument("section: got \"", request.section,
-                           "\", expected empty or one of server, pool, sequences, quant, requests");
-  }
-  auto show = [&](const char* s) { return want.empty() || want == s; };
-  std::ostringstream out;
-  uint64_t sessions = 0, sequences = 0, expired = 0;
-  SequenceUsage total;
-  QuantSettings q;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (request.session_id != 0) {
-      KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
-    }
-    q = config_.quant;
-    sessions = sessions_.size();
-    expired = sessions_expired_;
-    for (auto& [sid, session] : sessions_) {
-      for (auto& [qid, entry] : session->sequences) {
-        ++sequences;
-        std::lock_guard<std::mutex> seq_lock(entry->mu);
-        if (!entry->seq) continue;
-        const SequenceUsage u = entry->seq->Usage();
-        total.tokens += u.tokens;
-        total.quantized_tokens += u.quantized_tokens;
-        total.pool_bytes += u.pool_bytes;
-        total.payload_bytes += u.payload_bytes;
-        total.elements += u.elements;
-      }
-    }
-  }
-  if (show("server")) {
-    out << "# Server\n"
-        << "kvctl_version:" << kKvctlVersion << "\n"
-        << "protocol_version:" << ipc::kProtocolVersion << "\n"
-        << "pid:" << getpid() << "\n"
-        << "uptime_s:" << std::chrono::duration_cast<std::chrono::seconds>(now - started_).count()
-        << "\n";
-  }
-  if (show("pool")) {
-    const PoolStats p = pool_->Stats();
-    out << "# Pool\n"
-        << "pool_backend:cpu\n"
-        << "pool_shm_name:" << shm_name_ << "\n"
-        << "pool_bytes:" << p.arena_bytes << "\n"
-        << "page_bytes:" << p.page_bytes << "\n"
-        << "pages_total:" << p.pages_total << "\n"
-        << "pages_used:" << p.pages_used << "\n"
-        << "pages_high_water:" << p.pages_high_water << "\n"
-        << "bytes_used:" << p.bytes_used << "\n"
-        << "bytes_free:" << p.bytes_free << "\n"
-        << "bytes_high_water:" << p.bytes_high_water << "\n"
-        << "staging_slots_total:" << p.staging_slots_total << "\n"
-        << "staging_slots_used:" << p.staging_slots_used << "\n"
-        << "staging_bytes_total:" << p.staging_bytes_total << "\n"
-        << "alloc_failures_total:" << p.alloc_failures_total << "\n";
-  }
-  if (show("sequences")) {
-    const double fp16_bytes = static_cast<double>(total.elements) * 2;
-    out << "# Sequences\n"
-        << "sessions:" << sessions << "\n"
-        << "sessions_expired_total:" << expired << "\n"
-        << "sequences:" << sequences << "\n"
-        << "tokens:" << total.tokens << "\n"
-        << "tokens_quantized:" << total.quantized_tokens << "\n"
-        << "kv_payload_bytes:" << total.payload_bytes << "\n"
-        << "kv_pool_bytes:" << total.pool_bytes << "\n"
-        << "kv_fp16_equivalent_bytes:" << static_cast<uint64_t>(fp16_bytes) << "\n"
-        << "bits_per_element:"
-        << (total.elements ? 8.0 * static_cast<double>(total.payload_bytes) /
-                                 static_cast<double>(total.elements)
-                           : 0.0)
-        << "\n"
-        << "compression_vs_fp16:"
-        << (total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
-        << "\n";
-  }
-  if (show("quant")) {
-    out << "# Quant\n"
-        << "quant_method:" << (q.lossless ? "none" : QuantMethodName(q.method)) << "\n"
-        << "quant_k_bits:" << q.k_bits << "\n"
-        << "quant_v_bits:" << q.v_bits << "\n";
-  }
-  if (show("requests")) {
-    out << "# Requests\n";
-    for (const RequestTypeStats& s : stats_.Snapshot()) {
-      out << s.name << "_requests_total:" << s.requests_total << "\n"
-          << s.name << "_errors_total:" << s.errors_total << "\n"
-          << s.name << "_latency_p50_us:" << s.latency_p50_us << "\n"
-          << s.name << "_latency_p99_us:" << s.latency_p99_us << "\n"
-          << s.name << "_latency_max_us:" << s.latency_max_us << "\n";
-    }
-  }
-  return out.str();
 }
 
 }  // namespace kvctl

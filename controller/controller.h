@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,7 @@
 #include "controller/pool.h"
 #include "controller/stats.h"
 #include "ipc/messages.h"
+#include "ipc/server.h"
 
 namespace kvctl {
 
@@ -63,6 +65,9 @@ class Controller {
   // Records one served request for STATS (type, latency, error or not).
   void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);
 
+  // What the daemon knows and the controller does not: its endpoints and transport counters.
+  void SetServerInfo(std::string endpoint, std::function<ipc::ServerCounters()> counters);
+
   Config config() const;
   PoolStats pool_stats() const { return pool_->Stats(); }
   const std::string& shm_name() const { return shm_name_; }
@@ -80,7 +85,9 @@ class Controller {
   const std::unique_ptr<PageAllocator> pool_;
   const std::string shm_name_;
   const SteadyTime started_;
-  ServerStats stats_;  // Internally synchronized.
+  ServerStats stats_;                                     // Internally synchronized.
+  std::string endpoint_;                                  // Set once before serving.
+  std::function<ipc::ServerCounters()> server_counters_;  // Set once before serving.
 
   mutable std::mutex mu_;
   Config config_;                                          // Guarded by mu_.

@@ -9,6 +9,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <csignal>
+#include <filesystem>
+#include <zmq.hpp>
+
+#include "controller/http_server.h"
+#include "controller/metrics.h"
 
 namespace kvctl {
 
@@ -16,7 +21,13 @@ struct Daemon::Impl {
   boost::asio::io_context io;
   boost::asio::signal_set signals{io, SIGINT, SIGTERM, SIGHUP};
   boost::asio::steady_timer lease_timer{io};
+  boost::asio::steady_timer stats_timer{io};
   std::unique_ptr<boost::asio::thread_pool> workers;
+  // The stats publisher: used only from the io_context thread.
+  zmq::context_t zmq_ctx;
+  zmq::socket_t pub;
+  std::string pub_path;  // ipc:// socket file to remove at stop.
+  std::unique_ptr<HttpServer> http;
 };
 
 namespace {
@@ -147,6 +158,52 @@ void Daemon::Reload() {
   spdlog::info("SIGHUP: config reloaded; quantizer settings apply to sequences opened from now on");
 }
 
+Status Daemon::StartStatsPublisher(const Config& config) {
+  Impl& impl = *impl_;
+  const std::string& endpoint = config.server.stats_endpoint;
+  if (endpoint.empty()) return OkStatus();
+  if (endpoint.rfind("tcp://", 0) == 0 && endpoint.find("127.0.0.1") == std::string::npos &&
+      endpoint.find("localhost") == std::string::npos) {
+    return InvalidArgument("server.stats_endpoint: got \"", endpoint,
+                           "\", expected ipc://PATH or a loopback tcp:// address");
+  }
+  impl.pub = zmq::socket_t(impl.zmq_ctx, zmq::socket_type::pub);
+  impl.pub.set(zmq::sockopt::linger, 0);
+  impl.pub.set(zmq::sockopt::sndhwm, 16);
+  if (endpoint.rfind("ipc://", 0) == 0) {
+    impl.pub_path = endpoint.substr(6);
+    std::error_code ec;
+    std::filesystem::remove(impl.pub_path, ec);  // A stale file from a crash; ours is unique.
+  }
+  try {
+    impl.pub.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    return Unavailable("server.stats_endpoint: cannot bind ", endpoint, ": ", e.what());
+  }
+  if (!impl.pub_path.empty()) {
+    std::filesystem::permissions(
+        impl.pub_path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  }
+  const auto period = std::chrono::milliseconds(config.server.stats_interval_ms);
+  auto publish = std::make_shared<std::function<void(const boost::system::error_code&)>>();
+  *publish = [this, period, publish](const boost::system::error_code& ec) {
+    if (ec) return;
+    StatusOr<std::string> text =
+        controller_->Stats(ipc::StatsRequest{}, std::chrono::steady_clock::now());
+    if (text.ok()) {
+      impl_->pub.send(zmq::str_buffer("stats"),
+                      zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      impl_->pub.send(zmq::buffer(*text), zmq::send_flags::dontwait);
+    }
+    impl_->stats_timer.expires_after(period);
+    impl_->stats_timer.async_wait(*publish);
+  };
+  impl.stats_timer.expires_after(std::chrono::milliseconds(0));
+  impl.stats_timer.async_wait(*publish);
+  spdlog::info("stats published on {} every {} ms", endpoint, period.count());
+  return OkStatus();
+}
+
 int Daemon::Run() {
   Impl& impl = *impl_;
   const Config config = controller_->config();
@@ -175,6 +232,27 @@ int Daemon::Run() {
   impl.lease_timer.expires_after(tick);
   impl.lease_timer.async_wait(on_tick);
 
+  controller_->SetServerInfo(server_->endpoint(),
+                             [server = server_.get()] { return server->counters(); });
+  if (Status s = StartStatsPublisher(config); !s.ok()) {
+    spdlog::error("cannot start the stats publisher: {}", s.ToString());
+    return 1;
+  }
+  if (!config.server.http_address.empty()) {
+    StatusOr<std::unique_ptr<HttpServer>> http =
+        HttpServer::Start(config.server.http_address, [this] {
+          StatusOr<std::string> text =
+              controller_->Stats(ipc::StatsRequest{}, std::chrono::steady_clock::now());
+          return text.ok() ? RenderPrometheus(*text) : std::string();
+        });
+    if (!http.ok()) {
+      spdlog::error("cannot start the HTTP server: {}", http.status().ToString());
+      return 1;
+    }
+    impl.http = std::move(http).value();
+    spdlog::info("metrics on http://{}/metrics", impl.http->address());
+  }
+
   Status started = server_->Start([this](ipc::Request request, ipc::Responder responder) {
     Handle(std::move(request), std::move(responder));
   });
@@ -186,6 +264,11 @@ int Daemon::Run() {
                server_->endpoint(), config.pool.bytes, controller_->shm_name());
   impl.io.run();
 
+  impl.http.reset();
+  if (impl.pub) {
+    impl.pub.close();
+    if (!impl.pub_path.empty()) std::filesystem::remove(impl.pub_path);
+  }
   server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
   impl.workers->join();
   server_.reset();

@@ -7,6 +7,10 @@
 // OPEN, CLOSE, PING, STATS) are answered right there, APPEND and FETCH go to a pool of
 // server.workers threads, so a big prefill never stalls another client's ping.
 //
+// Operators see the same stats three ways: the STATS request, a ZeroMQ PUB stream
+// (server.stats_endpoint, topic "stats", one frame of INFO text) and, when server.http_address is
+// set, Prometheus /metrics and /healthz over loopback HTTP.
+//
 // Stop order: stop reading requests, answer those in flight, join the workers, free every
 // sequence and the shm pool, remove the socket file.
 //
@@ -47,6 +51,9 @@ class Daemon {
   void Handle(ipc::Request request, ipc::Responder responder);
   void Serve(ipc::Request& request, ipc::Responder& responder);
   void Reload();
+  // ZeroMQ PUB of the STATS text every server.stats_interval_ms (kvtop's feed); off when the
+  // endpoint is "".
+  Status StartStatsPublisher(const Config& config);
 
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<ipc::ZmqServer> server_;

@@ -425,6 +425,7 @@ HeadUsage KvSequence::HeadUsageOf(int layer, int head) const {
   HeadUsage u;
   u.tokens =
       l.sink_rows + static_cast<int64_t>(h.records.size()) * h.spec.block_tokens + l.tail_rows;
+  u.elements = 2 * static_cast<uint64_t>(u.tokens) * geometry_.head_dim;
   u.payload_bytes = h.rows.size() * h.rows.slot_bytes() +
                     h.records.size() * h.records.slot_bytes() +
                     l.norms.size() * l.norms.slot_bytes() / l.heads.size();

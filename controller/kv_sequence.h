@@ -54,6 +54,7 @@ struct SequenceGeometry {
 // Per (layer, head) usage and sampled quality, for STATS.
 struct HeadUsage {
   int64_t tokens = 0;
+  uint64_t elements = 0;       // K and V elements: 2 * tokens * head_dim.
   uint64_t payload_bytes = 0;  // Rows + records (+ this head's share of OScaR norms).
   int k_bits = 16, v_bits = 16;
   uint64_t quality_samples = 0;

@@ -1,0 +1,36 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/controller_internal.h (internal to controller/)
+// The session and sequence records behind Controller, shared by its request logic
+// (controller.cc) and its stats report (controller_stats.cc).
+#ifndef KVCTL_CONTROLLER_CONTROLLER_INTERNAL_H_
+#define KVCTL_CONTROLLER_CONTROLLER_INTERNAL_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "controller/controller.h"
+
+namespace kvctl {
+
+struct Controller::SequenceEntry {
+  std::mutex mu;
+  SteadyTime opened;
+  std::unique_ptr<KvSequence> seq;  // Guarded by mu.
+};
+
+struct Controller::Session {
+  uint64_t id = 0;
+  std::string client_name, model_name;
+  ipc::Geometry geometry;
+  bool has_staging = false;
+  StagingSlot staging;
+  SteadyTime last_seen;
+  std::map<uint64_t, std::shared_ptr<SequenceEntry>> sequences;
+};
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_CONTROLLER_INTERNAL_H_

@@ -1,0 +1,233 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// The STATS report: INFO-style sections of `field:value` lines. Per-entity lines follow Redis'
+// keyspace style, `head_3_1:tokens=512,k_bits=2,...`. Names carry units and are never renamed
+// once shipped (docs/stats.md lists them).
+#include <unistd.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+#include "controller/controller.h"
+#include "controller/controller_internal.h"
+#include "ipc/protocol.h"
+
+namespace kvctl {
+namespace {
+
+const char* const kSections[] = {"server", "pool",   "sequences", "layers",
+                                 "heads",  "policy", "ipc",       "quality"};
+
+struct HeadTotals {
+  int64_t tokens = 0;
+  uint64_t elements = 0;
+  uint64_t payload_bytes = 0;
+  int k_bits = 16, v_bits = 16;
+  uint64_t samples = 0;
+  double k_err = 0, v_err = 0;
+};
+
+std::string Num(double x) {
+  std::ostringstream out;
+  out << std::setprecision(6) << x;
+  return out.str();
+}
+
+}  // namespace
+
+void Controller::SetServerInfo(std::string endpoint,
+                               std::function<ipc::ServerCounters()> counters) {
+  endpoint_ = std::move(endpoint);
+  server_counters_ = std::move(counters);
+}
+
+StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, SteadyTime now) {
+  std::string want = request.section;
+  std::transform(want.begin(), want.end(), want.begin(), ::tolower);
+  if (!want.empty() &&
+      std::find(std::begin(kSections), std::end(kSections), want) == std::end(kSections)) {
+    return InvalidArgument("section: got \"", request.section,
+                           "\", expected empty or one of server, pool, sequences, layers, heads, "
+                           "policy, ipc, quality");
+  }
+  auto show = [&](const char* s) { return want.empty() || want == s; };
+
+  // Gather under the locks, format afterwards.
+  uint64_t sessions = 0, expired = 0;
+  SequenceUsage total;
+  std::vector<std::string> sequence_lines;
+  std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
+  Config config;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (request.session_id != 0) {
+      KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
+    }
+    config = config_;
+    sessions = sessions_.size();
+    expired = sessions_expired_;
+    for (auto& [sid, session] : sessions_) {
+      for (auto& [qid, entry] : session->sequences) {
+        std::lock_guard<std::mutex> seq_lock(entry->mu);
+        if (!entry->seq) continue;
+        const KvSequence& seq = *entry->seq;
+        const SequenceUsage u = seq.Usage();
+        total.tokens += u.tokens;
+        total.quantized_tokens += u.quantized_tokens;
+        total.pool_bytes += u.pool_bytes;
+        total.payload_bytes += u.payload_bytes;
+        total.elements += u.elements;
+        std::ostringstream line;
+        line << "seq_" << sid << "_" << qid << ":client=" << session->client_name
+             << ",tokens=" << u.tokens << ",bytes=" << u.pool_bytes << ",evictions=0,age_s="
+             << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count();
+        sequence_lines.push_back(line.str());
+        for (uint32_t l = 0; l < session->geometry.layers; ++l) {
+          for (uint32_t h = 0; h < session->geometry.kv_heads; ++h) {
+            const HeadUsage hu = seq.HeadUsageOf(static_cast<int>(l), static_cast<int>(h));
+            HeadTotals& t = heads[{static_cast<int>(l), static_cast<int>(h)}];
+            t.tokens += hu.tokens;
+            t.elements += hu.elements;
+            t.payload_bytes += hu.payload_bytes;
+            t.k_bits = hu.k_bits;
+            t.v_bits = hu.v_bits;
+            t.samples += hu.quality_samples;
+            t.k_err += hu.k_rel_error_sum;
+            t.v_err += hu.v_rel_error_sum;
+          }
+        }
+      }
+    }
+  }
+  std::map<int, HeadTotals> layers;
+  uint64_t samples = 0;
+  double k_err = 0, v_err = 0;
+  for (const auto& [key, t] : heads) {
+    HeadTotals& l = layers[key.first];
+    l.tokens += t.tokens;
+    l.elements += t.elements;
+    l.payload_bytes += t.payload_bytes;
+    samples += t.samples;
+    k_err += t.k_err;
+    v_err += t.v_err;
+  }
+
+  std::ostringstream out;
+  if (show("server")) {
+    out << "# Server\n"
+        << "kvctl_version:" << kKvctlVersion << "\n"
+        << "protocol_version:" << ipc::kProtocolVersion << "\n"
+        << "pid:" << getpid() << "\n"
+        << "uptime_s:" << std::chrono::duration_cast<std::chrono::seconds>(now - started_).count()
+        << "\n"
+        << "endpoint:" << endpoint_ << "\n"
+        << "stats_endpoint:" << config.server.stats_endpoint << "\n"
+        << "http_address:" << config.server.http_address << "\n";
+  }
+  if (show("pool")) {
+    const PoolStats p = pool_->Stats();
+    out << "# Pool\n"
+        << "pool_backend:cpu\n"
+        << "pool_shm_name:" << shm_name_ << "\n"
+        << "pool_bytes:" << p.arena_bytes << "\n"
+        << "page_bytes:" << p.page_bytes << "\n"
+        << "pages:" << p.pages_total << "\n"
+        << "pages_used:" << p.pages_used << "\n"
+        << "pages_high_water:" << p.pages_high_water << "\n"
+        << "bytes_used:" << p.bytes_used << "\n"
+        << "bytes_free:" << p.bytes_free << "\n"
+        << "bytes_high_water:" << p.bytes_high_water << "\n"
+        << "staging_slots:" << p.staging_slots_total << "\n"
+        << "staging_slots_used:" << p.staging_slots_used << "\n"
+        << "staging_bytes:" << p.staging_bytes_total << "\n"
+        << "alloc_failures_total:" << p.alloc_failures_total << "\n";
+  }
+  if (show("sequences")) {
+    const double fp16_bytes = static_cast<double>(total.elements) * 2;
+    out << "# Sequences\n"
+        << "sessions:" << sessions << "\n"
+        << "sessions_expired_total:" << expired << "\n"
+        << "sequences:" << sequence_lines.size() << "\n"
+        << "tokens:" << total.tokens << "\n"
+        << "tokens_quantized:" << total.quantized_tokens << "\n"
+        << "kv_payload_bytes:" << total.payload_bytes << "\n"
+        << "kv_pool_bytes:" << total.pool_bytes << "\n"
+        << "kv_fp16_equivalent_bytes:" << static_cast<uint64_t>(fp16_bytes) << "\n"
+        << "bits_per_element:"
+        << Num(total.elements ? 8.0 * static_cast<double>(total.payload_bytes) /
+                                    static_cast<double>(total.elements)
+                              : 0.0)
+        << "\n"
+        << "compression_vs_fp16:"
+        << Num(total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
+        << "\n";
+    for (const std::string& line : sequence_lines) out << line << "\n";
+  }
+  auto bpe = [](const HeadTotals& t) {
+    return t.elements ? 8.0 * static_cast<double>(t.payload_bytes) / static_cast<double>(t.elements)
+                      : 0.0;
+  };
+  if (show("layers")) {
+    out << "# Layers\n"
+        << "layers:" << layers.size() << "\n";
+    for (const auto& [l, entry] : layers) {
+      out << "layer_" << l << ":tokens=" << entry.tokens << ",bytes=" << entry.payload_bytes
+          << ",bits_per_element=" << Num(bpe(entry)) << ",budget_tokens=0,evictions=0\n";
+    }
+  }
+  if (show("heads")) {
+    out << "# Heads\n"
+        << "heads:" << heads.size() << "\n";
+    for (const auto& [key, t] : heads) {
+      out << "head_" << key.first << "_" << key.second << ":tokens=" << t.tokens
+          << ",k_bits=" << t.k_bits << ",v_bits=" << t.v_bits << ",bits_per_element=" << Num(bpe(t))
+          << ",k_rel_error=" << Num(t.samples ? t.k_err / static_cast<double>(t.samples) : 0)
+          << ",v_rel_error=" << Num(t.samples ? t.v_err / static_cast<double>(t.samples) : 0)
+          << ",quality_samples=" << t.samples << "\n";
+    }
+  }
+  if (show("policy")) {
+    const QuantSettings& q = config.quant;
+    out << "# Policy\n"
+        << "quant_method:" << (q.lossless ? "none" : QuantMethodName(q.method)) << "\n"
+        << "quant_k_bits:" << q.k_bits << "\n"
+        << "quant_v_bits:" << q.v_bits << "\n"
+        << "quant_lossless:" << (q.lossless ? 1 : 0) << "\n"
+        << "budget_mode:none\n"
+        << "evict_policy:none\n";
+  }
+  if (show("ipc")) {
+    out << "# Ipc\n";
+    if (server_counters_) {
+      const ipc::ServerCounters c = server_counters_();
+      out << "requests_total:" << c.requests_total << "\n"
+          << "rejected_total:" << c.rejected_total << "\n"
+          << "errors_total:" << c.errors_total << "\n"
+          << "replies_total:" << c.replies_total << "\n"
+          << "bytes_in_total:" << c.bytes_in_total << "\n"
+          << "bytes_out_total:" << c.bytes_out_total << "\n"
+          << "in_flight:" << c.in_flight << "\n";
+    }
+    for (const RequestTypeStats& s : stats_.Snapshot()) {
+      out << s.name << "_requests_total:" << s.requests_total << "\n"
+          << s.name << "_errors_total:" << s.errors_total << "\n"
+          << s.name << "_latency_p50_us:" << s.latency_p50_us << "\n"
+          << s.name << "_latency_p99_us:" << s.latency_p99_us << "\n"
+          << s.name << "_latency_max_us:" << s.latency_max_us << "\n";
+    }
+  }
+  if (show("quality")) {
+    out << "# Quality\n"
+        << "quality_sample_period:" << config.server.quality_sample_period << "\n"
+        << "quality_samples_total:" << samples << "\n"
+        << "quality_k_rel_error_mean:" << Num(samples ? k_err / static_cast<double>(samples) : 0)
+        << "\n"
+        << "quality_v_rel_error_mean:" << Num(samples ? v_err / static_cast<double>(samples) : 0)
+        << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace kvctl
