@@ -18,8 +18,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-if [ -f python/requirements.txt ] && [ "${KVCTL_SKIP_PIP:-0}" != "1" ]; then
-  python3 -m pip install -q --disable-pip-version-check -r python/requirements.txt
+if [ "${KVCTL_SKIP_PIP:-0}" != "1" ]; then
+  for req in python/requirements.txt tools/requirements.txt; do
+    [ -f "$req" ] && python3 -m pip install -q --disable-pip-version-check -r "$req"
+  done
 fi
 
 JOBS=${KVCTL_JOBS:-$(nproc)}
