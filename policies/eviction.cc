@@ -1,0 +1,503 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// Token-eviction scorers for one KV head.
+//
+// Every scorer answers the same question for a head holding T resident tokens: which candidates
+// (tokens outside the protected sinks [0, s) and recent window [T - r, T)) are worth keeping?
+// Notation: keys k_j in R^D, j < T, oldest first; the observation queries are the query rows of
+// the last m resident tokens, query token i sitting at position p_i = T - m + i; the KV head is
+// read by g query heads (GQA). Logits are q.k / sqrt(D). Tags: [paper] = the method's paper or
+// reference code as summarised in design/ALGORITHMS.md section 5; [ours] = a choice made here.
+//
+// StreamingLLM [paper: keep 4 sinks + the recent W, evict FIFO]. Candidate j scores j, so any
+// budget keeps the sinks, the window and then the newest candidates. Positions are not re-indexed:
+// the daemon stores post-RoPE keys, so this is the "no re-indexing" variant [ours].
+//
+// H2O [paper]. At every decode step each query head of the group puts a softmax over all resident
+// keys; acc_j adds that probability, summed over the g heads and over the steps, unnormalised. The
+// lowest-acc candidate goes first. [ours] A batch of n query tokens (a prefill chunk) is applied
+// causally: query token i sees keys [0, p_i]. Tokens that arrived without queries start at 0.
+//
+// R-KV [paper, code rkv/compression/r1_kv.py and rkv/utils.py]. Importance: for each observation
+// query, the group's logits are reduced by a max over the g heads FIRST, then a softmax runs over
+// the non-window keys [0, T - r) only; a_j is the mean over the m queries, then a 1-D max pool of
+// kernel 7 with padding 3. (ALGORITHMS.md 5.3 leaves the order of "softmax" and "max over the
+// group" open; the code takes the max of the logits, and so do we. A test pins it.) Redundancy:
+// unit keys u_j = k_j / (|k_j| + 1e-8), S = U U^T over ALL T keys with a zero diagonal; in each
+// row i the largest j with S_ij > 0.5 (the most recent near-duplicate) has S_ij set to 0, which
+// spares that copy; r = softmax_j(mean_i S_ij) over all T columns, and only then are the window
+// columns dropped. Score s_j = lambda a_j - (1 - lambda) r_j, lambda = 0.07.
+//   Departures, all [ours]: (1) the reference zeroes S_i0 when row i has no near-duplicate (its
+//   max over an all-zero index row is 0); we zero nothing in that case, as ALGORITHMS.md states
+//   it. Column 0 is a sink in practice, so only the shared softmax normaliser moves. (2) R-KV
+//   ties the protected window to the observation window (both w = 8). Here the window r comes
+//   from the daemon and m from the policy; when r >= m every observation query follows every
+//   importance key and the math is the reference's; when r < m we apply the causal mask
+//   (query i sees keys j <= p_i), which the reference never needs. (3) The reference has no
+//   sinks; ours sit inside the softmax and the pooling like any key, and only SelectKeep treats
+//   them differently. With s = 0 and r = m the scores are the reference's.
+//
+// SnapKV [paper: prefill-only, w = 32, kernel 5, avg pool]. Used at decode time as R-KV with
+// lambda = 1 (ALGORITHMS.md 5.4, [ours]), with SnapKV's own window and pooling. Versus the
+// original this sums -> means the queries (same ranking), leaves the window out of the softmax
+// denominator (the original includes it under a causal mask) and reduces the group by a max of
+// logits (the original scores each query head on its own). lambda = 1 makes the redundancy term
+// exactly zero, so it is not computed.
+//
+// Cost per head: importance O(m g T D); redundancy O(T^2 D / 2) using the symmetry of S, with
+// O(T) extra memory: column sums come from the upper triangle, and because each row's partners
+// are visited in increasing index order, "the largest j above the threshold" is the last one
+// seen. Dot products use eight independent accumulators so the compiler can vectorise them
+// without reassociating a single sum.
+#include "policies/eviction.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace kvctl {
+namespace {
+
+constexpr float kProtectedScore = std::numeric_limits<float>::infinity();
+
+float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int u = 0; u < 8; ++u) acc[u] += a[d + u] * b[d + u];
+  }
+  float tail = 0;
+  for (; d < n; ++d) tail += a[d] * b[d];
+  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
+}
+
+Status CheckKeys(const KeyRows& keys) {
+  if (keys.tokens <= 0) return InvalidArgument("keys: tokens must be > 0, got ", keys.tokens);
+  if (keys.head_dim <= 0) {
+    return InvalidArgument("keys: head_dim must be > 0, got ", keys.head_dim);
+  }
+  if (keys.data == nullptr) return InvalidArgument("keys: data pointer is null");
+  for (int64_t t = 0; t < keys.tokens; ++t) {
+    const float* row = keys.data + t * keys.head_dim;
+    for (int64_t d = 0; d < keys.head_dim; ++d) {
+      if (!std::isfinite(row[d])) {
+        return InvalidArgument("keys: element (token ", t, ", channel ", d, ") is ", row[d],
+                               ", expected a finite value");
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status CheckRegions(ProtectedRegions regions) {
+  if (regions.sinks < 0) return InvalidArgument("sinks: got ", regions.sinks, ", expected >= 0");
+  if (regions.recent < 0) {
+    return InvalidArgument("recent: got ", regions.recent, ", expected >= 0");
+  }
+  return OkStatus();
+}
+
+// Candidates are [lo, hi); empty when lo >= hi.
+struct CandidateRange {
+  int64_t lo;
+  int64_t hi;
+};
+CandidateRange Candidates(int64_t tokens, ProtectedRegions regions) {
+  return {std::min(regions.sinks, tokens), std::max<int64_t>(tokens - regions.recent, 0)};
+}
+
+Status CheckKernel(const char* field, int kernel) {
+  if (kernel < 1 || kernel > 63 || kernel % 2 == 0) {
+    return InvalidArgument(field, ": got ", kernel, ", expected an odd value in 1..63");
+  }
+  return OkStatus();
+}
+
+// The last m query tokens of a [n, g, D] view, pre-scaled by 1/sqrt(D), as fp32 [m][g][D].
+struct ObsQueries {
+  int64_t m = 0;
+  int64_t g = 0;
+  int64_t d = 0;
+  std::vector<float> rows;
+  const float* Row(int64_t i, int64_t h) const { return rows.data() + (i * g + h) * d; }
+};
+
+StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const KeyRows& keys) {
+  KVCTL_RETURN_IF_ERROR(q.Validate("queries"));
+  if (q.head_dim != keys.head_dim) {
+    return InvalidArgument("queries: head_dim ", q.head_dim, " does not match keys head_dim ",
+                           keys.head_dim);
+  }
+  ObsQueries out;
+  out.m = std::min(use_last, q.tokens);
+  out.g = q.heads;
+  out.d = q.head_dim;
+  if (out.m > keys.tokens) {
+    return InvalidArgument("queries: ", out.m, " observation query tokens but only ", keys.tokens,
+                           " keys; expected the queries of the last resident tokens");
+  }
+  out.rows.resize(static_cast<size_t>(out.m * out.g * out.d));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(out.d));
+  const int64_t first = q.tokens - out.m;
+  for (int64_t i = 0; i < out.m; ++i) {
+    for (int64_t h = 0; h < out.g; ++h) {
+      float* row = out.rows.data() + (i * out.g + h) * out.d;
+      q.LoadRow(first + i, h, row);
+      for (int64_t c = 0; c < out.d; ++c) {
+        if (!std::isfinite(row[c])) {
+          return InvalidArgument("queries: element (token ", first + i, ", head ", h, ", channel ",
+                                 c, ") is ", row[c], ", expected a finite value");
+        }
+        row[c] *= scale;
+      }
+    }
+  }
+  return out;
+}
+
+// For each query token i and head h: the causal softmax over keys [0, p_i], each probability
+// times `weight` added to out[j]. One softmax per head (H2O and the mass metric).
+void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double weight,
+                              double* out) {
+  std::vector<double> z(static_cast<size_t>(keys.tokens));
+  for (int64_t i = 0; i < q.m; ++i) {
+    const int64_t n = keys.tokens - q.m + i + 1;
+    for (int64_t h = 0; h < q.g; ++h) {
+      double zmax = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        z[j] = Dot(q.Row(i, h), keys.data + j * keys.head_dim, keys.head_dim);
+        zmax = std::max(zmax, z[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
+      const double w = weight / sum;
+      for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
+    }
+  }
+}
+
+// R-KV importance before pooling over keys [0, n_imp): max of the logits over the group, softmax,
+// mean over the m query tokens.
+std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t n_imp) {
+  std::vector<double> a(static_cast<size_t>(n_imp), 0.0), z(static_cast<size_t>(n_imp));
+  for (int64_t i = 0; i < q.m; ++i) {
+    const int64_t n = std::min(n_imp, keys.tokens - q.m + i + 1);
+    if (n <= 0) continue;
+    double zmax = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = keys.data + j * keys.head_dim;
+      float best = Dot(q.Row(i, 0), k, keys.head_dim);
+      for (int64_t h = 1; h < q.g; ++h) best = std::max(best, Dot(q.Row(i, h), k, keys.head_dim));
+      z[j] = best;
+      zmax = std::max(zmax, z[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
+    const double w = 1.0 / (sum * static_cast<double>(q.m));
+    for (int64_t j = 0; j < n; ++j) a[j] += z[j] * w;
+  }
+  return a;
+}
+
+std::vector<double> Pool(const std::vector<double>& a, int kernel, PoolKind kind) {
+  const int64_t n = static_cast<int64_t>(a.size());
+  const int64_t half = kernel / 2;
+  std::vector<double> out(a.size());
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t lo = std::max<int64_t>(j - half, 0);
+    const int64_t hi = std::min<int64_t>(j + half + 1, n);
+    if (kind == PoolKind::kMax) {
+      out[j] = *std::max_element(a.begin() + lo, a.begin() + hi);
+    } else {
+      // PyTorch's avg_pool1d default (count_include_pad=True): padding zeros count.
+      out[j] = std::accumulate(a.begin() + lo, a.begin() + hi, 0.0) / kernel;
+    }
+  }
+  return out;
+}
+
+// R-KV redundancy r_j over all T keys (see the essay above).
+std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
+  const int64_t t_n = keys.tokens, d_n = keys.head_dim;
+  std::vector<float> unit(static_cast<size_t>(t_n * d_n));
+  for (int64_t t = 0; t < t_n; ++t) {
+    const float* k = keys.data + t * d_n;
+    const float norm = std::sqrt(Dot(k, k, d_n)) + 1e-8f;
+    for (int64_t c = 0; c < d_n; ++c) unit[t * d_n + c] = k[c] / norm;
+  }
+  std::vector<double> col(static_cast<size_t>(t_n), 0.0);
+  std::vector<int64_t> last(static_cast<size_t>(t_n), -1);
+  std::vector<float> last_value(static_cast<size_t>(t_n), 0.0f);
+  for (int64_t i = 0; i < t_n; ++i) {
+    const float* ui = unit.data() + i * d_n;
+    for (int64_t j = i + 1; j < t_n; ++j) {
+      const float s = Dot(ui, unit.data() + j * d_n, d_n);
+      col[j] += s;
+      col[i] += s;
+      if (s > threshold) {
+        // Partners of a row arrive in increasing index order, so this is the latest so far.
+        last[i] = j;
+        last_value[i] = s;
+        last[j] = i;
+        last_value[j] = s;
+      }
+    }
+  }
+  for (int64_t i = 0; i < t_n; ++i) {
+    if (last[i] >= 0) col[last[i]] -= last_value[i];
+  }
+  double cmax = -std::numeric_limits<double>::infinity();
+  for (double& c : col) cmax = std::max(cmax, c /= static_cast<double>(t_n));
+  double sum = 0;
+  for (double& c : col) sum += (c = std::exp(c - cmax));
+  for (double& c : col) c /= sum;
+  return col;
+}
+
+StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorView& group_queries,
+                                            ProtectedRegions regions, int64_t obs_window,
+                                            int kernel, PoolKind pool, float lambda,
+                                            float threshold) {
+  KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
+  KVCTL_RETURN_IF_ERROR(CheckRegions(regions));
+  KVCTL_ASSIGN_OR_RETURN(ObsQueries q, LoadQueries(group_queries, obs_window, keys));
+  std::vector<float> scores(static_cast<size_t>(keys.tokens), kProtectedScore);
+  const CandidateRange c = Candidates(keys.tokens, regions);
+  if (c.lo >= c.hi) return scores;
+  // The softmax and the pooling run over every non-window key, sinks included, as in R-KV.
+  const std::vector<double> pooled = Pool(Importance(keys, q, c.hi), kernel, pool);
+  std::vector<double> r;
+  if (lambda < 1.0f) r = Redundancy(keys, threshold);
+  for (int64_t j = c.lo; j < c.hi; ++j) {
+    double s = static_cast<double>(lambda) * pooled[j];
+    if (!r.empty()) s -= (1.0 - static_cast<double>(lambda)) * r[j];
+    scores[j] = static_cast<float>(s);
+  }
+  return scores;
+}
+
+// True when candidate a ranks before b: higher score, then the newer token.
+struct Better {
+  std::span<const float> scores;
+  bool operator()(int64_t a, int64_t b) const {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a > b);
+  }
+};
+
+// Protected count and the candidate indices; validates the SelectKeep inputs.
+Status SplitCandidates(std::span<const float> scores, std::span<const uint8_t> protected_mask,
+                       int64_t* protected_count, std::vector<int64_t>* candidates) {
+  if (scores.empty()) {
+    return InvalidArgument("scores: empty, expected one score per resident token");
+  }
+  if (protected_mask.size() != scores.size()) {
+    return InvalidArgument("protected_mask: got ", protected_mask.size(), " entries, expected ",
+                           scores.size(), " (one per score)");
+  }
+  *protected_count = 0;
+  candidates->clear();
+  for (size_t j = 0; j < scores.size(); ++j) {
+    if (protected_mask[j] != 0) {
+      ++*protected_count;
+    } else if (std::isnan(scores[j])) {
+      return InvalidArgument("scores[", j, "]: got nan, expected a number");
+    } else {
+      candidates->push_back(static_cast<int64_t>(j));
+    }
+  }
+  return OkStatus();
+}
+
+Status CheckKept(std::span<const int64_t> kept, size_t tokens) {
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if (kept[i] < 0 || static_cast<size_t>(kept[i]) >= tokens) {
+      return InvalidArgument("kept[", i, "]: got ", kept[i], ", expected 0..", tokens - 1);
+    }
+    if (i > 0 && kept[i] <= kept[i - 1]) {
+      return InvalidArgument("kept[", i, "]: got ", kept[i], " after ", kept[i - 1],
+                             ", expected strictly increasing indices");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status ValidateRkvParams(const RkvParams& params) {
+  if (params.obs_window < 1) {
+    return InvalidArgument("rkv.obs_window: got ", params.obs_window, ", expected >= 1");
+  }
+  KVCTL_RETURN_IF_ERROR(CheckKernel("rkv.kernel", params.kernel));
+  if (params.pool != PoolKind::kMax && params.pool != PoolKind::kAvg) {
+    return InvalidArgument("rkv.pool: got ", static_cast<int>(params.pool),
+                           ", expected max or avg");
+  }
+  if (!(params.lambda >= 0.0f && params.lambda <= 1.0f)) {
+    return InvalidArgument("rkv.lambda: got ", params.lambda, ", expected 0..1");
+  }
+  if (!(params.similarity_threshold >= -1.0f && params.similarity_threshold <= 1.0f)) {
+    return InvalidArgument("rkv.similarity_threshold: got ", params.similarity_threshold,
+                           ", expected -1..1");
+  }
+  return OkStatus();
+}
+
+Status ValidateSnapKvParams(const SnapKvParams& params) {
+  if (params.obs_window < 1) {
+    return InvalidArgument("snapkv.obs_window: got ", params.obs_window, ", expected >= 1");
+  }
+  KVCTL_RETURN_IF_ERROR(CheckKernel("snapkv.kernel", params.kernel));
+  if (params.pool != PoolKind::kMax && params.pool != PoolKind::kAvg) {
+    return InvalidArgument("snapkv.pool: got ", static_cast<int>(params.pool),
+                           ", expected max or avg");
+  }
+  return OkStatus();
+}
+
+std::vector<uint8_t> ProtectedMask(int64_t tokens, ProtectedRegions regions) {
+  std::vector<uint8_t> mask(static_cast<size_t>(std::max<int64_t>(tokens, 0)), 1);
+  const CandidateRange c = Candidates(
+      tokens, {std::max<int64_t>(regions.sinks, 0), std::max<int64_t>(regions.recent, 0)});
+  for (int64_t j = c.lo; j < c.hi; ++j) mask[j] = 0;
+  return mask;
+}
+
+StatusOr<KvTensorView> QueryGroup(const KvTensorView& q, int64_t kv_heads, int64_t kv_head) {
+  KVCTL_RETURN_IF_ERROR(q.Validate("queries"));
+  if (kv_heads <= 0 || q.heads % kv_heads != 0) {
+    return InvalidArgument("kv_heads: got ", kv_heads, ", expected a divisor of the ", q.heads,
+                           " query heads");
+  }
+  if (kv_head < 0 || kv_head >= kv_heads) {
+    return InvalidArgument("kv_head: got ", kv_head, ", expected 0..", kv_heads - 1);
+  }
+  const int64_t g = q.heads / kv_heads;
+  KvTensorView group = q;
+  group.data =
+      static_cast<const char*>(q.data) + static_cast<ptrdiff_t>(kv_head * g * q.head_stride) *
+                                             static_cast<ptrdiff_t>(DTypeSize(q.dtype));
+  group.heads = g;
+  return group;
+}
+
+StatusOr<std::vector<float>> ScoreStreaming(int64_t tokens, ProtectedRegions regions) {
+  if (tokens <= 0) return InvalidArgument("tokens: got ", tokens, ", expected > 0");
+  KVCTL_RETURN_IF_ERROR(CheckRegions(regions));
+  std::vector<float> scores(static_cast<size_t>(tokens), kProtectedScore);
+  const CandidateRange c = Candidates(tokens, regions);
+  for (int64_t j = c.lo; j < c.hi; ++j) scores[j] = static_cast<float>(j);
+  return scores;
+}
+
+StatusOr<std::vector<float>> ScoreSnapKV(const KeyRows& keys, const KvTensorView& group_queries,
+                                         ProtectedRegions regions, const SnapKvParams& params) {
+  KVCTL_RETURN_IF_ERROR(ValidateSnapKvParams(params));
+  return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
+                        1.0f, 0.5f);
+}
+
+StatusOr<std::vector<float>> ScoreRKV(const KeyRows& keys, const KvTensorView& group_queries,
+                                      ProtectedRegions regions, const RkvParams& params) {
+  KVCTL_RETURN_IF_ERROR(ValidateRkvParams(params));
+  return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
+                        params.lambda, params.similarity_threshold);
+}
+
+Status UpdateH2O(H2OState* state, const KeyRows& keys, const KvTensorView& group_queries) {
+  KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
+  if (state->acc.size() > static_cast<size_t>(keys.tokens)) {
+    return FailedPrecondition("h2o state: tracks ", state->acc.size(), " tokens but keys hold ",
+                              keys.tokens, "; expected CompactH2O after each eviction");
+  }
+  KVCTL_ASSIGN_OR_RETURN(ObsQueries q,
+                         LoadQueries(group_queries, std::numeric_limits<int64_t>::max(), keys));
+  state->acc.resize(static_cast<size_t>(keys.tokens), 0.0);
+  AccumulatePerHeadSoftmax(keys, q, 1.0, state->acc.data());
+  return OkStatus();
+}
+
+StatusOr<std::vector<float>> ScoreH2O(const H2OState& state, ProtectedRegions regions) {
+  if (state.acc.empty()) return InvalidArgument("h2o state: empty, expected UpdateH2O first");
+  KVCTL_RETURN_IF_ERROR(CheckRegions(regions));
+  const int64_t tokens = static_cast<int64_t>(state.acc.size());
+  std::vector<float> scores(state.acc.size(), kProtectedScore);
+  const CandidateRange c = Candidates(tokens, regions);
+  for (int64_t j = c.lo; j < c.hi; ++j) scores[j] = static_cast<float>(state.acc[j]);
+  return scores;
+}
+
+Status CompactH2O(H2OState* state, std::span<const int64_t> kept) {
+  KVCTL_RETURN_IF_ERROR(CheckKept(kept, state->acc.size()));
+  for (size_t i = 0; i < kept.size(); ++i) state->acc[i] = state->acc[kept[i]];
+  state->acc.resize(kept.size());
+  return OkStatus();
+}
+
+StatusOr<std::vector<int64_t>> SelectKeep(std::span<const float> scores, int64_t budget,
+                                          std::span<const uint8_t> protected_mask) {
+  int64_t protected_count = 0;
+  std::vector<int64_t> candidates;
+  KVCTL_RETURN_IF_ERROR(SplitCandidates(scores, protected_mask, &protected_count, &candidates));
+  if (budget < protected_count) {
+    return InvalidArgument("budget: got ", budget, ", expected >= ", protected_count,
+                           " (the protected tokens)");
+  }
+  const int64_t take =
+      std::min<int64_t>(budget - protected_count, static_cast<int64_t>(candidates.size()));
+  std::nth_element(candidates.begin(), candidates.begin() + take, candidates.end(), Better{scores});
+  std::vector<int64_t> kept(candidates.begin(), candidates.begin() + take);
+  for (size_t j = 0; j < scores.size(); ++j) {
+    if (protected_mask[j] != 0) kept.push_back(static_cast<int64_t>(j));
+  }
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+StatusOr<std::vector<double>> TokenAttentionMass(const KeyRows& keys,
+                                                 const KvTensorView& group_queries) {
+  KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
+  KVCTL_ASSIGN_OR_RETURN(ObsQueries q,
+                         LoadQueries(group_queries, std::numeric_limits<int64_t>::max(), keys));
+  std::vector<double> mass(static_cast<size_t>(keys.tokens), 0.0);
+  AccumulatePerHeadSoftmax(keys, q, 1.0 / static_cast<double>(q.m * q.g), mass.data());
+  return mass;
+}
+
+StatusOr<double> RetainedMass(std::span<const double> mass, std::span<const int64_t> kept) {
+  if (mass.empty()) return InvalidArgument("mass: empty, expected one value per resident token");
+  KVCTL_RETURN_IF_ERROR(CheckKept(kept, mass.size()));
+  double sum = 0;
+  for (int64_t j : kept) sum += mass[j];
+  return sum;
+}
+
+double RetainedMassCurve::At(int64_t budget) const {
+  const int64_t last = static_cast<int64_t>(retained.size()) - 1;
+  return retained[std::clamp<int64_t>(budget - min_budget, 0, last)];
+}
+
+StatusOr<RetainedMassCurve> ComputeRetainedMassCurve(std::span<const double> mass,
+                                                     std::span<const float> scores,
+                                                     std::span<const uint8_t> protected_mask) {
+  int64_t protected_count = 0;
+  std::vector<int64_t> candidates;
+  KVCTL_RETURN_IF_ERROR(SplitCandidates(scores, protected_mask, &protected_count, &candidates));
+  if (mass.size() != scores.size()) {
+    return InvalidArgument("mass: got ", mass.size(), " entries, expected ", scores.size(),
+                           " (one per score)");
+  }
+  std::sort(candidates.begin(), candidates.end(), Better{scores});
+  RetainedMassCurve curve;
+  curve.min_budget = protected_count;
+  double sum = 0;
+  for (size_t j = 0; j < mass.size(); ++j) {
+    if (protected_mask[j] != 0) sum += mass[j];
+  }
+  curve.retained.reserve(candidates.size() + 1);
+  curve.retained.push_back(sum);
+  for (int64_t j : candidates) curve.retained.push_back(sum += mass[j]);
+  return curve;
+}
+
+}  // namespace kvctl
