@@ -29,7 +29,9 @@ ipc::RecordLayout WireLayout(const QuantSpec& spec) {
   return r;
 }
 
-zmq::message_t RowsFrame(const std::vector<float>& rows, DType dtype) {
+}  // namespace
+
+zmq::message_t RowsToFrame(const std::vector<float>& rows, DType dtype) {
   zmq::message_t frame(rows.size() * DTypeSize(dtype));
   auto* out = static_cast<uint8_t*>(frame.data());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -42,8 +44,6 @@ zmq::message_t RowsFrame(const std::vector<float>& rows, DType dtype) {
   }
   return frame;
 }
-
-}  // namespace
 
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& g,
                                        int layer_begin, int layer_end, DType tail_dtype,
@@ -91,8 +91,8 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
   DenseKv window = seq.FetchWindow(layer_begin, layer_end);
   reply.tail_counts = std::move(window.counts);
   reply.tail_positions = zmq::message_t(window.positions.data(), window.positions.size() * 8);
-  reply.tail_k = RowsFrame(window.k, tail_dtype);
-  reply.tail_v = RowsFrame(window.v, tail_dtype);
+  reply.tail_k = RowsToFrame(window.k, tail_dtype);
+  reply.tail_v = RowsToFrame(window.v, tail_dtype);
   return reply;
 }
 

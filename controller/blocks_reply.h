@@ -15,6 +15,9 @@
 
 namespace kvctl {
 
+// fp32 rows converted to `dtype` in a new frame (dense FETCH and the blocks-mode window).
+zmq::message_t RowsToFrame(const std::vector<float>& rows, DType dtype);
+
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& geometry,
                                        int layer_begin, int layer_end, DType tail_dtype,
                                        uint64_t page_bytes);

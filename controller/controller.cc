@@ -58,30 +58,6 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
   return plans;
 }
 
-// Copies fp32 rows into a frame in `dtype`.
-zmq::message_t ToFrame(const std::vector<float>& rows, DType dtype) {
-  zmq::message_t frame(rows.size() * DTypeSize(dtype));
-  auto* out = static_cast<uint8_t*>(frame.data());
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(out, rows.data(), rows.size() * 4);
-      break;
-    case DType::kF16:
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const uint16_t h = FloatToHalf(rows[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      break;
-    case DType::kBF16:
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const uint16_t b = FloatToBf16(rows[i]);
-        std::memcpy(out + 2 * i, &b, 2);
-      }
-      break;
-  }
-  return frame;
-}
-
 }  // namespace
 
 Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool,
@@ -356,8 +332,8 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     reply.dtype = request.out_dtype;
     reply.counts = std::move(dense.counts);
     reply.positions = zmq::message_t(dense.positions.data(), dense.positions.size() * 8);
-    reply.k = ToFrame(dense.k, request.out_dtype);
-    reply.v = ToFrame(dense.v, request.out_dtype);
+    reply.k = RowsToFrame(dense.k, request.out_dtype);
+    reply.v = RowsToFrame(dense.v, request.out_dtype);
     return ipc::ReplyBody(std::move(reply));
   }
   return ipc::ReplyBody(
