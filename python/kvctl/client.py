@@ -1,0 +1,587 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""Client: one engine's session with the kvctl daemon over ZeroMQ (pyzmq + numpy).
+
+Every call sends one request on a DEALER socket and waits at most ``timeout_ms`` for the reply
+with the same request id. On a timeout the socket is closed (linger 0) and recreated ("Lazy
+Pirate"), so a late reply can never answer a later call, and ``Timeout`` is raised; nothing is
+retried (APPEND is not idempotent). ERROR replies raise ``ServerError``; replies that break the
+protocol raise ``ProtocolError``; arguments that cannot form a valid request raise ValueError
+before anything is sent.
+
+Thread safety: calls on one Client are serialised by an internal lock (one request in flight);
+use one Client per thread for parallelism. Not fork-safe: create Clients after forking.
+
+    client = kvctl.Client("ipc:///tmp/kvctl.sock", timeout_ms=5000)
+    session = client.hello(layers=30, kv_heads=3, head_dim=64, dtype="float16")
+    client.open(1); client.append(1, k, v)          # k, v: [layers, tokens, kv_heads, head_dim]
+    k_rows, v_rows, positions = client.fetch(1)     # per layer, per head: [count, head_dim]
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
+
+import numpy as np
+import zmq
+
+from . import protocol as p
+from .protocol import KvctlError, ProtocolError, ServerError, Timeout
+
+_MAX_IPC_PATH = 107  # sizeof(sockaddr_un::sun_path) - 1.
+
+
+@dataclass(frozen=True)
+class Session:
+    """A session from HELLO: the daemon's reply plus the geometry this client declared."""
+
+    session_id: int
+    lease_ms: int            # The daemon drops the session after this long without a request.
+    server_version: str
+    pool_bytes: int
+    page_bytes: int
+    shm_name: str            # POSIX shm object of the pool ("" = none).
+    staging_offset: int      # This session's staging slot in the pool (0 bytes = none).
+    staging_bytes: int
+    quant: p.QuantInfo
+    layers: int
+    kv_heads: int
+    q_heads: int
+    head_dim: int
+    dtype: str               # "float32", "float16" or "bfloat16".
+    client_name: str
+    model_name: str
+
+    @property
+    def has_staging(self) -> bool:
+        return self.staging_bytes > 0 and bool(self.shm_name)
+
+
+class FetchResult(NamedTuple):
+    """FETCH rows. Unstacked: k[l][h] and v[l][h] are [count, head_dim] arrays and
+    positions[l][h] int64 [count], for l relative to the first fetched layer. Stacked: k and v
+    are [layers, tokens, kv_heads, head_dim] and positions [tokens]."""
+
+    k: Union[List[List[np.ndarray]], np.ndarray]
+    v: Union[List[List[np.ndarray]], np.ndarray]
+    positions: Union[List[List[np.ndarray]], np.ndarray]
+
+
+def _parse_endpoint(endpoint: str) -> bool:
+    """Checks a connect endpoint as ipc::ParseConnectEndpoint; returns whether it is IPv6."""
+    if not isinstance(endpoint, str):
+        raise ValueError("endpoint: got %r, expected ipc://PATH or tcp://HOST:PORT" % (endpoint,))
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if not path or path == "*":
+            raise ValueError("endpoint %s: expected ipc://PATH with a socket file path" % endpoint)
+        if path.startswith("@"):
+            raise ValueError("endpoint %s: abstract Unix sockets (@name) are not supported, "
+                             "expected a file path" % endpoint)
+        if "\0" in path:
+            raise ValueError("endpoint %s: path contains a NUL byte" % endpoint)
+        if len(path.encode()) > _MAX_IPC_PATH:
+            raise ValueError("endpoint %s: path is %d bytes, expected at most %d (Unix socket "
+                             "limit)" % (endpoint, len(path.encode()), _MAX_IPC_PATH))
+        return False
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("endpoint %s: expected tcp://HOST:PORT with PORT 1..65535"
+                             % endpoint)
+        return host.startswith("[")
+    raise ValueError("endpoint: got %r, expected ipc://PATH or tcp://HOST:PORT" % endpoint)
+
+
+def _to_numpy(name: str, x) -> np.ndarray:
+    """numpy view of an ndarray, a torch tensor (any device; bfloat16 widened to float32 exactly)
+    or anything numpy.asarray takes."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):  # torch.Tensor without importing torch.
+        x = x.detach()
+        if hasattr(x, "cpu"):
+            x = x.cpu()
+        if str(getattr(x, "dtype", "")) == "torch.bfloat16":
+            x = x.float()  # numpy has no bfloat16; bf16 -> f32 -> bf16 is exact.
+        return x.numpy()
+    if hasattr(x, "numpy"):
+        return np.asarray(x.numpy())
+    try:
+        return np.asarray(x)  # __array__, buffers, nested lists.
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s: got %s, expected a numpy array or a tensor (%s)"
+                        % (name, type(x).__name__, e)) from None
+
+
+def _to_wire(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
+    """C-contiguous little-endian rows in the session dtype (bfloat16: uint16 bit patterns;
+    uint16 input to a bfloat16 session is taken as bit patterns already)."""
+    if arr.dtype.kind not in "fiu":
+        raise ValueError("%s: dtype %s, expected real numbers (float or integer)"
+                         % (name, arr.dtype))
+    if dtype == "bfloat16":
+        if arr.dtype == np.uint16:
+            return np.ascontiguousarray(arr, dtype="<u2")
+        return np.ascontiguousarray(p.float32_to_bf16(arr), dtype="<u2")
+    with np.errstate(over="ignore"):  # Out-of-range values become inf; the daemon names them.
+        return np.ascontiguousarray(arr, dtype="<f4" if dtype == "float32" else "<f2")
+
+
+def _parse_value(text: str):
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-?inf|nan", text):
+        return float(text)
+    return text
+
+
+def parse_info(text: str) -> Dict[str, Dict[str, Union[int, float, str]]]:
+    """Parses INFO-style text ("# Section" then "field:value" lines) into
+    {section (lower case): {field: int | float | str}}; fields before any header go to ""."""
+    out: Dict[str, Dict[str, Union[int, float, str]]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        if line.startswith("#"):
+            section = line[1:].strip().lower()
+            out.setdefault(section, {})
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise ProtocolError("STATS text: line %r is neither '# Section' nor 'field:value'"
+                                % line)
+        out.setdefault(section, {})[key] = _parse_value(value)
+    return out
+
+
+class _Staging:
+    """This session's staging slot, mapped read-write from /dev/shm/<shm_name>."""
+
+    def __init__(self, session: Session):
+        path = "/dev/shm/" + session.shm_name.lstrip("/")
+        start = session.staging_offset - session.staging_offset % mmap.ALLOCATIONGRANULARITY
+        self.skip = session.staging_offset - start
+        self.bytes = session.staging_bytes
+        try:
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise KvctlError("staging: cannot open the pool %s (%s); send tensors inline"
+                             % (path, e.strerror)) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < session.staging_offset + session.staging_bytes:
+                raise KvctlError("%s: %d bytes, smaller than the staging slot [%d, %d) from HELLO"
+                                 % (path, size, session.staging_offset,
+                                    session.staging_offset + session.staging_bytes))
+            self.map = mmap.mmap(fd, self.skip + self.bytes, mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        finally:
+            os.close(fd)
+
+    def write(self, arrays) -> None:
+        at = self.skip
+        for a in arrays:
+            self.map[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+            at += a.nbytes
+
+    def close(self) -> None:
+        self.map.close()
+
+
+class Client:
+    """A kvctl client: one socket, at most one session (the last hello()) and its sequences."""
+
+    def __init__(self, endpoint: str, timeout_ms: int = 5000,
+                 context: Optional[zmq.Context] = None):
+        self._ipv6 = _parse_endpoint(endpoint)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1:
+            raise ValueError("timeout_ms: got %r, expected an int >= 1" % (timeout_ms,))
+        self.endpoint = endpoint
+        self.timeout_ms = timeout_ms
+        self._ctx = context or zmq.Context.instance()
+        self._lock = threading.RLock()
+        self._socket: Optional[zmq.Socket] = None
+        self._next_id = 1
+        self._session: Optional[Session] = None
+        self._staging: Optional[_Staging] = None
+        self._next_position: Dict[int, int] = {}
+        self.stale_replies = 0  # Replies dropped because their request id was not the call's.
+        self.socket_resets = 0  # Sockets recreated after timeouts.
+        self._reset_socket()
+        self.socket_resets = 0
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    def _reset_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self.socket_resets += 1
+        sock = self._ctx.socket(zmq.DEALER)
+        # linger 0: an unanswered request dies with the socket instead of reaching a restarted
+        # daemon long after its caller gave up.
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
+        sock.setsockopt(zmq.MAXMSGSIZE, p.MAX_TENSOR_FRAME_BYTES)
+        if self._ipv6:
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(self.endpoint)
+        self._socket = sock
+
+    def call_raw(self, frames: list, expect_type: Optional[int] = None) -> p.Reply:
+        """Sends one request whose frame 0 starts with a header (its request id is replaced by
+        this client's next id) and returns the decoded reply.
+
+        The escape hatch for hand-built messages; the typed methods below use it. Raises Timeout,
+        ServerError for ERROR replies, ProtocolError for malformed replies or (when expect_type
+        is given) a reply of another type.
+        """
+        with self._lock:
+            if self._socket is None:
+                raise KvctlError("client is disconnected")
+            request_id = self._next_id
+            self._next_id += 1
+            frame0 = bytes(frames[0])
+            if len(frame0) >= p.HEADER_BYTES:
+                frame0 = frame0[:8] + request_id.to_bytes(8, "little") + frame0[16:]
+                request_type = int.from_bytes(frame0[6:8], "little")
+            else:
+                request_type = 0
+            what = "%s request %d" % (p.type_name(request_type), request_id)
+            deadline = time.monotonic() + self.timeout_ms / 1000.0
+            try:
+                return self._exchange(what, request_id, request_type, expect_type,
+                                      [frame0] + list(frames[1:]), deadline)
+            except zmq.ZMQError as e:
+                self._reset_socket()
+                raise KvctlError("%s: %s; socket reset" % (what, e)) from None
+
+    def _exchange(self, what: str, request_id: int, request_type: int,
+                  expect_type: Optional[int], frames: list, deadline: float) -> p.Reply:
+        try:
+            self._socket.send_multipart(frames, copy=False)
+        except zmq.Again:
+            self._reset_socket()
+            raise Timeout("%s: cannot queue the request to %s within %d ms; socket reset"
+                          % (what, self.endpoint, self.timeout_ms)) from None
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000.0 + 0.999)
+            if left_ms <= 0 or not self._socket.poll(left_ms, zmq.POLLIN):
+                if time.monotonic() < deadline:
+                    continue  # poll() woke early (e.g. rounding): wait out the deadline.
+                self._reset_socket()
+                raise Timeout("%s: no reply from %s within %d ms; socket reset"
+                              % (what, self.endpoint, self.timeout_ms))
+            while True:
+                try:
+                    msg = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if not msg or p.peek_request_id(msg[0].bytes) != request_id:
+                    self.stale_replies += 1  # The late answer to an abandoned request.
+                    continue
+                frames_in = [msg[0].bytes] + [f.buffer for f in msg[1:]]
+                try:
+                    reply = p.decode_reply(frames_in)
+                except ProtocolError as e:
+                    raise ProtocolError("%s: malformed reply: %s" % (what, e)) from None
+                if isinstance(reply.body, p.ErrorReply):
+                    raise ServerError(reply.body.code, reply.body.message,
+                                      p.type_name(request_type))
+                if expect_type is not None and reply.type != expect_type:
+                    raise ProtocolError("%s: reply has type %s, expected %s"
+                                        % (what, p.type_name(reply.type),
+                                           p.type_name(expect_type)))
+                return reply
+
+    def _call(self, msg_type: int, frames: list):
+        return self.call_raw(frames, expect_type=msg_type | p.REPLY_BIT).body
+
+    def _require_session(self) -> Session:
+        if self._session is None:
+            raise KvctlError("no session: call hello() first")
+        return self._session
+
+    def disconnect(self) -> None:
+        """Closes the socket and unmaps the staging slot; the daemon's session lives until its
+        lease runs out. The Client cannot be used afterwards."""
+        with self._lock:
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
+            if self._socket is not None:
+                self._socket.close(linger=0)
+                self._socket = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disconnect()
+
+    @property
+    def session(self) -> Optional[Session]:
+        return self._session
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def hello(self, layers: int, kv_heads: int, head_dim: int, dtype="float16", q_heads: int = 0,
+              client_name: str = "python", model_name: str = "") -> Session:
+        """Starts a session with this geometry; replaces any previous session of this client
+        (the daemon frees that one when its lease runs out). dtype: "float32", "float16" or
+        "bfloat16" (or a numpy/torch dtype)."""
+        code = p.dtype_code(dtype)
+        frames = p.encode_hello(0, client_name, model_name, layers, kv_heads, q_heads, head_dim,
+                                code)
+        reply: p.HelloReply = self._call(p.MsgType.HELLO, frames)
+        with self._lock:
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
+            self._next_position.clear()
+            self._session = Session(
+                reply.session_id, reply.lease_ms, reply.server_version, reply.pool_bytes,
+                reply.page_bytes, reply.shm_name, reply.staging_offset, reply.staging_bytes,
+                reply.quant, layers, kv_heads, q_heads, head_dim, p.dtype_name(code),
+                client_name, model_name)
+        return self._session
+
+    def open(self, seq: int) -> None:
+        """Opens sequence `seq` (an id of the caller's choosing, unique within the session)."""
+        s = self._require_session()
+        self._call(p.MsgType.OPEN, p.encode_open(0, s.session_id, seq))
+        self._next_position[seq] = 0
+
+    def close(self, seq: int) -> int:
+        """Closes sequence `seq` and frees its pool pages; returns the bytes freed."""
+        s = self._require_session()
+        reply: p.CloseReply = self._call(p.MsgType.CLOSE, p.encode_close(0, s.session_id, seq))
+        self._next_position.pop(seq, None)
+        return reply.bytes_freed
+
+    def ping(self) -> int:
+        """Liveness check (renews the session's lease, if any); returns the daemon's monotonic
+        clock in microseconds."""
+        sid = self._session.session_id if self._session else 0
+        reply: p.PingReply = self._call(p.MsgType.PING, p.encode_ping(0, sid))
+        return reply.server_time_us
+
+    def stats(self, section: str = "") -> Dict[str, Dict[str, Union[int, float, str]]]:
+        """The daemon's INFO text parsed into {section: {field: value}} (section names in lower
+        case: "server", "pool", "sequences", "quant", "requests"); "" = every section."""
+        sid = self._session.session_id if self._session else 0
+        text: str = self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
+        return parse_info(text)
+
+    def stats_text(self, section: str = "") -> str:
+        """The daemon's INFO text as sent."""
+        sid = self._session.session_id if self._session else 0
+        return self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
+
+    def _tensor(self, name: str, x, heads: int, heads_name: str, tokens: Optional[int],
+                s: Session) -> np.ndarray:
+        arr = _to_numpy(name, x)
+        want = "[layers=%d, tokens, %s=%d, head_dim=%d]" % (s.layers, heads_name, heads,
+                                                            s.head_dim)
+        if (arr.ndim != 4 or arr.shape[0] != s.layers or arr.shape[2] != heads
+                or arr.shape[3] != s.head_dim or arr.shape[1] < 1
+                or (tokens is not None and arr.shape[1] != tokens)):
+            tok = "tokens=%d" % tokens if tokens is not None else "tokens >= 1"
+            raise ValueError("%s: got shape %s, expected %s with %s" % (name, list(arr.shape),
+                                                                        want, tok))
+        return _to_wire(name, arr, s.dtype)
+
+    def append(self, seq: int, k, v, q=None, first_position: Optional[int] = None,
+               use_staging: bool = False) -> p.AppendReply:
+        """Appends tokens to sequence `seq`.
+
+        k, v: [layers, tokens, kv_heads, head_dim] (q: [layers, tokens, q_heads, head_dim], only
+        if the session declared q_heads > 0), numpy arrays or tensors, converted to the session
+        dtype (bfloat16 sessions take uint16 arrays as bf16 bit patterns and round floats to
+        nearest even). first_position defaults to the position after the last token this client
+        appended to `seq` (0 for a new sequence). use_staging writes the tensors into this
+        session's slot of the shared pool instead of sending them on the socket.
+
+        After a Timeout the append may or may not have happened: pass first_position explicitly
+        (or fetch) before the next append. With use_staging the daemon may still read the slot
+        after a Timeout; do not rely on the slot's content until a later call succeeds.
+        """
+        s = self._require_session()
+        k_arr = self._tensor("k", k, s.kv_heads, "kv_heads", None, s)
+        n = k_arr.shape[1]
+        v_arr = self._tensor("v", v, s.kv_heads, "kv_heads", n, s)
+        tensors = [k_arr, v_arr]
+        if q is not None:
+            if s.q_heads == 0:
+                raise ValueError("q: given, but the session declared q_heads = 0")
+            tensors.append(self._tensor("q", q, s.q_heads, "q_heads", n, s))
+        if n > p.MAX_APPEND_TOKENS:
+            raise ValueError("tokens: got %d, expected at most %d per append; split it"
+                             % (n, p.MAX_APPEND_TOKENS))
+        for name, t in zip("kvq", tensors):
+            if t.nbytes > p.MAX_TENSOR_FRAME_BYTES:
+                raise ValueError("%s: %d bytes exceed the frame limit of %d; split the append "
+                                 "into fewer tokens" % (name, t.nbytes, p.MAX_TENSOR_FRAME_BYTES))
+        pos = self._next_position.get(seq, 0) if first_position is None else first_position
+        has_q = q is not None
+        if use_staging:
+            payload = sum(t.nbytes for t in tensors)
+            with self._lock:
+                if not s.has_staging:
+                    raise ValueError("use_staging: this session has no staging slot (HELLO "
+                                     "returned staging_bytes 0); send tensors inline")
+                if payload > s.staging_bytes:
+                    raise ValueError("use_staging: payload of %d bytes exceeds the staging slot "
+                                     "of %d bytes; split the append" % (payload, s.staging_bytes))
+                frames = p.encode_append(0, s.session_id, seq, pos, n, (), p.SOURCE_STAGING,
+                                         has_q, s.staging_offset)
+                if self._staging is None:
+                    self._staging = _Staging(s)
+                self._staging.write(tensors)
+                reply = self._call(p.MsgType.APPEND, frames)
+        else:
+            frames = p.encode_append(0, s.session_id, seq, pos, n, tensors, p.SOURCE_INLINE,
+                                     has_q)
+            reply = self._call(p.MsgType.APPEND, frames)
+        self._next_position[seq] = pos + n
+        return reply
+
+    def _layer_range(self, layers) -> Tuple[int, int]:
+        if layers is None:
+            return 0, self._require_session().layers
+        if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
+            begin, end = int(layers), int(layers) + 1
+        elif isinstance(layers, (range, slice)):
+            if layers.step not in (None, 1):
+                raise ValueError("layers: got %r, expected a contiguous range (step 1)"
+                                 % (layers,))
+            begin = 0 if layers.start is None else layers.start
+            end = self._require_session().layers if layers.stop is None else layers.stop
+        elif isinstance(layers, (tuple, list)) and len(layers) == 2:
+            begin, end = int(layers[0]), int(layers[1])
+        else:
+            raise ValueError("layers: got %r, expected None, a layer, (begin, end) or a range"
+                             % (layers,))
+        if not 0 <= begin < end <= p.MAX_LAYERS:
+            raise ValueError("layers: got [%d, %d), expected a non-empty range inside [0, %d)"
+                             % (begin, end, p.MAX_LAYERS))
+        return begin, end
+
+    @staticmethod
+    def _split(rows: p.Rows, stacked: bool) -> FetchResult:
+        counts = rows.counts.astype(np.int64)
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        if stacked:
+            if counts.size and np.any(counts != counts[0]):
+                raise ValueError("stacked: heads hold different token counts %s; use "
+                                 "stacked=False" % counts.tolist())
+            c = int(counts[0]) if counts.size else 0
+            pos = rows.positions.reshape(rows.n_layers * rows.kv_heads, c)
+            if c and np.any(pos != pos[0]):
+                raise ValueError("stacked: heads hold different token positions; use "
+                                 "stacked=False")
+            shape = (rows.n_layers, rows.kv_heads, c, rows.head_dim)
+            k = np.ascontiguousarray(rows.k.reshape(shape).transpose(0, 2, 1, 3))
+            v = np.ascontiguousarray(rows.v.reshape(shape).transpose(0, 2, 1, 3))
+            return FetchResult(k, v, pos[0].copy())
+        out_k, out_v, out_p = [], [], []
+        for layer in range(rows.n_layers):
+            lk, lv, lp = [], [], []
+            for head in range(rows.kv_heads):
+                i = layer * rows.kv_heads + head
+                a, b = starts[i], starts[i + 1]
+                lk.append(rows.k[a:b])
+                lv.append(rows.v[a:b])
+                lp.append(rows.positions[a:b])
+            out_k.append(lk)
+            out_v.append(lv)
+            out_p.append(lp)
+        return FetchResult(out_k, out_v, out_p)
+
+    def fetch(self, seq: int, layers=None, mode: str = "dense", dtype="float32",
+              stacked: bool = False) -> FetchResult:
+        """Reads sequence `seq`: layers None (all), a layer, (begin, end) or a range.
+
+        mode "dense" returns every token dequantized; "blocks" returns only the rows the blocks
+        reply carries inline (the sinks and the fp16 tail; see fetch_blocks for the records).
+        dtype of the returned rows: "float32", "float16" or "bfloat16" (uint16 bit patterns).
+        Returns (k, v, positions) per layer per head (see FetchResult), or, with stacked=True
+        and equal counts and positions in every head, arrays [layers, tokens, kv_heads,
+        head_dim] and positions [tokens]."""
+        if mode not in ("dense", "blocks"):
+            raise ValueError("mode: got %r, expected \"dense\" or \"blocks\"" % (mode,))
+        s = self._require_session()
+        begin, end = self._layer_range(layers)
+        wire_mode = p.MODE_DENSE if mode == "dense" else p.MODE_BLOCKS
+        body = self._call(p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end,
+                                                          wire_mode, dtype))
+        self._check_fetch(body, wire_mode, begin, end, dtype)
+        return self._split(body if isinstance(body, p.Rows) else body.tail, stacked)
+
+    @staticmethod
+    def _check_fetch(body, wire_mode: int, begin: int, end: int, dtype) -> None:
+        want = p.Rows if wire_mode == p.MODE_DENSE else p.BlocksReply
+        if not isinstance(body, want):
+            raise ProtocolError("FETCH_REPLY: mode: got %s, expected %s"
+                                % (type(body).__name__, want.__name__))
+        rows = body if isinstance(body, p.Rows) else body.tail
+        if (rows.layer_begin, rows.layer_begin + rows.n_layers) != (begin, end):
+            raise ProtocolError("FETCH_REPLY: layers [%d, %d), expected [%d, %d)"
+                                % (rows.layer_begin, rows.layer_begin + rows.n_layers, begin, end))
+        if rows.dtype != p.dtype_code(dtype):
+            raise ProtocolError("FETCH_REPLY: dtype %s, expected %s"
+                                % (p.dtype_name(rows.dtype), p.dtype_name(p.dtype_code(dtype))))
+
+    def fetch_blocks(self, seq: int, layers=None, dtype="float16") -> dict:
+        """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5) as a dict.
+
+        Keys: layer_begin, n_layers, kv_heads, head_dim, page_bytes, block_tokens,
+        records_per_page, side_records_per_page, layouts (list of dicts, with method_name),
+        layout_index, indptr, indices, last_page_len, side_indices (None without side records),
+        record_offsets (uint64 byte offset in the pool of every record), quantized_counts
+        (tokens in records per pair), tail_dtype, tail_counts, and tail_k, tail_v,
+        tail_positions per layer per head as in fetch(). Records stay valid until the next
+        APPEND or CLOSE of the sequence."""
+        s = self._require_session()
+        begin, end = self._layer_range(layers)
+        body: p.BlocksReply = self._call(
+            p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end, p.MODE_BLOCKS,
+                                            dtype))
+        self._check_fetch(body, p.MODE_BLOCKS, begin, end, dtype)
+        tail = body.tail
+        pairs = tail.n_layers * tail.kv_heads
+        record_offsets = np.zeros(len(body.indices), dtype=np.uint64)
+        quantized = np.zeros(pairs, dtype=np.int64)
+        for i in range(pairs):
+            a, b = int(body.indptr[i]), int(body.indptr[i + 1])
+            rb = body.layouts[body.layout_index[i]].record_bytes
+            ids = body.indices[a:b].astype(np.uint64)
+            record_offsets[a:b] = ((ids // body.records_per_page) * body.page_bytes
+                                   + (ids % body.records_per_page) * rb)
+            if b > a:
+                quantized[i] = (b - a - 1) * body.block_tokens + int(body.last_page_len[i])
+        k, v, positions = self._split(tail, stacked=False)
+        layouts = []
+        for lay in body.layouts:
+            d = dict(lay.__dict__)
+            d["method_name"] = p.QUANT_METHODS[lay.method]
+            layouts.append(d)
+        return {
+            "layer_begin": tail.layer_begin, "n_layers": tail.n_layers,
+            "kv_heads": tail.kv_heads, "head_dim": tail.head_dim,
+            "page_bytes": body.page_bytes, "block_tokens": body.block_tokens,
+            "records_per_page": body.records_per_page,
+            "side_records_per_page": body.side_records_per_page,
+            "layouts": layouts, "layout_index": body.layout_index, "indptr": body.indptr,
+            "indices": body.indices, "last_page_len": body.last_page_len,
+            "side_indices": body.side_indices, "record_offsets": record_offsets,
+            "quantized_counts": quantized, "tail_dtype": p.dtype_name(tail.dtype),
+            "tail_counts": tail.counts, "tail_k": k, "tail_v": v, "tail_positions": positions,
+        }

@@ -1,0 +1,791 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""kvctl wire protocol, version 1, in Python (the byte-level spec is ipc/PROTOCOL.md).
+
+Encoders build the frames of each request after running the checks a sender must run
+(PROTOCOL.md section 5) and raise ValueError naming the field; ``decode_reply`` parses and
+validates a reply and raises ProtocolError naming the field. Everything is little-endian and
+packed with ``struct``; tensor frames become numpy arrays.
+
+Thread safety: pure functions and immutable values.
+
+    frames = encode_ping(request_id=1, session_id=0)
+    sock.send_multipart(frames)
+    reply = decode_reply(sock.recv_multipart())      # Reply(request_id=1, type=0x8004, body=...)
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+# ---- Constants (PROTOCOL.md sections 2, 3 and 6) --------------------------------------------
+
+MAGIC = 0x5443564B  # Bytes "KVCT" on the wire.
+VERSION = 1
+HEADER = struct.Struct("<IHHQH")  # magic, version, type, request_id, flags: 18 bytes.
+HEADER_BYTES = HEADER.size
+REPLY_BIT = 0x8000
+
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 1024
+MAX_APPEND_TOKENS = 1 << 20
+MAX_BLOCK_TOKENS = 1 << 16
+MAX_LAYOUTS = 1024
+MAX_NAME_BYTES = 256
+MAX_SHM_NAME_BYTES = 255
+MAX_SECTION_BYTES = 256
+MAX_ERROR_MESSAGE_BYTES = 4096
+MAX_STATS_TEXT_BYTES = 1 << 20
+MAX_HEADER_FRAME_BYTES = 16 << 20
+MAX_TENSOR_FRAME_BYTES = 1 << 30
+MAX_FRAMES = 4
+MAX_POSITION = 1 << 62  # Positions are 0 .. 2^62 - 1.
+NO_PAGE = 0xFFFFFFFF
+LAYOUT_BYTES = 52
+
+
+class MsgType(enum.IntEnum):
+    """Message type numbers; never renumbered or reused."""
+
+    HELLO = 1
+    OPEN = 2
+    CLOSE = 3
+    PING = 4
+    APPEND = 5
+    FETCH = 6
+    STATS = 7
+    ERROR = 0xFFFF
+
+
+FIRST_REQUEST_TYPE, LAST_REQUEST_TYPE = 1, 7
+
+
+def type_name(msg_type: int) -> str:
+    """"HELLO", "FETCH_REPLY", "ERROR"; unknown numbers read "0x0042" (as ipc::TypeName)."""
+    if msg_type == MsgType.ERROR:
+        return "ERROR"
+    base = msg_type & ~REPLY_BIT
+    if FIRST_REQUEST_TYPE <= base <= LAST_REQUEST_TYPE:
+        return MsgType(base).name + ("_REPLY" if msg_type & REPLY_BIT else "")
+    return "0x%04X" % msg_type
+
+
+# kvctl::StatusCode values carried by ERROR replies (common/status.h).
+STATUS_CODES = {
+    1: "INVALID_ARGUMENT",
+    2: "NOT_FOUND",
+    3: "ALREADY_EXISTS",
+    4: "RESOURCE_EXHAUSTED",
+    5: "FAILED_PRECONDITION",
+    6: "UNAVAILABLE",
+    7: "DEADLINE_EXCEEDED",
+    8: "UNIMPLEMENTED",
+    9: "INTERNAL",
+    10: "PERMISSION_DENIED",
+}
+STATUS_CODE_VALUES = {name: value for value, name in STATUS_CODES.items()}
+
+# kvctl::DType: wire code -> (name, numpy dtype of the raw rows). bfloat16 rows are uint16 bit
+# patterns (numpy has no bfloat16).
+DTYPES = {0: ("float32", np.dtype("<f4")), 1: ("float16", np.dtype("<f2")),
+          2: ("bfloat16", np.dtype("<u2"))}
+DTYPE_CODES = {name: code for code, (name, _) in DTYPES.items()}
+_DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+
+# kvctl::QuantMethod values (kernels/quant_types.h).
+QUANT_METHODS = ("fp16", "kivi", "quarot", "kvarn", "oscar")
+
+
+def dtype_code(dtype) -> int:
+    """Wire code of a dtype given as a name ("float16", "bf16"), a numpy dtype or a torch dtype.
+
+    Raises ValueError for anything else.
+    """
+    if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype in DTYPES:
+        return dtype
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    key = _DTYPE_ALIASES.get(name.lower())
+    if key is None:
+        try:
+            key = _DTYPE_ALIASES.get(np.dtype(dtype).name)
+        except TypeError:
+            key = None
+    if key is None:
+        raise ValueError("dtype: got %r, expected float32, float16 or bfloat16" % (dtype,))
+    return DTYPE_CODES[key]
+
+
+def dtype_name(code: int) -> str:
+    return DTYPES[code][0]
+
+
+# ---- Errors -----------------------------------------------------------------------------------
+
+
+class KvctlError(Exception):
+    """Base of every error this package raises (besides ValueError/TypeError for bad arguments)."""
+
+
+class Timeout(KvctlError):
+    """No reply within the client's timeout (DEADLINE_EXCEEDED); the socket was recreated."""
+
+
+class ServerError(KvctlError):
+    """The daemon answered with ERROR.
+
+    Attributes: code (name, e.g. "NOT_FOUND"), code_value (the wire number), message (the
+    server's text, naming the field), request (the request type name).
+    """
+
+    def __init__(self, code_value: int, message: str, request: str = ""):
+        self.code_value = code_value
+        self.code = STATUS_CODES.get(code_value, "CODE_%d" % code_value)
+        self.message = message
+        self.request = request
+        where = "%s: " % request if request else ""
+        super().__init__("%s%s: %s" % (where, self.code, message))
+
+
+class ProtocolError(KvctlError):
+    """A reply broke the protocol (malformed, wrong type, failed validation); names the field."""
+
+
+# ---- Values -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """The quantizer a session gets by default (HELLO reply)."""
+
+    method: int
+    k_bits: int
+    v_bits: int
+    block_tokens: int
+    sink_tokens: int
+    flush_tokens: int
+
+    @property
+    def method_name(self) -> str:
+        return QUANT_METHODS[self.method]
+
+
+@dataclass(frozen=True)
+class HelloReply:
+    session_id: int
+    lease_ms: int
+    server_version: str
+    pool_bytes: int
+    page_bytes: int
+    shm_name: str
+    staging_offset: int
+    staging_bytes: int
+    quant: QuantInfo
+
+
+@dataclass(frozen=True)
+class CloseReply:
+    bytes_freed: int
+
+
+@dataclass(frozen=True)
+class PingReply:
+    server_time_us: int
+
+
+@dataclass(frozen=True)
+class AppendReply:
+    tokens_total: int       # Sequence length after the append.
+    tokens_quantized: int   # <= tokens_total.
+    pool_bytes_used: int    # Daemon-wide.
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Token rows of FETCH: a dense reply's rows or a blocks reply's fp16 tail.
+
+    Pairs i = (layer - layer_begin) * kv_heads + head; counts[i] rows each, concatenated in pair
+    order in positions (int64 [N]), k and v ([N, head_dim] in dtype; bfloat16 as uint16 bits).
+    """
+
+    layer_begin: int
+    n_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: int
+    counts: np.ndarray
+    positions: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """Byte layout of one block record (52 bytes on the wire)."""
+
+    method: int
+    k_bits: int
+    v_bits: int
+    k_group_tokens: int
+    v_group_channels: int
+    record_bytes: int
+    k_codes_offset: int
+    k_codes_bytes: int
+    k_meta_offset: int
+    k_meta_bytes: int
+    v_codes_offset: int
+    v_codes_bytes: int
+    v_meta_offset: int
+    v_meta_bytes: int
+    side_bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class BlocksReply:
+    """FETCH blocks mode: a page table into the shm pool plus the fp16 tail as rows."""
+
+    page_bytes: int
+    block_tokens: int
+    records_per_page: int
+    side_records_per_page: int
+    layouts: Tuple[RecordLayout, ...]
+    layout_index: np.ndarray        # uint16 [n_pairs]
+    indptr: np.ndarray              # uint32 [n_pairs + 1]
+    indices: np.ndarray             # uint32 [nnz]
+    last_page_len: np.ndarray       # uint32 [n_pairs]
+    side_indices: Optional[np.ndarray]  # uint32 [nnz], or None when no layout has side records
+    tail: Rows
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    request_id: int
+    type: int
+    body: object = field(repr=False)
+
+
+# ---- Writing ----------------------------------------------------------------------------------
+
+
+def _check_range(name: str, value: int, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError("%s: got %r, expected an integer in %d..%d" % (name, value, lo, hi))
+    if not lo <= value <= hi:
+        raise ValueError("%s: got %d, expected %d..%d" % (name, value, lo, hi))
+
+
+def _check_head_dim(name: str, head_dim: int) -> None:
+    _check_range(name, head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM)
+    if head_dim % 8:
+        raise ValueError("%s: got %d, expected a multiple of 8 in %d..%d"
+                         % (name, head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM))
+
+
+def _utf8(name: str, text: str, lo: int, hi: int) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError("%s: got %r, expected a str" % (name, text))
+    try:
+        raw = text.encode("utf-8")  # Strict: lone surrogates fail.
+    except UnicodeEncodeError as e:
+        raise ValueError("%s: not encodable as UTF-8 (%s)" % (name, e.reason)) from None
+    if b"\x00" in raw:
+        raise ValueError("%s: contains a NUL character" % name)
+    if not lo <= len(raw) <= hi:
+        raise ValueError("%s: length %d bytes, expected %d..%d" % (name, len(raw), lo, hi))
+    return raw
+
+
+def _str(raw: bytes) -> bytes:
+    return struct.pack("<I", len(raw)) + raw
+
+
+def header(msg_type: int, request_id: int, version: int = VERSION, flags: int = 0) -> bytes:
+    """The 18-byte header. version and flags are parameters only so tests can break them."""
+    return HEADER.pack(MAGIC, version, msg_type, request_id, flags)
+
+
+def _check_session(session_id: int) -> None:
+    _check_range("session_id", session_id, 1, 2**64 - 1)
+
+
+def validate_geometry(layers: int, kv_heads: int, q_heads: int, head_dim: int) -> None:
+    """The checks of ipc::ValidateGeometry; raises ValueError naming the field."""
+    _check_range("layers", layers, 1, MAX_LAYERS)
+    _check_range("kv_heads", kv_heads, 1, MAX_HEADS)
+    _check_range("q_heads", q_heads, 0, MAX_HEADS)
+    if q_heads % kv_heads:
+        raise ValueError("q_heads: got %d, expected 0 or a multiple of kv_heads (%d)"
+                         % (q_heads, kv_heads))
+    _check_head_dim("head_dim", head_dim)
+
+
+def encode_hello(request_id: int, client_name: str, model_name: str, layers: int, kv_heads: int,
+                 q_heads: int, head_dim: int, dtype, client_max_version: int = VERSION
+                 ) -> List[bytes]:
+    _check_range("client_max_version", client_max_version, 1, 0xFFFF)
+    name = _utf8("client_name", client_name, 1, MAX_NAME_BYTES)
+    model = _utf8("model_name", model_name, 0, MAX_NAME_BYTES)
+    validate_geometry(layers, kv_heads, q_heads, head_dim)
+    body = (struct.pack("<H", client_max_version) + _str(name) + _str(model)
+            + struct.pack("<IIIIB", layers, kv_heads, q_heads, head_dim, dtype_code(dtype)))
+    return [header(MsgType.HELLO, request_id) + body]
+
+
+def encode_open(request_id: int, session_id: int, sequence_id: int) -> List[bytes]:
+    _check_session(session_id)
+    _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
+    return [header(MsgType.OPEN, request_id) + struct.pack("<QQ", session_id, sequence_id)]
+
+
+def encode_close(request_id: int, session_id: int, sequence_id: int) -> List[bytes]:
+    _check_session(session_id)
+    _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
+    return [header(MsgType.CLOSE, request_id) + struct.pack("<QQ", session_id, sequence_id)]
+
+
+def encode_ping(request_id: int, session_id: int = 0) -> List[bytes]:
+    _check_range("session_id", session_id, 0, 2**64 - 1)
+    return [header(MsgType.PING, request_id) + struct.pack("<Q", session_id)]
+
+
+SOURCE_INLINE, SOURCE_STAGING = 0, 1
+
+
+def encode_append(request_id: int, session_id: int, sequence_id: int, first_position: int,
+                  n_tokens: int, tensors: Sequence = (), source: int = SOURCE_INLINE,
+                  has_q: bool = False, staging_offset: int = 0) -> list:
+    """APPEND: tensors are K, V (and Q if has_q) as buffers for inline, nothing for staging.
+
+    Checks what the message itself declares (as ipc's Validate(AppendRequest)); the sizes
+    against the session geometry are checked by the caller and the server.
+    """
+    _check_session(session_id)
+    _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
+    _check_range("n_tokens", n_tokens, 1, MAX_APPEND_TOKENS)
+    _check_range("first_position", first_position, 0, MAX_POSITION - n_tokens)
+    _check_range("source", source, 0, 1)
+    _check_range("staging_offset", staging_offset, 0, 2**64 - 1)
+    tensors = list(tensors)
+    if source == SOURCE_STAGING:
+        if tensors:
+            raise ValueError("staging append: carries %d tensor frames, expected none"
+                             % len(tensors))
+    else:
+        if staging_offset != 0:
+            raise ValueError("staging_offset: got %d, expected 0 for source 0 (inline)"
+                             % staging_offset)
+        want = 3 if has_q else 2
+        if len(tensors) != want:
+            raise ValueError("tensors: got %d frames, expected %d (k, v%s)"
+                             % (len(tensors), want, ", q" if has_q else ""))
+        sizes = [memoryview(t).nbytes for t in tensors]
+        for name, size in zip("kvq", sizes):
+            if size == 0 or size % n_tokens or size > MAX_TENSOR_FRAME_BYTES:
+                raise ValueError("%s: frame has %d bytes, expected a positive multiple of "
+                                 "n_tokens (%d) up to %d" % (name, size, n_tokens,
+                                                             MAX_TENSOR_FRAME_BYTES))
+        if sizes[1] != sizes[0]:
+            raise ValueError("v: frame has %d bytes, expected %d (same as k)"
+                             % (sizes[1], sizes[0]))
+    body = struct.pack("<QQQIBBQ", session_id, sequence_id, first_position, n_tokens, source,
+                       1 if has_q else 0, staging_offset)
+    return [header(MsgType.APPEND, request_id) + body] + tensors
+
+
+MODE_DENSE, MODE_BLOCKS = 0, 1
+
+
+def encode_fetch(request_id: int, session_id: int, sequence_id: int, layer_begin: int,
+                 layer_end: int, mode: int = MODE_DENSE, out_dtype="float32") -> List[bytes]:
+    _check_session(session_id)
+    _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
+    _check_range("layer_end", layer_end, 1, MAX_LAYERS)
+    _check_range("layer_begin", layer_begin, 0, layer_end - 1)
+    _check_range("mode", mode, 0, 1)
+    body = struct.pack("<QQIIBB", session_id, sequence_id, layer_begin, layer_end, mode,
+                       dtype_code(out_dtype))
+    return [header(MsgType.FETCH, request_id) + body]
+
+
+def encode_stats(request_id: int, session_id: int = 0, section: str = "") -> List[bytes]:
+    _check_range("session_id", session_id, 0, 2**64 - 1)
+    raw = _utf8("section", section, 0, MAX_SECTION_BYTES)
+    return [header(MsgType.STATS, request_id) + struct.pack("<Q", session_id) + _str(raw)]
+
+
+# ---- Reading ----------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads little-endian fields of frame 0; every failure names the field."""
+
+    def __init__(self, buf: bytes, pos: int, frames: int = 1):
+        self.buf, self.pos, self.frames = buf, pos, frames
+
+    def _take(self, name: str, n: int) -> bytes:
+        if n > len(self.buf) - self.pos:
+            raise ProtocolError("truncated at %s: need %d bytes at offset %d, frame has %d left"
+                                % (name, n, self.pos, len(self.buf) - self.pos))
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def u8(self, name: str) -> int:
+        return self._take(name, 1)[0]
+
+    def u16(self, name: str) -> int:
+        return struct.unpack("<H", self._take(name, 2))[0]
+
+    def u32(self, name: str) -> int:
+        return struct.unpack("<I", self._take(name, 4))[0]
+
+    def u64(self, name: str) -> int:
+        return struct.unpack("<Q", self._take(name, 8))[0]
+
+    def str(self, name: str, max_bytes: int) -> str:
+        n = self.u32(name)
+        if n > max_bytes:
+            raise ProtocolError("%s: length %d bytes, expected at most %d" % (name, n, max_bytes))
+        raw = self._take(name, n)
+        if b"\x00" in raw:
+            raise ProtocolError("%s: not valid UTF-8 (or contains NUL)" % name)
+        try:
+            return raw.decode("utf-8")  # Strict: rejects overlongs, surrogates, > U+10FFFF.
+        except UnicodeDecodeError:
+            raise ProtocolError("%s: not valid UTF-8 (or contains NUL)" % name) from None
+
+    def array(self, name: str, count: int, dtype: str) -> np.ndarray:
+        item = np.dtype(dtype).itemsize
+        if count > (len(self.buf) - self.pos) // item:
+            raise ProtocolError("truncated at %s: %d elements of %d bytes at offset %d, frame "
+                                "has %d bytes left" % (name, count, item, self.pos,
+                                                       len(self.buf) - self.pos))
+        out = np.frombuffer(self._take(name, count * item), dtype=dtype).copy()
+        return out
+
+    def finish(self, tensor_frames: int = 0) -> None:
+        """The body ends exactly at the end of frame 0, and the message has frame 0 plus
+        tensor_frames (checked in this order, as PROTOCOL.md section 5)."""
+        if self.pos != len(self.buf):
+            raise ProtocolError("%d unexpected trailing bytes after the body (body ends at offset "
+                                "%d, frame has %d bytes)" % (len(self.buf) - self.pos, self.pos,
+                                                              len(self.buf)))
+        if self.frames != 1 + tensor_frames:
+            raise ProtocolError("frame count: got %d, expected %d"
+                                % (self.frames, 1 + tensor_frames))
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise ProtocolError(message)
+
+
+def _in_range(name: str, value: int, lo: int, hi: int) -> None:
+    _expect(lo <= value <= hi, "%s: got %d, expected %d..%d" % (name, value, lo, hi))
+
+
+def peek_request_id(frame0) -> int:
+    """The request id of a frame 0, or 0 if it does not start with the magic and 16 bytes."""
+    raw = bytes(frame0[:16])
+    if len(raw) < 16:
+        return 0
+    magic, _version, _type, request_id = struct.unpack("<IHHQ", raw)
+    return request_id if magic == MAGIC else 0
+
+
+def decode_header(frame0: bytes) -> Tuple[int, int]:
+    """(type, request_id) of a valid header; raises ProtocolError naming the field."""
+    _expect(len(frame0) <= MAX_HEADER_FRAME_BYTES,
+            "frame 0: %d bytes, expected at most %d" % (len(frame0), MAX_HEADER_FRAME_BYTES))
+    _expect(len(frame0) >= HEADER_BYTES, "header: frame 0 has %d bytes, expected at least %d"
+            % (len(frame0), HEADER_BYTES))
+    magic, version, msg_type, request_id, flags = HEADER.unpack_from(frame0)
+    _expect(magic == MAGIC, "magic: got 0x%08X, expected 0x%08X (\"KVCT\")" % (magic, MAGIC))
+    _expect(version == VERSION, "version: got %d, expected %d" % (version, VERSION))
+    _expect(flags == 0, "flags: got %d, expected 0 (reserved)" % flags)
+    return msg_type, request_id
+
+
+def _frame_bytes(frame) -> int:
+    return memoryview(frame).nbytes
+
+
+def _rows(prefix: str, layer_begin: int, n_layers: int, kv_heads: int, head_dim: int,
+          dtype: int, counts: np.ndarray, frames: Sequence) -> Rows:
+    """Checks and wraps frames 1..3 (positions, k, v) for the given per-pair counts."""
+    n = int(counts.sum(dtype=np.uint64))
+    row_dtype = DTYPES[dtype][1]
+    want = {"positions": n * 8, "k": n * head_dim * row_dtype.itemsize}
+    want["v"] = want["k"]
+    for name, frame in zip(("positions", "k", "v"), frames):
+        size = _frame_bytes(frame)
+        _expect(size == want[name], "%s%s: frame has %d bytes, expected %d"
+                % (prefix, name, size, want[name]))
+        _expect(size <= MAX_TENSOR_FRAME_BYTES, "%s%s: %d bytes exceed the frame limit of %d"
+                % (prefix, name, size, MAX_TENSOR_FRAME_BYTES))
+    positions = np.frombuffer(frames[0], dtype="<i8").astype(np.int64)
+    bad = np.flatnonzero((positions < 0) | (positions >= MAX_POSITION))
+    _expect(bad.size == 0, "%spositions[%d]: got %d, expected 0..%d"
+            % (prefix, bad[0] if bad.size else 0, positions[bad[0]] if bad.size else 0,
+               MAX_POSITION - 1))
+    k = np.frombuffer(frames[1], dtype=row_dtype).astype(row_dtype.newbyteorder("="))
+    v = np.frombuffer(frames[2], dtype=row_dtype).astype(row_dtype.newbyteorder("="))
+    return Rows(layer_begin, n_layers, kv_heads, head_dim, dtype, counts, positions,
+                k.reshape(n, head_dim), v.reshape(n, head_dim))
+
+
+def _pair_shape(r: _Reader) -> Tuple[int, int, int, int]:
+    layer_begin, n_layers = r.u32("layer_begin"), r.u32("n_layers")
+    kv_heads, head_dim = r.u32("kv_heads"), r.u32("head_dim")
+    _in_range("n_layers", n_layers, 1, MAX_LAYERS)
+    _in_range("layer_begin", layer_begin, 0, MAX_LAYERS - n_layers)
+    _in_range("kv_heads", kv_heads, 1, MAX_HEADS)
+    _expect(MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0,
+            "head_dim: got %d, expected a multiple of 8 in %d..%d"
+            % (head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM))
+    return layer_begin, n_layers, kv_heads, head_dim
+
+
+def _dtype(r: _Reader, name: str) -> int:
+    code = r.u8(name)
+    _in_range(name, code, 0, 2)
+    return code
+
+
+def _decode_hello(r: _Reader) -> HelloReply:
+    session_id, lease_ms = r.u64("session_id"), r.u32("lease_ms")
+    server_version = r.str("server_version", MAX_NAME_BYTES)
+    pool_bytes, page_bytes = r.u64("pool_bytes"), r.u32("page_bytes")
+    shm_name = r.str("shm_name", MAX_SHM_NAME_BYTES)
+    staging_offset, staging_bytes = r.u64("staging_offset"), r.u64("staging_bytes")
+    quant = QuantInfo(r.u8("quant.method"), r.u8("quant.k_bits"), r.u8("quant.v_bits"),
+                      r.u32("quant.block_tokens"), r.u32("quant.sink_tokens"),
+                      r.u32("quant.flush_tokens"))
+    r.finish()
+    _expect(session_id != 0, "session_id: got 0, expected a session from HELLO")
+    _expect(len(server_version) > 0, "server_version: length 0 bytes, expected 1..256")
+    _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
+    _expect(staging_bytes > 0 or staging_offset == 0,
+            "staging_offset: got %d, expected 0 when staging_bytes is 0" % staging_offset)
+    _expect(staging_bytes == 0 or staging_offset + staging_bytes <= pool_bytes,
+            "staging slot: offset %d + bytes %d ends past pool_bytes %d"
+            % (staging_offset, staging_bytes, pool_bytes))
+    _expect(staging_bytes == 0 or shm_name,
+            "shm_name: empty, expected the pool's shm name when staging_bytes is %d"
+            % staging_bytes)
+    _in_range("quant.method", quant.method, 0, len(QUANT_METHODS) - 1)
+    _in_range("quant.k_bits", quant.k_bits, 1, 16)
+    _in_range("quant.v_bits", quant.v_bits, 1, 16)
+    _in_range("quant.block_tokens", quant.block_tokens, 1, MAX_BLOCK_TOKENS)
+    _expect(quant.flush_tokens > 0 and quant.flush_tokens % quant.block_tokens == 0,
+            "quant.flush_tokens: got %d, expected a positive multiple of block_tokens (%d)"
+            % (quant.flush_tokens, quant.block_tokens))
+    return HelloReply(session_id, lease_ms, server_version, pool_bytes, page_bytes, shm_name,
+                      staging_offset, staging_bytes, quant)
+
+
+def _decode_dense(r: _Reader, frames: Sequence) -> Rows:
+    layer_begin, n_layers, kv_heads, head_dim = _pair_shape(r)
+    dtype = _dtype(r, "dtype")
+    counts = r.array("counts", n_layers * kv_heads, "<u4").astype(np.uint32)
+    r.finish(3)
+    return _rows("", layer_begin, n_layers, kv_heads, head_dim, dtype, counts, frames)
+
+
+def _check_layout(i: int, lay: RecordLayout, page_bytes: int, records_per_page: int,
+                  block_tokens: int, side_records_per_page: int) -> None:
+    at = "layouts[%d]." % i
+    _in_range(at + "method", lay.method, 0, len(QUANT_METHODS) - 1)
+    _in_range(at + "k_bits", lay.k_bits, 1, 16)
+    _in_range(at + "v_bits", lay.v_bits, 1, 16)
+    _in_range(at + "record_bytes", lay.record_bytes, 1, page_bytes // records_per_page)
+    sections = [("k_codes", lay.k_codes_offset, lay.k_codes_bytes),
+                ("k_meta", lay.k_meta_offset, lay.k_meta_bytes),
+                ("v_codes", lay.v_codes_offset, lay.v_codes_bytes),
+                ("v_meta", lay.v_meta_offset, lay.v_meta_bytes)]
+    for name, offset, size in sections:
+        _expect(offset + size <= lay.record_bytes, "%s%s: offset %d + bytes %d ends past "
+                "record_bytes %d" % (at, name, offset, size, lay.record_bytes))
+    for a in range(4):
+        for b in range(a + 1, 4):
+            na, oa, sa = sections[a]
+            nb, ob, sb = sections[b]
+            if sa and sb and oa < ob + sb and ob < oa + sa:
+                raise ProtocolError("%s%s [%d, %d) overlaps %s [%d, %d)"
+                                    % (at, na, oa, oa + sa, nb, ob, ob + sb))
+    side = lay.side_bytes_per_token * block_tokens
+    _expect(side == 0 or side <= page_bytes // side_records_per_page,
+            "%sside_bytes_per_token: got %d, expected side_records_per_page (%d) * block_tokens "
+            "(%d) * it <= page_bytes (%d)" % (at, lay.side_bytes_per_token,
+                                              side_records_per_page, block_tokens, page_bytes))
+
+
+def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
+    layer_begin, n_layers, kv_heads, head_dim = _pair_shape(r)
+    pairs = n_layers * kv_heads
+    page_bytes, block_tokens = r.u32("page_bytes"), r.u32("block_tokens")
+    records_per_page, side_records_per_page = r.u32("records_per_page"), r.u32(
+        "side_records_per_page")
+    n_layouts = r.u16("n_layouts")
+    _in_range("n_layouts", n_layouts, 1, MAX_LAYOUTS)
+    layouts = []
+    for _ in range(n_layouts):
+        method, k_bits, v_bits, reserved = (r.u8("layout.method"), r.u8("layout.k_bits"),
+                                            r.u8("layout.v_bits"), r.u8("layout.reserved"))
+        _in_range("layout.reserved", reserved, 0, 0)
+        layouts.append(RecordLayout(method, k_bits, v_bits, *[r.u32("layout")
+                                                               for _ in range(12)]))
+    any_side = any(lay.side_bytes_per_token > 0 for lay in layouts)
+    layout_index = r.array("layout_index", pairs, "<u2").astype(np.uint16)
+    indptr = r.array("indptr", pairs + 1, "<u4").astype(np.uint32)
+    nnz = int(indptr[-1])
+    indices = r.array("indices", nnz, "<u4").astype(np.uint32)
+    last_page_len = r.array("last_page_len", pairs, "<u4").astype(np.uint32)
+    side_indices = r.array("side_indices", nnz if any_side else 0, "<u4").astype(np.uint32)
+    tail_dtype = _dtype(r, "tail_dtype")
+    tail_counts = r.array("tail_counts", pairs, "<u4").astype(np.uint32)
+    r.finish(3)
+
+    _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
+    _in_range("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
+    _in_range("records_per_page", records_per_page, 1, page_bytes)
+    _in_range("side_records_per_page", side_records_per_page, 1 if any_side else 0,
+              page_bytes if any_side else 0)
+    for i, lay in enumerate(layouts):
+        _check_layout(i, lay, page_bytes, records_per_page, block_tokens, side_records_per_page)
+    _expect(indptr[0] == 0, "indptr[0]: got %d, expected 0" % indptr[0])
+    for i in range(pairs):
+        _expect(indptr[i + 1] >= indptr[i], "indptr[%d]: got %d, expected >= indptr[%d] = %d"
+                % (i + 1, indptr[i + 1], i, indptr[i]))
+    for i in range(pairs):
+        _in_range("layout_index[%d]" % i, int(layout_index[i]), 0, len(layouts) - 1)
+        has_pages = indptr[i + 1] > indptr[i]
+        _in_range("last_page_len[%d]" % i, int(last_page_len[i]), 1 if has_pages else 0,
+                  block_tokens if has_pages else 0)
+        pair_side = layouts[layout_index[i]].side_bytes_per_token > 0
+        for j in range(int(indptr[i]), int(indptr[i + 1])):
+            _expect(indices[j] != NO_PAGE,
+                    "indices[%d]: got %d (no page), expected a page id" % (j, NO_PAGE))
+            if any_side:
+                _expect((side_indices[j] != NO_PAGE) == pair_side,
+                        "side_indices[%d]: got %d, expected %s for the layout of pair %d"
+                        % (j, side_indices[j],
+                           "a page id" if pair_side else "4294967295 (no side record)", i))
+    tail = _rows("tail_", layer_begin, n_layers, kv_heads, head_dim, tail_dtype, tail_counts,
+                 frames)
+    return BlocksReply(page_bytes, block_tokens, records_per_page, side_records_per_page,
+                       tuple(layouts), layout_index, indptr, indices, last_page_len,
+                       side_indices if any_side else None, tail)
+
+
+def decode_reply(frames: Sequence) -> Reply:
+    """Parses and validates one reply (a list of bytes-like frames).
+
+    Raises ProtocolError naming the first field that breaks PROTOCOL.md; an ERROR reply is
+    returned as a Reply whose body is an ErrorReply.
+    """
+    if not frames:
+        raise ProtocolError("message: no frames, expected a header frame")
+    frame0 = bytes(frames[0])
+    msg_type, request_id = decode_header(frame0)
+    what = type_name(msg_type)
+    known = msg_type == MsgType.ERROR or (
+        msg_type & REPLY_BIT and FIRST_REQUEST_TYPE <= msg_type & ~REPLY_BIT <= LAST_REQUEST_TYPE)
+    if not known:
+        raise ProtocolError("type: got %s, expected a %sreply"
+                            % (what, "known " if msg_type & REPLY_BIT else ""))
+    if len(frames) > MAX_FRAMES:
+        raise ProtocolError("%s: frame count: got %d, expected at most %d"
+                            % (what, len(frames), MAX_FRAMES))
+    for i in range(1, len(frames)):
+        size = _frame_bytes(frames[i])
+        if size > MAX_TENSOR_FRAME_BYTES:
+            raise ProtocolError("%s: frame %d: %d bytes, expected at most %d"
+                                % (what, i, size, MAX_TENSOR_FRAME_BYTES))
+    r = _Reader(frame0, HEADER_BYTES, len(frames))
+    try:
+        body = _decode_body(msg_type, r, frames[1:])
+    except ProtocolError as e:
+        raise ProtocolError("%s: %s" % (what, e)) from None
+    return Reply(request_id, msg_type, body)
+
+
+def _decode_body(msg_type: int, r: _Reader, tensors: Sequence):
+    if msg_type == MsgType.ERROR:
+        code = r.u32("code")
+        _in_range("code", code, 1, max(STATUS_CODES))
+        message = r.str("message", MAX_ERROR_MESSAGE_BYTES)
+        r.finish()
+        return ErrorReply(code, message)
+    base = msg_type & ~REPLY_BIT
+    if base == MsgType.HELLO:
+        return _decode_hello(r)
+    if base == MsgType.OPEN:
+        r.finish()
+        return None
+    if base == MsgType.CLOSE:
+        out = CloseReply(r.u64("bytes_freed"))
+        r.finish()
+        return out
+    if base == MsgType.PING:
+        out = PingReply(r.u64("server_time_us"))
+        r.finish()
+        return out
+    if base == MsgType.APPEND:
+        out = AppendReply(r.u64("tokens_total"), r.u64("tokens_quantized"),
+                          r.u64("pool_bytes_used"))
+        r.finish()
+        _in_range("tokens_quantized", out.tokens_quantized, 0, out.tokens_total)
+        return out
+    if base == MsgType.STATS:
+        r.finish(1)
+        raw = bytes(tensors[0])
+        _expect(len(raw) <= MAX_STATS_TEXT_BYTES, "text: length %d bytes, expected 0..%d"
+                % (len(raw), MAX_STATS_TEXT_BYTES))
+        _expect(b"\x00" not in raw, "text: not valid UTF-8 (or contains NUL)")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("text: not valid UTF-8 (or contains NUL)") from None
+    # FETCH: the first body byte is the mode.
+    mode = r.u8("mode")
+    if mode == MODE_DENSE:
+        return _decode_dense(r, tensors)
+    if mode == MODE_BLOCKS:
+        return _decode_blocks(r, tensors)
+    raise ProtocolError("mode: got %d, expected 0..1" % mode)
+
+
+# ---- bfloat16 helpers (numpy has no bfloat16; bf16 data travels as uint16 bit patterns) -------
+
+
+def float32_to_bf16(x) -> np.ndarray:
+    """Rounds to nearest even into bf16 bit patterns (uint16), as kvctl::FloatToBf16; NaN stays
+    NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return rounded
+
+
+def bf16_to_float32(bits) -> np.ndarray:
+    """Widens bf16 bit patterns (uint16) to float32 exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)

@@ -1,0 +1,398 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""Wire format without a daemon: the byte examples of ipc/PROTOCOL.md, reply validation, the
+client's argument checks, and the client's socket discipline against a scripted ZeroMQ peer (the
+real daemon never sends stale or malformed replies, so a peer that does is the only way to test
+the client's handling of them)."""
+
+import os
+import struct
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+import kvctl
+from kvctl import protocol as p
+
+
+def hexbytes(text: str) -> bytes:
+    return bytes.fromhex(" ".join(text.split()))
+
+
+def hdr(msg_type: int, request_id: int) -> bytes:
+    return struct.pack("<IHHQH", p.MAGIC, 1, msg_type, request_id, 0)
+
+
+HELLO_BODY = hexbytes("""
+    01 00
+    04 00 00 00 76 6c 6c 6d
+    04 00 00 00 71 77 65 6e
+    02 00 00 00  01 00 00 00  02 00 00 00  08 00 00 00  01""")
+
+HELLO_REPLY_BODY = hexbytes("""
+    05 00 00 00 00 00 00 00
+    30 75 00 00
+    05 00 00 00 30 2e 31 2e 30
+    00 00 10 00 00 00 00 00
+    00 10 00 00
+    03 00 00 00 2f 6b 76
+    00 10 00 00 00 00 00 00
+    00 20 00 00 00 00 00 00
+    03 02 02
+    20 00 00 00  04 00 00 00  80 00 00 00""")
+
+BLOCKS_BODY = hexbytes("""
+    01
+    00 00 00 00  01 00 00 00  01 00 00 00  08 00 00 00
+    00 10 00 00  20 00 00 00  10 00 00 00  00 00 00 00
+    01 00
+    03 02 02 00  20 00 00 00  08 00 00 00  00 01 00 00
+    00 00 00 00  40 00 00 00  40 00 00 00  40 00 00 00
+    80 00 00 00  40 00 00 00  c0 00 00 00  40 00 00 00
+    00 00 00 00
+    00 00
+    00 00 00 00  02 00 00 00
+    11 00 00 00  12 00 00 00
+    20 00 00 00
+    01
+    01 00 00 00""")
+
+
+# ---- PROTOCOL.md examples -------------------------------------------------------------------
+
+
+def test_protocol_header_example_is_the_documented_bytes():
+    assert p.header(p.MsgType.HELLO, 1) == hexbytes(
+        "4b 56 43 54  01 00  01 00  01 00 00 00 00 00 00 00  00 00")
+
+
+def test_protocol_hello_request_example():
+    frames = p.encode_hello(1, "vllm", "qwen", 2, 1, 2, 8, "float16")
+    assert frames == [hdr(1, 1) + HELLO_BODY]
+    assert len(frames[0]) == 53
+
+
+def test_protocol_hello_reply_example():
+    frame0 = hdr(0x8001, 1) + HELLO_REPLY_BODY
+    assert len(frame0) == 89
+    reply = p.decode_reply([frame0])
+    assert reply.request_id == 1 and reply.type == 0x8001
+    assert reply.body == p.HelloReply(5, 30000, "0.1.0", 1048576, 4096, "/kv", 4096, 8192,
+                                      p.QuantInfo(3, 2, 2, 32, 4, 128))
+    assert reply.body.quant.method_name == "kvarn"
+
+
+def test_protocol_open_close_ping_examples():
+    body = hexbytes("05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00")
+    assert p.encode_open(2, 5, 9) == [hdr(2, 2) + body]
+    assert p.encode_close(2, 5, 9) == [hdr(3, 2) + body]
+    assert p.decode_reply([hdr(0x8002, 2)]).body is None
+    closed = p.decode_reply([hdr(0x8003, 2) + hexbytes("00 10 00 00 00 00 00 00")])
+    assert closed.body == p.CloseReply(4096)
+    assert p.encode_ping(3, 0) == [hdr(4, 3) + bytes(8)]
+    pong = p.decode_reply([hdr(0x8004, 3) + hexbytes("40 42 0f 00 00 00 00 00")])
+    assert pong.body == p.PingReply(1000000)
+
+
+def test_protocol_append_examples():
+    k = np.arange(16, dtype="<f2").reshape(2, 1, 1, 8)
+    v = -k
+    frames = p.encode_append(5, 5, 9, 0, 1, [k, v])
+    assert frames[0] == hdr(5, 5) + hexbytes("""
+        05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00
+        01 00 00 00  00  00  00 00 00 00 00 00 00 00""")
+    assert len(frames[0]) == 18 + 38 and frames[1] is k and frames[2] is v
+    staged = p.encode_append(6, 5, 9, 1, 1, (), p.SOURCE_STAGING, True, 4096)
+    assert staged == [hdr(5, 6) + hexbytes("""
+        05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00  01 00 00 00 00 00 00 00
+        01 00 00 00  01  01  00 10 00 00 00 00 00 00""")]
+    reply = p.decode_reply([hdr(0x8005, 6) + hexbytes(
+        "02 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00  00 20 00 00 00 00 00 00")])
+    assert reply.body == p.AppendReply(2, 0, 8192)
+
+
+def test_protocol_fetch_request_and_dense_reply_examples():
+    assert p.encode_fetch(7, 5, 9, 0, 1, p.MODE_DENSE, "float16") == [hdr(6, 7) + hexbytes(
+        "05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00  00 00 00 00  01 00 00 00  00 01")]
+    body = hexbytes("00  00 00 00 00  01 00 00 00  01 00 00 00  08 00 00 00  01  02 00 00 00")
+    assert len(body) == 22
+    rows_k = np.arange(16, dtype="<f2")
+    reply = p.decode_reply([hdr(0x8006, 7) + body, struct.pack("<qq", 0, 1), rows_k.tobytes(),
+                            (-rows_k).tobytes()])
+    rows = reply.body
+    assert isinstance(rows, p.Rows)
+    assert (rows.layer_begin, rows.n_layers, rows.kv_heads, rows.head_dim) == (0, 1, 1, 8)
+    assert rows.dtype == 1 and rows.counts.tolist() == [2]
+    assert rows.positions.tolist() == [0, 1]
+    np.testing.assert_array_equal(rows.k, rows_k.reshape(2, 8))
+    np.testing.assert_array_equal(rows.v, -rows_k.reshape(2, 8))
+
+
+def test_protocol_blocks_reply_example():
+    assert len(BLOCKS_BODY) == 114
+    tail_k = np.arange(8, dtype="<f2")
+    reply = p.decode_reply([hdr(0x8006, 8) + BLOCKS_BODY, struct.pack("<q", 64),
+                            tail_k.tobytes(), tail_k.tobytes()])
+    b = reply.body
+    assert isinstance(b, p.BlocksReply)
+    assert (b.page_bytes, b.block_tokens, b.records_per_page, b.side_records_per_page) == (
+        4096, 32, 16, 0)
+    assert b.layouts == (p.RecordLayout(3, 2, 2, 32, 8, 256, 0, 64, 64, 64, 128, 64, 192, 64,
+                                        0),)
+    assert b.layout_index.tolist() == [0] and b.indptr.tolist() == [0, 2]
+    assert b.indices.tolist() == [17, 18] and b.last_page_len.tolist() == [32]
+    assert b.side_indices is None
+    assert b.tail.counts.tolist() == [1] and b.tail.positions.tolist() == [64]
+
+
+def test_protocol_stats_and_error_examples():
+    assert p.encode_stats(9, 0, "pool") == [hdr(7, 9) + hexbytes(
+        "00 00 00 00 00 00 00 00  04 00 00 00 70 6f 6f 6c")]
+    text = b"# Pool\npool_bytes:1048576\n"
+    assert p.decode_reply([hdr(0x8007, 9), text]).body == text.decode()
+    assert kvctl.parse_info(text.decode()) == {"pool": {"pool_bytes": 1048576}}
+    body = hexbytes("02 00 00 00  17 00 00 00") + b"sequence_id: 9 not open"
+    assert len(body) == 31
+    err = p.decode_reply([hdr(0xFFFF, 10) + body]).body
+    assert err == p.ErrorReply(2, "sequence_id: 9 not open")
+
+
+# ---- Reply validation ----------------------------------------------------------------------
+
+
+def _hello_reply(**changes) -> bytes:
+    fields = dict(session_id=5, lease=30000, version=b"0.1.0", pool=1 << 20, page=4096,
+                  shm=b"/kv", staging_offset=4096, staging_bytes=8192, method=3, k_bits=2,
+                  v_bits=2, block=32, sinks=4, flush=128)
+    fields.update(changes)
+    f = fields
+    return (hdr(0x8001, 1) + struct.pack("<QI", f["session_id"], f["lease"])
+            + struct.pack("<I", len(f["version"])) + f["version"]
+            + struct.pack("<QI", f["pool"], f["page"]) + struct.pack("<I", len(f["shm"]))
+            + f["shm"] + struct.pack("<QQBBBIII", f["staging_offset"], f["staging_bytes"],
+                                     f["method"], f["k_bits"], f["v_bits"], f["block"],
+                                     f["sinks"], f["flush"]))
+
+
+@pytest.mark.parametrize("frames, field", [
+    ([b""], "header"),
+    ([b"\x00" * 18], "magic"),
+    ([struct.pack("<IHHQH", p.MAGIC, 2, 0x8004, 1, 0) + bytes(8)], "version: got 2"),
+    ([struct.pack("<IHHQH", p.MAGIC, 1, 0x8004, 1, 1) + bytes(8)], "flags"),
+    ([hdr(4, 1) + bytes(8)], "expected a reply"),
+    ([hdr(0x8042, 1)], "expected a known reply"),
+    ([hdr(0x8004, 1) + bytes(7)], "truncated at server_time_us"),
+    ([hdr(0x8004, 1) + bytes(9)], "trailing bytes"),
+    ([hdr(0x8004, 1) + bytes(8), b"x"], "frame count"),
+    ([hdr(0x8007, 1)], "frame count"),
+    ([hdr(0xFFFF, 1) + struct.pack("<II", 0, 0)], "code: got 0"),
+    ([hdr(0xFFFF, 1) + struct.pack("<II", 2, 2) + b"\xc0\x80"], "UTF-8"),
+    ([hdr(0xFFFF, 1) + struct.pack("<II", 2, 3) + b"\xed\xa0\x80"], "UTF-8"),
+    ([hdr(0xFFFF, 1) + struct.pack("<II", 2, 1) + b"\x00"], "NUL"),
+    ([hdr(0x8005, 1) + struct.pack("<QQQ", 1, 2, 0)], "tokens_quantized"),
+    ([_hello_reply(session_id=0)], "session_id"),
+    ([_hello_reply(staging_offset=1 << 20)], "staging slot"),
+    ([_hello_reply(staging_bytes=0)], "staging_offset"),
+    ([_hello_reply(shm=b"")], "shm_name"),
+    ([_hello_reply(method=5)], "quant.method"),
+    ([_hello_reply(flush=100)], "quant.flush_tokens"),
+    ([_hello_reply(version=b"")], "server_version"),
+    ([hdr(0x8006, 1) + bytes([2])], "mode: got 2"),
+])
+def test_protocol_malformed_replies_raise_protocol_error_naming_the_field(frames, field):
+    with pytest.raises(kvctl.ProtocolError, match=field):
+        p.decode_reply(frames)
+
+
+def _dense(counts, positions, head_dim=8, dtype=1, k_rows=None):
+    body = struct.pack("<BIIIIB", 0, 0, 1, len(counts), head_dim, dtype) + struct.pack(
+        "<%dI" % len(counts), *counts)
+    n = len(positions)
+    size = {0: 4}.get(dtype, 2)
+    k = bytes(n * head_dim * size) if k_rows is None else k_rows
+    return [hdr(0x8006, 1) + body, struct.pack("<%dq" % n, *positions), k, bytes(len(k))]
+
+
+def test_protocol_dense_reply_checks_frame_sizes_and_positions():
+    assert p.decode_reply(_dense([1, 2], [0, 0, 1])).body.counts.tolist() == [1, 2]
+    with pytest.raises(kvctl.ProtocolError, match="positions: frame has 16 bytes, expected 24"):
+        p.decode_reply(_dense([1, 2], [0, 1]))
+    with pytest.raises(kvctl.ProtocolError, match="k: frame has 2 bytes, expected 48"):
+        p.decode_reply(_dense([1, 2], [0, 0, 1], k_rows=b"\x00\x00"))
+    with pytest.raises(kvctl.ProtocolError, match=r"positions\[1\]: got -1"):
+        p.decode_reply(_dense([1, 2], [0, -1, 1]))
+    with pytest.raises(kvctl.ProtocolError, match="head_dim: got 12"):
+        p.decode_reply(_dense([1], [0], head_dim=12))
+    with pytest.raises(kvctl.ProtocolError, match="dtype: got 3"):
+        p.decode_reply(_dense([1], [0], dtype=3, k_rows=bytes(16)))
+
+
+def test_protocol_blocks_reply_checks_the_page_table():
+    def frames(body):
+        return [hdr(0x8006, 8) + body, struct.pack("<q", 64), bytes(16), bytes(16)]
+
+    at = BLOCKS_BODY.index(bytes.fromhex("0000000002000000"))  # indptr = {0, 2}
+    bad_indptr = BLOCKS_BODY[:at] + struct.pack("<II", 1, 2) + BLOCKS_BODY[at + 8:]
+    with pytest.raises(kvctl.ProtocolError, match=r"indptr\[0\]: got 1"):
+        p.decode_reply(frames(bad_indptr))
+    last = at + 16  # last_page_len[0]
+    bad_last = BLOCKS_BODY[:last] + struct.pack("<I", 33) + BLOCKS_BODY[last + 4:]
+    with pytest.raises(kvctl.ProtocolError, match=r"last_page_len\[0\]: got 33"):
+        p.decode_reply(frames(bad_last))
+    lay = 35  # The layout's record_bytes: 16 records of 4096 bytes cannot fit a 4096-byte page.
+    assert BLOCKS_BODY[lay + 12:lay + 16] == struct.pack("<I", 256)
+    big = BLOCKS_BODY[:lay + 12] + struct.pack("<I", 512) + BLOCKS_BODY[lay + 16:]
+    with pytest.raises(kvctl.ProtocolError, match=r"layouts\[0\].record_bytes: got 512"):
+        p.decode_reply(frames(big))
+
+
+# ---- Helpers and argument checks -----------------------------------------------------------
+
+
+def test_bf16_helpers_round_to_nearest_even_and_widen_exactly():
+    x = np.array([1.0, -2.5, 1.00390625, 1.01171875, 3.0e38, np.inf, np.nan], dtype=np.float32)
+    bits = kvctl.float32_to_bf16(x)
+    assert bits.dtype == np.uint16
+    # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even (1.0) wins; 1 + 3*2^-8 rounds up.
+    assert bits[:4].tolist() == [0x3F80, 0xC020, 0x3F80, 0x3F82]
+    back = kvctl.bf16_to_float32(bits)
+    assert back[0] == 1.0 and back[1] == -2.5 and back[3] == 1.015625
+    assert np.isfinite(back[4]) and np.isinf(back[5]) and np.isnan(back[6])
+    every = np.arange(1 << 16, dtype=np.uint16)
+    finite = np.isfinite(kvctl.bf16_to_float32(every))
+    assert np.array_equal(kvctl.float32_to_bf16(kvctl.bf16_to_float32(every))[finite],
+                          every[finite])
+
+
+def test_parse_info_types_values():
+    text = "# Server\nkvctl_version:0.1.0\npid:12\n\n# Sequences\nbits_per_element:2.5\n" \
+           "compression_vs_fp16:6.4e+00\nneg:-3\n"
+    assert kvctl.parse_info(text) == {
+        "server": {"kvctl_version": "0.1.0", "pid": 12},
+        "sequences": {"bits_per_element": 2.5, "compression_vs_fp16": 6.4, "neg": -3}}
+    with pytest.raises(kvctl.ProtocolError, match="neither"):
+        kvctl.parse_info("# A\nno colon here\n")
+
+
+@pytest.mark.parametrize("endpoint, match", [
+    ("tcp://127.0.0.1", "PORT"), ("ipc://", "file path"), ("ipc://@abstract", "abstract"),
+    ("ipc:///" + "x" * 120, "Unix socket limit"), ("inproc://x", "expected ipc"),
+])
+def test_client_rejects_bad_endpoints(endpoint, match):
+    with pytest.raises(ValueError, match=match):
+        kvctl.Client(endpoint)
+
+
+def test_client_rejects_bad_arguments_before_sending(workdir):
+    # No daemon listens here: every check below must fire before any request is sent.
+    c = kvctl.Client("ipc://%s/nobody.sock" % workdir, timeout_ms=100)
+    try:
+        with pytest.raises(ValueError, match="timeout_ms"):
+            kvctl.Client(c.endpoint, timeout_ms=0)
+        with pytest.raises(ValueError, match="layers: got 0, expected 1..1024"):
+            c.hello(layers=0, kv_heads=1, head_dim=64)
+        with pytest.raises(ValueError, match="head_dim: got 12, expected a multiple of 8"):
+            c.hello(layers=1, kv_heads=1, head_dim=12)
+        with pytest.raises(ValueError, match="q_heads: got 3, expected 0 or a multiple"):
+            c.hello(layers=1, kv_heads=2, q_heads=3, head_dim=64)
+        with pytest.raises(ValueError, match="client_name: length 0"):
+            c.hello(layers=1, kv_heads=1, head_dim=64, client_name="")
+        with pytest.raises(ValueError, match="model_name: contains a NUL"):
+            c.hello(layers=1, kv_heads=1, head_dim=64, model_name="a\0b")
+        with pytest.raises(ValueError, match="dtype: got 'int8'"):
+            c.hello(layers=1, kv_heads=1, head_dim=64, dtype="int8")
+        with pytest.raises(kvctl.KvctlError, match="hello"):
+            c.open(1)
+        assert c.socket_resets == 0
+    finally:
+        c.disconnect()
+
+
+# ---- Socket discipline against a scripted peer ---------------------------------------------
+
+
+class ScriptedPeer:
+    """A ROUTER socket answering each request with the frames script(request_id, n) returns
+    (a list of replies; each reply a list of frames; [] = stay silent)."""
+
+    def __init__(self, endpoint, script):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.script = script
+        self.seen = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self.done.is_set():
+            if not poller.poll(20):
+                continue
+            ident, frame0, *_ = self.sock.recv_multipart()
+            request_id = p.peek_request_id(frame0)
+            self.seen.append(request_id)
+            for reply in self.script(request_id, len(self.seen)):
+                self.sock.send_multipart([ident] + reply)
+
+    def close(self):
+        self.done.set()
+        self.thread.join()
+        self.sock.close()
+        self.ctx.term()
+
+
+def _pong(request_id, t):
+    return [hdr(0x8004, request_id) + struct.pack("<Q", t)]
+
+
+def test_client_drops_stale_replies_and_times_out_with_a_fresh_socket(workdir):
+    endpoint = "ipc://%s/peer-%d.sock" % (workdir, os.getpid())
+
+    def script(request_id, n):
+        if n == 1:
+            return []  # Silent: the client times out.
+        # A late reply to the abandoned request 1 (stale), then the real answer.
+        return [_pong(1, 111), _pong(request_id + 1000, 333), _pong(request_id, 222)]
+
+    peer = ScriptedPeer(endpoint, script)
+    c = kvctl.Client(endpoint, timeout_ms=300)
+    try:
+        with pytest.raises(kvctl.Timeout, match="PING request 1: no reply"):
+            c.ping()
+        assert c.socket_resets == 1
+        assert c.ping() == 222
+        assert c.stale_replies == 2
+        assert peer.seen == [1, 2]
+    finally:
+        c.disconnect()
+        peer.close()
+
+
+def test_client_raises_protocol_error_on_malformed_or_mistyped_replies(workdir):
+    endpoint = "ipc://%s/peer2-%d.sock" % (workdir, os.getpid())
+    replies = {
+        1: [hdr(0x8004, 1) + bytes(9)],                 # A trailing byte.
+        2: [hdr(0x8002, 2)],                            # OPEN_REPLY to a PING.
+        3: [hdr(0xFFFF, 3) + struct.pack("<II", 5, 4) + b"busy"],
+        4: _pong(4, 7),
+    }
+    peer = ScriptedPeer(endpoint, lambda rid, n: [replies[rid]])
+    c = kvctl.Client(endpoint, timeout_ms=2000)
+    try:
+        with pytest.raises(kvctl.ProtocolError, match="malformed reply: PING_REPLY: 1 unexpected"):
+            c.ping()
+        with pytest.raises(kvctl.ProtocolError, match="reply has type OPEN_REPLY"):
+            c.ping()
+        with pytest.raises(kvctl.ServerError) as e:
+            c.ping()
+        assert e.value.code == "FAILED_PRECONDITION" and e.value.message == "busy"
+        assert c.ping() == 7  # Nothing broke the socket.
+        assert c.socket_resets == 0
+    finally:
+        c.disconnect()
+        peer.close()
