@@ -396,3 +396,18 @@ def test_client_raises_protocol_error_on_malformed_or_mistyped_replies(workdir):
     finally:
         c.disconnect()
         peer.close()
+
+
+def test_fetch_rows_split_per_pair_and_stack_only_when_heads_agree():
+    # Heads hold different counts once eviction runs; the daemon cannot produce that yet.
+    k = np.arange(3 * 8, dtype=np.float32).reshape(3, 8)
+    rows = p.Rows(4, 1, 2, 8, 0, np.array([2, 1], np.uint32), np.array([5, 6, 6]), k, -k)
+    fk, fv, pos = kvctl.Client._split(rows, stacked=False)
+    assert [x.shape for x in fk[0]] == [(2, 8), (1, 8)]
+    assert np.array_equal(fk[0][1], k[2:]) and np.array_equal(fv[0][0], -k[:2])
+    assert [x.tolist() for x in pos[0]] == [[5, 6], [6]]
+    with pytest.raises(ValueError, match=r"different token counts \[2, 1\]"):
+        kvctl.Client._split(rows, stacked=True)
+    same = p.Rows(0, 1, 2, 8, 0, np.array([1, 1], np.uint32), np.array([5, 6]), k[:2], k[:2])
+    with pytest.raises(ValueError, match="different token positions"):
+        kvctl.Client._split(same, stacked=True)
