@@ -35,6 +35,13 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
   if (!lossless) {
     KVCTL_ASSIGN_OR_RETURN(rules, ResolveStreamingRules(config, model, g.head_dim));
   }
+  const uint64_t row_bytes =
+      2ull * g.head_dim * (lossless ? DTypeSize(g.dtype) : DTypeSize(DType::kF16));
+  if (row_bytes > config.pool.page_bytes) {
+    return InvalidArgument("head_dim: got ", g.head_dim, ": one K+V row takes ", row_bytes,
+                           " bytes, more than pool.page_bytes ", config.pool.page_bytes,
+                           "; raise pool.page_bytes");
+  }
   for (uint32_t l = 0; l < g.layers; ++l) {
     plans[l].lossless = lossless;
     plans[l].rules = rules;
@@ -51,6 +58,16 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
         return Status(spec.status().code(),
                       internal::StrCat("quantizer for layer ", l, ", head ", h, " (head_dim ",
                                        g.head_dim, "): ", spec.status().message()));
+      }
+      const BlockLayout layout = BlockLayoutOf(*spec);
+      const uint64_t norm_bytes = layout.side_bytes_per_token * spec->block_tokens;
+      if (layout.record_bytes > config.pool.page_bytes || norm_bytes > config.pool.page_bytes) {
+        return InvalidArgument("quantizer for layer ", l, ", head ", h, ": a ",
+                               QuantMethodName(spec->method), " k", spec->k_bits, "v", spec->v_bits,
+                               " block record of ", spec->block_tokens, " tokens x head_dim ",
+                               g.head_dim, " takes ", layout.record_bytes,
+                               " bytes, more than pool.page_bytes ", config.pool.page_bytes,
+                               "; raise pool.page_bytes or lower quant.block_tokens");
       }
       plans[l].head_specs.push_back(*spec);
     }
@@ -154,7 +171,11 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
   // Resolve once now so a geometry the config cannot serve fails at HELLO, not at OPEN.
   KVCTL_RETURN_IF_ERROR(PlanLayers(config_, request.model_name, request.geometry).status());
   auto session = std::make_shared<Session>();
-  session->id = next_session_id_++;
+  // Session ids are random, so an id from before a restart never names a new session and one
+  // client cannot guess another's (the id is the capability to its sequences).
+  do {
+    session->id = session_id_rng_();
+  } while (session->id == 0 || sessions_.count(session->id));
   session->client_name = request.client_name;
   session->model_name = request.model_name;
   session->geometry = request.geometry;

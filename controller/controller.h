@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 
 #include "common/status.h"
@@ -90,10 +91,10 @@ class Controller {
   std::function<ipc::ServerCounters()> server_counters_;  // Set once before serving.
 
   mutable std::mutex mu_;
-  Config config_;                                          // Guarded by mu_.
-  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
-  uint64_t next_session_id_ = 1;                           // Guarded by mu_.
-  uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
+  Config config_;                                           // Guarded by mu_.
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;   // Guarded by mu_.
+  std::mt19937_64 session_id_rng_{std::random_device{}()};  // Guarded by mu_.
+  uint64_t sessions_expired_ = 0;                           // Guarded by mu_.
 };
 
 }  // namespace kvctl

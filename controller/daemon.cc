@@ -83,52 +83,48 @@ void Daemon::RequestStop() {
 }
 
 void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
-  const auto now = std::chrono::steady_clock::now();
-  auto answer = [&](auto result) {
-    if (result.ok()) {
-      responder.Reply(std::move(result).value());
-    } else {
-      responder.Error(result.status());
-    }
-    return result.ok();
+  const auto start = std::chrono::steady_clock::now();
+  const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request.body));
+  // Every answer goes through here: the request is counted before its reply leaves, so a STATS
+  // sent right after a reply always sees it.
+  auto finish = [&](const Status& status, auto&& send) {
+    controller_->RecordRequest(type,
+                               std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now() - start),
+                               !status.ok());
+    status.ok() ? (void)send() : (void)responder.Error(status);
   };
-  bool ok = false;
+  auto answer = [&](auto result) {
+    finish(result.status(), [&] { return responder.Reply(std::move(result).value()); });
+  };
   std::visit(
       [&](auto& body) {
         using T = std::decay_t<decltype(body)>;
         if constexpr (std::is_same_v<T, ipc::HelloRequest>) {
-          ok = answer(controller_->Hello(body, now));
-          if (ok)
+          StatusOr<ipc::HelloReply> reply = controller_->Hello(body, start);
+          if (reply.ok()) {
             spdlog::info("hello from \"{}\" (model \"{}\")", body.client_name, body.model_name);
-        } else if constexpr (std::is_same_v<T, ipc::OpenRequest>) {
-          Status s = controller_->Open(body, now);
-          ok = s.ok();
-          ok ? (void)responder.Reply(ipc::OpenReply{}) : (void)responder.Error(s);
-        } else if constexpr (std::is_same_v<T, ipc::CloseRequest>) {
-          ok = answer(controller_->Close(body, now));
-        } else if constexpr (std::is_same_v<T, ipc::PingRequest>) {
-          ok = answer(controller_->Ping(body, now));
-        } else if constexpr (std::is_same_v<T, ipc::AppendRequest>) {
-          ok = answer(controller_->Append(body, now));
-        } else if constexpr (std::is_same_v<T, ipc::FetchRequest>) {
-          StatusOr<ipc::ReplyBody> reply = controller_->Fetch(body, now);
-          ok = reply.ok();
-          if (ok) {
-            std::visit([&](auto& r) { responder.Reply(std::move(r)); }, *reply);
-          } else {
-            responder.Error(reply.status());
           }
+          answer(std::move(reply));
+        } else if constexpr (std::is_same_v<T, ipc::OpenRequest>) {
+          finish(controller_->Open(body, start), [&] { return responder.Reply(ipc::OpenReply{}); });
+        } else if constexpr (std::is_same_v<T, ipc::CloseRequest>) {
+          answer(controller_->Close(body, start));
+        } else if constexpr (std::is_same_v<T, ipc::PingRequest>) {
+          answer(controller_->Ping(body, start));
+        } else if constexpr (std::is_same_v<T, ipc::AppendRequest>) {
+          answer(controller_->Append(body, start));
+        } else if constexpr (std::is_same_v<T, ipc::FetchRequest>) {
+          StatusOr<ipc::ReplyBody> reply = controller_->Fetch(body, start);
+          finish(reply.status(), [&] {
+            return std::visit([&](auto& r) { return responder.Reply(std::move(r)); }, *reply);
+          });
         } else if constexpr (std::is_same_v<T, ipc::StatsRequest>) {
-          StatusOr<std::string> text = controller_->Stats(body, now);
-          ok = text.ok();
-          ok ? (void)responder.Reply(ipc::StatsReply{std::move(text).value()})
-             : (void)responder.Error(text.status());
+          StatusOr<std::string> text = controller_->Stats(body, start);
+          finish(text.status(), [&] { return responder.Reply(ipc::StatsReply{*text}); });
         }
       },
       request.body);
-  const auto elapsed =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - now);
-  controller_->RecordRequest(static_cast<uint16_t>(ipc::TypeOf(request.body)), elapsed, !ok);
 }
 
 void Daemon::Handle(ipc::Request request, ipc::Responder responder) {

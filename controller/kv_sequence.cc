@@ -101,9 +101,13 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
   KVCTL_CHECK(static_cast<int>(plans.size()) == geometry.layers);
   // Every record array packs the same number of records per page, whatever its bit widths.
   size_t max_record = 1;
+  // Lossless layers never write records: their record arrays stay empty with a token slot size.
+  auto record_bytes = [](const LayerPlan& plan, const QuantSpec& spec) {
+    return plan.lossless ? size_t{8} : BlockLayoutOf(spec).record_bytes;
+  };
   for (const LayerPlan& plan : plans) {
     for (const QuantSpec& spec : plan.head_specs) {
-      max_record = std::max(max_record, BlockLayoutOf(spec).record_bytes);
+      max_record = std::max(max_record, record_bytes(plan, spec));
     }
   }
   const size_t records_per_page = pool->page_bytes() / max_record;
@@ -119,7 +123,7 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
     for (const QuantSpec& spec : plan.head_specs) {
       layer->heads.push_back(
           HeadStream{spec, SlotArray(pool, 2 * layer->row_bytes),
-                     SlotArray(pool, BlockLayoutOf(spec).record_bytes, records_per_page)});
+                     SlotArray(pool, record_bytes(plan, spec), records_per_page)});
     }
     layer->plan = std::move(plan);
     layers_.push_back(std::move(layer));

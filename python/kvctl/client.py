@@ -375,7 +375,8 @@ class Client:
 
     def stats(self, section: str = "") -> Dict[str, Dict[str, Union[int, float, str]]]:
         """The daemon's INFO text parsed into {section: {field: value}} (section names in lower
-        case: "server", "pool", "sequences", "quant", "requests"); "" = every section."""
+        case: "server", "pool", "sequences", "layers", "heads", "policy", "ipc",
+        "quality"); "" = every section."""
         sid = self._session.session_id if self._session else 0
         text: str = self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
         return parse_info(text)

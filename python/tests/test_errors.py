@@ -192,19 +192,20 @@ def test_garbage_and_foreign_versions_get_error_replies(kvarn_daemon, connect):
     assert connect(kvarn_daemon).ping() > 0  # Still serving.
 
 
-@pytest.mark.xfail(strict=True, raises=kvctl.Timeout,
-                   reason="daemon bug: OPEN aborts kvctl (KVCTL_CHECK in SlotArray) when one "
-                          "record of the session's geometry does not fit a pool page")
 def test_geometry_whose_records_exceed_a_page_is_refused_not_fatal(workdir, connect):
-    # A valid HELLO: lossless float32, head_dim 64 -> 8 KiB records, pages of 4 KiB.
+    # KIVI 4-bit at head_dim 128 makes 5 KiB block records: they cannot live in 4 KiB pages.
     d = Daemon(workdir, {"pool.bytes": "1MiB", "pool.page_bytes": "4KiB",
-                         "pool.staging_bytes_per_session": 0, "quant.lossless": "true"}).start()
+                         "pool.staging_bytes_per_session": 0, "quant.method": "kivi",
+                         "quant.k_bits": 4, "quant.v_bits": 4}).start()
     try:
         c = connect(d, timeout_ms=1000)
         with pytest.raises(kvctl.ServerError) as e:
-            c.hello(1, 1, 64, dtype="float32")
-            c.open(1)
-        assert "page" in e.value.message
+            c.hello(1, 1, 128, dtype="float16")
+        assert e.value.code == "INVALID_ARGUMENT"
+        assert "pool.page_bytes" in e.value.message
+        # A geometry that fits is served by the same daemon.
+        c.hello(1, 1, 64, dtype="float16")
+        c.open(1)
         c.ping()
     finally:
         if d.running:

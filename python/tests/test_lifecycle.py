@@ -169,9 +169,6 @@ def test_daemon_restart_invalidates_old_sessions(daemon_factory, connect):
     assert s.staging_offset + s.staging_bytes <= s.pool_bytes
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="daemon weakness: session ids restart at 1 with every daemon, so a "
-                          "client from before a restart can act on another client's new session")
 def test_stale_session_id_never_names_a_session_of_the_new_daemon(daemon_factory, connect):
     d = daemon_factory()
     old = connect(d, timeout_ms=1000)
@@ -193,7 +190,7 @@ def test_stale_session_id_never_names_a_session_of_the_new_daemon(daemon_factory
 def test_stats_sections_parse_to_numbers(lossless_daemon, connect):
     c = connect(lossless_daemon)
     everything = c.stats()
-    assert {"server", "pool", "sequences", "quant", "requests"} <= set(everything)
+    assert {"server", "pool", "sequences", "layers", "heads", "policy", "ipc", "quality"} <= set(everything)
     for section in ("pool", "sequences"):
         fields = everything[section]
         numeric = {k: v for k, v in fields.items() if isinstance(v, (int, float))}
@@ -201,11 +198,11 @@ def test_stats_sections_parse_to_numbers(lossless_daemon, connect):
     pool = everything["pool"]
     assert pool["pool_bytes"] == 32 << 20 and pool["page_bytes"] == 16 << 10
     assert pool["pool_shm_name"] == lossless_daemon.shm_name
-    assert 0 <= pool["pages_used"] <= pool["pages_total"]
+    assert 0 <= pool["pages_used"] <= pool["pages"]
     assert isinstance(everything["sequences"]["compression_vs_fp16"], (int, float))
     assert everything["server"]["protocol_version"] == 1
     assert everything["server"]["pid"] == lossless_daemon.proc.pid
-    assert everything["quant"]["quant_method"] == "none"
+    assert everything["policy"]["quant_method"] == "none"
     assert list(c.stats("POOL")) == ["pool"]  # One section, case-insensitive.
     assert c.stats_text("pool").startswith("# Pool\n")
     c.hello(1, 1, 8, dtype="float32")
@@ -214,7 +211,7 @@ def test_stats_sections_parse_to_numbers(lossless_daemon, connect):
     assert c.stats("sequences")["sequences"]["tokens"] >= 3
     # Request counters are updated just after the reply is sent: poll.
     def counted():
-        requests = c.stats("requests")["requests"]
+        requests = c.stats("ipc")["ipc"]
         return requests["append_requests_total"] >= 1 and requests["hello_requests_total"] >= 1
 
     assert wait_for(counted, timeout_s=2)
