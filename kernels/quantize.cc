@@ -62,17 +62,15 @@ Status OverflowError(const QuantSpec& spec) {
                          "magnitudes this large cannot be stored by this method");
 }
 
-using EncodeFn = bool (*)(const QuantSpec&, const BlockLayout&, const float*, const float*, int64_t,
-                          const float*, float*, uint8_t*);
+using EncodeFn = simd::EncodeResult (*)(const QuantSpec&, const BlockLayout&, const float*,
+                                        const float*, int64_t, const float*, float*, uint8_t*);
 using DecodeFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
                           float*, float*, float*);
 
-// The SIMD codecs need every row count to be a multiple of their lane count.
+// The SIMD codecs hold W tokens or W channels per vector: block_tokens and head_dim must be
+// multiples of the lane count (group sizes need not be).
 bool SimdFits(const QuantSpec& spec, int lanes) {
-  const bool channel_groups =
-      spec.method == QuantMethod::kKivi || spec.method == QuantMethod::kOscar;
-  return spec.block_tokens % lanes == 0 && spec.head_dim % lanes == 0 &&
-         (!channel_groups || spec.k_group_tokens % lanes == 0);
+  return spec.block_tokens % lanes == 0 && spec.head_dim % lanes == 0;
 }
 
 struct SimdCodec {
@@ -105,17 +103,42 @@ Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* re
   return OkStatus();
 }
 
+namespace {
+
+// What CheckInput verifies besides finiteness, which the SIMD codecs check on the fly.
+bool PointersAndNormsOk(const QuantSpec& spec, const BlockInput& in) {
+  if (in.k == nullptr || in.v == nullptr || in.row_stride < spec.head_dim) return false;
+  if (!TraitsOf(spec.method).needs_token_norms) return true;
+  if (in.token_norms == nullptr) return false;
+  for (int t = 0; t < spec.block_tokens; ++t) {
+    const float n = in.token_norms[t];
+    if (!(std::isfinite(n) && n > 0.0f)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record) {
   const SimdCodec codec = PickCodec(spec);
-  if (codec.encode == nullptr) return QuantizeBlockRef(spec, in, record);
-  KVCTL_RETURN_IF_ERROR(CheckInput(spec, in));
-  const BlockLayout layout = BlockLayoutOf(spec);
-  std::memset(record, 0, layout.record_bytes);
-  float* scratch = Scratch(simd::ScratchFloats(spec));
-  if (!codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record)) {
-    return OverflowError(spec);
+  // Bad pointers or norms: the reference path reports them (after any non-finite element).
+  if (codec.encode == nullptr || !PointersAndNormsOk(spec, in)) {
+    return QuantizeBlockRef(spec, in, record);
   }
-  return OkStatus();
+  const BlockLayout layout = BlockLayoutOf(spec);
+  float* scratch = Scratch(simd::ScratchFloats(spec));
+  switch (codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record)) {
+    case simd::EncodeResult::kOk:
+      return OkStatus();
+    case simd::EncodeResult::kOverflow:
+      return OverflowError(spec);
+    case simd::EncodeResult::kNonFinite:
+      break;
+  }
+  // The scalar check names the first bad element, exactly as the reference does.
+  Status status = CheckInput(spec, in);
+  KVCTL_CHECK(!status.ok());
+  return status;
 }
 
 void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
@@ -130,12 +153,6 @@ void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* 
   codec.decode(spec, BlockLayoutOf(spec), record, token_norms, Scratch(simd::ScratchFloats(spec)),
                k_out, v_out);
 }
-
-namespace simd {
-int64_t ScratchFloats(const QuantSpec& s) {
-  return 4 * static_cast<int64_t>(s.block_tokens) * s.head_dim + 8 * (s.block_tokens + s.head_dim);
-}
-}  // namespace simd
 
 void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
   std::vector<float> row(static_cast<size_t>(k.head_dim));
@@ -169,7 +186,8 @@ SimdLevel DetectSimdLevel() {
       __builtin_cpu_supports("avx512vl")) {
     return SimdLevel::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2")) return SimdLevel::kAvx2;
+  // The AVX2 codecs convert fp16 with F16C, which every AVX2 CPU has; checked all the same.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return SimdLevel::kAvx2;
 #endif
   return SimdLevel::kScalar;
 }

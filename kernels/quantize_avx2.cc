@@ -1,25 +1,50 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// AVX2 instance of the SIMD record codecs (8 lanes). Only called when the CPU has AVX2.
+// AVX2 instance of the SIMD record codecs (8 lanes). Only called when the CPU has AVX2 and F16C.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
-#include <vector>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
 
-// Everything below is compiled for AVX2; the headers above stay generic.
+// Everything below is compiled for AVX2; the headers above stay generic. No "fma": the codecs
+// must not contract (the project also builds with -ffp-contract=off).
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,f16c")
 
 namespace kvctl::simd {
 namespace {
-typedef float VF8 __attribute__((vector_size(32)));
-inline VF8 VRint(VF8 v) {
-  return (VF8)_mm256_round_ps((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+typedef float VF __attribute__((vector_size(32)));
+typedef int32_t VI __attribute__((vector_size(32)));
+typedef uint32_t VU __attribute__((vector_size(32)));
+constexpr int kRne = _MM_FROUND_TO_NEAREST_INT;
+
+inline VF Splat(float x) { return (VF)_mm256_set1_ps(x); }
+inline VU SplatU(uint32_t x) { return (VU)_mm256_set1_epi32(static_cast<int>(x)); }
+inline VF VRint(VF v) { return (VF)_mm256_round_ps((__m256)v, kRne | _MM_FROUND_NO_EXC); }
+// Rounds per MXCSR, which this process leaves at nearest-even: the mode rintf uses too.
+inline VU VCvtRound(VF v) { return (VU)_mm256_cvtps_epi32((__m256)v); }
+inline VF VSqrt(VF v) { return (VF)_mm256_sqrt_ps((__m256)v); }
+inline VF VMax(VF a, VF b) { return (VF)_mm256_max_ps((__m256)a, (__m256)b); }
+inline VF VMin(VF a, VF b) { return (VF)_mm256_min_ps((__m256)a, (__m256)b); }
+inline VF RoundHalf(VF v) { return (VF)_mm256_cvtph_ps(_mm256_cvtps_ph((__m256)v, kRne)); }
+inline VU HalfBits(VF v) { return (VU)_mm256_cvtepu16_epi32(_mm256_cvtps_ph((__m256)v, kRne)); }
+inline VF HalfToFloat(VU h) {
+  const __m256i x = (__m256i)h;
+  return (VF)_mm256_cvtph_ps(
+      _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
 }
-inline VF8 VSqrt(VF8 v) { return (VF8)_mm256_sqrt_ps((__m256)v); }
+inline void StoreHalves(uint8_t* p, VF v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph((__m256)v, kRne));
+}
+inline VF LoadHalves(const uint8_t* p) {
+  return (VF)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 }  // namespace
 
 #define KVCTL_W 8

@@ -4,24 +4,56 @@
 // Entry points of the SIMD record codecs, one set per instruction set. They take the same
 // arguments as block::EncodeRecord / block::DecodeRecord and produce the same bytes and floats.
 // Each is compiled for its ISA in its own file; callers must check the CPU first (quantize.cc).
+//
+// Thread safety: reentrant; all state is in the caller's scratch.
+//
+//   std::vector<float> scratch(simd::ScratchFloats(spec));
+//   simd::EncodeResult r = simd::EncodeRecordAvx2(spec, layout, k, v, stride, norms,
+//                                                  scratch.data(), record);
 #ifndef KVCTL_KERNELS_QUANTIZE_SIMD_H_
 #define KVCTL_KERNELS_QUANTIZE_SIMD_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/quant_types.h"
 
 namespace kvctl::simd {
 
-// Floats of scratch the SIMD codecs need for one record.
-int64_t ScratchFloats(const QuantSpec& s);
+// Scratch floats of one call, by region (the codecs carve it in this order, from the first 64-byte
+// boundary). Sized for the widest ISA (16 lanes) and the largest rows (8-bit codes over
+// max(G, D) positions); every region is a multiple of 16 floats.
+struct ScratchPlan {
+  int64_t tile = 0;    // Each of two G x D tiles.
+  int64_t vecs = 0;    // Per-row and per-column vectors.
+  int64_t words = 0;   // Code words of 16 rows.
+  int64_t groups = 0;  // Each of three per-group arrays of 16 lanes.
+  int64_t total = 0;
+};
 
-#define KVCTL_DECLARE_SIMD_CODEC(Suffix)                                                        \
-  bool EncodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const float* k,           \
-                            const float* v, int64_t stride, const float* norms, float* scratch, \
-                            uint8_t* rec);                                                      \
-  void DecodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,       \
-                            const float* norms, float* scratch, float* k_out, float* v_out);    \
+inline ScratchPlan PlanScratch(const QuantSpec& s) {
+  const int64_t g = s.block_tokens, d = s.head_dim, m = std::max(g, d);
+  ScratchPlan p;
+  p.tile = g * d;
+  p.vecs = 16 * (g + d);
+  p.words = 16 * (m / 4 + 1);
+  p.groups = 16 * (m / 8 + 1);
+  p.total = 2 * p.tile + p.vecs + p.words + 3 * p.groups + 16;  // + 16: 64-byte alignment.
+  return p;
+}
+
+inline int64_t ScratchFloats(const QuantSpec& s) { return PlanScratch(s).total; }
+
+// kNonFinite: some K or V element is Inf or NaN (the record is then garbage; the caller names the
+// element). kOverflow: stored fp16 metadata would overflow (block::EncodeRecord's false).
+enum class EncodeResult : uint8_t { kOk, kNonFinite, kOverflow };
+
+#define KVCTL_DECLARE_SIMD_CODEC(Suffix)                                                      \
+  EncodeResult EncodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const float* k, \
+                                    const float* v, int64_t stride, const float* norms,       \
+                                    float* scratch, uint8_t* rec);                            \
+  void DecodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,     \
+                            const float* norms, float* scratch, float* k_out, float* v_out);  \
   void FwhtRows##Suffix(float* rows, int64_t n, int d);
 
 KVCTL_DECLARE_SIMD_CODEC(Avx2)

@@ -1,0 +1,336 @@
+// The SIMD codecs (AVX2, AVX-512) against the scalar reference over the shapes the default specs
+// do not reach: every bit width on K and V, odd group sizes, small and large head_dim and block
+// sizes, rows that are not 64-byte aligned, rounding ties, constant and signed-zero groups, and
+// the error paths (non-finite input, fp16 overflow) that the SIMD path detects on its own.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "kernels/quantize.h"
+
+namespace kvctl {
+namespace {
+
+constexpr size_t kGuard = 64;
+constexpr uint8_t kCanary = 0xA5;
+
+// Restores the process-wide SIMD level when a test ends, even on a failed REQUIRE.
+class SimdLevelGuard {
+ public:
+  SimdLevelGuard() : saved_(ActiveSimdLevel()) {}
+  ~SimdLevelGuard() { (void)SetSimdLevel(saved_); }
+
+ private:
+  SimdLevel saved_;
+};
+
+std::vector<SimdLevel> Levels() {
+  std::vector<SimdLevel> levels;
+  for (int l = 0; l <= static_cast<int>(DetectSimdLevel()); ++l) {
+    levels.push_back(static_cast<SimdLevel>(l));
+  }
+  return levels;
+}
+
+enum class Fill { kGaussian, kGrid, kConstantGroups };
+
+// G rows of K and V with row stride `stride` (>= D), and OScaR norms.
+struct Block {
+  int g = 0, d = 0;
+  int64_t stride = 0;
+  std::vector<float> k, v, norms;
+
+  BlockInput Input() const { return {k.data(), v.data(), stride, norms.data()}; }
+  float& K(int t, int c) { return k[t * stride + c]; }
+  float& V(int t, int c) { return v[t * stride + c]; }
+};
+
+Block MakeBlock(int g, int d, int64_t stride, Fill fill, uint32_t seed) {
+  Block b;
+  b.g = g, b.d = d, b.stride = stride;
+  b.k.assign(static_cast<size_t>(g) * stride, 0.0f);
+  b.v.assign(b.k.size(), 0.0f);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> grid(0, 24);
+  for (int t = 0; t < g; ++t) {
+    for (int c = 0; c < d; ++c) {
+      switch (fill) {
+        case Fill::kGaussian:
+          // Outlier channels in K, heavier tails in V, a low-norm first token.
+          b.K(t, c) = normal(rng) * (c % 13 == 0 ? 20.0f : 1.0f) + (c % 7 == 0 ? 5.0f : 0.0f);
+          b.V(t, c) = normal(rng) * normal(rng) * 2.0f;
+          if (t == 0) b.K(t, c) *= 0.01f, b.V(t, c) *= 0.01f;
+          break;
+        case Fill::kGrid:
+          // Multiples of 1/8: scales and zeros come out exact, so x / scale hits .5 ties.
+          b.K(t, c) = grid(rng) * 0.125f - 1.0f;
+          b.V(t, c) = grid(rng) * 0.25f;
+          break;
+        case Fill::kConstantGroups:
+          // Constant rows, zero rows with either sign, and constant channels.
+          b.K(t, c) = (t % 3 == 0) ? -0.0f : (c % 2 ? 1.5f : 0.0f);
+          b.V(t, c) = (t % 4 == 1) ? 2.25f : (t % 4 == 2 ? -0.0f : static_cast<float>(c % 5));
+          break;
+      }
+    }
+  }
+  b.norms.resize(static_cast<size_t>(g));
+  for (int t = 0; t < g; ++t) {
+    double ss = 0;
+    for (int c = 0; c < d; ++c) ss += static_cast<double>(b.K(t, c)) * b.K(t, c);
+    b.norms[t] = ss > 0 ? static_cast<float>(std::sqrt(ss)) : 1.0f;
+  }
+  return b;
+}
+
+bool SameFloats(const std::vector<float>& a, const std::vector<float>& b, bool nan_equal) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (nan_equal && std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+// QuantizeBlock at every SIMD level must return the reference's status and, on success, write
+// exactly the reference's bytes (into a record prefilled with junk, with a guard zone behind it)
+// and decode to exactly the reference's floats.
+void ExpectSameAsReference(const QuantSpec& spec, const Block& blk) {
+  SimdLevelGuard guard;
+  const BlockLayout l = BlockLayoutOf(spec);
+  std::vector<uint8_t> ref(l.record_bytes);
+  const Status ref_status = QuantizeBlockRef(spec, blk.Input(), ref.data());
+  const size_t n = static_cast<size_t>(spec.block_tokens) * spec.head_dim;
+  std::vector<float> kr(n), vr(n), kf(n), vf(n);
+  if (ref_status.ok()) DequantizeBlockRef(spec, ref.data(), blk.norms.data(), kr.data(), vr.data());
+  for (SimdLevel level : Levels()) {
+    INFO("simd " << SimdLevelName(level));
+    REQUIRE(SetSimdLevel(level).ok());
+    std::vector<uint8_t> fast(l.record_bytes + kGuard, 0x5A);
+    std::memset(fast.data() + l.record_bytes, kCanary, kGuard);
+    const Status s = QuantizeBlock(spec, blk.Input(), fast.data());
+    REQUIRE(s.code() == ref_status.code());
+    REQUIRE(s.message() == ref_status.message());
+    for (size_t i = l.record_bytes; i < fast.size(); ++i) REQUIRE(fast[i] == kCanary);
+    if (!ref_status.ok()) continue;
+    REQUIRE(std::memcmp(ref.data(), fast.data(), l.record_bytes) == 0);
+    DequantizeBlock(spec, ref.data(), blk.norms.data(), kf.data(), vf.data());
+    REQUIRE(SameFloats(kr, kf, false));
+    REQUIRE(SameFloats(vr, vf, false));
+  }
+}
+
+QuantSpec Spec(QuantMethod m, int d, int g, int kb, int vb, int kg, int vg) {
+  QuantSpec spec = TraitsOf(m).defaults;
+  spec.head_dim = d;
+  spec.block_tokens = g;
+  spec.k_bits = kb;
+  spec.v_bits = vb;
+  const bool grouped = m == QuantMethod::kKivi || m == QuantMethod::kOscar;
+  spec.k_group_tokens = grouped ? kg : g;
+  spec.v_group_channels = grouped ? vg : d;
+  INFO("spec: " << ValidateQuantSpec(spec).ToString());
+  REQUIRE(ValidateQuantSpec(spec).ok());
+  return spec;
+}
+
+const int kBitPairs[][2] = {{2, 2}, {3, 3}, {4, 4}, {8, 8}, {2, 8}, {4, 3}};
+
+TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, widths and shapes",
+          "[kernels]") {
+  struct Shape {
+    int d, g, kg, vg;
+  };
+  // Groups of 8, 24 and 40 do not divide into 16 lanes; G = 48 and D = 96 are not powers of two.
+  const Shape kivi_shapes[] = {{128, 32, 32, 32}, {64, 48, 24, 8},   {96, 80, 40, 24},
+                               {16, 16, 8, 16},   {256, 64, 16, 64}, {48, 16, 16, 48}};
+  const Shape oscar_shapes[] = {
+      {128, 32, 32, 32}, {64, 48, 24, 8}, {16, 32, 8, 16}, {256, 16, 16, 128}};
+  for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kOscar}) {
+    for (const Shape& sh :
+         m == QuantMethod::kKivi
+             ? std::vector<Shape>(std::begin(kivi_shapes), std::end(kivi_shapes))
+             : std::vector<Shape>(std::begin(oscar_shapes), std::end(oscar_shapes))) {
+      for (const auto& bits : kBitPairs) {
+        for (Fill fill : {Fill::kGaussian, Fill::kGrid, Fill::kConstantGroups}) {
+          const QuantSpec spec = Spec(m, sh.d, sh.g, bits[0], bits[1], sh.kg, sh.vg);
+          // Rows 3 * 4 bytes past a multiple of 64, so no row starts aligned.
+          const Block blk = MakeBlock(sh.g, sh.d, 2 * sh.d + 3, fill, sh.d * 7 + bits[0]);
+          INFO(QuantMethodName(m) << " d " << sh.d << " g " << sh.g << " kg " << sh.kg << " vg "
+                                  << sh.vg << " bits " << bits[0] << "/" << bits[1] << " fill "
+                                  << static_cast<int>(fill));
+          ExpectSameAsReference(spec, blk);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD codecs: QuaRot matches the reference for every width and head_dim", "[kernels]") {
+  for (int d : {16, 32, 64, 128, 256}) {
+    for (int g : {16, 48, 64}) {
+      for (const auto& bits : kBitPairs) {
+        for (Fill fill : {Fill::kGaussian, Fill::kGrid, Fill::kConstantGroups}) {
+          const QuantSpec spec = Spec(QuantMethod::kQuaRot, d, g, bits[0], bits[1], g, d);
+          const Block blk = MakeBlock(g, d, d + 5, fill, d + g + bits[1]);
+          INFO("quarot d " << d << " g " << g << " bits " << bits[0] << "/" << bits[1] << " fill "
+                           << static_cast<int>(fill));
+          ExpectSameAsReference(spec, blk);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD codecs: KVarN matches the reference for every width and tile shape", "[kernels]") {
+  struct Shape {
+    int d, g, iters;
+  };
+  const Shape shapes[] = {{128, 128, 16}, {64, 32, 16}, {16, 48, 5}, {256, 16, 3}, {32, 64, 0}};
+  for (const Shape& sh : shapes) {
+    for (const auto& bits : kBitPairs) {
+      for (Fill fill : {Fill::kGaussian, Fill::kGrid, Fill::kConstantGroups}) {
+        if (sh.d * sh.g > 4096 && fill != Fill::kGaussian) continue;  // Keeps the test fast.
+        QuantSpec spec = Spec(QuantMethod::kKvarn, sh.d, sh.g, bits[0], bits[1], sh.g, sh.d);
+        spec.sinkhorn_iters = sh.iters;
+        const Block blk = MakeBlock(sh.g, sh.d, sh.d + 1, fill, sh.g + bits[0]);
+        INFO("kvarn d " << sh.d << " g " << sh.g << " iters " << sh.iters << " bits " << bits[0]
+                        << "/" << bits[1] << " fill " << static_cast<int>(fill));
+        ExpectSameAsReference(spec, blk);
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD codecs: a non-finite element is reported with the reference's message",
+          "[kernels]") {
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
+                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
+    const int b = m == QuantMethod::kFp16 ? 16 : 2;
+    const int g = 32;
+    const QuantSpec spec = Spec(m, 64, g, b, b, 16, 32);
+    struct Spot {
+      bool in_k;
+      int t, c;
+    };
+    for (const Spot& spot : {Spot{true, 0, 0}, Spot{false, 0, 0}, Spot{true, g - 1, 63},
+                             Spot{false, g - 1, 63}, Spot{false, 5, 9}, Spot{true, 17, 40}}) {
+      for (float bad : bad_values) {
+        Block blk = MakeBlock(g, 64, 64 * 3, Fill::kGaussian, 11);
+        (spot.in_k ? blk.K(spot.t, spot.c) : blk.V(spot.t, spot.c)) = bad;
+        INFO(QuantMethodName(m) << (spot.in_k ? " k" : " v") << " (" << spot.t << ", " << spot.c
+                                << ") = " << bad);
+        ExpectSameAsReference(spec, blk);
+      }
+    }
+    // Several bad elements: the first in (token, channel) order wins, K before V at one spot.
+    Block blk = MakeBlock(g, 64, 64, Fill::kGaussian, 12);
+    blk.K(7, 30) = bad_values[1];
+    blk.V(7, 3) = bad_values[0];
+    blk.K(9, 0) = bad_values[2];
+    ExpectSameAsReference(spec, blk);
+    std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+    const Status s = QuantizeBlock(spec, blk.Input(), rec.data());
+    CHECK(s.message().find("v: element (token 7, channel 3) is nan") != std::string::npos);
+    if (m == QuantMethod::kOscar) {
+      // Bad norms and a non-finite element: the element is reported, as by the reference.
+      blk.norms[2] = 0.0f;
+      ExpectSameAsReference(spec, blk);
+      blk.K(7, 30) = blk.V(7, 3) = blk.K(9, 0) = 1.0f;
+      ExpectSameAsReference(spec, blk);  // Now the norm.
+    }
+  }
+}
+
+TEST_CASE("SIMD codecs: fp16 rows round like FloatToHalf at every boundary and refuse overflow",
+          "[kernels]") {
+  // Every finite fp16 value, the midpoints between neighbours (ties to even) and one float ulp
+  // either side of them, both signs: every rounding boundary including subnormals and 65504.
+  std::vector<float> values;
+  for (uint32_t h = 0; h < 0x7BFF; ++h) {
+    const float a = HalfToFloat(static_cast<uint16_t>(h));
+    const float mid = (a + HalfToFloat(static_cast<uint16_t>(h + 1))) / 2;
+    for (float x : {a, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+      values.push_back(x);
+      values.push_back(-x);
+    }
+  }
+  values.push_back(65504.0f);
+  values.push_back(std::nextafter(65520.0f, 0.0f));  // Largest float that rounds to 65504.
+  const QuantSpec spec = Spec(QuantMethod::kFp16, 128, 32, 16, 16, 32, 128);
+  const size_t per_block = 2 * 32 * 128;
+  for (size_t first = 0; first < values.size(); first += per_block) {
+    Block blk = MakeBlock(32, 128, 128, Fill::kGaussian, 1);
+    for (size_t i = 0; i < per_block; ++i) {
+      const float x = values[(first + i) % values.size()];
+      (i % 2 ? blk.k : blk.v)[i / 2] = x;
+    }
+    ExpectSameAsReference(spec, blk);
+  }
+  // Beyond the fp16 range: an INVALID_ARGUMENT naming the fp16 range, as the reference's.
+  for (float big : {65520.0f, -65520.0f, 1e30f, -3.4e38f}) {
+    Block blk = MakeBlock(32, 128, 128, Fill::kGaussian, 2);
+    blk.V(31, 127) = big;
+    INFO("value " << big);
+    ExpectSameAsReference(spec, blk);
+    SimdLevelGuard guard;
+    for (SimdLevel level : Levels()) {
+      REQUIRE(SetSimdLevel(level).ok());
+      std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+      const Status s = QuantizeBlock(spec, blk.Input(), rec.data());
+      CHECK(s.code() == StatusCode::kInvalidArgument);
+      CHECK(s.message().find("fp16 range") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("SIMD codecs: metadata overflow is refused like the reference", "[kernels]") {
+  for (QuantMethod m :
+       {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
+    for (float big : {7e4f, 1e6f, 3e38f}) {
+      const QuantSpec spec = Spec(m, 64, 32, 4, 2, 32, 32);
+      Block blk = MakeBlock(32, 64, 64, Fill::kGaussian, 3);
+      blk.K(4, 5) = big;
+      blk.V(6, 7) = -big;
+      INFO(QuantMethodName(m) << " value " << big);
+      ExpectSameAsReference(spec, blk);
+    }
+  }
+}
+
+TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[kernels]") {
+  SimdLevelGuard guard;
+  std::mt19937 rng(5);
+  for (QuantMethod m :
+       {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
+    for (const auto& bits : kBitPairs) {
+      const QuantSpec spec = Spec(m, 64, 48, bits[0], bits[1], 16, 8);
+      std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+      for (uint8_t& byte : rec) byte = static_cast<uint8_t>(rng());
+      const size_t n = static_cast<size_t>(spec.block_tokens) * spec.head_dim;
+      std::vector<float> norms(spec.block_tokens, 1.5f), kr(n), vr(n), kf(n), vf(n);
+      DequantizeBlockRef(spec, rec.data(), norms.data(), kr.data(), vr.data());
+      for (SimdLevel level : Levels()) {
+        INFO(QuantMethodName(m) << " bits " << bits[0] << "/" << bits[1] << " simd "
+                                << SimdLevelName(level));
+        REQUIRE(SetSimdLevel(level).ok());
+        DequantizeBlock(spec, rec.data(), norms.data(), kf.data(), vf.data());
+        // fp16 NaN payloads may come back quieted by the hardware conversion; NaN stays NaN.
+        REQUIRE(SameFloats(kr, kf, true));
+        REQUIRE(SameFloats(vr, vf, true));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvctl
