@@ -1,0 +1,92 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: tools/kvcalib_commands.h
+// The three kvcalib subcommands as functions over option structs, so tests run them in-process
+// and tools/kvcalib.cc only maps flags onto the structs:
+//  * fit: calibration data (dump directories or synthetic) -> FitRateQuant + layer demand ->
+//    one profile TOML (tools/kvcalib_profile.h);
+//  * plan: profile + b/e budget -> per-(layer, head) widths, optional layer token budgets, checked
+//    totals (tools/kvcalib_plan.h), optional [[quant.override]] file;
+//  * dump-synthetic: synthetic calibration data written in the dump layout.
+// Run*Command print the report on `out` and exactly one line "kvcalib <cmd>: <message>" on `err`
+// when something fails. Exit status: 0 ok, 1 bad input or I/O error, 2 (plan) the totals check
+// failed.
+//
+// Thread safety: functions over their arguments (they read and write the named files).
+//
+//   FitCommandOptions fit{.synthetic = 2, .method = "kivi", .out = "p.toml"};
+//   int rc = RunFitCommand(fit, stdout, stderr);
+#ifndef KVCTL_TOOLS_KVCALIB_COMMANDS_H_
+#define KVCTL_TOOLS_KVCALIB_COMMANDS_H_
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "tools/kvcalib_data.h"
+#include "tools/kvcalib_plan.h"
+#include "tools/kvcalib_profile.h"
+
+namespace kvctl {
+
+struct FitCommandOptions {
+  std::vector<std::string> inputs;  // One directory per sequence; or:
+  int synthetic = 0;                // > 0: this many synthetic sequences instead.
+  SyntheticCalibOptions synth;      // Sizes and seed of those (sequences is set from synthetic).
+  std::string method;               // kivi, quarot, kvarn or oscar.
+  std::vector<int> bits = {2, 3, 4, 8};
+  std::string target = "mse";            // mse | attention.
+  std::string importance = "attention";  // attention | uniform.
+  bool per_kind_beta = false;
+  int probe_queries = 8;
+  int block_tokens = 0;  // Spec overrides; 0: the registry's default.
+  int k_group_tokens = 0;
+  int v_group_channels = 0;
+  int sinkhorn_iters = 0;
+  bool demand = true;  // Compute the [reasonalloc] table (needs queries).
+  LayerDemandOptions demand_options;
+  std::string out;  // Profile path; "" = do not write.
+};
+
+struct FitTimings {
+  double load_s = 0, fit_s = 0, demand_s = 0;  // Wall time of each phase.
+  double cpu_s = 0;                            // Process CPU time of the three together.
+};
+
+struct FitResult {
+  CalibProfile profile;
+  FitTimings timings;
+  std::string source;  // What the data was, for the report.
+  int q_heads = 0;
+};
+
+// Loads or generates the data, fits, computes the demand. Errors name the flag or file; errors
+// of the fit that name a sequence ("data[2][5].k: ...") get that sequence's directory appended.
+StatusOr<FitResult> RunFit(const FitCommandOptions& options);
+
+// RunFit, writes options.out, prints a summary. Returns the exit status.
+int RunFitCommand(const FitCommandOptions& options, std::FILE* out, std::FILE* err);
+
+struct PlanCommandOptions {
+  std::string profile;
+  KvcalibPlanOptions plan;
+  bool json = false;
+  std::string overrides_toml;                      // "" = do not write.
+  std::string overrides_table = "quant.override";  // or model.override.
+};
+
+// Reads the profile, plans, prints the table or JSON; writes the overrides only when the checks
+// pass. Returns 0, 1 (bad input) or 2 (totals check failed; the report is still printed).
+int RunPlanCommand(const PlanCommandOptions& options, std::FILE* out, std::FILE* err);
+
+struct DumpCommandOptions {
+  std::string out;
+  SyntheticCalibOptions synth;
+  std::string dtype = "float32";  // float32 | float16.
+};
+int RunDumpCommand(const DumpCommandOptions& options, std::FILE* out, std::FILE* err);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_TOOLS_KVCALIB_COMMANDS_H_
