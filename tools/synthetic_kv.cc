@@ -9,12 +9,11 @@ namespace kvctl {
 namespace {
 
 // Rotates channel pairs (i, i + d/2) by position * theta_i, the half-split RoPE of Llama models.
-void ApplyRope(float* row, int d, int64_t position) {
+// cos_sin holds (cos, sin) of each pair's angle at this position, shared by every head.
+void ApplyRope(float* row, int d, const std::vector<float>& cos_sin) {
   const int half = d / 2;
   for (int i = 0; i < half; ++i) {
-    const double theta = std::pow(10000.0, -2.0 * i / d);
-    const double angle = static_cast<double>(position) * theta;
-    const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+    const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
     const float a = row[i], b = row[i + half];
     row[i] = a * c - b * s;
     row[i + half] = a * s + b * c;
@@ -66,7 +65,15 @@ SyntheticKv GenerateSyntheticKv(const SyntheticKvOptions& o) {
   kv.v.resize(kv.k.size());
   kv.q.resize(static_cast<size_t>(o.tokens) * kv.q_heads * d);
   const int group = kv.q_heads / o.heads > 0 ? kv.q_heads / o.heads : 1;
+  std::vector<double> theta(static_cast<size_t>(d / 2));
+  for (int i = 0; i < d / 2; ++i) theta[i] = std::pow(10000.0, -2.0 * i / d);
+  std::vector<float> cos_sin(static_cast<size_t>(d));
   for (int64_t t = 0; t < o.tokens; ++t) {
+    for (int i = 0; i < d / 2; ++i) {
+      const double angle = static_cast<double>(t) * theta[i];
+      cos_sin[2 * i] = static_cast<float>(std::cos(angle));
+      cos_sin[2 * i + 1] = static_cast<float>(std::sin(angle));
+    }
     const float token_scale = t == 0 ? o.sink_norm_scale : 1.0f;
     for (int h = 0; h < o.heads; ++h) {
       float* kr = &kv.k[(static_cast<size_t>(t) * o.heads + h) * d];
@@ -77,7 +84,7 @@ SyntheticKv GenerateSyntheticKv(const SyntheticKvOptions& o) {
         const float student = normal(rng) / std::sqrt(chi2(rng) / 4.0f);
         vr[c] = token_scale * v_std[i] * student;
       }
-      ApplyRope(kr, d, t);
+      ApplyRope(kr, d, cos_sin);
     }
     for (int qh = 0; qh < kv.q_heads; ++qh) {
       const int h = std::min(qh / group, o.heads - 1);
@@ -86,7 +93,7 @@ SyntheticKv GenerateSyntheticKv(const SyntheticKvOptions& o) {
         const size_t i = static_cast<size_t>(h) * d + c;
         qr[c] = 0.5f * k_mean[i] / (1.0f + std::fabs(k_mean[i])) + 0.5f * normal(rng);
       }
-      ApplyRope(qr, d, t);
+      ApplyRope(qr, d, cos_sin);
     }
   }
   return kv;
