@@ -128,10 +128,22 @@ void Controller::RecordRequest(uint16_t type, std::chrono::microseconds latency,
   stats_.Record(type, latency, error);
 }
 
+void Controller::RetireSequence(SequenceEntry& entry) {
+  if (!entry.seq) return;
+  const HeadUsage q = entry.seq->QualityTotals();
+  {
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    retired_quality_.quality_samples += q.quality_samples;
+    retired_quality_.k_rel_error_sum += q.k_rel_error_sum;
+    retired_quality_.v_rel_error_sum += q.v_rel_error_sum;
+  }
+  entry.seq.reset();
+}
+
 void Controller::FreeSessionLocked(Session& session) {
   for (auto& [id, entry] : session.sequences) {
     std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an append in flight.
-    entry->seq.reset();
+    RetireSequence(*entry);
   }
   session.sequences.clear();
   if (session.has_staging) {
@@ -176,6 +188,7 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
   do {
     session->id = session_id_rng_();
   } while (session->id == 0 || sessions_.count(session->id));
+  session->number = next_session_number_++;
   session->client_name = request.client_name;
   session->model_name = request.model_name;
   session->geometry = request.geometry;
@@ -256,7 +269,7 @@ StatusOr<ipc::CloseReply> Controller::Close(const ipc::CloseRequest& request, St
   std::lock_guard<std::mutex> seq_lock(entry->mu);
   ipc::CloseReply reply;
   if (entry->seq) reply.bytes_freed = entry->seq->Usage().pool_bytes;
-  entry->seq.reset();
+  RetireSequence(*entry);
   return reply;
 }
 

@@ -82,6 +82,9 @@ class Controller {
                                                         SteadyTime now);
   StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
   void FreeSessionLocked(Session& session);
+  // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
+  // REQUIRES: the entry's mutex is held.
+  void RetireSequence(SequenceEntry& entry);
 
   const std::unique_ptr<PageAllocator> pool_;
   const std::string shm_name_;
@@ -95,6 +98,9 @@ class Controller {
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;   // Guarded by mu_.
   std::mt19937_64 session_id_rng_{std::random_device{}()};  // Guarded by mu_.
   uint64_t sessions_expired_ = 0;                           // Guarded by mu_.
+  uint64_t next_session_number_ = 1;                        // Guarded by mu_.
+  std::mutex retired_mu_;
+  HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.
 };
 
 }  // namespace kvctl

@@ -22,7 +22,8 @@ struct Controller::SequenceEntry {
 };
 
 struct Controller::Session {
-  uint64_t id = 0;
+  uint64_t id = 0;      // Random: the capability to this session; never shown in stats.
+  uint64_t number = 0;  // 1, 2, ... in HELLO order: what stats show.
   std::string client_name, model_name;
   ipc::Geometry geometry;
   bool has_staging = false;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <iomanip>
 #include <sstream>
 #include <vector>
@@ -28,6 +29,18 @@ struct HeadTotals {
   uint64_t samples = 0;
   double k_err = 0, v_err = 0;
 };
+
+// Client names are the client's text: anything that could end a field, a line or a section of
+// the INFO format (or a Prometheus label) becomes '_'.
+std::string SafeName(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+                    c == '.' || c == '/' || c == '@';
+    out += ok ? c : '_';
+  }
+  return out;
+}
 
 std::string Num(double x) {
   std::ostringstream out;
@@ -80,8 +93,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         total.payload_bytes += u.payload_bytes;
         total.elements += u.elements;
         std::ostringstream line;
-        line << "seq_" << sid << "_" << qid << ":client=" << session->client_name
-             << ",tokens=" << u.tokens << ",bytes=" << u.pool_bytes << ",evictions=0,age_s="
+        line << "seq_" << session->number << "_" << qid
+             << ":client=" << SafeName(session->client_name) << ",tokens=" << u.tokens
+             << ",bytes=" << u.pool_bytes << ",evictions=0,age_s="
              << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count();
         sequence_lines.push_back(line.str());
         for (uint32_t l = 0; l < session->geometry.layers; ++l) {
@@ -114,6 +128,12 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     v_err += t.v_err;
   }
 
+  {
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    samples += retired_quality_.quality_samples;
+    k_err += retired_quality_.k_rel_error_sum;
+    v_err += retired_quality_.v_rel_error_sum;
+  }
   std::ostringstream out;
   if (show("server")) {
     out << "# Server\n"

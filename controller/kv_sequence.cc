@@ -441,6 +441,18 @@ HeadUsage KvSequence::HeadUsageOf(int layer, int head) const {
   return u;
 }
 
+HeadUsage KvSequence::QualityTotals() const {
+  HeadUsage total;
+  for (const auto& layer : layers_) {
+    for (const HeadStream& h : layer->heads) {
+      total.quality_samples += h.quality_samples;
+      total.k_rel_error_sum += h.k_rel_error_sum;
+      total.v_rel_error_sum += h.v_rel_error_sum;
+    }
+  }
+  return total;
+}
+
 SequenceUsage KvSequence::Usage() const {
   SequenceUsage u;
   u.tokens = tokens_;

@@ -114,6 +114,8 @@ class KvSequence {
 
   SequenceUsage Usage() const;
   HeadUsage HeadUsageOf(int layer, int head) const;
+  // Quality samples and error sums over every (layer, head).
+  HeadUsage QualityTotals() const;
   int64_t tokens() const { return tokens_; }
   int64_t first_position() const { return first_position_; }
 

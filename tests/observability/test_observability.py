@@ -217,8 +217,6 @@ def test_metrics_parse_with_labels_and_counters_only_grow(daemon, cleanup):
     assert e.value.code == 404
 
 
-@pytest.mark.xfail(strict=True, reason="daemon bug: quality_samples_total sums the live sequences "
-                   "only, so this counter drops when a sequence closes")
 def test_quality_samples_counter_survives_a_closed_sequence(daemon, cleanup):
     pytest.importorskip("prometheus_client")
     traffic = Traffic(daemon, sequences=1, layers=2, heads=1, prefill=512, hold_s=1, close=True)
