@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "kernels/quantize.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -155,15 +156,25 @@ void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* 
 }
 
 void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
-  std::vector<float> row(static_cast<size_t>(k.head_dim));
-  for (int64_t t = 0; t < k.tokens; ++t) {
-    float ss = 0.0f;
+  // Each token's sum is one chain of H * D dependent adds; kTokens tokens at a time run as
+  // independent chains (each still in (head, channel) order), which the core overlaps.
+  constexpr int kTokens = 8;
+  const int64_t d = k.head_dim;
+  // Past the last token the rows keep older values; those sums are computed and dropped.
+  std::vector<float> rows(static_cast<size_t>(kTokens * d), 0.0f);
+  for (int64_t t0 = 0; t0 < k.tokens; t0 += kTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(kTokens, k.tokens - t0));
+    float ss[kTokens] = {};
     for (int64_t h = 0; h < k.heads; ++h) {
-      k.LoadRow(t, h, row.data());
-      for (float x : row) ss += x * x;
+      for (int i = 0; i < n; ++i) k.LoadRow(t0 + i, h, &rows[i * d]);
+      for (int64_t c = 0; c < d; ++c) {
+        for (int i = 0; i < kTokens; ++i) ss[i] += rows[i * d + c] * rows[i * d + c];
+      }
     }
-    const float n = std::sqrt(ss);
-    norms_out[t] = n > 0.0f ? n : 1.0f;
+    for (int i = 0; i < n; ++i) {
+      const float norm = std::sqrt(ss[i]);
+      norms_out[t0 + i] = norm > 0.0f ? norm : 1.0f;
+    }
   }
 }
 

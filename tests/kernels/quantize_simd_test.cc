@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "common/tensor.h"
 #include "kernels/quantize.h"
 
 namespace kvctl {
@@ -148,8 +149,10 @@ TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, width
     int d, g, kg, vg;
   };
   // Groups of 8, 24 and 40 do not divide into 16 lanes; G = 48 and D = 96 are not powers of two.
+  // G = 8 gives K rows of 2 bytes at 2 bits (shorter than a word; 8 lanes only).
   const Shape kivi_shapes[] = {{128, 32, 32, 32}, {64, 48, 24, 8},   {96, 80, 40, 24},
-                               {16, 16, 8, 16},   {256, 64, 16, 64}, {48, 16, 16, 48}};
+                               {16, 16, 8, 16},   {256, 64, 16, 64}, {48, 16, 16, 48},
+                               {32, 8, 8, 8}};
   const Shape oscar_shapes[] = {
       {128, 32, 32, 32}, {64, 48, 24, 8}, {16, 32, 8, 16}, {256, 16, 16, 128}};
   for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kOscar}) {
@@ -173,8 +176,8 @@ TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, width
 }
 
 TEST_CASE("SIMD codecs: QuaRot matches the reference for every width and head_dim", "[kernels]") {
-  for (int d : {16, 32, 64, 128, 256}) {
-    for (int g : {16, 48, 64}) {
+  for (int d : {8, 16, 32, 64, 128, 256}) {
+    for (int g : {8, 16, 48, 64}) {
       for (const auto& bits : kBitPairs) {
         for (Fill fill : {Fill::kGaussian, Fill::kGrid, Fill::kConstantGroups}) {
           const QuantSpec spec = Spec(QuantMethod::kQuaRot, d, g, bits[0], bits[1], g, d);
@@ -330,6 +333,42 @@ TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[ker
       }
     }
   }
+}
+
+TEST_CASE("ComputeTokenNorms: each token summed in (head, channel) order, bit for bit",
+          "[kernels]") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int tokens : {1, 7, 8, 19}) {
+    const int heads = 3, d = 24;
+    std::vector<float> k(static_cast<size_t>(tokens) * heads * d);
+    for (float& x : k) x = normal(rng);
+    for (int c = 0; c < d; ++c) k[c] = 0.0f;  // Head 0 of token 0 is zero.
+    std::vector<uint16_t> k16(k.size());
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = FloatToHalf(k[i]);
+    for (DType dtype : {DType::kF32, DType::kF16}) {
+      const void* data = dtype == DType::kF32 ? static_cast<const void*>(k.data()) : k16.data();
+      const KvTensorView view = KvTensorView::Contiguous(data, dtype, tokens, heads, d);
+      std::vector<float> norms(static_cast<size_t>(tokens)), row(static_cast<size_t>(d));
+      ComputeTokenNorms(view, norms.data());
+      for (int t = 0; t < tokens; ++t) {
+        float ss = 0.0f;
+        for (int h = 0; h < heads; ++h) {
+          view.LoadRow(t, h, row.data());
+          for (float x : row) ss += x * x;
+        }
+        const float expect = std::sqrt(ss) > 0.0f ? std::sqrt(ss) : 1.0f;
+        INFO("tokens " << tokens << " token " << t << " dtype " << static_cast<int>(dtype));
+        REQUIRE(std::memcmp(&norms[t], &expect, sizeof(float)) == 0);
+      }
+    }
+  }
+  // An all-zero token gets norm 1.
+  std::vector<float> zeros(2 * 8, 0.0f);
+  float norms[2];
+  ComputeTokenNorms(KvTensorView::Contiguous(zeros.data(), DType::kF32, 2, 1, 8), norms);
+  CHECK(norms[0] == 1.0f);
+  CHECK(norms[1] == 1.0f);
 }
 
 }  // namespace
