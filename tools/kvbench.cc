@@ -2,12 +2,15 @@
 // kvbench: benchmarks of kvctl's building blocks, one subcommand each.
 //   kvbench quant [--input DIR | --tokens N --heads H --head-dim D --seed S] [--methods ...]
 //                 [--bits ...] [--simd scalar|avx2|avx512] [--json] [--quick]
+//   kvbench ipc [--iterations N] [--warmup N] [--tokens 1024,8192] [--rows ...] [--workers N]
+//               [--json] [--quick]
 // Exit status: 0 on success, 1 on any error (bad flags, bad input), with one message on stderr.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>
 
+#include "tools/kvbench_ipc.h"
 #include "tools/kvbench_quant.h"
 
 namespace {
@@ -71,6 +74,41 @@ CLI::App* AddQuantCommand(CLI::App& app, kvctl::QuantBenchOptions& options, bool
   return cmd;
 }
 
+// The ipc subcommand's flags, bound into `options`. Returns the subcommand.
+CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& json) {
+  CLI::App* cmd = app.add_subcommand(
+      "ipc",
+      "Request round trips through an in-process kvctl daemon (APPEND inline and staging, dense "
+      "and blocks FETCH) against raw ZeroMQ DEALER/ROUTER round trips of the same bytes");
+  CLI::Option* iterations =
+      cmd->add_option("--iterations", options.iterations, "Timed samples per row and side")
+          ->capture_default_str();
+  CLI::Option* warmup =
+      cmd->add_option("--warmup", options.warmup, "Untimed samples per row and side first")
+          ->capture_default_str();
+  cmd->add_option("--tokens", options.fetch_tokens,
+                  "Comma-separated sequence lengths of the FETCH rows (default: 1024,8192)")
+      ->delimiter(',');
+  cmd->add_option("--prefill-chunk", options.prefill_chunk,
+                  "Tokens per APPEND when filling the FETCH sequences")
+      ->capture_default_str();
+  cmd->add_option("--workers", options.workers, "The daemon's server.workers")
+      ->capture_default_str();
+  cmd->add_option("--rows", options.rows,
+                  "Comma-separated subset of ping, append_inline, append_staging, fetch_dense, "
+                  "fetch_dense_lossless, fetch_blocks (default: all)")
+      ->delimiter(',');
+  cmd->add_flag("--json", json, "Print one JSON object instead of the table");
+  cmd->add_flag("--quick", options.quick,
+                "A CI smoke run: 30 samples after 5 warm-up unless given");
+  cmd->callback([&options, iterations, warmup] {
+    if (!options.quick) return;
+    if (iterations->count() == 0) options.iterations = 30;
+    if (warmup->count() == 0) options.warmup = 5;
+  });
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,12 +122,16 @@ int main(int argc, char** argv) {
     kvctl::QuantBenchOptions quant;
     bool quant_json = false;
     CLI::App* quant_cmd = AddQuantCommand(app, quant, quant_json);
+    kvctl::IpcBenchOptions ipc;
+    bool ipc_json = false;
+    CLI::App* ipc_cmd = AddIpcCommand(app, ipc, ipc_json);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       return app.exit(e) == 0 ? 0 : 1;  // --help is a success; every parse error exits 1.
     }
     if (quant_cmd->parsed()) return kvctl::RunQuantCommand(quant, quant_json, stdout, stderr);
+    if (ipc_cmd->parsed()) return kvctl::RunIpcCommand(ipc, ipc_json, stdout, stderr);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvbench: %s\n", e.what());
