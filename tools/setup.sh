@@ -20,7 +20,7 @@ fi
 
 if [ "${KVCTL_SKIP_PIP:-0}" != "1" ]; then
   for req in python/requirements.txt tools/requirements.txt; do
-    [ -f "$req" ] && python3 -m pip install -q --disable-pip-version-check -r "$req"
+    [ -f "$req" ] && python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r "$req"
   done
 fi
 
