@@ -175,7 +175,13 @@ TEST_CASE("ZmqServer: replies match requests whether answered inline or from a w
   REQUIRE(stats.ok());
   CHECK(*stats == "# IPC\nsection:ipc\n");
 
-  const ServerCounters c = daemon.server().counters();
+  // The I/O thread counts a reply just after handing it to ZeroMQ, so the client can hold the
+  // last reply a moment before the counter moves: wait for it (bounded) instead of racing it.
+  ServerCounters c = daemon.server().counters();
+  for (int i = 0; i < 200 && c.replies_total < 48; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    c = daemon.server().counters();
+  }
   CHECK(c.requests_total == 48);
   CHECK(c.replies_total == 48);
   CHECK(c.errors_total == 2);
