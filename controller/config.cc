@@ -15,6 +15,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/file_util.h"
+
 namespace kvctl {
 namespace {
 
@@ -230,11 +232,7 @@ Status ApplySection(Config& c, std::string_view section, const toml::table& t,
 }
 
 StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("config file ", path, ": cannot open (", std::strerror(errno), ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadWholeFile(path, "the config file");
 }
 
 // ---- Quantizer resolution helpers -------------------------------------------------------------

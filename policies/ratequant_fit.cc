@@ -33,6 +33,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/file_util.h"
 #include "kernels/quantize.h"
 
 namespace kvctl {
@@ -772,11 +773,8 @@ StatusOr<RateQuantFit> ParseRateQuantProfile(std::string_view text, std::string_
 }
 
 StatusOr<RateQuantFit> ReadRateQuantProfile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open the RateQuant profile");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseRateQuantProfile(text.str(), path);
+  KVCTL_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "the RateQuant profile"));
+  return ParseRateQuantProfile(text, path);
 }
 
 }  // namespace kvctl

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/kvbench_command.h"
 #include "tools/kvbench_ipc.h"
 
 namespace kvctl {
@@ -157,20 +158,10 @@ std::string FormatIpcJson(const IpcBenchReport& r) {
 }
 
 int RunIpcCommand(const IpcBenchOptions& options, bool json, std::FILE* out, std::FILE* err) {
-  try {
-    StatusOr<IpcBenchReport> report = RunIpcBench(options);
-    if (!report.ok()) {
-      std::fprintf(err, "kvbench ipc: %s\n", report.status().message().c_str());
-      return 1;
-    }
-    const std::string text = json ? FormatIpcJson(*report) : FormatIpcTable(*report);
-    std::fputs(text.c_str(), out);
-    std::fflush(out);
-    return 0;
-  } catch (const std::exception& e) {  // zmq::error_t, std::bad_alloc.
-    std::fprintf(err, "kvbench ipc: %s\n", e.what());
-    return 1;
-  }
+  return RunBenchCommand(
+      "kvbench ipc", [&] { return RunIpcBench(options); },
+      [&](const auto& report) { return json ? FormatIpcJson(report) : FormatIpcTable(report); },
+      out, err);
 }
 
 }  // namespace kvctl

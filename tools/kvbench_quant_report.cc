@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/kvbench_command.h"
 #include "tools/kvbench_quant.h"
 
 namespace kvctl {
@@ -268,20 +269,10 @@ std::string FormatQuantJson(const QuantBenchReport& r) {
 }
 
 int RunQuantCommand(const QuantBenchOptions& options, bool json, std::FILE* out, std::FILE* err) {
-  try {
-    StatusOr<QuantBenchReport> report = RunQuantBench(options);
-    if (!report.ok()) {
-      std::fprintf(err, "kvbench quant: %s\n", report.status().message().c_str());
-      return 1;
-    }
-    const std::string text = json ? FormatQuantJson(*report) : FormatQuantTable(*report);
-    std::fputs(text.c_str(), out);
-    std::fflush(out);
-    return 0;
-  } catch (const std::exception& e) {  // std::bad_alloc on sizes the machine cannot hold.
-    std::fprintf(err, "kvbench quant: %s\n", e.what());
-    return 1;
-  }
+  return RunBenchCommand(
+      "kvbench quant", [&] { return RunQuantBench(options); },
+      [&](const auto& report) { return json ? FormatQuantJson(report) : FormatQuantTable(report); },
+      out, err);
 }
 
 }  // namespace kvctl

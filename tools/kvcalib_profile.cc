@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/file_util.h"
+
 namespace kvctl {
 namespace {
 
@@ -407,11 +409,8 @@ StatusOr<CalibProfile> ParseCalibProfile(std::string_view text, std::string_view
 }
 
 StatusOr<CalibProfile> ReadCalibProfile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open the profile");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseCalibProfile(text.str(), path);
+  KVCTL_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "the profile"));
+  return ParseCalibProfile(text, path);
 }
 
 }  // namespace kvctl

@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/half.h"
 
 namespace kvctl {
@@ -328,12 +329,7 @@ StatusOr<NpyArray> ReadNpy(const std::string& path) {
   if (!std::filesystem::is_regular_file(st)) {
     return InvalidArgument(path, ": not a regular file");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path, ": cannot open: ", std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return Internal(path, ": read failed");
-  const std::string bytes = std::move(buf).str();
+  KVCTL_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path, "the .npy file"));
   return ParseNpy(bytes, path);
 }
 

@@ -1,0 +1,38 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: tools/kvbench_command.h
+// The shared tail of every kvbench subcommand: run the benchmark, print its report as a table or
+// JSON, and turn any failure (a Status or an exception such as std::bad_alloc or zmq::error_t)
+// into one line on stderr and exit code 1.
+#ifndef KVCTL_TOOLS_KVBENCH_COMMAND_H_
+#define KVCTL_TOOLS_KVBENCH_COMMAND_H_
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "common/status.h"
+
+namespace kvctl {
+
+template <typename Run, typename Format>
+int RunBenchCommand(const char* name, Run run, Format format, std::FILE* out, std::FILE* err) {
+  try {
+    auto report = run();
+    if (!report.ok()) {
+      std::fprintf(err, "%s: %s\n", name, report.status().message().c_str());
+      return 1;
+    }
+    const std::string text = format(*report);
+    std::fputs(text.c_str(), out);
+    std::fflush(out);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(err, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
+}  // namespace kvctl
+
+#endif  // KVCTL_TOOLS_KVBENCH_COMMAND_H_
