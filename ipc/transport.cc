@@ -62,22 +62,32 @@ Status SplitHostPort(std::string_view endpoint, std::string_view rest, bool allo
   return OkStatus();
 }
 
+// The part both sides share: an ipc:// endpoint is complete (returns true); a tcp:// one is split
+// into host and port for the caller to finish.
+StatusOr<bool> ParseIpcOrSplitTcp(std::string_view endpoint, bool bind, Endpoint* ep,
+                                  std::string_view* host, std::string_view* port) {
+  if (endpoint.starts_with(kIpcPrefix)) {
+    KVCTL_RETURN_IF_ERROR(ParseIpcPath(endpoint, endpoint.substr(kIpcPrefix.size()), ep));
+    return true;
+  }
+  if (!endpoint.starts_with(kTcpPrefix)) {
+    return InvalidArgument("endpoint: got \"", endpoint, "\", expected ipc://PATH or ",
+                           bind ? "tcp://127.0.0.1:PORT" : "tcp://HOST:PORT");
+  }
+  KVCTL_RETURN_IF_ERROR(
+      SplitHostPort(endpoint, endpoint.substr(kTcpPrefix.size()), bind, host, port));
+  ep->kind = Endpoint::Kind::kTcp;
+  return false;
+}
+
 }  // namespace
 
 StatusOr<Endpoint> ParseBindEndpoint(std::string_view endpoint) {
   Endpoint ep;
-  if (endpoint.starts_with(kIpcPrefix)) {
-    KVCTL_RETURN_IF_ERROR(ParseIpcPath(endpoint, endpoint.substr(kIpcPrefix.size()), &ep));
-    return ep;
-  }
-  if (!endpoint.starts_with(kTcpPrefix)) {
-    return InvalidArgument("endpoint: got \"", endpoint, "\", expected ipc://PATH or ",
-                           "tcp://127.0.0.1:PORT");
-  }
   std::string_view host, port;
-  KVCTL_RETURN_IF_ERROR(
-      SplitHostPort(endpoint, endpoint.substr(kTcpPrefix.size()), true, &host, &port));
-  ep.kind = Endpoint::Kind::kTcp;
+  KVCTL_ASSIGN_OR_RETURN(const bool done,
+                         ParseIpcOrSplitTcp(endpoint, /*bind=*/true, &ep, &host, &port));
+  if (done) return ep;
   in_addr v4;
   const std::string host_str(host);
   if (host == "localhost") {
@@ -97,18 +107,10 @@ StatusOr<Endpoint> ParseBindEndpoint(std::string_view endpoint) {
 
 StatusOr<Endpoint> ParseConnectEndpoint(std::string_view endpoint) {
   Endpoint ep;
-  if (endpoint.starts_with(kIpcPrefix)) {
-    KVCTL_RETURN_IF_ERROR(ParseIpcPath(endpoint, endpoint.substr(kIpcPrefix.size()), &ep));
-    return ep;
-  }
-  if (!endpoint.starts_with(kTcpPrefix)) {
-    return InvalidArgument("endpoint: got \"", endpoint, "\", expected ipc://PATH or ",
-                           "tcp://HOST:PORT");
-  }
   std::string_view host, port;
-  KVCTL_RETURN_IF_ERROR(
-      SplitHostPort(endpoint, endpoint.substr(kTcpPrefix.size()), false, &host, &port));
-  ep.kind = Endpoint::Kind::kTcp;
+  KVCTL_ASSIGN_OR_RETURN(const bool done,
+                         ParseIpcOrSplitTcp(endpoint, /*bind=*/false, &ep, &host, &port));
+  if (done) return ep;
   ep.ipv6 = host.starts_with('[');
   ep.address = std::string(endpoint);
   return ep;
