@@ -19,9 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "${KVCTL_SKIP_PIP:-0}" != "1" ]; then
-  for req in python/requirements.txt tools/requirements.txt; do
-    [ -f "$req" ] && python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r "$req"
+  PIP=(python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore)
+  for req in python/requirements.txt tools/requirements.txt python/requirements-model.txt; do
+    [ -f "$req" ] && "${PIP[@]}" -r "$req"
   done
+  "${PIP[@]}" --no-deps -r python/requirements-nodeps.txt
 fi
 
 JOBS=${KVCTL_JOBS:-$(nproc)}
