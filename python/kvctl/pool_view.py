@@ -1,0 +1,168 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""Zero-copy torch views of the daemon's shm pool, and fused attention over a blocks FETCH.
+
+The daemon keeps every block record in one POSIX shm object (/dev/shm/<pool.shm_name>, named in
+the HELLO reply). A blocks-mode FETCH (Client.fetch_blocks) returns a page table: byte offsets of
+each (layer, KV head) pair's records in that object, plus the fp16 window rows inline. PoolView
+maps the object read-only and exposes it as one uint8 tensor, so records feed
+torch_ops.paged_decode_attention without a copy.
+
+    view = PoolView.from_client(client)            # after hello()
+    blocks = client.fetch_blocks(seq)
+    out, lse = view.layer_attention(blocks, layer=0, q=q)   # q [q_heads, head_dim]
+
+Records are valid until the next APPEND or CLOSE of the sequence (PROTOCOL.md 4.5): attend
+between a FETCH and the next APPEND. The mapping is read-only: writing to the tensor crashes.
+"""
+
+import mmap
+import os
+import warnings
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from . import torch_ops
+
+
+class PoolView:
+    """A read-only mapping of the pool; `tensor` is uint8 [pool_bytes] over it (no copy)."""
+
+    def __init__(self, shm_name: str, pool_bytes: Optional[int] = None):
+        if not shm_name or "/" in shm_name.lstrip("/"):
+            raise ValueError("shm_name: got %r, expected a POSIX shm name like '/kvctl'" % shm_name)
+        self.path = "/dev/shm/" + shm_name.lstrip("/")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if pool_bytes is not None and pool_bytes > size:
+                raise ValueError("pool_bytes: %d, but %s holds %d bytes" % (pool_bytes, self.path,
+                                                                           size))
+            self._mmap = mmap.mmap(fd, pool_bytes or size, flags=mmap.MAP_SHARED,
+                                   prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        with warnings.catch_warnings():
+            # frombuffer warns that the buffer is not writable: that is the point.
+            warnings.simplefilter("ignore", UserWarning)
+            self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8)
+
+    @classmethod
+    def from_client(cls, client) -> "PoolView":
+        """The pool of a client's session (after hello())."""
+        s = client.session
+        if s is None:
+            raise ValueError("client: no session, call hello() first")
+        return cls(s.shm_name, s.pool_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel()
+
+    def record(self, offset: int, nbytes: int) -> torch.Tensor:
+        """uint8 [nbytes] view of the pool at byte `offset`."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError("offset: [%d, %d) is outside the pool of %d bytes"
+                             % (offset, offset + nbytes, self.nbytes))
+        return self.tensor[offset:offset + nbytes]
+
+    def pair_records(self, blocks: dict, pair: int) -> List[torch.Tensor]:
+        """Views of the records of pair `pair` (layer-major index into the FETCH), oldest first."""
+        n_pairs = len(blocks["indptr"]) - 1
+        if not 0 <= pair < n_pairs:
+            raise ValueError("pair: got %d, expected 0..%d" % (pair, n_pairs - 1))
+        rb = blocks["layouts"][int(blocks["layout_index"][pair])]["record_bytes"]
+        a, b = int(blocks["indptr"][pair]), int(blocks["indptr"][pair + 1])
+        return [self.record(int(o), rb) for o in blocks["record_offsets"][a:b]]
+
+    def side_offsets(self, blocks: dict) -> Optional[np.ndarray]:
+        """Byte offsets (int64) of every record's side record (OScaR norms), or None."""
+        side = blocks["side_indices"]
+        if side is None:
+            return None
+        per_page = blocks["side_records_per_page"]
+        out = np.full(len(side), -1, dtype=np.int64)
+        for i, y in enumerate(side.tolist()):
+            if y == 0xFFFFFFFF:
+                continue
+            lay = blocks["layouts"][_layout_of_record(blocks, i)]
+            out[i] = ((y // per_page) * blocks["page_bytes"]
+                      + (y % per_page) * blocks["block_tokens"] * lay["side_bytes_per_token"])
+        return out
+
+    def layer_attention(self, blocks: dict, layer: int, q: torch.Tensor,
+                        scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Fused decode attention of one layer of a blocks FETCH: q [q_heads, D] (q_heads a
+        multiple of kv_heads; rows h*g..h*g+g-1 use KV head h) over every head's records (read
+        in this view) and window rows (from the reply). Returns (out fp32 [q_heads, D], lse fp32
+        [q_heads]). Heads with different layouts (per-head bit widths) are attended separately."""
+        first = blocks["layer_begin"]
+        if not first <= layer < first + blocks["n_layers"]:
+            raise ValueError("layer: got %d, the FETCH holds layers %d..%d"
+                             % (layer, first, first + blocks["n_layers"] - 1))
+        heads = blocks["kv_heads"]
+        if q.dim() != 2 or q.shape[0] % heads != 0:
+            raise ValueError("q: expected [q_heads, head_dim] with q_heads a multiple of %d, got "
+                             "shape %s" % (heads, tuple(q.shape)))
+        g = q.shape[0] // heads
+        pair0 = (layer - first) * heads
+        side = self.side_offsets(blocks)
+        li = [int(blocks["layout_index"][pair0 + h]) for h in range(heads)]
+        if all(x == li[0] for x in li):
+            return self._attend(blocks, layer - first, list(range(heads)), q, scale, side)
+        outs, lses = [], []
+        for h in range(heads):
+            o, l = self._attend(blocks, layer - first, [h], q[h * g:(h + 1) * g], scale, side)
+            outs.append(o)
+            lses.append(l)
+        return torch.cat(outs), torch.cat(lses)
+
+    def _attend(self, blocks, local_layer, heads, q, scale, side):
+        pairs = [local_layer * blocks["kv_heads"] + h for h in heads]
+        lay = blocks["layouts"][int(blocks["layout_index"][pairs[0]])]
+        indptr = blocks["indptr"].astype(np.int64)
+        offsets = np.concatenate([blocks["record_offsets"][indptr[p]:indptr[p + 1]]
+                                  for p in pairs]).astype(np.int64)
+        counts = [int(indptr[p + 1] - indptr[p]) for p in pairs]
+        local_indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        norm_offsets = None
+        if lay["side_bytes_per_token"] > 0:
+            norm_offsets = torch.from_numpy(np.concatenate(
+                [side[indptr[p]:indptr[p + 1]] for p in pairs]).astype(np.int64))
+        wk = [blocks["tail_k"][local_layer][h] for h in heads]
+        wv = [blocks["tail_v"][local_layer][h] for h in heads]
+        window_indptr = torch.tensor([0] + np.cumsum([len(x) for x in wk]).tolist(),
+                                     dtype=torch.int64)
+        return torch_ops.paged_decode_attention(
+            q, self.tensor, torch.from_numpy(offsets), torch.from_numpy(local_indptr),
+            _rows(np.concatenate(wk), blocks["tail_dtype"]),
+            _rows(np.concatenate(wv), blocks["tail_dtype"]), window_indptr,
+            lay["method_name"], lay["k_bits"], lay["v_bits"], scale=scale,
+            block_tokens=blocks["block_tokens"], k_group_tokens=lay["k_group_tokens"],
+            v_group_channels=lay["v_group_channels"], norm_offsets=norm_offsets)
+
+    def close(self) -> None:
+        """Drops this view's tensor and unmaps when no other view of it is alive (otherwise the
+        mapping goes with the last view)."""
+        self.tensor = None
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass
+
+    def __enter__(self) -> "PoolView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _layout_of_record(blocks: dict, record: int) -> int:
+    pair = int(np.searchsorted(blocks["indptr"], record, side="right")) - 1
+    return int(blocks["layout_index"][pair])
+
+
+def _rows(rows: np.ndarray, dtype: str) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(rows))
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t

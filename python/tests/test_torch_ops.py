@@ -1,0 +1,299 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""torch.ops.kvctl (bindings/torch) through python/kvctl/torch_ops.py and pool_view.py:
+records byte-identical to the daemon's, dequantize equal to the daemon's dense FETCH, fused
+decode attention against torch's scaled_dot_product_attention on the dequantized tensors, views
+of the real daemon's shm pool, and argument errors. Skipped when torch or the extension is
+missing (build target kvctl_torch; CTest sets KVCTL_TORCH_LIB)."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (python/requirements-model.txt)")
+
+from kvctl import torch_ops as ops  # noqa: E402
+
+if not ops.available():
+    pytest.skip("kvctl torch extension not built (cmake -DKVCTL_TORCH=ON, target kvctl_torch, "
+                "or set KVCTL_TORCH_LIB)", allow_module_level=True)
+
+from kvctl.pool_view import PoolView  # noqa: E402
+
+F = torch.nn.functional
+
+# Fused attention vs SDPA on the dequantized cache (fp64 reference): relative to max |out| for
+# the output, to max(1, |lse|) for the log-sum-exp. The kernels' own bound against an fp64 oracle
+# is 1e-4 (docs/attention.md); worst seen here is about 2e-5.
+ATOL_REL = 1e-4
+
+METHOD_BITS = [("fp16", 16, 16)] + [
+    (m, kb, vb) for m in ("kivi", "quarot", "kvarn", "oscar")
+    for kb, vb in ((2, 2), (3, 3), (4, 4), (8, 8), (4, 2))]
+
+
+def synthetic(tokens, heads, dim, seed):
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.rand(1, heads, dim, generator=g) * 1.5 + 0.5
+    scale[..., 3] *= 8.0
+    k = torch.randn(tokens, heads, dim, generator=g) * scale + 0.3
+    v = torch.randn(tokens, heads, dim, generator=g)
+    return k, v
+
+
+def reference(q, k, v, heads, scale):
+    """out, lse of softmax attention in fp64: q [H*g, D], k/v [T, H, D]."""
+    d = q.shape[1]
+    g = q.shape[0] // heads
+    q4 = q.double().reshape(1, heads, g, d)
+    k4 = k.double().permute(1, 0, 2).unsqueeze(0)
+    v4 = v.double().permute(1, 0, 2).unsqueeze(0)
+    out = F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
+    lse = torch.logsumexp(scale * q4 @ k4.transpose(-1, -2), dim=-1)
+    return out.reshape(heads * g, d), lse.reshape(-1)
+
+
+def assert_close(out, lse, ref_out, ref_lse, tol=ATOL_REL, what=""):
+    err = ((out.double() - ref_out).abs().max() / ref_out.abs().max()).item()
+    lerr = ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max().item()
+    assert err <= tol and lerr <= tol, "%s: out %.3g, lse %.3g (bound %g)" % (what, err, lerr, tol)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("method,k_bits,v_bits", METHOD_BITS)
+def test_torch_ops_fused_attention_matches_sdpa_on_dequantized(method, k_bits, v_bits, dim):
+    heads, g = 2, 3
+    lay = ops.layout(method, dim, k_bits, v_bits)
+    G = lay["block_tokens"]
+    # (records, window rows): window only (odd), one record, records + odd tail, record + 1 row.
+    for blocks, window in ((0, 37), (1, 0), (3, 5), (1, 1)):
+        k, v = synthetic(blocks * G + window, heads, dim, seed=blocks * 100 + window + dim)
+        q = torch.randn(heads * g, dim, generator=torch.Generator().manual_seed(window))
+        kq, vq = k[:blocks * G], v[:blocks * G]
+        norms = ops.token_norms(kq) if method == "oscar" and blocks else None
+        if blocks:
+            rec = ops.quantize(kq, vq, method, k_bits, v_bits, token_norms=norms)
+            assert rec.shape == (heads, blocks, lay["record_bytes"]) and rec.dtype == torch.uint8
+            kd, vd = ops.dequantize(rec, method, dim, k_bits, v_bits, token_norms=norms)
+        else:
+            rec = torch.empty(heads, 0, lay["record_bytes"], dtype=torch.uint8)
+            kd, vd = kq, vq
+        wk, wv = k[blocks * G:], v[blocks * G:]
+        scale = 1 / math.sqrt(dim)
+        out, lse = ops.decode_attention(q, rec, wk if window else None, wv if window else None,
+                                        method, k_bits, v_bits, token_norms=norms)
+        ref_out, ref_lse = reference(q, torch.cat([kd, wk]), torch.cat([vd, wv]), heads, scale)
+        assert out.shape == (heads * g, dim) and lse.shape == (heads * g,)
+        assert_close(out, lse, ref_out, ref_lse,
+                     what="%s k%dv%d D%d blocks %d window %d" % (method, k_bits, v_bits, dim,
+                                                                 blocks, window))
+
+
+def test_torch_ops_window_dtypes_strides_splits_and_threads():
+    heads, g, dim = 3, 4, 64
+    k, v = synthetic(20 * 32 + 7, heads, dim, seed=3)
+    q = torch.randn(heads * g, dim)
+    rec = ops.quantize(k[:640], v[:640], "kivi", 2, 2)
+    kd, vd = ops.dequantize(rec, "kivi", dim, 2, 2)
+    base = dict(method="kivi", k_bits=2, v_bits=2)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        wk, wv, qd = k[640:].to(dtype), v[640:].to(dtype), q.to(dtype)
+        out, lse = ops.decode_attention(qd, rec, wk, wv, **base)
+        ref = reference(qd.float(), torch.cat([kd, wk.float()]), torch.cat([vd, wv.float()]),
+                        heads, 1 / 8)
+        assert_close(out, lse, *ref, what=str(dtype))
+        # A [H, Tw, D] cache read through a transposed (strided) view gives the same answer.
+        strided_k = wk.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+        strided_v = wv.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+        assert strided_k.stride() != wk.stride()
+        out2, lse2 = ops.decode_attention(qd, rec, strided_k, strided_v, **base)
+        assert torch.equal(out2, out) and torch.equal(lse2, lse), dtype
+    one, one_lse = ops.decode_attention(q, rec, k[640:], v[640:], splits=1, **base)
+    for splits in (2, 5, 20):
+        got, got_lse = ops.decode_attention(q, rec, k[640:], v[640:], splits=splits, **base)
+        assert_close(got, got_lse, one.double(), one_lse.double(), tol=2e-5,
+                     what="splits %d" % splits)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single, _ = ops.decode_attention(q, rec, k[640:], v[640:], splits=3, **base)
+    finally:
+        torch.set_num_threads(threads)
+    multi, _ = ops.decode_attention(q, rec, k[640:], v[640:], splits=3, **base)
+    assert torch.equal(single, multi)  # Same parts, same merge order: thread count is invisible.
+
+
+def test_torch_ops_empty_cache_and_known_answer():
+    dim = 64
+    rec = torch.empty(1, 0, ops.layout("kivi", dim)["record_bytes"], dtype=torch.uint8)
+    out, lse = ops.decode_attention(torch.ones(2, dim), rec, None, None, "kivi")
+    assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
+    # Eight identical fp16-record keys: out = mean of V, lse = s + log 8.
+    k = torch.full((32, 1, dim), 0.25)
+    v = torch.randn(32, 1, dim).half().float()
+    rec = ops.quantize(k, v, "fp16")
+    q = torch.ones(1, dim)
+    out, lse = ops.decode_attention(q, rec, None, None, "fp16", scale=0.5)
+    assert torch.allclose(out[0], v[:, 0].mean(0), atol=1e-6)
+    assert abs(lse.item() - (0.5 * 0.25 * dim + math.log(32))) < 1e-5
+
+
+def test_torch_ops_paged_equals_dense_with_records_in_any_order():
+    heads, g, dim = 2, 2, 128
+    G = ops.layout("oscar", dim)["block_tokens"]
+    k, v = synthetic(5 * G + 9, heads, dim, seed=9)
+    norms = ops.token_norms(k[:5 * G])
+    rec = ops.quantize(k[:5 * G], v[:5 * G], "oscar", 2, 2, token_norms=norms)
+    q = torch.randn(heads * g, dim)
+    dense = ops.decode_attention(q, rec, k[5 * G:], v[5 * G:], "oscar", token_norms=norms,
+                                 splits=1)
+    # Scatter the records (and norms) into a "pool" in a shuffled order, 8-byte padding between.
+    rb = rec.shape[2]
+    order = torch.randperm(heads * 5, generator=torch.Generator().manual_seed(1)).tolist()
+    slot = rb + 8
+    pool = torch.zeros(len(order) * slot + 5 * G * 4, dtype=torch.uint8)
+    offsets = torch.empty(heads * 5, dtype=torch.int64)
+    for i, where in enumerate(order):
+        h, b = divmod(i, 5)
+        pool[where * slot:where * slot + rb] = rec[h, b]
+        offsets[i] = where * slot
+    norm_base = len(order) * slot
+    pool[norm_base:] = norms.view(torch.uint8)
+    norm_offsets = torch.tensor([norm_base + (i % 5) * G * 4 for i in range(heads * 5)])
+    window_k = k[5 * G:].permute(1, 0, 2).reshape(-1, dim)  # head 0's rows, then head 1's
+    window_v = v[5 * G:].permute(1, 0, 2).reshape(-1, dim)
+    paged = ops.paged_decode_attention(
+        q, pool, offsets, torch.tensor([0, 5, 10]), window_k, window_v, torch.tensor([0, 9, 18]),
+        "oscar", norm_offsets=norm_offsets, splits=1)
+    assert torch.equal(paged[0], dense[0]) and torch.equal(paged[1], dense[1])
+
+
+def test_torch_ops_errors_name_the_argument():
+    dim = 64
+    k, v = synthetic(128, 2, dim, seed=1)
+    rec = ops.quantize(k, v, "kivi")
+    q = torch.randn(4, dim)
+
+    def raises(exc, text, fn, *args, **kwargs):
+        with pytest.raises(exc) as info:
+            fn(*args, **kwargs)
+        assert text in str(info.value), str(info.value)
+
+    raises(ValueError, "method", ops.quantize, k, v, "nope")
+    raises(ValueError, "k_bits: got 5", ops.quantize, k, v, "kivi", 5, 2)
+    raises(ValueError, "k: tokens must be a positive multiple of block_tokens 32",
+           ops.quantize, k[:100], v[:100], "kivi")
+    raises(ValueError, "v: shape", ops.quantize, k, v[:, :1], "kivi")
+    raises(ValueError, "k: dtype", ops.quantize, k.double(), v, "kivi")
+    raises(ValueError, "k: expected [tokens, heads, head_dim]", ops.quantize, k[0], v[0], "kivi")
+    raises(ValueError, "token_norms: given", ops.quantize, k, v, "kivi",
+           token_norms=torch.ones(128))
+    raises(ValueError, "token_norms: required", ops.dequantize,
+           ops.quantize(k, v, "oscar"), "oscar", dim)
+    raises(ValueError, "records: dtype", ops.decode_attention, q, rec.float(), None, None, "kivi")
+    raises(ValueError, "records: expected [heads, blocks, ", ops.decode_attention, q, rec, None,
+           None, "kivi", 4, 4)
+    raises(ValueError, "q: q_heads 5", ops.decode_attention, torch.randn(5, dim), rec, None, None,
+           "kivi")
+    raises(ValueError, "q: non-finite", ops.decode_attention, q * float("nan"), rec, None, None,
+           "kivi")
+    raises(ValueError, "window_k/window_v: give both", ops.decode_attention, q, rec, k, None,
+           "kivi")
+    raises(ValueError, "window_v: 3 tokens", ops.decode_attention, q, rec, k[:4], v[:3], "kivi")
+    raises(ValueError, "window_k: head_dim", ops.decode_attention, q, rec, k[:4, :, :32],
+           v[:4, :, :32], "kivi")
+    raises(ValueError, "scale", ops.decode_attention, q, rec, None, None, "kivi", scale=-1.0)
+    pool = rec.reshape(-1)
+    raises(ValueError, "record_offsets[1]", ops.paged_decode_attention, q, pool,
+           torch.tensor([0, pool.numel()]), torch.tensor([0, 1, 2]), method="kivi")
+    raises(ValueError, "indptr[-1]", ops.paged_decode_attention, q, pool, torch.tensor([0]),
+           torch.tensor([0, 1, 2]), method="kivi")
+    raises(ValueError, "norm_offsets: required", ops.paged_decode_attention, q, pool,
+           torch.tensor([0]), torch.tensor([0, 1, 1]), method="oscar")
+    if torch.cuda.is_available():  # A device tensor is refused with a clear message.
+        raises(RuntimeError, "CUDA tensors", ops.decode_attention, q.cuda(), rec, None, None,
+               "kivi")
+
+
+# --- through the real daemon ---------------------------------------------------------------
+
+
+def _daemon_for(daemon_factory, method, bits):
+    return daemon_factory(quant__method=method, quant__k_bits=bits, quant__v_bits=bits,
+                          pool__bytes="64MiB")
+
+
+@pytest.mark.parametrize("method", ["kivi", "quarot", "kvarn", "oscar", "fp16"])
+def test_torch_ops_records_and_dequantize_equal_the_daemons(method, daemon_factory, connect):
+    bits = 16 if method == "fp16" else 2
+    layers, heads, dim = 2, 2, 64
+    d = _daemon_for(daemon_factory, method, bits)
+    c = connect(d)
+    c.hello(layers, heads, dim, dtype="float16", q_heads=heads * 3)
+    lay = ops.layout(method, dim, bits, bits)
+    sinks, flush = lay["sink_tokens"], lay["flush_tokens"]
+    total = sinks + 2 * flush + 5
+    rng = np.random.default_rng(4)
+    k = (rng.standard_normal((layers, total, heads, dim)) * 2 + 0.5).astype(np.float16)
+    v = rng.standard_normal((layers, total, heads, dim)).astype(np.float16)
+    c.open(1)
+    c.append(1, k, v)
+    blocks = c.fetch_blocks(1)
+    fk, fv, pos = c.fetch(1, dtype="float32", stacked=True)
+    assert pos.tolist() == list(range(total))
+    span = slice(sinks, sinks + 2 * flush)
+    with PoolView.from_client(c) as view:
+        side = view.side_offsets(blocks)
+        for layer in range(layers):
+            kq = torch.from_numpy(k[layer, span].astype(np.float32))
+            vq = torch.from_numpy(v[layer, span].astype(np.float32))
+            norms = ops.token_norms(kq) if method == "oscar" else None
+            ours = ops.quantize(kq, vq, method, bits, bits, token_norms=norms,
+                                block_tokens=blocks["block_tokens"])
+            theirs = torch.stack([torch.stack(view.pair_records(blocks, layer * heads + h))
+                                  for h in range(heads)])
+            assert torch.equal(ours, theirs), (method, layer)
+            if method == "oscar":
+                pair = layer * heads
+                a = int(blocks["indptr"][pair])
+                G = blocks["block_tokens"]
+                stored = torch.cat([view.record(int(side[a + b]), G * 4).view(torch.float32)
+                                    for b in range(ours.shape[1])])
+                assert torch.equal(stored, norms)
+            kd, vd = ops.dequantize(theirs, method, dim, bits, bits, token_norms=norms)
+            assert torch.equal(kd, torch.from_numpy(fk[layer, span]))
+            assert torch.equal(vd, torch.from_numpy(fv[layer, span]))
+
+
+def test_torch_ops_pool_views_feed_fused_attention_without_copies(daemon_factory, connect):
+    layers, heads, g, dim = 2, 3, 3, 64
+    d = _daemon_for(daemon_factory, "kvarn", 2)
+    c = connect(d)
+    c.hello(layers, heads, dim, dtype="float16", q_heads=heads * g)
+    rng = np.random.default_rng(5)
+    total = 128 + 256 + 11
+    k = (rng.standard_normal((layers, total + 128, heads, dim)) * 2).astype(np.float16)
+    v = rng.standard_normal((layers, total + 128, heads, dim)).astype(np.float16)
+    c.open(1)
+    c.append(1, k[:, :total], v[:, :total])
+    view = PoolView.from_client(c)
+    assert view.nbytes == c.session.pool_bytes
+    q = torch.randn(heads * g, dim)
+    for step in range(2):
+        blocks = c.fetch_blocks(1)
+        fk, fv, _ = c.fetch(1, dtype="float32", stacked=True)
+        for layer in range(layers):
+            out, lse = view.layer_attention(blocks, layer, q)
+            ref = reference(q, torch.from_numpy(fk[layer]), torch.from_numpy(fv[layer]), heads,
+                            1 / 8)
+            assert_close(out, lse, *ref, what="layer %d step %d" % (layer, step))
+        recs = view.pair_records(blocks, 0)
+        assert len(recs) == (2 if step == 0 else 3)
+        # Views, not copies: every record tensor shares the pool mapping's storage.
+        base = view.tensor.untyped_storage().data_ptr()
+        assert all(r.untyped_storage().data_ptr() == base for r in recs)
+        # The daemon writes new records into the same mapping: the old view sees them.
+        if step == 0:
+            c.append(1, k[:, total:], v[:, total:])
+    c.close(1)
+    view.close()
