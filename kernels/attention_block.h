@@ -7,10 +7,18 @@
 // straight from the packed codes and fp16 metadata without materialising the dequantized tile.
 //
 // The algorithm templates take an `Ops` policy of loop primitives over "rows of elements" in
-// one of the CodeFormat encodings (packed codes, fp16, bf16, fp32). ScalarOps below is the spec and
-// what CUDA calls; kernels/attention_simd_impl.inc supplies register-blocked AVX2/AVX-512 versions.
+// one of the CodeFormat encodings (packed codes, fp16, bf16, fp32). ScalarOps below is the spec;
+// kernels/attention_simd_impl.inc supplies register-blocked AVX2/AVX-512 versions and
+// kernels/cuda/attention_cuda.cu warp-cooperative ones (WarpOps).
 // Everything here allocates nothing, validates nothing and never fails: kernels/attention.cc checks
 // the inputs and carves the scratch (ScratchFloats floats).
+//
+// Cooperative policies: an Ops policy may also define Lane(), kLanes and Sync() (the CUDA WarpOps
+// of kernels/cuda/attention_cuda.cu: the 32 lanes of a warp share one Work in shared memory).
+// Then every primitive is called by all lanes with the same arguments and returns with its
+// outputs visible to all of them, and the element-wise loops below are lane-strided and followed
+// by Sync(); state written once per row (m, l, lse) is written by lane 0. Policies without them
+// (ScalarOps, the CPU SIMD ops) are one lane: the loops are the plain loops, Sync() is nothing.
 //
 // Frames: rotating methods (QuaRot, KVarN, OScaR) score records with the rotated query and
 // accumulate their V in the rotated frame (acc); the full-precision window rows are stored in the
@@ -193,11 +201,48 @@ struct Work {
 
 KVCTL_HOST_DEVICE inline int MaxInt(int a, int b) { return a > b ? a : b; }
 
-// Metadata as floats: the raw fp16 section plus its (scale, zero) pairs split into two arrays.
-// Every method's metadata is at most 2 * G * D / 8 halves (KIVI/OScaR with groups of 8).
+// Lane of the caller inside a cooperative Ops policy, the number of lanes, and the barrier between
+// them (see the file comment); 0, 1 and nothing for single-lane policies.
+template <class Ops>
+KVCTL_HOST_DEVICE inline int LaneOf() {
+  if constexpr (requires { Ops::Lane(); }) {
+    return Ops::Lane();
+  } else {
+    return 0;
+  }
+}
+template <class Ops>
+KVCTL_HOST_DEVICE inline constexpr int LanesOf() {
+  if constexpr (requires { Ops::kLanes; }) {
+    return Ops::kLanes;
+  } else {
+    return 1;
+  }
+}
+template <class Ops>
+KVCTL_HOST_DEVICE inline void SyncLanes() {
+  if constexpr (requires { Ops::Sync(); }) Ops::Sync();
+}
+
+// Metadata as floats: the raw fp16 section plus, for (scale, zero) pairs, the pairs split into two
+// arrays (RecordScores, RecordAccumulateV). Sized for the method and its group sizes, so that a
+// CUDA warp's Work fits in shared memory.
 KVCTL_HOST_DEVICE inline int64_t MetaFloats(const QuantSpec& s) {
   const int64_t g = s.block_tokens, d = s.head_dim;
-  return 4 * g * (d / 8) + 4 * (g + d);
+  switch (s.method) {
+    case QuantMethod::kKivi:
+    case QuantMethod::kOscar: {
+      const int64_t k = 4 * d * (g / s.k_group_tokens), v = 4 * g * (d / s.v_group_channels);
+      return k > v ? k : v;
+    }
+    case QuantMethod::kQuaRot:
+      return 4 * g;
+    case QuantMethod::kKvarn:
+      return 2 * (g + d);
+    case QuantMethod::kFp16:
+      break;
+  }
+  return 0;
 }
 
 KVCTL_HOST_DEVICE inline int64_t ScratchFloats(const QuantSpec& s, int group) {
@@ -225,14 +270,16 @@ KVCTL_HOST_DEVICE inline Work CarveWork(const QuantSpec& s, int g, bool rotates,
 
 // Splits n interleaved (scale, zero) pairs, pair k = (row r, group j) with k = r * groups + j,
 // into scale[j * rows + r] and zero[j * rows + r]: one contiguous vector per group.
+template <class Ops>
 KVCTL_HOST_DEVICE inline void SplitPairs(const float* pairs, int rows, int groups, float* scale,
                                          float* zero) {
   for (int j = 0; j < groups; ++j) {
-    for (int r = 0; r < rows; ++r) {
+    for (int r = LaneOf<Ops>(); r < rows; r += LanesOf<Ops>()) {
       scale[j * rows + r] = pairs[2 * (r * groups + j)];
       zero[j * rows + r] = pairs[2 * (r * groups + j) + 1];
     }
   }
+  SyncLanes<Ops>();
 }
 
 // out[i] = sum_k a[i][k] * x[k] for the g rows of a (stride n): a dot product per query row.
@@ -250,6 +297,7 @@ KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout
                                            const uint8_t* rec, const float* norms, int g,
                                            const Work& w) {
   const int gt = s.block_tokens, d = s.head_dim;
+  const int l0 = LaneOf<Ops>(), ln = LanesOf<Ops>();
   const uint8_t* kc = rec + l.k_codes_offset;
   const uint8_t* km = rec + l.k_meta_offset;
   switch (s.method) {
@@ -261,8 +309,11 @@ KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout
       Ops::LoadHalves(km, 2 * gt, w.meta);  // (scale, min) per token.
       for (int i = 0; i < g; ++i) {
         float* sc = w.scores + i * gt;
-        for (int t = 0; t < gt; ++t) sc[t] = w.meta[2 * t] * sc[t] + w.meta[2 * t + 1] * w.qsum[i];
+        for (int t = l0; t < gt; t += ln) {
+          sc[t] = w.meta[2 * t] * sc[t] + w.meta[2 * t + 1] * w.qsum[i];
+        }
       }
+      SyncLanes<Ops>();
       return;
     }
     case QuantMethod::kKivi:
@@ -271,24 +322,27 @@ KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout
       float* scale = w.meta + 2 * d * groups;
       float* zero = scale + d * groups;
       Ops::LoadHalves(km, 2 * d * groups, w.meta);  // [D][groups] x (scale, zero).
-      SplitPairs(w.meta, d, groups, scale, zero);
+      SplitPairs<Ops>(w.meta, d, groups, scale, zero);
       for (int j = 0; j < groups; ++j) {
         const float* sj = scale + j * d;
         for (int i = 0; i < g; ++i) {
-          for (int c = 0; c < d; ++c) w.coef[i * d + c] = w.qr[i * d + c] * sj[c];
+          for (int c = l0; c < d; c += ln) w.coef[i * d + c] = w.qr[i * d + c] * sj[c];
         }
+        SyncLanes<Ops>();
         RowDots<Ops>(w.qr, d, zero + j * d, g, w.consts);
         Ops::ChannelDots(kc, block::RowBytes(gt, s.k_bits), s.k_bits, d, j * kg, kg, w.coef, d, g,
                          w.scores + j * kg, gt);
         for (int i = 0; i < g; ++i) {
           float* sc = w.scores + i * gt + j * kg;
-          for (int t = 0; t < kg; ++t) sc[t] += w.consts[i];
+          for (int t = l0; t < kg; t += ln) sc[t] += w.consts[i];
         }
+        SyncLanes<Ops>();
       }
       if (s.method == QuantMethod::kOscar) {
         for (int i = 0; i < g; ++i) {
-          for (int t = 0; t < gt; ++t) w.scores[i * gt + t] *= norms[t];
+          for (int t = l0; t < gt; t += ln) w.scores[i * gt + t] *= norms[t];
         }
+        SyncLanes<Ops>();
       }
       return;
     }
@@ -298,15 +352,17 @@ KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout
       const float* zk = w.meta + d;
       const float* tk = w.meta + 2 * d;
       for (int i = 0; i < g; ++i) {
-        for (int c = 0; c < d; ++c) w.coef[i * d + c] = w.qr[i * d + c] * sk[c];
+        for (int c = l0; c < d; c += ln) w.coef[i * d + c] = w.qr[i * d + c] * sk[c];
       }
+      SyncLanes<Ops>();
       RowDots<Ops>(w.qr, d, zk, g, w.consts);
       Ops::ChannelDots(kc, block::RowBytes(gt, s.k_bits), s.k_bits, d, 0, gt, w.coef, d, g,
                        w.scores, gt);
       for (int i = 0; i < g; ++i) {
         float* sc = w.scores + i * gt;
-        for (int t = 0; t < gt; ++t) sc[t] = tk[t] * (sc[t] + w.consts[i]);
+        for (int t = l0; t < gt; t += ln) sc[t] = tk[t] * (sc[t] + w.consts[i]);
       }
+      SyncLanes<Ops>();
       return;
     }
   }
@@ -320,6 +376,7 @@ template <class Ops>
 KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockLayout& l,
                                                 const uint8_t* rec, int g, const Work& w) {
   const int gt = s.block_tokens, d = s.head_dim;
+  const int l0 = LaneOf<Ops>(), ln = LanesOf<Ops>();
   const uint8_t* vc = rec + l.v_codes_offset;
   const uint8_t* vm = rec + l.v_meta_offset;
   const float* p = w.scores;
@@ -335,19 +392,21 @@ KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockL
       float* scale = w.meta + 2 * gt * groups;
       float* zero = scale + gt * groups;
       Ops::LoadHalves(vm, 2 * gt * groups, w.meta);  // [G][groups] x (scale, zero).
-      SplitPairs(w.meta, gt, groups, scale, zero);
+      SplitPairs<Ops>(w.meta, gt, groups, scale, zero);
       for (int j = 0; j < groups; ++j) {
         const float* sj = scale + j * gt;
         for (int i = 0; i < g; ++i) {
-          for (int t = 0; t < gt; ++t) w.coef[i * gt + t] = p[i * gt + t] * sj[t];
+          for (int t = l0; t < gt; t += ln) w.coef[i * gt + t] = p[i * gt + t] * sj[t];
         }
+        SyncLanes<Ops>();
         RowDots<Ops>(p, gt, zero + j * gt, g, w.consts);
         Ops::TokenAxpys(vc, block::RowBytes(d, s.v_bits), s.v_bits, gt, j * vg, vg, w.coef, gt, g,
                         w.acc + j * vg, d);
         for (int i = 0; i < g; ++i) {
           float* a = w.acc + i * d + j * vg;
-          for (int c = 0; c < vg; ++c) a[c] += w.consts[i];
+          for (int c = l0; c < vg; c += ln) a[c] += w.consts[i];
         }
+        SyncLanes<Ops>();
       }
       return;
     }
@@ -357,17 +416,19 @@ KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockL
       const float* sv = w.meta + d;
       const float* zv = w.meta + d + gt;
       for (int i = 0; i < g; ++i) {
-        for (int t = 0; t < gt; ++t) w.coef[i * gt + t] = p[i * gt + t] * sv[t];
-        for (int c = 0; c < d; ++c) w.tmp[i * d + c] = 0.0f;
+        for (int t = l0; t < gt; t += ln) w.coef[i * gt + t] = p[i * gt + t] * sv[t];
+        for (int c = l0; c < d; c += ln) w.tmp[i * d + c] = 0.0f;
       }
+      SyncLanes<Ops>();
       RowDots<Ops>(p, gt, zv, g, w.consts);
       Ops::TokenAxpys(vc, block::RowBytes(d, s.v_bits), s.v_bits, gt, 0, d, w.coef, gt, g, w.tmp,
                       d);
       for (int i = 0; i < g; ++i) {
         float* a = w.acc + i * d;
         const float* tmp = w.tmp + i * d;
-        for (int c = 0; c < d; ++c) a[c] += uv[c] * (tmp[c] + w.consts[i]);
+        for (int c = l0; c < d; c += ln) a[c] += uv[c] * (tmp[c] + w.consts[i]);
       }
+      SyncLanes<Ops>();
       return;
     }
   }
@@ -375,45 +436,56 @@ KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockL
 
 // Online softmax over n new scores per row (w.scores, row stride `stride`): updates the running
 // max and sum, turns the scores into weights exp(s - m_new) and rescales both accumulators by
-// exp(m_old - m_new) where the max moved.
+// exp(m_old - m_new) where the max moved. Cooperative policies: MaxOf and ExpSum return the same
+// value in every lane, so m_new and alpha agree; lane 0 writes m and l after every lane read them.
 template <class Ops>
 KVCTL_HOST_DEVICE inline void SoftmaxUpdate(int g, int d, int n, int stride, const Work& w) {
+  const int l0 = LaneOf<Ops>(), ln = LanesOf<Ops>();
   for (int i = 0; i < g; ++i) {
     float* sc = w.scores + i * stride;
-    const float m_new = fmaxf(w.m[i], Ops::MaxOf(sc, n));
-    const float alpha = expf(w.m[i] - m_new);  // exp(-inf) = 0 on the first update.
+    const float m_old = w.m[i];
+    const float l_old = w.l[i];
+    const float m_new = fmaxf(m_old, Ops::MaxOf(sc, n));
+    const float alpha = expf(m_old - m_new);  // exp(-inf) = 0 on the first update.
     const float sum = Ops::ExpSum(sc, n, m_new);
-    w.l[i] = w.l[i] * alpha + sum;
-    w.m[i] = m_new;
+    if (l0 == 0) {
+      w.l[i] = l_old * alpha + sum;
+      w.m[i] = m_new;
+    }
     if (alpha != 1.0f) {
-      for (int c = 0; c < d; ++c) w.acc[i * d + c] *= alpha;
+      for (int c = l0; c < d; c += ln) w.acc[i * d + c] *= alpha;
       if (w.acc2 != w.acc) {
-        for (int c = 0; c < d; ++c) w.acc2[i * d + c] *= alpha;
+        for (int c = l0; c < d; c += ln) w.acc2[i * d + c] *= alpha;
       }
     }
   }
+  SyncLanes<Ops>();
 }
 
 // Scales and (for rotating methods) rotates the query rows; zeroes the state.
 template <class Ops>
 KVCTL_HOST_DEVICE inline void Prepare(const Problem& p, const Work& w) {
   const int g = p.group, d = p.spec.head_dim;
-  for (int i = 0; i < g * d; ++i) w.qs[i] = p.q[i] * p.scale;
+  const int l0 = LaneOf<Ops>(), ln = LanesOf<Ops>();
+  for (int i = l0; i < g * d; i += ln) w.qs[i] = p.q[i] * p.scale;
+  SyncLanes<Ops>();
   if (p.rotates) {
-    for (int i = 0; i < g * d; ++i) w.qr[i] = w.qs[i];
+    for (int i = l0; i < g * d; i += ln) w.qr[i] = w.qs[i];
+    SyncLanes<Ops>();
     for (int i = 0; i < g; ++i) Ops::Fwht(w.qr + i * d, d);
   }
-  for (int i = 0; i < g; ++i) {
+  for (int i = l0; i < g; i += ln) {
     float s = 0.0f;
     for (int c = 0; c < d; ++c) s += w.qr[i * d + c];
     w.qsum[i] = s;
     w.m[i] = -INFINITY;
     w.l[i] = 0.0f;
   }
-  for (int i = 0; i < g * d; ++i) w.acc[i] = 0.0f;
+  for (int i = l0; i < g * d; i += ln) w.acc[i] = 0.0f;
   if (w.acc2 != w.acc) {
-    for (int i = 0; i < g * d; ++i) w.acc2[i] = 0.0f;
+    for (int i = l0; i < g * d; i += ln) w.acc2[i] = 0.0f;
   }
+  SyncLanes<Ops>();
 }
 
 // One record: scores, online softmax, V. The unit a CUDA split-K kernel assigns to a worker.
@@ -444,22 +516,25 @@ KVCTL_HOST_DEVICE inline void AttendWindowChunk(const Problem& p, int64_t r0, in
 template <class Ops>
 KVCTL_HOST_DEVICE inline void Finalize(const Problem& p, const Work& w) {
   const int d = p.spec.head_dim;
+  const int l0 = LaneOf<Ops>(), ln = LanesOf<Ops>();
   for (int i = 0; i < p.group; ++i) {
     float* out = p.out + i * d;
     if (!(w.l[i] > 0.0f)) {
-      for (int c = 0; c < d; ++c) out[c] = 0.0f;
-      p.lse[i] = -INFINITY;
+      for (int c = l0; c < d; c += ln) out[c] = 0.0f;
+      if (l0 == 0) p.lse[i] = -INFINITY;
       continue;
     }
-    for (int c = 0; c < d; ++c) out[c] = w.acc[i * d + c];
+    for (int c = l0; c < d; c += ln) out[c] = w.acc[i * d + c];
+    SyncLanes<Ops>();
     if (p.rotates) {
       Ops::Fwht(out, d);
-      for (int c = 0; c < d; ++c) out[c] += w.acc2[i * d + c];
+      for (int c = l0; c < d; c += ln) out[c] += w.acc2[i * d + c];
     }
     const float inv = 1.0f / w.l[i];
-    for (int c = 0; c < d; ++c) out[c] *= inv;
-    p.lse[i] = w.m[i] + logf(w.l[i]);
+    for (int c = l0; c < d; c += ln) out[c] *= inv;
+    if (l0 == 0) p.lse[i] = w.m[i] + logf(w.l[i]);
   }
+  SyncLanes<Ops>();
 }
 
 // The whole single-query attention of one (layer, KV head) over window + records.

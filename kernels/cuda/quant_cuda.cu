@@ -4,16 +4,8 @@
 #include <vector>
 
 #include "kernels/block_codec.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/quant_cuda.h"
-
-#define KVCTL_CUDA_RETURN_IF_ERROR(expr)                                      \
-  do {                                                                        \
-    const cudaError_t kvctl_err_ = (expr);                                    \
-    if (kvctl_err_ != cudaSuccess) {                                          \
-      return ::kvctl::Unavailable(__FILE__, ":", __LINE__, ": ", #expr, ": ", \
-                                  cudaGetErrorString(kvctl_err_));            \
-    }                                                                         \
-  } while (0)
 
 namespace kvctl {
 namespace {
@@ -45,15 +37,6 @@ __global__ void DecodeRecordsKernel(QuantSpec spec, BlockLayout layout, const ui
                       k_out + b * elems, v_out + b * elems);
 }
 
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  cudaError_t Allocate(size_t count) { return cudaMalloc(&ptr, count * sizeof(T)); }
-};
-
 }  // namespace
 
 int CudaDeviceCount() {
@@ -62,22 +45,38 @@ int CudaDeviceCount() {
   return n;
 }
 
+int64_t QuantizeScratchFloats(const QuantSpec& spec, int n_blocks) {
+  return block::ScratchFloats(spec) * static_cast<int64_t>(n_blocks > 0 ? n_blocks : 0);
+}
+
+Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch,
+                                 uint8_t* records, float* scratch, int* overflow, void* stream) {
+  KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  if (batch.n_blocks <= 0) {
+    return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
+  }
+  if (!batch.k || !batch.v || !records || !scratch || !overflow) {
+    return InvalidArgument("k, v, records, scratch, overflow: got a null pointer");
+  }
+  const int grid = (batch.n_blocks + kThreads - 1) / kThreads;
+  EncodeRecordsKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      spec, BlockLayoutOf(spec), batch, scratch, block::ScratchFloats(spec), records, overflow);
+  KVCTL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return OkStatus();
+}
+
 Status QuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch, uint8_t* records) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
   if (batch.n_blocks <= 0)
     return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
-  const BlockLayout layout = BlockLayoutOf(spec);
-  const int64_t scratch_floats = block::ScratchFloats(spec);
   DeviceBuffer<float> scratch;
   DeviceBuffer<int> overflow;
   KVCTL_CUDA_RETURN_IF_ERROR(
-      scratch.Allocate(static_cast<size_t>(scratch_floats) * batch.n_blocks));
+      scratch.Allocate(static_cast<size_t>(QuantizeScratchFloats(spec, batch.n_blocks))));
   KVCTL_CUDA_RETURN_IF_ERROR(overflow.Allocate(1));
   KVCTL_CUDA_RETURN_IF_ERROR(cudaMemset(overflow.ptr, 0, sizeof(int)));
-  const int grid = (batch.n_blocks + kThreads - 1) / kThreads;
-  EncodeRecordsKernel<<<grid, kThreads>>>(spec, layout, batch, scratch.ptr, scratch_floats, records,
-                                          overflow.ptr);
-  KVCTL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  KVCTL_RETURN_IF_ERROR(
+      EnqueueQuantizeBlocksCuda(spec, batch, records, scratch.ptr, overflow.ptr, nullptr));
   KVCTL_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   int host_overflow = 0;
   KVCTL_CUDA_RETURN_IF_ERROR(

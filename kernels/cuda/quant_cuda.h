@@ -43,6 +43,14 @@ struct DeviceBlockBatch {
 // UNAVAILABLE/INTERNAL on CUDA errors, with the CUDA error string. Inputs must be finite (the
 // controller validates on the CPU before upload).
 Status QuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch, uint8_t* records);
+// The asynchronous core of QuantizeBlocksCuda with caller-owned buffers, for callers that quantize
+// repeatedly (benchmarks, a device pool): scratch holds QuantizeScratchFloats(spec, n_blocks)
+// floats, *overflow is an int the caller zeroes and reads after the stream completes (non-zero:
+// fp16 metadata overflow). stream is a cudaStream_t (null = default). Only launch errors are
+// reported here.
+int64_t QuantizeScratchFloats(const QuantSpec& spec, int n_blocks);
+Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch,
+                                 uint8_t* records, float* scratch, int* overflow, void* stream);
 // Dense rows [n_blocks, block_tokens, head_dim] for K and V.
 Status DequantizeBlocksCuda(const QuantSpec& spec, const uint8_t* records, const float* norms,
                             int n_blocks, float* k_out, float* v_out);
