@@ -4,7 +4,7 @@
 // The three kvcalib subcommands as functions over option structs, so tests run them in-process
 // and tools/kvcalib.cc only maps flags onto the structs:
 //  * fit: calibration data (dump directories or synthetic) -> FitRateQuant + layer demand ->
-//    one profile TOML (tools/kvcalib_profile.h);
+//    one profile TOML (policies/calib_profile.h);
 //  * plan: profile + b/e budget -> per-(layer, head) widths, optional layer token budgets, checked
 //    totals (tools/kvcalib_plan.h), optional [[quant.override]] file;
 //  * dump-synthetic: synthetic calibration data written in the dump layout.
@@ -26,7 +26,7 @@
 #include "common/status.h"
 #include "tools/kvcalib_data.h"
 #include "tools/kvcalib_plan.h"
-#include "tools/kvcalib_profile.h"
+#include "policies/calib_profile.h"
 
 namespace kvctl {
 

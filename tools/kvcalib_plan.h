@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: tools/kvcalib_plan.h
-// `kvcalib plan`: from a calibration profile (tools/kvcalib_profile.h) and a b/e budget, the
+// `kvcalib plan`: from a calibration profile (policies/calib_profile.h) and a b/e budget, the
 // RateQuant widths of every (layer, KV head) (PlanRateQuant), optionally per-layer token budgets
 // (ReasonAlloc-like demand, uniform or PyramidKV schedule), and an independent check that the
 // totals meet the budget:
@@ -32,7 +32,7 @@
 
 #include "common/status.h"
 #include "policies/ratequant.h"
-#include "tools/kvcalib_profile.h"
+#include "policies/calib_profile.h"
 
 namespace kvctl {
 

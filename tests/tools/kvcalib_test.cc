@@ -19,7 +19,7 @@
 #include "tools/kvcalib_commands.h"
 #include "tools/kvcalib_data.h"
 #include "tools/kvcalib_plan.h"
-#include "tools/kvcalib_profile.h"
+#include "policies/calib_profile.h"
 #include "tools/npy.h"
 
 namespace kvctl {

@@ -1,6 +1,6 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// kvcalib's profile: the layer-demand pass and the [ratequant] + [reasonalloc] TOML file.
-#include "tools/kvcalib_profile.h"
+// The calibration profile: the layer-demand pass and the [ratequant] + [reasonalloc] TOML file.
+#include "policies/calib_profile.h"
 
 #include <toml++/toml.h>
 

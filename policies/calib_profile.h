@@ -1,10 +1,11 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// File: tools/kvcalib_profile.h
-// The calibration profile kvcalib writes and reads: the RateQuant fit (policies/ratequant_fit.h,
-// a [ratequant] table) plus the ReasonAlloc-like layer demand (policies/reasonalloc.h, a
-// [reasonalloc] table), in one TOML file. Also the layer-demand pass that fills the second table
-// from calibration queries and keys.
+// File: policies/calib_profile.h
+// The calibration profile kvcalib writes and the daemon and the joint planner read: the RateQuant
+// fit (policies/ratequant_fit.h, a [ratequant] table) plus the ReasonAlloc-like layer demand
+// (policies/reasonalloc.h, a [reasonalloc] table), in one TOML file. Also the layer-demand pass
+// that fills the second table from calibration queries and keys. It lives in policies/ (not in
+// tools/) so the daemon loads profiles with the same parser kvcalib uses.
 //
 // Layer demand [ours, ALGORITHMS.md §4.2]: for every sequence, layer and KV head, at
 // `queries` positions p evenly spaced over the second half of the sequence, the causal softmax
@@ -22,8 +23,8 @@
 //   KVCTL_ASSIGN_OR_RETURN(LayerDemandProfile d, ComputeLayerDemand(data.set, {.tau = 0.9}));
 //   std::string text = FormatCalibProfile({fit, d});
 //   KVCTL_ASSIGN_OR_RETURN(CalibProfile p, ReadCalibProfile("profile.toml"));
-#ifndef KVCTL_TOOLS_KVCALIB_PROFILE_H_
-#define KVCTL_TOOLS_KVCALIB_PROFILE_H_
+#ifndef KVCTL_POLICIES_CALIB_PROFILE_H_
+#define KVCTL_POLICIES_CALIB_PROFILE_H_
 
 #include <cstdint>
 #include <optional>
@@ -101,4 +102,4 @@ StatusOr<CalibProfile> ReadCalibProfile(const std::string& path);
 
 }  // namespace kvctl
 
-#endif  // KVCTL_TOOLS_KVCALIB_PROFILE_H_
+#endif  // KVCTL_POLICIES_CALIB_PROFILE_H_
