@@ -4,12 +4,16 @@
 //                 [--bits ...] [--simd scalar|avx2|avx512] [--json] [--quick]
 //   kvbench ipc [--iterations N] [--warmup N] [--tokens 1024,8192] [--rows ...] [--workers N]
 //               [--json] [--quick]
+//   kvbench attention [--tokens 4096,32768,131072] [--geometries smollm2,llama3-8b]
+//                     [--methods kivi,kvarn,quarot,oscar] [--bits 2] [--threads N] [--reps N]
+//                     [--json] [--quick]
 // Exit status: 0 on success, 1 on any error (bad flags, bad input), with one message on stderr.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>
 
+#include "tools/kvbench_attention.h"
 #include "tools/kvbench_ipc.h"
 #include "tools/kvbench_quant.h"
 
@@ -109,6 +113,38 @@ CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& js
   return cmd;
 }
 
+// The attention subcommand's flags, bound into `options`. Returns the subcommand.
+CLI::App* AddAttentionCommand(CLI::App& app, kvctl::AttentionBenchOptions& options, bool& json) {
+  CLI::App* cmd = app.add_subcommand(
+      "attention",
+      "Decode attention of one layer at long contexts: fused attention on 2-bit records against "
+      "fp32 attention on the uncompressed cache (torch SDPA through libtorch and our SIMD "
+      "kernel), same threads, same run");
+  cmd->add_option("--tokens", options.tokens,
+                  "Comma-separated context lengths (default: 4096,32768,131072)")
+      ->delimiter(',');
+  cmd->add_option("--geometries", options.geometries,
+                  "Comma-separated subset of smollm2 (3 KV heads x D64, 9 q heads), llama3-8b "
+                  "(8 x D128, 32 q heads)")
+      ->delimiter(',');
+  cmd->add_option("--methods", options.methods,
+                  "Comma-separated fused methods (default: kivi,kvarn,quarot,oscar)")
+      ->delimiter(',');
+  cmd->add_option("--bits", options.bits, "Code width of K and V (2, 3, 4 or 8)")
+      ->capture_default_str();
+  cmd->add_option("--threads", options.threads, "Threads for every variant, 0 = every core")
+      ->capture_default_str();
+  cmd->add_option("--reps", options.reps, "Timed repetitions (median), 0 = 41 / 15 / 7 by length")
+      ->capture_default_str();
+  cmd->add_option("--base-tokens", options.base_tokens,
+                  "Synthetic tokens generated and tiled along the sequence")
+      ->capture_default_str();
+  cmd->add_option("--seed", options.seed, "Seed of the synthetic K/V/Q")->capture_default_str();
+  cmd->add_flag("--json", json, "Print one JSON object instead of the table");
+  cmd->add_flag("--quick", options.quick, "A CI smoke run: 4K tokens, 3 reps unless given");
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,6 +161,9 @@ int main(int argc, char** argv) {
     kvctl::IpcBenchOptions ipc;
     bool ipc_json = false;
     CLI::App* ipc_cmd = AddIpcCommand(app, ipc, ipc_json);
+    kvctl::AttentionBenchOptions attention;
+    bool attention_json = false;
+    CLI::App* attention_cmd = AddAttentionCommand(app, attention, attention_json);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -132,6 +171,9 @@ int main(int argc, char** argv) {
     }
     if (quant_cmd->parsed()) return kvctl::RunQuantCommand(quant, quant_json, stdout, stderr);
     if (ipc_cmd->parsed()) return kvctl::RunIpcCommand(ipc, ipc_json, stdout, stderr);
+    if (attention_cmd->parsed()) {
+      return kvctl::RunAttentionCommand(attention, attention_json, stdout, stderr);
+    }
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvbench: %s\n", e.what());
