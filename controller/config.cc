@@ -16,13 +16,14 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "controller/budget_config.h"
 
 namespace kvctl {
 namespace {
 
 using internal::StrCat;
 
-constexpr std::string_view kSections[] = {"server", "pool", "quant"};
+constexpr std::string_view kSections[] = {"server", "pool", "quant", "budget", "evict"};
 
 // Keeps the code, puts `prefix` in front of the message.
 Status Prefixed(std::string_view prefix, const Status& s) {
@@ -367,7 +368,8 @@ Status ApplyToml(Config& config, std::string_view toml_text, std::string_view or
         out.models.push_back(std::move(m));
       }
     } else {
-      return UnknownKey(Where(origin, k.source()), key, {"server", "pool", "quant", "model"});
+      return UnknownKey(Where(origin, k.source()), key,
+                        {"server", "pool", "quant", "budget", "evict", "model"});
     }
   }
   config = std::move(out);
@@ -450,7 +452,7 @@ Status ValidateConfig(const Config& c) {
     }
     KVCTL_RETURN_IF_ERROR(ValidateQuantScope(c, &m));
   }
-  return OkStatus();
+  return ValidateBudgetConfig(c);
 }
 
 // ---- Printing and reload ----------------------------------------------------------------------

@@ -78,6 +78,39 @@ struct QuantSettings {
   bool operator==(const QuantSettings&) const = default;
 };
 
+// [budget]: how much of each sequence the daemon keeps (docs/budgets.md).
+enum class BudgetMode : uint8_t { kNone, kQuantOnly, kEvictOnly, kJoint };
+enum class LayerProfile : uint8_t { kUniform, kPyramid, kDemand };
+struct BudgetConfig {
+  BudgetMode mode{};
+  int tokens_per_head = 0;    // Average kept tokens per (layer, KV head); 0 = use token_fraction.
+  double token_fraction = 0;  // Kept tokens per head as a fraction of the tokens appended.
+  uint64_t bytes = 0;         // Per-sequence byte budget (joint).
+  double fp16_fraction = 0;   // quant-only: average bits = 16 * fp16_fraction.
+  double avg_bits = 0;        // quant-only: average bits per element, metadata included.
+  LayerProfile layer_profile{};
+  std::string profile;     // kvcalib profile: [ratequant] for quant-only, [reasonalloc] for demand.
+  int realloc_period = 0;  // Appended tokens between head re-allocations; 0 = off.
+  int floor = 0;           // Per-head starvation floor; 0 = StarvationFloor(window, avg).
+  double realloc_ema = 0;
+  bool operator==(const BudgetConfig&) const = default;
+};
+
+// [evict]: the token scorer of evict-only / joint budgets. 0 = the policy's default.
+enum class EvictPolicy : uint8_t { kStreaming, kH2O, kSnapKV, kRKV };
+enum class EvictPooling : uint8_t { kDefault, kMax, kAvg };
+struct EvictConfig {
+  EvictPolicy policy{};
+  int sinks = 0;
+  int window = 0;
+  int obs_window = 0;
+  int kernel = 0;
+  EvictPooling pooling{};
+  double lambda = 0;
+  int compression_period = 0;
+  bool operator==(const EvictConfig&) const = default;
+};
+
 // One [[quant.override]] / [[model.override]] entry. k_bits / v_bits 0 = keep the inherited width.
 struct QuantOverride {
   int layer = 0;
@@ -104,9 +137,12 @@ struct Config {
   ServerConfig server;
   PoolConfig pool;
   QuantSettings quant;
+  BudgetConfig budget;
+  EvictConfig evict;
   std::vector<QuantOverride> quant_overrides;
   std::vector<ModelConfig> models;
-  // Where each [server]/[pool]/[quant] value came from, by key ("pool.bytes"); absent = kDefault.
+  // Where each [server]/[pool]/[quant]/[budget]/[evict] value came from, by key ("pool.bytes");
+  // absent = kDefault.
   std::map<std::string, ConfigSource, std::less<>> sources;
 
   // Compares values only: two configs that say the same thing are equal wherever it came from.
@@ -118,7 +154,8 @@ struct Config {
 enum class ConfigType : uint8_t { kInt, kBytes, kDouble, kBool, kString, kEnum };
 // What struct a row's field lives in, and so where the key may appear.
 enum class ConfigScope : uint8_t {
-  kGlobal,    // Config::server / Config::pool: [server], [pool]; env and CLI overridable.
+  kGlobal,    // Config::server/pool/budget/evict: [server], [pool], [budget], [evict]; env and
+              // CLI overridable.
   kQuant,     // QuantSettings: [quant] (env and CLI overridable) and every [[model]] table.
   kOverride,  // QuantOverride: every [[quant.override]] and [[model.override]] table.
   kModel,     // ModelConfig: every [[model]] table.

@@ -360,6 +360,174 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_QUANT_FLUSH_TOKENS",
            .doc = "fp16 tail length that triggers quantization, a multiple of block_tokens; 0 = "
                   "method default rounded up to a multiple of block_tokens."}),
+      // [budget]
+      Row<&Config::budget, &BudgetConfig::mode>(
+          {.key = "budget.mode",
+           .default_text = "none",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_MODE",
+           .names = {"none", "quant-only", "evict-only", "joint"},
+           .doc = "Budget lever of new sequences: none = keep every token at the [quant] widths; "
+                  "quant-only = per-head widths from the RateQuant profile at budget.avg_bits; "
+                  "evict-only = per-head token budgets enforced during APPEND by [evict]; joint "
+                  "= one byte budget split into tokens and bits (refused: no planner yet)."}),
+      Row<&Config::budget, &BudgetConfig::tokens_per_head>(
+          {.key = "budget.tokens_per_head",
+           .default_text = "0",
+           .min = 0,
+           .max = 16777216,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_TOKENS_PER_HEAD",
+           .doc = "evict-only: average tokens kept per (layer, KV head), sinks and window "
+                  "included; a hard cap after every APPEND. 0 = use budget.token_fraction."}),
+      Row<&Config::budget, &BudgetConfig::token_fraction>(
+          {.key = "budget.token_fraction",
+           .default_text = "0.0",
+           .min = 0,
+           .max = 1,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_TOKEN_FRACTION",
+           .doc = "evict-only: average tokens kept per head as a fraction of the tokens appended "
+                  "so far (never below the floor); 0 = use budget.tokens_per_head."}),
+      Row<&Config::budget, &BudgetConfig::bytes>(
+          {.key = "budget.bytes",
+           .default_text = "0B",
+           .min = 0,
+           .max = 4 * kTiB,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_BYTES",
+           .doc = "joint: payload bytes one sequence may hold; 0 = unset. Other modes refuse it."}),
+      Row<&Config::budget, &BudgetConfig::fp16_fraction>(
+          {.key = "budget.fp16_fraction",
+           .default_text = "0.0",
+           .min = 0,
+           .max = 1,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_FP16_FRACTION",
+           .doc = "quant-only: size as a fraction of fp16, i.e. average bits = 16 x this; "
+                  "0 = use budget.avg_bits."}),
+      Row<&Config::budget, &BudgetConfig::avg_bits>(
+          {.key = "budget.avg_bits",
+           .default_text = "0.0",
+           .min = 0,
+           .max = 16,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_AVG_BITS",
+           .doc = "quant-only: average bits per K/V element, metadata included, that the "
+                  "RateQuant allocation of budget.profile spends; 0 = use budget.fp16_fraction."}),
+      Row<&Config::budget, &BudgetConfig::layer_profile>(
+          {.key = "budget.layer_profile",
+           .default_text = "uniform",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_LAYER_PROFILE",
+           .names = {"uniform", "pyramid", "demand"},
+           .doc = "How evict-only splits the token budget over layers: uniform, pyramid "
+                  "(PyramidKV schedule) or demand (ReasonAlloc-like, from the [reasonalloc] table "
+                  "of budget.profile)."}),
+      Row<&Config::budget, &BudgetConfig::profile>(
+          {.key = "budget.profile",
+           .default_text = "",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_PROFILE",
+           .doc = "Path of a kvcalib fit profile; read at load and on SIGHUP. Needed by "
+                  "quant-only and by layer_profile = demand; \"\" = none."}),
+      Row<&Config::budget, &BudgetConfig::realloc_period>(
+          {.key = "budget.realloc_period",
+           .default_text = "0",
+           .min = 0,
+           .max = 1000000,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_REALLOC_PERIOD",
+           .doc =
+               "evict-only: every this many appended tokens each layer's budget is re-split "
+               "over its heads by attention utility (needs Q: h2o, snapkv, rkv); 0 = even split."}),
+      Row<&Config::budget, &BudgetConfig::floor>(
+          {.key = "budget.floor",
+           .default_text = "0",
+           .min = 0,
+           .max = 16777216,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_FLOOR",
+           .doc = "Starvation floor: no head's budget goes below this many tokens; 0 = "
+                  "max(window + 8, average / 4). Never below the protected sinks + window."}),
+      Row<&Config::budget, &BudgetConfig::realloc_ema>(
+          {.key = "budget.realloc_ema",
+           .default_text = "0.5",
+           .min = 0.01,
+           .max = 1,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_REALLOC_EMA",
+           .doc = "Weight of the newest head utility in its moving average."}),
+      // [evict]
+      Row<&Config::evict, &EvictConfig::policy>(
+          {.key = "evict.policy",
+           .default_text = "streaming",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_POLICY",
+           .names = {"streaming", "h2o", "snapkv", "rkv"},
+           .doc = "Token scorer when budget.mode evicts: streaming (sinks + newest, no Q), h2o "
+                  "(accumulated attention), snapkv (observation window), rkv (importance and "
+                  "redundancy). h2o, snapkv and rkv need Q with every APPEND."}),
+      Row<&Config::evict, &EvictConfig::sinks>(
+          {.key = "evict.sinks",
+           .default_text = "4",
+           .min = 0,
+           .max = 65536,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_SINKS",
+           .doc = "First tokens never evicted (quant.sink_tokens fp16 sinks are never evicted "
+                  "either)."}),
+      Row<&Config::evict, &EvictConfig::window>(
+          {.key = "evict.window",
+           .default_text = "0",
+           .min = 0,
+           .max = 65536,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_WINDOW",
+           .doc = "Newest tokens never evicted; 0 = max(8, the observation window)."}),
+      Row<&Config::evict, &EvictConfig::obs_window>(
+          {.key = "evict.obs_window",
+           .default_text = "0",
+           .min = 0,
+           .max = 4096,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_OBS_WINDOW",
+           .doc = "Query rows that observe (snapkv, rkv; also the attention mass of h2o and "
+                  "streaming); 0 = policy default (snapkv 32, others 8). At most evict.window."}),
+      Row<&Config::evict, &EvictConfig::kernel>(
+          {.key = "evict.kernel",
+           .default_text = "0",
+           .min = 0,
+           .max = 63,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_KERNEL",
+           .doc = "Pooling kernel of snapkv / rkv importance, odd; 0 = policy default (snapkv 5, "
+                  "rkv 7)."}),
+      Row<&Config::evict, &EvictConfig::pooling>(
+          {.key = "evict.pooling",
+           .default_text = "default",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_POOLING",
+           .names = {"default", "max", "avg"},
+           .doc = "Pooling of snapkv / rkv importance; default = snapkv avg, rkv max."}),
+      Row<&Config::evict, &EvictConfig::lambda>(
+          {.key = "evict.lambda",
+           .default_text = "0.07",
+           .min = 0,
+           .max = 1,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_LAMBDA",
+           .doc = "rkv: score = lambda * importance - (1 - lambda) * redundancy."}),
+      Row<&Config::evict, &EvictConfig::compression_period>(
+          {.key = "evict.compression_period",
+           .default_text = "1",
+           .min = 1,
+           .max = 65536,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_COMPRESSION_PERIOD",
+           .doc = "A head over its budget is compressed to budget - period + 1 tokens, so the "
+                  "next period - 1 tokens need no scoring (R-KV's buffer); 1 = evict to the "
+                  "budget at every overflow."}),
       // [[quant.override]] and [[model.override]]
       Row<&QuantOverride::layer>({.key = "quant.override.layer",
                                   .min = 0,
@@ -490,6 +658,7 @@ Config::Config() {
 
 bool Config::operator==(const Config& other) const {
   return server == other.server && pool == other.pool && quant == other.quant &&
+         budget == other.budget && evict == other.evict &&
          quant_overrides == other.quant_overrides && models == other.models;
 }
 

@@ -9,6 +9,7 @@
 
 #include "common/half.h"
 #include "controller/blocks_reply.h"
+#include "controller/budget_config.h"
 #include "controller/controller_internal.h"
 #include "ipc/protocol.h"
 
@@ -24,6 +25,12 @@ int64_t Micros(SteadyTime t) {
 }
 
 std::string ShmNameFor(const Config& config) { return config.pool.shm_name; }
+
+SequenceShape ShapeOf(const ipc::Geometry& g, const StreamingRules& rules, bool lossless) {
+  return SequenceShape{static_cast<int>(g.layers), static_cast<int>(g.kv_heads),
+                       static_cast<int>(g.q_heads), static_cast<int>(g.head_dim),
+                       lossless ? 0 : rules.sink_tokens};
+}
 
 // Builds every layer's plan for a new sequence from the config in force.
 StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::string& model,
@@ -72,6 +79,7 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
       plans[l].head_specs.push_back(*spec);
     }
   }
+  KVCTL_RETURN_IF_ERROR(ApplyQuantOnlyBits(config, ShapeOf(g, rules, lossless), &plans));
   return plans;
 }
 
@@ -241,13 +249,19 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
   KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
                          PlanLayers(config_, session->model_name, session->geometry));
   const ipc::Geometry& g = session->geometry;
+  KVCTL_ASSIGN_OR_RETURN(EvictionSettings eviction,
+                         ResolveEviction(config_, ShapeOf(g, plans[0].rules, plans[0].lossless)));
   auto entry = std::make_shared<SequenceEntry>();
   entry->opened = now;
   entry->seq = std::make_unique<KvSequence>(
       pool_.get(),
-      SequenceGeometry{static_cast<int>(g.layers), static_cast<int>(g.kv_heads),
-                       static_cast<int>(g.head_dim), g.dtype, config_.server.quality_sample_period},
-      std::move(plans));
+      SequenceGeometry{.layers = static_cast<int>(g.layers),
+                       .kv_heads = static_cast<int>(g.kv_heads),
+                       .head_dim = static_cast<int>(g.head_dim),
+                       .dtype = g.dtype,
+                       .quality_sample_period = config_.server.quality_sample_period,
+                       .q_heads = static_cast<int>(g.q_heads)},
+      std::move(plans), std::move(eviction));
   session->sequences[request.sequence_id] = entry;
   return OkStatus();
 }
@@ -311,18 +325,27 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   }
   const size_t layer_bytes =
       static_cast<size_t>(request.n_tokens) * g.kv_heads * g.head_dim * DTypeSize(g.dtype);
+  const size_t q_layer_bytes =
+      static_cast<size_t>(request.n_tokens) * g.q_heads * g.head_dim * DTypeSize(g.dtype);
+  const uint8_t* q_bytes = nullptr;
   if (k_bytes != nullptr) {
     v_bytes = k_bytes + layer_bytes * g.layers;
+    if (request.has_q) q_bytes = v_bytes + layer_bytes * g.layers;
   } else {
     k_bytes = static_cast<const uint8_t*>(request.k.data());
     v_bytes = static_cast<const uint8_t*>(request.v.data());
+    if (request.has_q) q_bytes = static_cast<const uint8_t*>(request.q.data());
   }
-  std::vector<KvTensorView> k, v;
+  std::vector<KvTensorView> k, v, q;
   for (uint32_t l = 0; l < g.layers; ++l) {
     k.push_back(KvTensorView::Contiguous(k_bytes + l * layer_bytes, g.dtype, request.n_tokens,
                                          g.kv_heads, g.head_dim));
     v.push_back(KvTensorView::Contiguous(v_bytes + l * layer_bytes, g.dtype, request.n_tokens,
                                          g.kv_heads, g.head_dim));
+    if (q_bytes != nullptr) {
+      q.push_back(KvTensorView::Contiguous(q_bytes + l * q_layer_bytes, g.dtype, request.n_tokens,
+                                           g.q_heads, g.head_dim));
+    }
   }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
@@ -331,7 +354,8 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
   }
-  KVCTL_RETURN_IF_ERROR(entry->seq->Append(static_cast<int64_t>(request.first_position), k, v));
+  KVCTL_RETURN_IF_ERROR(entry->seq->Append(static_cast<int64_t>(request.first_position), k, v,
+                                           q_bytes != nullptr ? &q : nullptr));
   const SequenceUsage usage = entry->seq->Usage();
   return ipc::AppendReply{static_cast<uint64_t>(usage.tokens),
                           static_cast<uint64_t>(usage.quantized_tokens), pool_->Stats().bytes_used};

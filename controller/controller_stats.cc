@@ -13,6 +13,7 @@
 
 #include "controller/controller.h"
 #include "controller/controller_internal.h"
+#include "controller/eviction_driver.h"
 #include "ipc/protocol.h"
 
 namespace kvctl {
@@ -28,6 +29,10 @@ struct HeadTotals {
   int k_bits = 16, v_bits = 16;
   uint64_t samples = 0;
   double k_err = 0, v_err = 0;
+  int64_t budget = 0;
+  uint64_t evicted = 0, evicted_bytes = 0, compressions = 0;
+  uint64_t retained_samples = 0;
+  double retained_sum = 0;
 };
 
 // Client names are the client's text: anything that could end a field, a line or a section of
@@ -72,6 +77,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   SequenceUsage total;
   std::vector<std::string> sequence_lines;
   std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
+  std::map<int, int64_t> layer_budgets;             // Summed over open sequences.
   Config config;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -93,12 +99,17 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         total.payload_bytes += u.payload_bytes;
         total.elements += u.elements;
         std::ostringstream line;
+        total.kept_tokens += u.kept_tokens;
+        total.evicted_tokens += u.evicted_tokens;
+        total.evicted_bytes += u.evicted_bytes;
         line << "seq_" << session->number << "_" << qid
              << ":client=" << SafeName(session->client_name) << ",tokens=" << u.tokens
-             << ",bytes=" << u.pool_bytes << ",evictions=0,age_s="
-             << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count();
+             << ",bytes=" << u.pool_bytes << ",evictions=" << u.evicted_tokens << ",age_s="
+             << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count()
+             << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes;
         sequence_lines.push_back(line.str());
         for (uint32_t l = 0; l < session->geometry.layers; ++l) {
+          layer_budgets[static_cast<int>(l)] += seq.LayerBudget(static_cast<int>(l));
           for (uint32_t h = 0; h < session->geometry.kv_heads; ++h) {
             const HeadUsage hu = seq.HeadUsageOf(static_cast<int>(l), static_cast<int>(h));
             HeadTotals& t = heads[{static_cast<int>(l), static_cast<int>(h)}];
@@ -110,6 +121,12 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
             t.samples += hu.quality_samples;
             t.k_err += hu.k_rel_error_sum;
             t.v_err += hu.v_rel_error_sum;
+            t.budget += hu.budget;
+            t.evicted += hu.evicted_tokens;
+            t.evicted_bytes += hu.evicted_bytes;
+            t.compressions += hu.compressions;
+            t.retained_samples += hu.retained_samples;
+            t.retained_sum += hu.retained_mass_sum;
           }
         }
       }
@@ -123,6 +140,10 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     l.tokens += t.tokens;
     l.elements += t.elements;
     l.payload_bytes += t.payload_bytes;
+    l.evicted += t.evicted;
+    l.evicted_bytes += t.evicted_bytes;
+    l.retained_samples += t.retained_samples;
+    l.retained_sum += t.retained_sum;
     samples += t.samples;
     k_err += t.k_err;
     v_err += t.v_err;
@@ -172,6 +193,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "sequences:" << sequence_lines.size() << "\n"
         << "tokens:" << total.tokens << "\n"
         << "tokens_quantized:" << total.quantized_tokens << "\n"
+        << "tokens_kept:" << total.kept_tokens << "\n"
+        << "tokens_evicted_total:" << total.evicted_tokens << "\n"
+        << "evicted_bytes_total:" << total.evicted_bytes << "\n"
         << "kv_payload_bytes:" << total.payload_bytes << "\n"
         << "kv_pool_bytes:" << total.pool_bytes << "\n"
         << "kv_fp16_equivalent_bytes:" << static_cast<uint64_t>(fp16_bytes) << "\n"
@@ -189,12 +213,18 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     return t.elements ? 8.0 * static_cast<double>(t.payload_bytes) / static_cast<double>(t.elements)
                       : 0.0;
   };
+  // Mean attention mass the kept tokens held at the evictions measured; 1 with none measured.
+  auto retained = [](const HeadTotals& t) {
+    return t.retained_samples ? t.retained_sum / static_cast<double>(t.retained_samples) : 1.0;
+  };
   if (show("layers")) {
     out << "# Layers\n"
         << "layers:" << layers.size() << "\n";
     for (const auto& [l, entry] : layers) {
       out << "layer_" << l << ":tokens=" << entry.tokens << ",bytes=" << entry.payload_bytes
-          << ",bits_per_element=" << Num(bpe(entry)) << ",budget_tokens=0,evictions=0\n";
+          << ",bits_per_element=" << Num(bpe(entry)) << ",budget_tokens=" << layer_budgets[l]
+          << ",evictions=" << entry.evicted << ",evicted_bytes=" << entry.evicted_bytes
+          << ",retained_mass=" << Num(retained(entry)) << "\n";
     }
   }
   if (show("heads")) {
@@ -205,7 +235,10 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
           << ",k_bits=" << t.k_bits << ",v_bits=" << t.v_bits << ",bits_per_element=" << Num(bpe(t))
           << ",k_rel_error=" << Num(t.samples ? t.k_err / static_cast<double>(t.samples) : 0)
           << ",v_rel_error=" << Num(t.samples ? t.v_err / static_cast<double>(t.samples) : 0)
-          << ",quality_samples=" << t.samples << "\n";
+          << ",quality_samples=" << t.samples << ",budget_tokens=" << t.budget
+          << ",evictions=" << t.evicted << ",evicted_bytes=" << t.evicted_bytes
+          << ",compressions=" << t.compressions << ",retained_mass=" << Num(retained(t))
+          << ",retained_samples=" << t.retained_samples << "\n";
     }
   }
   if (show("policy")) {
@@ -215,8 +248,12 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "quant_k_bits:" << q.k_bits << "\n"
         << "quant_v_bits:" << q.v_bits << "\n"
         << "quant_lossless:" << (q.lossless ? 1 : 0) << "\n"
-        << "budget_mode:none\n"
-        << "evict_policy:none\n";
+        << "budget_mode:"
+        << FindConfigOption("budget.mode")->names[static_cast<int>(config.budget.mode)] << "\n"
+        << "evict_policy:"
+        << (config.budget.mode == BudgetMode::kEvictOnly ? EvictPolicyName(config.evict.policy)
+                                                         : "none")
+        << "\n";
   }
   if (show("ipc")) {
     out << "# Ipc\n";

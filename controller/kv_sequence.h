@@ -3,16 +3,25 @@
 // File: controller/kv_sequence.h
 // KvSequence: the stored KV cache of one sequence, per layer and per KV head, in pool pages.
 // Each (layer, head) stream holds full-precision rows (the method's sink tokens, then the tail of
-// not-yet-quantized tokens) and a list of quantized block records; OScaR layers also hold one norm
-// per quantized token. Tokens move from the tail into records exactly per the layer's
-// StreamingRules (kernels/quant_types.h): when the tail holds flush_tokens tokens they are
-// quantized once, as flush_tokens / block_tokens records, and the tail empties.
+// not-yet-quantized tokens), a list of quantized block records and the position of every token it
+// keeps; OScaR layers also hold one norm per quantized token. Tokens move from the tail into
+// records per the layer's StreamingRules (kernels/quant_types.h): when the tail holds
+// flush_tokens tokens they are quantized once, as flush_tokens / block_tokens records.
+//
+// Storage is ragged: with eviction on (EvictionSettings), each head keeps its own tokens under its
+// own budget, checked after every append. Evicting tokens that live in records compacts that head
+// (docs/budgets.md): records before the first one with an evicted token stay as they are; the kept
+// tokens of the later records are decoded, rounded to fp16 and go back, with the kept tail and the
+// new tokens, through the same flush rule, so they are re-quantized into fresh full records (or
+// wait in the fp16 tail). Sinks and the protected recent window are never evicted. OScaR's token
+// norm spans the heads of a layer, so eviction with OScaR is refused at config load.
 //
 // Rows of the sink and tail are stored as fp16 when the layer quantizes, so a token's path to its
 // record does not depend on how appends were batched. A lossless layer (quant.method = "none")
 // never flushes and stores rows in the session dtype: reads return exactly what was appended.
 //
-// Append is all or nothing: it validates everything, quantizes into temporary memory, reserves
+// Append is all or nothing: it validates everything, scores and evicts, quantizes into temporary
+// memory, reserves
 // every page it needs in one allocation, and only then changes stored state. On any error (bad
 // shape, NaN, fp16 overflow, RESOURCE_EXHAUSTED) the sequence is unchanged.
 //
@@ -27,6 +36,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "controller/eviction_driver.h"
 #include "controller/pool.h"
 #include "controller/slot_array.h"
 #include "kernels/quant_types.h"
@@ -49,6 +59,7 @@ struct SequenceGeometry {
   // Live quality telemetry: every Nth record of a head is decoded right after it is quantized
   // and its relative reconstruction error recorded. 0 = off.
   int quality_sample_period = 0;
+  int q_heads = 0;  // Query heads of the Q an append may carry (0 = never).
 };
 
 // Per (layer, head) usage and sampled quality, for STATS.
@@ -59,6 +70,12 @@ struct HeadUsage {
   int k_bits = 16, v_bits = 16;
   uint64_t quality_samples = 0;
   double k_rel_error_sum = 0, v_rel_error_sum = 0;  // Sum over samples of ||x - x^||^2 / ||x||^2.
+  int64_t budget = 0;             // Token cap after the last append; 0 = no eviction.
+  uint64_t evicted_tokens = 0;    // Tokens evicted so far.
+  uint64_t evicted_bytes = 0;     // Payload bytes those tokens held (fp16 rows for new tokens).
+  uint64_t compressions = 0;      // Appends that evicted from this head.
+  uint64_t retained_samples = 0;  // Evictions with queries, and the sum of the attention mass of
+  double retained_mass_sum = 0;   // the observation queries that the kept tokens hold.
 };
 
 // Dense rows of a layer range, concatenated per (layer, head) in that order.
@@ -78,28 +95,37 @@ struct HeadBlocks {
 };
 
 struct SequenceUsage {
-  int64_t tokens = 0;            // Appended so far.
+  int64_t tokens = 0;           // Appended so far (the next position is first_position + this).
+  int64_t kept_tokens = 0;      // Summed over (layer, head): what the cache holds now.
+  uint64_t evicted_tokens = 0;  // Summed over (layer, head).
+  uint64_t evicted_bytes = 0;
   int64_t quantized_tokens = 0;  // Per head, in records (layer 0, head 0).
   uint64_t pool_bytes = 0;       // Whole pages held.
   uint64_t payload_bytes = 0;    // Bytes of records, rows and norms in use (no page slack).
-  uint64_t elements = 0;         // K and V elements stored (2 * tokens * layers * heads * D).
+  uint64_t elements = 0;         // K and V elements stored (2 * kept_tokens * D).
 };
 
 class KvSequence {
  public:
-  // REQUIRES: plans.size() == geometry.layers, every spec valid with head_dim == geometry.head_dim.
-  KvSequence(PageAllocator* pool, const SequenceGeometry& geometry, std::vector<LayerPlan> plans);
+  // REQUIRES: plans.size() == geometry.layers, every spec valid with head_dim == geometry.head_dim;
+  // no OScaR layer when eviction is enabled.
+  KvSequence(PageAllocator* pool, const SequenceGeometry& geometry, std::vector<LayerPlan> plans,
+             EvictionSettings eviction = {});
   ~KvSequence();
   KvSequence(const KvSequence&) = delete;
   KvSequence& operator=(const KvSequence&) = delete;
 
   // Appends n_tokens tokens at positions first_position... k[l], v[l] are [n_tokens, kv_heads,
   // head_dim] views of layer l. The first append fixes the sequence's start position; later ones
-  // must continue it (INVALID_ARGUMENT "first_position: got X, expected Y").
+  // must continue it (INVALID_ARGUMENT "first_position: got X, expected Y"). q (may be null) holds
+  // [n_tokens, q_heads, head_dim] views per layer; INVALID_ARGUMENT naming "q" when the eviction
+  // policy reads queries and q is null. With eviction on, every head holds at most its budget
+  // when Append returns OK.
   Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
-                const std::vector<KvTensorView>& v);
+                const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr);
 
-  // Dequantized rows of layers [layer_begin, layer_end), in token order per (layer, head).
+  // Dequantized rows of layers [layer_begin, layer_end), in token order per (layer, head), with
+  // the kept tokens' true positions.
   // REQUIRES: 0 <= layer_begin < layer_end <= layers.
   DenseKv FetchDense(int layer_begin, int layer_end) const;
 
@@ -117,21 +143,33 @@ class KvSequence {
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;
   int64_t tokens() const { return tokens_; }
+  // Tokens the layer's heads may hold together after the last append (0 = no eviction).
+  int64_t LayerBudget(int layer) const;
+  const EvictionSettings& eviction() const { return eviction_; }
   int64_t first_position() const { return first_position_; }
 
  private:
   struct HeadStream;
   struct LayerState;
 
+  struct AppendContext;
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
-  Status AppendLayerPrepare(int layer, const KvTensorView& k, const KvTensorView& v,
+  // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
+  // then the new tokens (rounded to fp16 unless the layer is lossless).
+  void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
+                   const KvTensorView& v, std::vector<float>* out_k,
+                   std::vector<float>* out_v) const;
+  Status AppendLayerPrepare(int layer, const AppendContext& ctx, const KvTensorView& k,
+                            const KvTensorView& v, const KvTensorView* q,
                             struct PreparedLayer* out) const;
 
   PageAllocator* pool_;
   SequenceGeometry geometry_;
   std::vector<std::unique_ptr<LayerState>> layers_;
+  EvictionSettings eviction_;
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
+  int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.
 };
 
 }  // namespace kvctl

@@ -94,6 +94,25 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"quant.lossless", "false"},
       {"quant.sink_tokens", "-1"},
       {"quant.flush_tokens", "0"},
+      {"budget.mode", "\"none\""},
+      {"budget.tokens_per_head", "0"},
+      {"budget.token_fraction", "0.0"},
+      {"budget.bytes", "\"0B\""},
+      {"budget.fp16_fraction", "0.0"},
+      {"budget.avg_bits", "0.0"},
+      {"budget.layer_profile", "\"uniform\""},
+      {"budget.profile", "\"\""},
+      {"budget.realloc_period", "0"},
+      {"budget.floor", "0"},
+      {"budget.realloc_ema", "0.5"},
+      {"evict.policy", "\"streaming\""},
+      {"evict.sinks", "4"},
+      {"evict.window", "0"},
+      {"evict.obs_window", "0"},
+      {"evict.kernel", "0"},
+      {"evict.pooling", "\"default\""},
+      {"evict.lambda", "0.07"},
+      {"evict.compression_period", "1"},
   };
   const Config c;
   size_t checked = 0;
@@ -144,9 +163,12 @@ TEST_CASE("Config: each bad value names the key, the value and what was expected
       case ConfigType::kBytes:
         bad = {{"\"12XB\"", "12XB"}, {"\"10MB\"", "10MB"}, {"-5", "-5"}, {"\"8EiB\"", "8EiB"}};
         break;
-      case ConfigType::kDouble:
-        bad = {{"7.5", "7.5"}, {"\"half\"", "half"}};
+      case ConfigType::kDouble: {
+        std::ostringstream above;  // Past the maximum: 7.5 for a fraction in 0..1.
+        above << o.max + 6.5;
+        bad = {{above.str(), above.str()}, {"\"half\"", "half"}};
         break;
+      }
       case ConfigType::kBool:
         bad = {{"\"yes\"", "yes"}, {"1", "1"}};
         break;

@@ -1,0 +1,57 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/budget_config.h
+// [budget] and [evict] beyond single keys: the cross-key checks ValidateConfig runs (mode against
+// the keys it needs, the OScaR refusal, the profile file), and the resolution of those keys into
+// what one new sequence runs with: EvictionSettings for evict-only, per-head bit widths for
+// quant-only (a RateQuant allocation of budget.profile at budget.avg_bits). docs/budgets.md
+// describes the modes.
+//
+// Thread safety: pure functions; they read the profile file each time they are called (at config
+// load, SIGHUP and OPEN).
+//
+//   KVCTL_RETURN_IF_ERROR(ValidateBudgetConfig(config));
+//   KVCTL_ASSIGN_OR_RETURN(EvictionSettings s, ResolveEviction(config, model, shape));
+#ifndef KVCTL_CONTROLLER_BUDGET_CONFIG_H_
+#define KVCTL_CONTROLLER_BUDGET_CONFIG_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/config.h"
+#include "controller/eviction_driver.h"
+#include "controller/kv_sequence.h"
+
+namespace kvctl {
+
+// Checks the [budget]/[evict] keys against each other and against every quantizer scope ([quant]
+// and each [[model]]). Errors name the key, its value and what was expected.
+Status ValidateBudgetConfig(const Config& config);
+
+// The per-layer demand of the [reasonalloc] table of a kvcalib profile.
+StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path);
+
+struct SequenceShape {
+  int layers = 0;
+  int kv_heads = 0;
+  int q_heads = 0;
+  int head_dim = 0;
+  int quant_sinks = 0;  // fp16 sink rows of the layers (0 when lossless).
+};
+
+// Eviction settings of a new sequence (enabled only in evict-only mode). INVALID_ARGUMENT when the
+// session cannot run them: no q_heads for a scorer that reads Q, a demand profile of another layer
+// count, or a token budget below the floor the fp16 sinks and window impose.
+StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceShape& shape);
+
+// quant-only: replaces every head's k_bits / v_bits in `plans` with the RateQuant allocation of
+// budget.profile at the configured average bits. No-op in other modes. INVALID_ARGUMENT when the
+// profile's geometry or method differs from the sequence's.
+Status ApplyQuantOnlyBits(const Config& config, const SequenceShape& shape,
+                          std::vector<LayerPlan>* plans);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_BUDGET_CONFIG_H_

@@ -1,0 +1,154 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// Integration tests of [budget] mode = "evict-only": the real daemon process, driven by the C++
+// client, evicts during APPEND and reports it.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/half.h"
+#include "tests/integration/daemon_process.h"
+
+namespace kvctl {
+namespace {
+
+using testing::DaemonProcess;
+
+std::span<const std::byte> Bytes(const std::vector<uint16_t>& x) {
+  return {reinterpret_cast<const std::byte*>(x.data()), x.size() * 2};
+}
+
+// Random fp16 [layers, n, heads, d].
+std::vector<uint16_t> Random(std::mt19937_64& rng, int layers, int n, int heads, int d) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> out(static_cast<size_t>(layers) * n * heads * d);
+  for (uint16_t& x : out) x = FloatToHalf(normal(rng));
+  return out;
+}
+
+std::vector<int64_t> Positions(const zmq::message_t& frame) {
+  std::vector<int64_t> out(frame.size() / 8);
+  std::memcpy(out.data(), frame.data(), frame.size());
+  return out;
+}
+
+constexpr const char* kEvictConfig =
+    "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n"
+    "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"
+    "[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nrealloc_period = 32\n"
+    "[evict]\npolicy = \"snapkv\"\n";
+
+TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STATS agree",
+          "[integration][evict]") {
+  DaemonProcess daemon(kEvictConfig);
+  auto client = daemon.Connect();
+  const int layers = 2, heads = 2, q_heads = 4, d = 32;
+  auto hello =
+      client->Hello({.client_name = "ev", .geometry = {layers, heads, q_heads, d, DType::kF16}});
+  REQUIRE(hello.ok());
+  const uint64_t sid = hello->session_id;
+  REQUIRE(client->Open(sid, 1).ok());
+  std::mt19937_64 rng(3);
+  // SnapKV's observation window is 32, so the protected window is 32; sinks 4; floor 40.
+  const int window = 32, sinks = 4, floor = 40, layer_budget = heads * 64;
+  int64_t t = 0;
+  bool unequal_heads = false;
+  for (int n : std::vector<int>{100, 1, 1, 1, 5, 1, 1, 40, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+    const auto k = Random(rng, layers, n, heads, d), v = Random(rng, layers, n, heads, d);
+    const auto q = Random(rng, layers, n, q_heads, d);
+    auto r = client->AppendInline({sid, 1, static_cast<uint64_t>(t), static_cast<uint32_t>(n)},
+                                  Bytes(k), Bytes(v), Bytes(q));
+    REQUIRE(r.ok());
+    t += n;
+    CHECK(r->tokens_total == static_cast<uint64_t>(t));  // Positions continue; kept may be less.
+    auto dense = client->FetchDense(sid, 1, 0, layers);
+    REQUIRE(dense.ok());
+    auto blocks = client->FetchBlocks(sid, 1, 0, layers);
+    REQUIRE(blocks.ok());
+    const std::vector<int64_t> pos = Positions(dense->positions);
+    size_t at = 0;
+    for (int l = 0; l < layers; ++l) {
+      uint32_t layer_sum = 0;
+      for (int h = 0; h < heads; ++h) {
+        const int pair = l * heads + h;
+        const uint32_t count = dense->counts[pair];
+        INFO("token " << t << " layer " << l << " head " << h);
+        layer_sum += count;
+        CHECK(count <= static_cast<uint32_t>(layer_budget - floor));
+        CHECK(count >= std::min<uint32_t>(static_cast<uint32_t>(t), floor));
+        unequal_heads |= count != dense->counts[l * heads];
+        // Sinks and the window are there, in order, at their true positions.
+        const std::vector<int64_t> p(pos.begin() + at, pos.begin() + at + count);
+        CHECK(std::is_sorted(p.begin(), p.end()));
+        for (int i = 0; i < std::min<int64_t>(sinks, t); ++i) CHECK(p[i] == i);
+        for (int i = 0; i < std::min<int64_t>(window, t); ++i) CHECK(p[count - 1 - i] == t - 1 - i);
+        at += count;
+        // Blocks: records of block_tokens kept tokens plus the fp16 rows give the same count.
+        const uint32_t records = blocks->indptr[pair + 1] - blocks->indptr[pair];
+        CHECK(records * blocks->block_tokens + blocks->tail_counts[pair] == count);
+      }
+      CHECK(layer_sum <= static_cast<uint32_t>(layer_budget));
+    }
+  }
+  CHECK(unequal_heads);  // Head re-allocation moved budget between heads.
+  auto stats = client->Stats(sid);
+  REQUIRE(stats.ok());
+  INFO(*stats);
+  CHECK(stats->find("budget_mode:evict-only") != std::string::npos);
+  CHECK(stats->find("evict_policy:snapkv") != std::string::npos);
+  CHECK(stats->find("seq_1_1:client=ev,tokens=" + std::to_string(t)) != std::string::npos);
+  CHECK(stats->find(",evictions=0,") == std::string::npos);
+  CHECK(stats->find("layer_0:") != std::string::npos);
+  CHECK(stats->find("budget_tokens=128,evictions=") != std::string::npos);
+  CHECK(stats->find("retained_mass=") != std::string::npos);
+  // An APPEND without Q is refused and stores nothing.
+  const auto k = Random(rng, layers, 1, heads, d), v = Random(rng, layers, 1, heads, d);
+  auto no_q = client->AppendInline({sid, 1, static_cast<uint64_t>(t), 1}, Bytes(k), Bytes(v));
+  CHECK(no_q.status().code() == StatusCode::kInvalidArgument);
+  CHECK(no_q.status().message().find("q: missing") != std::string::npos);
+  auto after = client->FetchDense(sid, 1, 0, layers);
+  REQUIRE(after.ok());
+  CHECK(Positions(after->positions).back() == t - 1);
+  CHECK(daemon.Stop() == 0);
+}
+
+TEST_CASE("Daemon evict: a Q policy needs q_heads; SIGHUP switches new sequences to streaming",
+          "[integration][evict]") {
+  DaemonProcess daemon(kEvictConfig);
+  auto client = daemon.Connect();
+  const int layers = 1, heads = 2, d = 32;
+  auto hello = client->Hello({.client_name = "nq", .geometry = {layers, heads, 0, d, DType::kF16}});
+  REQUIRE(hello.ok());
+  const uint64_t sid = hello->session_id;
+  const Status open = client->Open(sid, 1).status();
+  CHECK(open.code() == StatusCode::kInvalidArgument);
+  CHECK(open.message().find("q_heads: got 0") != std::string::npos);
+  // Switch to StreamingLLM (no Q) and no re-allocation; a new sequence opens and evicts FIFO.
+  {
+    std::ifstream in(daemon.config_path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find("policy = \"snapkv\""), 17, "policy = \"streaming\"");
+    text.replace(text.find("realloc_period = 32"), 19, "realloc_period = 0");
+    std::ofstream(daemon.config_path()) << text;
+  }
+  daemon.Signal(SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(client->Open(sid, 2).ok());
+  std::mt19937_64 rng(5);
+  const auto k = Random(rng, layers, 200, heads, d), v = Random(rng, layers, 200, heads, d);
+  REQUIRE(client->AppendInline({sid, 2, 0, 200}, Bytes(k), Bytes(v)).ok());
+  auto dense = client->FetchDense(sid, 2, 0, layers);
+  REQUIRE(dense.ok());
+  const std::vector<int64_t> pos = Positions(dense->positions);
+  REQUIRE(dense->counts == std::vector<uint32_t>{64, 64});
+  // Sinks 0..3, then the 60 newest.
+  for (int h = 0; h < heads; ++h) {
+    for (int i = 0; i < 64; ++i) CHECK(pos[h * 64 + i] == (i < 4 ? i : 200 - 64 + i));
+  }
+  CHECK(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace kvctl
