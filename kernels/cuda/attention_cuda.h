@@ -9,9 +9,9 @@
 // partial (out, lse); a second kernel merges the parts with attn::MergeParts (log-sum-exp). The
 // dequantized cache is never materialised. Design and limits: docs/gpu.md.
 //
-// Agreement with DecodeAttentionRef: the primitives keep ScalarOps' summation order per output
-// and the kernels are compiled with --fmad=false; what differs is the device expf/logf, the order
-// of the softmax-sum reduction and the split-K merge, so results agree to ~1e-5 relative
+// Agreement with DecodeAttentionRef: the primitives keep ScalarOps' summation order per output;
+// what differs is FMA contraction (--fmad=true), the device expf/logf, the order of the
+// softmax-sum reduction and the split-K merge, so results agree to ~1e-5 relative
 // (tests/kernels_cuda bound it at 1e-4 of max |out|).
 //
 // Built only when CUDA is enabled (KVCTL_HAVE_CUDA); callers include this header only under

@@ -5,9 +5,10 @@
 // attention kernel runs (kernels/cuda/attention_cuda.cu). The 32 lanes of a warp share one
 // attn::Work; every primitive is called by all lanes with the same arguments and ends with
 // Warp::Sync(), so its outputs are visible to every lane when it returns. Each output element is
-// computed by one lane in exactly ScalarOps' order (same products, same additions; no FMA under
-// --fmad=false / -ffp-contract=off), so ChannelDots, TokenDots, TokenAxpys, LoadHalves and Fwht
-// are bitwise ScalarOps; ExpSum and MaxOf reduce across lanes (ExpSum's order differs).
+// computed by one lane in ScalarOps' order (same products and additions), so without contraction
+// (the CPU emulation, -ffp-contract=off) ChannelDots, TokenDots, TokenAxpys, LoadHalves and Fwht
+// are bitwise ScalarOps; the CUDA build lets nvcc fuse multiply-adds (--fmad=true), which changes
+// the last bits only. ExpSum and MaxOf reduce across lanes (ExpSum's order differs).
 //
 // `Warp` supplies Lane() (0..31), Sync() (a barrier of the 32 lanes with memory ordering) and
 // ShflXor(v, mask) (the value of lane ^ mask; every lane calls it). The CUDA build uses the warp
@@ -50,27 +51,40 @@ KVCTL_HOST_DEVICE inline float LoadElem(const uint8_t* row, int64_t idx, int fmt
 template <class Warp>
 struct WarpOps {
   static constexpr int kLanes = kWarpLanes;
-  // Query rows whose partial sums one lane keeps in registers per pass over the codes.
-  static constexpr int kRowsPerPass = 4;
+  // Register tile of one lane per pass over the codes: kRows query rows x kCols tokens
+  // (ChannelDots) or channels (TokenAxpys), 32 lanes apart.
+  static constexpr int kRows = 4;
+  static constexpr int kCols = 4;
 
   KVCTL_HOST_DEVICE static int Lane() { return Warp::Lane(); }
   KVCTL_HOST_DEVICE static void Sync() { Warp::Sync(); }
 
-  // out[i][t] = sum_c coef[i][c] x(c, t0 + t): a lane per token, kRowsPerPass rows at a time.
+  // out[i][t] = sum_c coef[i][c] x(c, t0 + t): lane l owns tokens l, l + 32, ... (kCols of them
+  // per pass) for kRows query rows per pass; channels in order, each coefficient loaded once per
+  // pass and reused across the lane's tokens.
   KVCTL_HOST_DEVICE static void ChannelDots(const uint8_t* rows_base, int64_t row_bytes, int fmt,
                                             int rows, int t0, int nt, const float* coef,
                                             int coef_stride, int g, float* out, int out_stride) {
-    for (int i0 = 0; i0 < g; i0 += kRowsPerPass) {
-      const int nr = g - i0 < kRowsPerPass ? g - i0 : kRowsPerPass;
-      for (int t = Lane(); t < nt; t += kLanes) {
-        float a[kRowsPerPass] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i0 = 0; i0 < g; i0 += kRows) {
+      const int nr = g - i0 < kRows ? g - i0 : kRows;
+      for (int tb = Lane(); tb < nt; tb += kLanes * kCols) {
+        float a[kRows][kCols] = {};
         for (int c = 0; c < rows; ++c) {
-          const float v = LoadElem(rows_base + c * row_bytes, t0 + t, fmt);
-          for (int r = 0; r < kRowsPerPass; ++r) {
-            if (r < nr) a[r] += coef[(i0 + r) * coef_stride + c] * v;
+          const uint8_t* row = rows_base + c * row_bytes;
+          float co[kRows];
+          for (int r = 0; r < kRows; ++r) co[r] = r < nr ? coef[(i0 + r) * coef_stride + c] : 0.0f;
+          for (int j = 0; j < kCols; ++j) {
+            const int t = tb + j * kLanes;
+            if (t >= nt) break;
+            const float v = LoadElem(row, t0 + t, fmt);
+            for (int r = 0; r < kRows; ++r) a[r][j] += co[r] * v;
           }
         }
-        for (int r = 0; r < nr; ++r) out[(i0 + r) * out_stride + t] = a[r];
+        for (int r = 0; r < nr; ++r) {
+          for (int j = 0; j < kCols && tb + j * kLanes < nt; ++j) {
+            out[(i0 + r) * out_stride + tb + j * kLanes] = a[r][j];
+          }
+        }
       }
     }
     Sync();
@@ -97,24 +111,36 @@ struct WarpOps {
     Sync();
   }
 
-  // acc[i][c] += sum_t w[i][t] x(t, c0 + c): a lane per channel, tokens in order.
+  // acc[i][c] += sum_t w[i][t] x(t, c0 + c): lane l owns channels l, l + 32, ... (kCols per
+  // pass) for kRows query rows per pass; tokens in order, each weight loaded once per pass.
   KVCTL_HOST_DEVICE static void TokenAxpys(const uint8_t* rows_base, int64_t row_bytes, int fmt,
                                            int ntok, int c0, int nch, const float* w, int w_stride,
                                            int g, float* acc, int acc_stride) {
-    for (int i0 = 0; i0 < g; i0 += kRowsPerPass) {
-      const int nr = g - i0 < kRowsPerPass ? g - i0 : kRowsPerPass;
-      for (int c = Lane(); c < nch; c += kLanes) {
-        float a[kRowsPerPass];
-        for (int r = 0; r < kRowsPerPass; ++r) {
-          a[r] = r < nr ? acc[(i0 + r) * acc_stride + c] : 0.0f;
-        }
-        for (int t = 0; t < ntok; ++t) {
-          const float v = LoadElem(rows_base + t * row_bytes, c0 + c, fmt);
-          for (int r = 0; r < kRowsPerPass; ++r) {
-            if (r < nr) a[r] += w[(i0 + r) * w_stride + t] * v;
+    for (int i0 = 0; i0 < g; i0 += kRows) {
+      const int nr = g - i0 < kRows ? g - i0 : kRows;
+      for (int cb = Lane(); cb < nch; cb += kLanes * kCols) {
+        float a[kRows][kCols] = {};
+        for (int r = 0; r < nr; ++r) {
+          for (int j = 0; j < kCols && cb + j * kLanes < nch; ++j) {
+            a[r][j] = acc[(i0 + r) * acc_stride + cb + j * kLanes];
           }
         }
-        for (int r = 0; r < nr; ++r) acc[(i0 + r) * acc_stride + c] = a[r];
+        for (int t = 0; t < ntok; ++t) {
+          const uint8_t* row = rows_base + t * row_bytes;
+          float wt[kRows];
+          for (int r = 0; r < kRows; ++r) wt[r] = r < nr ? w[(i0 + r) * w_stride + t] : 0.0f;
+          for (int j = 0; j < kCols; ++j) {
+            const int c = cb + j * kLanes;
+            if (c >= nch) break;
+            const float v = LoadElem(row, c0 + c, fmt);
+            for (int r = 0; r < kRows; ++r) a[r][j] += wt[r] * v;
+          }
+        }
+        for (int r = 0; r < nr; ++r) {
+          for (int j = 0; j < kCols && cb + j * kLanes < nch; ++j) {
+            acc[(i0 + r) * acc_stride + cb + j * kLanes] = a[r][j];
+          }
+        }
       }
     }
     Sync();
