@@ -8,60 +8,16 @@
 #include <limits>
 #include <queue>
 
+#include "policies/joint_planner_internal.h"
+
 namespace kvctl {
 namespace {
 
 using internal::StrCat;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Widths (K, V) and the registry's bytes per token per head at those widths.
-struct Pair {
-  int k_bits = 0;
-  int v_bits = 0;
-  double bpt = 0;
-  double k_pow = 0, v_pow = 0;  // beta_k^-k_bits, beta_v^-v_bits.
-};
-
-// Everything PlanJoint derives once from the input.
-struct Context {
-  const JointPlanInput* in = nullptr;
-  std::vector<Pair> pairs;  // Every allowed (k, v) within the bounds, by bpt ascending.
-  int evict_pair = 0;       // Index into pairs.
-  double fp16_bpt = 0;      // 4 * head_dim.
-  int64_t quantum = 0;
-};
-
-// One head under one mode.
-struct HeadModel {
-  const JointHeadInput* in = nullptr;
-  int64_t T = 0, F = 0, kmin = 0;
-  double RF = 0;
-  double q0 = 0;
-  double s = 0;                // Parametric scale; 0 = uniform or tabulated.
-  std::vector<int> pair_hull;  // Indices into Context::pairs: bpt up, q down.
-  std::vector<double> q;       // q per pair_hull entry.
-  bool vary_kept = true;
-  double tol = 0;  // Distortion changes at most this are rounding, not gains.
-
-  double R(int64_t k) const {
-    const EvictionCurve& c = in->eviction;
-    if (!c.table.retained.empty()) return c.table.At(k);
-    if (s <= 0) return static_cast<double>(k) / static_cast<double>(T);
-    return std::expm1(-static_cast<double>(k) / s) / std::expm1(-static_cast<double>(T) / s);
-  }
-  double D(double Rk, int c) const {
-    return static_cast<double>(T) * ((Rk - RF) * q[c] + (1 - Rk) * q0);
-  }
-  double Bytes(const Context& ctx, int64_t k, int c) const {
-    return static_cast<double>(F) * ctx.fp16_bpt +
-           static_cast<double>(k - F) * ctx.pairs[pair_hull[c]].bpt;
-  }
-};
-
-double QOf(const JointHeadInput& h, const Pair& p) {
-  return h.importance_k * h.alpha_k * p.k_pow + h.importance_v * h.alpha_v * p.v_pow;
-}
+using joint_internal::Context;
+using joint_internal::HeadModel;
+using joint_internal::Pair;
+using joint_internal::XY;
 
 bool AllowedWidth(QuantMethod method, int b) {
   return b >= 1 && b < 32 && (TraitsOf(method).allowed_bits & (1u << b));
@@ -77,15 +33,16 @@ std::vector<int> BoundedBits(const JointPlanInput& in) {
 
 Status ValidateHead(const JointPlanInput& in, size_t i) {
   const JointHeadInput& h = in.heads[i];
-  const std::string f = StrCat("heads[", i, "].");
+  // The prefix is built only on error: formatting it for every head costs more than planning.
+  auto f = [i] { return StrCat("heads[", i, "]."); };
   const int want_layer = static_cast<int>(i / static_cast<size_t>(in.kv_heads));
   const int want_head = static_cast<int>(i % static_cast<size_t>(in.kv_heads));
   if (h.layer != want_layer) {
-    return InvalidArgument(f, "layer: got ", h.layer, ", expected ", want_layer,
+    return InvalidArgument(f(), "layer: got ", h.layer, ", expected ", want_layer,
                            " ((layer, head) order)");
   }
   if (h.head != want_head) {
-    return InvalidArgument(f, "head: got ", h.head, ", expected ", want_head,
+    return InvalidArgument(f(), "head: got ", h.head, ", expected ", want_head,
                            " ((layer, head) order)");
   }
   const std::pair<const char*, double> nonneg[] = {{"alpha_k", h.alpha_k},
@@ -94,14 +51,14 @@ Status ValidateHead(const JointPlanInput& in, size_t i) {
                                                    {"importance_v", h.importance_v}};
   for (const auto& [name, v] : nonneg) {
     if (!std::isfinite(v) || v < 0) {
-      return InvalidArgument(f, name, ": got ", v, ", expected a finite value >= 0");
+      return InvalidArgument(f(), name, ": got ", v, ", expected a finite value >= 0");
     }
   }
   if (h.tokens < 1 || h.tokens > (int64_t{1} << 40)) {
-    return InvalidArgument(f, "tokens: got ", h.tokens, ", expected 1..2^40");
+    return InvalidArgument(f(), "tokens: got ", h.tokens, ", expected 1..2^40");
   }
   if (h.fixed_tokens < 0 || h.fixed_tokens > h.tokens) {
-    return InvalidArgument(f, "fixed_tokens: got ", h.fixed_tokens, ", expected 0..", h.tokens,
+    return InvalidArgument(f(), "fixed_tokens: got ", h.fixed_tokens, ", expected 0..", h.tokens,
                            " (tokens)");
   }
   const EvictionCurve& c = h.eviction;
@@ -109,7 +66,7 @@ Status ValidateHead(const JointPlanInput& in, size_t i) {
     const int64_t n = static_cast<int64_t>(c.table.retained.size());
     if (c.table.min_budget < 0 || c.table.min_budget > h.fixed_tokens ||
         c.table.min_budget + n - 1 != h.tokens) {
-      return InvalidArgument(f, "eviction.table: covers ", c.table.min_budget, "..",
+      return InvalidArgument(f(), "eviction.table: covers ", c.table.min_budget, "..",
                              c.table.min_budget + n - 1, " tokens, expected min_budget 0..",
                              h.fixed_tokens, " (fixed_tokens) up to ", h.tokens, " (tokens)");
     }
@@ -117,48 +74,55 @@ Status ValidateHead(const JointPlanInput& in, size_t i) {
     for (int64_t j = 0; j < n; ++j) {
       const double v = c.table.retained[static_cast<size_t>(j)];
       if (!std::isfinite(v) || v < prev - 1e-12 || v > 1 + 1e-9) {
-        return InvalidArgument(f, "eviction.table.retained[", j, "]: got ", v,
+        return InvalidArgument(f(), "eviction.table.retained[", j, "]: got ", v,
                                ", expected nondecreasing values in [0, 1]");
       }
       prev = v;
     }
   } else {
     if (!std::isfinite(c.coverage_tokens) || c.coverage_tokens < 0) {
-      return InvalidArgument(f, "eviction.coverage_tokens: got ", c.coverage_tokens,
+      return InvalidArgument(f(), "eviction.coverage_tokens: got ", c.coverage_tokens,
                              ", expected a finite value >= 0");
     }
     if (!(c.tau > 0 && c.tau < 1)) {
-      return InvalidArgument(f, "eviction.tau: got ", c.tau, ", expected (0, 1)");
+      return InvalidArgument(f(), "eviction.tau: got ", c.tau, ", expected (0, 1)");
     }
   }
   return OkStatus();
 }
 
 // Lower convex hull of points sorted by x ascending (ties: y ascending), cut after its lowest
-// point: the strictly decreasing part. Returns indices into the points. A vertex stays only if
-// the drop per unit of x before it is larger than after it, compared exactly as the planner later
-// computes segment ratios, so those ratios fall strictly along the hull even for (nearly)
-// collinear points. A drop of at most `tol` does not count as a drop.
+// point: the strictly decreasing part, as indices into the points. A vertex stays only if the
+// drop per unit of x before it is larger than after it, computed exactly as the planner computes
+// segment ratios later, so those fall strictly along the hull even for (nearly) collinear points.
+// A drop of at most `tol` does not count as a drop.
 template <typename Pt>
-void DecreasingHull(const std::vector<Pt>& pts, double tol, std::vector<int>* hull) {
+void DecreasingHull(const std::vector<Pt>& pts, double tol, std::vector<int>* hull,
+                    std::vector<double>* ratio) {
   hull->clear();
-  auto ratio = [&](int a, int b) { return (pts[a].y - pts[b].y) / (pts[b].x - pts[a].x); };
+  ratio->clear();  // ratio[t]: of the segment that ends at hull[t] (t >= 1).
   for (int i = 0; i < static_cast<int>(pts.size()); ++i) {
+    const Pt& p = pts[i];
     if (!hull->empty()) {
       const Pt& last = pts[hull->back()];
-      if (pts[i].y >= last.y - tol || pts[i].x <= last.x) continue;
+      if (p.y >= last.y - tol || p.x <= last.x) continue;
     }
-    while (hull->size() >= 2 &&
-           ratio((*hull)[hull->size() - 2], hull->back()) <= ratio(hull->back(), i)) {
+    double r = 0;
+    while (!hull->empty()) {
+      const Pt& b = pts[hull->back()];
+      r = (b.y - p.y) / (p.x - b.x);
+      if (hull->size() < 2 || ratio->back() > r) break;
       hull->pop_back();
+      ratio->pop_back();
     }
     hull->push_back(i);
+    ratio->push_back(r);
   }
 }
 
-struct XY {
-  double x = 0, y = 0;
-};
+}  // namespace
+
+namespace joint_internal {
 
 StatusOr<Context> MakeContext(const JointPlanInput& in) {
   KVCTL_RETURN_IF_ERROR(ValidateJointInput(in));
@@ -212,28 +176,45 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
     m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
     return m;
   }
-  std::vector<XY> pts(ctx.pairs.size());
-  for (size_t p = 0; p < ctx.pairs.size(); ++p)
-    pts[p] = {ctx.pairs[p].bpt, QOf(*m.in, ctx.pairs[p])};
-  // Equal bpt: the lower q first, so the hull keeps it.
-  std::vector<int> order(pts.size());
-  for (size_t p = 0; p < order.size(); ++p) order[p] = static_cast<int>(p);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return pts[a].x < pts[b].x || (pts[a].x == pts[b].x && pts[a].y < pts[b].y);
-  });
-  std::vector<XY> sorted(pts.size());
-  for (size_t p = 0; p < order.size(); ++p) sorted[p] = pts[order[p]];
+  // ctx.pairs is sorted by bytes per token; of pairs that cost the same only the lowest q can be
+  // on the hull, so one pass gives the hull's input in (x, y) order without sorting.
+  std::vector<XY> pts;
+  std::vector<int> ids;
+  pts.reserve(ctx.pairs.size());
+  ids.reserve(ctx.pairs.size());
+  for (size_t p = 0; p < ctx.pairs.size(); ++p) {
+    const XY pt{ctx.pairs[p].bpt, QOf(*m.in, ctx.pairs[p])};
+    if (!pts.empty() && pts.back().x == pt.x) {
+      if (pt.y < pts.back().y) {
+        pts.back() = pt;
+        ids.back() = static_cast<int>(p);
+      }
+      continue;
+    }
+    pts.push_back(pt);
+    ids.push_back(static_cast<int>(p));
+  }
   std::vector<int> hull;
+  std::vector<double> ratio;
   double qmax = 0;
-  for (const XY& p : sorted) qmax = std::max(qmax, p.y);
-  DecreasingHull(sorted, 1e-12 * qmax, &hull);
+  for (const XY& p : pts) qmax = std::max(qmax, p.y);
+  DecreasingHull(pts, 1e-12 * qmax, &hull, &ratio);
+  m.pair_hull.reserve(hull.size());
+  m.q.reserve(hull.size());
   for (int h : hull) {
-    m.pair_hull.push_back(order[h]);
-    m.q.push_back(sorted[h].y);
+    m.pair_hull.push_back(ids[h]);
+    m.q.push_back(pts[h].y);
   }
   m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
   return m;
 }
+
+}  // namespace joint_internal
+
+namespace {
+
+using joint_internal::MakeContext;
+using joint_internal::MakeHead;
 
 // The kept counts of a head's grid: kmin, kmin + j * quantum, ..., T; at most `levels` of them.
 std::vector<int64_t> KeptGrid(const HeadModel& m, int64_t quantum, int levels) {
@@ -275,7 +256,7 @@ struct GridCache {
 // prune, O(widths x (grid + hull)) instead of sorting the union.
 void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
                std::vector<HullPoint>* acc, std::vector<HullPoint>* merged, std::vector<int>* idx,
-               std::vector<Vertex>* out) {
+               std::vector<double>* ratios, std::vector<Vertex>* out) {
   const size_t G = grid.k.size(), C = m.pair_hull.size();
   acc->clear();
   for (size_t c = 0; c < C; ++c) {
@@ -295,7 +276,7 @@ void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
         ++j;
       }
     }
-    DecreasingHull(*merged, m.tol, idx);
+    DecreasingHull(*merged, m.tol, idx, ratios);
     acc->clear();
     for (int i : *idx) acc->push_back((*merged)[i]);
   }
@@ -394,26 +375,27 @@ void TakeBestSegments(std::vector<Segment>* segs, double* left, double* D, std::
   }
 }
 
+// `models` are MakeHead(ctx, h, mode) for every head.
 StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
-                               const std::vector<GridCache>& grids) {
+                               const std::vector<GridCache>& grids, std::vector<HeadModel> models) {
   const JointPlanInput& in = *ctx.in;
   const size_t H = in.heads.size();
   ModeResult r;
-  r.models.resize(H);
+  r.models = std::move(models);
   std::vector<std::vector<Vertex>> hulls(H);
   std::vector<HullPoint> acc, merged;
   std::vector<int> idx;
+  std::vector<double> ratios;
   std::vector<Segment> segs;
   GridCache all_kept;
   for (size_t h = 0; h < H; ++h) {
-    r.models[h] = MakeHead(ctx, h, mode);
     const HeadModel& m = r.models[h];
     if (mode == JointMode::kQuantOnly) {
       all_kept.k = {m.T};
       all_kept.R = {m.R(m.T)};
     }
     BuildHull(ctx, m, mode == JointMode::kQuantOnly ? all_kept : grids[h], &acc, &merged, &idx,
-              &hulls[h]);
+              &ratios, &hulls[h]);
     const std::vector<Vertex>& v = hulls[h];
     r.min_bytes += v.front().bytes;
     r.max_bytes += v.back().bytes;
@@ -445,7 +427,15 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
   double left = budget - r.min_bytes;
   double D = 0;
   for (size_t h = 0; h < H; ++h) D += hulls[h].front().D;
+  // The last `margin` bytes (the largest segment) are left to the fill's finer steps, so where
+  // the whole segments stop moves smoothly with the budget (a segment taken whole would force its
+  // tail, which the fill may not want).
+  double margin = 0;
+  for (const Segment& s : segs) margin = std::max(margin, s.cost);
+  margin = std::min(margin, left);
+  left -= margin;
   TakeBestSegments(&segs, &left, &D, &pos);
+  left += margin;
   // The hull relaxation finishes with a fraction of the best segment left: a bound over the grid.
   double critical = 0;
   for (size_t h = 0; h < H; ++h) {
@@ -637,26 +627,47 @@ Status ValidateJointInput(const JointPlanInput& in) {
 
 StatusOr<JointPlan> PlanJoint(const JointPlanInput& input, JointMode mode) {
   KVCTL_ASSIGN_OR_RETURN(const Context ctx, MakeContext(input));
+  const size_t H = input.heads.size();
+  // Models are built once: quant-only's are joint's with every token kept.
+  std::vector<HeadModel> evict, joint_models;
+  if (mode != JointMode::kQuantOnly) {
+    evict.reserve(H);
+    for (size_t h = 0; h < H; ++h) evict.push_back(MakeHead(ctx, h, JointMode::kEvictOnly));
+  }
+  if (mode != JointMode::kEvictOnly) {
+    joint_models.reserve(H);
+    for (size_t h = 0; h < H; ++h) joint_models.push_back(MakeHead(ctx, h, JointMode::kJoint));
+  }
+  auto quant_models = [&] {
+    std::vector<HeadModel> q = joint_models;
+    for (HeadModel& m : q) {
+      m.kmin = m.T;
+      m.vary_kept = false;
+    }
+    return q;
+  };
   // The kept grid and R on it: the same for joint and evict-only, and most of the exp() calls.
-  std::vector<GridCache> grids(mode == JointMode::kQuantOnly ? 0 : input.heads.size());
+  std::vector<GridCache> grids(evict.size());
   for (size_t h = 0; h < grids.size(); ++h) {
-    const HeadModel m = MakeHead(ctx, h, JointMode::kEvictOnly);
-    grids[h].k = KeptGrid(m, ctx.quantum, input.kept_levels);
+    grids[h].k = KeptGrid(evict[h], ctx.quantum, input.kept_levels);
     grids[h].R.resize(grids[h].k.size());
-    for (size_t j = 0; j < grids[h].k.size(); ++j) grids[h].R[j] = m.R(grids[h].k[j]);
+    for (size_t j = 0; j < grids[h].k.size(); ++j) grids[h].R[j] = evict[h].R(grids[h].k[j]);
   }
   if (mode != JointMode::kJoint) {
-    KVCTL_ASSIGN_OR_RETURN(const ModeResult r, SolveMode(ctx, mode, grids));
+    KVCTL_ASSIGN_OR_RETURN(
+        const ModeResult r,
+        SolveMode(ctx, mode, grids, mode == JointMode::kQuantOnly ? quant_models() : evict));
     return Assemble(ctx, mode, mode, r);
   }
-  KVCTL_ASSIGN_OR_RETURN(const ModeResult joint, SolveMode(ctx, JointMode::kJoint, grids));
+  StatusOr<ModeResult> alt[2] = {SolveMode(ctx, JointMode::kQuantOnly, grids, quant_models()),
+                                 SolveMode(ctx, JointMode::kEvictOnly, grids, std::move(evict))};
+  KVCTL_ASSIGN_OR_RETURN(const ModeResult joint,
+                         SolveMode(ctx, JointMode::kJoint, grids, std::move(joint_models)));
   // The greedy is optimal only up to its last segment; the single levers search subsets of the
   // joint options, so their plans are candidates too and the joint plan is never worse.
   const ModeResult* best = &joint;
   JointMode solved = JointMode::kJoint;
   double unit = joint.unit;
-  StatusOr<ModeResult> alt[2] = {SolveMode(ctx, JointMode::kQuantOnly, grids),
-                                 SolveMode(ctx, JointMode::kEvictOnly, grids)};
   const JointMode alt_mode[2] = {JointMode::kQuantOnly, JointMode::kEvictOnly};
   for (int i = 0; i < 2; ++i) {
     if (!alt[i].ok()) continue;  // That lever alone cannot meet the budget.
@@ -695,307 +706,6 @@ StatusOr<JointHeadPlan> EvaluateJointHead(const JointPlanInput& input, size_t he
     return InvalidArgument("kept: got ", kept, ", expected ", floor, "..", m.T);
   }
   return Describe(ctx, m, {kept, 0, 0, 0});
-}
-
-namespace {
-
-// One head walking down for the shortfall: requantize (quantum by quantum, to the next cheaper
-// pair of the head's hull) or evict (quantum by quantum, down to the floor).
-struct DownMove {
-  double ratio = 0;  // Distortion added per byte freed; lowest first.
-  int head = 0;
-  bool operator<(const DownMove& o) const { return ratio > o.ratio; }
-};
-
-}  // namespace
-
-StatusOr<ShortfallAdvice> AdviseShortfall(const JointPlanInput& input, const JointPlan& current,
-                                          int64_t shortfall_bytes) {
-  KVCTL_ASSIGN_OR_RETURN(Context ctx, MakeContext(input));
-  if (shortfall_bytes < 1) {
-    return InvalidArgument("shortfall_bytes: got ", shortfall_bytes, ", expected >= 1");
-  }
-  const size_t H = input.heads.size();
-  if (current.heads.size() != H) {
-    return InvalidArgument("current.heads: got ", current.heads.size(), " entries, expected ", H);
-  }
-  std::vector<HeadModel> models(H);
-  std::vector<int> cur_pair(H);
-  for (size_t h = 0; h < H; ++h) {
-    const JointHeadPlan& p = current.heads[h];
-    models[h] = MakeHead(ctx, h, JointMode::kJoint);
-    const HeadModel& m = models[h];
-    const int64_t floor = std::min(m.T, std::max(m.F, input.min_tokens));
-    if (p.kept < floor || p.kept > m.T) {
-      return InvalidArgument("current.heads[", h, "].kept: got ", p.kept, ", expected ", floor,
-                             "..", m.T);
-    }
-    cur_pair[h] = -1;
-    for (size_t c = 0; c < ctx.pairs.size(); ++c) {
-      if (ctx.pairs[c].k_bits == p.k_bits && ctx.pairs[c].v_bits == p.v_bits) {
-        cur_pair[h] = static_cast<int>(c);
-      }
-    }
-    if (cur_pair[h] < 0) {
-      return InvalidArgument("current.heads[", h, "].k_bits/v_bits: got ", p.k_bits, "/", p.v_bits,
-                             ", expected allowed widths within the bounds");
-    }
-  }
-  const double need = static_cast<double>(shortfall_bytes);
-  ShortfallAdvice advice;
-
-  // Requantize: from the current pair down the cheaper part of the head's width hull (the current
-  // pair first, then every hull pair cheaper than it). Distortion and bytes are linear in the
-  // tokens moved, so a step's ratio is constant until the head is done with it.
-  {
-    struct Walk {
-      std::vector<int> chain;  // Pair indices, current first, bpt descending.
-      std::vector<double> q;
-      size_t at = 0;
-      int64_t left = 0;  // Tokens still at chain[at] (quantized, not fixed).
-    };
-    std::vector<Walk> walks(H);
-    std::priority_queue<DownMove> heap;
-    auto ratio = [&](size_t h) {
-      const Walk& w = walks[h];
-      const HeadModel& m = models[h];
-      const double per_token_d = static_cast<double>(m.T) * (m.R(current.heads[h].kept) - m.RF) /
-                                 static_cast<double>(current.heads[h].kept - m.F) *
-                                 (w.q[w.at + 1] - w.q[w.at]);
-      const double per_token_b = ctx.pairs[w.chain[w.at]].bpt - ctx.pairs[w.chain[w.at + 1]].bpt;
-      return per_token_d / per_token_b;
-    };
-    for (size_t h = 0; h < H; ++h) {
-      const HeadModel& m = models[h];
-      Walk& w = walks[h];
-      const Pair& cur = ctx.pairs[cur_pair[h]];
-      w.chain.push_back(cur_pair[h]);
-      w.q.push_back(QOf(*m.in, cur));
-      // Cheaper pairs on the lower hull of (bpt, q) that start at the current pair.
-      std::vector<XY> pts;
-      std::vector<int> ids;
-      for (int c = cur_pair[h]; c >= 0; --c) {
-        const Pair& p = ctx.pairs[c];
-        if (p.bpt >= cur.bpt && c != cur_pair[h]) continue;
-        // Going down in bytes: x = bytes saved, y = distortion added; keep its lower hull.
-        pts.push_back({cur.bpt - p.bpt, QOf(*m.in, p) - w.q[0]});
-        ids.push_back(c);
-      }
-      std::vector<int> order(pts.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return pts[a].x < pts[b].x || (pts[a].x == pts[b].x && pts[a].y < pts[b].y);
-      });
-      // Lower convex hull, increasing x (a cheaper state can add distortion; all points kept
-      // whose slope rises).
-      std::vector<int> hull;
-      for (int i : order) {
-        if (!hull.empty() && pts[i].x == pts[hull.back()].x) continue;
-        while (hull.size() >= 2) {
-          const XY& a = pts[hull[hull.size() - 2]];
-          const XY& b = pts[hull.back()];
-          const double cross = (b.x - a.x) * (pts[i].y - a.y) - (b.y - a.y) * (pts[i].x - a.x);
-          if (cross > 0) break;
-          hull.pop_back();
-        }
-        hull.push_back(i);
-      }
-      for (size_t j = 1; j < hull.size(); ++j) {
-        w.chain.push_back(ids[hull[j]]);
-        w.q.push_back(QOf(*m.in, ctx.pairs[ids[hull[j]]]));
-      }
-      w.left = current.heads[h].kept - m.F;
-      if (w.chain.size() >= 2 && w.left > 0) heap.push({ratio(h), static_cast<int>(h)});
-    }
-    ShortfallOption& opt = advice.by_requantize;
-    while (!heap.empty() && opt.bytes_freed < need) {
-      const int h = heap.top().head;
-      heap.pop();
-      Walk& w = walks[h];
-      const HeadModel& m = models[h];
-      const double per_b = ctx.pairs[w.chain[w.at]].bpt - ctx.pairs[w.chain[w.at + 1]].bpt;
-      const int64_t quantized = current.heads[h].kept - m.F;
-      // Tokens to move: all that remain at this width, or just enough (in whole quanta).
-      int64_t n = w.left;
-      const double want_tokens = (need - opt.bytes_freed) / per_b;
-      const int64_t enough = std::min(
-          w.left,
-          ((static_cast<int64_t>(std::ceil(want_tokens - 1e-9)) + ctx.quantum - 1) / ctx.quantum) *
-              ctx.quantum);
-      n = std::max<int64_t>(1, std::min(n, enough));
-      const double per_d = static_cast<double>(m.T) * (m.R(current.heads[h].kept) - m.RF) /
-                           static_cast<double>(quantized) * (w.q[w.at + 1] - w.q[w.at]);
-      ShortfallStep st;
-      st.layer = m.in->layer;
-      st.head = m.in->head;
-      st.tokens = n;
-      st.from_k_bits = ctx.pairs[w.chain[w.at]].k_bits;
-      st.from_v_bits = ctx.pairs[w.chain[w.at]].v_bits;
-      st.to_k_bits = ctx.pairs[w.chain[w.at + 1]].k_bits;
-      st.to_v_bits = ctx.pairs[w.chain[w.at + 1]].v_bits;
-      st.bytes_freed = static_cast<double>(n) * per_b;
-      st.distortion_added = static_cast<double>(n) * per_d;
-      opt.bytes_freed += st.bytes_freed;
-      opt.distortion_added += st.distortion_added;
-      opt.steps.push_back(st);
-      w.left -= n;
-      if (w.left == 0) {
-        // Every quantized token of the head is at the next width now.
-        ++w.at;
-        w.left = quantized;
-        if (w.at + 1 < w.chain.size()) heap.push({ratio(h), h});
-      } else {
-        heap.push({ratio(h), h});  // Partial: the rest keeps the same ratio.
-      }
-    }
-    opt.feasible = opt.bytes_freed >= need;
-  }
-
-  // Evict: token quanta from the least valuable end of each head, down to its floor.
-  {
-    std::vector<int64_t> kept(H);
-    std::priority_queue<DownMove> heap;
-    auto step = [&](size_t h, int64_t* n, double* bytes, double* d) {
-      const HeadModel& m = models[h];
-      const int64_t floor = std::min(m.T, std::max(m.F, input.min_tokens));
-      *n = std::min(ctx.quantum, kept[h] - floor);
-      const double q = QOf(*m.in, ctx.pairs[cur_pair[h]]);
-      *bytes = static_cast<double>(*n) * ctx.pairs[cur_pair[h]].bpt;
-      *d = static_cast<double>(m.T) * (m.R(kept[h]) - m.R(kept[h] - *n)) * (m.q0 - q);
-    };
-    for (size_t h = 0; h < H; ++h) {
-      kept[h] = current.heads[h].kept;
-      int64_t n;
-      double b, d;
-      step(h, &n, &b, &d);
-      if (n > 0 && b > 0) heap.push({d / b, static_cast<int>(h)});
-    }
-    ShortfallOption& opt = advice.by_eviction;
-    std::vector<int> step_of(H, -1);
-    while (!heap.empty() && opt.bytes_freed < need) {
-      const int h = heap.top().head;
-      heap.pop();
-      int64_t n;
-      double b, d;
-      step(h, &n, &b, &d);
-      const HeadModel& m = models[h];
-      if (step_of[h] < 0) {
-        ShortfallStep st;
-        st.layer = m.in->layer;
-        st.head = m.in->head;
-        st.evict = true;
-        st.from_k_bits = st.to_k_bits = ctx.pairs[cur_pair[h]].k_bits;
-        st.from_v_bits = st.to_v_bits = ctx.pairs[cur_pair[h]].v_bits;
-        step_of[h] = static_cast<int>(opt.steps.size());
-        opt.steps.push_back(st);
-      }
-      ShortfallStep& st = opt.steps[step_of[h]];
-      st.tokens += n;
-      st.bytes_freed += b;
-      st.distortion_added += d;
-      opt.bytes_freed += b;
-      opt.distortion_added += d;
-      kept[h] -= n;
-      step(h, &n, &b, &d);
-      if (n > 0 && b > 0) heap.push({d / b, h});
-    }
-    opt.feasible = opt.bytes_freed >= need;
-  }
-  if (!advice.by_requantize.feasible && !advice.by_eviction.feasible) {
-    return ResourceExhausted(
-        "shortfall_bytes: got ", shortfall_bytes, ", expected at most what requantizing (",
-        static_cast<int64_t>(advice.by_requantize.bytes_freed), ") or evicting (",
-        static_cast<int64_t>(advice.by_eviction.bytes_freed), ") can free");
-  }
-  advice.requantize = advice.by_requantize.feasible &&
-                      (!advice.by_eviction.feasible || advice.by_requantize.distortion_added <=
-                                                           advice.by_eviction.distortion_added);
-  return advice;
-}
-
-double Fp16Bytes(const JointPlanInput& input) {
-  double total = 0;
-  for (const JointHeadInput& h : input.heads) {
-    total += static_cast<double>(h.tokens) * 4.0 * input.spec.head_dim;
-  }
-  return total;
-}
-
-StatusOr<JointPlanInput> MakeJointInput(const CalibProfile& profile, const JointProfileOptions& o) {
-  const RateQuantFit& fit = profile.fit;
-  KVCTL_RETURN_IF_ERROR(ValidateRateQuantFit(fit));
-  if (o.tokens < 1 || o.tokens > (int64_t{1} << 40)) {
-    return InvalidArgument("tokens: got ", o.tokens, ", expected 1..2^40");
-  }
-  if (o.sinks < -1) return InvalidArgument("sinks: got ", o.sinks, ", expected -1 or >= 0");
-  if (o.window < 0) return InvalidArgument("window: got ", o.window, ", expected >= 0");
-  if (o.budget_bytes < 0) {
-    return InvalidArgument("budget_bytes: got ", o.budget_bytes, ", expected >= 0");
-  }
-  if (o.budget_bytes == 0 && !(o.budget_fraction > 0 && o.budget_fraction <= 1)) {
-    return InvalidArgument("budget_fraction: got ", o.budget_fraction,
-                           ", expected (0, 1] when budget_bytes is 0");
-  }
-  if (!(std::isfinite(o.coverage_exponent) && o.coverage_exponent >= 0 &&
-        o.coverage_exponent <= 1)) {
-    return InvalidArgument("coverage_exponent: got ", o.coverage_exponent, ", expected 0..1");
-  }
-  if (o.beta_override != 0 && !(std::isfinite(o.beta_override) && o.beta_override > 1)) {
-    return InvalidArgument("beta_override: got ", o.beta_override, ", expected 0 or > 1");
-  }
-  JointPlanInput in;
-  in.spec = fit.spec;
-  in.layers = fit.layers;
-  in.kv_heads = fit.kv_heads;
-  in.beta_k = o.beta_override > 1 ? o.beta_override : fit.beta_k;
-  in.beta_v = o.beta_override > 1 ? o.beta_override : fit.beta_v;
-  in.bits = fit.bits;
-  in.min_bits = o.min_bits;
-  in.max_bits = o.max_bits;
-  in.evict_k_bits = o.evict_k_bits;
-  in.evict_v_bits = o.evict_v_bits;
-  in.token_quantum = o.token_quantum;
-  in.min_tokens = o.min_tokens;
-  in.eviction_scale = o.eviction_scale;
-  in.kept_levels = o.kept_levels;
-  const int64_t sinks = o.sinks >= 0 ? o.sinks : TraitsOf(fit.spec.method).streaming.sink_tokens;
-  const int64_t fixed = std::min(o.tokens, sinks + o.window);
-  const double calib_len = fit.sequences > 0 && fit.tokens > 0
-                               ? static_cast<double>(fit.tokens) / fit.sequences
-                               : static_cast<double>(o.tokens);
-  const double scale = std::pow(static_cast<double>(o.tokens) / calib_len, o.coverage_exponent);
-  for (int l = 0; l < fit.layers; ++l) {
-    for (int h = 0; h < fit.kv_heads; ++h) {
-      JointHeadInput hi;
-      hi.layer = l;
-      hi.head = h;
-      const RateQuantUnit& k = fit.Unit(l, h, UnitKind::kKey);
-      const RateQuantUnit& v = fit.Unit(l, h, UnitKind::kValue);
-      hi.alpha_k = k.alpha;
-      hi.alpha_v = v.alpha;
-      hi.importance_k = o.uniform_importance ? 1.0 : k.importance;
-      hi.importance_v = o.uniform_importance ? 1.0 : v.importance;
-      hi.tokens = o.tokens;
-      hi.fixed_tokens = fixed;
-      if (profile.demand) {
-        const LayerDemandProfile& d = *profile.demand;
-        double size = std::max(1.0, d.demand[static_cast<size_t>(l)] * scale);
-        hi.eviction.tau = std::min(d.tau, 0.999999);  // tau = 1: "all of the mass".
-
-        // exp(entropy) of an exponential profile with scale s is about e * s.
-        if (d.measure == DemandMeasure::kEntropy) {
-          size = size / std::exp(1.0) * std::log(1.0 / (1.0 - d.tau));
-        }
-        hi.eviction.coverage_tokens = size;
-      }
-      in.heads.push_back(hi);
-    }
-  }
-  in.budget_bytes = o.budget_bytes > 0
-                        ? o.budget_bytes
-                        : static_cast<int64_t>(std::floor(o.budget_fraction * Fp16Bytes(in)));
-  if (in.budget_bytes < 1) in.budget_bytes = 1;
-  return in;
 }
 
 }  // namespace kvctl

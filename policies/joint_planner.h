@@ -96,7 +96,7 @@ struct JointPlanInput {
   int64_t token_quantum = 0;          // Kept counts move in steps of this; 0 = spec.block_tokens.
   int64_t min_tokens = 0;             // Starvation floor: every head keeps >= min(T, max(F, this)).
   double eviction_scale = 1;          // rho, > 0: distortion of a dropped token relative to 0 bits.
-  int kept_levels = 32;               // Kept counts per head in the hull grid, 2..4096.
+  int kept_levels = 16;               // Kept counts per head in the hull grid, 2..4096.
   std::vector<JointHeadInput> heads;  // layers * kv_heads, (layer, head) order.
 };
 
@@ -191,7 +191,7 @@ struct JointProfileOptions {
   int64_t min_tokens = 0;
   int64_t token_quantum = 0;
   double eviction_scale = 1;
-  int kept_levels = 32;
+  int kept_levels = 16;
   bool uniform_importance = false;
   double beta_override = 0;  // > 1: plan with this slope for K and V (mismatch experiments).
   // Layer demand (coverage at tau, tokens of a calibration sequence of length Tc) scales to T

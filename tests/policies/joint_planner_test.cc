@@ -138,12 +138,16 @@ TEST_CASE("JointPlanner: totals within the budget and one allocation unit of it"
     in.token_quantum = trial % 4 == 0 ? 0 : 8;
     for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
       const auto [lo, hi] = Range(in, mode);
+      JointPlanInput full = in;
+      full.budget_bytes = int64_t{1} << 50;
+      const double best = PlanJoint(full, mode)->distortion;
       for (int b = 0; b < 5; ++b) {
         in.budget_bytes = static_cast<int64_t>(std::ceil(lo + (hi - lo) * u01(rng)));
         StatusOr<JointPlan> p = PlanJoint(in, mode);
         REQUIRE(p.ok());
         INFO("trial " << trial << " mode " << JointModeName(mode));
-        CHECK(!p->saturated);
+        // Saturated below the maximum only where what is left to win is rounding.
+        if (p->saturated) CHECK(p->distortion == Approx(best).epsilon(1e-9).margin(1e-12));
         CheckBudget(in, *p);
         if (mode == JointMode::kQuantOnly) {
           for (const JointHeadPlan& h : p->heads) CHECK(h.kept == h.tokens);

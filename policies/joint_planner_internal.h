@@ -1,0 +1,87 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: policies/joint_planner_internal.h
+// What the joint planner's three sources share (joint_planner.cc: hulls and the allocation;
+// joint_planner_shortfall.cc: requantize-or-evict; joint_planner_profile.cc: input from a
+// profile): the registry's widths with their bytes per token, and one head's distortion model.
+// Not a public API: only policies/joint_planner*.cc include it.
+//
+// Thread safety: plain values.
+//
+//   KVCTL_ASSIGN_OR_RETURN(const joint_internal::Context ctx, joint_internal::MakeContext(in));
+//   const joint_internal::HeadModel m = joint_internal::MakeHead(ctx, 0, JointMode::kJoint);
+//   double d = m.D(m.R(kept), 0);  // at the head's cheapest width
+#ifndef KVCTL_POLICIES_JOINT_PLANNER_INTERNAL_H_
+#define KVCTL_POLICIES_JOINT_PLANNER_INTERNAL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "policies/joint_planner.h"
+
+namespace kvctl::joint_internal {
+
+// Widths (K, V) and the registry's bytes per token per head at those widths.
+struct Pair {
+  int k_bits = 0;
+  int v_bits = 0;
+  double bpt = 0;
+  double k_pow = 0, v_pow = 0;  // beta_k^-k_bits, beta_v^-v_bits.
+};
+
+// Everything PlanJoint derives once from the input.
+struct Context {
+  const JointPlanInput* in = nullptr;
+  std::vector<Pair> pairs;  // Every allowed (k, v) within the bounds, by bpt ascending.
+  int evict_pair = 0;       // Index into pairs.
+  double fp16_bpt = 0;      // 4 * head_dim.
+  int64_t quantum = 0;
+};
+
+// One head under one mode.
+struct HeadModel {
+  const JointHeadInput* in = nullptr;
+  int64_t T = 0, F = 0, kmin = 0;
+  double RF = 0;
+  double q0 = 0;
+  double s = 0;                // Parametric scale; 0 = uniform or tabulated.
+  std::vector<int> pair_hull;  // Indices into Context::pairs: bpt up, q down.
+  std::vector<double> q;       // q per pair_hull entry.
+  bool vary_kept = true;
+  double tol = 0;  // Distortion changes at most this are rounding, not gains.
+
+  double R(int64_t k) const {
+    const EvictionCurve& c = in->eviction;
+    if (!c.table.retained.empty()) return c.table.At(k);
+    if (s <= 0) return static_cast<double>(k) / static_cast<double>(T);
+    return std::expm1(-static_cast<double>(k) / s) / std::expm1(-static_cast<double>(T) / s);
+  }
+  double D(double Rk, int c) const {
+    return static_cast<double>(T) * ((Rk - RF) * q[c] + (1 - Rk) * q0);
+  }
+  double Bytes(const Context& ctx, int64_t k, int c) const {
+    return static_cast<double>(F) * ctx.fp16_bpt +
+           static_cast<double>(k - F) * ctx.pairs[pair_hull[c]].bpt;
+  }
+};
+
+inline double QOf(const JointHeadInput& h, const Pair& p) {
+  return h.importance_k * h.alpha_k * p.k_pow + h.importance_v * h.alpha_v * p.v_pow;
+}
+
+struct XY {
+  double x = 0, y = 0;
+};
+
+// Validates the input and tabulates every allowed width pair within the bounds.
+StatusOr<Context> MakeContext(const JointPlanInput& in);
+
+// Head i's model under `mode`: its floor, R, q0, and the widths on the lower convex hull of
+// (bytes per token, q) (evict-only: the one fixed pair). REQUIRES: ctx from MakeContext.
+HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode);
+
+}  // namespace kvctl::joint_internal
+
+#endif  // KVCTL_POLICIES_JOINT_PLANNER_INTERNAL_H_
