@@ -30,7 +30,7 @@ struct HeadTotals {
   uint64_t samples = 0;
   double k_err = 0, v_err = 0;
   int64_t budget = 0;
-  uint64_t evicted = 0, evicted_bytes = 0, compressions = 0;
+  uint64_t evicted = 0, evicted_bytes = 0, compressions = 0, requantized = 0;
   uint64_t retained_samples = 0;
   double retained_sum = 0;
 };
@@ -125,6 +125,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
             t.evicted += hu.evicted_tokens;
             t.evicted_bytes += hu.evicted_bytes;
             t.compressions += hu.compressions;
+            t.requantized += hu.requantized_tokens;
             t.retained_samples += hu.retained_samples;
             t.retained_sum += hu.retained_mass_sum;
           }
@@ -237,8 +238,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
           << ",v_rel_error=" << Num(t.samples ? t.v_err / static_cast<double>(t.samples) : 0)
           << ",quality_samples=" << t.samples << ",budget_tokens=" << t.budget
           << ",evictions=" << t.evicted << ",evicted_bytes=" << t.evicted_bytes
-          << ",compressions=" << t.compressions << ",retained_mass=" << Num(retained(t))
-          << ",retained_samples=" << t.retained_samples << "\n";
+          << ",compressions=" << t.compressions << ",requantized=" << t.requantized
+          << ",retained_mass=" << Num(retained(t)) << ",retained_samples=" << t.retained_samples
+          << "\n";
     }
   }
   if (show("policy")) {

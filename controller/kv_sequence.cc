@@ -4,146 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 
 #include "common/half.h"
+#include "controller/kv_sequence_internal.h"
 #include "kernels/quantize.h"
-#include "policies/reasonalloc.h"
 
 namespace kvctl {
-
-struct KvSequence::HeadStream {
-  QuantSpec spec;
-  SlotArray rows;     // Sinks, then tail: K row then V row per slot.
-  SlotArray records;  // Quantized block records.
-  int sink_rows = 0;
-  int tail_rows = 0;
-  std::vector<int64_t> positions;  // Of every kept token: sinks, record tokens, tail.
-  H2OState h2o;                    // h2o policy: accumulated attention, one entry per kept token.
-  HeadUsage usage;                 // Quality and eviction counters (tokens etc. computed on read).
-
-  HeadStream(QuantSpec s, SlotArray r, SlotArray rec)
-      : spec(s), rows(std::move(r)), records(std::move(rec)) {}
-  int64_t count() const {
-    return sink_rows + static_cast<int64_t>(records.size()) * spec.block_tokens + tail_rows;
-  }
-};
-
-struct KvSequence::LayerState {
-  LayerPlan plan;
-  DType row_dtype = DType::kF16;
-  size_t row_bytes = 0;  // One K or V row.
-  std::vector<HeadStream> heads;
-  SlotArray norms;  // OScaR: block_tokens fp32 norms per slot, one slot per record index.
-  // Newest query rows, fp32 [q_count, q_heads, head_dim]: the observation window, plus for h2o the
-  // rows not yet folded into the accumulated attention.
-  std::vector<float> q_rows;
-  int64_t q_count = 0;
-  int64_t h2o_pending = 0;
-  std::optional<HeadReallocator> realloc;
-  bool has_utility = false;
-  int64_t layer_budget = 0;
-
-  LayerState(PageAllocator* pool, size_t norm_slot) : norms(pool, norm_slot) {}
-};
-
-// Per append, shared by the layers: the budget schedule of this append.
-struct KvSequence::AppendContext {
-  int64_t n = 0;
-  int64_t first_position = 0;
-  int64_t avg_budget = 0;
-  std::vector<int64_t> layer_budgets;
-  bool realloc_due = false;
-};
-
-// Everything an append will write into one head, computed before any stored state changes.
-struct PreparedHead {
-  int new_sinks = 0;
-  int r0 = 0;  // Records kept as they are; new ones follow.
-  int write_start = 0;
-  int rows_after = 0;
-  int tail_after = 0;
-  std::vector<uint8_t> rows;     // Converted rows written from slot write_start.
-  std::vector<uint8_t> records;  // New records back to back.
-  std::vector<float> lk, lv;     // Kept tokens after the frozen prefix, fp32 [l_rows, D].
-  int l_rows = 0;
-  int flushed = 0;  // Leading rows of lk/lv quantized into records.
-  bool evicted = false;
-  std::vector<int64_t> kept;  // Indices into the old tokens + new ones, when evicted.
-  bool h2o_changed = false;
-  H2OState h2o;
-  int64_t budget = 0;
-  uint64_t evicted_tokens = 0, evicted_bytes = 0;
-  double retained = -1;  // Attention mass kept, when queries were there to measure it.
-};
-
-struct PreparedLayer {
-  std::vector<PreparedHead> heads;
-  std::vector<float> norms;  // OScaR norms of the flushed tokens.
-  struct Sample {
-    int head;
-    double k_rel_error, v_rel_error;
-  };
-  std::vector<Sample> samples;  // Quality telemetry of sampled new records.
-  std::vector<float> q_rows;
-  int64_t q_count = 0;
-  int64_t h2o_pending = 0;
-  std::optional<HeadReallocator> realloc;
-  bool has_utility = false;
-  int64_t layer_budget = 0;
-};
-
-namespace {
-
-void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(d) * 4);
-      return;
-    case DType::kF16:
-      for (int i = 0; i < d; ++i) {
-        const uint16_t h = FloatToHalf(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
-    case DType::kBF16:
-      for (int i = 0; i < d; ++i) {
-        const uint16_t b = FloatToBf16(src[i]);
-        std::memcpy(dst + 2 * i, &b, 2);
-      }
-      return;
-  }
-}
-
-void LoadRow(const uint8_t* src, int d, DType dtype, float* dst) {
-  KvTensorView::Contiguous(src, dtype, 1, 1, d).LoadRow(0, 0, dst);
-}
-
-// Decodes a fresh record and compares it with the rows it was made from.
-void SampleQuality(const QuantSpec& spec, const BlockInput& in, const uint8_t* rec,
-                   PreparedLayer::Sample* out) {
-  const int g = spec.block_tokens, d = spec.head_dim;
-  thread_local std::vector<float> k, v;
-  k.resize(static_cast<size_t>(g) * d);
-  v.resize(k.size());
-  DequantizeBlock(spec, rec, in.token_norms, k.data(), v.data());
-  double ek = 0, rk = 0, ev = 0, rv = 0;
-  for (int t = 0; t < g; ++t) {
-    for (int c = 0; c < d; ++c) {
-      const double xk = in.k[t * in.row_stride + c], xv = in.v[t * in.row_stride + c];
-      ek += (k[t * d + c] - xk) * (k[t * d + c] - xk), rk += xk * xk;
-      ev += (v[t * d + c] - xv) * (v[t * d + c] - xv), rv += xv * xv;
-    }
-  }
-  out->k_rel_error = rk > 0 ? ek / rk : 0;
-  out->v_rel_error = rv > 0 ? ev / rv : 0;
-}
-
-Status WithLayerHead(int l, int h, const Status& s) {
-  return Status(s.code(), internal::StrCat("layer ", l, ", head ", h, ": ", s.message()));
-}
-
-}  // namespace
 
 KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
                        std::vector<LayerPlan> plans, EvictionSettings eviction)
@@ -166,6 +32,11 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
     const QuantSpec& first = plan.head_specs[0];
     const bool norms = TraitsOf(first.method).needs_token_norms && !plan.lossless;
     KVCTL_CHECK(!(norms && eviction_.enabled));  // ValidateBudgetConfig refuses OScaR + eviction.
+    // With eviction the never-evicted first tokens stay fp16 rows, so records hold only tokens
+    // that can go and a record whose tokens all go is freed without touching its neighbours.
+    if (eviction_.enabled && !plan.lossless) {
+      plan.rules.sink_tokens = std::max<int>(plan.rules.sink_tokens, eviction_.sinks);
+    }
     const size_t norm_slot = norms ? static_cast<size_t>(first.block_tokens) * 4 : 4;
     auto layer = std::make_unique<LayerState>(pool, norm_slot);
     layer->row_dtype = plan.lossless ? geometry.dtype : DType::kF16;
@@ -180,313 +51,6 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
 }
 
 KvSequence::~KvSequence() = default;
-
-void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const KvTensorView& k,
-                             const KvTensorView& v, std::vector<float>* out_k,
-                             std::vector<float>* out_v) const {
-  const HeadStream& head = layer.heads[h];
-  const int d = geometry_.head_dim;
-  const int64_t old = head.count(), total = old + k.tokens;
-  out_k->resize(static_cast<size_t>(total - from) * d);
-  out_v->resize(out_k->size());
-  float* kd = out_k->data();
-  float* vd = out_v->data();
-  const int g = head.spec.block_tokens;
-  const int64_t rec_begin = head.sink_rows;
-  const int64_t rec_end = rec_begin + static_cast<int64_t>(head.records.size()) * g;
-  std::vector<float> bk, bv;
-  int64_t j = from;
-  for (; j < total; ++j, kd += d, vd += d) {
-    if (j < rec_begin || (j >= rec_end && j < old)) {
-      const uint8_t* slot = head.rows.Slot(j < rec_begin ? j : head.sink_rows + (j - rec_end));
-      LoadRow(slot, d, layer.row_dtype, kd);
-      LoadRow(slot + layer.row_bytes, d, layer.row_dtype, vd);
-    } else if (j < rec_end) {
-      const int64_t r = (j - rec_begin) / g, t = (j - rec_begin) % g;
-      if (t == 0 || bk.empty()) {
-        bk.resize(static_cast<size_t>(g) * d);
-        bv.resize(bk.size());
-        const float* norms =
-            layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
-        DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(), bv.data());
-      }
-      std::memcpy(kd, &bk[t * d], sizeof(float) * d);
-      std::memcpy(vd, &bv[t * d], sizeof(float) * d);
-    } else {
-      k.LoadRow(j - old, h, kd);
-      v.LoadRow(j - old, h, vd);
-    }
-    if (!layer.plan.lossless) {
-      // Rows wait as fp16 before they are quantized (and decoded tokens re-enter as fp16).
-      for (int i = 0; i < d; ++i) kd[i] = RoundToHalf(kd[i]), vd[i] = RoundToHalf(vd[i]);
-    }
-  }
-}
-
-Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvTensorView& k,
-                                      const KvTensorView& v, const KvTensorView* q,
-                                      PreparedLayer* out) const {
-  const LayerState& layer = *layers_[l];
-  const int n = static_cast<int>(ctx.n);
-  const int heads = geometry_.kv_heads, d = geometry_.head_dim;
-  const bool lossless = layer.plan.lossless;
-  const StreamingRules& rules = layer.plan.rules;
-  const EvictionSettings& ev = eviction_;
-  out->heads.assign(heads, {});
-
-  // Query rows: the kept ones, then this append's (fp32).
-  const int qh = geometry_.q_heads;
-  const size_t q_row = static_cast<size_t>(qh) * d;
-  out->q_rows = layer.q_rows;
-  out->q_count = layer.q_count;
-  out->h2o_pending = layer.h2o_pending;
-  if (q == nullptr) {
-    // Rows kept from earlier appends no longer end at the newest token: drop them.
-    out->q_rows.clear();
-    out->q_count = out->h2o_pending = 0;
-  } else if (ev.enabled) {
-    out->q_rows.resize((out->q_count + n) * q_row);
-    for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < qh; ++h)
-        q->LoadRow(t, h, &out->q_rows[(out->q_count + t) * q_row + h * d]);
-    }
-    out->q_count += n;
-    if (ev.policy == EvictPolicy::kH2O) out->h2o_pending += n;
-  }
-  // The last `rows` query rows as the [rows, g, D] group of KV head h.
-  auto group = [&](int64_t rows, int h) -> StatusOr<KvTensorView> {
-    const KvTensorView all = KvTensorView::Contiguous(
-        out->q_rows.data() + (out->q_count - rows) * q_row, DType::kF32, rows, qh, d);
-    return QueryGroup(all, heads, h);
-  };
-  const bool have_q = ev.enabled && out->q_count > 0;
-  const int64_t obs = std::min<int64_t>(ev.obs_window, out->q_count);
-
-  // Each head's tokens in fp32, decoded only when scoring needs them.
-  std::vector<std::vector<float>> all_k(heads), all_v(heads);
-  std::vector<bool> have_all(heads, false);
-  auto full = [&](int h) {
-    if (!have_all[h]) Materialize(layer, h, 0, k, v, &all_k[h], &all_v[h]);
-    have_all[h] = true;
-    return KeyRows{all_k[h].data(), layer.heads[h].count() + n, d};
-  };
-
-  // Budgets of this append: the layer's share, split over heads by the (re)allocator.
-  std::vector<int64_t> budget(heads, 0);
-  if (ev.enabled) {
-    out->layer_budget = ctx.layer_budgets[l];
-    out->realloc = layer.realloc;
-    out->has_utility = layer.has_utility;
-    if (!out->realloc || out->realloc->params().layer_budget != out->layer_budget) {
-      KVCTL_ASSIGN_OR_RETURN(
-          HeadReallocator r,
-          HeadReallocator::Create({.heads = heads,
-                                   .layer_budget = out->layer_budget,
-                                   .floor = ev.floor,
-                                   .ema = ev.realloc_ema,
-                                   .period = std::max<int64_t>(1, ev.realloc_period)}));
-      if (out->has_utility) KVCTL_RETURN_IF_ERROR(r.Update(out->realloc->smoothed_utility()));
-      out->realloc = std::move(r);
-    }
-    for (int h = 0; h < heads; ++h) budget[h] = out->realloc->budgets()[h];
-  }
-  auto over = [&](int h) { return layer.heads[h].count() + n > budget[h]; };
-  bool any_over = false;
-  for (int h = 0; ev.enabled && h < heads; ++h) any_over |= over(h);
-
-  // H2O: fold the pending queries into every head's accumulated attention (at least once per
-  // compression period, and always before scoring).
-  const bool h2o = ev.enabled && ev.policy == EvictPolicy::kH2O;
-  if (h2o && out->h2o_pending > 0 &&
-      (any_over || ctx.realloc_due || out->h2o_pending >= ev.compression_period)) {
-    for (int h = 0; h < heads; ++h) {
-      PreparedHead& ph = out->heads[h];
-      ph.h2o = layer.heads[h].h2o;
-      KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(out->h2o_pending, h));
-      Status s = UpdateH2O(&ph.h2o, full(h), gq);
-      if (!s.ok()) return WithLayerHead(l, h, s);
-      ph.h2o_changed = true;
-    }
-    out->h2o_pending = 0;
-  }
-  auto h2o_of = [&](int h) -> const H2OState* {
-    return out->heads[h].h2o_changed ? &out->heads[h].h2o : &layer.heads[h].h2o;
-  };
-  const ProtectedRegions regions{.sinks = ev.sinks, .recent = ev.window};
-
-  // Online head re-allocation: utility = attention mass a head would win back with avg/4 more
-  // tokens, from the retained-mass curve of its own scorer.
-  if (ev.enabled && ctx.realloc_due && have_q) {
-    std::vector<double> utility(heads, 0.0);
-    for (int h = 0; h < heads; ++h) {
-      const KeyRows keys = full(h);
-      KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(obs, h));
-      StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, gq);
-      StatusOr<std::vector<float>> scores = ScoreHead(ev, keys, &gq, h2o_of(h), regions);
-      if (!mass.ok()) return WithLayerHead(l, h, mass.status());
-      if (!scores.ok()) return WithLayerHead(l, h, scores.status());
-      const std::vector<uint8_t> mask = ProtectedMask(keys.tokens, regions);
-      KVCTL_ASSIGN_OR_RETURN(RetainedMassCurve curve,
-                             ComputeRetainedMassCurve(*mass, *scores, mask));
-      utility[h] = HeadUtility(curve, budget[h], std::max<int64_t>(1, ctx.avg_budget / 4));
-    }
-    KVCTL_RETURN_IF_ERROR(out->realloc->Update(utility));
-    out->has_utility = true;
-    for (int h = 0; h < heads; ++h) budget[h] = out->realloc->budgets()[h];
-  }
-
-  const int sinks_target = lossless ? 0 : rules.sink_tokens;
-  for (int h = 0; h < heads; ++h) {
-    const HeadStream& head = layer.heads[h];
-    PreparedHead& ph = out->heads[h];
-    ph.budget = budget[h];
-    const int g = head.spec.block_tokens;
-    const int64_t old = head.count(), total = old + n;
-    const int records = static_cast<int>(head.records.size());
-    std::vector<uint8_t> keep;
-    if (ev.enabled && over(h)) {
-      const KeyRows keys = full(h);
-      const std::vector<uint8_t> mask = ProtectedMask(total, regions);
-      const int64_t protect = std::count(mask.begin(), mask.end(), uint8_t{1});
-      const int64_t target = std::max(protect, budget[h] - (ev.compression_period - 1));
-      std::optional<KvTensorView> gq;
-      if (have_q) {
-        KVCTL_ASSIGN_OR_RETURN(gq, group(obs, h));
-      }
-      StatusOr<std::vector<float>> scores =
-          ScoreHead(ev, keys, gq ? &*gq : nullptr, h2o_of(h), regions);
-      if (!scores.ok()) return WithLayerHead(l, h, scores.status());
-      StatusOr<std::vector<int64_t>> kept = SelectKeep(*scores, target, mask);
-      if (!kept.ok()) return WithLayerHead(l, h, kept.status());
-      ph.kept = std::move(*kept);
-      ph.evicted = true;
-      if (gq) {
-        StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, *gq);
-        if (!mass.ok()) return WithLayerHead(l, h, mass.status());
-        ph.retained = *RetainedMass(*mass, ph.kept);
-      }
-      if (h2o) {
-        if (!ph.h2o_changed) ph.h2o = head.h2o;
-        ph.h2o.acc.resize(static_cast<size_t>(total), 0.0);
-        KVCTL_RETURN_IF_ERROR(CompactH2O(&ph.h2o, ph.kept));
-        ph.h2o_changed = true;
-      }
-      keep.assign(static_cast<size_t>(total), 0);
-      for (int64_t j : ph.kept) keep[j] = 1;
-      const int64_t rec_end = head.sink_rows + static_cast<int64_t>(records) * g;
-      const uint64_t record_share = BlockLayoutOf(head.spec).record_bytes / g;
-      for (int64_t j = 0; j < total; ++j) {
-        if (keep[j]) continue;
-        ++ph.evicted_tokens;
-        const bool in_record = j >= head.sink_rows && j < rec_end && !lossless;
-        ph.evicted_bytes += in_record ? record_share : 2 * layer.row_bytes;
-      }
-    }
-
-    // Physical layout: sinks, records [0, r0) untouched, then every kept later token goes
-    // through the flush rule again.
-    ph.new_sinks = std::clamp(sinks_target - head.sink_rows, 0, n);
-    const int sinks_after = head.sink_rows + ph.new_sinks;
-    ph.r0 = records;
-    if (ph.evicted) {
-      for (int r = 0; r < records && ph.r0 == records; ++r) {
-        for (int t = 0; t < g; ++t) {
-          if (!keep[head.sink_rows + static_cast<int64_t>(r) * g + t]) {
-            ph.r0 = r;
-            break;
-          }
-        }
-      }
-    }
-    const int64_t from = sinks_after + static_cast<int64_t>(ph.r0) * g;
-    std::vector<float> src_k, src_v;
-    const float* sk;
-    const float* sv;
-    if (have_all[h]) {
-      sk = all_k[h].data() + from * d, sv = all_v[h].data() + from * d;
-    } else {
-      Materialize(layer, h, from, k, v, &src_k, &src_v);
-      sk = src_k.data(), sv = src_v.data();
-    }
-    for (int64_t j = from; j < total; ++j) {
-      if (ph.evicted && !keep[j]) continue;
-      ph.lk.insert(ph.lk.end(), sk + (j - from) * d, sk + (j - from + 1) * d);
-      ph.lv.insert(ph.lv.end(), sv + (j - from) * d, sv + (j - from + 1) * d);
-      ++ph.l_rows;
-    }
-    ph.flushed = lossless ? 0 : ph.l_rows / rules.flush_tokens * rules.flush_tokens;
-    ph.tail_after = ph.l_rows - ph.flushed;
-    ph.rows_after = sinks_after + ph.tail_after;
-    // Rows to write: the new sinks, then either the new tail tokens (nothing moved) or the whole
-    // new tail.
-    const bool untouched = !ph.evicted && ph.flushed == 0;
-    ph.write_start = head.sink_rows + (untouched ? head.tail_rows : 0);
-    const int first_tail = untouched ? head.tail_rows : ph.flushed;
-    std::vector<float> row(static_cast<size_t>(d));
-    auto put = [&](const float* kr, const float* vr) {
-      const size_t at = ph.rows.size();
-      ph.rows.resize(at + 2 * layer.row_bytes);
-      StoreRow(kr, d, layer.row_dtype, ph.rows.data() + at);
-      StoreRow(vr, d, layer.row_dtype, ph.rows.data() + at + layer.row_bytes);
-    };
-    for (int t = 0; t < ph.new_sinks; ++t) {
-      std::vector<float> vrow(static_cast<size_t>(d));
-      k.LoadRow(t, h, row.data());
-      v.LoadRow(t, h, vrow.data());
-      put(row.data(), vrow.data());
-    }
-    for (int t = first_tail; t < ph.l_rows; ++t) put(&ph.lk[t * d], &ph.lv[t * d]);
-  }
-
-  // Quantize the flushed rows. OScaR's norm spans the heads, which stay in lockstep (no eviction).
-  const QuantSpec& spec0 = layer.heads[0].spec;
-  const bool needs_norms = !lossless && TraitsOf(spec0.method).needs_token_norms;
-  if (needs_norms && out->heads[0].flushed > 0) {
-    const int flushed = out->heads[0].flushed;
-    std::vector<float> inter(static_cast<size_t>(flushed) * heads * d);
-    for (int h = 0; h < heads; ++h) {
-      KVCTL_CHECK(out->heads[h].flushed == flushed);
-      for (int t = 0; t < flushed; ++t) {
-        std::memcpy(&inter[(static_cast<size_t>(t) * heads + h) * d], &out->heads[h].lk[t * d],
-                    sizeof(float) * d);
-      }
-    }
-    out->norms.resize(static_cast<size_t>(flushed));
-    ComputeTokenNorms(KvTensorView::Contiguous(inter.data(), DType::kF32, flushed, heads, d),
-                      out->norms.data());
-  }
-  for (int h = 0; h < heads; ++h) {
-    PreparedHead& ph = out->heads[h];
-    if (ph.flushed == 0) continue;
-    const QuantSpec& spec = layer.heads[h].spec;
-    const int g = spec.block_tokens;
-    const size_t rb = BlockLayoutOf(spec).record_bytes;
-    ph.records.resize(rb * (ph.flushed / g));
-    for (int b = 0; b < ph.flushed / g; ++b) {
-      const BlockInput in{&ph.lk[static_cast<size_t>(b) * g * d],
-                          &ph.lv[static_cast<size_t>(b) * g * d], d,
-                          needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};
-      uint8_t* rec = ph.records.data() + b * rb;
-      Status s = QuantizeBlock(spec, in, rec);
-      if (!s.ok()) return WithLayerHead(l, h, s);
-      const size_t index = static_cast<size_t>(ph.r0) + static_cast<size_t>(b);
-      if (geometry_.quality_sample_period > 0 &&
-          index % static_cast<size_t>(geometry_.quality_sample_period) == 0) {
-        out->samples.push_back({h, 0, 0});
-        SampleQuality(spec, in, rec, &out->samples.back());
-      }
-    }
-  }
-
-  // Keep the observation window (and h2o's unfolded rows) of queries.
-  if (ev.enabled) {
-    const int64_t keep_rows = std::min(out->q_count, std::max(ev.obs_window, out->h2o_pending));
-    out->q_rows.erase(out->q_rows.begin(),
-                      out->q_rows.begin() + (out->q_count - keep_rows) * q_row);
-    out->q_count = keep_rows;
-  }
-  return OkStatus();
-}
 
 Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView>& k,
                           const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q) {
@@ -547,7 +111,6 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
 
   AppendContext ctx;
   ctx.n = n;
-  ctx.first_position = first_position;
   if (eviction_.enabled) {
     ctx.avg_budget = AverageBudget(eviction_, tokens_ + n);
     KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets, LayerBudgets(eviction_, layers, geometry_.kv_heads,
@@ -587,7 +150,7 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
       const HeadStream& head = layer.heads[h];
       const PreparedHead& ph = p.heads[h];
       pages += head.rows.PagesNeeded(ph.rows_after);
-      pages += head.records.PagesNeeded(ph.r0 + ph.records.size() / head.records.slot_bytes());
+      pages += head.records.PagesNeeded(ph.record_plan.size());
     }
     if (!p.norms.empty()) {
       const size_t per_slot = layer.norms.slot_bytes() / 4;
@@ -612,12 +175,21 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
     for (int h = 0; h < geometry_.kv_heads; ++h) {
       HeadStream& head = layer.heads[h];
       PreparedHead& ph = p.heads[h];
+      // Records move only down (a kept record lands at or before its old slot), so in order
+      // every source is read before its slot is overwritten; shrink only after moving.
       const size_t rb = head.records.slot_bytes();
-      const size_t new_records = ph.records.size() / rb;
-      head.records.Resize(ph.r0 + new_records, &reserved);
-      for (size_t i = 0; i < new_records; ++i) {
-        std::memcpy(head.records.Slot(ph.r0 + i), ph.records.data() + i * rb, rb);
+      const size_t final_records = ph.record_plan.size();
+      if (final_records > head.records.size()) head.records.Resize(final_records, &reserved);
+      size_t fresh = 0;
+      for (size_t i = 0; i < final_records; ++i) {
+        const int src = ph.record_plan[i];
+        if (src < 0) {
+          std::memcpy(head.records.Slot(i), ph.records.data() + fresh++ * rb, rb);
+        } else if (static_cast<size_t>(src) != i) {
+          std::memcpy(head.records.Slot(i), head.records.Slot(src), rb);
+        }
       }
+      if (final_records < head.records.size()) head.records.Resize(final_records, &reserved);
       head.rows.Resize(ph.rows_after, &reserved);
       const size_t slot = head.rows.slot_bytes();
       for (size_t i = 0; i < ph.rows.size() / slot; ++i) {
@@ -633,6 +205,7 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
         head.positions = std::move(kept_positions);
         head.usage.evicted_tokens += ph.evicted_tokens;
         head.usage.evicted_bytes += ph.evicted_bytes;
+        head.usage.requantized_tokens += ph.decoded_tokens;
         ++head.usage.compressions;
         if (ph.retained >= 0) {
           ++head.usage.retained_samples;

@@ -70,10 +70,12 @@ struct HeadUsage {
   int k_bits = 16, v_bits = 16;
   uint64_t quality_samples = 0;
   double k_rel_error_sum = 0, v_rel_error_sum = 0;  // Sum over samples of ||x - x^||^2 / ||x||^2.
-  int64_t budget = 0;             // Token cap after the last append; 0 = no eviction.
-  uint64_t evicted_tokens = 0;    // Tokens evicted so far.
-  uint64_t evicted_bytes = 0;     // Payload bytes those tokens held (fp16 rows for new tokens).
-  uint64_t compressions = 0;      // Appends that evicted from this head.
+  int64_t budget = 0;           // Token cap after the last append; 0 = no eviction.
+  uint64_t evicted_tokens = 0;  // Tokens evicted so far.
+  uint64_t evicted_bytes = 0;   // Payload bytes those tokens held (fp16 rows for new tokens).
+  uint64_t compressions = 0;    // Appends that evicted from this head.
+  // Kept tokens that compaction decoded out of records: they are quantized again (error compounds).
+  uint64_t requantized_tokens = 0;
   uint64_t retained_samples = 0;  // Evictions with queries, and the sum of the attention mass of
   double retained_mass_sum = 0;   // the observation queries that the kept tokens hold.
 };

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -14,6 +16,8 @@
 #include "controller/budget_config.h"
 #include "controller/config.h"
 #include "controller/kv_sequence.h"
+#include "policies/ratequant.h"
+#include "policies/ratequant_fit.h"
 #include "policies/reasonalloc.h"
 
 namespace kvctl {
@@ -307,6 +311,8 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
     CHECK(pool->Stats().pages_used == ExpectedPages(seq, layers, kv_heads, row_slot, page));
   }
   CHECK(budgets_differ);  // Re-allocation moved budget between heads.
+  // SnapKV drops tokens from the middle of records: their kept neighbours were re-quantized.
+  CHECK(seq.HeadUsageOf(0, 0).requantized_tokens > 0);
   CHECK(seq.Usage().evicted_tokens > 0);
   // Freeing: an unbounded twin of the same stream holds more pages.
   auto pool2 = MakePool(8 << 20, page);
@@ -372,6 +378,80 @@ Config WithToml(const std::string& toml) {
   INFO(s.ToString());
   REQUIRE(s.ok());
   return c;
+}
+
+TEST_CASE("Eviction: whole-record evictions move records without re-quantizing them",
+          "[controller][evict]") {
+  // KIVI 2-bit records of 8 tokens flushed at 8; sinks (4, kept as fp16 rows) and window 8;
+  // budget 36 with period 8: every compression drops the 8 oldest candidates = one whole record.
+  const int d = 32, total = 70;
+  const Stream s(1, total, 1, 2, d, 13);
+  const size_t page = 4096;
+  auto pool = MakePool(4 << 20, page);
+  EvictionSettings settings = Settings(EvictPolicy::kStreaming, 36, 4, 8, 8);
+  settings.compression_period = 8;
+  KvSequence seq(pool.get(),
+                 {.layers = 1, .kv_heads = 1, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
+                 Plans(1, 1, QuantMethod::kKivi, d, false, 8, 8, 0), settings);
+  std::map<int64_t, std::vector<float>> decoded;  // Position -> decoded K row, once quantized.
+  for (int t = 0; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1, false).ok());
+    INFO("token " << t);
+    const HeadBlocks b = seq.Blocks(0, 0);
+    CHECK(b.sink_rows == std::min(4u, static_cast<uint32_t>(t + 1)));
+    const DenseKv dense = seq.FetchDense(0, 1);
+    CHECK(dense.counts[0] <= 36);
+    for (uint32_t i = b.sink_rows; i < b.sink_rows + b.records * 8; ++i) {
+      const std::vector<float> row(dense.k.begin() + i * d, dense.k.begin() + (i + 1) * d);
+      auto [it, inserted] = decoded.emplace(dense.positions[i], row);
+      CHECK(it->second == row);  // A kept record decodes to the same values as before.
+    }
+    CHECK(pool->Stats().pages_used == ExpectedPages(seq, 1, 1, 2 * d * 2, page));
+  }
+  CHECK(seq.HeadUsageOf(0, 0).evicted_tokens > 0);
+  CHECK(seq.HeadUsageOf(0, 0).requantized_tokens == 0);  // Records moved, never decoded.
+  CHECK(seq.HeadUsageOf(0, 0).evicted_bytes % (BlockLayoutOf(seq.HeadSpec(0, 0)).record_bytes) ==
+        0);
+}
+
+TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant profile",
+          "[controller][config][evict]") {
+  RateQuantFit fit;
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
+  REQUIRE(spec.ok());
+  fit.spec = *spec;
+  fit.layers = 1;
+  fit.kv_heads = 2;
+  fit.bits = {2, 4};
+  fit.beta = fit.beta_k = fit.beta_v = fit.beta_k_only = fit.beta_v_only = 4;
+  for (int h = 0; h < 2; ++h) {
+    for (UnitKind kind : {UnitKind::kKey, UnitKind::kValue}) {
+      RateQuantUnit unit;
+      unit.head = h;
+      unit.kind = kind;
+      unit.alpha = h == 0 ? 1.0 : 100.0;
+      fit.units.push_back(unit);
+    }
+  }
+  REQUIRE(ValidateRateQuantFit(fit).ok());
+  const std::string path = "/tmp/kvctl-evtest-" + std::to_string(getpid()) + ".toml";
+  std::ofstream(path) << FormatRateQuantProfile(fit);
+  Config c = WithToml(
+      "[quant]\nmethod = \"kivi\"\n[budget]\nmode = \"quant-only\"\navg_bits = "
+      "4.0\nprofile = \"" +
+      path + "\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  std::vector<LayerPlan> plans = Plans(1, 2, QuantMethod::kKivi, 32, false);
+  REQUIRE(ApplyQuantOnlyBits(c, {1, 2, 0, 32, 0}, &plans).ok());
+  // kivi at head_dim 32 costs 3 b/e at 2 bits and 5 at 4: a 4.0 budget lifts the head with the
+  // larger alpha only.
+  CHECK(plans[0].head_specs[0].k_bits == 2);
+  CHECK(plans[0].head_specs[0].v_bits == 2);
+  CHECK(plans[0].head_specs[1].k_bits == 4);
+  CHECK(plans[0].head_specs[1].v_bits == 4);
+  const Status wrong = ApplyQuantOnlyBits(c, {2, 2, 0, 32, 0}, &plans);
+  CHECK(wrong.message().find("fitted for 1 layers") != std::string::npos);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("Budget config: bad combinations name the key, the value and what was expected",
