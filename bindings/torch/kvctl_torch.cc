@@ -394,6 +394,11 @@ std::tuple<Tensor, Tensor> Attend(const QuantSpec& spec, const std::vector<HeadI
   return {out, lse};
 }
 
+// q's shape, checked before head_dim is read from it.
+void CheckQueryShape(const Tensor& q) {
+  TORCH_CHECK_VALUE(q.dim() == 2, "q: expected [q_heads, head_dim], got shape ", q.sizes());
+}
+
 // q: [Hq, D] of any float dtype, Hq a multiple of num_heads. Returns fp32 contiguous.
 Tensor QueryRows(const Tensor& q, int64_t num_heads) {
   CheckDevice(q, "q");
@@ -414,6 +419,7 @@ std::tuple<Tensor, Tensor> DecodeAttentionOp(const Tensor& q, const Tensor& reco
                                              int64_t v_bits, double scale, int64_t block_tokens,
                                              int64_t k_group_tokens, int64_t v_group_channels,
                                              const OptTensor& token_norms, int64_t splits) {
+  CheckQueryShape(q);
   const QuantSpec spec =
       SpecFrom(method, q.size(-1), k_bits, v_bits, block_tokens, k_group_tokens, v_group_channels);
   const uint8_t* rp = CheckRecords(records, spec);
@@ -477,6 +483,7 @@ std::tuple<Tensor, Tensor> PagedDecodeAttentionOp(
     c10::string_view method, int64_t k_bits, int64_t v_bits, double scale, int64_t block_tokens,
     int64_t k_group_tokens, int64_t v_group_channels, const OptTensor& norm_offsets,
     int64_t splits) {
+  CheckQueryShape(q);
   const QuantSpec spec =
       SpecFrom(method, q.size(-1), k_bits, v_bits, block_tokens, k_group_tokens, v_group_channels);
   CheckDevice(pool, "pool");

@@ -193,6 +193,8 @@ def test_torch_ops_errors_name_the_argument():
     raises(ValueError, "records: dtype", ops.decode_attention, q, rec.float(), None, None, "kivi")
     raises(ValueError, "records: expected [heads, blocks, ", ops.decode_attention, q, rec, None,
            None, "kivi", 4, 4)
+    raises(ValueError, "q: expected [q_heads, head_dim]", ops.decode_attention, q[0], rec, None,
+           None, "kivi")
     raises(ValueError, "q: q_heads 5", ops.decode_attention, torch.randn(5, dim), rec, None, None,
            "kivi")
     raises(ValueError, "q: non-finite", ops.decode_attention, q * float("nan"), rec, None, None,
@@ -297,3 +299,35 @@ def test_torch_ops_pool_views_feed_fused_attention_without_copies(daemon_factory
             c.append(1, k[:, total:], v[:, total:])
     c.close(1)
     view.close()
+
+
+def test_kvbench_attention_json_smoke():
+    """kvbench attention --quick --json (the kvbench next to the daemon under test): fused and
+    both fp32 baselines ran, the baselines agree, every field is sane."""
+    import json
+    import os
+    import subprocess
+
+    from helpers import kvctl_binary
+
+    kvbench = os.path.join(os.path.dirname(kvctl_binary()), "kvbench")
+    if not os.access(kvbench, os.X_OK):
+        pytest.skip("kvbench not built next to %s" % kvctl_binary())
+    run = subprocess.run([kvbench, "attention", "--quick", "--json", "--threads", "1",
+                          "--geometries", "smollm2", "--methods", "kivi,kvarn"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["threads"] == 1 and len(report["rows"]) == 1
+    row = report["rows"][0]
+    assert (row["tokens"], row["kv_heads"], row["q_heads"], row["head_dim"]) == (4096, 3, 9, 64)
+    assert row["simd_fp32_us"] > 0
+    if report["torch"] is not None:  # kvbench linked libtorch: the SDPA baseline ran and agrees.
+        assert row["torch_sdpa_fp32_us"] > 0 and row["simd_vs_sdpa_max_rel_diff"] < 1e-3
+    assert [f["method"] for f in row["fused"]] == ["kivi", "kvarn"]
+    for f in row["fused"]:
+        assert f["us"] > 0 and f["quantized_tokens"] + f["window_tokens"] == 4096
+        assert 0 < f["max_rel_err_vs_fp32"] < 3  # 2-bit error on heavy-tailed V, not garbage.
+    bad = subprocess.run([kvbench, "attention", "--bits", "5"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 1 and "--bits: got 5" in bad.stderr
