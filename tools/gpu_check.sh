@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh: the whole GPU check in one run, sized for 5 minutes on an H100/H200 with 16
 # cores (docs/gpu.md). Steps, each under its own timeout and all under one overall budget:
-#   1. configure a CUDA build (KVCTL_CUDA=ON, only the GPU's own architecture) in $BUILD;
+#   1. configure a CUDA build (KVCTL_CUDA=ON, only the GPU's own architecture) in $BUILD, or, if
+#      the full project does not configure, the minimal tools/gpu_check project in $BUILD-min;
 #   2. build only kernels_cuda_test, kernels_warp_emu_test and kvbench_cuda;
 #   3. run the [cuda] tests (GPU vs the CPU reference) and the warp emulation test;
 #   4. kvbench_cuda: copy bandwidth, quantize throughput, fused attention at 8K/32K/128K;
@@ -15,7 +16,8 @@
 #   KVCTL_GPU_CHECK_QUICK=1 tools/gpu_check.sh   # smoke run: 8K only, fewer methods
 # Environment: OUT (result folder), KVCTL_GPU_BUILD (build dir, default build-gpu), KVCTL_JOBS
 # (default 16), KVCTL_CUDA_ARCH (default: from nvidia-smi, else "80;90"), KVCTL_GPU_CHECK_BUDGET
-# (seconds, default 285).
+# (seconds, default 285), KVCTL_GPU_CHECK_MINIMAL=1 (skip the full project: build with
+# tools/gpu_check/CMakeLists.txt, which needs only nvcc, Catch2 v2 and threads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -25,6 +27,7 @@ RESULTS=${OUT:-$ROOT/results}
 JOBS=${KVCTL_JOBS:-16}
 BUDGET=${KVCTL_GPU_CHECK_BUDGET:-285}
 QUICK=${KVCTL_GPU_CHECK_QUICK:-0}
+MINIMAL=${KVCTL_GPU_CHECK_MINIMAL:-0}
 mkdir -p "$RESULTS"
 LOG=$RESULTS/gpu_check.log
 STEPS=$RESULTS/gpu_check_steps.tsv
@@ -81,9 +84,25 @@ ARCH=${ARCH:-80;90}
 say "CUDA architectures: $ARCH; build dir: $BUILD; results: $RESULTS"
 
 # --- build -----------------------------------------------------------------------------------
-run configure 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVCTL_CUDA=ON \
-  -DKVCTL_TORCH=OFF "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
-if [ "$(step_rc configure)" = 0 ]; then
+# The full project first; if it does not configure (a GPU box without the daemon's packages),
+# tools/gpu_check/CMakeLists.txt builds the same three targets from the same folder CMake files.
+CONFIGURED=""
+if [ "$MINIMAL" != 1 ]; then
+  run configure 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVCTL_CUDA=ON \
+    -DKVCTL_TORCH=OFF "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
+  if [ "$(step_rc configure)" = 0 ]; then
+    CONFIGURED=full
+  else
+    say "the full project did not configure (see $LOG); trying tools/gpu_check (kernels only)"
+  fi
+fi
+if [ -z "$CONFIGURED" ]; then
+  BUILD=$BUILD-min
+  run configure_minimal 90 cmake -S tools/gpu_check -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+    -DKVCTL_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
+  [ "$(step_rc configure_minimal)" = 0 ] && CONFIGURED=minimal
+fi
+if [ -n "$CONFIGURED" ]; then
   run build 200 cmake --build "$BUILD" -j "$JOBS" --target kernels_cuda_test kernels_warp_emu_test \
     kvbench_cuda
 fi
