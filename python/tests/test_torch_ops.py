@@ -331,3 +331,44 @@ def test_kvbench_attention_json_smoke():
     bad = subprocess.run([kvbench, "attention", "--bits", "5"], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 1 and "--bits: got 5" in bad.stderr
+
+
+def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, workdir,
+                                                    monkeypatch):
+    """A [[quant.override]] gives head 1 of layer 0 its own widths (its own layout in the blocks
+    reply): layer_attention attends that head separately and still matches SDPA."""
+    import os
+
+    from helpers import kvctl_binary
+
+    config = os.path.join(workdir, "override.toml")
+    with open(config, "w") as f:
+        f.write('[quant]\nmethod = "kvarn"\n\n[[quant.override]]\nlayer = 0\nhead = 1\n'
+                'k_bits = 4\nv_bits = 4\n')
+    wrapper = os.path.join(workdir, "kvctl-with-config.sh")
+    with open(wrapper, "w") as f:
+        f.write('#!/bin/sh\nexec "%s" --config "%s" "$@"\n' % (kvctl_binary(), config))
+    os.chmod(wrapper, 0o755)
+    monkeypatch.setenv("KVCTL_BIN", wrapper)
+    layers, heads, g, dim = 2, 2, 2, 64
+    c = connect(daemon_factory(pool__bytes="64MiB"))
+    c.hello(layers, heads, dim, dtype="float16", q_heads=heads * g)
+    rng = np.random.default_rng(6)
+    total = 128 + 256 + 3
+    k = (rng.standard_normal((layers, total, heads, dim)) * 2).astype(np.float16)
+    v = rng.standard_normal((layers, total, heads, dim)).astype(np.float16)
+    c.open(1)
+    c.append(1, k, v)
+    blocks = c.fetch_blocks(1)
+    widths = [(blocks["layouts"][i]["k_bits"], blocks["layouts"][i]["v_bits"])
+              for i in blocks["layout_index"].tolist()]
+    assert widths == [(2, 2), (4, 4), (2, 2), (2, 2)], widths
+    fk, fv, _ = c.fetch(1, dtype="float32", stacked=True)
+    q = torch.randn(heads * g, dim)
+    with PoolView.from_client(c) as view:
+        for layer in range(layers):
+            out, lse = view.layer_attention(blocks, layer, q)
+            ref = reference(q, torch.from_numpy(fk[layer]), torch.from_numpy(fv[layer]), heads,
+                            1 / 8)
+            assert_close(out, lse, *ref, what="layer %d" % layer)
+    c.close(1)
