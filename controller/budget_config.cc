@@ -1,14 +1,12 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/budget_config.h"
 
-#include <toml++/toml.h>
-
 #include <algorithm>
 #include <cmath>
 
-#include "common/file_util.h"
+#include "policies/calib_profile.h"
+#include "policies/joint_planner.h"
 #include "policies/ratequant.h"
-#include "policies/ratequant_fit.h"
 #include "policies/reasonalloc.h"
 
 namespace kvctl {
@@ -25,28 +23,77 @@ int64_t EffectiveWindow(const EvictConfig& e) {
   return e.window > 0 ? e.window : std::max<int64_t>(8, EffectiveObsWindow(e));
 }
 
-// kvcalib writes [ratequant] and [reasonalloc] in one file; the RateQuant reader refuses foreign
-// tables, so it gets the text with the [reasonalloc] part blanked (line numbers stay right).
-StatusOr<RateQuantFit> LoadRateQuantFit(const std::string& path) {
-  KVCTL_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "budget.profile"));
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t end = std::min(text.find('\n', at), text.size());
-    if (std::string_view(text).substr(at, end - at).rfind("[reasonalloc]", 0) == 0) {
-      for (size_t i = at; i < text.size(); ++i) {
-        if (text[i] != '\n') text[i] = ' ';
-      }
-      break;
-    }
-    at = end + 1;
+// The kvcalib profile, with errors naming the key that pointed at it.
+StatusOr<CalibProfile> LoadProfile(const std::string& path) {
+  StatusOr<CalibProfile> profile = ReadCalibProfile(path);
+  if (!profile.ok()) {
+    return Status(profile.status().code(),
+                  StrCat("budget.profile: \"", path, "\": ", profile.status().message()));
   }
-  StatusOr<RateQuantFit> fit = ParseRateQuantProfile(text, path);
-  if (!fit.ok()) return InvalidArgument("budget.profile: ", fit.status().message());
-  return fit;
+  return profile;
 }
 
 double QuantOnlyBits(const BudgetConfig& b) {
   return b.avg_bits > 0 ? b.avg_bits : 16.0 * b.fp16_fraction;
+}
+
+// [evict] keys and the quantizers eviction runs with: shared by evict-only and joint.
+Status ValidateEvictKeys(const Config& c) {
+  const EvictConfig& e = c.evict;
+  const int64_t obs = EffectiveObsWindow(e), window = EffectiveWindow(e);
+  if ((e.policy == EvictPolicy::kSnapKV || e.policy == EvictPolicy::kRKV) && obs > window) {
+    return InvalidArgument("evict.obs_window: got ", obs, ", expected at most evict.window ",
+                           window, " (observing queries must belong to never-evicted tokens)");
+  }
+  if (e.kernel != 0 && e.kernel % 2 == 0) {
+    return InvalidArgument("evict.kernel: got ", e.kernel,
+                           ", expected an odd number (0 = the "
+                           "policy's default)");
+  }
+  // OScaR divides each token's K by one norm taken over every head of the layer, stored once per
+  // token: heads that keep different tokens cannot share it.
+  const char* mode = c.budget.mode == BudgetMode::kJoint ? "joint" : "evict-only";
+  auto refuse_oscar = [&](const QuantSettings& q, std::string_view where) -> Status {
+    if (q.lossless || q.method != QuantMethod::kOscar) return OkStatus();
+    return InvalidArgument(
+        "evict.policy: budget.mode = \"", mode, "\" cannot run with quant.method = \"oscar\"",
+        where,
+        ": OScaR's token norm spans every KV head of a layer, so one head cannot drop a token "
+        "alone; expected kivi, quarot, kvarn, fp16, quant.lossless = true, or budget.mode = "
+        "\"none\"");
+  };
+  KVCTL_RETURN_IF_ERROR(refuse_oscar(c.quant, ""));
+  for (const ModelConfig& m : c.models) {
+    KVCTL_RETURN_IF_ERROR(
+        refuse_oscar(EffectiveQuantSettings(c, &m), StrCat(" (model \"", m.name, "\")")));
+  }
+  return OkStatus();
+}
+
+Status ValidateJoint(const Config& c) {
+  const BudgetConfig& b = c.budget;
+  if ((b.bytes > 0) == (b.fp16_fraction > 0)) {
+    return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),
+                           " and budget.fp16_fraction ", b.fp16_fraction,
+                           ", expected exactly one of them > 0 with budget.mode = \"joint\"");
+  }
+  if (b.plan_tokens == 0) {
+    return InvalidArgument(
+        "budget.plan_tokens: got 0, expected the sequence length (tokens per head) the joint "
+        "plan is made for, > 0");
+  }
+  if (b.realloc_period != 0) {
+    return InvalidArgument("budget.realloc_period: got ", b.realloc_period,
+                           ", expected 0 with budget.mode = \"joint\" (the joint plan fixes "
+                           "every head's budget)");
+  }
+  if (b.profile.empty()) {
+    return InvalidArgument(
+        "budget.profile: got \"\", expected a kvcalib profile for budget.mode = "
+        "\"joint\"");
+  }
+  KVCTL_RETURN_IF_ERROR(LoadProfile(b.profile).status());
+  return ValidateEvictKeys(c);
 }
 
 Status ValidateEvictOnly(const Config& c) {
@@ -62,16 +109,7 @@ Status ValidateEvictOnly(const Config& c) {
                            " with budget.tokens_per_head ", b.tokens_per_head,
                            " also set, expected only one of them");
   }
-  const int64_t obs = EffectiveObsWindow(e), window = EffectiveWindow(e);
-  if ((e.policy == EvictPolicy::kSnapKV || e.policy == EvictPolicy::kRKV) && obs > window) {
-    return InvalidArgument("evict.obs_window: got ", obs, ", expected at most evict.window ",
-                           window, " (observing queries must belong to never-evicted tokens)");
-  }
-  if (e.kernel != 0 && e.kernel % 2 == 0) {
-    return InvalidArgument("evict.kernel: got ", e.kernel,
-                           ", expected an odd number (0 = the "
-                           "policy's default)");
-  }
+  const int64_t window = EffectiveWindow(e);
   if (b.tokens_per_head > 0 && b.tokens_per_head < e.sinks + window) {
     return InvalidArgument("budget.tokens_per_head: got ", b.tokens_per_head,
                            ", expected at least evict.sinks + evict.window = ", e.sinks + window);
@@ -93,61 +131,24 @@ Status ValidateEvictOnly(const Config& c) {
     }
     KVCTL_RETURN_IF_ERROR(LoadLayerDemand(b.profile).status());
   }
-  // OScaR divides each token's K by one norm taken over every head of the layer, stored once per
-  // token: heads that keep different tokens cannot share it.
-  auto refuse_oscar = [&](const QuantSettings& q, std::string_view where) -> Status {
-    if (q.lossless || q.method != QuantMethod::kOscar) return OkStatus();
-    return InvalidArgument(
-        "evict.policy: budget.mode = \"evict-only\" cannot run with quant.method = \"oscar\"",
-        where,
-        ": OScaR's token norm spans every KV head of a layer, so one head cannot drop a token "
-        "alone; expected kivi, quarot, kvarn, fp16, quant.lossless = true, or budget.mode = "
-        "\"none\"");
-  };
-  KVCTL_RETURN_IF_ERROR(refuse_oscar(c.quant, ""));
-  for (const ModelConfig& m : c.models) {
-    KVCTL_RETURN_IF_ERROR(
-        refuse_oscar(EffectiveQuantSettings(c, &m), StrCat(" (model \"", m.name, "\")")));
-  }
-  return OkStatus();
+  return ValidateEvictKeys(c);
 }
 
 }  // namespace
 
 StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path) {
-  KVCTL_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path, "budget.profile"));
-  toml::table root;
-  try {
-    root = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    return InvalidArgument("budget.profile: ", path, ":", e.source().begin.line, ": ",
-                           e.description());
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadProfile(path));
+  if (!profile.demand) {
+    return InvalidArgument("budget.profile: \"", path,
+                           "\" has no [reasonalloc] table, expected a kvcalib fit profile made "
+                           "with queries (not --no-demand)");
   }
-  const toml::array* demand = root["reasonalloc"]["demand"].as_array();
-  if (demand == nullptr || demand->empty()) {
-    return InvalidArgument("budget.profile: ", path,
-                           " has no [reasonalloc] demand array, expected a kvcalib fit profile "
-                           "made with queries (not --no-demand)");
-  }
-  std::vector<double> out;
-  for (const toml::node& n : *demand) {
-    const std::optional<double> v = n.value<double>();
-    if (!v || !std::isfinite(*v) || *v <= 0) {
-      return InvalidArgument("budget.profile: ", path, ": reasonalloc.demand[", out.size(),
-                             "]: expected a finite number > 0");
-    }
-    out.push_back(*v);
-  }
-  return out;
+  return profile.demand->demand;
 }
 
 Status ValidateBudgetConfig(const Config& c) {
   const BudgetConfig& b = c.budget;
-  if (b.mode == BudgetMode::kJoint) {
-    return InvalidArgument(
-        "budget.mode: got \"joint\", expected none, quant-only or evict-only: this daemon has no "
-        "joint bytes -> (tokens, bits) planner yet");
-  }
+  if (b.mode == BudgetMode::kJoint) return ValidateJoint(c);
   if (b.bytes != 0) {
     return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),
                            ", expected 0 unless budget.mode = \"joint\" (evict-only budgets "
@@ -167,14 +168,15 @@ Status ValidateBudgetConfig(const Config& c) {
           "budget.profile: got \"\", expected a kvcalib profile with a "
           "[ratequant] table for budget.mode = \"quant-only\"");
     }
-    KVCTL_RETURN_IF_ERROR(LoadRateQuantFit(b.profile).status());
+    KVCTL_RETURN_IF_ERROR(LoadProfile(b.profile).status());
   }
   return OkStatus();
 }
 
-StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape& shape) {
+StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape& shape,
+                                           const std::vector<int64_t>& head_caps) {
   EvictionSettings s;
-  if (c.budget.mode != BudgetMode::kEvictOnly) return s;
+  if (c.budget.mode != BudgetMode::kEvictOnly && c.budget.mode != BudgetMode::kJoint) return s;
   const BudgetConfig& b = c.budget;
   const EvictConfig& e = c.evict;
   s.enabled = true;
@@ -207,7 +209,14 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   const int64_t protect = s.sinks + s.window;
   s.floor = std::max<int64_t>(b.floor > 0 ? b.floor : StarvationFloor(s.window, b.tokens_per_head),
                               protect);
-  if (b.tokens_per_head > 0 && b.tokens_per_head < s.floor) {
+  if (c.budget.mode == BudgetMode::kJoint) {
+    if (head_caps.size() != static_cast<size_t>(shape.layers) * shape.kv_heads) {
+      return Internal("joint: ", head_caps.size(), " head caps for ", shape.layers, " x ",
+                      shape.kv_heads, " heads");
+    }
+    s.head_caps = head_caps;
+    for (int64_t& cap : s.head_caps) cap = std::max(cap, s.floor);
+  } else if (b.tokens_per_head > 0 && b.tokens_per_head < s.floor) {
     return InvalidArgument("budget.tokens_per_head: got ", b.tokens_per_head,
                            ", expected at least ", s.floor, " for this session: the floor is max(",
                            "budget.floor or the starvation floor, sinks ", s.sinks, " + window ",
@@ -223,30 +232,60 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   return s;
 }
 
-Status ApplyQuantOnlyBits(const Config& c, const SequenceShape& shape,
-                          std::vector<LayerPlan>* plans) {
-  if (c.budget.mode != BudgetMode::kQuantOnly) return OkStatus();
-  KVCTL_ASSIGN_OR_RETURN(RateQuantFit fit, LoadRateQuantFit(c.budget.profile));
+Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vector<LayerPlan>* plans,
+                         std::vector<int64_t>* head_caps) {
+  const BudgetMode mode = c.budget.mode;
+  if (mode != BudgetMode::kQuantOnly && mode != BudgetMode::kJoint) return OkStatus();
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadProfile(c.budget.profile));
+  const RateQuantFit& fit = profile.fit;
   if (fit.layers != shape.layers || fit.kv_heads != shape.kv_heads ||
       fit.spec.head_dim != shape.head_dim) {
     return InvalidArgument("budget.profile: fitted for ", fit.layers, " layers x ", fit.kv_heads,
                            " KV heads x head_dim ", fit.spec.head_dim, ", expected the session's ",
                            shape.layers, " x ", shape.kv_heads, " x ", shape.head_dim);
   }
-  RateQuantPlanOptions options;
-  options.budget_bpe = QuantOnlyBits(c.budget);
-  StatusOr<RateQuantPlan> plan = PlanRateQuant(fit, options);
-  if (!plan.ok()) return InvalidArgument("budget.avg_bits: ", plan.status().message());
-  for (const HeadPlan& hp : plan->heads) {
-    LayerPlan& lp = (*plans)[hp.layer];
-    if (lp.lossless) continue;
-    QuantSpec& spec = lp.head_specs[hp.head];
-    if (spec.method != fit.spec.method) {
+  for (const LayerPlan& lp : *plans) {
+    if (!lp.lossless && lp.head_specs[0].method != fit.spec.method) {
       return InvalidArgument("budget.profile: fitted for ", QuantMethodName(fit.spec.method),
-                             ", expected the session's quantizer ", QuantMethodName(spec.method));
+                             ", expected the session's quantizer ",
+                             QuantMethodName(lp.head_specs[0].method));
     }
-    spec.k_bits = hp.k_bits;
-    spec.v_bits = hp.v_bits;
+  }
+  // Widths (and, for joint, kept tokens) per (layer, head), in (layer, head) order.
+  std::vector<std::pair<int, int>> widths;
+  if (mode == BudgetMode::kQuantOnly) {
+    RateQuantPlanOptions options;
+    options.budget_bpe = QuantOnlyBits(c.budget);
+    StatusOr<RateQuantPlan> plan = PlanRateQuant(fit, options);
+    if (!plan.ok()) return InvalidArgument("budget.avg_bits: ", plan.status().message());
+    for (const HeadPlan& hp : plan->heads) widths.emplace_back(hp.k_bits, hp.v_bits);
+  } else {
+    JointProfileOptions o;
+    o.tokens = c.budget.plan_tokens;
+    o.sinks = std::max<int64_t>(c.evict.sinks, shape.quant_sinks);
+    o.window = EffectiveWindow(c.evict);
+    o.budget_bytes = static_cast<int64_t>(c.budget.bytes);
+    o.budget_fraction = c.budget.fp16_fraction;
+    o.min_tokens = c.budget.floor;
+    StatusOr<JointPlanInput> input = MakeJointInput(profile, o);
+    if (!input.ok()) return InvalidArgument("budget (joint): ", input.status().message());
+    StatusOr<JointPlan> plan = PlanJoint(*input, JointMode::kJoint);
+    if (!plan.ok()) {
+      return Status(plan.status().code(),
+                    StrCat("budget.bytes / budget.fp16_fraction (joint plan for ",
+                           c.budget.plan_tokens, " tokens): ", plan.status().message()));
+    }
+    for (const JointHeadPlan& hp : plan->heads) {
+      widths.emplace_back(hp.k_bits, hp.v_bits);
+      if (head_caps != nullptr) head_caps->push_back(hp.kept);
+    }
+  }
+  for (size_t i = 0; i < widths.size(); ++i) {
+    LayerPlan& lp = (*plans)[i / shape.kv_heads];
+    if (lp.lossless) continue;
+    QuantSpec& spec = lp.head_specs[i % shape.kv_heads];
+    spec.k_bits = widths[i].first;
+    spec.v_bits = widths[i].second;
     KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
   }
   return OkStatus();

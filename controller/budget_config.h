@@ -41,16 +41,21 @@ struct SequenceShape {
   int quant_sinks = 0;  // fp16 sink rows of the layers (0 when lossless).
 };
 
-// Eviction settings of a new sequence (enabled only in evict-only mode). INVALID_ARGUMENT when the
-// session cannot run them: no q_heads for a scorer that reads Q, a demand profile of another layer
-// count, or a token budget below the floor the fp16 sinks and window impose.
-StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceShape& shape);
+// Eviction settings of a new sequence (enabled in evict-only and joint). `head_caps` (joint only):
+// the per-head kept-token caps ApplyBudgetWidths returned. INVALID_ARGUMENT when the session
+// cannot run them: no q_heads for a scorer that reads Q, a demand profile of another layer count,
+// or a token budget below the floor the fp16 sinks and window impose.
+StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceShape& shape,
+                                           const std::vector<int64_t>& head_caps = {});
 
 // quant-only: replaces every head's k_bits / v_bits in `plans` with the RateQuant allocation of
-// budget.profile at the configured average bits. No-op in other modes. INVALID_ARGUMENT when the
-// profile's geometry or method differs from the sequence's.
-Status ApplyQuantOnlyBits(const Config& config, const SequenceShape& shape,
-                          std::vector<LayerPlan>* plans);
+// budget.profile at the configured average bits. joint: with the widths of the joint plan
+// (PlanJoint of budget.profile for budget.plan_tokens tokens at budget.bytes or
+// budget.fp16_fraction), and appends each head's kept-token cap to *head_caps (may be null).
+// No-op in other modes. INVALID_ARGUMENT when the profile's geometry or method differs from the
+// sequence's; RESOURCE_EXHAUSTED when the byte budget is below the cheapest joint plan.
+Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
+                         std::vector<LayerPlan>* plans, std::vector<int64_t>* head_caps);
 
 }  // namespace kvctl
 

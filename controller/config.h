@@ -86,6 +86,7 @@ struct BudgetConfig {
   int tokens_per_head = 0;    // Average kept tokens per (layer, KV head); 0 = use token_fraction.
   double token_fraction = 0;  // Kept tokens per head as a fraction of the tokens appended.
   uint64_t bytes = 0;         // Per-sequence byte budget (joint).
+  int plan_tokens = 0;        // joint: tokens per head the plan is made for.
   double fp16_fraction = 0;   // quant-only: average bits = 16 * fp16_fraction.
   double avg_bits = 0;        // quant-only: average bits per element, metadata included.
   LayerProfile layer_profile{};

@@ -370,7 +370,8 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "Budget lever of new sequences: none = keep every token at the [quant] widths; "
                   "quant-only = per-head widths from the RateQuant profile at budget.avg_bits; "
                   "evict-only = per-head token budgets enforced during APPEND by [evict]; joint "
-                  "= one byte budget split into tokens and bits (refused: no planner yet)."}),
+                  "= one byte budget split into per-head kept tokens and widths by the joint "
+                  "planner from budget.profile."}),
       Row<&Config::budget, &BudgetConfig::tokens_per_head>(
           {.key = "budget.tokens_per_head",
            .default_text = "0",
@@ -396,7 +397,17 @@ std::vector<ConfigOption> BuildSchema() {
            .max = 4 * kTiB,
            .flags = kRel,
            .env = "KVCTL_BUDGET_BYTES",
-           .doc = "joint: payload bytes one sequence may hold; 0 = unset. Other modes refuse it."}),
+           .doc = "joint: payload bytes one sequence may hold; 0 = use budget.fp16_fraction. "
+                  "Other modes refuse it."}),
+      Row<&Config::budget, &BudgetConfig::plan_tokens>(
+          {.key = "budget.plan_tokens",
+           .default_text = "0",
+           .min = 0,
+           .max = 16777216,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_PLAN_TOKENS",
+           .doc = "joint: the sequence length (tokens per head) the joint plan is made for; "
+                  "each head's kept-token cap and widths are fixed at OPEN from it."}),
       Row<&Config::budget, &BudgetConfig::fp16_fraction>(
           {.key = "budget.fp16_fraction",
            .default_text = "0.0",
@@ -405,7 +416,8 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_FP16_FRACTION",
            .doc = "quant-only: size as a fraction of fp16, i.e. average bits = 16 x this; "
-                  "0 = use budget.avg_bits."}),
+                  "0 = use budget.avg_bits. joint: the byte budget as this fraction of the fp16 "
+                  "bytes of budget.plan_tokens tokens."}),
       Row<&Config::budget, &BudgetConfig::avg_bits>(
           {.key = "budget.avg_bits",
            .default_text = "0.0",

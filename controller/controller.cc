@@ -32,9 +32,11 @@ SequenceShape ShapeOf(const ipc::Geometry& g, const StreamingRules& rules, bool 
                        lossless ? 0 : rules.sink_tokens};
 }
 
-// Builds every layer's plan for a new sequence from the config in force.
+// Builds every layer's plan for a new sequence from the config in force; joint budgets also give
+// each head's kept-token cap (into *head_caps when not null).
 StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::string& model,
-                                            const ipc::Geometry& g) {
+                                            const ipc::Geometry& g,
+                                            std::vector<int64_t>* head_caps = nullptr) {
   const QuantSettings q = EffectiveQuantSettings(config, FindModel(config, model));
   std::vector<LayerPlan> plans(g.layers);
   const bool lossless = q.lossless;
@@ -79,7 +81,7 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
       plans[l].head_specs.push_back(*spec);
     }
   }
-  KVCTL_RETURN_IF_ERROR(ApplyQuantOnlyBits(config, ShapeOf(g, rules, lossless), &plans));
+  KVCTL_RETURN_IF_ERROR(ApplyBudgetWidths(config, ShapeOf(g, rules, lossless), &plans, head_caps));
   return plans;
 }
 
@@ -246,11 +248,13 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     return AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
                          request.session_id);
   }
+  std::vector<int64_t> head_caps;
   KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
-                         PlanLayers(config_, session->model_name, session->geometry));
+                         PlanLayers(config_, session->model_name, session->geometry, &head_caps));
   const ipc::Geometry& g = session->geometry;
-  KVCTL_ASSIGN_OR_RETURN(EvictionSettings eviction,
-                         ResolveEviction(config_, ShapeOf(g, plans[0].rules, plans[0].lossless)));
+  KVCTL_ASSIGN_OR_RETURN(
+      EvictionSettings eviction,
+      ResolveEviction(config_, ShapeOf(g, plans[0].rules, plans[0].lossless), head_caps));
   auto entry = std::make_shared<SequenceEntry>();
   entry->opened = now;
   entry->seq = std::make_unique<KvSequence>(

@@ -111,7 +111,13 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
 
   AppendContext ctx;
   ctx.n = n;
-  if (eviction_.enabled) {
+  if (eviction_.enabled && !eviction_.head_caps.empty()) {
+    // Joint: fixed caps per head.
+    ctx.layer_budgets.assign(static_cast<size_t>(layers), 0);
+    for (size_t i = 0; i < eviction_.head_caps.size(); ++i) {
+      ctx.layer_budgets[i / geometry_.kv_heads] += eviction_.head_caps[i];
+    }
+  } else if (eviction_.enabled) {
     ctx.avg_budget = AverageBudget(eviction_, tokens_ + n);
     KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets, LayerBudgets(eviction_, layers, geometry_.kv_heads,
                                                            ctx.avg_budget, tokens_ + n));

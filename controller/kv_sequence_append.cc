@@ -132,7 +132,10 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
 
   // Budgets of this append: the layer's share, split over heads by the (re)allocator.
   std::vector<int64_t> budget(heads, 0);
-  if (ev.enabled) {
+  if (ev.enabled && !ev.head_caps.empty()) {
+    out->layer_budget = ctx.layer_budgets[l];
+    for (int h = 0; h < heads; ++h) budget[h] = ev.head_caps[static_cast<size_t>(l) * heads + h];
+  } else if (ev.enabled) {
     out->layer_budget = ctx.layer_budgets[l];
     out->realloc = layer.realloc;
     out->has_utility = layer.has_utility;

@@ -442,15 +442,87 @@ TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant pr
       path + "\"\n");
   REQUIRE(ValidateConfig(c).ok());
   std::vector<LayerPlan> plans = Plans(1, 2, QuantMethod::kKivi, 32, false);
-  REQUIRE(ApplyQuantOnlyBits(c, {1, 2, 0, 32, 0}, &plans).ok());
+  REQUIRE(ApplyBudgetWidths(c, {1, 2, 0, 32, 0}, &plans, nullptr).ok());
   // kivi at head_dim 32 costs 3 b/e at 2 bits and 5 at 4: a 4.0 budget lifts the head with the
   // larger alpha only.
   CHECK(plans[0].head_specs[0].k_bits == 2);
   CHECK(plans[0].head_specs[0].v_bits == 2);
   CHECK(plans[0].head_specs[1].k_bits == 4);
   CHECK(plans[0].head_specs[1].v_bits == 4);
-  const Status wrong = ApplyQuantOnlyBits(c, {2, 2, 0, 32, 0}, &plans);
+  const Status wrong = ApplyBudgetWidths(c, {2, 2, 0, 32, 0}, &plans, nullptr);
   CHECK(wrong.message().find("fitted for 1 layers") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+// A small KIVI fit (head_dim 32, widths 2 and 4): head 1's error is 100x head 0's.
+std::string WriteKiviProfile(int layers) {
+  RateQuantFit fit;
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
+  REQUIRE(spec.ok());
+  fit.spec = *spec;
+  fit.layers = layers;
+  fit.kv_heads = 2;
+  fit.bits = {2, 4};
+  fit.beta = fit.beta_k = fit.beta_v = fit.beta_k_only = fit.beta_v_only = 4;
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      for (UnitKind kind : {UnitKind::kKey, UnitKind::kValue}) {
+        RateQuantUnit unit;
+        unit.layer = l;
+        unit.head = h;
+        unit.kind = kind;
+        unit.alpha = h == 0 ? 1.0 : 100.0;
+        fit.units.push_back(unit);
+      }
+    }
+  }
+  REQUIRE(ValidateRateQuantFit(fit).ok());
+  static int counter = 0;
+  const std::string path =
+      "/tmp/kvctl-evtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".toml";
+  std::ofstream(path) << FormatRateQuantProfile(fit);
+  return path;
+}
+
+TEST_CASE("Budget config: joint plans per-head widths and token caps that the sequence enforces",
+          "[controller][config][evict]") {
+  const std::string path = WriteKiviProfile(1);
+  Config c = WithToml(
+      "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[budget]\nmode = "
+      "\"joint\"\nfp16_fraction = 0.15\nplan_tokens = 256\nprofile = \"" +
+      path + "\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  const SequenceShape shape{1, 2, 0, 32, 0};
+  std::vector<LayerPlan> plans = Plans(1, 2, QuantMethod::kKivi, 32, false, 0, 32, 0);
+  std::vector<int64_t> caps;
+  const Status applied = ApplyBudgetWidths(c, shape, &plans, &caps);
+  INFO(applied.ToString());
+  REQUIRE(applied.ok());
+  REQUIRE(caps.size() == 2);
+  StatusOr<EvictionSettings> ev = ResolveEviction(c, shape, caps);
+  REQUIRE(ev.ok());
+  CHECK(ev->head_caps == caps);
+  // 15% of fp16 cannot keep 256 tokens of both heads even at 2 bits (3 b/e = 19%): the plan
+  // evicts, and every cap keeps the protected sinks + window.
+  CHECK(caps[0] + caps[1] < 512);
+  for (int64_t cap : caps) CHECK(cap >= ev->floor);
+  auto pool = MakePool(4 << 20, 4096);
+  KvSequence seq(pool.get(), {.layers = 1, .kv_heads = 2, .head_dim = 32, .dtype = DType::kF32},
+                 plans, *ev);
+  const Stream s(1, 300, 2, 2, 32, 17);
+  for (int t = 0; t < 300; t += 20) REQUIRE(s.Append(seq, t, 20, false).ok());
+  for (int h = 0; h < 2; ++h) {
+    CHECK(seq.HeadUsageOf(0, h).tokens <= caps[h]);
+    CHECK(seq.HeadUsageOf(0, h).budget == caps[h]);
+  }
+  CHECK(seq.LayerBudget(0) == caps[0] + caps[1]);
+  // A budget below the cheapest plan is refused at OPEN time, naming the keys.
+  Config tiny = c;
+  tiny.budget.fp16_fraction = 0.001;
+  std::vector<LayerPlan> plans2 = Plans(1, 2, QuantMethod::kKivi, 32, false, 0, 32, 0);
+  const Status refused = ApplyBudgetWidths(tiny, shape, &plans2, nullptr);
+  CHECK(!refused.ok());
+  CHECK(refused.message().find("budget.bytes / budget.fp16_fraction") != std::string::npos);
   std::remove(path.c_str());
 }
 
@@ -460,7 +532,10 @@ TEST_CASE("Budget config: bad combinations name the key, the value and what was 
            {"[budget]\nmode = \"evict-only\"\n", "budget.tokens_per_head: got 0"},
            {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\ntoken_fraction = 0.5\n",
             "budget.token_fraction: got 0.5"},
-           {"[budget]\nmode = \"joint\"\n", "budget.mode: got \"joint\""},
+           {"[budget]\nmode = \"joint\"\n", "budget.bytes: got 0B and budget.fp16_fraction 0"},
+           {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\n", "budget.plan_tokens: got 0"},
+           {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\nplan_tokens = 512\n",
+            "budget.profile: got \"\""},
            {"[budget]\nbytes = \"1MiB\"\n", "budget.bytes: got 1MiB, expected 0 unless"},
            {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[quant]\nmethod = \"oscar\"\n",
             "cannot run with quant.method = \"oscar\""},
