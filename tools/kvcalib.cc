@@ -6,6 +6,9 @@
 //   kvcalib plan --profile P --budget-bpe X [--min-bits --max-bits --beta-override B
 //                --uniform-importance] [--layer-budget-tokens B --schedule demand|uniform|pyramid]
 //                [--json] [--overrides-toml FILE]
+//   kvcalib plan --profile P --mode joint|quant-only|evict-only --tokens T
+//                (--budget-bytes N | --budget-fraction F) [--window W --sinks S --min-tokens M
+//                --min-bits --max-bits ...] [--json]
 //   kvcalib dump-synthetic --out DIR [--sequences N --layers --heads ...]
 // Exit status: 0 on success, 1 on bad flags or input (one message on stderr), 2 when plan's
 // totals check fails.
@@ -114,8 +117,31 @@ CLI::App* AddPlanCommand(CLI::App& app, kvctl::PlanCommandOptions& o) {
       "profile, with the totals checked");
   cmd->add_option("--profile", o.profile, "Profile TOML written by kvcalib fit")->required();
   cmd->add_option("--budget-bpe", o.plan.quant.budget_bpe,
-                  "Average bits per element over K and V, metadata included")
-      ->required();
+                  "Average bits per element over K and V, metadata included (the b/e plan)");
+  // The joint planner (docs/joint_planner.md): one byte budget, tokens and widths per head.
+  cmd->add_option("--mode", o.mode,
+                  "Plan one byte budget with the joint planner: joint, quant-only or evict-only");
+  cmd->add_option("--budget-bytes", o.joint.budget_bytes, "--mode: bytes for all heads");
+  cmd->add_option("--budget-fraction", o.joint.budget_fraction,
+                  "--mode: budget as a fraction of the fp16 bytes of every token seen");
+  cmd->add_option("--tokens", o.joint.tokens, "--mode: tokens seen per head");
+  cmd->add_option("--sinks", o.joint.sinks, "--mode: fp16 sink tokens per head; -1 = method's")
+      ->capture_default_str();
+  cmd->add_option("--min-tokens", o.joint.min_tokens, "--mode: starvation floor per head")
+      ->capture_default_str();
+  cmd->add_option("--token-quantum", o.joint.token_quantum,
+                  "--mode: kept counts move in steps of this; 0 = block_tokens")
+      ->capture_default_str();
+  cmd->add_option("--evict-k-bits", o.joint.evict_k_bits, "--mode: evict-only K width; 0 = widest");
+  cmd->add_option("--evict-v-bits", o.joint.evict_v_bits, "--mode: evict-only V width; 0 = widest");
+  cmd->add_option("--eviction-scale", o.joint.eviction_scale,
+                  "--mode: distortion of a dropped token relative to a 0-bit one")
+      ->capture_default_str();
+  cmd->add_option("--kept-levels", o.joint.kept_levels, "--mode: kept counts per head in the hull")
+      ->capture_default_str();
+  cmd->add_option("--coverage-exponent", o.joint.coverage_exponent,
+                  "--mode: layer demand scales with (tokens / calibration length)^this")
+      ->capture_default_str();
   cmd->add_option("--min-bits", o.plan.quant.min_bits, "Lowest width allowed; 0 = no bound");
   cmd->add_option("--max-bits", o.plan.quant.max_bits, "Highest width allowed; 0 = no bound");
   cmd->add_option("--beta-override", o.plan.quant.beta_override,

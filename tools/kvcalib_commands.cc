@@ -207,12 +207,81 @@ int RunFitCommand(const FitCommandOptions& o, std::FILE* out, std::FILE* err) {
   return 0;
 }
 
+namespace {
+
+// plan --mode: the joint planner's byte budget.
+int RunJointPlan(const PlanCommandOptions& o, std::FILE* out, std::FILE* err) {
+  StatusOr<JointMode> mode = ParseJointMode(o.mode);
+  if (!mode.ok()) {
+    std::fprintf(err, "kvcalib plan: --%s\n", mode.status().message().c_str());
+    return 1;
+  }
+  const char* unused = o.plan.quant.budget_bpe != 0      ? "--budget-bpe"
+                       : o.plan.layer_budget_tokens != 0 ? "--layer-budget-tokens"
+                       : !o.overrides_toml.empty()       ? "--overrides-toml"
+                                                         : nullptr;
+  if (unused != nullptr) {
+    std::fprintf(err,
+                 "kvcalib plan: %s: not used with --mode, expected --budget-bytes or "
+                 "--budget-fraction and --tokens\n",
+                 unused);
+    return 1;
+  }
+  if ((o.joint.budget_bytes > 0) == (o.joint.budget_fraction > 0)) {
+    std::fprintf(err,
+                 "kvcalib plan: --budget-bytes/--budget-fraction: expected exactly one of them "
+                 "with --mode\n");
+    return 1;
+  }
+  JointProfileOptions jo = o.joint;
+  jo.window = o.plan.window;
+  jo.min_bits = o.plan.quant.min_bits;
+  jo.max_bits = o.plan.quant.max_bits;
+  jo.beta_override = o.plan.quant.beta_override;
+  jo.uniform_importance = o.plan.quant.uniform_importance;
+  Clock::time_point t0 = Clock::now();
+  StatusOr<CalibProfile> profile = ReadCalibProfile(o.profile);
+  PlanReportInfo info{.profile = o.profile, .read_ms = Seconds(t0) * 1e3};
+  if (!profile.ok()) {
+    std::fprintf(err, "kvcalib plan: %s\n", profile.status().message().c_str());
+    return 1;
+  }
+  t0 = Clock::now();
+  StatusOr<KvcalibJointPlan> plan = BuildKvcalibJointPlan(*profile, *mode, jo);
+  info.plan_ms = Seconds(t0) * 1e3;
+  if (!plan.ok()) {
+    std::fprintf(err, "kvcalib plan: %s\n", plan.status().message().c_str());
+    return 1;
+  }
+  const std::string report =
+      o.json ? FormatJointPlanJson(*plan, info) : FormatJointPlanTable(*plan, info);
+  std::fputs(report.c_str(), out);
+  std::fflush(out);
+  if (!plan->ok()) {
+    std::fprintf(err,
+                 "kvcalib plan: budget check failed: achieved %.0f bytes for %.0f requested, "
+                 "expected within one allocation unit (%.0f bytes) below it\n",
+                 plan->check.achieved_bytes, plan->check.requested_bytes, plan->check.unit_bytes);
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int RunPlanCommand(const PlanCommandOptions& o, std::FILE* out, std::FILE* err) {
   if (o.overrides_table != "quant.override" && o.overrides_table != "model.override") {
     std::fprintf(err,
                  "kvcalib plan: --overrides-table: got '%s', expected quant.override or "
                  "model.override\n",
                  o.overrides_table.c_str());
+    return 1;
+  }
+  if (!o.mode.empty()) return RunJointPlan(o, out, err);
+  if (o.plan.quant.budget_bpe == 0) {
+    std::fprintf(err,
+                 "kvcalib plan: --budget-bpe: missing, expected a b/e budget (or --mode with "
+                 "--budget-bytes or --budget-fraction)\n");
     return 1;
   }
   Clock::time_point t0 = Clock::now();

@@ -24,9 +24,10 @@
 #include <vector>
 
 #include "common/status.h"
-#include "tools/kvcalib_data.h"
-#include "tools/kvcalib_plan.h"
 #include "policies/calib_profile.h"
+#include "tools/kvcalib_data.h"
+#include "tools/kvcalib_joint.h"
+#include "tools/kvcalib_plan.h"
 
 namespace kvctl {
 
@@ -71,13 +72,20 @@ int RunFitCommand(const FitCommandOptions& options, std::FILE* out, std::FILE* e
 struct PlanCommandOptions {
   std::string profile;
   KvcalibPlanOptions plan;
+  // Non-empty (joint, quant-only, evict-only): plan one byte budget with the joint planner
+  // (tools/kvcalib_joint.h) instead of a b/e budget; `joint` holds its options (budget, tokens,
+  // window; the width bounds, beta override and importance flags are copied from `plan.quant`).
+  std::string mode;
+  JointProfileOptions joint;
   bool json = false;
   std::string overrides_toml;                      // "" = do not write.
   std::string overrides_table = "quant.override";  // or model.override.
 };
 
 // Reads the profile, plans, prints the table or JSON; writes the overrides only when the checks
-// pass. Returns 0, 1 (bad input) or 2 (totals check failed; the report is still printed).
+// pass. Returns 0, 1 (bad input) or 2 (totals check failed; the report is still printed). With
+// `mode` the flags of the b/e plan (--budget-bpe, --layer-budget-tokens, --overrides-toml) are
+// refused, and --tokens with one of --budget-bytes / --budget-fraction is required.
 int RunPlanCommand(const PlanCommandOptions& options, std::FILE* out, std::FILE* err);
 
 struct DumpCommandOptions {

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "policies/ratequant.h"
 #include "policies/calib_profile.h"
+#include "policies/ratequant.h"
 
 namespace kvctl {
 

@@ -9,17 +9,20 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "controller/config.h"
+#include "policies/calib_profile.h"
 #include "policies/eviction.h"
+#include "policies/joint_planner.h"
 #include "tests/tools/tools_test_util.h"
 #include "tools/kvcalib_commands.h"
 #include "tools/kvcalib_data.h"
+#include "tools/kvcalib_joint.h"
 #include "tools/kvcalib_plan.h"
-#include "policies/calib_profile.h"
 #include "tools/npy.h"
 
 namespace kvctl {
@@ -339,6 +342,119 @@ TEST_CASE("kvcalib: plan totals stay within one allocation unit of the budget", 
   }
 }
 
+TEST_CASE("kvcalib: plan --mode totals equal the byte budget within one allocation unit",
+          "[tools]") {
+  for (const char* method : {"kivi", "oscar"}) {
+    const CalibProfile p = TinyProfile(method);
+    for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
+      const JointProfileOptions base{.tokens = 512, .window = 16, .budget_bytes = int64_t{1} << 40};
+      StatusOr<KvcalibJointPlan> top = BuildKvcalibJointPlan(p, mode, base);
+      REQUIRE(top.ok());
+      CHECK(top->check.saturated);
+      const double lo = top->plan.min_bytes, hi = top->plan.max_bytes;
+      double prev = std::numeric_limits<double>::infinity();
+      for (int i = 0; i <= 20; ++i) {
+        JointProfileOptions o = base;
+        o.budget_bytes = static_cast<int64_t>(std::ceil(lo + (hi - lo) * i / 20));
+        StatusOr<KvcalibJointPlan> jp = BuildKvcalibJointPlan(p, mode, o);
+        INFO(method << " " << JointModeName(mode) << " budget " << o.budget_bytes << ": "
+                    << jp.status().message());
+        REQUIRE(jp.ok());
+        const JointBudgetCheck& c = jp->check;
+        CHECK(c.ok);
+        CHECK(c.achieved_bytes <= static_cast<double>(o.budget_bytes) + 1e-6);
+        if (!c.saturated) CHECK(c.slack_bytes <= c.unit_bytes + 1e-6);
+        CHECK(c.achieved_bytes == Approx(jp->plan.bytes).epsilon(1e-12));
+        CHECK(c.fp16_bytes == 3.0 * 2 * 512 * 4 * 64);
+        for (const JointHeadPlan& h : jp->plan.heads) {
+          CHECK(h.kept >= 16 + TraitsOf(p.fit.spec.method).streaming.sink_tokens);
+          if (mode == JointMode::kQuantOnly) CHECK(h.kept == 512);
+        }
+        CHECK(jp->plan.distortion <= prev * (1 + 1e-12));
+        prev = jp->plan.distortion;
+        if (mode == JointMode::kJoint) {
+          for (JointMode single : {JointMode::kQuantOnly, JointMode::kEvictOnly}) {
+            StatusOr<KvcalibJointPlan> sp = BuildKvcalibJointPlan(p, single, o);
+            if (sp.ok()) CHECK(jp->plan.distortion <= sp->plan.distortion * (1 + 1e-12));
+          }
+        }
+      }
+    }
+  }
+
+  // The check is independent of the planner: doctored plans fail it.
+  const CalibProfile p = TinyProfile("kivi");
+  StatusOr<KvcalibJointPlan> jp = BuildKvcalibJointPlan(
+      p, JointMode::kJoint, {.tokens = 512, .window = 16, .budget_fraction = 0.3});
+  REQUIRE(jp.ok());
+  REQUIRE(jp->ok());
+  JointPlan over = jp->plan;
+  over.heads[0].kept = 512;
+  over.heads[0].k_bits = over.heads[0].v_bits = 8;
+  StatusOr<JointBudgetCheck> c = CheckJointBudget(jp->input, over);
+  REQUIRE(c.ok());
+  CHECK(!c->ok);
+  JointPlan under = jp->plan;
+  for (JointHeadPlan& h : under.heads) h.kept = 16;
+  c = CheckJointBudget(jp->input, under);
+  REQUIRE(c.ok());
+  CHECK(!c->ok);
+  under.heads[1].kept = 15;
+  CHECK_THAT(CheckJointBudget(jp->input, under).status().message(),
+             Contains("plan.heads[1].kept: got 15, expected 16..512"));
+
+  // The command: JSON with the totals, exit 0.
+  TempDir tmp;
+  PlanCommandOptions o;
+  o.profile = tmp.Path("p.toml");
+  std::ofstream(o.profile) << FormatCalibProfile(p);
+  o.mode = "joint";
+  o.joint = {.tokens = 512, .budget_fraction = 0.25};
+  o.plan.window = 16;
+  o.json = true;
+  const Captured run = Capture([&](auto out, auto err) { return RunPlanCommand(o, out, err); });
+  INFO(run.err);
+  CHECK(run.rc == 0);
+  CHECK_THAT(run.out, Contains("\"mode\": \"joint\""));
+  CHECK_THAT(run.out, Contains("\"requested_bytes\": 196608"));
+  CHECK_THAT(run.out, Contains("\"ok\": true"));
+  CHECK(std::count(run.out.begin(), run.out.end(), '{') == 1 + 1 + 6 + 1);  // heads, budget, time
+  o.json = false;
+  const Captured table = Capture([&](auto out, auto err) { return RunPlanCommand(o, out, err); });
+  CHECK(table.rc == 0);
+  CHECK_THAT(table.out, Contains("budget: requested 196608 B (0.25 of fp16)"));
+
+  // Bad flags for --mode: one line, exit 1.
+  auto mode_err = [&](const PlanCommandOptions& bad) {
+    const Captured r = Capture([&](auto out, auto err) { return RunPlanCommand(bad, out, err); });
+    CHECK(r.rc == 1);
+    CHECK(Lines(r.err) == 1);
+    return r.err;
+  };
+  PlanCommandOptions bad = o;
+  bad.mode = "both";
+  CHECK_THAT(mode_err(bad), Contains("--mode: got 'both', expected joint, quant-only"));
+  bad = o;
+  bad.joint.budget_bytes = 1000;
+  CHECK_THAT(mode_err(bad), Contains("--budget-bytes/--budget-fraction: expected exactly one"));
+  bad = o;
+  bad.joint.tokens = 0;
+  CHECK_THAT(mode_err(bad), Contains("--tokens: got 0"));
+  bad = o;
+  bad.plan.quant.budget_bpe = 4;
+  CHECK_THAT(mode_err(bad), Contains("--budget-bpe: not used with --mode"));
+  bad = o;
+  bad.joint.budget_fraction = 0;
+  bad.joint.budget_bytes = 1000;
+  CHECK_THAT(mode_err(bad), Contains("--budget-bytes: got 1000, expected >= 24576"));
+  bad = o;
+  bad.joint.budget_fraction = 1.5;
+  CHECK_THAT(mode_err(bad), Contains("--budget-fraction: got 1.5, expected (0, 1]"));
+  bad = o;
+  bad.mode = "";
+  CHECK_THAT(mode_err(bad), Contains("--budget-bpe: missing"));
+}
+
 TEST_CASE("kvcalib: the overrides load with the daemon config and resolve to the plan",
           "[tools][config]") {
   TempDir tmp;
@@ -570,6 +686,21 @@ TEST_CASE("kvcalib bench: plan 80 layers x 8 heads and fit SmolLM2-135M geometry
                   tokens ? " + layer tokens" : "", median(t),
                   *std::min_element(t.begin(), t.end()));
     }
+  }
+  // The joint planner on the same profile: 8192 tokens per head, a 64-token window, 20% of fp16.
+  for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
+    std::vector<double> t;
+    for (int i = 0; i < 31; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      StatusOr<KvcalibJointPlan> plan = BuildKvcalibJointPlan(
+          r->profile, mode, {.tokens = 8192, .window = 64, .budget_fraction = 0.2});
+      t.push_back(ms(t0));
+      REQUIRE(plan.ok());
+      REQUIRE(plan->ok());
+    }
+    std::printf("plan --mode %s 80x8 kivi, 8192 tokens, 0.2 of fp16: median %.3f ms, min %.3f ms\n",
+                std::string(JointModeName(mode)).c_str(), median(t),
+                *std::min_element(t.begin(), t.end()));
   }
   // Fit: SmolLM2-135M geometry, 32 sequences x 256 tokens, one thread.
   FitCommandOptions smol = TinyFit("kivi");
