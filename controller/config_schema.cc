@@ -532,14 +532,14 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "rkv: score = lambda * importance - (1 - lambda) * redundancy."}),
       Row<&Config::evict, &EvictConfig::compression_period>(
           {.key = "evict.compression_period",
-           .default_text = "1",
+           .default_text = "32",
            .min = 1,
            .max = 65536,
            .flags = kRel,
            .env = "KVCTL_EVICT_COMPRESSION_PERIOD",
            .doc = "A head over its budget is compressed to budget - period + 1 tokens, so the "
                   "next period - 1 tokens need no scoring (R-KV's buffer); 1 = evict to the "
-                  "budget at every overflow."}),
+                  "budget at every overflow (costly on quantized layers: docs/budgets.md)."}),
       // [[quant.override]] and [[model.override]]
       Row<&QuantOverride::layer>({.key = "quant.override.layer",
                                   .min = 0,

@@ -287,33 +287,36 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     ph.new_sinks = std::clamp(sinks_target - head.sink_rows, 0, n);
     const int sinks_after = head.sink_rows + ph.new_sinks;
     const int64_t from = sinks_after + static_cast<int64_t>(records) * g;
+    // Without eviction and flush the old tail stays where it is: only the new tokens are read.
+    const bool untouched =
+        !ph.evicted && (lossless || (total - from) < static_cast<int64_t>(rules.flush_tokens));
+    const int64_t read_from = untouched ? std::max(from, old) : from;
     std::vector<float> src_k, src_v;
     const float* sk;
     const float* sv;
     if (have_all[h]) {
-      sk = all_k[h].data() + from * d, sv = all_v[h].data() + from * d;
+      sk = all_k[h].data() + read_from * d, sv = all_v[h].data() + read_from * d;
     } else {
-      Materialize(layer, h, from, k, v, &src_k, &src_v);
+      Materialize(layer, h, read_from, k, v, &src_k, &src_v);
       sk = src_k.data(), sv = src_v.data();
     }
     std::vector<float>& lk = pk;
     std::vector<float>& lv = pv;
-    for (int64_t j = from; j < total; ++j) {
+    for (int64_t j = read_from; j < total; ++j) {
       if (ph.evicted && !keep[j]) continue;
-      take(lk, lv, sk + (j - from) * d, sv + (j - from) * d);
+      take(lk, lv, sk + (j - read_from) * d, sv + (j - read_from) * d);
     }
     const int l_rows = static_cast<int>(lk.size() / row_floats);
-    const int flushed = lossless ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
+    const int flushed = untouched ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
     ph.qk.insert(ph.qk.end(), lk.begin(), lk.begin() + static_cast<std::ptrdiff_t>(flushed * d));
     ph.qv.insert(ph.qv.end(), lv.begin(), lv.begin() + static_cast<std::ptrdiff_t>(flushed * d));
     for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
-    ph.tail_after = l_rows - flushed;
-    ph.rows_after = sinks_after + ph.tail_after;
     // Rows to write: the new sinks, then either the new tail tokens (nothing moved) or the whole
     // new tail.
-    const bool untouched = !ph.evicted && flushed == 0;
+    ph.tail_after = untouched ? static_cast<int>(total - from) : l_rows - flushed;
+    ph.rows_after = sinks_after + ph.tail_after;
     ph.write_start = head.sink_rows + (untouched ? head.tail_rows : 0);
-    const int first_tail = untouched ? head.tail_rows : flushed;
+    const int first_tail = untouched ? 0 : flushed;
     auto put = [&](const float* kr, const float* vr) {
       const size_t at = ph.rows.size();
       ph.rows.resize(at + 2 * layer.row_bytes);

@@ -113,7 +113,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"evict.kernel", "0"},
       {"evict.pooling", "\"default\""},
       {"evict.lambda", "0.07"},
-      {"evict.compression_period", "1"},
+      {"evict.compression_period", "32"},
   };
   const Config c;
   size_t checked = 0;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -584,6 +586,53 @@ TEST_CASE("Budget config: bad combinations name the key, the value and what was 
   StatusOr<EvictionSettings> none = ResolveEviction(Config(), {2, 2, 0, 64, 0});
   REQUIRE(none.ok());
   CHECK(!none->enabled);
+}
+
+}  // namespace
+}  // namespace kvctl
+
+namespace kvctl {
+namespace {
+
+// Not a test: `controller_test "[.bench]"` prints the mean decode APPEND time per policy for a
+// SmolLM2-135M-like geometry (docs/budgets.md quotes it).
+TEST_CASE("Eviction bench: decode APPEND time per policy", "[.bench]") {
+  const int layers = 30, kv_heads = 3, q_heads = 9, d = 64, prefill = 1024, decode = 128;
+  const Stream s(layers, prefill + decode, kv_heads, q_heads, d, 21);
+  struct Case {
+    const char* name;
+    bool evict;
+    EvictPolicy policy;
+    int64_t period;
+  };
+  for (const Case& c :
+       {Case{"none", false, EvictPolicy::kStreaming, 1},
+        Case{"streaming", true, EvictPolicy::kStreaming, 1},
+        Case{"streaming/32", true, EvictPolicy::kStreaming, 32},
+        Case{"h2o", true, EvictPolicy::kH2O, 1}, Case{"h2o/32", true, EvictPolicy::kH2O, 32},
+        Case{"snapkv/32", true, EvictPolicy::kSnapKV, 32},
+        Case{"rkv/32", true, EvictPolicy::kRKV, 32}}) {
+    auto pool = MakePool(512 << 20, 64 << 10);
+    EvictionSettings settings = Settings(c.policy, 512, 4, 32, 8);
+    settings.enabled = c.evict;
+    settings.compression_period = c.period;
+    KvSequence seq(pool.get(),
+                   {.layers = layers,
+                    .kv_heads = kv_heads,
+                    .head_dim = d,
+                    .dtype = DType::kF32,
+                    .q_heads = q_heads},
+                   Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 0, 128, 0), settings);
+    REQUIRE(s.Append(seq, 0, prefill).ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = prefill; t < prefill + decode; ++t) REQUIRE(s.Append(seq, t, 1).ok());
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        decode;
+    std::printf("%-14s %9.1f us per decode append (budget 512, %d tokens, requantized %llu)\n",
+                c.name, us, prefill + decode,
+                static_cast<unsigned long long>(seq.HeadUsageOf(0, 0).requantized_tokens));
+  }
 }
 
 }  // namespace

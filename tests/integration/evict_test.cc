@@ -38,7 +38,7 @@ constexpr const char* kEvictConfig =
     "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n"
     "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"
     "[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nrealloc_period = 32\n"
-    "[evict]\npolicy = \"snapkv\"\n";
+    "[evict]\npolicy = \"snapkv\"\ncompression_period = 1\n";
 
 TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STATS agree",
           "[integration][evict]") {
