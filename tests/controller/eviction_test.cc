@@ -209,40 +209,50 @@ TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
           "[controller][evict]") {
   const int kv_heads = 1, q_heads = 2, d = 8, total = 40, budget = 12;
   const Stream s(1, total, kv_heads, q_heads, d, 11);
-  auto pool = MakePool(4 << 20, 4096);
-  KvSequence seq(
-      pool.get(),
-      {.layers = 1, .kv_heads = kv_heads, .head_dim = d, .dtype = DType::kF32, .q_heads = q_heads},
-      Plans(1, kv_heads, QuantMethod::kFp16, d, true),
-      Settings(EvictPolicy::kH2O, budget, 1, 3, 3));
-  // Reference: the same stream through the pure functions, one token per step.
-  std::vector<int64_t> ref_pos;
-  std::vector<float> ref_keys;
-  H2OState state;
-  const ProtectedRegions regions{.sinks = 1, .recent = 3};
-  for (int t = 0; t < total; ++t) {
-    REQUIRE(s.Append(seq, t, 1).ok());
-    const std::vector<float> key = s.Keys(0, 0, t + 1);
-    ref_keys.insert(ref_keys.end(), key.end() - d, key.end());
-    ref_pos.push_back(t);
-    const int64_t n = static_cast<int64_t>(ref_pos.size());
-    StatusOr<KvTensorView> g = QueryGroup(s.QueryRows(0, t, 1), kv_heads, 0);
-    REQUIRE(UpdateH2O(&state, {ref_keys.data(), n, d}, *g).ok());
-    if (n > budget) {
-      auto kept = SelectKeep(*ScoreH2O(state, regions), budget, ProtectedMask(n, regions));
-      REQUIRE(kept.ok());
-      REQUIRE(CompactH2O(&state, *kept).ok());
-      std::vector<int64_t> pos;
-      std::vector<float> keys;
-      for (int64_t j : *kept) {
-        pos.push_back(ref_pos[j]);
-        keys.insert(keys.end(), &ref_keys[j * d], &ref_keys[(j + 1) * d]);
+  // Period 4: the daemon folds queries into the accumulators 4 at a time (or before scoring) and
+  // compresses to 12 - 4 + 1 = 9; the reference folds every step.
+  for (int64_t period : {1, 4}) {
+    INFO("compression_period " << period);
+    auto pool = MakePool(4 << 20, 4096);
+    EvictionSettings settings = Settings(EvictPolicy::kH2O, budget, 1, 3, 3);
+    settings.compression_period = period;
+    KvSequence seq(pool.get(),
+                   {.layers = 1,
+                    .kv_heads = kv_heads,
+                    .head_dim = d,
+                    .dtype = DType::kF32,
+                    .q_heads = q_heads},
+                   Plans(1, kv_heads, QuantMethod::kFp16, d, true), settings);
+    // Reference: the same stream through the pure functions, one token per step.
+    std::vector<int64_t> ref_pos;
+    std::vector<float> ref_keys;
+    H2OState state;
+    const ProtectedRegions regions{.sinks = 1, .recent = 3};
+    for (int t = 0; t < total; ++t) {
+      REQUIRE(s.Append(seq, t, 1).ok());
+      const std::vector<float> key = s.Keys(0, 0, t + 1);
+      ref_keys.insert(ref_keys.end(), key.end() - d, key.end());
+      ref_pos.push_back(t);
+      const int64_t n = static_cast<int64_t>(ref_pos.size());
+      StatusOr<KvTensorView> g = QueryGroup(s.QueryRows(0, t, 1), kv_heads, 0);
+      REQUIRE(UpdateH2O(&state, {ref_keys.data(), n, d}, *g).ok());
+      if (n > budget) {
+        auto kept =
+            SelectKeep(*ScoreH2O(state, regions), budget - period + 1, ProtectedMask(n, regions));
+        REQUIRE(kept.ok());
+        REQUIRE(CompactH2O(&state, *kept).ok());
+        std::vector<int64_t> pos;
+        std::vector<float> keys;
+        for (int64_t j : *kept) {
+          pos.push_back(ref_pos[j]);
+          keys.insert(keys.end(), &ref_keys[j * d], &ref_keys[(j + 1) * d]);
+        }
+        ref_pos = pos;
+        ref_keys = keys;
       }
-      ref_pos = pos;
-      ref_keys = keys;
+      INFO("step " << t);
+      REQUIRE(seq.FetchDense(0, 1).positions == ref_pos);
     }
-    INFO("step " << t);
-    REQUIRE(seq.FetchDense(0, 1).positions == ref_pos);
   }
 }
 
