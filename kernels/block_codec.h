@@ -3,11 +3,17 @@
 // File: kernels/block_codec.h
 // Encode and decode one block record per method from fp32 rows, in the layout of BlockLayoutOf()
 // (documented in kernels/README.md). KVCTL_HOST_DEVICE: the CPU reference loops over records with
-// these functions and the CUDA kernels call the very same ones, one record per thread.
+// these functions and the CUDA kernels call the very same ones (a warp or a thread per record).
 //
 // EncodeRecord REQUIRES: a validated spec, its layout, finite inputs, positive finite token norms
 // for OScaR, a zeroed record and ScratchFloats(spec) floats of scratch. Returns false when stored
 // fp16 metadata would overflow (the caller turns that into an error); the record is then invalid.
+//
+// Lanes: the encoders take a LaneSplit. A caller with lanes > 1 (the CUDA warp-per-record encoder)
+// runs the same call on every lane; lane l encodes rows l, l + lanes, ... of each code section,
+// each row exactly as the single-lane loop does (same bytes: rows never share a byte, and each
+// row's metadata is its own), and `sync` is called where a lane reads rows another lane wrote.
+// The default (one lane, no sync) is the CPU reference's plain loop.
 #ifndef KVCTL_KERNELS_BLOCK_CODEC_H_
 #define KVCTL_KERNELS_BLOCK_CODEC_H_
 
@@ -21,10 +27,20 @@ KVCTL_HOST_DEVICE inline int64_t ScratchFloats(const QuantSpec& s) {
 
 KVCTL_HOST_DEVICE inline int RowBytes(int n, int bits) { return n * bits / 8; }
 
+// This caller's share of the rows of a record: rows lane, lane + lanes, ...
+struct LaneSplit {
+  int lane = 0;
+  int lanes = 1;
+};
+
+struct NoSync {
+  KVCTL_HOST_DEVICE void operator()() const {}
+};
+
 // Copies `g` rows of `d` floats (source stride `stride`) into dst and rotates each row.
 KVCTL_HOST_DEVICE inline void LoadRotated(const float* src, int64_t stride, int g, int d,
-                                          float* dst) {
-  for (int t = 0; t < g; ++t) {
+                                          float* dst, LaneSplit ls = {}) {
+  for (int t = ls.lane; t < g; t += ls.lanes) {
     for (int c = 0; c < d; ++c) dst[t * d + c] = src[t * stride + c];
     FwhtRow(dst + t * d, d);
   }
@@ -34,11 +50,11 @@ KVCTL_HOST_DEVICE inline void LoadRotated(const float* src, int64_t stride, int 
 template <bool kOscar>
 KVCTL_HOST_DEVICE inline bool EncodeChannelGroups(const float* x, int64_t stride, int g, int d,
                                                   int group, int bits, uint8_t* codes,
-                                                  uint8_t* meta) {
+                                                  uint8_t* meta, LaneSplit ls = {}) {
   const float levels = static_cast<float>((1 << bits) - 1);
   const int groups = g / group;
   bool ok = true;
-  for (int c = 0; c < d; ++c) {
+  for (int c = ls.lane; c < d; c += ls.lanes) {
     uint8_t* row = codes + c * RowBytes(g, bits);
     for (int j = 0; j < groups; ++j) {
       const int t0 = j * group;
@@ -72,12 +88,12 @@ KVCTL_HOST_DEVICE inline bool EncodeChannelGroups(const float* x, int64_t stride
 // Per-token groups along channels (V of KIVI/OScaR, K and V of QuaRot): rows = tokens.
 template <bool kOscar>
 KVCTL_HOST_DEVICE inline bool EncodeTokenGroups(const float* x, int64_t stride, int g, int d,
-                                                int group, int bits, uint8_t* codes,
-                                                uint8_t* meta) {
+                                                int group, int bits, uint8_t* codes, uint8_t* meta,
+                                                LaneSplit ls = {}) {
   const float levels = static_cast<float>((1 << bits) - 1);
   const int groups = d / group;
   bool ok = true;
-  for (int t = 0; t < g; ++t) {
+  for (int t = ls.lane; t < g; t += ls.lanes) {
     const float* r = x + t * stride;
     uint8_t* row = codes + t * RowBytes(d, bits);
     for (int j = 0; j < groups; ++j) {
@@ -190,9 +206,12 @@ KVCTL_HOST_DEVICE inline void DecodeKvarnTile(const uint8_t* codes, const uint8_
   }
 }
 
+// REQUIRES for lanes > 1: method != kvarn (its Sinkhorn is single-lane code).
+template <class Sync = NoSync>
 KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout& l, const float* k,
                                            const float* v, int64_t stride, const float* norms,
-                                           float* scratch, uint8_t* rec) {
+                                           float* scratch, uint8_t* rec, LaneSplit ls = {},
+                                           Sync sync = {}) {
   const int g = s.block_tokens, d = s.head_dim;
   uint8_t* kc = rec + l.k_codes_offset;
   uint8_t* km = rec + l.k_meta_offset;
@@ -203,7 +222,7 @@ KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout
   switch (s.method) {
     case QuantMethod::kFp16: {
       bool ok = true;
-      for (int t = 0; t < g; ++t) {
+      for (int t = ls.lane; t < g; t += ls.lanes) {
         for (int c = 0; c < d; ++c) {
           ok &= FitsHalf(k[t * stride + c]) && FitsHalf(v[t * stride + c]);
           StoreHalf(kc, t * d + c, k[t * stride + c]);
@@ -213,22 +232,25 @@ KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout
       return ok;
     }
     case QuantMethod::kKivi:
-      return EncodeChannelGroups<false>(k, stride, g, d, s.k_group_tokens, s.k_bits, kc, km) &
-             EncodeTokenGroups<false>(v, stride, g, d, s.v_group_channels, s.v_bits, vc, vm);
+      return EncodeChannelGroups<false>(k, stride, g, d, s.k_group_tokens, s.k_bits, kc, km, ls) &
+             EncodeTokenGroups<false>(v, stride, g, d, s.v_group_channels, s.v_bits, vc, vm, ls);
     case QuantMethod::kQuaRot:
-      LoadRotated(k, stride, g, d, kr);
-      LoadRotated(v, stride, g, d, vr);
-      return EncodeTokenGroups<false>(kr, d, g, d, d, s.k_bits, kc, km) &
-             EncodeTokenGroups<false>(vr, d, g, d, d, s.v_bits, vc, vm);
-    case QuantMethod::kOscar:
-      LoadRotated(k, stride, g, d, kr);
-      for (int t = 0; t < g; ++t) {
+      // Each lane rotates the token rows it then encodes: no sync needed.
+      LoadRotated(k, stride, g, d, kr, ls);
+      LoadRotated(v, stride, g, d, vr, ls);
+      return EncodeTokenGroups<false>(kr, d, g, d, d, s.k_bits, kc, km, ls) &
+             EncodeTokenGroups<false>(vr, d, g, d, d, s.v_bits, vc, vm, ls);
+    case QuantMethod::kOscar: {
+      LoadRotated(k, stride, g, d, kr, ls);
+      for (int t = ls.lane; t < g; t += ls.lanes) {
         const float inv_norm = 1.0f / norms[t];
         for (int c = 0; c < d; ++c) kr[t * d + c] *= inv_norm;
       }
-      LoadRotated(v, stride, g, d, vr);
-      return EncodeChannelGroups<true>(kr, d, g, d, s.k_group_tokens, s.k_bits, kc, km) &
-             EncodeTokenGroups<true>(vr, d, g, d, s.v_group_channels, s.v_bits, vc, vm);
+      LoadRotated(v, stride, g, d, vr, ls);
+      sync();  // K is encoded per channel: every lane reads every token row.
+      return EncodeChannelGroups<true>(kr, d, g, d, s.k_group_tokens, s.k_bits, kc, km, ls) &
+             EncodeTokenGroups<true>(vr, d, g, d, s.v_group_channels, s.v_bits, vc, vm, ls);
+    }
     case QuantMethod::kKvarn: {
       // K tile is [D channels x G tokens]: transpose the rotated rows into vr's space.
       LoadRotated(k, stride, g, d, kr);

@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/half.h"
 #include "kernels/attention.h"
+#include "kernels/block_codec.h"
 #include "kernels/cuda/attention_warp_ops.h"
 #include "kernels/quantize.h"
 #include "tools/synthetic_kv.h"
@@ -209,6 +211,53 @@ TEST_CASE("WarpOpsEmulation: 32 threads as one warp match DecodeAttentionRef", "
         } else {
           CHECK(std::fabs(g - r) <= 1e-5 * std::max(1.0f, std::fabs(r)));
         }
+      }
+    }
+  }
+}
+
+struct BarrierSync {
+  void operator()() const { ThreadWarp::Sync(); }
+};
+
+// The CUDA warp-per-record encoder (quant_cuda.cu): block::EncodeRecord on 32 lanes must write the
+// reference's bytes for every method but KVarN (which stays a thread per record).
+TEST_CASE("WarpOpsEmulation: 32-lane EncodeRecord writes the reference's bytes", "[kernels]") {
+  for (QuantMethod m :
+       {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kOscar}) {
+    for (auto [kb, vb] : {std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 2}, std::pair{8, 8}}) {
+      for (int d : {64, 128}) {
+        if (m == QuantMethod::kFp16 && kb != 2) continue;
+        const int fk = m == QuantMethod::kFp16 ? 16 : kb, fv = m == QuantMethod::kFp16 ? 16 : vb;
+        StatusOr<QuantSpec> spec = MakeQuantSpec(m, d, fk, fv);
+        REQUIRE(spec.ok());
+        const int g = spec->block_tokens;
+        const SyntheticKv kv =
+            GenerateSyntheticKv({.tokens = g, .heads = 2, .head_dim = d, .seed = 3});
+        std::vector<float> norms(g);
+        ComputeTokenNorms(kv.KView(), norms.data());
+        const BlockLayout l = BlockLayoutOf(*spec);
+        const BlockInput in{kv.k.data() + d, kv.v.data() + d, 2 * d,
+                            m == QuantMethod::kOscar ? norms.data() : nullptr};
+        std::vector<uint8_t> ref(l.record_bytes), lanes_rec(l.record_bytes, 0);
+        REQUIRE(QuantizeBlockRef(*spec, in, ref.data()).ok());
+        std::vector<float> scratch(block::ScratchFloats(*spec), NAN);
+        std::barrier<> barrier(attn::kWarpLanes);
+        ThreadWarp::barrier = &barrier;
+        std::vector<int> ok(attn::kWarpLanes, 0);
+        std::vector<std::thread> lanes;
+        for (int lane = 0; lane < attn::kWarpLanes; ++lane) {
+          lanes.emplace_back([&, lane] {
+            ThreadWarp::lane = lane;
+            ok[lane] = block::EncodeRecord(*spec, l, in.k, in.v, in.row_stride, in.token_norms,
+                                           scratch.data(), lanes_rec.data(),
+                                           {lane, attn::kWarpLanes}, BarrierSync{});
+          });
+        }
+        for (std::thread& t : lanes) t.join();
+        INFO(QuantMethodName(m) << " k" << fk << "v" << fv << " D " << d);
+        CHECK(std::count(ok.begin(), ok.end(), 1) == attn::kWarpLanes);
+        CHECK(lanes_rec == ref);
       }
     }
   }
