@@ -1,0 +1,535 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""KvctlCache: a transformers (5.x) Cache whose layers live in the kvctl daemon.
+
+Each forward step's new K/V (post-RoPE, and Q when asked) of every layer are APPENDed to a
+daemon sequence in one request; attention reads what the daemon holds (dense FETCH,
+dequantized) plus the step's own fresh K/V, so the model attends to the quantized (and, with an
+evicting daemon, evicted) history as a serving engine would. `model.generate(...)` and a plain
+forward loop work unchanged. Batch element b is its own daemon sequence (its own client, so
+its own daemon or [[model]] settings): kveval runs several quantizers in one batched forward.
+
+One step (layer l's update() runs right before layer l's attention):
+- layer 0: the previous step's pending K/V/Q are APPENDed (Q of the last layer is only known
+  after its attention, hence the deferral to the next step or sync()); rows that may have
+  changed beyond the ones appended are FETCHed (dense, all layers, one request per sequence).
+- every layer: the held rows sit in a buffer [batch, kv_heads, capacity, head_dim] indexed by
+  token position; the step's K/V are written after them and a prefix view is returned (no
+  copy of the history per step). Positions a head does not hold (eviction) are masked by the
+  registered attention function "kvctl"; with nothing masked it is transformers' own SDPA path
+  with the model's mask, so compression off reproduces DynamicCache.
+- Not refetching: a token's stored rows change only when a flush quantizes the tail (the APPEND
+  reply's tokens_quantized moves) or eviction drops it. Otherwise an APPEND only adds the new
+  rows, stored exactly (lossless) or rounded to fp16 (sink/tail rows of quantizing layers). The
+  rule is learned on the first fetch by comparing the newest stored row with what was sent;
+  until then, after flushes, and for evicting sequences (budget_mode in STATS, or fewer rows
+  than appended) every step refetches. refetch="always" refetches every step (the reference).
+
+Thread safety: one cache per batch of sequences, used by one thread (like any transformers
+Cache). Beam search, crop and reset are not supported.
+
+    from kvctl.hf import KvctlCache
+    cache = KvctlCache(model, "ipc:///tmp/kvctl.sock")     # HELLO + OPEN; attention "kvctl"
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64, do_sample=False)
+    cache.sync(); print(cache.stats_text(section="sequences")); cache.close()
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+from .client import Client
+from .protocol import KvctlError
+
+ATTN_IMPLEMENTATION = "kvctl"
+# One APPEND carries at most this many payload bytes (the daemon's default max message is
+# 256 MiB); longer prefills are split.
+_MAX_APPEND_BYTES = 64 << 20
+_sequence_ids = itertools.count(1)
+# STATS budget modes under which the daemon keeps every token (anything else may evict).
+_KEEPING_MODES = ("", "none", "quant-only", "quant_only")
+
+
+class _Stash(threading.local):
+    """The cache whose update() ran last in this thread, for the attention call after it."""
+
+    cache: Optional["KvctlCache"] = None
+
+
+_STASH = _Stash()
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+               is_causal=None, **kwargs):
+    """Attention over a KvctlCache layer: masks positions the daemon does not hold and records
+    Q when the cache sends it; otherwise exactly transformers' SDPA path."""
+    cache = _STASH.cache
+    layer = None
+    if cache is not None:
+        idx = getattr(module, "layer_idx", None)
+        if idx is not None and idx < len(cache.layers):
+            candidate = cache.layers[idx]
+            if candidate.returned_keys is key:
+                layer = candidate
+    if layer is not None and cache.send_q:
+        layer.pending_q = query.detach()
+    if layer is None or layer.hold_bias is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    # Held positions (all in the past of every query) then the step's n tokens (causal).
+    batch, kv_heads, n = key.shape[0], key.shape[1], query.shape[2]
+    held = key.shape[2] - n
+    groups = query.shape[1] // kv_heads
+    causal = torch.full((n, n), float("-inf"), dtype=query.dtype).triu(1)
+    bias = torch.cat([layer.hold_bias[:, :, :, :held].expand(-1, -1, n, -1).to(query.dtype),
+                      causal.expand(batch, kv_heads, n, n)], dim=-1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, groups), repeat_kv(value, groups),
+        attn_mask=bias.repeat_interleave(groups, dim=1), dropout_p=0.0, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+
+
+class _Sequence:
+    """One batch element: its client, session and daemon sequence, and what is known of it."""
+
+    def __init__(self, client, own: bool, session, sequence_id: int):
+        self.client: Client = client
+        self.own = own
+        self.session = session
+        self.sequence_id = sequence_id
+        self.tokens_quantized = 0
+        self.rounding: Optional[str] = None  # "exact" or "fp16" once learned.
+        self.evicting = False
+        self.dirty = False
+        self.last_append = None
+        self.sent_last_row: Optional[np.ndarray] = None
+
+
+class KvctlLayer(CacheLayerMixin):
+    """One decoder layer: rows by position in [batch, kv_heads, capacity, head_dim] buffers;
+    hold_bias [batch, kv_heads, 1, capacity] (0 = held, -inf = not held) or None when every
+    position is held."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, cache: "KvctlCache", index: int):
+        super().__init__()
+        self.cache = cache
+        self.index = index
+        self.seen = 0   # Tokens given to update() so far.
+        self.held = 0   # Positions [0, held) are in the daemon (or masked).
+        self.buf_k: Optional[torch.Tensor] = None
+        self.buf_v: Optional[torch.Tensor] = None
+        self.hold_bias: Optional[torch.Tensor] = None
+        self.pending_k: Optional[torch.Tensor] = None
+        self.pending_v: Optional[torch.Tensor] = None
+        self.pending_q: Optional[torch.Tensor] = None
+        self.returned_keys: Optional[torch.Tensor] = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def _reserve(self, rows: int) -> None:
+        cap = 0 if self.buf_k is None else self.buf_k.shape[2]
+        if rows <= cap:
+            return
+        c = self.cache
+        new_cap = max(rows, 2 * cap, 256)
+        k = torch.zeros(c.batch, c.kv_heads, new_cap, c.head_dim)
+        v = torch.zeros_like(k)
+        if self.held:
+            k[:, :, :self.held] = self.buf_k[:, :, :self.held]
+            v[:, :, :self.held] = self.buf_v[:, :, :self.held]
+        self.buf_k, self.buf_v = k, v
+        if self.hold_bias is not None:
+            bias = torch.zeros(c.batch, c.kv_heads, 1, new_cap)
+            bias[..., :cap] = self.hold_bias
+            self.hold_bias = bias
+
+    def update(self, key_states, value_states, cache_kwargs=None):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cache._before_update(self.index, key_states)
+        n = key_states.shape[2]
+        self._reserve(self.held + n)
+        self.buf_k[:, :, self.held:self.held + n] = key_states
+        self.buf_v[:, :, self.held:self.held + n] = value_states
+        self.pending_k, self.pending_v = key_states.detach(), value_states.detach()
+        self.seen += n
+        keys = self.buf_k[:, :, :self.held + n]
+        values = self.buf_v[:, :, :self.held + n]
+        if self.dtype != torch.float32:
+            keys, values = keys.to(self.dtype), values.to(self.dtype)
+        self.returned_keys = keys
+        _STASH.cache = self.cache
+        return keys, values
+
+    def load(self, b: int, k_rows, v_rows, positions) -> None:
+        """Puts batch element b's rows of one FETCH reply (per head) at their positions."""
+        held = self.held
+        for h, (kr, vr, pos) in enumerate(zip(k_rows, v_rows, positions)):
+            idx = torch.from_numpy(pos.astype(np.int64))
+            if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= held):
+                raise KvctlError("FETCH: layer %d head %d holds positions outside [0, %d)"
+                                 % (self.index, h, held))
+            if len(pos) == held:
+                self.buf_k[b, h, :held] = torch.from_numpy(kr)
+                self.buf_v[b, h, :held] = torch.from_numpy(vr)
+                if self.hold_bias is not None:
+                    self.hold_bias[b, h, 0, :held] = 0
+                continue
+            self.buf_k[b, h].index_copy_(0, idx, torch.from_numpy(kr))
+            self.buf_v[b, h].index_copy_(0, idx, torch.from_numpy(vr))
+            if self.hold_bias is None:
+                self.hold_bias = torch.zeros(self.cache.batch, self.cache.kv_heads, 1,
+                                             self.buf_k.shape[2])
+            self.hold_bias[b, h, 0, :held] = float("-inf")
+            self.hold_bias[b, h, 0].index_fill_(0, idx, 0.0)
+
+    def commit(self, b: int, n: int, rounding: str) -> None:
+        """Batch element b's last n rows are stored as sent (rounded to fp16 for "fp16")."""
+        if rounding == "fp16":
+            rows = slice(self.held - n, self.held)
+            self.buf_k[b, :, rows] = self.buf_k[b, :, rows].half().float()
+            self.buf_v[b, :, rows] = self.buf_v[b, :, rows].half().float()
+
+    def get_mask_sizes(self, cache_position) -> Tuple[int, int]:
+        return self.seen + cache_position.shape[0], 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        raise NotImplementedError("KvctlCache cannot be reset; open a new KvctlCache")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("KvctlCache: beam search is not supported")
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("KvctlCache cannot drop tokens from the daemon sequence")
+
+
+class KvctlCache(Cache):
+    """A transformers Cache backed by kvctl daemon sequences, one per batch element.
+
+    model: the causal LM; its config gives the geometry and its attention implementation is
+      set to "kvctl" (SDPA plus masks of positions the daemon does not hold). model=None with
+      config=... leaves attention alone; then eviction and send_q are refused.
+    client: an endpoint string (a Client is made and owned) or a kvctl.Client; a list of them
+      for batch > 1 (element b uses client[b]: each needs its own Client, one session each).
+    model_name: sent in HELLO (selects a daemon [[model]] table); one or one per element.
+    send_q: also APPEND the post-RoPE queries (for eviction scorers).
+    dtype: session dtype; "float32" keeps compression-off runs exact.
+    refetch: "auto" (fetch only when rows may have changed, see the module doc) or "always".
+    keepalive: PING every lease/3 from a background thread while the cache is open.
+    Raises KvctlError / ServerError / Timeout from the daemon (e.g. Timeout when it is down).
+    """
+
+    def __init__(self, model=None, client: Union[str, Client, Sequence] = "ipc:///tmp/kvctl.sock",
+                 *, config=None, model_name: Union[str, Sequence[str]] =
+                 "HuggingFaceTB/SmolLM2-135M-Instruct", send_q: bool = False,
+                 dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
+                 timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True):
+        if refetch not in ("auto", "always"):
+            raise ValueError("refetch: got %r, expected \"auto\" or \"always\"" % (refetch,))
+        if model is not None:
+            config = model.config
+            if config._attn_implementation != ATTN_IMPLEMENTATION:
+                model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        if config is None:
+            raise ValueError("KvctlCache: give the model (or config=)")
+        if send_q and model is None:
+            raise ValueError("send_q: needs the model (queries come from its attention)")
+        self.attn_ours = model is not None
+        text = config.get_text_config(decoder=True)
+        self.n_layers = text.num_hidden_layers
+        self.kv_heads = text.num_key_value_heads
+        self.q_heads = text.num_attention_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.q_heads
+        clients = list(client) if isinstance(client, (list, tuple)) else [client]
+        if not clients:
+            raise ValueError("client: got an empty list, expected one per batch element")
+        names = ([model_name] * len(clients) if isinstance(model_name, str)
+                 else list(model_name))
+        if len(names) != len(clients):
+            raise ValueError("model_name: got %d names for %d clients" % (len(names),
+                                                                          len(clients)))
+        self.batch = len(clients)
+        self.send_q = send_q
+        self.refetch = refetch
+        self.use_staging = use_staging
+        self.seqs: List[_Sequence] = []
+        try:
+            for c, name in zip(clients, names):
+                own = isinstance(c, str)
+                cl = Client(c, timeout_ms=timeout_ms) if own else c
+                seq = _Sequence(cl, own, None, next(_sequence_ids))
+                self.seqs.append(seq)
+                seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
+                                       head_dim=self.head_dim, dtype=dtype,
+                                       q_heads=self.q_heads if send_q else 0,
+                                       client_name=client_name, model_name=name)
+                cl.open(seq.sequence_id)
+                policy = cl.stats("policy").get("policy", {})
+                mode = str(policy.get("budget_mode", "none")).lower()
+                seq.evicting = refetch == "always" or mode not in _KEEPING_MODES
+        except BaseException:
+            self._disconnect()
+            raise
+        super().__init__(layers=[KvctlLayer(self, i) for i in range(self.n_layers)])
+        self.appended = 0  # Tokens appended to every sequence.
+        # A long prefill or a slow step can outlast the daemon's lease (10 s by default); a
+        # background PING renews it (Client calls are serialised by its lock).
+        self._stop = threading.Event()
+        self._keepalive = None
+        leases = [s.session.lease_ms for s in self.seqs if s.session.lease_ms]
+        if keepalive and leases:
+            self._keepalive = threading.Thread(target=self._ping_loop,
+                                               args=(min(leases) / 3000.0,), daemon=True)
+            self._keepalive.start()
+        self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0}
+
+    @property
+    def client(self) -> Client:
+        """Batch element 0's client."""
+        return self.seqs[0].client
+
+    @property
+    def sequence_id(self) -> int:
+        return self.seqs[0].sequence_id
+
+    # ---- the step protocol ----------------------------------------------------------------
+
+    def _before_update(self, layer_idx: int, key_states) -> None:
+        if key_states.shape[0] != self.batch:
+            raise ValueError("KvctlCache: batch size %d, expected %d (one daemon sequence per "
+                             "element)" % (key_states.shape[0], self.batch))
+        if layer_idx == 0:
+            self.sync()
+            dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
+            if dirty:
+                self._fetch(dirty)
+
+    def sync(self) -> None:
+        """APPENDs the pending step (K/V of every layer, Q if sent) to every sequence. Runs
+        by itself at the next step; call it before reading STATS after the last forward."""
+        layers = self.layers
+        if layers[0].pending_k is None:
+            return
+        if any(l.pending_k is None for l in layers):
+            raise KvctlError("KvctlCache: a forward step did not reach every layer")
+        if self.send_q and any(l.pending_q is None for l in layers):
+            raise KvctlError("KvctlCache: send_q needs the \"kvctl\" attention implementation")
+        n = layers[0].pending_k.shape[2]
+        t0 = time.perf_counter()
+        # [layers, batch, n, heads, D] in one contiguous float32 array each.
+        k = torch.stack([l.pending_k.transpose(1, 2) for l in layers]).float().numpy()
+        v = torch.stack([l.pending_v.transpose(1, 2) for l in layers]).float().numpy()
+        q = (torch.stack([l.pending_q.transpose(1, 2) for l in layers]).float().numpy()
+             if self.send_q else None)
+        for l in layers:
+            l.pending_k = l.pending_v = l.pending_q = None
+            l.held += n
+        for b, seq in enumerate(self.seqs):
+            per_token = 2 * k[:, b, :1].nbytes + (q[:, b, :1].nbytes if q is not None else 0)
+            step = max(1, _MAX_APPEND_BYTES // per_token)
+            for a in range(0, n, step):
+                e = min(n, a + step)
+                staging = (self.use_staging and seq.session.has_staging
+                           and per_token * (e - a) <= seq.session.staging_bytes)
+                seq.last_append = seq.client.append(
+                    seq.sequence_id, k[:, b, a:e], v[:, b, a:e],
+                    q=q[:, b, a:e] if q is not None else None,
+                    first_position=self.appended + a, use_staging=staging)
+                self.counters["appends"] += 1
+            seq.sent_last_row = k[0, b, -1, 0].copy()
+            flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
+            seq.tokens_quantized = seq.last_append.tokens_quantized
+            if seq.evicting or flushed or seq.rounding is None or seq.dirty:
+                seq.dirty = True
+            else:
+                for l in layers:
+                    l.commit(b, n, seq.rounding)
+        self.appended += n
+        self.counters["append_s"] += time.perf_counter() - t0
+
+    def _fetch(self, batch_elements: List[int]) -> None:
+        t0 = time.perf_counter()
+        for b in batch_elements:
+            seq = self.seqs[b]
+            res = seq.client.fetch(seq.sequence_id, dtype="float32")
+            self.counters["fetches"] += 1
+            complete = True
+            for i, layer in enumerate(self.layers):
+                layer.load(b, res.k[i], res.v[i], res.positions[i])
+                complete = complete and all(len(p) == self.appended for p in res.positions[i])
+            if not complete:
+                seq.evicting = True
+                if not self.attn_ours:
+                    raise KvctlError("KvctlCache: the daemon holds fewer tokens than appended "
+                                     "(eviction); pass the model so attention can mask them")
+            if seq.rounding is None and seq.sent_last_row is not None:
+                pos = res.positions[0][0]
+                if len(pos) and int(pos[-1]) == self.appended - 1:
+                    got, sent = res.k[0][0][-1], seq.sent_last_row
+                    if np.array_equal(got, sent):
+                        seq.rounding = "exact"
+                    elif np.array_equal(got, sent.astype(np.float16).astype(np.float32)):
+                        seq.rounding = "fp16"
+            seq.dirty = False
+        self.counters["fetch_s"] += time.perf_counter() - t0
+
+    # ---- Cache API and lifetime -----------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].seen if layer_idx < len(self.layers) else 0
+
+    def crop(self, max_length: int):
+        raise NotImplementedError("KvctlCache cannot drop tokens from the daemon sequence")
+
+    def stats(self, b: int = 0, section: str = ""):
+        """Parsed STATS of batch element b's daemon (after sync())."""
+        self.sync()
+        return self.seqs[b].client.stats(section)
+
+    def stats_text(self, b: int = 0, section: str = "") -> str:
+        self.sync()
+        return self.seqs[b].client.stats_text(section)
+
+    def _ping_loop(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            for seq in self.seqs:
+                try:
+                    seq.client.ping()
+                except KvctlError:
+                    pass  # The next real request reports the problem.
+
+    def _disconnect(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+            if self._keepalive is not None:
+                self._keepalive.join()
+        for seq in self.seqs:
+            if seq.own:
+                seq.client.disconnect()
+
+    def close(self) -> int:
+        """Sends the pending step, closes every daemon sequence; returns the bytes freed."""
+        freed = 0
+        try:
+            self.sync()
+            for seq in self.seqs:
+                freed += seq.client.close(seq.sequence_id)
+        finally:
+            self._disconnect()
+        return freed
+
+    def __enter__(self) -> "KvctlCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def generate_demo(endpoint: str, prompt: str, max_new_tokens: int, threads: int = 2) -> str:
+    """Generates a greedy continuation of `prompt` with SmolLM2-135M through the daemon at
+    `endpoint`; returns a report: the text, bits/element, memory against fp16, STATS."""
+    from .client import parse_info
+    from .model import load_smollm2
+
+    torch.set_num_threads(threads)
+    model, tok = load_smollm2()
+    chat = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                   add_generation_prompt=True)
+    ids = tok(chat, return_tensors="pt").input_ids
+    t0 = time.perf_counter()
+    with KvctlCache(model, endpoint, timeout_ms=60000) as cache:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                                 max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tok.eos_token_id, temperature=None, top_p=None,
+                                 top_k=None)
+        wall = time.perf_counter() - t0
+        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        snapshot = "\n".join(cache.stats_text(section=s).rstrip()
+                             for s in ("server", "pool", "sequences", "policy", "quality"))
+        seqs = parse_info(snapshot)["sequences"]
+        q = cache.seqs[0].session.quant
+        counters = dict(cache.counters)
+    new = out.shape[1] - ids.shape[1]
+    mem = int(seqs["kv_payload_bytes"]) / max(1, int(seqs["kv_fp16_equivalent_bytes"]))
+    return "\n".join([
+        "prompt: %s" % prompt,
+        "continuation (%d tokens, greedy, %.1f s, %.0f ms/token incl. prefill):" % (
+            new, wall, 1000 * wall / max(1, new)),
+        text.strip(),
+        "",
+        "kvctl: quantizer %s k%d v%d, %d tokens in the daemon, %d quantized" % (
+            q.method_name, q.k_bits, q.v_bits, int(seqs["tokens"]),
+            int(seqs["tokens_quantized"])),
+        "bits/element: %.3f (K and V, metadata, sinks and fp16 tail counted)" % float(
+            seqs["bits_per_element"]),
+        "memory vs fp16: %.3f (%d payload bytes vs %d for an fp16 cache; %.2fx smaller)" % (
+            mem, int(seqs["kv_payload_bytes"]), int(seqs["kv_fp16_equivalent_bytes"]),
+            1 / mem if mem else 0),
+        "client: %d APPENDs (%.2f s), %d FETCHes (%.2f s)" % (
+            counters["appends"], counters["append_s"], counters["fetches"],
+            counters["fetch_s"]),
+        "",
+        "STATS snapshot:",
+        snapshot,
+    ])
+
+
+def main(argv=None) -> int:
+    """python3 -m kvctl.hf [--endpoint E] [--prompt P] [--max-new-tokens N]"""
+    import argparse
+    import sys
+
+    from .model import ModelNotFound
+    from .protocol import Timeout
+
+    ap = argparse.ArgumentParser(prog="python3 -m kvctl.hf",
+                                 description="Generate with SmolLM2-135M through kvctl.")
+    ap.add_argument("--endpoint", default="ipc:///tmp/kvctl.sock")
+    ap.add_argument("--prompt", default="Explain in a few paragraphs why a KV cache makes "
+                    "text generation with transformers faster, and what it costs in memory.")
+    ap.add_argument("--max-new-tokens", type=int, default=320)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    try:
+        print(generate_demo(a.endpoint, a.prompt, a.max_new_tokens, a.threads))
+    except ModelNotFound as e:
+        print("kvctl.hf: %s" % e, file=sys.stderr)
+        return 1
+    except Timeout as e:
+        print("kvctl.hf: no daemon answers at %s (%s); start build/bin/kvctl first"
+              % (a.endpoint, e), file=sys.stderr)
+        return 2
+    except KvctlError as e:
+        print("kvctl.hf: %s" % e, file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["ATTN_IMPLEMENTATION", "KvctlCache", "KvctlLayer", "generate_demo"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
