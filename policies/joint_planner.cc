@@ -164,6 +164,7 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   const EvictionCurve& c = m.in->eviction;
   if (c.table.retained.empty() && c.coverage_tokens > 0) {
     m.s = c.coverage_tokens / std::log(1.0 / (1.0 - c.tau));
+    m.norm = std::expm1(-static_cast<double>(m.T) / m.s);
   }
   m.RF = m.R(m.F);
   m.q0 =
@@ -179,7 +180,8 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   // ctx.pairs is sorted by bytes per token; of pairs that cost the same only the lowest q can be
   // on the hull, so one pass gives the hull's input in (x, y) order without sorting.
   std::vector<XY> pts;
-  std::vector<int> ids;
+  std::vector<int> ids, hull;
+  std::vector<double> ratio;
   pts.reserve(ctx.pairs.size());
   ids.reserve(ctx.pairs.size());
   for (size_t p = 0; p < ctx.pairs.size(); ++p) {
@@ -194,8 +196,6 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
     pts.push_back(pt);
     ids.push_back(static_cast<int>(p));
   }
-  std::vector<int> hull;
-  std::vector<double> ratio;
   double qmax = 0;
   for (const XY& p : pts) qmax = std::max(qmax, p.y);
   DecreasingHull(pts, 1e-12 * qmax, &hull, &ratio);
@@ -239,9 +239,10 @@ struct Vertex {
   double bytes = 0, D = 0;
 };
 
+// Kept small (24 bytes): merging these is most of the planning time.
 struct HullPoint {
   double x = 0, y = 0;
-  int64_t k = 0;
+  int j = 0;  // Index into the grid.
   int c = 0;
 };
 
@@ -266,7 +267,7 @@ void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
       HullPoint p;
       if (j < G) {
         p = {m.Bytes(ctx, grid.k[j], static_cast<int>(c)), m.D(grid.R[j], static_cast<int>(c)),
-             grid.k[j], static_cast<int>(c)};
+             static_cast<int>(j), static_cast<int>(c)};
       }
       if (j == G ||
           (a < acc->size() && ((*acc)[a].x < p.x || ((*acc)[a].x == p.x && (*acc)[a].y <= p.y)))) {
@@ -281,7 +282,7 @@ void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
     for (int i : *idx) acc->push_back((*merged)[i]);
   }
   out->clear();
-  for (const HullPoint& p : *acc) out->push_back({p.k, p.c, p.x, p.y});
+  for (const HullPoint& p : *acc) out->push_back({grid.k[p.j], p.c, p.x, p.y});
 }
 
 struct Segment {
@@ -305,7 +306,7 @@ struct Move {
 struct HeadState {
   int64_t k = 0;
   int c = 0;
-  double bytes = 0, D = 0;
+  double bytes = 0, D = 0, Rk = 0;
   int vertex = 0;  // Index of the hull vertex the head sits on; -1 between vertices.
 };
 
@@ -336,7 +337,7 @@ bool PushMoves(const Context& ctx, const HeadModel& m, const std::vector<Vertex>
     push(m.Bytes(ctx, k2, s.c) - s.bytes, s.D - m.D(m.R(k2), s.c), MoveKind::kTokens);
   }
   if (s.c + 1 < static_cast<int>(m.pair_hull.size())) {
-    push(m.Bytes(ctx, s.k, s.c + 1) - s.bytes, s.D - m.D(m.R(s.k), s.c + 1), MoveKind::kWidth);
+    push(m.Bytes(ctx, s.k, s.c + 1) - s.bytes, s.D - m.D(s.Rk, s.c + 1), MoveKind::kWidth);
   }
   return any;
 }
@@ -449,7 +450,7 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
   r.state.resize(H);
   for (size_t h = 0; h < H; ++h) {
     const Vertex& v = hulls[h][pos[h]];
-    r.state[h] = {v.k, v.c, v.bytes, v.D, pos[h]};
+    r.state[h] = {v.k, v.c, v.bytes, v.D, r.models[h].R(v.k), pos[h]};
   }
   // Phase 2, the fill: what is left goes to whole segments, token quanta (partway along a
   // segment: at least the segment's ratio, D being convex in k) and width steps, best ratio first
@@ -481,7 +482,8 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
       s.vertex = next ? s.vertex + 1 : -1;
     }
     s.bytes = m.Bytes(ctx, s.k, s.c);
-    s.D = m.D(m.R(s.k), s.c);
+    s.Rk = m.R(s.k);
+    s.D = m.D(s.Rk, s.c);
     left -= mv.cost;
     ++version[mv.head];
     PushMoves(ctx, m, hull, s, mv.head, version[mv.head], &heap);
@@ -508,7 +510,7 @@ JointHeadPlan Describe(const Context& ctx, const HeadModel& m, const HeadState& 
   p.k_bits = pair.k_bits;
   p.v_bits = pair.v_bits;
   p.bytes = m.Bytes(ctx, s.k, s.c);
-  p.retained_mass = m.R(s.k);
+  p.retained_mass = s.Rk;
   p.quant_distortion = static_cast<double>(m.T) * (p.retained_mass - m.RF) * m.q[s.c];
   p.eviction_distortion = static_cast<double>(m.T) * (1 - p.retained_mass) * m.q0;
   p.distortion = p.quant_distortion + p.eviction_distortion;
@@ -705,7 +707,7 @@ StatusOr<JointHeadPlan> EvaluateJointHead(const JointPlanInput& input, size_t he
   if (kept < floor || kept > m.T) {
     return InvalidArgument("kept: got ", kept, ", expected ", floor, "..", m.T);
   }
-  return Describe(ctx, m, {kept, 0, 0, 0});
+  return Describe(ctx, m, {kept, 0, 0, 0, m.R(kept)});
 }
 
 }  // namespace kvctl

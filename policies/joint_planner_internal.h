@@ -47,6 +47,7 @@ struct HeadModel {
   double RF = 0;
   double q0 = 0;
   double s = 0;                // Parametric scale; 0 = uniform or tabulated.
+  double norm = 0;             // expm1(-T / s): R's denominator, once per head.
   std::vector<int> pair_hull;  // Indices into Context::pairs: bpt up, q down.
   std::vector<double> q;       // q per pair_hull entry.
   bool vary_kept = true;
@@ -56,7 +57,7 @@ struct HeadModel {
     const EvictionCurve& c = in->eviction;
     if (!c.table.retained.empty()) return c.table.At(k);
     if (s <= 0) return static_cast<double>(k) / static_cast<double>(T);
-    return std::expm1(-static_cast<double>(k) / s) / std::expm1(-static_cast<double>(T) / s);
+    return std::expm1(-static_cast<double>(k) / s) / norm;
   }
   double D(double Rk, int c) const {
     return static_cast<double>(T) * ((Rk - RF) * q[c] + (1 - Rk) * q0);
