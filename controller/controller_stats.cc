@@ -253,8 +253,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "budget_mode:"
         << FindConfigOption("budget.mode")->names[static_cast<int>(config.budget.mode)] << "\n"
         << "evict_policy:"
-        << (config.budget.mode == BudgetMode::kEvictOnly ? EvictPolicyName(config.evict.policy)
-                                                         : "none")
+        << (config.budget.mode == BudgetMode::kEvictOnly || config.budget.mode == BudgetMode::kJoint
+                ? EvictPolicyName(config.evict.policy)
+                : "none")
         << "\n";
   }
   if (show("ipc")) {

@@ -104,13 +104,21 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     out->q_rows.clear();
     out->q_count = out->h2o_pending = 0;
   } else if (ev.enabled) {
-    out->q_rows.resize((out->q_count + n) * q_row);
-    for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < qh; ++h)
-        q->LoadRow(t, h, &out->q_rows[(out->q_count + t) * q_row + h * d]);
+    // Only h2o reads every query; the others need the newest obs_window rows (a long prefill
+    // would otherwise convert and hold all of its queries).
+    const bool all_rows = ev.policy == EvictPolicy::kH2O;
+    const int64_t want = all_rows ? n : std::min<int64_t>(n, ev.obs_window);
+    if (want < n) {
+      out->q_rows.clear();  // The rows kept must stay the newest, consecutive ones.
+      out->q_count = 0;
     }
-    out->q_count += n;
-    if (ev.policy == EvictPolicy::kH2O) out->h2o_pending += n;
+    out->q_rows.resize((out->q_count + want) * q_row);
+    for (int64_t t = n - want; t < n; ++t) {
+      float* dst = &out->q_rows[(out->q_count + t - (n - want)) * q_row];
+      for (int h = 0; h < qh; ++h) q->LoadRow(t, h, dst + h * d);
+    }
+    out->q_count += want;
+    if (all_rows) out->h2o_pending += n;
   }
   // The last `rows` query rows as the [rows, g, D] group of KV head h.
   auto group = [&](int64_t rows, int h) -> StatusOr<KvTensorView> {

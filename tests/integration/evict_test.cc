@@ -1,7 +1,10 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // Integration tests of [budget] mode = "evict-only": the real daemon process, driven by the C++
 // client, evicts during APPEND and reports it.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -9,6 +12,9 @@
 #include <vector>
 
 #include "common/half.h"
+#include "kernels/quant_types.h"
+#include "policies/ratequant.h"
+#include "policies/ratequant_fit.h"
 #include "tests/integration/daemon_process.h"
 
 namespace kvctl {
@@ -148,6 +154,72 @@ TEST_CASE("Daemon evict: a Q policy needs q_heads; SIGHUP switches new sequences
     for (int i = 0; i < 64; ++i) CHECK(pos[h * 64 + i] == (i < 4 ? i : 200 - 64 + i));
   }
   CHECK(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace kvctl
+
+namespace kvctl {
+namespace {
+
+TEST_CASE("Daemon evict: joint mode caps every head from the planned byte budget",
+          "[integration][evict]") {
+  // A KIVI fit for 1 layer x 2 heads x head_dim 32: head 1's error is 100x head 0's.
+  RateQuantFit fit;
+  fit.spec = *MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
+  fit.layers = 1;
+  fit.kv_heads = 2;
+  fit.bits = {2, 4};
+  fit.beta = fit.beta_k = fit.beta_v = fit.beta_k_only = fit.beta_v_only = 4;
+  for (int h = 0; h < 2; ++h) {
+    for (UnitKind kind : {UnitKind::kKey, UnitKind::kValue}) {
+      RateQuantUnit unit;
+      unit.head = h;
+      unit.kind = kind;
+      unit.alpha = h == 0 ? 1.0 : 100.0;
+      fit.units.push_back(unit);
+    }
+  }
+  const std::string profile = "/tmp/kvctl-it-joint-" + std::to_string(getpid()) + ".toml";
+  std::ofstream(profile) << FormatRateQuantProfile(fit);
+  DaemonProcess daemon(
+      "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n[quant]\nmethod = \"kivi\"\nflush_tokens = "
+      "32\n[budget]\nmode = \"joint\"\nfp16_fraction = 0.15\nplan_tokens = 256\nprofile = \"" +
+      profile + "\"\n");
+  auto client = daemon.Connect();
+  auto hello = client->Hello({.client_name = "j", .geometry = {1, 2, 0, 32, DType::kF16}});
+  REQUIRE(hello.ok());
+  const uint64_t sid = hello->session_id;
+  REQUIRE(client->Open(sid, 1).ok());
+  std::mt19937_64 rng(9);
+  for (int t = 0; t < 320; t += 32) {
+    const auto k = Random(rng, 1, 32, 2, 32), v = Random(rng, 1, 32, 2, 32);
+    REQUIRE(client->AppendInline({sid, 1, static_cast<uint64_t>(t), 32}, Bytes(k), Bytes(v)).ok());
+  }
+  auto dense = client->FetchDense(sid, 1, 0, 1);
+  REQUIRE(dense.ok());
+  auto stats = client->Stats(sid, "heads");
+  REQUIRE(stats.ok());
+  INFO(*stats);
+  // Each head holds at most its cap (STATS budget_tokens), and the caps keep less than all.
+  uint32_t kept = 0;
+  for (int h = 0; h < 2; ++h) {
+    const std::string key = "head_0_" + std::to_string(h) + ":";
+    const size_t at = stats->find(key);
+    REQUIRE(at != std::string::npos);
+    const size_t b = stats->find("budget_tokens=", at);
+    REQUIRE(b != std::string::npos);
+    const int64_t cap = std::stoll(stats->substr(b + 14));
+    CHECK(cap > 0);
+    CHECK(dense->counts[h] <= cap);
+    kept += dense->counts[h];
+  }
+  CHECK(kept < 2 * 320);
+  auto policy = client->Stats(sid, "policy");
+  REQUIRE(policy.ok());
+  CHECK(policy->find("budget_mode:joint") != std::string::npos);
+  CHECK(daemon.Stop() == 0);
+  std::remove(profile.c_str());
 }
 
 }  // namespace
