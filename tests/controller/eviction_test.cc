@@ -362,6 +362,42 @@ TEST_CASE("Eviction: an evicting append frees exactly the pages of the dropped r
   CHECK(dense.positions == want);
 }
 
+TEST_CASE("Eviction: RESOURCE_EXHAUSTED during an evicting append changes nothing",
+          "[controller][evict]") {
+  // KIVI records of 8 tokens (14 per 4 KiB page); 100 tokens, then 60 more with a budget of 140:
+  // snapkv evicts from the middle of records and the head still needs a second record page. With
+  // the pool full the append fails whole, and succeeds once pages free up.
+  const int d = 32;
+  const Stream s(1, 200, 2, 2, d, 23);
+  auto pool = MakePool(1 << 20, 4096);
+  KvSequence seq(pool.get(),
+                 {.layers = 1, .kv_heads = 2, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
+                 Plans(1, 2, QuantMethod::kKivi, d, false, 8, 16, 0),
+                 Settings(EvictPolicy::kSnapKV, 140, 4, 8, 8));
+  REQUIRE(s.Append(seq, 0, 100).ok());  // Under the budget: 4 sink rows, 12 records: one page.
+  const DenseKv before = seq.FetchDense(0, 1);
+  const HeadUsage usage_before = seq.HeadUsageOf(0, 1);
+  std::vector<uint32_t> filler;
+  while (true) {
+    StatusOr<uint32_t> page = pool->Allocate();
+    if (!page.ok()) break;
+    filler.push_back(*page);
+  }
+  const Status full = s.Append(seq, 100, 60);  // Keeps 140: 17 records, a second page.
+  CHECK(full.code() == StatusCode::kResourceExhausted);
+  const DenseKv after = seq.FetchDense(0, 1);
+  CHECK(after.positions == before.positions);
+  CHECK(after.k == before.k);
+  CHECK(after.counts == before.counts);
+  CHECK(seq.HeadUsageOf(0, 1).evicted_tokens == usage_before.evicted_tokens);
+  CHECK(seq.tokens() == 100);
+  for (uint32_t page : filler) REQUIRE(pool->Free(page).ok());
+  REQUIRE(s.Append(seq, 100, 60).ok());
+  CHECK(seq.HeadUsageOf(0, 1).tokens <= 140);
+  CHECK(seq.HeadUsageOf(0, 1).evicted_tokens > 0);
+  CHECK(seq.FetchDense(0, 1).positions.back() == 159);
+}
+
 TEST_CASE("Eviction: a missing Q is refused and changes nothing", "[controller][evict]") {
   const int d = 8;
   const Stream s(2, 40, 1, 2, d, 9);
