@@ -9,11 +9,12 @@
 // for OScaR, a zeroed record and ScratchFloats(spec) floats of scratch. Returns false when stored
 // fp16 metadata would overflow (the caller turns that into an error); the record is then invalid.
 //
-// Lanes: the encoders take a LaneSplit. A caller with lanes > 1 (the CUDA warp-per-record encoder)
-// runs the same call on every lane; lane l encodes rows l, l + lanes, ... of each code section,
-// each row exactly as the single-lane loop does (same bytes: rows never share a byte, and each
-// row's metadata is its own), and `sync` is called where a lane reads rows another lane wrote.
-// The default (one lane, no sync) is the CPU reference's plain loop.
+// Lanes: the encoders take a LaneSplit (kernels/quant_block.h). A caller with lanes > 1 (the CUDA
+// warp-per-record encoder) runs the same call on every lane; lane l encodes rows l, l + lanes, ...
+// of each code section (and computes KVarN's Sinkhorn statistics for those rows / columns), each
+// exactly as the single-lane loop does (same bytes: rows never share a byte, and each row's
+// metadata is its own), and `sync` is called where a lane reads what another lane wrote. The
+// default (one lane, no sync) is the CPU reference's plain loop.
 #ifndef KVCTL_KERNELS_BLOCK_CODEC_H_
 #define KVCTL_KERNELS_BLOCK_CODEC_H_
 
@@ -26,16 +27,6 @@ KVCTL_HOST_DEVICE inline int64_t ScratchFloats(const QuantSpec& s) {
 }
 
 KVCTL_HOST_DEVICE inline int RowBytes(int n, int bits) { return n * bits / 8; }
-
-// This caller's share of the rows of a record: rows lane, lane + lanes, ...
-struct LaneSplit {
-  int lane = 0;
-  int lanes = 1;
-};
-
-struct NoSync {
-  KVCTL_HOST_DEVICE void operator()() const {}
-};
 
 // Copies `g` rows of `d` floats (source stride `stride`) into dst and rotates each row.
 KVCTL_HOST_DEVICE inline void LoadRotated(const float* src, int64_t stride, int g, int d,
@@ -150,11 +141,14 @@ KVCTL_HOST_DEVICE inline void DecodeTokenGroups(const uint8_t* codes, const uint
 
 // KVarN tile (rows x cols, row-major in x): Sinkhorn, then RTN per row of the balanced tile with
 // folded fp16 scales: row_scale[i] = r*[i] * delta_i, row_zero[i] = r*[i] * lo_i, col[j] = c*[j].
-// Scratch: y[rows * cols] (must not alias x) and vecs[5 * (rows + cols)].
+// Scratch: y[rows * cols] (must not alias x) and vecs[5 * (rows + cols)]. Lanes: x must be
+// complete (synced) on entry; returns with every lane done (ends with sync).
+template <class Sync = NoSync>
 KVCTL_HOST_DEVICE inline bool EncodeKvarnTile(const float* x, int rows, int cols, int bits,
                                               int iters, float* y, float* vecs, uint8_t* codes,
                                               uint8_t* row_scale, uint8_t* row_zero,
-                                              uint8_t* col_scale) {
+                                              uint8_t* col_scale, LaneSplit ls = {},
+                                              Sync sync = {}) {
   SinkhornScratch s;
   s.y = y;
   s.lr = vecs;
@@ -167,13 +161,14 @@ KVCTL_HOST_DEVICE inline bool EncodeKvarnTile(const float* x, int rows, int cols
   s.cs = s.rs + rows;
   float* r_best = s.cs + cols;
   float* c_best = r_best + rows;
-  Sinkhorn(x, rows, cols, iters, s, r_best, c_best);
-  for (int i = 0; i < rows; ++i) s.ir[i] = 1.0f / r_best[i];
-  for (int j = 0; j < cols; ++j) s.ic[j] = 1.0f / c_best[j];
-  ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
+  Sinkhorn(x, rows, cols, iters, s, r_best, c_best, ls, sync);
+  for (int i = ls.lane; i < rows; i += ls.lanes) s.ir[i] = 1.0f / r_best[i];
+  for (int j = ls.lane; j < cols; j += ls.lanes) s.ic[j] = 1.0f / c_best[j];
+  sync();
+  ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
   const float levels = static_cast<float>((1 << bits) - 1);
   bool ok = true;
-  for (int i = 0; i < rows; ++i) {
+  for (int i = ls.lane; i < rows; i += ls.lanes) {  // Row i of y: this lane wrote it.
     const float* y = s.y + i * cols;
     float lo = y[0], hi = y[0];
     for (int j = 1; j < cols; ++j) lo = fminf(lo, y[j]), hi = fmaxf(hi, y[j]);
@@ -187,7 +182,8 @@ KVCTL_HOST_DEVICE inline bool EncodeKvarnTile(const float* x, int rows, int cols
     StoreHalf(row_scale, i, rs);
     StoreHalf(row_zero, i, rz);
   }
-  for (int j = 0; j < cols; ++j) StoreHalf(col_scale, j, c_best[j]);
+  for (int j = ls.lane; j < cols; j += ls.lanes) StoreHalf(col_scale, j, c_best[j]);
+  sync();
   return ok;
 }
 
@@ -206,7 +202,6 @@ KVCTL_HOST_DEVICE inline void DecodeKvarnTile(const uint8_t* codes, const uint8_
   }
 }
 
-// REQUIRES for lanes > 1: method != kvarn (its Sinkhorn is single-lane code).
 template <class Sync = NoSync>
 KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout& l, const float* k,
                                            const float* v, int64_t stride, const float* norms,
@@ -253,18 +248,20 @@ KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout
     }
     case QuantMethod::kKvarn: {
       // K tile is [D channels x G tokens]: transpose the rotated rows into vr's space.
-      LoadRotated(k, stride, g, d, kr);
-      for (int t = 0; t < g; ++t) {
+      LoadRotated(k, stride, g, d, kr, ls);
+      for (int t = ls.lane; t < g; t += ls.lanes) {  // Token row t: rotated by this lane.
         for (int c = 0; c < d; ++c) vr[c * g + t] = kr[t * d + c];
       }
+      sync();
       float* vecs = scratch + 2 * g * d;  // kr is free again and becomes the balanced tile.
       // K record order: sK[D] | zK[D] | tK[G].
       bool ok = EncodeKvarnTile(vr, d, g, s.k_bits, s.sinkhorn_iters, kr, vecs, kc, km, km + 2 * d,
-                                km + 4 * d);
+                                km + 4 * d, ls, sync);
       // V tile is [G tokens x D channels]. Record order: uV[D] | sV[G] | zV[G].
-      LoadRotated(v, stride, g, d, vr);
+      LoadRotated(v, stride, g, d, vr, ls);
+      sync();
       ok &= EncodeKvarnTile(vr, g, d, s.v_bits, s.sinkhorn_iters, kr, vecs, vc, vm + 2 * d,
-                            vm + 2 * d + 2 * g, vm);
+                            vm + 2 * d + 2 * g, vm, ls, sync);
       return ok;
     }
   }

@@ -149,10 +149,24 @@ KVCTL_HOST_DEVICE inline uint32_t OscarCode(float x, const OscarAffine& p, float
 // Sample standard deviations (n - 1), clamped to [1e-3, 1e3]; log scales clipped to [-0.3, 10];
 // imbalance = max/min of column stds + max/min of row stds, on the clamped stds [ours: the clamp
 // keeps all-zero rows from making it infinite]; ties keep the later iterate.
+//
+// Lanes (the CUDA warp-per-record encoder): every function below takes a LaneSplit; lane l computes
+// rows (or columns) l, l + lanes, ... each exactly as the single-lane loop does, and Sinkhorn calls
+// `sync` wherever a lane reads what another lane wrote. The defaults are the plain CPU loops.
+struct LaneSplit {
+  int lane = 0;
+  int lanes = 1;
+};
+
+struct NoSync {
+  KVCTL_HOST_DEVICE void operator()() const {}
+};
+
 KVCTL_HOST_DEVICE inline float ClampStd(float s) { return fminf(fmaxf(s, 1e-3f), 1e3f); }
 
-KVCTL_HOST_DEVICE inline void ColumnStds(const float* y, int rows, int cols, float* out) {
-  for (int j = 0; j < cols; ++j) {
+KVCTL_HOST_DEVICE inline void ColumnStds(const float* y, int rows, int cols, float* out,
+                                         LaneSplit ls = {}) {
+  for (int j = ls.lane; j < cols; j += ls.lanes) {
     float sum = 0.0f;
     for (int i = 0; i < rows; ++i) sum += y[i * cols + j];
     const float mean = sum / static_cast<float>(rows);
@@ -165,8 +179,9 @@ KVCTL_HOST_DEVICE inline void ColumnStds(const float* y, int rows, int cols, flo
   }
 }
 
-KVCTL_HOST_DEVICE inline void RowStds(const float* y, int rows, int cols, float* out) {
-  for (int i = 0; i < rows; ++i) {
+KVCTL_HOST_DEVICE inline void RowStds(const float* y, int rows, int cols, float* out,
+                                      LaneSplit ls = {}) {
+  for (int i = ls.lane; i < rows; i += ls.lanes) {
     float sum = 0.0f;
     for (int j = 0; j < cols; ++j) sum += y[i * cols + j];
     const float mean = sum / static_cast<float>(cols);
@@ -191,8 +206,8 @@ KVCTL_HOST_DEVICE inline float MaxOverMin(const float* v, int n) {
 // y[i][j] = (x[i][j] * ir[i]) * ic[j], with ir = 1 / exp(lr) and ic = 1 / exp(lc): the reciprocals
 // are taken once per axis, so the balanced tile costs two multiplies per element.
 KVCTL_HOST_DEVICE inline void ApplyScales(const float* x, int rows, int cols, const float* ir,
-                                          const float* ic, float* y) {
-  for (int i = 0; i < rows; ++i) {
+                                          const float* ic, float* y, LaneSplit ls = {}) {
+  for (int i = ls.lane; i < rows; i += ls.lanes) {
     for (int j = 0; j < cols; ++j) y[i * cols + j] = x[i * cols + j] * ir[i] * ic[j];
   }
 }
@@ -209,37 +224,48 @@ struct SinkhornScratch {
   float* cs;  // cols: column stds
 };
 
+// Returns with every lane's writes visible to all lanes (ends with sync).
+template <class Sync = NoSync>
 KVCTL_HOST_DEVICE inline void Sinkhorn(const float* x, int rows, int cols, int iters,
-                                       const SinkhornScratch& s, float* r_best, float* c_best) {
-  for (int i = 0; i < rows; ++i) s.lr[i] = 0.0f, s.er[i] = s.ir[i] = r_best[i] = 1.0f;
-  for (int j = 0; j < cols; ++j) s.lc[j] = 0.0f, s.ec[j] = s.ic[j] = c_best[j] = 1.0f;
-  ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
-  ColumnStds(s.y, rows, cols, s.cs);
-  RowStds(s.y, rows, cols, s.rs);
-  float best = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);
+                                       const SinkhornScratch& s, float* r_best, float* c_best,
+                                       LaneSplit ls = {}, Sync sync = {}) {
+  const int l0 = ls.lane, ln = ls.lanes;
+  for (int i = l0; i < rows; i += ln) s.lr[i] = 0.0f, s.er[i] = s.ir[i] = r_best[i] = 1.0f;
+  for (int j = l0; j < cols; j += ln) s.lc[j] = 0.0f, s.ec[j] = s.ic[j] = c_best[j] = 1.0f;
+  sync();
+  ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
+  sync();
+  ColumnStds(s.y, rows, cols, s.cs, ls);
+  RowStds(s.y, rows, cols, s.rs, ls);
+  sync();
+  float best = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);  // The same in every lane.
   for (int it = 0; it < iters; ++it) {
-    for (int j = 0; j < cols; ++j) {
+    for (int j = l0; j < cols; j += ln) {
       s.lc[j] = fminf(fmaxf(s.lc[j] + logf(s.cs[j]), -0.3f), 10.0f);
       s.ec[j] = expf(s.lc[j]);
       s.ic[j] = 1.0f / s.ec[j];
     }
-    ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
-    RowStds(s.y, rows, cols, s.rs);
-    for (int i = 0; i < rows; ++i) {
+    sync();  // Also: every lane is done reading cs and rs of the previous step.
+    ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
+    RowStds(s.y, rows, cols, s.rs, ls);  // Row i: written and read by the same lane.
+    for (int i = l0; i < rows; i += ln) {
       s.lr[i] = fminf(fmaxf(s.lr[i] + logf(s.rs[i]), -0.3f), 10.0f);
       s.er[i] = expf(s.lr[i]);
       s.ir[i] = 1.0f / s.er[i];
     }
-    ApplyScales(x, rows, cols, s.ir, s.ic, s.y);
-    ColumnStds(s.y, rows, cols, s.cs);  // Also the next iteration's column stds.
-    RowStds(s.y, rows, cols, s.rs);
+    ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
+    sync();
+    ColumnStds(s.y, rows, cols, s.cs, ls);  // Also the next iteration's column stds.
+    RowStds(s.y, rows, cols, s.rs, ls);
+    sync();
     const float imb = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);
     if (imb <= best) {
       best = imb;
-      for (int i = 0; i < rows; ++i) r_best[i] = s.er[i];
-      for (int j = 0; j < cols; ++j) c_best[j] = s.ec[j];
+      for (int i = l0; i < rows; i += ln) r_best[i] = s.er[i];
+      for (int j = l0; j < cols; j += ln) c_best[j] = s.ec[j];
     }
   }
+  sync();
 }
 
 // KVarN RTN of one balanced row (fp32 parameters, §0.1 KVarN variant): delta = max(range/L, 1e-10).

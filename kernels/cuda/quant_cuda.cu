@@ -10,7 +10,7 @@
 namespace kvctl {
 namespace {
 
-constexpr int kThreads = 64;
+constexpr int kThreads = 64;  // Decode: a thread per record.
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 
@@ -18,25 +18,10 @@ struct WarpSync {
   __device__ void operator()() const { __syncwarp(); }
 };
 
-__global__ void EncodeRecordsKernel(QuantSpec spec, BlockLayout layout, DeviceBlockBatch batch,
-                                    float* scratch, int64_t scratch_floats, uint8_t* records,
-                                    int* overflow) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= batch.n_blocks) return;
-  uint8_t* rec = records + static_cast<size_t>(b) * layout.record_bytes;
-  for (size_t i = 0; i < layout.record_bytes; ++i) rec[i] = 0;
-  const float* norms =
-      batch.norms ? batch.norms + static_cast<int64_t>(b) * spec.block_tokens : nullptr;
-  const bool ok = block::EncodeRecord(spec, layout, batch.k + b * batch.block_stride,
-                                      batch.v + b * batch.block_stride, batch.row_stride, norms,
-                                      scratch + b * scratch_floats, rec);
-  if (!ok) atomicExch(overflow, 1);
-}
-
-// A warp per record (every method but KVarN): lane l encodes rows l, l + 32, ... of each code
-// section with the reference's own per-row code (block::EncodeRecord with a LaneSplit), so the
-// bytes are the same as one thread per record, with 32x the parallelism and coalesced reads of
-// K's channel rows.
+// A warp per record: lane l encodes rows l, l + 32, ... of each code section (and KVarN's Sinkhorn
+// statistics for those rows / columns) with the reference's own per-row code (block::EncodeRecord
+// with a LaneSplit), so the bytes are those of a single lane, with 32x the parallelism and
+// coalesced reads of K's channel rows.
 __global__ void EncodeRecordsWarpKernel(QuantSpec spec, BlockLayout layout, DeviceBlockBatch batch,
                                         float* scratch, int64_t scratch_floats, uint8_t* records,
                                         int* overflow) {
@@ -85,16 +70,9 @@ Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& 
   if (!batch.k || !batch.v || !records || !scratch || !overflow) {
     return InvalidArgument("k, v, records, scratch, overflow: got a null pointer");
   }
-  const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (spec.method == QuantMethod::kKvarn) {  // Sinkhorn is single-lane code: a thread per record.
-    const int grid = (batch.n_blocks + kThreads - 1) / kThreads;
-    EncodeRecordsKernel<<<grid, kThreads, 0, st>>>(spec, BlockLayoutOf(spec), batch, scratch,
-                                                   block::ScratchFloats(spec), records, overflow);
-  } else {
-    const int grid = (batch.n_blocks + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    EncodeRecordsWarpKernel<<<grid, kWarpsPerBlock * kWarp, 0, st>>>(
-        spec, BlockLayoutOf(spec), batch, scratch, block::ScratchFloats(spec), records, overflow);
-  }
+  const int grid = (batch.n_blocks + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  EncodeRecordsWarpKernel<<<grid, kWarpsPerBlock * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
+      spec, BlockLayoutOf(spec), batch, scratch, block::ScratchFloats(spec), records, overflow);
   KVCTL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return OkStatus();
 }

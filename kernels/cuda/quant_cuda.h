@@ -4,9 +4,8 @@
 // CUDA path of the block codecs. The kernels call block::EncodeRecord / block::DecodeRecord from
 // kernels/block_codec.h, the very functions the CPU reference loops over, so there is one copy of
 // the math: encode runs a warp per record (lane l encodes rows l, l + 32, ... of each code
-// section; KVarN, whose Sinkhorn is single-lane code, a thread per record); decode a thread per
-// record. Built only when CUDA is enabled (KVCTL_HAVE_CUDA); callers include this header only
-// under KVCTL_USE_CUDA.
+// section: block_codec.h's LaneSplit), decode a thread per record. Built only when CUDA is
+// enabled (KVCTL_HAVE_CUDA); callers include this header only under KVCTL_USE_CUDA.
 //
 // Agreement with the CPU reference: bit-identical records for fp16, KIVI, QuaRot and OScaR (the
 // kernels are compiled with --fmad=false and use IEEE division, sqrt and rint); KVarN uses the

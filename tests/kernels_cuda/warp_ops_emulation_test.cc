@@ -221,10 +221,10 @@ struct BarrierSync {
 };
 
 // The CUDA warp-per-record encoder (quant_cuda.cu): block::EncodeRecord on 32 lanes must write the
-// reference's bytes for every method but KVarN (which stays a thread per record).
+// reference's bytes for every method (KVarN too: here both use glibc logf/expf).
 TEST_CASE("WarpOpsEmulation: 32-lane EncodeRecord writes the reference's bytes", "[kernels]") {
-  for (QuantMethod m :
-       {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kOscar}) {
+  for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
+                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
     for (auto [kb, vb] : {std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 2}, std::pair{8, 8}}) {
       for (int d : {64, 128}) {
         if (m == QuantMethod::kFp16 && kb != 2) continue;
