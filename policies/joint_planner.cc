@@ -172,7 +172,8 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   m.vary_kept = mode != JointMode::kQuantOnly;
   if (mode == JointMode::kQuantOnly) m.kmin = m.T;
   if (mode == JointMode::kEvictOnly) {
-    m.pair_hull = {ctx.evict_pair};
+    m.widths = {ctx.evict_pair};
+    m.convex = {0};
     m.q = {QOf(*m.in, ctx.pairs[ctx.evict_pair])};
     m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
     return m;
@@ -198,13 +199,21 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   }
   double qmax = 0;
   for (const XY& p : pts) qmax = std::max(qmax, p.y);
-  DecreasingHull(pts, 1e-12 * qmax, &hull, &ratio);
-  m.pair_hull.reserve(hull.size());
-  m.q.reserve(hull.size());
-  for (int h : hull) {
-    m.pair_hull.push_back(ids[h]);
-    m.q.push_back(pts[h].y);
+  const double tol = 1e-12 * qmax;
+  // The non-dominated pairs, then their convex hull.
+  size_t n = 0;
+  for (size_t p = 0; p < pts.size(); ++p) {
+    if (n > 0 && pts[p].y >= pts[n - 1].y - tol) continue;
+    pts[n] = pts[p];
+    ids[n++] = ids[p];
   }
+  pts.resize(n);
+  ids.resize(n);
+  DecreasingHull(pts, tol, &hull, &ratio);
+  m.widths = ids;
+  m.q.resize(n);
+  for (size_t p = 0; p < n; ++p) m.q[p] = pts[p].y;
+  m.convex = hull;
   m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
   return m;
 }
@@ -235,7 +244,7 @@ std::vector<int64_t> KeptGrid(const HeadModel& m, int64_t quantum, int levels) {
 
 struct Vertex {
   int64_t k = 0;
-  int c = 0;  // Index into HeadModel::pair_hull.
+  int c = 0;  // Index into HeadModel::widths.
   double bytes = 0, D = 0;
 };
 
@@ -258,9 +267,9 @@ struct GridCache {
 void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
                std::vector<HullPoint>* acc, std::vector<HullPoint>* merged, std::vector<int>* idx,
                std::vector<double>* ratios, std::vector<Vertex>* out) {
-  const size_t G = grid.k.size(), C = m.pair_hull.size();
+  const size_t G = grid.k.size();
   acc->clear();
-  for (size_t c = 0; c < C; ++c) {
+  for (const int c : m.convex) {
     merged->clear();
     size_t a = 0, j = 0;
     while (a < acc->size() || j < G) {
@@ -336,10 +345,56 @@ bool PushMoves(const Context& ctx, const HeadModel& m, const std::vector<Vertex>
     const int64_t k2 = std::min(m.T, s.k + ctx.quantum);
     push(m.Bytes(ctx, k2, s.c) - s.bytes, s.D - m.D(m.R(k2), s.c), MoveKind::kTokens);
   }
-  if (s.c + 1 < static_cast<int>(m.pair_hull.size())) {
+  if (s.c + 1 < static_cast<int>(m.widths.size())) {
     push(m.Bytes(ctx, s.k, s.c + 1) - s.bytes, s.D - m.D(s.Rk, s.c + 1), MoveKind::kWidth);
   }
   return any;
+}
+
+// Moves one head one step up: to its next hull vertex, one token quantum more, or its next width.
+void Step(const Context& ctx, const HeadModel& m, const std::vector<Vertex>& hull, MoveKind kind,
+          HeadState* s) {
+  if (kind == MoveKind::kSegment) {
+    ++s->vertex;
+    s->k = hull[s->vertex].k;
+    s->c = hull[s->vertex].c;
+  } else {
+    if (kind == MoveKind::kTokens) {
+      s->k = std::min(m.T, s->k + ctx.quantum);
+    } else {
+      ++s->c;
+    }
+    const int next = s->vertex + 1;
+    s->vertex = s->vertex >= 0 && next < static_cast<int>(hull.size()) && hull[next].k == s->k &&
+                        hull[next].c == s->c
+                    ? next
+                    : -1;
+  }
+  s->bytes = m.Bytes(ctx, s->k, s->c);
+  s->Rk = m.R(s->k);
+  s->D = m.D(s->Rk, s->c);
+}
+
+// The fill: single steps up, best ratio first, while they fit. A move that does not fit now never
+// will (the budget only shrinks).
+void Fill(const Context& ctx, const std::vector<HeadModel>& models,
+          const std::vector<std::vector<Vertex>>& hulls, std::vector<HeadState>* state,
+          double* left) {
+  const size_t H = state->size();
+  std::priority_queue<Move> heap;
+  std::vector<int> version(H, 0);
+  for (size_t h = 0; h < H; ++h) {
+    PushMoves(ctx, models[h], hulls[h], (*state)[h], static_cast<int>(h), 0, &heap);
+  }
+  while (!heap.empty()) {
+    const Move mv = heap.top();
+    heap.pop();
+    if (mv.version != version[mv.head] || mv.cost > *left) continue;
+    HeadState& s = (*state)[mv.head];
+    Step(ctx, models[mv.head], hulls[mv.head], mv.kind, &s);
+    *left -= mv.cost;
+    PushMoves(ctx, models[mv.head], hulls[mv.head], s, mv.head, ++version[mv.head], &heap);
+  }
 }
 
 // Takes the segments of highest ratio while they fit, exactly as the greedy over the sorted list
@@ -407,13 +462,11 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
     // One allocation unit: a token quantum at the widest width, or the largest width step of all
     // the quantized tokens.
     if (m.vary_kept) {
-      r.unit =
-          std::max(r.unit, static_cast<double>(ctx.quantum) * ctx.pairs[m.pair_hull.back()].bpt);
+      r.unit = std::max(r.unit, static_cast<double>(ctx.quantum) * ctx.pairs[m.widths.back()].bpt);
     }
-    for (size_t c = 0; c + 1 < m.pair_hull.size(); ++c) {
-      r.unit =
-          std::max(r.unit, static_cast<double>(m.T - m.F) *
-                               (ctx.pairs[m.pair_hull[c + 1]].bpt - ctx.pairs[m.pair_hull[c]].bpt));
+    for (size_t c = 0; c + 1 < m.widths.size(); ++c) {
+      r.unit = std::max(r.unit, static_cast<double>(m.T - m.F) *
+                                    (ctx.pairs[m.widths[c + 1]].bpt - ctx.pairs[m.widths[c]].bpt));
     }
   }
   const double budget = static_cast<double>(in.budget_bytes);
@@ -454,40 +507,8 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
   }
   // Phase 2, the fill: what is left goes to whole segments, token quanta (partway along a
   // segment: at least the segment's ratio, D being convex in k) and width steps, best ratio first
-  // among those that fit. A move that does not fit now never will (the budget only shrinks).
-  std::priority_queue<Move> heap;
-  std::vector<int> version(H, 0);
-  for (size_t h = 0; h < H; ++h) {
-    PushMoves(ctx, r.models[h], hulls[h], r.state[h], static_cast<int>(h), 0, &heap);
-  }
-  while (!heap.empty()) {
-    const Move mv = heap.top();
-    heap.pop();
-    if (mv.version != version[mv.head] || mv.cost > left) continue;
-    HeadState& s = r.state[mv.head];
-    const HeadModel& m = r.models[mv.head];
-    const std::vector<Vertex>& hull = hulls[mv.head];
-    if (mv.kind == MoveKind::kSegment) {
-      const Vertex& v = hull[++s.vertex];
-      s.k = v.k;
-      s.c = v.c;
-    } else {
-      if (mv.kind == MoveKind::kTokens) {
-        s.k = std::min(m.T, s.k + ctx.quantum);
-      } else {
-        ++s.c;
-      }
-      const bool next = s.vertex >= 0 && s.vertex + 1 < static_cast<int>(hull.size()) &&
-                        hull[s.vertex + 1].k == s.k && hull[s.vertex + 1].c == s.c;
-      s.vertex = next ? s.vertex + 1 : -1;
-    }
-    s.bytes = m.Bytes(ctx, s.k, s.c);
-    s.Rk = m.R(s.k);
-    s.D = m.D(s.Rk, s.c);
-    left -= mv.cost;
-    ++version[mv.head];
-    PushMoves(ctx, m, hull, s, mv.head, version[mv.head], &heap);
-  }
+  // among those that fit.
+  Fill(ctx, r.models, hulls, &r.state, &left);
   r.saturated = true;
   for (size_t h = 0; h < H && r.saturated; ++h) {
     std::priority_queue<Move> probe;
@@ -506,7 +527,7 @@ JointHeadPlan Describe(const Context& ctx, const HeadModel& m, const HeadState& 
   p.head = m.in->head;
   p.tokens = m.T;
   p.kept = s.k;
-  const Pair& pair = ctx.pairs[m.pair_hull[s.c]];
+  const Pair& pair = ctx.pairs[m.widths[s.c]];
   p.k_bits = pair.k_bits;
   p.v_bits = pair.v_bits;
   p.bytes = m.Bytes(ctx, s.k, s.c);

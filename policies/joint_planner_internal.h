@@ -46,10 +46,14 @@ struct HeadModel {
   int64_t T = 0, F = 0, kmin = 0;
   double RF = 0;
   double q0 = 0;
-  double s = 0;                // Parametric scale; 0 = uniform or tabulated.
-  double norm = 0;             // expm1(-T / s): R's denominator, once per head.
-  std::vector<int> pair_hull;  // Indices into Context::pairs: bpt up, q down.
-  std::vector<double> q;       // q per pair_hull entry.
+  double s = 0;     // Parametric scale; 0 = uniform or tabulated.
+  double norm = 0;  // expm1(-T / s): R's denominator, once per head.
+  // The head's width pairs that no other pair beats on both bytes and q (indices into
+  // Context::pairs, bytes up, q strictly down): the steps the fill and the exchange take. The
+  // hulls use only those of them on the lower convex hull of (bytes per token, q): `convex`.
+  std::vector<int> widths;
+  std::vector<double> q;    // Per widths entry.
+  std::vector<int> convex;  // Indices into widths.
   bool vary_kept = true;
   double tol = 0;  // Distortion changes at most this are rounding, not gains.
 
@@ -64,7 +68,7 @@ struct HeadModel {
   }
   double Bytes(const Context& ctx, int64_t k, int c) const {
     return static_cast<double>(F) * ctx.fp16_bpt +
-           static_cast<double>(k - F) * ctx.pairs[pair_hull[c]].bpt;
+           static_cast<double>(k - F) * ctx.pairs[widths[c]].bpt;
   }
 };
 
