@@ -7,6 +7,7 @@
 
 #include "kernels/attention_block.h"
 #include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_warp_ops.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -218,122 +219,51 @@ bool CudaAttentionPlan::shared_scratch() const { return s_->args.global_scratch 
 
 Status DecodeAttentionCudaHost(const QuantSpec& spec, std::span<const HostAttentionHead> heads,
                                int group, float scale, int splits) {
-  KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
-  if (heads.empty()) return InvalidArgument("heads: got 0, expected at least one head");
-  const BlockLayout layout = BlockLayoutOf(spec);
-  const int d = spec.head_dim, gt = spec.block_tokens;
+  AttentionStaging st;
+  KVCTL_RETURN_IF_ERROR(StageAttention(spec, heads, group, scale, &st));
   const bool oscar = spec.method == QuantMethod::kOscar;
-  DType dtype = DType::kF32;
-  bool have_dtype = false;
-  // Everything packed host-side into one staging image per kind, then uploaded once.
-  std::vector<uint8_t> rec_bytes, window_bytes;
-  std::vector<float> norms, qs;
-  struct Offsets {
-    size_t rec, norm, wk, wv, q;
-  };
-  std::vector<Offsets> off(heads.size());
-  for (size_t h = 0; h < heads.size(); ++h) {
-    const HostAttentionHead& hh = heads[h];
-    AttentionQuery query{hh.q, group, scale};
-    KVCTL_RETURN_IF_ERROR(ValidateAttention(spec, hh.kv, query, hh.result));
-    const AttentionKv& kv = hh.kv;
-    off[h].rec = rec_bytes.size();
-    off[h].norm = norms.size();
-    for (int64_t r = 0; r < kv.num_records; ++r) {
-      rec_bytes.insert(rec_bytes.end(), kv.records[r], kv.records[r] + layout.record_bytes);
-      if (oscar) norms.insert(norms.end(), kv.record_norms[r], kv.record_norms[r] + gt);
-    }
-    const int64_t rows = kv.window_k.tokens;
-    if (rows > 0) {
-      if (have_dtype && kv.window_k.dtype != dtype) {
-        return InvalidArgument("heads[", h, "].kv.window_k.dtype: got ",
-                               static_cast<int>(kv.window_k.dtype), ", expected ",
-                               static_cast<int>(dtype), " (one window dtype per call)");
-      }
-      if (kv.window_v.dtype != kv.window_k.dtype) {
-        return InvalidArgument("heads[", h, "].kv.window_v.dtype: got ",
-                               static_cast<int>(kv.window_v.dtype), ", expected window_k's ",
-                               static_cast<int>(kv.window_k.dtype));
-      }
-      dtype = kv.window_k.dtype;
-      have_dtype = true;
-      const size_t es = DTypeSize(dtype);
-      for (const KvTensorView* view : {&kv.window_k, &kv.window_v}) {
-        (view == &kv.window_k ? off[h].wk : off[h].wv) = window_bytes.size();
-        const uint8_t* base = static_cast<const uint8_t*>(view->data);
-        for (int64_t t = 0; t < rows; ++t) {
-          const uint8_t* row =
-              base + (t * view->token_stride + kv.window_head * view->head_stride) * es;
-          window_bytes.insert(window_bytes.end(), row, row + d * es);
-        }
-      }
-    }
-    off[h].q = qs.size();
-    qs.insert(qs.end(), hh.q, hh.q + static_cast<size_t>(group) * d);
-  }
+  const size_t n_rec = static_cast<size_t>(st.total_records);
   DeviceBuffer<uint8_t> d_rec, d_window;
   DeviceBuffer<float> d_norms, d_q, d_out, d_lse;
   DeviceBuffer<const uint8_t*> d_rec_ptrs;
   DeviceBuffer<const float*> d_norm_ptrs;
-  KVCTL_CUDA_RETURN_IF_ERROR(d_rec.Allocate(rec_bytes.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(d_window.Allocate(window_bytes.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(d_norms.Allocate(norms.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(d_q.Allocate(qs.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(d_out.Allocate(qs.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(d_rec.Allocate(st.records.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(d_window.Allocate(st.windows.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(d_norms.Allocate(st.norms.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(d_q.Allocate(st.q.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(d_out.Allocate(st.q.size()));
   KVCTL_CUDA_RETURN_IF_ERROR(d_lse.Allocate(heads.size() * group));
-  // Record pointer tables: in reverse order inside each head, which softmax must not notice.
-  std::vector<const uint8_t*> rec_ptrs;
-  std::vector<const float*> norm_ptrs;
-  std::vector<CudaAttentionHead> dev(heads.size());
-  std::vector<size_t> first_ptr(heads.size());
-  for (size_t h = 0; h < heads.size(); ++h) {
-    const AttentionKv& kv = heads[h].kv;
-    first_ptr[h] = rec_ptrs.size();
-    for (int64_t r = kv.num_records - 1; r >= 0; --r) {
-      rec_ptrs.push_back(d_rec.ptr + off[h].rec + r * layout.record_bytes);
-      if (oscar) norm_ptrs.push_back(d_norms.ptr + off[h].norm + r * gt);
-    }
-    dev[h].num_records = kv.num_records;
-    if (kv.window_k.tokens > 0) {
-      const int64_t row_bytes = static_cast<int64_t>(d) * DTypeSize(dtype);
-      dev[h].window_k = d_window.ptr + off[h].wk;
-      dev[h].window_v = d_window.ptr + off[h].wv;
-      dev[h].window_k_row_bytes = row_bytes;
-      dev[h].window_v_row_bytes = row_bytes;
-      dev[h].window_rows = kv.window_k.tokens;
-    }
-    dev[h].q = d_q.ptr + off[h].q;
-    dev[h].out = d_out.ptr + off[h].q;
-    dev[h].lse = d_lse.ptr + h * group;
-  }
-  KVCTL_CUDA_RETURN_IF_ERROR(d_rec_ptrs.Allocate(rec_ptrs.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(d_norm_ptrs.Allocate(norm_ptrs.size()));
-  for (size_t h = 0; h < heads.size(); ++h) {
-    if (dev[h].num_records == 0) continue;
-    dev[h].records = d_rec_ptrs.ptr + first_ptr[h];
-    if (oscar) dev[h].record_norms = d_norm_ptrs.ptr + first_ptr[h];
-  }
+  KVCTL_CUDA_RETURN_IF_ERROR(d_rec_ptrs.Allocate(n_rec));
+  KVCTL_CUDA_RETURN_IF_ERROR(d_norm_ptrs.Allocate(oscar ? n_rec : 0));
+  AttentionPlacement at{d_rec.ptr, d_norms.ptr, d_window.ptr,   d_q.ptr,
+                        d_out.ptr, d_lse.ptr,   d_rec_ptrs.ptr, d_norm_ptrs.ptr};
+  std::vector<const uint8_t*> rec_ptrs(n_rec);
+  std::vector<const float*> norm_ptrs(oscar ? n_rec : 0);
+  std::vector<CudaAttentionHead> table;
+  BuildAttentionTables(spec, st, group, at, rec_ptrs.data(), norm_ptrs.data(), &table);
   const auto up = [](void* dst, const void* src, size_t bytes) {
     return bytes ? cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) : cudaSuccess;
   };
-  KVCTL_CUDA_RETURN_IF_ERROR(up(d_rec.ptr, rec_bytes.data(), rec_bytes.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(up(d_window.ptr, window_bytes.data(), window_bytes.size()));
-  KVCTL_CUDA_RETURN_IF_ERROR(up(d_norms.ptr, norms.data(), norms.size() * sizeof(float)));
-  KVCTL_CUDA_RETURN_IF_ERROR(up(d_q.ptr, qs.data(), qs.size() * sizeof(float)));
+  KVCTL_CUDA_RETURN_IF_ERROR(up(d_rec.ptr, st.records.data(), st.records.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(up(d_window.ptr, st.windows.data(), st.windows.size()));
+  KVCTL_CUDA_RETURN_IF_ERROR(up(d_norms.ptr, st.norms.data(), st.norms.size() * sizeof(float)));
+  KVCTL_CUDA_RETURN_IF_ERROR(up(d_q.ptr, st.q.data(), st.q.size() * sizeof(float)));
   KVCTL_CUDA_RETURN_IF_ERROR(
       up(d_rec_ptrs.ptr, rec_ptrs.data(), rec_ptrs.size() * sizeof(const uint8_t*)));
   KVCTL_CUDA_RETURN_IF_ERROR(
       up(d_norm_ptrs.ptr, norm_ptrs.data(), norm_ptrs.size() * sizeof(const float*)));
-  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<CudaAttentionPlan> plan,
-                         CudaAttentionPlan::Create(spec, dev, group, scale, dtype, splits));
+  KVCTL_ASSIGN_OR_RETURN(
+      std::unique_ptr<CudaAttentionPlan> plan,
+      CudaAttentionPlan::Create(spec, table, group, scale, st.window_dtype, splits));
   KVCTL_RETURN_IF_ERROR(plan->Run());
-  std::vector<float> out(qs.size()), lse(heads.size() * group);
+  std::vector<float> out(st.q.size()), lse(heads.size() * group);
   KVCTL_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(out.data(), d_out.ptr, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
   KVCTL_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  const int d = spec.head_dim;
   for (size_t h = 0; h < heads.size(); ++h) {
-    memcpy(heads[h].result.out, out.data() + off[h].q, sizeof(float) * group * d);
+    memcpy(heads[h].result.out, out.data() + st.heads[h].q, sizeof(float) * group * d);
     memcpy(heads[h].result.lse, lse.data() + h * group, sizeof(float) * group);
   }
   return OkStatus();
