@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job: set up and build, start the kvctl daemon on configs/default.toml (CPU
-# pool), run a short engine-like client session against it (prefill, token-by-token decode
-# through shared-memory staging, dense fetch, STATS), then stop the daemon with SIGTERM.
+# pool), generate a continuation of a prompt with SmolLM2-135M (HF transformers, CPU, float32)
+# whose KV cache lives in the daemon (python/kvctl/hf.py), print the text, the bits/element,
+# the memory against an fp16 cache and a STATS snapshot, then stop the daemon with SIGTERM.
+# Extra arguments go to the generator: --prompt TEXT, --max-new-tokens N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -16,7 +18,7 @@ for _ in $(seq 1 100); do
   kill -0 $DAEMON 2>/dev/null || { echo "run.sh: kvctl exited at start" >&2; exit 1; }
   sleep 0.1
 done
-./build/bin/kvdemo --endpoint "$ENDPOINT" "$@"
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m kvctl.hf --endpoint "$ENDPOINT" "$@"
 kill -TERM $DAEMON
 wait $DAEMON
 trap - EXIT
