@@ -9,21 +9,22 @@
 // flush_tokens tokens they are quantized once, as flush_tokens / block_tokens records.
 //
 // Storage is ragged: with eviction on (EvictionSettings), each head keeps its own tokens under its
-// own budget, checked after every append. Evicting tokens that live in records compacts that head
-// (docs/budgets.md): records before the first one with an evicted token stay as they are; the kept
-// tokens of the later records are decoded, rounded to fp16 and go back, with the kept tail and the
-// new tokens, through the same flush rule, so they are re-quantized into fresh full records (or
-// wait in the fp16 tail). Sinks and the protected recent window are never evicted. OScaR's token
-// norm spans the heads of a layer, so eviction with OScaR is refused at config load.
+// own budget, checked after every append, and the never-evicted first tokens stay fp16 sink rows.
+// Evicting tokens that live in records compacts that head (docs/budgets.md): a record whose tokens
+// all stay keeps its bytes (moved down past dropped records), a record that loses every token is
+// dropped, and the kept tokens of partly evicted records are decoded, rounded to fp16 and
+// re-quantized into fresh full records (a remainder waits in the fp16 tail). Sinks and the
+// protected recent window are never evicted. OScaR's token norm spans the heads of a layer, so
+// eviction with OScaR is refused at config load.
 //
 // Rows of the sink and tail are stored as fp16 when the layer quantizes, so a token's path to its
 // record does not depend on how appends were batched. A lossless layer (quant.method = "none")
 // never flushes and stores rows in the session dtype: reads return exactly what was appended.
 //
 // Append is all or nothing: it validates everything, scores and evicts, quantizes into temporary
-// memory, reserves
-// every page it needs in one allocation, and only then changes stored state. On any error (bad
-// shape, NaN, fp16 overflow, RESOURCE_EXHAUSTED) the sequence is unchanged.
+// memory, reserves every page it needs in one allocation, and only then changes stored state. On
+// any error (bad shape, NaN, fp16 overflow, missing Q, RESOURCE_EXHAUSTED) the sequence is
+// unchanged.
 //
 // Thread safety: none; callers serialise operations on one sequence (the daemon holds a
 // per-sequence mutex).
