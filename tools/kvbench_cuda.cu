@@ -122,6 +122,7 @@ struct DeviceKv {
   DeviceBuffer<float> k, v, norms;           // norms: [tokens], layer-wide (OScaR).
   std::vector<float> q;                      // [q_heads, D] of the last chunk token, host.
   std::vector<uint16_t> window_k, window_v;  // Host fp16 [heads][kChunkTokens][D] for windows.
+  std::vector<uint16_t> bf16_k, bf16_v;      // The same rows in bf16 (the dense baseline).
 };
 
 void MakeDeviceKv(int heads, int q_heads, int d, int64_t tokens, DeviceKv* out) {
@@ -133,6 +134,8 @@ void MakeDeviceKv(int heads, int q_heads, int d, int64_t tokens, DeviceKv* out) 
   std::vector<float> hk(static_cast<size_t>(heads) * kChunkTokens * d), hv(hk.size());
   out->window_k.resize(hk.size());
   out->window_v.resize(hk.size());
+  out->bf16_k.resize(hk.size());
+  out->bf16_v.resize(hk.size());
   for (int h = 0; h < heads; ++h) {
     for (int64_t t = 0; t < kChunkTokens; ++t) {
       for (int c = 0; c < d; ++c) {
@@ -141,6 +144,8 @@ void MakeDeviceKv(int heads, int q_heads, int d, int64_t tokens, DeviceKv* out) 
         hv[dst] = kv.v[src];
         out->window_k[dst] = FloatToHalf(kv.k[src]);
         out->window_v[dst] = FloatToHalf(kv.v[src]);
+        out->bf16_k[dst] = FloatToBf16(kv.k[src]);
+        out->bf16_v[dst] = FloatToBf16(kv.v[src]);
       }
     }
   }
@@ -251,9 +256,10 @@ void BenchQuantize(const Options& opt, double copy_gbps, std::ostringstream& js)
        << ", \"fraction_of_copy\": " << gbps / copy_gbps
        << ", \"fp16_overflow\": " << (host_overflow ? "true" : "false") << "}";
     first_item = false;
-    std::fprintf(
-        stderr, "quantize %-6s 2-bit %lld tokens x %d heads: %.1f us, %.0f GB/s = %.3f of copy\n",
-        QuantMethodName(m), static_cast<long long>(tokens), heads, us, gbps, gbps / copy_gbps);
+    std::fprintf(stderr,
+                 "quantize %-6s 2-bit %lld tokens x %d heads: %.1f us, %.0f GB/s = %.3f of copy\n",
+                 std::string(QuantMethodName(m)).c_str(), static_cast<long long>(tokens), heads, us,
+                 gbps, gbps / copy_gbps);
   }
   js << "]";
 }
@@ -262,6 +268,90 @@ struct Geometry {
   const char* model;
   int kv_heads, q_heads, d;
 };
+
+// One attention row of the JSON and the log.
+struct AttnRow {
+  const Geometry* geo;
+  int64_t tokens;
+  std::string method;
+  int bits;
+  int64_t records, window_rows;
+  int splits;
+  double us, bytes;
+  bool finite;
+};
+
+void EmitAttention(const AttnRow& r, bool* first_item, std::ostringstream& js) {
+  js << (*first_item ? "" : ", ") << "{\"model\": \"" << r.geo->model
+     << "\", \"kv_heads\": " << r.geo->kv_heads << ", \"q_heads\": " << r.geo->q_heads
+     << ", \"head_dim\": " << r.geo->d << ", \"tokens\": " << r.tokens << ", \"method\": \""
+     << r.method << "\", \"bits\": " << r.bits << ", \"records\": " << r.records
+     << ", \"window_rows\": " << r.window_rows << ", \"splits\": " << r.splits
+     << ", \"us\": " << r.us << ", \"bytes_read\": " << r.bytes
+     << ", \"gbps\": " << r.bytes / (r.us * 1e3)
+     << ", \"output_finite\": " << (r.finite ? "true" : "false") << "}";
+  *first_item = false;
+  std::fprintf(stderr, "attention %-12s T=%-6lld %-10s: %8.1f us  %6.0f GB/s  splits %d\n",
+               r.geo->model, static_cast<long long>(r.tokens), r.method.c_str(), r.us,
+               r.bytes / (r.us * 1e3), r.splits);
+}
+
+// Runs the plan, returns its median time and whether every output is finite.
+double TimePlan(const CudaAttentionPlan& plan, const float* d_out, size_t n, bool* finite) {
+  const double us = MedianUs([&] { CheckStatus(plan.Enqueue(nullptr), "enqueue"); });
+  BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> out(n);
+  BENCH_CHECK_CUDA(cudaMemcpy(out.data(), d_out, n * 4, cudaMemcpyDeviceToHost));
+  *finite = true;
+  for (float x : out) *finite &= std::isfinite(x);
+  return us;
+}
+
+// The dense baseline through the same kernel: every token a bf16 window row (no records), the
+// window split across parts like records.
+void BenchDenseBf16(const Geometry& geo, const DeviceKv& kv, int64_t tokens, bool* first_item,
+                    std::ostringstream& js) {
+  const int g = geo.q_heads / geo.kv_heads;
+  const size_t rows = static_cast<size_t>(tokens);
+  DeviceBuffer<uint16_t> d_k, d_v;
+  DeviceBuffer<float> d_q, d_out, d_lse;
+  BENCH_CHECK_CUDA(d_k.Allocate(rows * geo.kv_heads * geo.d));
+  BENCH_CHECK_CUDA(d_v.Allocate(rows * geo.kv_heads * geo.d));
+  for (int h = 0; h < geo.kv_heads; ++h) {
+    for (size_t r0 = 0; r0 < rows; r0 += kChunkTokens) {
+      const size_t len = std::min<size_t>(kChunkTokens, rows - r0) * geo.d;
+      const size_t at = (h * rows + r0) * geo.d;
+      const size_t src = static_cast<size_t>(h) * kChunkTokens * geo.d;
+      BENCH_CHECK_CUDA(
+          cudaMemcpy(d_k.ptr + at, kv.bf16_k.data() + src, len * 2, cudaMemcpyHostToDevice));
+      BENCH_CHECK_CUDA(
+          cudaMemcpy(d_v.ptr + at, kv.bf16_v.data() + src, len * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  BENCH_CHECK_CUDA(d_q.Allocate(kv.q.size()));
+  BENCH_CHECK_CUDA(d_out.Allocate(kv.q.size()));
+  BENCH_CHECK_CUDA(d_lse.Allocate(geo.q_heads));
+  BENCH_CHECK_CUDA(cudaMemcpy(d_q.ptr, kv.q.data(), kv.q.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<CudaAttentionHead> heads(geo.kv_heads);
+  for (int h = 0; h < geo.kv_heads; ++h) {
+    CudaAttentionHead& hd = heads[h];
+    hd.window_k = reinterpret_cast<const uint8_t*>(d_k.ptr + h * rows * geo.d);
+    hd.window_v = reinterpret_cast<const uint8_t*>(d_v.ptr + h * rows * geo.d);
+    hd.window_k_row_bytes = hd.window_v_row_bytes = 2 * geo.d;
+    hd.window_rows = tokens;
+    hd.q = d_q.ptr + h * g * geo.d;
+    hd.out = d_out.ptr + h * g * geo.d;
+    hd.lse = d_lse.ptr + h * g;
+  }
+  auto plan = CudaAttentionPlan::Create(Spec(QuantMethod::kFp16, geo.d, 16), heads, g,
+                                        1.0f / std::sqrt(static_cast<float>(geo.d)), DType::kBF16);
+  CheckStatus(plan.status(), "CudaAttentionPlan::Create (dense bf16)");
+  bool finite = false;
+  const double us = TimePlan(**plan, d_out.ptr, kv.q.size(), &finite);
+  EmitAttention({&geo, tokens, "dense-bf16", 16, 0, tokens, (*plan)->splits(), us,
+                 2.0 * tokens * geo.d * 2 * geo.kv_heads, finite},
+                first_item, js);
+}
 
 void BenchAttention(const Options& opt, std::ostringstream& js) {
   const Geometry geos[] = {{"SmolLM2-135M", 3, 9, 64}, {"Llama-3-8B", 8, 32, 128}};
@@ -274,6 +364,7 @@ void BenchAttention(const Options& opt, std::ostringstream& js) {
     DeviceKv kv;
     MakeDeviceKv(geo.kv_heads, geo.q_heads, geo.d, kChunkTokens, &kv);
     for (int64_t tokens : lengths) {
+      BenchDenseBf16(geo, kv, tokens, &first_item, js);
       for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
                             QuantMethod::kKvarn, QuantMethod::kOscar}) {
         if (opt.quick && (m == QuantMethod::kQuaRot || m == QuantMethod::kOscar)) continue;
@@ -355,26 +446,14 @@ void BenchAttention(const Options& opt, std::ostringstream& js) {
         auto plan = CudaAttentionPlan::Create(
             spec, heads, g, 1.0f / std::sqrt(static_cast<float>(geo.d)), DType::kF16);
         CheckStatus(plan.status(), "CudaAttentionPlan::Create");
-        const double us = MedianUs([&] { CheckStatus((*plan)->Enqueue(nullptr), "enqueue"); });
-        BENCH_CHECK_CUDA(cudaDeviceSynchronize());
-        std::vector<float> out(kv.q.size());
-        BENCH_CHECK_CUDA(cudaMemcpy(out.data(), d_out.ptr, out.size() * 4, cudaMemcpyDeviceToHost));
-        bool finite = true;
-        for (float x : out) finite &= std::isfinite(x);
+        bool finite = false;
+        const double us = TimePlan(**plan, d_out.ptr, kv.q.size(), &finite);
         const double bytes =
             static_cast<double>(rb) * nrec * geo.kv_heads + 2.0 * window * geo.d * 2 * geo.kv_heads;
-        js << (first_item ? "" : ", ") << "{\"model\": \"" << geo.model
-           << "\", \"kv_heads\": " << geo.kv_heads << ", \"q_heads\": " << geo.q_heads
-           << ", \"head_dim\": " << geo.d << ", \"tokens\": " << tokens << ", \"method\": \""
-           << QuantMethodName(m) << "\", \"bits\": " << (m == QuantMethod::kFp16 ? 16 : 2)
-           << ", \"records\": " << nrec << ", \"window_rows\": " << window
-           << ", \"splits\": " << (*plan)->splits() << ", \"us\": " << us
-           << ", \"bytes_read\": " << bytes << ", \"gbps\": " << bytes / (us * 1e3)
-           << ", \"output_finite\": " << (finite ? "true" : "false") << "}";
-        first_item = false;
-        std::fprintf(stderr, "attention %-12s T=%-6lld %-6s: %8.1f us  %6.0f GB/s  splits %d\n",
-                     geo.model, static_cast<long long>(tokens), QuantMethodName(m), us,
-                     bytes / (us * 1e3), (*plan)->splits());
+        EmitAttention(
+            {&geo, tokens, std::string(QuantMethodName(m)), m == QuantMethod::kFp16 ? 16 : 2, nrec,
+             window, (*plan)->splits(), us, bytes, finite},
+            &first_item, js);
       }
     }
   }

@@ -66,15 +66,15 @@ __global__ void MergePartsKernel(KernelArgs a) {
   attn::MergeChunk<kMaxCudaAttentionSplits>(a, idx);
 }
 
-int DefaultSplits(int num_heads, int64_t max_records) {
+int DefaultSplits(int num_heads, int64_t max_units) {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     sms = 108;
   }
-  // ~16 resident warps per SM in total, but at least one record per part.
+  // ~16 resident warps per SM in total, but at least one record or window chunk per part.
   int64_t s = (16LL * sms + num_heads - 1) / num_heads;
-  if (s > max_records) s = max_records;
+  if (s > max_units) s = max_units;
   if (s > kMaxCudaAttentionSplits) s = kMaxCudaAttentionSplits;
   return s < 1 ? 1 : static_cast<int>(s);
 }
@@ -146,10 +146,13 @@ StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
     return InvalidArgument("splits: got ", splits, ", expected 0 (auto)..",
                            kMaxCudaAttentionSplits);
   }
-  int64_t max_records = 1;
+  // Parts are worth having up to one record or one block_tokens window chunk each.
+  int64_t max_units = 1;
   for (size_t i = 0; i < heads.size(); ++i) {
     KVCTL_RETURN_IF_ERROR(ValidateHead(spec, heads[i], static_cast<int>(i), window_dtype));
-    if (heads[i].num_records > max_records) max_records = heads[i].num_records;
+    const int64_t units =
+        heads[i].num_records + (heads[i].window_rows + spec.block_tokens - 1) / spec.block_tokens;
+    if (units > max_units) max_units = units;
   }
   auto state = std::make_unique<State>();
   KernelArgs& a = state->args;
@@ -160,7 +163,7 @@ StatusOr<std::unique_ptr<CudaAttentionPlan>> CudaAttentionPlan::Create(
   a.group = group;
   a.scale = scale;
   a.num_heads = static_cast<int>(heads.size());
-  a.splits = splits > 0 ? splits : DefaultSplits(a.num_heads, max_records);
+  a.splits = splits > 0 ? splits : DefaultSplits(a.num_heads, max_units);
   a.scratch_floats = attn::ScratchFloats(spec, group);
   // Keep every warp's Work 16-byte aligned.
   a.scratch_floats = (a.scratch_floats + 3) / 4 * 4;

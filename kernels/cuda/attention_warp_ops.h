@@ -201,9 +201,10 @@ struct PartsArgs {
   int64_t scratch_floats = 0;       // Per warp, >= ScratchFloats(spec, group).
 };
 
-// Part `part` = head part / splits, k = part % splits: the head's records
-// [n k / S, n (k + 1) / S), plus its window in the last part, through Attend<Ops> (the CPU
-// reference's own driver) into part_out / part_lse. Called by all lanes of one warp.
+// Part `part` = head part / splits, k = part % splits: the head's records [n k / S, n (k + 1) / S)
+// and window rows [W k / S, W (k + 1) / S) (so a long full-precision window is split too),
+// through Attend<Ops> (the CPU reference's own driver) into part_out / part_lse. Called by all
+// lanes of one warp.
 template <class Ops, class Head>
 KVCTL_HOST_DEVICE inline void AttendPart(const PartsArgs<Head>& a, int64_t part, float* scratch) {
   const int h = static_cast<int>(part / a.splits);
@@ -218,14 +219,16 @@ KVCTL_HOST_DEVICE inline void AttendPart(const PartsArgs<Head>& a, int64_t part,
   p.records = hd.records ? hd.records + first : nullptr;
   p.norms = hd.record_norms ? hd.record_norms + first : nullptr;
   p.num_records = last - first;
-  if (k == a.splits - 1 && hd.window_rows > 0) {
-    p.window_k = hd.window_k;
-    p.window_v = hd.window_v;
+  const int64_t w0 = hd.window_rows * k / a.splits;
+  const int64_t w1 = hd.window_rows * (k + 1) / a.splits;
+  if (w1 > w0) {
+    p.window_k = hd.window_k + w0 * hd.window_k_row_bytes;
+    p.window_v = hd.window_v + w0 * hd.window_v_row_bytes;
     p.window_k_row_bytes = hd.window_k_row_bytes;
     p.window_v_row_bytes = hd.window_v_row_bytes;
     p.window_k_format = a.window_format;
     p.window_v_format = a.window_format;
-    p.window_rows = hd.window_rows;
+    p.window_rows = w1 - w0;
   }
   p.q = hd.q;
   p.group = a.group;
