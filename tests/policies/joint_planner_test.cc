@@ -367,6 +367,46 @@ TEST_CASE("JointPlanner: bounds, floor and protected tokens", "[policies][joint]
   for (size_t i = 0; i < p->heads.size(); ++i) CHECK(p->heads[i].kept >= in.heads[i].tokens - 5);
 }
 
+TEST_CASE("JointPlanner: degenerate inputs plan without surprises", "[policies][joint]") {
+  std::mt19937_64 rng(19);
+  Shape shape;
+  shape.layers = 2;
+  shape.heads = 2;
+  const JointPlanInput base = RandomInput(rng, shape);
+  for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
+    INFO(JointModeName(mode));
+    // Every token fixed: nothing to choose, fp16 bytes, no distortion.
+    JointPlanInput in = base;
+    for (JointHeadInput& h : in.heads) h.fixed_tokens = h.tokens;
+    in.budget_bytes = static_cast<int64_t>(Fp16Bytes(in));
+    StatusOr<JointPlan> p = PlanJoint(in, mode);
+    REQUIRE(p.ok());
+    CHECK(p->bytes == Approx(Fp16Bytes(in)));
+    CHECK(p->distortion == 0);
+    CHECK(p->saturated);
+    // Nothing ever errs (alpha 0): the cheapest plan is already the best.
+    in = base;
+    for (JointHeadInput& h : in.heads) h.alpha_k = h.alpha_v = 0;
+    in.budget_bytes = int64_t{1} << 30;
+    p = PlanJoint(in, mode);
+    REQUIRE(p.ok());
+    CHECK(p->distortion == 0);
+    CHECK(p->bytes == Approx(p->min_bytes));
+    CHECK(p->saturated);
+    // One token per head, a quantum larger than the sequence.
+    in = base;
+    for (JointHeadInput& h : in.heads) {
+      h.tokens = 1;
+      h.fixed_tokens = 0;
+    }
+    in.token_quantum = 64;
+    in.budget_bytes = int64_t{1} << 30;
+    p = PlanJoint(in, mode);
+    REQUIRE(p.ok());
+    for (const JointHeadPlan& h : p->heads) CHECK(h.kept == 1);
+  }
+}
+
 TEST_CASE("JointPlanner: bytes per token come from the registry", "[policies][joint]") {
   std::mt19937_64 rng(16);
   Shape s;
