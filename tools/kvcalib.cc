@@ -113,8 +113,9 @@ CLI::App* AddFitCommand(CLI::App& app, kvctl::FitCommandOptions& o, bool& quick)
 CLI::App* AddPlanCommand(CLI::App& app, kvctl::PlanCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "plan",
-      "Per-(layer, head) K/V widths for a b/e budget (and per-layer token budgets) from a "
-      "profile, with the totals checked");
+      "Per-(layer, head) K/V widths for a b/e budget (and per-layer token budgets), or with "
+      "--mode the tokens kept and widths for one byte budget, from a profile, with the totals "
+      "checked");
   cmd->add_option("--profile", o.profile, "Profile TOML written by kvcalib fit")->required();
   cmd->add_option("--budget-bpe", o.plan.quant.budget_bpe,
                   "Average bits per element over K and V, metadata included (the b/e plan)");
