@@ -271,36 +271,51 @@ struct GridCache {
   std::vector<double> R;
 };
 
-// The head's hull over (grid kept counts) x (its widths). Each width's chain is convex and sorted
-// by bytes, so the hull is built chain by chain: merge the hull so far with the next chain and
-// prune, O(widths x (grid + hull)) instead of sorting the union.
+// The head's hull over (grid kept counts) x (its hull widths). Each width's chain is convex and
+// sorted by bytes (k ascending), so the chains are merged by bytes (a scan over the few chains per
+// point) into one sorted list and the hull is one pass over it: no sort, no rebuilding.
 void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
                std::vector<HullPoint>* acc, std::vector<HullPoint>* merged, std::vector<int>* idx,
                std::vector<double>* ratios, Hulls* out) {
-  const size_t G = grid.k.size();
-  acc->clear();
-  for (const int c : m.convex) {
-    merged->clear();
-    size_t a = 0, j = 0;
-    while (a < acc->size() || j < G) {
-      HullPoint p;
-      if (j < G) {
-        p = {m.Bytes(ctx, grid.k[j], static_cast<int>(c)), m.D(grid.R[j], static_cast<int>(c)),
-             static_cast<int>(j), static_cast<int>(c)};
-      }
-      if (j == G ||
-          (a < acc->size() && ((*acc)[a].x < p.x || ((*acc)[a].x == p.x && (*acc)[a].y <= p.y)))) {
-        merged->push_back((*acc)[a++]);
-      } else {
-        merged->push_back(p);
-        ++j;
+  const int G = static_cast<int>(grid.k.size());
+  const int C = static_cast<int>(m.convex.size());
+  // y = T ((R - RF) q + (1 - R) q0) = a_j + b_j q_c; x = F fp16 + (k_j - F) bpt_c.
+  std::vector<HullPoint>& chain_head = *acc;  // Per chain: its next point, j = G when done.
+  chain_head.resize(static_cast<size_t>(C));
+  const double T = static_cast<double>(m.T), base = static_cast<double>(m.F) * ctx.fp16_bpt;
+  auto point = [&](int c, int j) {
+    const int w = m.convex[c];
+    const double R = grid.R[j];
+    return HullPoint{base + static_cast<double>(grid.k[j] - m.F) * ctx.pairs[m.widths[w]].bpt,
+                     T * ((R - m.RF) * m.q[w] + (1 - R) * m.q0), j, w};
+  };
+  for (int c = 0; c < C; ++c) chain_head[c] = point(c, 0);
+  std::vector<int>& next_j = *idx;  // Reused below by DecreasingHull; sized here first.
+  next_j.assign(static_cast<size_t>(C), 1);
+  merged->resize(static_cast<size_t>(C) * G);
+  for (int n = 0; n < C * G; ++n) {
+    int best = -1;
+    for (int c = 0; c < C; ++c) {
+      if (chain_head[c].j < 0) continue;
+      const HullPoint& p = chain_head[c];
+      if (best < 0 || p.x < chain_head[best].x ||
+          (p.x == chain_head[best].x && p.y < chain_head[best].y)) {
+        best = c;
       }
     }
-    DecreasingHull(*merged, m.tol, idx, ratios);
-    acc->clear();
-    for (int i : *idx) acc->push_back((*merged)[i]);
+    (*merged)[n] = chain_head[best];
+    const int j = next_j[best]++;
+    if (j < G) {
+      chain_head[best] = point(best, j);
+    } else {
+      chain_head[best].j = -1;
+    }
   }
-  for (const HullPoint& p : *acc) out->v.push_back({grid.k[p.j], p.c, p.x, p.y});
+  DecreasingHull(*merged, m.tol, idx, ratios);
+  for (int i : *idx) {
+    const HullPoint& p = (*merged)[i];
+    out->v.push_back({grid.k[p.j], p.c, p.x, p.y});
+  }
   out->start.push_back(out->v.size());
 }
 
