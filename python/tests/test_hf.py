@@ -1,0 +1,207 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""KvctlCache (python/kvctl/hf.py) with SmolLM2-135M against real daemons.
+
+Loads the model once per test session (~20 s). Runs only with KVCTL_HF_TESTS=1 (the CTest
+"pytest: hf cache" sets it) so the client suite stays fast; skipped when the model stack or the
+GGUF file is not installed (tools/setup.sh installs them).
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+if os.environ.get("KVCTL_HF_TESTS") != "1":
+    pytest.skip("HF cache tests run with KVCTL_HF_TESTS=1 (ctest -R 'hf cache')",
+                allow_module_level=True)
+if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gguf")):
+    pytest.skip("torch/transformers/gguf not installed (python/requirements-model.txt)",
+                allow_module_level=True)
+
+import torch  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
+
+import kvctl  # noqa: E402
+from kvctl.hf import KvctlCache  # noqa: E402
+from kvctl.model import ModelNotFound, load_smollm2  # noqa: E402
+
+TEXT = ("The GNU General Public License is a free, copyleft license for software and other "
+        "kinds of works. The licenses for most software and other practical works are designed "
+        "to take away your freedom to share and change the works. By contrast, the GNU General "
+        "Public License is intended to guarantee your freedom to share and change all versions "
+        "of a program--to make sure it remains free software for all its users. ")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    try:
+        return load_smollm2()
+    except ModelNotFound as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def tokens(smollm2):
+    _, tok = smollm2
+    ids = tok(TEXT * 3, return_tensors="pt").input_ids
+    assert ids.shape[1] >= 150
+    return ids[:, :150]
+
+
+def forward_loop(model, cache, ids, prefill):
+    """Logits [steps + 1, vocab]: the prefill's last position, then one token at a time."""
+    out = []
+    with torch.no_grad():
+        o = model(ids[:, :prefill], past_key_values=cache, use_cache=True)
+        out.append(o.logits[0, -1])
+        for i in range(prefill, ids.shape[1]):
+            o = model(ids[:, i:i + 1], past_key_values=cache, use_cache=True)
+            out.append(o.logits[0, -1])
+    return torch.stack(out)
+
+
+@pytest.fixture(scope="session")
+def reference(smollm2, tokens):
+    model, _ = smollm2
+    model.set_attn_implementation("sdpa")
+    return forward_loop(model, DynamicCache(), tokens, prefill=70)
+
+
+@pytest.fixture(scope="session")
+def hf_daemons(_shared_factory):
+    """Lossless and two quantizing daemons with short flush periods (many flushes)."""
+    return {
+        "lossless": _shared_factory(quant__lossless=True, pool__bytes="64MiB"),
+        "kivi2": _shared_factory(quant__method="kivi", quant__k_bits=2, quant__v_bits=2,
+                                 pool__bytes="64MiB", quant__flush_tokens=32),
+        "kvarn2": _shared_factory(quant__method="kvarn", quant__k_bits=2, quant__v_bits=2,
+                                  quant__block_tokens=32, quant__sink_tokens=16,
+                                  quant__flush_tokens=32, pool__bytes="64MiB"),
+        "kivi8": _shared_factory(quant__method="kivi", quant__k_bits=8, quant__v_bits=8,
+                                 pool__bytes="64MiB"),
+    }
+
+
+def test_lossless_forward_loop_equals_dynamic_cache(smollm2, tokens, reference, hf_daemons):
+    model, _ = smollm2
+    with KvctlCache(model, hf_daemons["lossless"].endpoint) as cache:
+        got = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.seqs[0].rounding == "exact"
+        assert cache.counters["fetches"] == 1  # Only after the prefill: nothing ever changes.
+        stats = cache.stats(section="sequences")["sequences"]
+        assert stats["tokens"] == tokens.shape[1]
+    diff = (got - reference).abs().max().item()
+    assert diff <= 1e-4, diff
+
+
+def test_lossless_generate_equals_dynamic_cache(smollm2, tokens, hf_daemons):
+    model, _ = smollm2
+    prompt = tokens[:, :40]
+    model.set_attn_implementation("sdpa")
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24,
+                         do_sample=False, past_key_values=DynamicCache(), output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    with KvctlCache(model, hf_daemons["lossless"].endpoint) as cache:
+        got = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24,
+                             do_sample=False, past_key_values=cache, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+    assert torch.equal(got.sequences, ref.sequences)
+    diff = max((a - b).abs().max().item() for a, b in zip(got.logits, ref.logits))
+    assert diff <= 1e-4, diff
+
+
+@pytest.mark.parametrize("name", ["kivi2", "kvarn2"])
+def test_quantized_differs_but_stays_close_and_mirror_equals_refetch(
+        smollm2, tokens, reference, hf_daemons, name):
+    model, _ = smollm2
+    with KvctlCache(model, hf_daemons[name].endpoint) as cache:
+        got = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.seqs[0].rounding == "fp16"
+        assert cache.seqs[0].tokens_quantized > 0
+        mirrored_fetches = cache.counters["fetches"]
+    with KvctlCache(model, hf_daemons[name].endpoint, refetch="always") as cache:
+        always = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.counters["fetches"] == tokens.shape[1] - 70
+    assert mirrored_fetches < tokens.shape[1] - 70
+    # Skipping fetches between flushes must not change a single bit.
+    assert torch.equal(got, always)
+    diff = (got - reference).abs().max().item()
+    assert diff > 1e-3, "quantized cache gave DynamicCache's logits"
+    agree = (got.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    assert agree >= 0.6, agree
+
+
+def test_eight_bit_is_nearly_lossless(smollm2, tokens, reference, hf_daemons):
+    model, _ = smollm2
+    with KvctlCache(model, hf_daemons["kivi8"].endpoint) as cache:
+        got = forward_loop(model, cache, tokens, prefill=70)
+    ref_lp = torch.log_softmax(reference, -1)
+    kl = (ref_lp.exp() * (ref_lp - torch.log_softmax(got, -1))).sum(-1).mean().item()
+    assert kl < 1e-3, kl
+    assert torch.equal(got.argmax(-1), reference.argmax(-1))
+
+
+def test_batch_elements_are_independent_sequences(smollm2, tokens, reference, hf_daemons):
+    model, _ = smollm2
+    ids = tokens.expand(2, -1)
+    with KvctlCache(model, [hf_daemons["lossless"].endpoint,
+                            hf_daemons["kivi2"].endpoint]) as cache:
+        got = []
+        with torch.no_grad():
+            o = model(ids[:, :70], past_key_values=cache, use_cache=True)
+            got.append(o.logits[:, -1])
+            for i in range(70, ids.shape[1]):
+                got.append(model(ids[:, i:i + 1], past_key_values=cache).logits[:, -1])
+        got = torch.stack(got, 1)
+        assert [s.rounding for s in cache.seqs] == ["exact", "fp16"]
+    assert (got[0] - reference).abs().max().item() <= 1e-4
+    assert (got[1] - reference).abs().max().item() > 1e-3
+
+
+def test_daemon_down_raises_timeout(smollm2, workdir):
+    model, _ = smollm2
+    endpoint = "ipc://" + os.path.join(workdir, "nobody-listens.sock")
+    with pytest.raises(kvctl.Timeout, match="no reply"):
+        KvctlCache(model, endpoint, timeout_ms=300)
+
+
+def test_batch_size_mismatch_is_refused(smollm2, tokens, hf_daemons):
+    model, _ = smollm2
+    with KvctlCache(model, hf_daemons["lossless"].endpoint) as cache:
+        with pytest.raises(ValueError, match="batch size 2, expected 1"):
+            with torch.no_grad():
+                model(tokens[:, :8].expand(2, -1), past_key_values=cache)
+        assert cache.appended == 0 and cache.get_seq_length() == 0  # Nothing half-sent.
+
+
+@pytest.mark.parametrize("policy", ["streaming", "snapkv"])
+def test_evicting_daemon_masks_and_mirror_equals_refetch(smollm2, tokens, reference,
+                                                         _shared_factory, policy):
+    """evict-only budgets: heads hold fewer, different tokens; refetching only the layers whose
+    eviction counters moved gives bit-identical logits to refetching every step."""
+    model, _ = smollm2
+    daemon = _shared_factory(quant__method="fp16", budget__mode="evict-only",
+                             budget__token_fraction=0.5, evict__policy=policy,
+                             evict__sinks=4, evict__window=32, evict__compression_period=8,
+                             pool__bytes="64MiB")
+    send_q = policy != "streaming"
+    with KvctlCache(model, daemon.endpoint, send_q=send_q) as cache:
+        got = forward_loop(model, cache, tokens, prefill=70)
+        seq = cache.stats(section="sequences")["sequences"]
+        assert int(seq["tokens_evicted_total"]) > 0
+        assert cache.seqs[0].evicting
+        fetches = cache.counters["fetches"]
+        counts = []
+        for layer in cache.layers:
+            for h in range(cache.kv_heads):
+                bias = layer.hold_bias
+                counts.append(cache.appended if bias is None else
+                              int(torch.isfinite(bias[0, h, 0, :cache.appended]).sum()))
+    assert min(counts) < tokens.shape[1] * 0.75, counts
+    with KvctlCache(model, daemon.endpoint, send_q=send_q, refetch="always") as cache:
+        always = forward_loop(model, cache, tokens, prefill=70)
+    assert fetches < tokens.shape[1] - 70
+    assert torch.equal(got, always)
+    agree = (got.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    assert agree >= 0.5, agree
