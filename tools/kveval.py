@@ -709,15 +709,21 @@ def main(argv=None) -> int:
             if r.settings.get("budget.plan_tokens") == "PLAN_TOKENS":
                 r.settings["budget.plan_tokens"] = str(args.tokens)
             daemons.append(Daemon(args.kvctl_bin, workdir, r.name, r.settings, config))
-        if args.endpoint:
-            ext = Row("external", "kvctl", note="daemon at " + args.endpoint)
-            d = Daemon(args.kvctl_bin, workdir, "external", {})
-            d.endpoint = args.endpoint
-            kv_rows.append(ext)
         for d in daemons:
             d.start(kvctl)
         if args.endpoint:
-            daemons.append(d)  # Not started or stopped here.
+            try:
+                with kvctl.Client(args.endpoint, timeout_ms=2000) as probe:
+                    probe.ping()
+            except kvctl.Timeout:
+                raise DaemonError("--endpoint: no kvctl daemon answers at %s (PING, 2 s); "
+                                  "start build/bin/kvctl first" % args.endpoint) from None
+            except ValueError as e:
+                raise EvalError("--endpoint: %s" % e) from None
+            kv_rows.append(Row("external", "kvctl", note="daemon at " + args.endpoint))
+            external = Daemon(args.kvctl_bin, workdir, "external", {})
+            external.endpoint = args.endpoint
+            daemons.append(external)  # Not started or stopped here.
         dyn_logits = lossless_logits = None
         if args.quick:
             dyn_logits, lossless_logits = exactness_run(ev, daemons[0])
