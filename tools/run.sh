@@ -10,16 +10,21 @@ bash tools/setup.sh
 
 CONFIG=${KVCTL_CONFIG_FILE:-configs/default.toml}
 ENDPOINT=$(sed -n 's/^endpoint *= *"\(.*\)".*/\1/p' "$CONFIG" | head -n1)
-./build/bin/kvctl --config "$CONFIG" &
+# A pool or socket left by a daemon that was killed must not stop the demo: unlink_stale removes a
+# leftover shm object only when no live daemon holds it, and the wait below accepts only a socket
+# made after this start.
+STARTED=$(mktemp)
+./build/bin/kvctl --config "$CONFIG" --set pool.unlink_stale=true &
 DAEMON=$!
-trap 'kill -TERM $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true' EXIT
+trap 'kill -TERM $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true; rm -f "$STARTED"' EXIT
 for _ in $(seq 1 100); do
-  [ -S "${ENDPOINT#ipc://}" ] && break
-  kill -0 $DAEMON 2>/dev/null || { echo "run.sh: kvctl exited at start" >&2; exit 1; }
+  kill -0 $DAEMON 2>/dev/null || { echo "run.sh: kvctl exited at start (see its message above)" >&2; exit 1; }
+  [ -S "${ENDPOINT#ipc://}" ] && [ "${ENDPOINT#ipc://}" -nt "$STARTED" ] && break
   sleep 0.1
 done
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m kvctl.hf --endpoint "$ENDPOINT" "$@"
 kill -TERM $DAEMON
 wait $DAEMON
 trap - EXIT
+rm -f "$STARTED"
 echo "kvctl stopped cleanly"
