@@ -23,6 +23,14 @@ One step (layer l's update() runs right before layer l's attention):
   rule is learned on the first fetch by comparing the newest stored row with what was sent;
   until then, after flushes, and for evicting sequences (budget_mode in STATS, or fewer rows
   than appended) every step refetches. refetch="always" refetches every step (the reference).
+- attention="fused": a decode step (one query token) does not touch the dense mirror. Layer 0
+  APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
+  page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
+  the tokens before this step, and the records stay valid until the next step's APPEND. Each
+  layer's attention runs torch.ops.kvctl.paged_decode_attention on those records in place
+  (kvctl.pool_view.PoolView; GQA, per-head layouts, ragged evicted heads) and merges the
+  step's own K/V through the returned log-sum-exp. Multi-token steps (prefill) refetch the
+  mirror and stay dense. Lossless daemons are refused (no block records).
 
 Thread safety: one cache per batch of sequences, used by one thread (like any transformers
 Cache). Beam search, crop and reset are not supported.
@@ -81,6 +89,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                 layer = candidate
     if layer is not None and cache.send_q:
         layer.pending_q = query.detach()
+    if layer is not None and cache.fused_step:
+        return cache._fused_attention(layer, query, key, value, attention_mask, scaling)
     if layer is None or layer.hold_bias is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
@@ -121,6 +131,9 @@ class _Sequence:
         self.layer_evictions: Optional[List[int]] = None  # STATS per-layer counters.
         self.last_append = None
         self.sent_last_row: Optional[np.ndarray] = None
+        self.view = None          # PoolView of the daemon's shm pool (attention="fused").
+        self.blocks: Optional[dict] = None  # This step's blocks FETCH (valid until APPEND).
+        self.tail_dtype = "float32"
 
     def mark_dirty(self, layers: Optional[set]) -> None:
         """Rows of `layers` (None = all) must be fetched before the next step."""
@@ -253,6 +266,11 @@ class KvctlCache(Cache):
       element.
     dtype: session dtype; "float32" keeps compression-off runs exact.
     refetch: "auto" (fetch only when rows may have changed, see the module doc) or "always".
+    attention: "dense" (attend over the fetched dense mirror) or "fused": decode steps (one
+      query token) attend with the kvctl torch extension directly on the daemon's records
+      (blocks FETCH, zero-copy PoolView of the shm pool) plus its sink/tail rows, merged with
+      the step's own K/V by log-sum-exp; prefill and multi-token steps stay dense. Needs the
+      model and the extension (RuntimeError saying how to build it otherwise).
     keepalive: PING every lease/3 from a background thread while the cache is open.
     Raises KvctlError / ServerError / Timeout from the daemon (e.g. Timeout when it is down).
     """
@@ -262,9 +280,23 @@ class KvctlCache(Cache):
                  "HuggingFaceTB/SmolLM2-135M-Instruct",
                  send_q: Union[bool, Sequence[bool]] = False,
                  dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
-                 timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True):
+                 timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True,
+                 attention: str = "dense"):
         if refetch not in ("auto", "always"):
             raise ValueError("refetch: got %r, expected \"auto\" or \"always\"" % (refetch,))
+        if attention not in ("dense", "fused"):
+            raise ValueError("attention: got %r, expected \"dense\" or \"fused\"" % (attention,))
+        if attention == "fused":
+            if model is None:
+                raise ValueError("attention=\"fused\": needs the model (its attention calls the "
+                                 "fused kernel)")
+            from . import torch_ops
+            try:
+                torch_ops.load()
+            except RuntimeError as e:
+                raise RuntimeError("attention=\"fused\": %s" % e) from None
+        self.attention = attention
+        self.fused_step = False  # This forward step attends fused (decode, attention="fused").
         if model is not None:
             config = model.config
             if config._attn_implementation != ATTN_IMPLEMENTATION:
@@ -312,6 +344,12 @@ class KvctlCache(Cache):
                 mode = str(policy.get("budget_mode", "none")).lower()
                 seq.always = refetch == "always"
                 seq.evicting = mode not in _KEEPING_MODES
+                if attention == "fused" and str(policy.get("quant_lossless", "0")) == "1":
+                    # Blocks FETCH has no record layout for full-precision rows (the daemon
+                    # answers INTERNAL), so there is nothing for the fused kernel to read.
+                    raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
+                                     "(quant.lossless = true) and serves no block records; use "
+                                     "attention=\"dense\"" % (c if own else "this client"))
         except BaseException:
             self._disconnect()
             raise
@@ -326,7 +364,8 @@ class KvctlCache(Cache):
             self._keepalive = threading.Thread(target=self._ping_loop,
                                                args=(min(leases) / 3000.0,), daemon=True)
             self._keepalive.start()
-        self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0}
+        self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
+                         "block_fetches": 0, "block_fetch_s": 0.0, "fused_steps": 0}
 
     @property
     def client(self) -> Client:
@@ -345,6 +384,15 @@ class KvctlCache(Cache):
                              "element)" % (key_states.shape[0], self.batch))
         if layer_idx == 0:
             self.sync()
+            # Fused decode: the daemon now holds exactly the tokens before this step (the
+            # previous step was APPENDed just above, this one is APPENDed at the next step), so
+            # its records, valid until that APPEND, are what this step's query may attend to.
+            # The dense mirror is left stale (dirty) and refetched when a dense step comes.
+            self.fused_step = (self.attention == "fused" and key_states.shape[2] == 1
+                               and self.appended > 0)
+            if self.fused_step:
+                self._fetch_blocks()
+                return
             dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
             if dirty:
                 self._fetch(dirty)
@@ -445,6 +493,60 @@ class KvctlCache(Cache):
                 self._changed_layers(seq)  # The baseline the next APPENDs are compared with.
         self.counters["fetch_s"] += time.perf_counter() - t0
 
+    # ---- fused decode attention (attention="fused") ---------------------------------------
+
+    def _fetch_blocks(self) -> None:
+        """Blocks FETCH of every layer of every sequence (page tables into the shm pool; the
+        sink/tail rows inline). Tail rows come as float32 until the first reply shows no
+        layer stores them wider than fp16 (lossless float32 layers), then as float16 (exact)."""
+        from .pool_view import PoolView
+
+        t0 = time.perf_counter()
+        for seq in self.seqs:
+            if seq.view is None:
+                seq.view = PoolView.from_client(seq.client)
+            blocks = seq.client.fetch_blocks(seq.sequence_id, dtype=seq.tail_dtype)
+            self.counters["block_fetches"] += 1
+            if seq.tail_dtype == "float32" and all(
+                    max(lay["k_bits"], lay["v_bits"]) <= 16 for lay in blocks["layouts"]):
+                seq.tail_dtype = "float16"
+            seq.blocks = blocks
+        self.counters["fused_steps"] += 1
+        self.counters["block_fetch_s"] += time.perf_counter() - t0
+
+    def _fused_attention(self, layer: "KvctlLayer", query, key, value, attention_mask,
+                         scaling):
+        """One decode step of one layer: the fused kernel over what the daemon holds (records
+        + sink/tail rows of the blocks FETCH), merged with the step's own K/V (the last row of
+        key/value) through the kernel's log-sum-exp. Returns [batch, 1, q_heads, D]."""
+        if attention_mask is not None:
+            allowed = (attention_mask if attention_mask.dtype == torch.bool
+                       else attention_mask == 0)
+            if not bool(allowed.all()):
+                raise KvctlError("attention=\"fused\": the attention mask hides positions "
+                                 "(padding); fused decode attends to every held token, use "
+                                 "attention=\"dense\"")
+        batch, q_heads, _, dim = query.shape
+        kv_heads = key.shape[1]
+        groups = q_heads // kv_heads
+        scale = float(scaling) if scaling is not None else dim ** -0.5
+        k_new = key[:, :, -1].float()     # [B, kv_heads, D]: this step's token.
+        v_new = value[:, :, -1].float()
+        outs = []
+        for b, seq in enumerate(self.seqs):
+            q = query[b, :, 0].float()    # [q_heads, D]; rows h*g..h*g+g-1 use KV head h.
+            out, lse = seq.view.layer_attention(seq.blocks, layer.index, q, scale=scale)
+            own = (q.view(kv_heads, groups, dim) * k_new[b].unsqueeze(1)).sum(-1)
+            own = own.reshape(q_heads) * scale
+            m = torch.maximum(lse, own)
+            w_held = torch.exp(lse - m)   # 0 where the daemon holds nothing (lse = -inf).
+            w_own = torch.exp(own - m)
+            held = torch.where(torch.isfinite(lse).unsqueeze(1), out, torch.zeros_like(out))
+            mixed = (held * w_held.unsqueeze(1)
+                     + v_new[b].repeat_interleave(groups, 0) * w_own.unsqueeze(1))
+            outs.append(mixed / (w_held + w_own).unsqueeze(1))
+        return torch.stack(outs).unsqueeze(1).to(query.dtype), None
+
     # ---- Cache API and lifetime -----------------------------------------------------------
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -477,6 +579,10 @@ class KvctlCache(Cache):
             if self._keepalive is not None:
                 self._keepalive.join()
         for seq in self.seqs:
+            seq.blocks = None
+            if seq.view is not None:
+                seq.view.close()
+                seq.view = None
             if seq.own:
                 seq.client.disconnect()
 
