@@ -134,6 +134,15 @@ Status ValidateEvictOnly(const Config& c) {
   return ValidateEvictKeys(c);
 }
 
+// Per-head minimum kept tokens: budget.floor or the starvation floor, never below the protected
+// sinks + window. The joint planner plans with the same floor, so no cap is raised after planning.
+int64_t EvictionFloor(const Config& c, int64_t sinks) {
+  const int64_t window = EffectiveWindow(c.evict);
+  const int64_t floor =
+      c.budget.floor > 0 ? c.budget.floor : StarvationFloor(window, c.budget.tokens_per_head);
+  return std::max<int64_t>(floor, sinks + window);
+}
+
 }  // namespace
 
 StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path) {
@@ -206,9 +215,7 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
                              " layers, expected ", shape.layers, " (the session's layers)");
     }
   }
-  const int64_t protect = s.sinks + s.window;
-  s.floor = std::max<int64_t>(b.floor > 0 ? b.floor : StarvationFloor(s.window, b.tokens_per_head),
-                              protect);
+  s.floor = EvictionFloor(c, s.sinks);
   if (c.budget.mode == BudgetMode::kJoint) {
     if (head_caps.size() != static_cast<size_t>(shape.layers) * shape.kv_heads) {
       return Internal("joint: ", head_caps.size(), " head caps for ", shape.layers, " x ",
@@ -266,7 +273,11 @@ Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vecto
     o.window = EffectiveWindow(c.evict);
     o.budget_bytes = static_cast<int64_t>(c.budget.bytes);
     o.budget_fraction = c.budget.fp16_fraction;
-    o.min_tokens = c.budget.floor;
+    o.min_tokens = EvictionFloor(c, o.sinks);
+    // Every head is charged the worst-case fp16 tail of its layer (flush_tokens - 1 rows).
+    for (const LayerPlan& lp : *plans) {
+      if (!lp.lossless) o.flush_tokens = std::max<int64_t>(o.flush_tokens, lp.rules.flush_tokens);
+    }
     StatusOr<JointPlanInput> input = MakeJointInput(profile, o);
     if (!input.ok()) return InvalidArgument("budget (joint): ", input.status().message());
     StatusOr<JointPlan> plan = PlanJoint(*input, JointMode::kJoint);

@@ -62,6 +62,10 @@ Status ValidateHead(const JointPlanInput& in, size_t i) {
     return InvalidArgument(f(), "fixed_tokens: got ", h.fixed_tokens, ", expected 0..", h.tokens,
                            " (tokens)");
   }
+  if (h.tail_tokens < 0 || h.tail_tokens > h.tokens - h.fixed_tokens) {
+    return InvalidArgument(f(), "tail_tokens: got ", h.tail_tokens, ", expected 0..",
+                           h.tokens - h.fixed_tokens, " (tokens - fixed_tokens)");
+  }
   const EvictionCurve& c = h.eviction;
   if (!c.table.retained.empty()) {
     const int64_t n = static_cast<int64_t>(c.table.retained.size());
@@ -155,6 +159,19 @@ StatusOr<Context> MakeContext(const JointPlanInput& in) {
   return ctx;
 }
 
+namespace {
+
+// A tail row is one of the k - F quantized tokens in the byte count; at fp16 it costs fp16_bpt
+// minus that. The narrowest allowed width gives the largest difference, so the charge holds
+// whatever widths a plan of any mode picks (and EvaluateJointHead agrees with every mode).
+void SetBaseBytes(const Context& ctx, HeadModel* m) {
+  const double narrowest = ctx.pairs[0].bpt;  // pairs are sorted by bytes per token.
+  m->base = static_cast<double>(m->F) * ctx.fp16_bpt +
+            static_cast<double>(m->in->tail_tokens) * (ctx.fp16_bpt - narrowest);
+}
+
+}  // namespace
+
 HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   const JointPlanInput& in = *ctx.in;
   HeadModel m;
@@ -177,6 +194,7 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
     m.convex = {0};
     m.q = {QOf(*m.in, ctx.pairs[ctx.evict_pair])};
     m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
+    SetBaseBytes(ctx, &m);
     return m;
   }
   // ctx.pairs is sorted by bytes per token; of pairs that cost the same only the lowest q can be
@@ -216,6 +234,7 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   for (size_t p = 0; p < n; ++p) m.q[p] = pts[p].y;
   m.convex = hull;
   m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
+  SetBaseBytes(ctx, &m);
   return m;
 }
 
@@ -279,10 +298,10 @@ void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
                std::vector<double>* ratios, Hulls* out) {
   const int G = static_cast<int>(grid.k.size());
   const int C = static_cast<int>(m.convex.size());
-  // y = T ((R - RF) q + (1 - R) q0) = a_j + b_j q_c; x = F fp16 + (k_j - F) bpt_c.
+  // y = T ((R - RF) q + (1 - R) q0) = a_j + b_j q_c; x = base + (k_j - F) bpt_c.
   std::vector<HullPoint>& chain_head = *acc;  // Per chain: its next point, j = G when done.
   chain_head.resize(static_cast<size_t>(C));
-  const double T = static_cast<double>(m.T), base = static_cast<double>(m.F) * ctx.fp16_bpt;
+  const double T = static_cast<double>(m.T), base = m.base;
   auto point = [&](int c, int j) {
     const int w = m.convex[c];
     const double R = grid.R[j];

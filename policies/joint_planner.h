@@ -13,6 +13,10 @@
 //   q0    = rho * (w_k alpha_k + w_v alpha_v)                   (a dropped token = 0 bits, x rho);
 //   D(k, p)     = T * [ (R(k) - R(F)) * q(p) + (1 - R(k)) * q0 ]
 //   bytes(k, p) = F * 4 * head_dim + (k - F) * bytes_per_token(p)
+//                 + E * (4 * head_dim - bytes_per_token(narrowest allowed widths))
+// E (`tail_tokens`): fp16 tail rows the store can hold beyond the F fixed ones (a streaming head
+// keeps up to flush_tokens - 1 unflushed rows), so bytes(k, p) bounds the head's payload at every
+// moment, not only right after a flush.
 // Each unit of attention mass is served by a quantized token (q), an fp16 token (0) or nothing
 // (q0). With nothing evicted, D = T (1 - R(F)) q(p): RateQuant's objective times the tokens.
 // bytes_per_token comes from the registry: BitsPerElement(spec at p, kv_heads) * 2 * head_dim / 8,
@@ -80,6 +84,9 @@ struct JointHeadInput {
   double importance_v = 1;
   int64_t tokens = 0;        // T: tokens seen (resident before eviction), >= 1.
   int64_t fixed_tokens = 0;  // F: fp16 sinks + window, never evicted, 0..T.
+  // E: worst-case fp16 rows beyond F (the streaming tail), 0..T - F. Bytes only: distortion
+  // treats them as the quantized tokens they become at the next flush.
+  int64_t tail_tokens = 0;
   EvictionCurve eviction;
 };
 
@@ -186,6 +193,7 @@ struct JointProfileOptions {
   int64_t tokens = 0;          // Tokens seen per head, >= 1.
   int64_t sinks = -1;          // fp16 sinks per head; -1 = the method's StreamingRules sinks.
   int64_t window = 0;          // fp16 recent window per head.
+  int64_t flush_tokens = 0;    // StreamingRules::flush_tokens; 0 = the method's. See below.
   int64_t budget_bytes = 0;    // > 0: the budget; else:
   double budget_fraction = 0;  // of the fp16 bytes of every token seen, in (0, 1].
   int min_bits = 0, max_bits = 0;
@@ -200,6 +208,8 @@ struct JointProfileOptions {
   // tokens as demand * (T / Tc)^exponent: 1 = the same fraction of the sequence, 0 = fixed.
   double coverage_exponent = 1;
 };
+// Each head gets fixed_tokens = min(tokens, sinks + window) and the worst-case fp16 tail
+// tail_tokens = max(0, min(tokens, sinks + flush_tokens - 1) - fixed_tokens).
 // INVALID_ARGUMENT naming the option. A profile without [reasonalloc] gets uniform-attention
 // curves (coverage_tokens = 0); an entropy-size demand n is read as the exponential whose
 // exp(entropy) is n (s = n / e).

@@ -44,6 +44,9 @@ struct Context {
 struct HeadModel {
   const JointHeadInput* in = nullptr;
   int64_t T = 0, F = 0, kmin = 0;
+  // Bytes that do not depend on (k, p): F fp16 tokens, plus the E tail rows at fp16 less the
+  // narrowest width's rate (they are also counted among the k - F quantized tokens).
+  double base = 0;
   double RF = 0;
   double q0 = 0;
   double s = 0;     // Parametric scale; 0 = uniform or tabulated.
@@ -67,8 +70,7 @@ struct HeadModel {
     return static_cast<double>(T) * ((Rk - RF) * q[c] + (1 - Rk) * q0);
   }
   double Bytes(const Context& ctx, int64_t k, int c) const {
-    return static_cast<double>(F) * ctx.fp16_bpt +
-           static_cast<double>(k - F) * ctx.pairs[widths[c]].bpt;
+    return base + static_cast<double>(k - F) * ctx.pairs[widths[c]].bpt;
   }
 };
 

@@ -23,6 +23,9 @@ StatusOr<JointPlanInput> MakeJointInput(const CalibProfile& profile, const Joint
   }
   if (o.sinks < -1) return InvalidArgument("sinks: got ", o.sinks, ", expected -1 or >= 0");
   if (o.window < 0) return InvalidArgument("window: got ", o.window, ", expected >= 0");
+  if (o.flush_tokens < 0) {
+    return InvalidArgument("flush_tokens: got ", o.flush_tokens, ", expected >= 0");
+  }
   if (o.budget_bytes < 0) {
     return InvalidArgument("budget_bytes: got ", o.budget_bytes, ", expected >= 0");
   }
@@ -54,6 +57,10 @@ StatusOr<JointPlanInput> MakeJointInput(const CalibProfile& profile, const Joint
   in.kept_levels = o.kept_levels;
   const int64_t sinks = o.sinks >= 0 ? o.sinks : TraitsOf(fit.spec.method).streaming.sink_tokens;
   const int64_t fixed = std::min(o.tokens, sinks + o.window);
+  // The fp16 rows a head can hold at once: its sinks and an unflushed tail of up to flush - 1.
+  const int64_t flush =
+      o.flush_tokens > 0 ? o.flush_tokens : TraitsOf(fit.spec.method).streaming.flush_tokens;
+  const int64_t tail = std::max<int64_t>(0, std::min(o.tokens, sinks + flush - 1) - fixed);
   const double calib_len = fit.sequences > 0 && fit.tokens > 0
                                ? static_cast<double>(fit.tokens) / fit.sequences
                                : static_cast<double>(o.tokens);
@@ -71,6 +78,7 @@ StatusOr<JointPlanInput> MakeJointInput(const CalibProfile& profile, const Joint
       hi.importance_v = o.uniform_importance ? 1.0 : v.importance;
       hi.tokens = o.tokens;
       hi.fixed_tokens = fixed;
+      hi.tail_tokens = tail;
       if (profile.demand) {
         const LayerDemandProfile& d = *profile.demand;
         double size = std::max(1.0, d.demand[static_cast<size_t>(l)] * scale);

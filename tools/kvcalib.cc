@@ -128,6 +128,9 @@ CLI::App* AddPlanCommand(CLI::App& app, kvctl::PlanCommandOptions& o) {
   cmd->add_option("--tokens", o.joint.tokens, "--mode: tokens seen per head");
   cmd->add_option("--sinks", o.joint.sinks, "--mode: fp16 sink tokens per head; -1 = method's")
       ->capture_default_str();
+  cmd->add_option("--flush-tokens", o.joint.flush_tokens,
+                  "--mode: quant.flush_tokens, for the worst-case fp16 tail; 0 = method's")
+      ->capture_default_str();
   cmd->add_option("--min-tokens", o.joint.min_tokens, "--mode: starvation floor per head")
       ->capture_default_str();
   cmd->add_option("--token-quantum", o.joint.token_quantum,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 namespace kvctl {
@@ -59,13 +60,34 @@ Status ToFlag(const Status& s) {
   return s;
 }
 
-double HeadBytes(const JointPlanInput& in, const JointHeadPlan& h, const JointHeadInput& hi) {
+double BytesPerToken(const JointPlanInput& in, int k_bits, int v_bits) {
   QuantSpec s = in.spec;
-  s.k_bits = h.k_bits;
-  s.v_bits = h.v_bits;
-  const double bpt = BitsPerElement(s, in.kv_heads).average * 2.0 * in.spec.head_dim / 8.0;
-  return static_cast<double>(hi.fixed_tokens) * 4.0 * in.spec.head_dim +
-         static_cast<double>(h.kept - hi.fixed_tokens) * bpt;
+  s.k_bits = k_bits;
+  s.v_bits = v_bits;
+  return BitsPerElement(s, in.kv_heads).average * 2.0 * in.spec.head_dim / 8.0;
+}
+
+// The cheapest allowed (K, V) widths' bytes per token: the worst-case fp16 tail rows are charged
+// fp16 minus this (docs/joint_planner.md, "The fp16 tail").
+double NarrowestBytesPerToken(const JointPlanInput& in) {
+  double out = std::numeric_limits<double>::infinity();
+  auto allowed = [&](int b) {
+    return (in.min_bits == 0 || b >= in.min_bits) && (in.max_bits == 0 || b <= in.max_bits);
+  };
+  for (int kb : in.bits) {
+    for (int vb : in.bits) {
+      if (allowed(kb) && allowed(vb)) out = std::min(out, BytesPerToken(in, kb, vb));
+    }
+  }
+  return out;
+}
+
+double HeadBytes(const JointPlanInput& in, const JointHeadPlan& h, const JointHeadInput& hi,
+                 double narrowest_bpt) {
+  const double fp16_bpt = 4.0 * in.spec.head_dim;
+  return static_cast<double>(hi.fixed_tokens) * fp16_bpt +
+         static_cast<double>(h.kept - hi.fixed_tokens) * BytesPerToken(in, h.k_bits, h.v_bits) +
+         static_cast<double>(hi.tail_tokens) * (fp16_bpt - narrowest_bpt);
 }
 
 }  // namespace
@@ -76,6 +98,7 @@ StatusOr<JointBudgetCheck> CheckJointBudget(const JointPlanInput& in, const Join
                            in.heads.size());
   }
   JointBudgetCheck c;
+  const double narrowest_bpt = NarrowestBytesPerToken(in);
   for (size_t i = 0; i < in.heads.size(); ++i) {
     const JointHeadPlan& h = plan.heads[i];
     const JointHeadInput& hi = in.heads[i];
@@ -83,7 +106,7 @@ StatusOr<JointBudgetCheck> CheckJointBudget(const JointPlanInput& in, const Join
       return InvalidArgument("plan.heads[", i, "].kept: got ", h.kept, ", expected ",
                              hi.fixed_tokens, "..", hi.tokens, " (fixed..seen)");
     }
-    c.achieved_bytes += HeadBytes(in, h, hi);
+    c.achieved_bytes += HeadBytes(in, h, hi, narrowest_bpt);
   }
   c.requested_bytes = static_cast<double>(in.budget_bytes);
   c.slack_bytes = c.requested_bytes - c.achieved_bytes;
@@ -123,7 +146,9 @@ std::string FormatJointPlanJson(const KvcalibJointPlan& jp, const PlanReportInfo
   for (size_t i = 0; i < in.bits.size(); ++i) o << (i ? ", " : "") << in.bits[i];
   o << "],\n  \"beta_k\": " << Num(in.beta_k) << ",\n  \"beta_v\": " << Num(in.beta_v)
     << ",\n  \"tokens_per_head\": " << in.heads.front().tokens
-    << ",\n  \"fixed_tokens_per_head\": " << Num(jp.fixed_tokens) << ",\n  \"eviction_curve\": "
+    << ",\n  \"fixed_tokens_per_head\": " << Num(jp.fixed_tokens)
+    << ",\n  \"fp16_tail_tokens_per_head\": " << in.heads.front().tail_tokens
+    << ",\n  \"eviction_curve\": "
     << Quote(jp.uniform_curves ? "uniform (no [reasonalloc] in the profile)"
                                : "exponential from the layer demand")
     << ",\n  \"budget\": {\"requested_bytes\": " << Num(c.requested_bytes)
@@ -165,7 +190,8 @@ std::string FormatJointPlanTable(const KvcalibJointPlan& jp, const PlanReportInf
   o << "kvcalib plan --mode " << JointModeName(p.mode) << " (" << p.source
     << " won): " << info.profile << ": " << QuantMethodName(in.spec.method) << ", head_dim "
     << in.spec.head_dim << ", " << in.layers << " layers x " << in.kv_heads << " KV heads, "
-    << in.heads.front().tokens << " tokens per head (" << jp.fixed_tokens << " fixed fp16)"
+    << in.heads.front().tokens << " tokens per head (" << jp.fixed_tokens << " fixed fp16, "
+    << in.heads.front().tail_tokens << " more as the worst-case fp16 tail)"
     << (jp.uniform_curves ? ", flat attention (no [reasonalloc])" : "") << "\n";
   std::snprintf(line, sizeof line,
                 "budget: requested %.0f B (%.4g of fp16), achieved %.0f B, slack %.0f B "

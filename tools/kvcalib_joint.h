@@ -6,10 +6,11 @@
 // a calibration profile through the joint planner (policies/joint_planner.h), with an independent
 // check of the totals:
 //  * bytes are recomputed here from each head's kept tokens and widths with the registry's
-//    BitsPerElement (fixed tokens at fp16), not taken from the planner, and must satisfy
-//    0 <= requested - achieved <= one allocation unit (JointPlan::unit_bytes: a token quantum at
-//    the widest width, or one width step of a head's quantized tokens), unless the plan is
-//    saturated (every head at its best option: a larger budget cannot lower the distortion);
+//    BitsPerElement (fixed tokens at fp16; the worst-case fp16 tail rows, tail_tokens per head,
+//    at fp16 minus the narrowest allowed widths' rate), not taken from the planner, and must
+//    satisfy 0 <= requested - achieved <= one allocation unit (JointPlan::unit_bytes: a token
+//    quantum at the widest width, or one width step of a head's quantized tokens), unless the plan
+//    is saturated (every head at its best option: a larger budget cannot lower the distortion);
 //  * every head keeps at least its fixed (sink + window) tokens and at most the tokens seen.
 //
 // Thread safety: pure functions.

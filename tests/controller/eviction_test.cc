@@ -574,6 +574,50 @@ TEST_CASE("Budget config: joint plans per-head widths and token caps that the se
   std::remove(path.c_str());
 }
 
+TEST_CASE("Budget config: joint payload never exceeds budget.bytes, fp16 tail included",
+          "[controller][config][evict]") {
+  // Flush every 32 tokens, window 8: up to 31 unflushed fp16 rows per head, 23 more than the
+  // window the planner counts at fp16 anyway. The budget is tight enough that the plan spends it.
+  const std::string path = WriteKiviProfile(2);
+  const int64_t budget = 30000;
+  Config c = WithToml(
+      "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[evict]\nwindow = 8\n[budget]\nmode = "
+      "\"joint\"\nbytes = " +
+      std::to_string(budget) + "\nplan_tokens = 256\nprofile = \"" + path + "\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  const SequenceShape shape{2, 2, 0, 32, 0};
+  std::vector<LayerPlan> plans = Plans(2, 2, QuantMethod::kKivi, 32, false, 0, 32, 0);
+  std::vector<int64_t> caps;
+  const Status applied = ApplyBudgetWidths(c, shape, &plans, &caps);
+  INFO(applied.ToString());
+  REQUIRE(applied.ok());
+  StatusOr<EvictionSettings> ev = ResolveEviction(c, shape, caps);
+  REQUIRE(ev.ok());
+  CHECK(ev->head_caps == caps);  // The planner used the daemon's floor: no cap was raised.
+  auto pool = MakePool(4 << 20, 4096);
+  KvSequence seq(pool.get(), {.layers = 2, .kv_heads = 2, .head_dim = 32, .dtype = DType::kF32},
+                 plans, *ev);
+  const int prefill = 100, total = 520;  // 420 single-token appends: 13 flushes per head.
+  const Stream s(2, total, 2, 2, 32, 23);
+  uint64_t most = 0;
+  int over = 0;
+  for (int t = 0; t < total; t += t == 0 ? prefill : 1) {
+    REQUIRE(s.Append(seq, t, t == 0 ? prefill : 1, false).ok());
+    const uint64_t payload = seq.Usage().payload_bytes;
+    most = std::max(most, payload);
+    if (payload > static_cast<uint64_t>(budget)) {
+      ++over;
+      UNSCOPED_INFO("after token " << t << ": payload " << payload << " > budget " << budget);
+    }
+  }
+  CHECK(over == 0);
+  // Not vacuous: at its fullest the cache uses most of the budget.
+  INFO("largest payload " << most);
+  CHECK(most > static_cast<uint64_t>(budget) * 8 / 10);
+  CHECK(seq.Usage().evicted_tokens > 0);
+  std::remove(path.c_str());
+}
+
 TEST_CASE("Budget config: bad combinations name the key, the value and what was expected",
           "[controller][config][evict]") {
   for (const auto& [toml, part] : std::vector<std::pair<std::string, std::string>>{

@@ -429,6 +429,50 @@ TEST_CASE("JointPlanner: bytes per token come from the registry", "[policies][jo
   CHECK(e->v_bits == 4);
 }
 
+TEST_CASE("JointPlanner: the worst-case fp16 tail is charged at fp16 less the narrowest rate",
+          "[policies][joint]") {
+  std::mt19937_64 rng(17);
+  Shape s;
+  s.layers = 1;
+  s.heads = 2;
+  JointPlanInput in = RandomInput(rng, s);
+  in.heads[0].fixed_tokens = 4;
+  in.heads[0].tail_tokens = 0;
+  StatusOr<JointHeadPlan> without = EvaluateJointHead(in, 0, 4 + 64, 4, 4);
+  REQUIRE(without.ok());
+  in.heads[0].tail_tokens = 20;
+  StatusOr<JointHeadPlan> with = EvaluateJointHead(in, 0, 4 + 64, 4, 4);
+  REQUIRE(with.ok());
+  QuantSpec spec = in.spec;
+  spec.k_bits = spec.v_bits = in.bits.front();
+  const double narrowest = BitsPerElement(spec, in.kv_heads).average * 2.0 * spec.head_dim / 8.0;
+  // 20 rows at fp16 instead of the narrowest rate, whatever the widths evaluated.
+  CHECK(with->bytes - without->bytes == Approx(20 * (4.0 * spec.head_dim - narrowest)));
+  CHECK(with->distortion == Approx(without->distortion));
+
+  // Planned, the charge uses the narrowest allowed width, so it holds for any width picked.
+  for (JointHeadInput& h : in.heads) {
+    h.fixed_tokens = 4;
+    h.tail_tokens = std::min<int64_t>(31, h.tokens - h.fixed_tokens);
+  }
+  const auto [lo, hi] = Range(in, JointMode::kJoint);
+  in.budget_bytes = static_cast<int64_t>((lo + hi) / 2);
+  StatusOr<JointPlan> p = PlanJoint(in, JointMode::kJoint);
+  REQUIRE(p.ok());
+  CheckBudget(in, *p);
+  for (size_t h = 0; h < p->heads.size(); ++h) {
+    const JointHeadPlan& hp = p->heads[h];
+    QuantSpec at = in.spec;
+    at.k_bits = hp.k_bits;
+    at.v_bits = hp.v_bits;
+    const double rate = BitsPerElement(at, in.kv_heads).average * 2.0 * spec.head_dim / 8.0;
+    const double expect =
+        4.0 * 4 * spec.head_dim + static_cast<double>(hp.kept - 4) * rate +
+        static_cast<double>(in.heads[h].tail_tokens) * (4.0 * spec.head_dim - narrowest);
+    CHECK(hp.bytes == Approx(expect));
+  }
+}
+
 TEST_CASE("JointPlanner: requantize before evict when it costs less", "[policies][joint]") {
   std::mt19937_64 rng(17);
   Shape s;
@@ -514,6 +558,12 @@ TEST_CASE("JointPlanner: bad input names the field", "[policies][joint]") {
   expect([](JointPlanInput& in) { in.heads[0].tokens = 0; }, "heads[0].tokens: got 0");
   expect([](JointPlanInput& in) { in.heads[3].fixed_tokens = in.heads[3].tokens + 1; },
          "heads[3].fixed_tokens: got");
+  expect(
+      [](JointPlanInput& in) {
+        in.heads[3].tail_tokens = in.heads[3].tokens - in.heads[3].fixed_tokens + 1;
+      },
+      "heads[3].tail_tokens: got");
+  expect([](JointPlanInput& in) { in.heads[3].tail_tokens = -1; }, "heads[3].tail_tokens: got");
   expect([](JointPlanInput& in) { in.heads[0].eviction.tau = 1; }, "heads[0].eviction.tau: got 1");
   expect(
       [](JointPlanInput& in) {
@@ -580,6 +630,9 @@ TEST_CASE("JointPlanner: input from a calibration profile", "[policies][joint]")
   CHECK(h.alpha_k == Approx(0.1 * 3 * 2));
   CHECK(h.importance_v == Approx(1.5));
   CHECK(h.fixed_tokens == 64);
+  // Up to flush_tokens - 1 rows wait at fp16 besides the 4 sinks: 4 + 127 - 64 beyond F.
+  CHECK(TraitsOf(QuantMethod::kKivi).streaming.flush_tokens == 128);
+  CHECK(h.tail_tokens == 4 + 127 - 64);
   // Calibration sequences of 1024 tokens, demand 100 at layer 1, twice the tokens.
   CHECK(h.eviction.coverage_tokens == Approx(200));
   StatusOr<JointPlan> p = PlanJoint(*in, JointMode::kJoint);
@@ -592,6 +645,15 @@ TEST_CASE("JointPlanner: input from a calibration profile", "[policies][joint]")
   CHECK(fixed->heads[3].eviction.coverage_tokens == Approx(100));
   CHECK(fixed->heads[0].fixed_tokens == TraitsOf(QuantMethod::kKivi).streaming.sink_tokens);
   CHECK(fixed->budget_bytes == 1 << 22);
+  StatusOr<JointPlanInput> flush32 = MakeJointInput(
+      profile,
+      {.tokens = 2048, .sinks = 4, .window = 60, .flush_tokens = 32, .budget_fraction = 1});
+  REQUIRE(flush32.ok());
+  CHECK(flush32->heads[0].tail_tokens == 0);  // The window covers a 31-row tail.
+  StatusOr<JointPlanInput> short_seq =
+      MakeJointInput(profile, {.tokens = 100, .sinks = 4, .window = 60, .budget_fraction = 1});
+  REQUIRE(short_seq.ok());
+  CHECK(short_seq->heads[0].tail_tokens == 100 - 64);  // Never more rows than tokens.
 
   StatusOr<JointPlanInput> flat =
       MakeJointInput(HandProfile(2, 2, false), {.tokens = 512, .budget_fraction = 0.5});
@@ -606,13 +668,17 @@ TEST_CASE("JointPlanner: input from a calibration profile", "[policies][joint]")
                  .status()
                  .message(),
              Contains("beta_override: got 0.5"));
+  CHECK_THAT(MakeJointInput(profile, {.tokens = 8, .flush_tokens = -1, .budget_fraction = 0.5})
+                 .status()
+                 .message(),
+             Contains("flush_tokens: got -1"));
 }
 
 TEST_CASE("JointPlanner: 80 layers x 8 KV heads plans in about a millisecond",
           "[policies][joint][.bench]") {
   const CalibProfile profile = HandProfile(80, 8, true);
   StatusOr<JointPlanInput> in =
-      MakeJointInput(profile, {.tokens = 8192, .window = 64, .budget_fraction = 0.2});
+      MakeJointInput(profile, {.tokens = 8192, .window = 64, .budget_fraction = 0.21});
   REQUIRE(in.ok());
   for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
     std::vector<double> ms;

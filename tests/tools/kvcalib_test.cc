@@ -446,7 +446,9 @@ TEST_CASE("kvcalib: plan --mode totals equal the byte budget within one allocati
   bad = o;
   bad.joint.budget_fraction = 0;
   bad.joint.budget_bytes = 1000;
-  CHECK_THAT(mode_err(bad), Contains("--budget-bytes: got 1000, expected >= 24576"));
+  // 6 heads x (16 fixed tokens at fp16 + the worst-case tail, 127 - 16 rows, at fp16 less the
+  // 2-bit rate).
+  CHECK_THAT(mode_err(bad), Contains("--budget-bytes: got 1000, expected >= 163104"));
   bad = o;
   bad.joint.budget_fraction = 1.5;
   CHECK_THAT(mode_err(bad), Contains("--budget-fraction: got 1.5, expected (0, 1]"));
@@ -687,20 +689,22 @@ TEST_CASE("kvcalib bench: plan 80 layers x 8 heads and fit SmolLM2-135M geometry
                   *std::min_element(t.begin(), t.end()));
     }
   }
-  // The joint planner on the same profile: 8192 tokens per head, a 64-token window, 20% of fp16.
+  // The joint planner on the same profile: 8192 tokens per head, a 64-token window, 21% of fp16
+  // (at 20% quant-only no longer fits: every token at 2 bits is exactly 20%, plus the fp16 tail).
   for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
     std::vector<double> t;
     for (int i = 0; i < 31; ++i) {
       const Clock::time_point t0 = Clock::now();
       StatusOr<KvcalibJointPlan> plan = BuildKvcalibJointPlan(
-          r->profile, mode, {.tokens = 8192, .window = 64, .budget_fraction = 0.2});
+          r->profile, mode, {.tokens = 8192, .window = 64, .budget_fraction = 0.21});
       t.push_back(ms(t0));
+      INFO(JointModeName(mode) << ": " << plan.status().message());
       REQUIRE(plan.ok());
       REQUIRE(plan->ok());
     }
-    std::printf("plan --mode %s 80x8 kivi, 8192 tokens, 0.2 of fp16: median %.3f ms, min %.3f ms\n",
-                std::string(JointModeName(mode)).c_str(), median(t),
-                *std::min_element(t.begin(), t.end()));
+    std::printf(
+        "plan --mode %s 80x8 kivi, 8192 tokens, 0.21 of fp16: median %.3f ms, min %.3f ms\n",
+        std::string(JointModeName(mode)).c_str(), median(t), *std::min_element(t.begin(), t.end()));
   }
   // Fit: SmolLM2-135M geometry, 32 sequences x 256 tokens, one thread.
   FitCommandOptions smol = TinyFit("kivi");
