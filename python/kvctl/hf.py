@@ -365,7 +365,8 @@ class KvctlCache(Cache):
                                                args=(min(leases) / 3000.0,), daemon=True)
             self._keepalive.start()
         self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
-                         "block_fetches": 0, "block_fetch_s": 0.0, "fused_steps": 0}
+                         "block_fetches": 0, "block_fetch_s": 0.0, "fused_steps": 0,
+                         "flushes": 0}
 
     @property
     def client(self) -> Client:
@@ -432,6 +433,7 @@ class KvctlCache(Cache):
             seq.sent_last_row = k[0, b, -1, 0].copy()
             flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
             seq.tokens_quantized = seq.last_append.tokens_quantized
+            self.counters["flushes"] += int(flushed)
             if seq.always or flushed or seq.rounding is None:
                 seq.mark_dirty(None)
             else:

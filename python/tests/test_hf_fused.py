@@ -54,8 +54,8 @@ PREFILL = 70
 TOTAL = 134          # 64 teacher-forced decode steps; flush_tokens 32 below: several flushes.
 # Fused attention output vs float64 attention over the same daemon rows (observed ~5e-6).
 ATTENTION_TOLERANCE = 1e-4
-# Logits, fused vs dense end to end (different daemon contents, see the test; observed < 0.3).
-LOGIT_TOLERANCE = 1.0
+# Logits, fused vs dense end to end (different daemon contents, see the test; observed <= 0.75).
+LOGIT_TOLERANCE = 2.0
 
 
 @pytest.fixture(scope="session")
@@ -105,18 +105,20 @@ def _check_against_daemon_state(monkeypatch, errors):
     over the same layer's dense FETCH (the daemon's dequantized rows, per head, ragged when
     evicted) plus the step's own K/V; the max abs difference of each call goes to `errors`."""
     fused = KvctlCache._fused_attention
+    fetched = {}
 
     def checked(self, layer, query, key, value, attention_mask, scaling):
         out, weights = fused(self, layer, query, key, value, attention_mask, scaling)
         seq = self.seqs[0]
-        res = seq.client.fetch(seq.sequence_id, layers=(layer.index, layer.index + 1),
-                               dtype="float32")
-        heads, dim = key.shape[1], key.shape[3]
+        if layer.index == 0:  # One dense FETCH of every layer per step (nothing changes).
+            fetched["res"] = seq.client.fetch(seq.sequence_id, dtype="float32")
+        res = fetched["res"]
+        heads, l = key.shape[1], layer.index
         g = query.shape[1] // heads
         worst = 0.0
         for h in range(heads):
-            k = torch.cat([torch.from_numpy(res.k[0][h]), key[0, h, -1:]]).double()
-            v = torch.cat([torch.from_numpy(res.v[0][h]), value[0, h, -1:]]).double()
+            k = torch.cat([torch.from_numpy(res.k[l][h]), key[0, h, -1:]]).double()
+            v = torch.cat([torch.from_numpy(res.v[l][h]), value[0, h, -1:]]).double()
             q = query[0, h * g:(h + 1) * g, 0].double()
             ref = torch.softmax(scaling * q @ k.T, -1) @ v
             worst = max(worst, (out[0, 0, h * g:(h + 1) * g].double() - ref).abs().max().item())
@@ -141,9 +143,8 @@ def test_hf_fused_decode_equals_dense(smollm2, tokens, _shared_factory, monkeypa
             seq = cache.stats(section="sequences")["sequences"]
             if name == "streaming":
                 assert int(seq["tokens_evicted_total"]) > 0
-            else:
-                flushed = int(seq["tokens_quantized"])
-                assert flushed >= PREFILL + 32, flushed  # Decode steps crossed a flush.
+            else:  # The prefill's APPEND flushed once; decode steps crossed more flushes.
+                assert cache.counters["flushes"] >= 2, cache.counters
     # Every layer of every decode step: fused == attention over what the daemon holds.
     assert len(errors) == (TOTAL - PREFILL) * n_layers
     print("%s: fused attention vs float64 attention on the daemon's rows: max abs %.3g"
