@@ -656,8 +656,38 @@ def generate_demo(endpoint: str, prompt: str, max_new_tokens: int, threads: int 
     ])
 
 
+def bench_decode(endpoint: str, prefill: int = 1024, steps: int = 128, threads: int = 1,
+                 attentions: Sequence[str] = ("dense", "fused"), repeats: int = 2) -> str:
+    """ms per decode step of SmolLM2-135M through the daemon at `endpoint`, per attention mode:
+    a random-token prefill, then `steps` one-token forwards (teacher-forced), each mode run
+    `repeats` times alternately (the best run is reported). Returns one line per mode."""
+    from .model import load_smollm2
+
+    torch.set_num_threads(threads)
+    model, _ = load_smollm2()
+    ids = torch.randint(100, 40000, (1, prefill + steps),
+                        generator=torch.Generator().manual_seed(0))
+    best = {}
+    for _ in range(repeats):
+        for attention in attentions:
+            with KvctlCache(model, endpoint, attention=attention, timeout_ms=60000) as cache, \
+                    torch.no_grad():
+                model(ids[:, :prefill], past_key_values=cache)
+                t0 = time.perf_counter()
+                for i in range(prefill, prefill + steps):
+                    model(ids[:, i:i + 1], past_key_values=cache)
+                ms = 1000 * (time.perf_counter() - t0) / steps
+                c = cache.counters
+                fetch_ms = 1000 * (c["fetch_s"] + c["block_fetch_s"]) / steps
+            if attention not in best or ms < best[attention][0]:
+                best[attention] = (ms, fetch_ms)
+    return "\n".join("%s: %.1f ms/step (FETCH %.1f ms/step), prefill %d, %d steps, %d thread(s)"
+                     % (a, best[a][0], best[a][1], prefill, steps, threads) for a in attentions)
+
+
 def main(argv=None) -> int:
-    """python3 -m kvctl.hf [--endpoint E] [--prompt P] [--max-new-tokens N]"""
+    """python3 -m kvctl.hf [--endpoint E] [--prompt P] [--max-new-tokens N] [--threads T]
+    [--bench-decode PREFILL STEPS]"""
     import argparse
     import sys
 
@@ -671,9 +701,14 @@ def main(argv=None) -> int:
                     "text generation with transformers faster, and what it costs in memory.")
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bench-decode", nargs=2, type=int, metavar=("PREFILL", "STEPS"),
+                    help="time decode steps, attention dense vs fused, instead of generating")
     a = ap.parse_args(argv)
     try:
-        print(generate_demo(a.endpoint, a.prompt, a.max_new_tokens, a.threads))
+        if a.bench_decode:
+            print(bench_decode(a.endpoint, a.bench_decode[0], a.bench_decode[1], a.threads))
+        else:
+            print(generate_demo(a.endpoint, a.prompt, a.max_new_tokens, a.threads))
     except ModelNotFound as e:
         print("kvctl.hf: %s" % e, file=sys.stderr)
         return 1
@@ -687,7 +722,7 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["ATTN_IMPLEMENTATION", "KvctlCache", "KvctlLayer", "generate_demo"]
+__all__ = ["ATTN_IMPLEMENTATION", "KvctlCache", "KvctlLayer", "bench_decode", "generate_demo"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
