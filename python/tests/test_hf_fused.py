@@ -164,6 +164,34 @@ def test_hf_fused_decode_equals_dense(smollm2, tokens, _shared_factory, monkeypa
     assert diff <= LOGIT_TOLERANCE and agree >= 0.95, (name, diff, agree)
 
 
+def test_hf_fused_per_head_widths(smollm2, tokens, daemon_factory, workdir, monkeypatch):
+    """[[quant.override]] gives KV head 1 of layer 0 4-bit records (its own layout in the blocks
+    reply): that head is attended in its own kernel call, still equal to the daemon's rows."""
+    from helpers import kvctl_binary
+
+    model, _ = smollm2
+    config = os.path.join(workdir, "hf-override.toml")
+    with open(config, "w") as f:
+        f.write('[quant]\nmethod = "kvarn"\nblock_tokens = 32\nsink_tokens = 16\n'
+                'flush_tokens = 32\n\n[[quant.override]]\nlayer = 0\nhead = 1\nk_bits = 4\n'
+                'v_bits = 4\n')
+    wrapper = os.path.join(workdir, "kvctl-hf-override.sh")
+    with open(wrapper, "w") as f:
+        f.write('#!/bin/sh\nexec "%s" --config "%s" "$@"\n' % (kvctl_binary(), config))
+    os.chmod(wrapper, 0o755)
+    monkeypatch.setenv("KVCTL_BIN", wrapper)
+    daemon = daemon_factory(pool__bytes="64MiB")
+    errors = []
+    _check_against_daemon_state(monkeypatch, errors)
+    with KvctlCache(model, daemon.endpoint, attention="fused") as cache:
+        forward_loop(model, cache, tokens, PREFILL)
+        blocks = cache.seqs[0].blocks
+        widths = [blocks["layouts"][i]["k_bits"] for i in blocks["layout_index"].tolist()[:4]]
+        assert widths == [2, 4, 2, 2], widths
+        assert cache.counters["flushes"] >= 2
+    assert max(errors) <= ATTENTION_TOLERANCE, max(errors)
+
+
 def test_hf_fused_multi_token_step_after_decode_refetches_dense(smollm2, tokens,
                                                                 _shared_factory):
     """A chunk of several tokens after fused decode steps attends on a refetched dense mirror
