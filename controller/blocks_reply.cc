@@ -29,6 +29,19 @@ ipc::RecordLayout WireLayout(const QuantSpec& spec) {
   return r;
 }
 
+// A lossless layer holds no records (every row is in the window), so its layout only has to be
+// a valid placeholder: method fp16, no sections, one slot of the sequence's record arrays.
+ipc::RecordLayout LosslessWireLayout(const QuantSpec& spec, uint32_t slot_bytes) {
+  ipc::RecordLayout r;
+  r.method = static_cast<uint8_t>(QuantMethod::kFp16);
+  r.k_bits = 16;
+  r.v_bits = 16;
+  r.k_group_tokens = static_cast<uint32_t>(spec.k_group_tokens);
+  r.v_group_channels = static_cast<uint32_t>(spec.v_group_channels);
+  r.record_bytes = slot_bytes;
+  return r;
+}
+
 }  // namespace
 
 zmq::message_t RowsToFrame(const std::vector<float>& rows, DType dtype) {
@@ -66,13 +79,16 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
     }
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
       const QuantSpec& spec = seq.HeadSpec(l, static_cast<int>(h));
-      const ipc::RecordLayout layout = WireLayout(spec);
+      const HeadBlocks b = seq.Blocks(l, static_cast<int>(h));
+      reply.records_per_page = b.records_per_page;  // One value for the whole sequence.
+      const ipc::RecordLayout layout =
+          seq.Lossless(l)
+              ? LosslessWireLayout(spec, static_cast<uint32_t>(page_bytes / b.records_per_page))
+              : WireLayout(spec);
       size_t index = 0;
       while (index < reply.layouts.size() && !(reply.layouts[index] == layout)) ++index;
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);
       reply.layout_index.push_back(static_cast<uint16_t>(index));
-      const HeadBlocks b = seq.Blocks(l, static_cast<int>(h));
-      reply.records_per_page = b.records_per_page;  // One value for the whole sequence.
       for (uint32_t r = 0; r < b.records; ++r) {
         reply.indices.push_back(b.record_pages[r / b.records_per_page] * b.records_per_page +
                                 r % b.records_per_page);

@@ -46,6 +46,29 @@ def test_lossless_float32_round_trip_is_exact(lossless_daemon, connect):
     assert c.close(1) > 0 and c.close(2) > 0
 
 
+def test_lossless_blocks_fetch_has_no_records_and_every_row_in_the_window(lossless_daemon,
+                                                                         connect):
+    # A lossless sequence holds no records: blocks FETCH answers with a placeholder layout and
+    # every row, exactly as sent (float32 window), instead of failing inside the daemon.
+    c = connect(lossless_daemon)
+    c.hello(LAYERS, HEADS, DIM, dtype="float32", model_name="exact-blocks")
+    c.open(1)
+    k, v = random_kv(LAYERS, 41, HEADS, DIM, seed=5)
+    c.append(1, k, v)
+    b = c.fetch_blocks(1, dtype="float32")
+    pairs = LAYERS * HEADS
+    assert b["indptr"].tolist() == [0] * (pairs + 1)
+    assert b["quantized_counts"].tolist() == [0] * pairs
+    assert b["tail_counts"].tolist() == [41] * pairs
+    assert b["layouts"][0]["method_name"] == "fp16"
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            assert np.array_equal(b["tail_k"][layer][head], k[layer, :, head])
+            assert np.array_equal(b["tail_v"][layer][head], v[layer, :, head])
+            assert b["tail_positions"][layer][head].tolist() == list(range(41))
+    assert c.close(1) > 0
+
+
 def test_lossless_float16_round_trip_is_exact(lossless_daemon, connect):
     c = connect(lossless_daemon)
     c.hello(LAYERS, HEADS, DIM, dtype=np.float16)
