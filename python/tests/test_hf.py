@@ -23,22 +23,10 @@ from transformers import DynamicCache  # noqa: E402
 
 import kvctl  # noqa: E402
 from kvctl.hf import KvctlCache  # noqa: E402
-from kvctl.model import ModelNotFound, load_smollm2  # noqa: E402
-
-TEXT = ("The GNU General Public License is a free, copyleft license for software and other "
-        "kinds of works. The licenses for most software and other practical works are designed "
-        "to take away your freedom to share and change the works. By contrast, the GNU General "
-        "Public License is intended to guarantee your freedom to share and change all versions "
-        "of a program--to make sure it remains free software for all its users. ")
+from hf_common import TEXT, forward_loop  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    try:
-        return load_smollm2()
-    except ModelNotFound as e:
-        pytest.skip(str(e))
+
 
 
 @pytest.fixture(scope="session")
@@ -49,16 +37,6 @@ def tokens(smollm2):
     return ids[:, :150]
 
 
-def forward_loop(model, cache, ids, prefill):
-    """Logits [steps + 1, vocab]: the prefill's last position, then one token at a time."""
-    out = []
-    with torch.no_grad():
-        o = model(ids[:, :prefill], past_key_values=cache, use_cache=True)
-        out.append(o.logits[0, -1])
-        for i in range(prefill, ids.shape[1]):
-            o = model(ids[:, i:i + 1], past_key_values=cache, use_cache=True)
-            out.append(o.logits[0, -1])
-    return torch.stack(out)
 
 
 @pytest.fixture(scope="session")

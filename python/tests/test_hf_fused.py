@@ -26,7 +26,7 @@ import kvctl  # noqa: E402
 
 from kvctl import torch_ops  # noqa: E402
 from kvctl.hf import KvctlCache  # noqa: E402
-from kvctl.model import ModelNotFound, load_smollm2  # noqa: E402
+from hf_common import TEXT, forward_loop  # noqa: E402
 
 
 def _load_extension():
@@ -45,11 +45,6 @@ except RuntimeError as e:
     pytest.skip("fused attention needs the kvctl torch extension: %s" % e,
                 allow_module_level=True)
 
-TEXT = ("The GNU General Public License is a free, copyleft license for software and other "
-        "kinds of works. The licenses for most software and other practical works are designed "
-        "to take away your freedom to share and change the works. By contrast, the GNU General "
-        "Public License is intended to guarantee your freedom to share and change all versions "
-        "of a program--to make sure it remains free software for all its users. ")
 PREFILL = 70
 TOTAL = 134          # 64 teacher-forced decode steps; flush_tokens 32 below: several flushes.
 # Fused attention output vs float64 attention over the same daemon rows (observed ~5e-6).
@@ -58,13 +53,6 @@ ATTENTION_TOLERANCE = 1e-4
 LOGIT_TOLERANCE = 2.0
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    try:
-        return load_smollm2()
-    except ModelNotFound as e:
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="session")
@@ -75,16 +63,6 @@ def tokens(smollm2):
     return ids[:, :TOTAL]
 
 
-def forward_loop(model, cache, ids, prefill):
-    """Logits [steps + 1, vocab]: the prefill's last position, then one token at a time."""
-    out = []
-    with torch.no_grad():
-        o = model(ids[:, :prefill], past_key_values=cache, use_cache=True)
-        out.append(o.logits[0, -1])
-        for i in range(prefill, ids.shape[1]):
-            o = model(ids[:, i:i + 1], past_key_values=cache, use_cache=True)
-            out.append(o.logits[0, -1])
-    return torch.stack(out)
 
 
 DAEMONS = {
