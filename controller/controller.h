@@ -68,6 +68,9 @@ class Controller {
 
   // What the daemon knows and the controller does not: its endpoints and transport counters.
   void SetServerInfo(std::string endpoint, std::function<ipc::ServerCounters()> counters);
+  // The HTTP server's bound HOST:PORT (server.http_address may ask for port 0); STATS shows it.
+  // Callable while STATS is served.
+  void SetHttpAddress(std::string bound_address);
 
   Config config() const;
   PoolStats pool_stats() const { return pool_->Stats(); }
@@ -89,8 +92,10 @@ class Controller {
   const std::unique_ptr<PageAllocator> pool_;
   const std::string shm_name_;
   const SteadyTime started_;
-  ServerStats stats_;                                     // Internally synchronized.
-  std::string endpoint_;                                  // Set once before serving.
+  ServerStats stats_;     // Internally synchronized.
+  std::string endpoint_;  // Set once before serving.
+  mutable std::mutex http_address_mu_;
+  std::string http_address_;  // Bound address; "" = off or not started. Guarded by the above.
   std::function<ipc::ServerCounters()> server_counters_;  // Set once before serving.
 
   mutable std::mutex mu_;

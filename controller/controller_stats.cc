@@ -61,6 +61,11 @@ void Controller::SetServerInfo(std::string endpoint,
   server_counters_ = std::move(counters);
 }
 
+void Controller::SetHttpAddress(std::string bound_address) {
+  std::lock_guard<std::mutex> lock(http_address_mu_);
+  http_address_ = std::move(bound_address);
+}
+
 StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, SteadyTime now) {
   std::string want = request.section;
   std::transform(want.begin(), want.end(), want.begin(), ::tolower);
@@ -156,6 +161,11 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     k_err += retired_quality_.k_rel_error_sum;
     v_err += retired_quality_.v_rel_error_sum;
   }
+  std::string http_address;
+  {
+    std::lock_guard<std::mutex> lock(http_address_mu_);
+    http_address = http_address_;
+  }
   std::ostringstream out;
   if (show("server")) {
     out << "# Server\n"
@@ -166,7 +176,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "\n"
         << "endpoint:" << endpoint_ << "\n"
         << "stats_endpoint:" << config.server.stats_endpoint << "\n"
-        << "http_address:" << config.server.http_address << "\n";
+        << "http_address:" << http_address << "\n";
   }
   if (show("pool")) {
     const PoolStats p = pool_->Stats();

@@ -246,6 +246,7 @@ int Daemon::Run() {
       return 1;
     }
     impl.http = std::move(http).value();
+    controller_->SetHttpAddress(impl.http->address());
     spdlog::info("metrics on http://{}/metrics", impl.http->address());
   }
 

@@ -257,6 +257,8 @@ def test_json_snapshot_matches_the_stats_text(daemon, cleanup):
         same("sequences", key)
     same("server", "pid")
     same("server", "endpoint")
+    # Configured as 127.0.0.1:0: STATS names the port the daemon actually bound.
+    assert raw["server"]["http_address"] == "127.0.0.1:%d" % daemon.http_port
     same("layers", "layers")
     same("heads", "heads")
     same("quality", "quality_samples_total")
