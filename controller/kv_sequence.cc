@@ -237,12 +237,7 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
       u.k_rel_error_sum += sample.k_rel_error;
       u.v_rel_error_sum += sample.v_rel_error;
     }
-    layer.q_rows = std::move(p.q_rows);
-    layer.q_count = p.q_count;
-    layer.h2o_pending = p.h2o_pending;
-    layer.realloc = std::move(p.realloc);
-    layer.has_utility = p.has_utility;
-    layer.layer_budget = p.layer_budget;
+    layer.scoring = std::move(p.scoring);
   }
   KVCTL_CHECK(reserved.empty());
   if (tokens_ == 0) first_position_ = first_position;
@@ -319,7 +314,7 @@ const QuantSpec& KvSequence::HeadSpec(int layer, int head) const {
 
 bool KvSequence::Lossless(int layer) const { return layers_[layer]->plan.lossless; }
 
-int64_t KvSequence::LayerBudget(int layer) const { return layers_[layer]->layer_budget; }
+int64_t KvSequence::LayerBudget(int layer) const { return layers_[layer]->scoring.layer_budget; }
 
 const SlotArray* KvSequence::Norms(int layer) const {
   const LayerState& l = *layers_[layer];

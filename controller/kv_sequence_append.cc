@@ -96,38 +96,37 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   // Query rows: the kept ones, then this append's (fp32).
   const int qh = geometry_.q_heads;
   const size_t q_row = static_cast<size_t>(qh) * d;
-  out->q_rows = layer.q_rows;
-  out->q_count = layer.q_count;
-  out->h2o_pending = layer.h2o_pending;
+  LayerScoring& scoring = out->scoring;
+  scoring = layer.scoring;
   if (q == nullptr) {
     // Rows kept from earlier appends no longer end at the newest token: drop them.
-    out->q_rows.clear();
-    out->q_count = out->h2o_pending = 0;
+    scoring.q_rows.clear();
+    scoring.q_count = scoring.h2o_pending = 0;
   } else if (ev.enabled) {
     // Only h2o reads every query; the others need the newest obs_window rows (a long prefill
     // would otherwise convert and hold all of its queries).
     const bool all_rows = ev.policy == EvictPolicy::kH2O;
     const int64_t want = all_rows ? n : std::min<int64_t>(n, ev.obs_window);
     if (want < n) {
-      out->q_rows.clear();  // The rows kept must stay the newest, consecutive ones.
-      out->q_count = 0;
+      scoring.q_rows.clear();  // The rows kept must stay the newest, consecutive ones.
+      scoring.q_count = 0;
     }
-    out->q_rows.resize((out->q_count + want) * q_row);
+    scoring.q_rows.resize((scoring.q_count + want) * q_row);
     for (int64_t t = n - want; t < n; ++t) {
-      float* dst = &out->q_rows[(out->q_count + t - (n - want)) * q_row];
+      float* dst = &scoring.q_rows[(scoring.q_count + t - (n - want)) * q_row];
       for (int h = 0; h < qh; ++h) q->LoadRow(t, h, dst + h * d);
     }
-    out->q_count += want;
-    if (all_rows) out->h2o_pending += n;
+    scoring.q_count += want;
+    if (all_rows) scoring.h2o_pending += n;
   }
   // The last `rows` query rows as the [rows, g, D] group of KV head h.
   auto group = [&](int64_t rows, int h) -> StatusOr<KvTensorView> {
     const KvTensorView all = KvTensorView::Contiguous(
-        out->q_rows.data() + (out->q_count - rows) * q_row, DType::kF32, rows, qh, d);
+        scoring.q_rows.data() + (scoring.q_count - rows) * q_row, DType::kF32, rows, qh, d);
     return QueryGroup(all, heads, h);
   };
-  const bool have_q = ev.enabled && out->q_count > 0;
-  const int64_t obs = std::min<int64_t>(ev.obs_window, out->q_count);
+  const bool have_q = ev.enabled && scoring.q_count > 0;
+  const int64_t obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
 
   // Each head's tokens in fp32, decoded only when scoring needs them.
   std::vector<std::vector<float>> all_k(heads), all_v(heads);
@@ -141,24 +140,22 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   // Budgets of this append: the layer's share, split over heads by the (re)allocator.
   std::vector<int64_t> budget(heads, 0);
   if (ev.enabled && !ev.head_caps.empty()) {
-    out->layer_budget = ctx.layer_budgets[l];
+    scoring.layer_budget = ctx.layer_budgets[l];
     for (int h = 0; h < heads; ++h) budget[h] = ev.head_caps[static_cast<size_t>(l) * heads + h];
   } else if (ev.enabled) {
-    out->layer_budget = ctx.layer_budgets[l];
-    out->realloc = layer.realloc;
-    out->has_utility = layer.has_utility;
-    if (!out->realloc || out->realloc->params().layer_budget != out->layer_budget) {
+    scoring.layer_budget = ctx.layer_budgets[l];
+    if (!scoring.realloc || scoring.realloc->params().layer_budget != scoring.layer_budget) {
       KVCTL_ASSIGN_OR_RETURN(
           HeadReallocator r,
           HeadReallocator::Create({.heads = heads,
-                                   .layer_budget = out->layer_budget,
+                                   .layer_budget = scoring.layer_budget,
                                    .floor = ev.floor,
                                    .ema = ev.realloc_ema,
                                    .period = std::max<int64_t>(1, ev.realloc_period)}));
-      if (out->has_utility) KVCTL_RETURN_IF_ERROR(r.Update(out->realloc->smoothed_utility()));
-      out->realloc = std::move(r);
+      if (scoring.has_utility) KVCTL_RETURN_IF_ERROR(r.Update(scoring.realloc->smoothed_utility()));
+      scoring.realloc = std::move(r);
     }
-    for (int h = 0; h < heads; ++h) budget[h] = out->realloc->budgets()[h];
+    for (int h = 0; h < heads; ++h) budget[h] = scoring.realloc->budgets()[h];
   }
   auto over = [&](int h) { return layer.heads[h].count() + n > budget[h]; };
   bool any_over = false;
@@ -167,17 +164,17 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   // H2O: fold the pending queries into every head's accumulated attention (at least once per
   // compression period, and always before scoring).
   const bool h2o = ev.enabled && ev.policy == EvictPolicy::kH2O;
-  if (h2o && out->h2o_pending > 0 &&
-      (any_over || ctx.realloc_due || out->h2o_pending >= ev.compression_period)) {
+  if (h2o && scoring.h2o_pending > 0 &&
+      (any_over || ctx.realloc_due || scoring.h2o_pending >= ev.compression_period)) {
     for (int h = 0; h < heads; ++h) {
       PreparedHead& ph = out->heads[h];
       ph.h2o = layer.heads[h].h2o;
-      KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(out->h2o_pending, h));
+      KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(scoring.h2o_pending, h));
       Status s = UpdateH2O(&ph.h2o, full(h), gq);
       if (!s.ok()) return WithLayerHead(l, h, s);
       ph.h2o_changed = true;
     }
-    out->h2o_pending = 0;
+    scoring.h2o_pending = 0;
   }
   auto h2o_of = [&](int h) -> const H2OState* {
     return out->heads[h].h2o_changed ? &out->heads[h].h2o : &layer.heads[h].h2o;
@@ -200,9 +197,9 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
                              ComputeRetainedMassCurve(*mass, *scores, mask));
       utility[h] = HeadUtility(curve, budget[h], std::max<int64_t>(1, ctx.avg_budget / 4));
     }
-    KVCTL_RETURN_IF_ERROR(out->realloc->Update(utility));
-    out->has_utility = true;
-    for (int h = 0; h < heads; ++h) budget[h] = out->realloc->budgets()[h];
+    KVCTL_RETURN_IF_ERROR(scoring.realloc->Update(utility));
+    scoring.has_utility = true;
+    for (int h = 0; h < heads; ++h) budget[h] = scoring.realloc->budgets()[h];
   }
 
   const int sinks_target = lossless ? 0 : rules.sink_tokens;
@@ -385,10 +382,11 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
 
   // Keep the observation window (and h2o's unfolded rows) of queries.
   if (ev.enabled) {
-    const int64_t keep_rows = std::min(out->q_count, std::max(ev.obs_window, out->h2o_pending));
-    out->q_rows.erase(out->q_rows.begin(),
-                      out->q_rows.begin() + (out->q_count - keep_rows) * q_row);
-    out->q_count = keep_rows;
+    const int64_t keep_rows =
+        std::min(scoring.q_count, std::max(ev.obs_window, scoring.h2o_pending));
+    scoring.q_rows.erase(scoring.q_rows.begin(),
+                         scoring.q_rows.begin() + (scoring.q_count - keep_rows) * q_row);
+    scoring.q_count = keep_rows;
   }
   return OkStatus();
 }

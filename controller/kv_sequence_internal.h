@@ -34,12 +34,9 @@ struct KvSequence::HeadStream {
   }
 };
 
-struct KvSequence::LayerState {
-  LayerPlan plan;
-  DType row_dtype = DType::kF16;
-  size_t row_bytes = 0;  // One K or V row.
-  std::vector<HeadStream> heads;
-  SlotArray norms;  // OScaR: block_tokens fp32 norms per slot, one slot per record index.
+// What eviction scoring keeps per layer between appends. An append prepares a copy and commits it
+// only when everything else succeeded (all or nothing).
+struct LayerScoring {
   // Newest query rows, fp32 [q_count, q_heads, head_dim]: the observation window, plus for h2o the
   // rows not yet folded into the accumulated attention.
   std::vector<float> q_rows;
@@ -48,6 +45,15 @@ struct KvSequence::LayerState {
   std::optional<HeadReallocator> realloc;
   bool has_utility = false;
   int64_t layer_budget = 0;
+};
+
+struct KvSequence::LayerState {
+  LayerPlan plan;
+  DType row_dtype = DType::kF16;
+  size_t row_bytes = 0;  // One K or V row.
+  std::vector<HeadStream> heads;
+  SlotArray norms;  // OScaR: block_tokens fp32 norms per slot, one slot per record index.
+  LayerScoring scoring;
 
   LayerState(PageAllocator* pool, size_t norm_slot) : norms(pool, norm_slot) {}
 };
@@ -90,12 +96,7 @@ struct PreparedLayer {
     double k_rel_error, v_rel_error;
   };
   std::vector<Sample> samples;  // Quality telemetry of sampled new records.
-  std::vector<float> q_rows;
-  int64_t q_count = 0;
-  int64_t h2o_pending = 0;
-  std::optional<HeadReallocator> realloc;
-  bool has_utility = false;
-  int64_t layer_budget = 0;
+  LayerScoring scoring;         // The layer's scoring state after the append.
 };
 
 inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
