@@ -141,39 +141,26 @@ class Daemon:
     def __init__(self, binary: str, workdir: str, name: str, settings: Dict[str, str],
                  config_file: Optional[str] = None):
         self.name = name
+        self.binary = binary
+        self.config_file = config_file
         self.endpoint = "ipc://" + os.path.join(workdir, name + ".sock")
         self.log_path = os.path.join(workdir, name + ".log")
-        args = [binary]
-        if config_file:
-            args += ["--config", config_file]
-        base = {"server.endpoint": self.endpoint, "pool.shm_name": "/kveval-%d-%s"
-                % (os.getpid(), name), "pool.bytes": "256MiB", "server.stats_endpoint": "",
-                "server.lease_ms": "600000", "server.log_level": "warn",
-                "pool.unlink_stale": "true"}
-        base.update(settings)
-        for k, v in base.items():
-            args += ["--set", "%s=%s" % (k, v)]
-        self.args = args
+        self.settings = {"server.endpoint": self.endpoint, "pool.shm_name": "/kveval-%d-%s"
+                         % (os.getpid(), name), "pool.bytes": "256MiB",
+                         "server.stats_endpoint": "", "server.lease_ms": "600000",
+                         "server.log_level": "warn", "pool.unlink_stale": "true"}
+        self.settings.update(settings)
         self.proc = None
 
-    def start(self, client_mod) -> "Daemon":
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        with client_mod.Client(self.endpoint, timeout_ms=200) as probe:
-            while True:
-                if self.proc.poll() is not None:
-                    raise DaemonError("kvctl (%s) exited with %d at startup: %s"
-                                      % (self.name, self.proc.returncode, self.log_tail()))
-                try:
-                    probe.ping()
-                    return self
-                except client_mod.Timeout:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise DaemonError("kvctl (%s) did not answer PING within 15 s: %s"
-                                          % (self.name, self.log_tail()))
+    def start(self) -> "Daemon":
+        from kvctl.process import DaemonStartError, spawn_daemon, wait_until_serving
+        self.proc = spawn_daemon(self.binary, self.settings, self.log_path, self.config_file)
+        try:
+            wait_until_serving(self.proc, self.endpoint, timeout_s=15)
+        except DaemonStartError as e:
+            self.stop()
+            raise DaemonError("%s (%s): %s" % (e, self.name, self.log_tail()))
+        return self
 
     def log_tail(self) -> str:
         try:
@@ -710,7 +697,7 @@ def main(argv=None) -> int:
                 r.settings["budget.plan_tokens"] = str(args.tokens)
             daemons.append(Daemon(args.kvctl_bin, workdir, r.name, r.settings, config))
         for d in daemons:
-            d.start(kvctl)
+            d.start()
         if args.endpoint:
             try:
                 with kvctl.Client(args.endpoint, timeout_ms=2000) as probe:

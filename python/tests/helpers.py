@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import kvctl
+from kvctl.process import DaemonStartError, spawn_daemon, wait_until_serving
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(PYTHON_DIR)
@@ -90,26 +91,13 @@ class Daemon:
         if not os.access(binary, os.X_OK):
             pytest.fail("kvctl binary not found at %s: build it (cmake --build build --target "
                         "kvctl) or set KVCTL_BIN" % binary, pytrace=False)
-        args = [binary]
-        for key, value in self.settings.items():
-            args += ["--set", "%s=%s" % (key, value)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        with kvctl.Client(self.endpoint, timeout_ms=200) as probe:
-            while True:
-                if self.proc.poll() is not None:
-                    pytest.fail("kvctl exited with %d at startup:\n%s"
-                                % (self.proc.returncode, self.log()), pytrace=False)
-                try:
-                    probe.ping()
-                    return self
-                except kvctl.Timeout:
-                    if time.monotonic() > deadline:
-                        self.kill()
-                        pytest.fail("kvctl did not answer PING within %.0f s:\n%s"
-                                    % (timeout_s, self.log()), pytrace=False)
+        self.proc = spawn_daemon(binary, self.settings, self.log_path)
+        try:
+            wait_until_serving(self.proc, self.endpoint, timeout_s)
+        except DaemonStartError as e:
+            self.kill()
+            pytest.fail("%s:\n%s" % (e, self.log()), pytrace=False)
+        return self
 
     @property
     def running(self) -> bool:
