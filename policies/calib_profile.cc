@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "policies/toml_text.h"
 
 namespace kvctl {
 namespace {
@@ -349,13 +350,7 @@ bool SplitAtDemandTable(std::string_view text, std::string* rq, std::string* ra)
 // whole file and hand the RateQuant reader its table re-serialised (toml++ prints doubles in
 // shortest round-trip form, so nothing is lost).
 StatusOr<CalibProfile> ParseWholeProfile(std::string_view text, std::string_view name) {
-  toml::table root;
-  try {
-    root = toml::parse(text, std::string(name));
-  } catch (const toml::parse_error& e) {
-    return InvalidArgument(name, ":", e.source().begin.line, ":", e.source().begin.column, ": ",
-                           e.description());
-  }
+  KVCTL_ASSIGN_OR_RETURN(toml::table root, ParseTomlText(text, name));
   for (const auto& [key, node] : root) {
     if (key.str() != "ratequant" && key.str() != "reasonalloc") {
       return InvalidArgument(name, ": ", key.str(),
@@ -392,13 +387,7 @@ StatusOr<CalibProfile> ParseCalibProfile(std::string_view text, std::string_view
     KVCTL_ASSIGN_OR_RETURN(profile.fit, ParseRateQuantProfile(text, name));
     return profile;
   }
-  toml::table ra_root;
-  try {
-    ra_root = toml::parse(ra, std::string(name));
-  } catch (const toml::parse_error& e) {
-    return InvalidArgument(name, ":", e.source().begin.line, ":", e.source().begin.column, ": ",
-                           e.description());
-  }
+  KVCTL_ASSIGN_OR_RETURN(toml::table ra_root, ParseTomlText(ra, name));
   CalibProfile profile;
   StatusOr<LayerDemandProfile> d = ParseDemandTable(*ra_root.get_as<toml::table>("reasonalloc"));
   if (!d.ok()) return InvalidArgument(name, ": ", d.status().message());

@@ -35,6 +35,7 @@
 
 #include "common/file_util.h"
 #include "kernels/quantize.h"
+#include "policies/toml_text.h"
 
 namespace kvctl {
 namespace {
@@ -760,13 +761,7 @@ std::string FormatRateQuantProfile(const RateQuantFit& fit) {
 }
 
 StatusOr<RateQuantFit> ParseRateQuantProfile(std::string_view text, std::string_view name) {
-  toml::table root;
-  try {
-    root = toml::parse(text, std::string(name));
-  } catch (const toml::parse_error& e) {
-    return InvalidArgument(name, ":", e.source().begin.line, ":", e.source().begin.column, ": ",
-                           e.description());
-  }
+  KVCTL_ASSIGN_OR_RETURN(toml::table root, ParseTomlText(text, name));
   StatusOr<RateQuantFit> fit = ParseProfileRoot(root);
   if (!fit.ok()) return Prefixed(StrCat(name, ": "), fit.status());
   return fit;
