@@ -11,58 +11,15 @@
 
 #include "common/half.h"
 #include "kernels/quantize.h"
+#include "tests/kernels/attention_cases.h"
 #include "tools/synthetic_kv.h"
 
 namespace kvctl {
 namespace {
 
-QuantSpec Spec(QuantMethod m, int d, int kb, int vb) {
-  StatusOr<QuantSpec> s = MakeQuantSpec(m, d, kb, vb);
-  REQUIRE(s.ok());
-  return *s;
-}
-
-// One (layer, KV head) cache built from synthetic data: head 1 of a [T, 2, D] stream. Tokens
-// [0, sinks) and the last `tail` tokens form the window (stored as [rows, 2, D] in window_dtype,
-// head 1 real, head 0 a decoy); the tokens between are quantized into `records` records.
-struct HeadCache {
-  QuantSpec spec;
-  int group = 1;
-  std::vector<std::vector<uint8_t>> records;
-  std::vector<std::vector<float>> norms;
-  std::vector<const uint8_t*> rec_ptrs;
-  std::vector<const float*> norm_ptrs;
-  DType window_dtype = DType::kF16;
-  int64_t window_rows = 0;
-  std::vector<uint8_t> window_k, window_v;  // [rows, 2, D] elements of window_dtype.
-  std::vector<float> q;                     // [group, D].
-  float scale = 1.0f;
-
-  AttentionKv Kv() const {
-    AttentionKv kv;
-    kv.records = rec_ptrs.data();
-    kv.record_norms = spec.method == QuantMethod::kOscar ? norm_ptrs.data() : nullptr;
-    kv.num_records = static_cast<int64_t>(rec_ptrs.size());
-    if (window_rows > 0) {
-      kv.window_k =
-          KvTensorView::Contiguous(window_k.data(), window_dtype, window_rows, 2, spec.head_dim);
-      kv.window_v =
-          KvTensorView::Contiguous(window_v.data(), window_dtype, window_rows, 2, spec.head_dim);
-      kv.window_head = 1;
-    }
-    return kv;
-  }
-  AttentionQuery Query() const { return {q.data(), group, scale}; }
-};
-
-void StoreElement(DType dt, float x, uint8_t* p) {
-  if (dt == DType::kF32) {
-    memcpy(p, &x, 4);
-    return;
-  }
-  const uint16_t h = dt == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x);
-  memcpy(p, &h, 2);
-}
+using testing::HeadCache;
+using testing::MakeHeadCache;
+using testing::Spec;
 
 float LoadElement(DType dt, const uint8_t* p) {
   if (dt == DType::kF32) {
@@ -73,53 +30,6 @@ float LoadElement(DType dt, const uint8_t* p) {
   uint16_t h;
   memcpy(&h, p, 2);
   return dt == DType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
-}
-
-HeadCache MakeCache(const QuantSpec& spec, int group, int sinks, int records, int tail,
-                    DType window_dtype, uint64_t seed) {
-  HeadCache hc;
-  hc.spec = spec;
-  hc.group = group;
-  hc.window_dtype = window_dtype;
-  const int d = spec.head_dim, gt = spec.block_tokens;
-  const int64_t tokens = sinks + static_cast<int64_t>(records) * gt + tail;
-  const SyntheticKv kv = GenerateSyntheticKv({.tokens = std::max<int64_t>(tokens, 1),
-                                              .heads = 2,
-                                              .head_dim = d,
-                                              .q_heads = 2 * group,
-                                              .seed = seed});
-  std::vector<float> norms(static_cast<size_t>(kv.tokens));
-  ComputeTokenNorms(kv.KView(), norms.data());
-  const size_t row = 2 * static_cast<size_t>(d);  // Floats per token of the [T, 2, D] stream.
-  const BlockLayout l = BlockLayoutOf(spec);
-  for (int r = 0; r < records; ++r) {
-    const int64_t t0 = sinks + static_cast<int64_t>(r) * gt;
-    hc.records.emplace_back(l.record_bytes);
-    hc.norms.emplace_back(norms.begin() + t0, norms.begin() + t0 + gt);
-    const BlockInput in{kv.k.data() + t0 * row + d, kv.v.data() + t0 * row + d,
-                        static_cast<int64_t>(row), hc.norms.back().data()};
-    REQUIRE(QuantizeBlockRef(spec, in, hc.records.back().data()).ok());
-  }
-  for (size_t r = 0; r < hc.records.size(); ++r) {
-    hc.rec_ptrs.push_back(hc.records[r].data());
-    hc.norm_ptrs.push_back(hc.norms[r].data());
-  }
-  hc.window_rows = sinks + tail;
-  const size_t es = DTypeSize(window_dtype);
-  hc.window_k.resize(hc.window_rows * row * es);
-  hc.window_v.resize(hc.window_k.size());
-  for (int64_t w = 0; w < hc.window_rows; ++w) {
-    const int64_t t = w < sinks ? w : tokens - tail + (w - sinks);
-    for (size_t c = 0; c < row; ++c) {
-      StoreElement(window_dtype, kv.k[t * row + c], &hc.window_k[(w * row + c) * es]);
-      StoreElement(window_dtype, kv.v[t * row + c], &hc.window_v[(w * row + c) * es]);
-    }
-  }
-  const size_t qrow = static_cast<size_t>(2 * group) * d;
-  const float* qlast = kv.q.data() + (kv.tokens - 1) * qrow + static_cast<size_t>(group) * d;
-  hc.q.assign(qlast, qlast + static_cast<size_t>(group) * d);
-  hc.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  return hc;
 }
 
 // The oracle: every record through DequantizeBlockRef, the window as stored, then softmax
@@ -268,7 +178,7 @@ TEST_CASE("Attention: fused equals dequantize-then-attend for every method, widt
             INFO(QuantMethodName(m) << " bits " << b << " d " << d << " " << sh.name << " g "
                                     << group << " window " << DTypeName(dt));
             CheckAgainstOracle(
-                MakeCache(spec, group, sh.sinks, records, sh.tail, dt, 100 + bits * 7 + d + si),
+                MakeHeadCache(spec, group, sh.sinks, records, sh.tail, dt, 100 + bits * 7 + d + si),
                 &worst);
           }
           ++si;
@@ -288,9 +198,9 @@ TEST_CASE("Attention: mixed widths, odd geometries and larger groups agree with 
        {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
     for (int d : {64, 128}) {
       INFO(QuantMethodName(m) << " k4v2 d " << d << " g 8");
-      CheckAgainstOracle(MakeCache(Spec(m, d, 4, 2), 8, 5, 3, 11, DType::kF16, 7 + d), &worst);
+      CheckAgainstOracle(MakeHeadCache(Spec(m, d, 4, 2), 8, 5, 3, 11, DType::kF16, 7 + d), &worst);
       INFO(QuantMethodName(m) << " k2v4 d " << d << " g 6");
-      CheckAgainstOracle(MakeCache(Spec(m, d, 2, 4), 6, 0, 2, 0, DType::kF32, 9 + d), &worst);
+      CheckAgainstOracle(MakeHeadCache(Spec(m, d, 2, 4), 6, 0, 2, 0, DType::kF32, 9 + d), &worst);
     }
   }
   // Widths that are not a multiple of 16 lanes: the AVX-512 primitives' 8-wide tails.
@@ -301,14 +211,14 @@ TEST_CASE("Attention: mixed widths, odd geometries and larger groups agree with 
   kivi.v_bits = 2;
   kivi.k_group_tokens = kivi.v_group_channels = 8;
   REQUIRE(ValidateQuantSpec(kivi).ok());
-  CheckAgainstOracle(MakeCache(kivi, 5, 2, 3, 9, DType::kBF16, 21), &worst);
+  CheckAgainstOracle(MakeHeadCache(kivi, 5, 2, 3, 9, DType::kBF16, 21), &worst);
   QuantSpec quarot = kivi;
   quarot.method = QuantMethod::kQuaRot;
   quarot.head_dim = quarot.block_tokens = 8;
   quarot.k_bits = 8;
   quarot.v_bits = 3;
   REQUIRE(ValidateQuantSpec(quarot).ok());
-  CheckAgainstOracle(MakeCache(quarot, 2, 1, 4, 3, DType::kF32, 22), &worst);
+  CheckAgainstOracle(MakeHeadCache(quarot, 2, 1, 4, 3, DType::kF32, 22), &worst);
 }
 
 TEST_CASE("Attention: known answer on identical fp16 keys", "[kernels]") {
@@ -341,7 +251,7 @@ TEST_CASE("Attention: one changed code moves the output exactly as the oracle sa
   // KIVI does not rotate, so a V code of token t at channel c only moves out[., c], by
   // p_t * scale * (new code - old code).
   const QuantSpec spec = Spec(QuantMethod::kKivi, 64, 2, 2);
-  HeadCache hc = MakeCache(spec, 1, 0, 2, 0, DType::kF16, 3);
+  HeadCache hc = MakeHeadCache(spec, 1, 0, 2, 0, DType::kF16, 3);
   Result before = Alloc(hc), after = Alloc(hc);
   REQUIRE(DecodeAttention(spec, hc.Kv(), hc.Query(), before.View()).ok());
   const BlockLayout l = BlockLayoutOf(spec);
@@ -375,7 +285,7 @@ TEST_CASE("Attention: one changed code moves the output exactly as the oracle sa
 TEST_CASE("Attention: split-K parts merged equal the single pass", "[kernels]") {
   for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kKvarn, QuantMethod::kOscar}) {
     const QuantSpec spec = Spec(m, 128, 2, 2);
-    const HeadCache hc = MakeCache(spec, 3, 6, 5, 9, DType::kF16, 11);
+    const HeadCache hc = MakeHeadCache(spec, 3, 6, 5, 9, DType::kF16, 11);
     Result one = Alloc(hc);
     REQUIRE(DecodeAttention(spec, hc.Kv(), hc.Query(), one.View()).ok());
     for (int splits : {1, 2, 3, 5, 8}) {  // 8 > records: some parts are empty.
@@ -401,7 +311,7 @@ TEST_CASE("Attention: split-K parts merged equal the single pass", "[kernels]") 
 
 TEST_CASE("Attention: an empty part gives out 0, lse -inf and merges as a no-op", "[kernels]") {
   const QuantSpec spec = Spec(QuantMethod::kKvarn, 64, 2, 2);
-  const HeadCache hc = MakeCache(spec, 2, 0, 1, 0, DType::kF16, 5);
+  const HeadCache hc = MakeHeadCache(spec, 2, 0, 1, 0, DType::kF16, 5);
   Result empty = Alloc(hc), full = Alloc(hc), merged = Alloc(hc);
   REQUIRE(
       DecodeAttention(spec, AttentionPart(hc.Kv(), 1, 0, false), hc.Query(), empty.View()).ok());
@@ -423,7 +333,7 @@ void ExpectInvalid(const Status& s, const std::string& field) {
 
 TEST_CASE("Attention: bad input is INVALID_ARGUMENT naming the field", "[kernels]") {
   const QuantSpec spec = Spec(QuantMethod::kOscar, 64, 2, 2);
-  const HeadCache hc = MakeCache(spec, 2, 2, 2, 3, DType::kF16, 9);
+  const HeadCache hc = MakeHeadCache(spec, 2, 2, 2, 3, DType::kF16, 9);
   Result r = Alloc(hc);
   const AttentionQuery q = hc.Query();
   REQUIRE(DecodeAttention(spec, hc.Kv(), q, r.View()).ok());

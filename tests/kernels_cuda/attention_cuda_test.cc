@@ -5,125 +5,24 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "common/half.h"
 #include "kernels/attention.h"
 #include "kernels/quantize.h"
-#include "tools/synthetic_kv.h"
+#include "tests/kernels/attention_cases.h"
 
 namespace kvctl {
 namespace {
 
-QuantSpec Spec(QuantMethod m, int d, int kb, int vb) {
-  StatusOr<QuantSpec> s = MakeQuantSpec(m, d, kb, vb);
-  REQUIRE(s.ok());
-  return *s;
-}
-
-void StoreElement(DType dt, float x, uint8_t* p) {
-  if (dt == DType::kF32) {
-    memcpy(p, &x, 4);
-    return;
-  }
-  const uint16_t h = dt == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x);
-  memcpy(p, &h, 2);
-}
-
-// One (layer, KV head): head 1 of a synthetic [T, 2, D] stream; tokens [0, sinks) and the last
-// `tail` tokens form the window ([rows, 2, D], window_head = 1, head 0 a decoy), the tokens
-// between are quantized with QuantizeBlockRef into `records` records.
-struct HeadCache {
-  QuantSpec spec;
-  int group = 1;
-  std::vector<std::vector<uint8_t>> records;
-  std::vector<std::vector<float>> norms;
-  std::vector<const uint8_t*> rec_ptrs;
-  std::vector<const float*> norm_ptrs;
-  DType window_dtype = DType::kF16;
-  int64_t window_rows = 0;
-  std::vector<uint8_t> window_k, window_v;
-  std::vector<float> q;
-  float scale = 1.0f;
-  std::vector<float> out, lse;          // GPU result.
-  std::vector<float> ref_out, ref_lse;  // DecodeAttentionRef.
-
-  AttentionKv Kv() const {
-    AttentionKv kv;
-    kv.records = rec_ptrs.data();
-    kv.record_norms = spec.method == QuantMethod::kOscar ? norm_ptrs.data() : nullptr;
-    kv.num_records = static_cast<int64_t>(rec_ptrs.size());
-    if (window_rows > 0) {
-      kv.window_k =
-          KvTensorView::Contiguous(window_k.data(), window_dtype, window_rows, 2, spec.head_dim);
-      kv.window_v =
-          KvTensorView::Contiguous(window_v.data(), window_dtype, window_rows, 2, spec.head_dim);
-      kv.window_head = 1;
-    }
-    return kv;
-  }
-};
-
-HeadCache MakeCache(const QuantSpec& spec, int group, int sinks, int records, int tail,
-                    DType window_dtype, uint64_t seed) {
-  HeadCache hc;
-  hc.spec = spec;
-  hc.group = group;
-  hc.window_dtype = window_dtype;
-  const int d = spec.head_dim, gt = spec.block_tokens;
-  const int64_t tokens = sinks + static_cast<int64_t>(records) * gt + tail;
-  const SyntheticKv kv = GenerateSyntheticKv({.tokens = std::max<int64_t>(tokens, 1),
-                                              .heads = 2,
-                                              .head_dim = d,
-                                              .q_heads = 2 * group,
-                                              .seed = seed});
-  std::vector<float> norms(static_cast<size_t>(kv.tokens));
-  ComputeTokenNorms(kv.KView(), norms.data());
-  const size_t row = 2 * static_cast<size_t>(d);
-  const BlockLayout l = BlockLayoutOf(spec);
-  for (int r = 0; r < records; ++r) {
-    const int64_t t0 = sinks + static_cast<int64_t>(r) * gt;
-    hc.records.emplace_back(l.record_bytes);
-    hc.norms.emplace_back(norms.begin() + t0, norms.begin() + t0 + gt);
-    const BlockInput in{kv.k.data() + t0 * row + d, kv.v.data() + t0 * row + d,
-                        static_cast<int64_t>(row), hc.norms.back().data()};
-    REQUIRE(QuantizeBlockRef(spec, in, hc.records.back().data()).ok());
-  }
-  for (size_t r = 0; r < hc.records.size(); ++r) {
-    hc.rec_ptrs.push_back(hc.records[r].data());
-    hc.norm_ptrs.push_back(hc.norms[r].data());
-  }
-  hc.window_rows = sinks + tail;
-  const size_t es = DTypeSize(window_dtype);
-  hc.window_k.resize(hc.window_rows * row * es);
-  hc.window_v.resize(hc.window_k.size());
-  for (int64_t w = 0; w < hc.window_rows; ++w) {
-    const int64_t t = w < sinks ? w : tokens - tail + (w - sinks);
-    for (size_t c = 0; c < row; ++c) {
-      StoreElement(window_dtype, kv.k[t * row + c], &hc.window_k[(w * row + c) * es]);
-      StoreElement(window_dtype, kv.v[t * row + c], &hc.window_v[(w * row + c) * es]);
-    }
-  }
-  const size_t qrow = static_cast<size_t>(2 * group) * d;
-  const float* qlast = kv.q.data() + (kv.tokens - 1) * qrow + static_cast<size_t>(group) * d;
-  hc.q.assign(qlast, qlast + static_cast<size_t>(group) * d);
-  hc.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  hc.out.assign(static_cast<size_t>(group) * d, NAN);
-  hc.lse.assign(group, NAN);
-  hc.ref_out.assign(hc.out.size(), 0.0f);
-  hc.ref_lse.assign(group, 0.0f);
-  REQUIRE(DecodeAttentionRef(spec, hc.Kv(), {hc.q.data(), group, hc.scale},
-                             {hc.ref_out.data(), hc.ref_lse.data()})
-              .ok());
-  return hc;
-}
+using testing::AttentionCase;
+using testing::MakeAttentionCase;
+using testing::Spec;
 
 // Runs every head in one GPU call.
-Status RunGpu(std::vector<HeadCache>& heads, int splits) {
+Status RunGpu(std::vector<AttentionCase>& heads, int splits) {
   std::vector<HostAttentionHead> host;
-  for (HeadCache& hc : heads) {
+  for (AttentionCase& hc : heads) {
     host.push_back({hc.Kv(), hc.q.data(), {hc.out.data(), hc.lse.data()}});
   }
   return DecodeAttentionCudaHost(heads[0].spec, host, heads[0].group, heads[0].scale, splits);
@@ -135,7 +34,7 @@ struct Errors {
   bool lse_inf_mismatch = false;
 };
 
-Errors Compare(const HeadCache& hc) {
+Errors Compare(const AttentionCase& hc) {
   Errors e;
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < hc.out.size(); ++i) {
@@ -183,9 +82,9 @@ TEST_CASE("AttentionCuda: every method, width, head_dim and shape matches Decode
         for (int g : {1, 3, 4}) {
           const QuantSpec spec = Spec(m, d, b, b);
           const DType dt = dtypes[call % 3];
-          std::vector<HeadCache> heads;
+          std::vector<AttentionCase> heads;
           for (const Shape& s : shapes) {
-            heads.push_back(MakeCache(spec, g, s.sinks, s.records, s.tail, dt, 11 + call));
+            heads.push_back(MakeAttentionCase(spec, g, s.sinks, s.records, s.tail, dt, 11 + call));
           }
           for (int splits : {0, 1, 4}) {
             INFO(QuantMethodName(m) << " bits " << bits << " D " << d << " g " << g << " window "
@@ -213,13 +112,13 @@ TEST_CASE("AttentionCuda: mixed widths and GQA group 8 across many heads", "[cud
   for (auto [kb, vb] : {std::pair{4, 2}, std::pair{2, 4}}) {
     for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kKvarn, QuantMethod::kOscar}) {
       const QuantSpec spec = Spec(m, 128, kb, vb);
-      std::vector<HeadCache> heads;
+      std::vector<AttentionCase> heads;
       for (int h = 0; h < 6; ++h) {
-        heads.push_back(MakeCache(spec, 8, 2 * h, 1 + 3 * h, 5 + h, DType::kF16, 100 + h));
+        heads.push_back(MakeAttentionCase(spec, 8, 2 * h, 1 + 3 * h, 5 + h, DType::kF16, 100 + h));
       }
       INFO(QuantMethodName(m) << " k" << kb << "v" << vb);
       REQUIRE(RunGpu(heads, 0).ok());
-      for (const HeadCache& hc : heads) {
+      for (const AttentionCase& hc : heads) {
         const Errors e = Compare(hc);
         CHECK(e.out <= kTol);
         CHECK(e.lse <= kTol);
@@ -232,9 +131,9 @@ TEST_CASE("AttentionCuda: long context over 128 split-K parts", "[cuda]") {
   for (QuantMethod m : {QuantMethod::kKvarn, QuantMethod::kKivi}) {
     const QuantSpec spec = Spec(m, 128, 2, 2);
     const int records = 16384 / spec.block_tokens;  // 16K quantized tokens.
-    std::vector<HeadCache> heads;
+    std::vector<AttentionCase> heads;
     heads.push_back(
-        MakeCache(spec, 4, TraitsOf(m).streaming.sink_tokens, records, 64, DType::kF16, 5));
+        MakeAttentionCase(spec, 4, TraitsOf(m).streaming.sink_tokens, records, 64, DType::kF16, 5));
     INFO(QuantMethodName(m));
     REQUIRE(RunGpu(heads, kMaxCudaAttentionSplits).ok());
     const Errors e = Compare(heads[0]);
@@ -245,9 +144,9 @@ TEST_CASE("AttentionCuda: long context over 128 split-K parts", "[cuda]") {
 
 TEST_CASE("AttentionCuda: empty heads and more parts than records", "[cuda]") {
   const QuantSpec spec = Spec(QuantMethod::kKivi, 64, 2, 2);
-  std::vector<HeadCache> heads;
-  heads.push_back(MakeCache(spec, 3, 0, 0, 0, DType::kF16, 1));  // No token at all.
-  heads.push_back(MakeCache(spec, 3, 0, 2, 0, DType::kF16, 2));  // 2 records, 16 parts.
+  std::vector<AttentionCase> heads;
+  heads.push_back(MakeAttentionCase(spec, 3, 0, 0, 0, DType::kF16, 1));  // No token at all.
+  heads.push_back(MakeAttentionCase(spec, 3, 0, 2, 0, DType::kF16, 2));  // 2 records, 16 parts.
   REQUIRE(RunGpu(heads, 16).ok());
   for (float x : heads[0].out) CHECK(x == 0.0f);
   for (float x : heads[0].lse) CHECK(x == -INFINITY);
@@ -260,10 +159,10 @@ TEST_CASE("AttentionCuda: empty heads and more parts than records", "[cuda]") {
 // it is given (no stale or shared state between heads).
 TEST_CASE("AttentionCuda: one changed V code moves the output like the reference", "[cuda]") {
   const QuantSpec spec = Spec(QuantMethod::kKivi, 64, 2, 2);
-  std::vector<HeadCache> heads;
-  heads.push_back(MakeCache(spec, 1, 0, 3, 0, DType::kF16, 9));
+  std::vector<AttentionCase> heads;
+  heads.push_back(MakeAttentionCase(spec, 1, 0, 3, 0, DType::kF16, 9));
   heads.push_back(heads[0]);
-  HeadCache& changed = heads[1];
+  AttentionCase& changed = heads[1];
   changed.rec_ptrs.clear();
   for (const auto& r : changed.records) changed.rec_ptrs.push_back(r.data());
   changed.norm_ptrs.clear();
@@ -274,7 +173,7 @@ TEST_CASE("AttentionCuda: one changed V code moves the output like the reference
                              {changed.ref_out.data(), changed.ref_lse.data()})
               .ok());
   REQUIRE(RunGpu(heads, 0).ok());
-  for (const HeadCache& hc : heads) {
+  for (const AttentionCase& hc : heads) {
     const Errors e = Compare(hc);
     CHECK(e.out <= kTol);
   }

@@ -8,7 +8,6 @@
 #include <barrier>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,10 +18,14 @@
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_warp_ops.h"
 #include "kernels/quantize.h"
+#include "tests/kernels/attention_cases.h"
 #include "tools/synthetic_kv.h"
 
 namespace kvctl {
 namespace {
+
+using testing::AttentionCase;
+using testing::MakeAttentionCase;
 
 // The emulated warp: one instance shared by 32 threads.
 struct ThreadWarp {
@@ -271,88 +274,6 @@ TEST_CASE("WarpOpsEmulation: 32-lane EncodeRecord writes the reference's bytes",
   }
 }
 
-void StoreAs(DType dt, float x, uint8_t* p) {
-  if (dt == DType::kF32) {
-    memcpy(p, &x, 4);
-    return;
-  }
-  const uint16_t h = dt == DType::kF16 ? FloatToHalf(x) : FloatToBf16(x);
-  memcpy(p, &h, 2);
-}
-
-// One head for the staged test: records of head 1 of a [T, 2, D] stream, a window of `window`
-// rows kept as a strided [rows, 2, D] view (window_head = 1) in `dt`.
-struct HostCase {
-  std::vector<std::vector<uint8_t>> records;
-  std::vector<std::vector<float>> norms;
-  std::vector<const uint8_t*> rec_ptrs;
-  std::vector<const float*> norm_ptrs;
-  std::vector<uint8_t> wk, wv;
-  int64_t window = 0;
-  std::vector<float> q, out, lse, ref_out, ref_lse;
-  AttentionKv Kv(const QuantSpec& spec, DType dt) const {
-    AttentionKv kv;
-    kv.records = rec_ptrs.data();
-    kv.record_norms = spec.method == QuantMethod::kOscar ? norm_ptrs.data() : nullptr;
-    kv.num_records = static_cast<int64_t>(rec_ptrs.size());
-    if (window > 0) {
-      kv.window_k = KvTensorView::Contiguous(wk.data(), dt, window, 2, spec.head_dim);
-      kv.window_v = KvTensorView::Contiguous(wv.data(), dt, window, 2, spec.head_dim);
-      kv.window_head = 1;
-    }
-    return kv;
-  }
-};
-
-HostCase MakeHostCase(const QuantSpec& spec, int group, int records, int window, DType dt,
-                      uint64_t seed) {
-  HostCase c;
-  const int d = spec.head_dim, gt = spec.block_tokens;
-  const int64_t tokens = static_cast<int64_t>(records) * gt + window;
-  const SyntheticKv kv = GenerateSyntheticKv({.tokens = std::max<int64_t>(tokens, 1),
-                                              .heads = 2,
-                                              .head_dim = d,
-                                              .q_heads = 2 * group,
-                                              .seed = seed});
-  std::vector<float> norms(kv.tokens);
-  ComputeTokenNorms(kv.KView(), norms.data());
-  const size_t row = 2 * static_cast<size_t>(d);
-  for (int r = 0; r < records; ++r) {
-    const int64_t t0 = static_cast<int64_t>(r) * gt;
-    c.records.emplace_back(BlockLayoutOf(spec).record_bytes);
-    c.norms.emplace_back(norms.begin() + t0, norms.begin() + t0 + gt);
-    const BlockInput in{kv.k.data() + t0 * row + d, kv.v.data() + t0 * row + d,
-                        static_cast<int64_t>(row), c.norms.back().data()};
-    REQUIRE(QuantizeBlockRef(spec, in, c.records.back().data()).ok());
-  }
-  for (size_t r = 0; r < c.records.size(); ++r) {
-    c.rec_ptrs.push_back(c.records[r].data());
-    c.norm_ptrs.push_back(c.norms[r].data());
-  }
-  c.window = window;
-  const size_t es = DTypeSize(dt);
-  c.wk.resize(window * row * es);
-  c.wv.resize(c.wk.size());
-  for (int64_t w = 0; w < window; ++w) {
-    const int64_t t = tokens - window + w;
-    for (size_t e = 0; e < row; ++e) {
-      StoreAs(dt, kv.k[t * row + e], &c.wk[(w * row + e) * es]);
-      StoreAs(dt, kv.v[t * row + e], &c.wv[(w * row + e) * es]);
-    }
-  }
-  const float* ql = kv.q.data() + (kv.tokens - 1) * 2 * group * d + group * d;
-  c.q.assign(ql, ql + group * d);
-  c.out.assign(group * d, NAN);
-  c.lse.assign(group, NAN);
-  c.ref_out.assign(group * d, 0.0f);
-  c.ref_lse.assign(group, 0.0f);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  REQUIRE(DecodeAttentionRef(spec, c.Kv(spec, dt), {c.q.data(), group, scale},
-                             {c.ref_out.data(), c.ref_lse.data()})
-              .ok());
-  return c;
-}
-
 // DecodeAttentionCudaHost's host half (StageAttention + BuildAttentionTables) with the images
 // placed in host memory, then both kernels' bodies on 32 threads: what the GPU path computes,
 // minus the copies.
@@ -370,14 +291,14 @@ TEST_CASE("WarpOpsEmulation: staged heads (DecodeAttentionCudaHost's layout) mat
     StatusOr<QuantSpec> spec = MakeQuantSpec(cfg.m, cfg.d, cfg.bits, cfg.bits);
     REQUIRE(spec.ok());
     INFO(QuantMethodName(cfg.m) << " splits " << cfg.splits);
-    std::vector<HostCase> cases;
-    cases.push_back(MakeHostCase(*spec, cfg.group, 4, 9, cfg.dt, 1));
-    cases.push_back(MakeHostCase(*spec, cfg.group, 0, 0, cfg.dt, 2));  // Nothing.
-    cases.push_back(MakeHostCase(*spec, cfg.group, 1, 0, cfg.dt, 3));
-    cases.push_back(MakeHostCase(*spec, cfg.group, 0, 5, cfg.dt, 4));
+    std::vector<AttentionCase> cases;
+    cases.push_back(MakeAttentionCase(*spec, cfg.group, 0, 4, 9, cfg.dt, 1));
+    cases.push_back(MakeAttentionCase(*spec, cfg.group, 0, 0, 0, cfg.dt, 2));  // Nothing.
+    cases.push_back(MakeAttentionCase(*spec, cfg.group, 0, 1, 0, cfg.dt, 3));
+    cases.push_back(MakeAttentionCase(*spec, cfg.group, 0, 0, 5, cfg.dt, 4));
     std::vector<HostAttentionHead> host;
-    for (HostCase& c : cases) {
-      host.push_back({c.Kv(*spec, cfg.dt), c.q.data(), {c.out.data(), c.lse.data()}});
+    for (AttentionCase& c : cases) {
+      host.push_back({c.Kv(), c.q.data(), {c.out.data(), c.lse.data()}});
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(cfg.d));
     AttentionStaging st;
@@ -419,11 +340,10 @@ TEST_CASE("WarpOpsEmulation: staged heads (DecodeAttentionCudaHost's layout) mat
   }
   // Mixed window dtypes in one call are refused by name.
   StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, 64, 2, 2);
-  HostCase a = MakeHostCase(*spec, 1, 0, 3, DType::kF16, 5);
-  HostCase b = MakeHostCase(*spec, 1, 0, 3, DType::kF32, 6);
-  std::vector<HostAttentionHead> mixed = {
-      {a.Kv(*spec, DType::kF16), a.q.data(), {a.out.data(), a.lse.data()}},
-      {b.Kv(*spec, DType::kF32), b.q.data(), {b.out.data(), b.lse.data()}}};
+  AttentionCase a = MakeAttentionCase(*spec, 1, 0, 0, 3, DType::kF16, 5);
+  AttentionCase b = MakeAttentionCase(*spec, 1, 0, 0, 3, DType::kF32, 6);
+  std::vector<HostAttentionHead> mixed = {{a.Kv(), a.q.data(), {a.out.data(), a.lse.data()}},
+                                          {b.Kv(), b.q.data(), {b.out.data(), b.lse.data()}}};
   AttentionStaging st;
   const Status status = StageAttention(*spec, mixed, 1, 0.125f, &st);
   CHECK(status.code() == StatusCode::kInvalidArgument);
