@@ -21,6 +21,7 @@
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
 #include "policies/reasonalloc.h"
+#include "tests/controller/evict_test_util.h"
 
 namespace kvctl {
 namespace {
@@ -34,6 +35,15 @@ std::unique_ptr<PageAllocator> MakePool(uint64_t bytes, uint64_t page_bytes) {
   auto pool = PageAllocator::Create(std::move(*arena), {page_bytes, 0, 0});
   REQUIRE(pool.ok());
   return std::move(pool).value();
+}
+
+// fp32 rows of `layers` x `kv_heads` x `d`, with Q of `q_heads` heads.
+SequenceGeometry F32Geometry(int layers, int kv_heads, int d, int q_heads) {
+  return {.layers = layers,
+          .kv_heads = kv_heads,
+          .head_dim = d,
+          .dtype = DType::kF32,
+          .q_heads = q_heads};
 }
 
 std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int d, bool lossless,
@@ -131,12 +141,7 @@ TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks"
     INFO(EvictPolicyName(policy));
     auto pool = MakePool(4 << 20, 4096);
     const EvictionSettings settings = Settings(policy, budget, 2, 4, 4);
-    KvSequence seq(pool.get(),
-                   {.layers = 1,
-                    .kv_heads = kv_heads,
-                    .head_dim = d,
-                    .dtype = DType::kF32,
-                    .q_heads = q_heads},
+    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
                    Plans(1, kv_heads, QuantMethod::kFp16, d, /*lossless=*/true), settings);
     // The first append (24 tokens) already passes the budget, and so does the next one.
     REQUIRE(s.Append(seq, 0, first).ok());
@@ -216,12 +221,7 @@ TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
     auto pool = MakePool(4 << 20, 4096);
     EvictionSettings settings = Settings(EvictPolicy::kH2O, budget, 1, 3, 3);
     settings.compression_period = period;
-    KvSequence seq(pool.get(),
-                   {.layers = 1,
-                    .kv_heads = kv_heads,
-                    .head_dim = d,
-                    .dtype = DType::kF32,
-                    .q_heads = q_heads},
+    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
                    Plans(1, kv_heads, QuantMethod::kFp16, d, true), settings);
     // Reference: the same stream through the pure functions, one token per step.
     std::vector<int64_t> ref_pos;
@@ -283,12 +283,7 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
   settings.floor = StarvationFloor(8, 48);  // 16 >= sinks + window = 12.
   settings.layer_profile = LayerProfile::kPyramid;
   settings.compression_period = 4;
-  KvSequence seq(pool.get(),
-                 {.layers = layers,
-                  .kv_heads = kv_heads,
-                  .head_dim = d,
-                  .dtype = DType::kF32,
-                  .q_heads = q_heads},
+  KvSequence seq(pool.get(), F32Geometry(layers, kv_heads, d, q_heads),
                  Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 8, 16, 0), settings);
   const size_t row_slot = 2 * static_cast<size_t>(d) * 2;
   bool budgets_differ = false;
@@ -328,12 +323,7 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
   CHECK(seq.Usage().evicted_tokens > 0);
   // Freeing: an unbounded twin of the same stream holds more pages.
   auto pool2 = MakePool(8 << 20, page);
-  KvSequence twin(pool2.get(),
-                  {.layers = layers,
-                   .kv_heads = kv_heads,
-                   .head_dim = d,
-                   .dtype = DType::kF32,
-                   .q_heads = q_heads},
+  KvSequence twin(pool2.get(), F32Geometry(layers, kv_heads, d, q_heads),
                   Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 8, 16, 0));
   REQUIRE(s.Append(twin, 0, t).ok());
   CHECK(pool->Stats().pages_used < pool2->Stats().pages_used);
@@ -462,28 +452,22 @@ TEST_CASE("Eviction: whole-record evictions move records without re-quantizing t
         0);
 }
 
-TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant profile",
-          "[controller][config][evict]") {
-  RateQuantFit fit;
+// A small KIVI fit (head_dim 32, widths 2 and 4): head 1's error is 100x head 0's.
+std::string WriteKiviProfile(int layers) {
   StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
   REQUIRE(spec.ok());
-  fit.spec = *spec;
-  fit.layers = 1;
-  fit.kv_heads = 2;
-  fit.bits = {2, 4};
-  fit.beta = fit.beta_k = fit.beta_v = fit.beta_k_only = fit.beta_v_only = 4;
-  for (int h = 0; h < 2; ++h) {
-    for (UnitKind kind : {UnitKind::kKey, UnitKind::kValue}) {
-      RateQuantUnit unit;
-      unit.head = h;
-      unit.kind = kind;
-      unit.alpha = h == 0 ? 1.0 : 100.0;
-      fit.units.push_back(unit);
-    }
-  }
+  const RateQuantFit fit = testing::TwoHeadFit(*spec, layers);
   REQUIRE(ValidateRateQuantFit(fit).ok());
-  const std::string path = "/tmp/kvctl-evtest-" + std::to_string(getpid()) + ".toml";
+  static int counter = 0;
+  const std::string path =
+      "/tmp/kvctl-evtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".toml";
   std::ofstream(path) << FormatRateQuantProfile(fit);
+  return path;
+}
+
+TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant profile",
+          "[controller][config][evict]") {
+  const std::string path = WriteKiviProfile(1);
   Config c = WithToml(
       "[quant]\nmethod = \"kivi\"\n[budget]\nmode = \"quant-only\"\navg_bits = "
       "4.0\nprofile = \"" +
@@ -500,36 +484,6 @@ TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant pr
   const Status wrong = ApplyBudgetWidths(c, {2, 2, 0, 32, 0}, &plans, nullptr);
   CHECK(wrong.message().find("fitted for 1 layers") != std::string::npos);
   std::remove(path.c_str());
-}
-
-// A small KIVI fit (head_dim 32, widths 2 and 4): head 1's error is 100x head 0's.
-std::string WriteKiviProfile(int layers) {
-  RateQuantFit fit;
-  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
-  REQUIRE(spec.ok());
-  fit.spec = *spec;
-  fit.layers = layers;
-  fit.kv_heads = 2;
-  fit.bits = {2, 4};
-  fit.beta = fit.beta_k = fit.beta_v = fit.beta_k_only = fit.beta_v_only = 4;
-  for (int l = 0; l < layers; ++l) {
-    for (int h = 0; h < 2; ++h) {
-      for (UnitKind kind : {UnitKind::kKey, UnitKind::kValue}) {
-        RateQuantUnit unit;
-        unit.layer = l;
-        unit.head = h;
-        unit.kind = kind;
-        unit.alpha = h == 0 ? 1.0 : 100.0;
-        fit.units.push_back(unit);
-      }
-    }
-  }
-  REQUIRE(ValidateRateQuantFit(fit).ok());
-  static int counter = 0;
-  const std::string path =
-      "/tmp/kvctl-evtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".toml";
-  std::ofstream(path) << FormatRateQuantProfile(fit);
-  return path;
 }
 
 TEST_CASE("Budget config: joint plans per-head widths and token caps that the sequence enforces",
@@ -706,12 +660,7 @@ TEST_CASE("Eviction bench: decode APPEND time per policy", "[.bench]") {
     EvictionSettings settings = Settings(c.policy, 512, 4, 32, 8);
     settings.enabled = c.evict;
     settings.compression_period = c.period;
-    KvSequence seq(pool.get(),
-                   {.layers = layers,
-                    .kv_heads = kv_heads,
-                    .head_dim = d,
-                    .dtype = DType::kF32,
-                    .q_heads = q_heads},
+    KvSequence seq(pool.get(), F32Geometry(layers, kv_heads, d, q_heads),
                    Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 0, 128, 0), settings);
     REQUIRE(s.Append(seq, 0, prefill).ok());
     const auto t0 = std::chrono::steady_clock::now();

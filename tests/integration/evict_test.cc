@@ -15,6 +15,7 @@
 #include "kernels/quant_types.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
+#include "tests/controller/evict_test_util.h"
 #include "tests/integration/daemon_process.h"
 
 namespace kvctl {
@@ -165,21 +166,7 @@ namespace {
 TEST_CASE("Daemon evict: joint mode caps every head from the planned byte budget",
           "[integration][evict]") {
   // A KIVI fit for 1 layer x 2 heads x head_dim 32: head 1's error is 100x head 0's.
-  RateQuantFit fit;
-  fit.spec = *MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
-  fit.layers = 1;
-  fit.kv_heads = 2;
-  fit.bits = {2, 4};
-  fit.beta = fit.beta_k = fit.beta_v = fit.beta_k_only = fit.beta_v_only = 4;
-  for (int h = 0; h < 2; ++h) {
-    for (UnitKind kind : {UnitKind::kKey, UnitKind::kValue}) {
-      RateQuantUnit unit;
-      unit.head = h;
-      unit.kind = kind;
-      unit.alpha = h == 0 ? 1.0 : 100.0;
-      fit.units.push_back(unit);
-    }
-  }
+  const RateQuantFit fit = testing::TwoHeadFit(*MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2), 1);
   const std::string profile = "/tmp/kvctl-it-joint-" + std::to_string(getpid()) + ".toml";
   std::ofstream(profile) << FormatRateQuantProfile(fit);
   DaemonProcess daemon(

@@ -28,6 +28,17 @@ struct Shape {
   bool tables = false;  // Tabulated retained-mass curves instead of the parametric one.
 };
 
+// The shape of trial `trial` of a sweep: OSCAR every `oscar_every`-th trial (KIVI otherwise),
+// 1..`layer_cycle` layers and 1..`head_cycle` heads in turn, tabulated curves on odd trials.
+Shape SweepShape(int trial, int oscar_every, int layer_cycle, int head_cycle) {
+  Shape s;
+  s.method = trial % oscar_every == 0 ? QuantMethod::kOscar : QuantMethod::kKivi;
+  s.layers = 1 + trial % layer_cycle;
+  s.heads = 1 + trial % head_cycle;
+  s.tables = trial % 2 == 1;
+  return s;
+}
+
 // A retained-mass table for T tokens with `fixed` protected ones: a random descending mass
 // profile, protected tokens first.
 RetainedMassCurve RandomTable(std::mt19937_64& rng, int64_t T, int64_t fixed) {
@@ -128,11 +139,7 @@ TEST_CASE("JointPlanner: totals within the budget and one allocation unit of it"
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> u01(0, 1);
   for (int trial = 0; trial < 60; ++trial) {
-    Shape s;
-    s.method = trial % 3 == 0 ? QuantMethod::kOscar : QuantMethod::kKivi;
-    s.layers = 1 + trial % 3;
-    s.heads = 1 + trial % 4;
-    s.tables = trial % 2 == 1;
+    const Shape s = SweepShape(trial, 3, 3, 4);
     JointPlanInput in = RandomInput(rng, s);
     in.min_tokens = trial % 5 == 0 ? 40 : 0;
     in.token_quantum = trial % 4 == 0 ? 0 : 8;
@@ -203,11 +210,7 @@ TEST_CASE("JointPlanner: joint never worse than the best single lever at the sam
   std::uniform_real_distribution<double> u01(0, 1);
   int compared = 0, joint_strictly_better = 0, from_joint = 0;
   for (int trial = 0; trial < 200; ++trial) {
-    Shape s;
-    s.method = trial % 4 == 0 ? QuantMethod::kOscar : QuantMethod::kKivi;
-    s.layers = 1 + trial % 4;
-    s.heads = 1 + trial % 3;
-    s.tables = trial % 2 == 1;
+    const Shape s = SweepShape(trial, 4, 4, 3);
     JointPlanInput in = RandomInput(rng, s);
     in.token_quantum = 16;
     const auto [lo, hi] = Range(in, JointMode::kJoint);

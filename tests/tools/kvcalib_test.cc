@@ -49,6 +49,20 @@ FitCommandOptions TinyFit(const std::string& method) {
   return o;
 }
 
+// TinyFit("kivi") on `sequences` synthetic sequences of 256 tokens (seed 1) of the given geometry.
+FitCommandOptions BenchFit(int sequences, int layers, int heads, int q_heads, int head_dim) {
+  FitCommandOptions o = TinyFit("kivi");
+  o.synthetic = sequences;
+  o.synth = {.sequences = sequences,
+             .layers = layers,
+             .heads = heads,
+             .q_heads = q_heads,
+             .head_dim = head_dim,
+             .tokens = 256,
+             .seed = 1};
+  return o;
+}
+
 std::string ReadText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;
@@ -654,15 +668,7 @@ TEST_CASE("kvcalib bench: plan 80 layers x 8 heads and fit SmolLM2-135M geometry
   };
   // A profile of 80 x 8 heads: fitted on 2 short synthetic sequences (the plan's cost does not
   // depend on how the alphas were obtained).
-  FitCommandOptions big = TinyFit("kivi");
-  big.synthetic = 2;
-  big.synth = {.sequences = 2,
-               .layers = 80,
-               .heads = 8,
-               .q_heads = 8,
-               .head_dim = 128,
-               .tokens = 256,
-               .seed = 1};
+  const FitCommandOptions big = BenchFit(2, 80, 8, 8, 128);
   StatusOr<FitResult> r = RunFit(big);
   REQUIRE(r.ok());
   const std::string text = FormatCalibProfile(r->profile);
@@ -707,15 +713,7 @@ TEST_CASE("kvcalib bench: plan 80 layers x 8 heads and fit SmolLM2-135M geometry
         std::string(JointModeName(mode)).c_str(), median(t), *std::min_element(t.begin(), t.end()));
   }
   // Fit: SmolLM2-135M geometry, 32 sequences x 256 tokens, one thread.
-  FitCommandOptions smol = TinyFit("kivi");
-  smol.synthetic = 32;
-  smol.synth = {.sequences = 32,
-                .layers = 30,
-                .heads = 3,
-                .q_heads = 9,
-                .head_dim = 64,
-                .tokens = 256,
-                .seed = 1};
+  FitCommandOptions smol = BenchFit(32, 30, 3, 9, 64);
   smol.probe_queries = 8;
   smol.demand_options.queries = 8;
   for (const char* m : {"kivi", "quarot", "kvarn", "oscar"}) {
