@@ -3,10 +3,12 @@
 // File: tools/kvbench_command.h
 // The shared tail of every kvbench subcommand: run the benchmark, print its report as a table or
 // JSON, and turn any failure (a Status or an exception such as std::bad_alloc or zmq::error_t)
-// into one line on stderr and exit code 1.
+// into one line on stderr and exit code 1; Appendf for the report formatters.
 #ifndef KVCTL_TOOLS_KVBENCH_COMMAND_H_
 #define KVCTL_TOOLS_KVBENCH_COMMAND_H_
 
+#include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -14,6 +16,16 @@
 #include "common/status.h"
 
 namespace kvctl {
+
+// printf into the end of *out (one formatted piece of at most 511 bytes).
+inline __attribute__((format(printf, 2, 3))) void Appendf(std::string* out, const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  const int n = std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  if (n > 0) out->append(buf, static_cast<size_t>(std::min<int>(n, sizeof(buf) - 1)));
+}
 
 template <typename Run, typename Format>
 int RunBenchCommand(const char* name, Run run, Format format, std::FILE* out, std::FILE* err) {

@@ -13,15 +13,6 @@
 namespace kvctl {
 namespace {
 
-__attribute__((format(printf, 2, 3))) void Appendf(std::string* out, const char* fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  const int n = std::vsnprintf(buf, sizeof(buf), fmt, args);
-  va_end(args);
-  if (n > 0) out->append(buf, static_cast<size_t>(std::min<int>(n, sizeof(buf) - 1)));
-}
-
 // JSON string literal; names and the CPU model are the only strings, but escape them properly.
 std::string Quote(const std::string& s) {
   std::string out = "\"";

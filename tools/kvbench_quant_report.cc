@@ -12,15 +12,6 @@
 namespace kvctl {
 namespace {
 
-__attribute__((format(printf, 2, 3))) void Appendf(std::string* out, const char* fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  const int n = std::vsnprintf(buf, sizeof(buf), fmt, args);
-  va_end(args);
-  if (n > 0) out->append(buf, static_cast<size_t>(std::min<int>(n, sizeof(buf) - 1)));
-}
-
 // Minimal pretty-printing JSON writer: objects, arrays, strings, numbers, booleans.
 class JsonWriter {
  public:
