@@ -8,7 +8,7 @@
 namespace kvctl {
 namespace {
 
-ipc::RecordLayout WireLayout(const QuantSpec& spec) {
+ipc::RecordLayout WireLayout(const QuantSpec& spec, uint32_t records_per_page) {
   const BlockLayout l = BlockLayoutOf(spec);
   ipc::RecordLayout r;
   r.method = static_cast<uint8_t>(spec.method);
@@ -26,19 +26,23 @@ ipc::RecordLayout WireLayout(const QuantSpec& spec) {
   r.v_meta_offset = static_cast<uint32_t>(l.v_meta_offset);
   r.v_meta_bytes = static_cast<uint32_t>(l.v_meta_bytes);
   r.side_bytes_per_token = static_cast<uint32_t>(l.side_bytes_per_token);
+  r.records_per_page = records_per_page;
   return r;
 }
 
 // A lossless layer holds no records (every row is in the window), so its layout only has to be
-// a valid placeholder: method fp16, no sections, one slot of the sequence's record arrays.
-ipc::RecordLayout LosslessWireLayout(const QuantSpec& spec, uint32_t slot_bytes) {
+// a valid placeholder: method fp16, no sections, records_per_page slots of page_bytes /
+// records_per_page bytes (so records_per_page x record_bytes <= page_bytes holds).
+ipc::RecordLayout LosslessWireLayout(const QuantSpec& spec, uint32_t page_bytes,
+                                     uint32_t records_per_page) {
   ipc::RecordLayout r;
   r.method = static_cast<uint8_t>(QuantMethod::kFp16);
   r.k_bits = 16;
   r.v_bits = 16;
   r.k_group_tokens = static_cast<uint32_t>(spec.k_group_tokens);
   r.v_group_channels = static_cast<uint32_t>(spec.v_group_channels);
-  r.record_bytes = slot_bytes;
+  r.record_bytes = page_bytes / records_per_page;
+  r.records_per_page = records_per_page;
   return r;
 }
 
@@ -80,11 +84,11 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
       const QuantSpec& spec = seq.HeadSpec(l, static_cast<int>(h));
       const HeadBlocks b = seq.Blocks(l, static_cast<int>(h));
-      reply.records_per_page = b.records_per_page;  // One value for the whole sequence.
+      // Each head packs as many records per page as fit its own record size: layouts are
+      // deduplicated over every field, records_per_page included.
       const ipc::RecordLayout layout =
-          seq.Lossless(l)
-              ? LosslessWireLayout(spec, static_cast<uint32_t>(page_bytes / b.records_per_page))
-              : WireLayout(spec);
+          seq.Lossless(l) ? LosslessWireLayout(spec, reply.page_bytes, b.records_per_page)
+                          : WireLayout(spec, b.records_per_page);
       size_t index = 0;
       while (index < reply.layouts.size() && !(reply.layouts[index] == layout)) ++index;
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);

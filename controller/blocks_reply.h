@@ -3,8 +3,9 @@
 // File: controller/blocks_reply.h
 // Builds the blocks-mode FETCH reply of a sequence: a FlashInfer-style page table over the
 // quantized records in the shm pool (engines attend on them in place), plus the full-precision
-// window (sinks and tail) inline. Record id r lives at byte
-// (r / records_per_page) * page_bytes + (r % records_per_page) * record_bytes of the pool.
+// window (sinks and tail) inline. Record id r of a pair whose layout is L lives at byte
+// (r / L.records_per_page) * page_bytes + (r % L.records_per_page) * L.record_bytes of the pool;
+// L.records_per_page is that head's own (HeadBlocks::records_per_page).
 //
 // Thread safety: the caller holds the sequence's lock.
 #ifndef KVCTL_CONTROLLER_BLOCKS_REPLY_H_

@@ -213,14 +213,18 @@ struct RecordLayout {
   uint32_t v_codes_offset = 0, v_codes_bytes = 0;
   uint32_t v_meta_offset = 0, v_meta_bytes = 0;
   uint32_t side_bytes_per_token = 0;  // Per-token side record (OScaR norms); 0 = none.
+  // Record slots per pool page of the records with this layout: each (layer, head) packs as many
+  // records as fit its own record size, so this is per layout, not one value per reply.
+  uint32_t records_per_page = 1;  // records_per_page * record_bytes <= page_bytes.
   bool operator==(const RecordLayout&) const = default;
 };
 
 // A page table in FlashInfer's vocabulary (paged_kv_t) with one "request" per (layer, head) pair
 // and one FlashInfer page per block record: the records of pair i are
 // indices[indptr[i] .. indptr[i+1]); all hold block_tokens tokens except the last, which holds
-// last_page_len[i]. A record id x lives in the shm pool at byte
-//   (x / records_per_page) * page_bytes + (x % records_per_page) * layouts[pair's].record_bytes
+// last_page_len[i]. A record id x of pair i, with L = layouts[layout_index[i]], lives in the shm
+// pool at byte
+//   (x / L.records_per_page) * page_bytes + (x % L.records_per_page) * L.record_bytes
 // and its side record (if any) id y at
 //   (y / side_records_per_page) * page_bytes + (y % side_records_per_page) * block_tokens *
 //   side_bytes_per_token.
@@ -232,7 +236,6 @@ struct FetchBlocksReply {
   uint32_t head_dim = 0;
   uint32_t page_bytes = 0;                // Pool page size.
   uint32_t block_tokens = 0;              // Tokens per record (FlashInfer page_size).
-  uint32_t records_per_page = 1;          // Record slots per pool page.
   uint32_t side_records_per_page = 0;     // Side-record slots per pool page; 0 if no side records.
   std::vector<RecordLayout> layouts{};    // 1..kMaxLayouts distinct layouts.
   std::vector<uint16_t> layout_index{};   // Per pair: index into layouts.

@@ -63,8 +63,14 @@ Status CheckLayout(size_t index, const RecordLayout& l, const FetchBlocksReply& 
   KVCTL_RETURN_IF_ERROR(CheckRange(at + "method", l.method, 0, kNumWireQuantMethods - 1));
   KVCTL_RETURN_IF_ERROR(CheckRange(at + "k_bits", l.k_bits, 1, 16));
   KVCTL_RETURN_IF_ERROR(CheckRange(at + "v_bits", l.v_bits, 1, 16));
-  KVCTL_RETURN_IF_ERROR(
-      CheckRange(at + "record_bytes", l.record_bytes, 1, m.page_bytes / m.records_per_page));
+  KVCTL_RETURN_IF_ERROR(CheckRange(at + "record_bytes", l.record_bytes, 1, m.page_bytes));
+  // records_per_page * record_bytes <= page_bytes, checked as a quotient so it cannot overflow.
+  const uint32_t max_per_page = m.page_bytes / l.record_bytes;
+  if (l.records_per_page < 1 || l.records_per_page > max_per_page) {
+    return InvalidArgument(at, "records_per_page: got ", l.records_per_page, ", expected 1..",
+                           max_per_page, " with records_per_page x record_bytes (", l.record_bytes,
+                           ") <= page_bytes (", m.page_bytes, ")");
+  }
   struct Section {
     const char* name;
     uint64_t offset, bytes;
@@ -154,7 +160,6 @@ void WriteBody(WireWriter& w, const FetchBlocksReply& m) {
   WritePairShape(w, {m.layer_begin, m.n_layers, m.kv_heads, m.head_dim});
   w.U32(m.page_bytes);
   w.U32(m.block_tokens);
-  w.U32(m.records_per_page);
   w.U32(m.side_records_per_page);
   w.U16(static_cast<uint16_t>(m.layouts.size()));
   for (const RecordLayout& l : m.layouts) {
@@ -162,9 +167,10 @@ void WriteBody(WireWriter& w, const FetchBlocksReply& m) {
     w.U8(l.k_bits);
     w.U8(l.v_bits);
     w.U8(0);  // Reserved.
-    for (uint32_t v : {l.k_group_tokens, l.v_group_channels, l.record_bytes, l.k_codes_offset,
-                       l.k_codes_bytes, l.k_meta_offset, l.k_meta_bytes, l.v_codes_offset,
-                       l.v_codes_bytes, l.v_meta_offset, l.v_meta_bytes, l.side_bytes_per_token}) {
+    for (uint32_t v :
+         {l.k_group_tokens, l.v_group_channels, l.record_bytes, l.k_codes_offset, l.k_codes_bytes,
+          l.k_meta_offset, l.k_meta_bytes, l.v_codes_offset, l.v_codes_bytes, l.v_meta_offset,
+          l.v_meta_bytes, l.side_bytes_per_token, l.records_per_page}) {
       w.U32(v);
     }
   }
@@ -187,7 +193,6 @@ Status ReadBody(WireReader& r, FetchBlocksReply* m) {
   const uint64_t pairs = uint64_t{s.n_layers} * s.kv_heads;
   KVCTL_RETURN_IF_ERROR(r.U32("page_bytes", &m->page_bytes));
   KVCTL_RETURN_IF_ERROR(r.U32("block_tokens", &m->block_tokens));
-  KVCTL_RETURN_IF_ERROR(r.U32("records_per_page", &m->records_per_page));
   KVCTL_RETURN_IF_ERROR(r.U32("side_records_per_page", &m->side_records_per_page));
   uint16_t n_layouts;
   KVCTL_RETURN_IF_ERROR(r.U16("n_layouts", &n_layouts));
@@ -204,7 +209,7 @@ Status ReadBody(WireReader& r, FetchBlocksReply* m) {
     for (uint32_t* f :
          {&l.k_group_tokens, &l.v_group_channels, &l.record_bytes, &l.k_codes_offset,
           &l.k_codes_bytes, &l.k_meta_offset, &l.k_meta_bytes, &l.v_codes_offset, &l.v_codes_bytes,
-          &l.v_meta_offset, &l.v_meta_bytes, &l.side_bytes_per_token}) {
+          &l.v_meta_offset, &l.v_meta_bytes, &l.side_bytes_per_token, &l.records_per_page}) {
       KVCTL_RETURN_IF_ERROR(r.U32("layout", f));
     }
     any_side = any_side || l.side_bytes_per_token > 0;
@@ -223,7 +228,6 @@ Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
   KVCTL_RETURN_IF_ERROR(CheckRange("page_bytes", m.page_bytes, 1, UINT32_MAX));
   KVCTL_RETURN_IF_ERROR(CheckRange("block_tokens", m.block_tokens, 1, kMaxBlockTokens));
-  KVCTL_RETURN_IF_ERROR(CheckRange("records_per_page", m.records_per_page, 1, m.page_bytes));
   KVCTL_RETURN_IF_ERROR(CheckRange("n_layouts", m.layouts.size(), 1, kMaxLayouts));
   bool any_side = false;
   for (const RecordLayout& l : m.layouts) any_side = any_side || l.side_bytes_per_token > 0;

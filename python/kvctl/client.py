@@ -544,9 +544,10 @@ class Client:
         """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5) as a dict.
 
         Keys: layer_begin, n_layers, kv_heads, head_dim, page_bytes, block_tokens,
-        records_per_page, side_records_per_page, layouts (list of dicts, with method_name),
-        layout_index, indptr, indices, last_page_len, side_indices (None without side records),
-        record_offsets (uint64 byte offset in the pool of every record), quantized_counts
+        side_records_per_page, layouts (list of dicts, with method_name; each has its own
+        records_per_page), layout_index, indptr, indices, last_page_len, side_indices (None
+        without side records), record_offsets (uint64 byte offset in the pool of every record,
+        from the records_per_page and record_bytes of its pair's layout), quantized_counts
         (tokens in records per pair), tail_dtype, tail_counts, and tail_k, tail_v,
         tail_positions per layer per head as in fetch(). Records stay valid until the next
         APPEND or CLOSE of the sequence."""
@@ -562,10 +563,10 @@ class Client:
         quantized = np.zeros(pairs, dtype=np.int64)
         for i in range(pairs):
             a, b = int(body.indptr[i]), int(body.indptr[i + 1])
-            rb = body.layouts[body.layout_index[i]].record_bytes
+            lay = body.layouts[body.layout_index[i]]
             ids = body.indices[a:b].astype(np.uint64)
-            record_offsets[a:b] = ((ids // body.records_per_page) * body.page_bytes
-                                   + (ids % body.records_per_page) * rb)
+            record_offsets[a:b] = ((ids // lay.records_per_page) * body.page_bytes
+                                   + (ids % lay.records_per_page) * lay.record_bytes)
             if b > a:
                 quantized[i] = (b - a - 1) * body.block_tokens + int(body.last_page_len[i])
         k, v, positions = self._split(tail, stacked=False)
@@ -578,7 +579,6 @@ class Client:
             "layer_begin": tail.layer_begin, "n_layers": tail.n_layers,
             "kv_heads": tail.kv_heads, "head_dim": tail.head_dim,
             "page_bytes": body.page_bytes, "block_tokens": body.block_tokens,
-            "records_per_page": body.records_per_page,
             "side_records_per_page": body.side_records_per_page,
             "layouts": layouts, "layout_index": body.layout_index, "indptr": body.indptr,
             "indices": body.indices, "last_page_len": body.last_page_len,

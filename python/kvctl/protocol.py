@@ -46,7 +46,7 @@ MAX_TENSOR_FRAME_BYTES = 1 << 30
 MAX_FRAMES = 4
 MAX_POSITION = 1 << 62  # Positions are 0 .. 2^62 - 1.
 NO_PAGE = 0xFFFFFFFF
-LAYOUT_BYTES = 52
+LAYOUT_BYTES = 56
 
 
 class MsgType(enum.IntEnum):
@@ -231,7 +231,8 @@ class Rows:
 
 @dataclass(frozen=True)
 class RecordLayout:
-    """Byte layout of one block record (52 bytes on the wire)."""
+    """Byte layout of one block record (56 bytes on the wire). records_per_page is per layout:
+    each (layer, head) packs as many records per pool page as fit its own record size."""
 
     method: int
     k_bits: int
@@ -248,6 +249,7 @@ class RecordLayout:
     v_meta_offset: int
     v_meta_bytes: int
     side_bytes_per_token: int
+    records_per_page: int
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,6 @@ class BlocksReply:
 
     page_bytes: int
     block_tokens: int
-    records_per_page: int
     side_records_per_page: int
     layouts: Tuple[RecordLayout, ...]
     layout_index: np.ndarray        # uint16 [n_pairs]
@@ -608,13 +609,18 @@ def _decode_dense(r: _Reader, frames: Sequence) -> Rows:
     return _rows("", layer_begin, n_layers, kv_heads, head_dim, dtype, counts, frames)
 
 
-def _check_layout(i: int, lay: RecordLayout, page_bytes: int, records_per_page: int,
-                  block_tokens: int, side_records_per_page: int) -> None:
+def _check_layout(i: int, lay: RecordLayout, page_bytes: int, block_tokens: int,
+                  side_records_per_page: int) -> None:
     at = "layouts[%d]." % i
     _in_range(at + "method", lay.method, 0, len(QUANT_METHODS) - 1)
     _in_range(at + "k_bits", lay.k_bits, 1, 16)
     _in_range(at + "v_bits", lay.v_bits, 1, 16)
-    _in_range(at + "record_bytes", lay.record_bytes, 1, page_bytes // records_per_page)
+    _in_range(at + "record_bytes", lay.record_bytes, 1, page_bytes)
+    max_per_page = page_bytes // lay.record_bytes
+    _expect(1 <= lay.records_per_page <= max_per_page,
+            "%srecords_per_page: got %d, expected 1..%d with records_per_page x record_bytes (%d) "
+            "<= page_bytes (%d)" % (at, lay.records_per_page, max_per_page, lay.record_bytes,
+                                    page_bytes))
     sections = [("k_codes", lay.k_codes_offset, lay.k_codes_bytes),
                 ("k_meta", lay.k_meta_offset, lay.k_meta_bytes),
                 ("v_codes", lay.v_codes_offset, lay.v_codes_bytes),
@@ -640,8 +646,7 @@ def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
     layer_begin, n_layers, kv_heads, head_dim = _pair_shape(r)
     pairs = n_layers * kv_heads
     page_bytes, block_tokens = r.u32("page_bytes"), r.u32("block_tokens")
-    records_per_page, side_records_per_page = r.u32("records_per_page"), r.u32(
-        "side_records_per_page")
+    side_records_per_page = r.u32("side_records_per_page")
     n_layouts = r.u16("n_layouts")
     _in_range("n_layouts", n_layouts, 1, MAX_LAYOUTS)
     layouts = []
@@ -650,7 +655,7 @@ def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
                                             r.u8("layout.v_bits"), r.u8("layout.reserved"))
         _in_range("layout.reserved", reserved, 0, 0)
         layouts.append(RecordLayout(method, k_bits, v_bits, *[r.u32("layout")
-                                                               for _ in range(12)]))
+                                                               for _ in range(13)]))
     any_side = any(lay.side_bytes_per_token > 0 for lay in layouts)
     layout_index = r.array("layout_index", pairs, "<u2").astype(np.uint16)
     indptr = r.array("indptr", pairs + 1, "<u4").astype(np.uint32)
@@ -664,11 +669,10 @@ def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
 
     _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
     _in_range("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
-    _in_range("records_per_page", records_per_page, 1, page_bytes)
     _in_range("side_records_per_page", side_records_per_page, 1 if any_side else 0,
               page_bytes if any_side else 0)
     for i, lay in enumerate(layouts):
-        _check_layout(i, lay, page_bytes, records_per_page, block_tokens, side_records_per_page)
+        _check_layout(i, lay, page_bytes, block_tokens, side_records_per_page)
     _expect(indptr[0] == 0, "indptr[0]: got %d, expected 0" % indptr[0])
     for i in range(pairs):
         _expect(indptr[i + 1] >= indptr[i], "indptr[%d]: got %d, expected >= indptr[%d] = %d"
@@ -689,8 +693,8 @@ def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
                            "a page id" if pair_side else "4294967295 (no side record)", i))
     tail = _rows("tail_", layer_begin, n_layers, kv_heads, head_dim, tail_dtype, tail_counts,
                  frames)
-    return BlocksReply(page_bytes, block_tokens, records_per_page, side_records_per_page,
-                       tuple(layouts), layout_index, indptr, indices, last_page_len,
+    return BlocksReply(page_bytes, block_tokens, side_records_per_page, tuple(layouts),
+                       layout_index, indptr, indices, last_page_len,
                        side_indices if any_side else None, tail)
 
 

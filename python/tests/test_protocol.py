@@ -45,12 +45,12 @@ HELLO_REPLY_BODY = hexbytes("""
 BLOCKS_BODY = hexbytes("""
     01
     00 00 00 00  01 00 00 00  01 00 00 00  08 00 00 00
-    00 10 00 00  20 00 00 00  10 00 00 00  00 00 00 00
+    00 10 00 00  20 00 00 00  00 00 00 00
     01 00
     03 02 02 00  20 00 00 00  08 00 00 00  00 01 00 00
     00 00 00 00  40 00 00 00  40 00 00 00  40 00 00 00
     80 00 00 00  40 00 00 00  c0 00 00 00  40 00 00 00
-    00 00 00 00
+    00 00 00 00  10 00 00 00
     00 00
     00 00 00 00  02 00 00 00
     11 00 00 00  12 00 00 00
@@ -136,10 +136,9 @@ def test_protocol_blocks_reply_example():
                             tail_k.tobytes(), tail_k.tobytes()])
     b = reply.body
     assert isinstance(b, p.BlocksReply)
-    assert (b.page_bytes, b.block_tokens, b.records_per_page, b.side_records_per_page) == (
-        4096, 32, 16, 0)
+    assert (b.page_bytes, b.block_tokens, b.side_records_per_page) == (4096, 32, 0)
     assert b.layouts == (p.RecordLayout(3, 2, 2, 32, 8, 256, 0, 64, 64, 64, 128, 64, 192, 64,
-                                        0),)
+                                        0, 16),)
     assert b.layout_index.tolist() == [0] and b.indptr.tolist() == [0, 2]
     assert b.indices.tolist() == [17, 18] and b.last_page_len.tolist() == [32]
     assert b.side_indices is None
@@ -240,11 +239,29 @@ def test_protocol_blocks_reply_checks_the_page_table():
     bad_last = BLOCKS_BODY[:last] + struct.pack("<I", 33) + BLOCKS_BODY[last + 4:]
     with pytest.raises(kvctl.ProtocolError, match=r"last_page_len\[0\]: got 33"):
         p.decode_reply(frames(bad_last))
-    lay = 35  # The layout's record_bytes: 16 records of 4096 bytes cannot fit a 4096-byte page.
+    lay = 31  # The layout: record_bytes at +12, records_per_page at +52.
     assert BLOCKS_BODY[lay + 12:lay + 16] == struct.pack("<I", 256)
-    big = BLOCKS_BODY[:lay + 12] + struct.pack("<I", 512) + BLOCKS_BODY[lay + 16:]
-    with pytest.raises(kvctl.ProtocolError, match=r"layouts\[0\].record_bytes: got 512"):
-        p.decode_reply(frames(big))
+    assert BLOCKS_BODY[lay + 52:lay + 56] == struct.pack("<I", 16)
+
+    def patched(offset, value):
+        return frames(BLOCKS_BODY[:offset] + struct.pack("<I", value) + BLOCKS_BODY[offset + 4:])
+
+    # 16 records of 512 bytes cannot fit a 4096-byte page.
+    with pytest.raises(kvctl.ProtocolError, match=r"layouts\[0\]\.records_per_page: got 16, "
+                       r"expected 1\.\.8 with records_per_page x record_bytes \(512\) <= "
+                       r"page_bytes \(4096\)"):
+        p.decode_reply(patched(lay + 12, 512))
+    with pytest.raises(kvctl.ProtocolError, match=r"layouts\[0\]\.record_bytes: got 4097, "
+                       r"expected 1\.\.4096"):
+        p.decode_reply(patched(lay + 12, 4097))
+    with pytest.raises(kvctl.ProtocolError,
+                       match=r"layouts\[0\]\.records_per_page: got 0, expected 1\.\.16"):
+        p.decode_reply(patched(lay + 52, 0))
+    with pytest.raises(kvctl.ProtocolError,
+                       match=r"layouts\[0\]\.records_per_page: got 17, expected 1\.\.16"):
+        p.decode_reply(patched(lay + 52, 17))
+    # Fewer records per page than fit is valid (the page keeps slack).
+    assert p.decode_reply(patched(lay + 52, 1)).body.layouts[0].records_per_page == 1
 
 
 # ---- Helpers and argument checks -----------------------------------------------------------
@@ -411,3 +428,46 @@ def test_fetch_rows_split_per_pair_and_stack_only_when_heads_agree():
     same = p.Rows(0, 1, 2, 8, 0, np.array([1, 1], np.uint32), np.array([5, 6]), k[:2], k[:2])
     with pytest.raises(ValueError, match="different token positions"):
         kvctl.Client._split(same, stacked=True)
+
+
+def _layout_bytes(record_bytes, records_per_page):
+    """A KVarN 2-bit layout (sections as in the PROTOCOL.md example, scaled to record_bytes)."""
+    q = record_bytes // 4
+    return (bytes([3, 2, 2, 0]) + struct.pack("<3I", 32, 8, record_bytes)
+            + struct.pack("<8I", 0, q, q, q, 2 * q, q, 3 * q, q)
+            + struct.pack("<2I", 0, records_per_page))
+
+
+def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(workdir):
+    """Two heads whose layouts differ in records_per_page (256-byte records 16 per page, 128-byte
+    records 32 per page): record_offsets use each pair's own layout. The daemon produces such
+    replies only when heads pack by their own record size, so a scripted peer sends one."""
+    body = (struct.pack("<B4I", 1, 0, 1, 2, 8) + struct.pack("<3I", 4096, 32, 0)
+            + struct.pack("<H", 2) + _layout_bytes(256, 16) + _layout_bytes(128, 32)
+            + struct.pack("<2H", 0, 1) + struct.pack("<3I", 0, 2, 4)
+            + struct.pack("<4I", 17, 18, 33, 70) + struct.pack("<2I", 32, 5)
+            + bytes([1]) + struct.pack("<2I", 0, 0))
+    endpoint = "ipc://%s/peer3-%d.sock" % (workdir, os.getpid())
+
+    def script(request_id, n):
+        if n == 1:
+            hello = _hello_reply()
+            return [[hello[:8] + struct.pack("<Q", request_id) + hello[16:]]]
+        return [[hdr(0x8006, request_id) + body, b"", b"", b""]]
+
+    peer = ScriptedPeer(endpoint, script)
+    c = kvctl.Client(endpoint, timeout_ms=2000)
+    try:
+        c.hello(layers=1, kv_heads=2, head_dim=8)
+        b = c.fetch_blocks(1)
+        assert [lay["records_per_page"] for lay in b["layouts"]] == [16, 32]
+        assert "records_per_page" not in b
+        # Pair 0: ids 17, 18 at 16 per page = page 1 slots 1, 2 of 256 bytes. Pair 1: id 33 at
+        # 32 per page = page 1 slot 1 of 128 bytes (not page 2, as 16 per page would give), id 70
+        # = page 2 slot 6.
+        assert b["record_offsets"].tolist() == [4096 + 256, 4096 + 512, 4096 + 128,
+                                                8192 + 6 * 128]
+        assert b["quantized_counts"].tolist() == [64, 37]
+    finally:
+        c.disconnect()
+        peer.close()

@@ -336,7 +336,10 @@ def test_kvbench_attention_json_smoke():
 def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, workdir,
                                                     monkeypatch):
     """A [[quant.override]] gives head 1 of layer 0 its own widths (its own layout in the blocks
-    reply): layer_attention attends that head separately and still matches SDPA."""
+    reply): layer_attention attends that head separately and still matches SDPA, and every
+    pair's records, read at the addresses its own layout's records_per_page gives, dequantize to
+    the dense FETCH. When heads pack records per page by their own record size, the 4-bit and
+    2-bit layouts also differ in records_per_page; the checks hold with one shared value too."""
     import os
 
     from helpers import kvctl_binary
@@ -363,7 +366,11 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
     widths = [(blocks["layouts"][i]["k_bits"], blocks["layouts"][i]["v_bits"])
               for i in blocks["layout_index"].tolist()]
     assert widths == [(2, 2), (4, 4), (2, 2), (2, 2)], widths
-    fk, fv, _ = c.fetch(1, dtype="float32", stacked=True)
+    page, widest = blocks["page_bytes"], max(lay["record_bytes"] for lay in blocks["layouts"])
+    for lay in blocks["layouts"]:
+        # Packed by the layout's own record size, or (one value for all) by the widest record.
+        assert lay["records_per_page"] in (page // lay["record_bytes"], page // widest), lay
+    fk, fv, pos = c.fetch(1, dtype="float32", stacked=True)
     q = torch.randn(heads * g, dim)
     with PoolView.from_client(c) as view:
         for layer in range(layers):
@@ -371,4 +378,18 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
             ref = reference(q, torch.from_numpy(fk[layer]), torch.from_numpy(fv[layer]), heads,
                             1 / 8)
             assert_close(out, lse, *ref, what="layer %d" % layer)
+            for h in range(heads):
+                pair = layer * heads + h
+                lay = blocks["layouts"][int(blocks["layout_index"][pair])]
+                recs = view.pair_records(blocks, pair)
+                assert len(recs) * blocks["block_tokens"] == blocks["quantized_counts"][pair] > 0
+                window = set(blocks["tail_positions"][layer][h].tolist())
+                quantized = [i for i, x in enumerate(pos.tolist()) if x not in window]
+                kd, vd = ops.dequantize(torch.stack(recs).unsqueeze(0), "kvarn", dim,
+                                        lay["k_bits"], lay["v_bits"],
+                                        block_tokens=blocks["block_tokens"])
+                what = "layer %d head %d (records_per_page %d)" % (layer, h,
+                                                                  lay["records_per_page"])
+                assert torch.equal(kd[:, 0], torch.from_numpy(fk[layer, quantized, h])), what
+                assert torch.equal(vd[:, 0], torch.from_numpy(fv[layer, quantized, h])), what
     c.close(1)

@@ -113,7 +113,7 @@ inline FetchDenseReply SampleFetchDense() {
   return r;
 }
 
-inline RecordLayout SampleLayout(uint32_t side_bytes) {
+inline RecordLayout SampleLayout(uint32_t side_bytes, uint32_t records_per_page) {
   return {.method = 3,
           .k_bits = 2,
           .v_bits = 2,
@@ -128,12 +128,13 @@ inline RecordLayout SampleLayout(uint32_t side_bytes) {
           .v_codes_bytes = 64,
           .v_meta_offset = 176,
           .v_meta_bytes = 48,
-          .side_bytes_per_token = side_bytes};
+          .side_bytes_per_token = side_bytes,
+          .records_per_page = records_per_page};
 }
 
-// One layer, two heads, two layouts (the second with side records); head 0 has 3 records, the
-// last with 5 tokens, head 1 has one; tails of 2 and 0 tokens. Two records and four side records
-// fit a 512-byte page.
+// One layer, two heads, two layouts of 256-byte records: the first packs two per 512-byte page,
+// the second (with side records, four per page) one. Head 0 has 3 records, the last with 5
+// tokens, head 1 has one; tails of 2 and 0 tokens.
 inline FetchBlocksReply SampleFetchBlocks() {
   FetchBlocksReply r{.layer_begin = 0,
                      .n_layers = 1,
@@ -141,9 +142,8 @@ inline FetchBlocksReply SampleFetchBlocks() {
                      .head_dim = 8,
                      .page_bytes = 512,
                      .block_tokens = 32,
-                     .records_per_page = 2,
                      .side_records_per_page = 4};
-  r.layouts = {SampleLayout(0), SampleLayout(4)};
+  r.layouts = {SampleLayout(0, 2), SampleLayout(4, 1)};
   r.layout_index = {0, 1};
   r.indptr = {0, 3, 4};
   r.indices = {5, 9, 2, 11};

@@ -136,9 +136,12 @@ TEST_CASE("Protocol: every reply round-trips", "[ipc]") {
   const FetchBlocksReply blocks = RoundTripReply(testing::SampleFetchBlocks());
   CHECK(blocks.page_bytes == 512);
   CHECK(blocks.block_tokens == 32);
-  CHECK(blocks.records_per_page == 2);
   CHECK(blocks.side_records_per_page == 4);
   CHECK(blocks.layouts == blocks_want.layouts);
+  // Two layouts that differ only in records_per_page (and side bytes) keep their own value.
+  REQUIRE(blocks.layouts.size() == 2);
+  CHECK(blocks.layouts[0].records_per_page == 2);
+  CHECK(blocks.layouts[1].records_per_page == 1);
   CHECK(blocks.layout_index == blocks_want.layout_index);
   CHECK(blocks.indptr == blocks_want.indptr);
   CHECK(blocks.indices == blocks_want.indices);
@@ -184,7 +187,6 @@ TEST_CASE("Protocol: the HELLO and FETCH blocks examples of PROTOCOL.md are exac
                      .head_dim = 8,
                      .page_bytes = 4096,
                      .block_tokens = 32,
-                     .records_per_page = 16,
                      .side_records_per_page = 0};
   b.layouts = {{.method = 3,
                 .k_bits = 2,
@@ -200,7 +202,8 @@ TEST_CASE("Protocol: the HELLO and FETCH blocks examples of PROTOCOL.md are exac
                 .v_codes_bytes = 64,
                 .v_meta_offset = 192,
                 .v_meta_bytes = 64,
-                .side_bytes_per_token = 0}};
+                .side_bytes_per_token = 0,
+                .records_per_page = 16}};
   b.layout_index = {0};
   b.indptr = {0, 2};
   b.indices = {17, 18};
@@ -214,9 +217,10 @@ TEST_CASE("Protocol: the HELLO and FETCH blocks examples of PROTOCOL.md are exac
   REQUIRE(blocks->size() == 4);
   CHECK(Hex((*blocks)[0]) ==
         Spaced("4b564354 0100 0680 0800000000000000 0000 01 00000000 01000000 01000000 08000000 "
-               "00100000 20000000 10000000 00000000 0100 03020200 20000000 08000000 00010000 "
+               "00100000 20000000 00000000 0100 03020200 20000000 08000000 00010000 "
                "00000000 40000000 40000000 40000000 80000000 40000000 c0000000 40000000 00000000 "
-               "0000 00000000 02000000 11000000 12000000 20000000 01 01000000"));
+               "10000000 0000 00000000 02000000 11000000 12000000 20000000 01 01000000"));
+  CHECK((*blocks)[0].size() == 18 + 114);  // Header + the example's 114-byte body.
   CHECK(Hex((*blocks)[1]) == "4000000000000000");
 }
 
@@ -295,9 +299,22 @@ TEST_CASE("Protocol: encoders refuse invalid messages and name the field", "[ipc
   CHECK(Encode(1, std::move(blocks)).status().message().find("side_indices[3]") !=
         std::string::npos);
   blocks = testing::SampleFetchBlocks();
-  blocks.layouts[1].record_bytes = 257;  // Two no longer fit a page.
+  blocks.layouts[0].record_bytes = 257;  // Its two records per page no longer fit a page.
   CHECK(Encode(1, std::move(blocks)).status().message() ==
-        "FETCH_REPLY: layouts[1].record_bytes: got 257, expected 1..256");
+        "FETCH_REPLY: layouts[0].records_per_page: got 2, expected 1..1 with records_per_page x "
+        "record_bytes (257) <= page_bytes (512)");
+  blocks = testing::SampleFetchBlocks();
+  blocks.layouts[1].record_bytes = 257;  // One per page still fits: each layout has its own.
+  CHECK(Encode(1, std::move(blocks)).ok());
+  blocks = testing::SampleFetchBlocks();
+  blocks.layouts[1].records_per_page = 0;
+  CHECK(Encode(1, std::move(blocks)).status().message() ==
+        "FETCH_REPLY: layouts[1].records_per_page: got 0, expected 1..2 with records_per_page x "
+        "record_bytes (256) <= page_bytes (512)");
+  blocks = testing::SampleFetchBlocks();
+  blocks.layouts[1].record_bytes = 513;
+  CHECK(Encode(1, std::move(blocks)).status().message() ==
+        "FETCH_REPLY: layouts[1].record_bytes: got 513, expected 1..512");
   blocks = testing::SampleFetchBlocks();
   blocks.side_records_per_page = 5;
   CHECK(Encode(1, std::move(blocks))
@@ -308,6 +325,35 @@ TEST_CASE("Protocol: encoders refuse invalid messages and name the field", "[ipc
   blocks.layouts[1].side_bytes_per_token = 0;  // No side records at all: the count must be 0.
   CHECK(Encode(1, std::move(blocks)).status().message() ==
         "FETCH_REPLY: side_records_per_page: got 4, expected 0..0");
+}
+
+TEST_CASE("Protocol: the blocks decoder checks each layout's records_per_page", "[ipc]") {
+  const Frames good = MustEncode(testing::SampleFetchBlocks());
+  // Header 18 + mode 1 + shape 16 + page_bytes, block_tokens, side_records_per_page 12 +
+  // n_layouts 2: the layouts start at byte 49; records_per_page is the last u32 of each 56.
+  const size_t layout0 = 49 + 52, layout1 = 49 + 56 + 52;
+  const std::string bytes = Bytes(good[0]);
+  REQUIRE(bytes.substr(layout0, 4) == std::string("\x02\0\0\0", 4));
+  REQUIRE(bytes.substr(layout1, 4) == std::string("\x01\0\0\0", 4));
+  const auto decode_with = [&](size_t at, uint32_t value) {
+    std::string bad = bytes;
+    for (int i = 0; i < 4; ++i) bad[at + i] = static_cast<char>(value >> (8 * i));
+    Frames f = CopyFrames(good);
+    f[0] = FrameOf(bad);
+    return DecodeReply(std::move(f)).status();
+  };
+  CHECK(decode_with(layout1, 1).ok());
+  CHECK(decode_with(layout1, 2).ok());  // Two 256-byte records fit the 512-byte page.
+  Status s = decode_with(layout1, 0);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message().find("layouts[1].records_per_page: got 0, expected 1..2 with "
+                         "records_per_page x record_bytes (256) <= page_bytes (512)") !=
+        std::string::npos);
+  s = decode_with(layout0, 3);  // 3 x 256 > 512.
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message().find("layouts[0].records_per_page: got 3, expected 1..2") != std::string::npos);
+  s = decode_with(layout0, 0xFFFFFFFF);
+  CHECK(s.message().find("layouts[0].records_per_page: got 4294967295") != std::string::npos);
 }
 
 TEST_CASE("Protocol: decoders name the header problem", "[ipc]") {
