@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <queue>
 #include <span>
 
 #include "policies/joint_planner_internal.h"
@@ -172,14 +171,15 @@ void SetBaseBytes(const Context& ctx, HeadModel* m) {
 
 }  // namespace
 
-HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
+void MakeHead(const Context& ctx, size_t i, JointMode mode, HeadModel* out) {
   const JointPlanInput& in = *ctx.in;
-  HeadModel m;
+  HeadModel& m = *out;
   m.in = &in.heads[i];
   m.T = m.in->tokens;
   m.F = m.in->fixed_tokens;
   m.kmin = std::min(m.T, std::max(m.F, in.min_tokens));
   const EvictionCurve& c = m.in->eviction;
+  m.s = m.norm = 0;
   if (c.table.retained.empty() && c.coverage_tokens > 0) {
     m.s = c.coverage_tokens / std::log(1.0 / (1.0 - c.tau));
     m.norm = std::expm1(-static_cast<double>(m.T) / m.s);
@@ -187,23 +187,20 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   m.RF = m.R(m.F);
   m.q0 =
       in.eviction_scale * (m.in->importance_k * m.in->alpha_k + m.in->importance_v * m.in->alpha_v);
-  m.vary_kept = mode != JointMode::kQuantOnly;
   if (mode == JointMode::kQuantOnly) m.kmin = m.T;
+  SetBaseBytes(ctx, &m);
   if (mode == JointMode::kEvictOnly) {
-    m.widths = {ctx.evict_pair};
-    m.convex = {0};
-    m.q = {QOf(*m.in, ctx.pairs[ctx.evict_pair])};
-    m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
-    SetBaseBytes(ctx, &m);
-    return m;
+    SetEvictOnly(ctx, &m);
+    return;
   }
   // ctx.pairs is sorted by bytes per token; of pairs that cost the same only the lowest q can be
-  // on the hull, so one pass gives the hull's input in (x, y) order without sorting.
-  std::vector<XY> pts;
-  std::vector<int> ids, hull;
-  std::vector<double> ratio;
-  pts.reserve(ctx.pairs.size());
-  ids.reserve(ctx.pairs.size());
+  // on the hull, so one pass gives the hull's input in (x, y) order without sorting. The
+  // temporaries are per thread: PlanJoint builds hundreds of heads per call.
+  thread_local std::vector<XY> pts;
+  thread_local std::vector<int> ids, hull;
+  thread_local std::vector<double> ratio;
+  pts.clear();
+  ids.clear();
   for (size_t p = 0; p < ctx.pairs.size(); ++p) {
     const XY pt{ctx.pairs[p].bpt, QOf(*m.in, ctx.pairs[p])};
     if (!pts.empty() && pts.back().x == pt.x) {
@@ -229,13 +226,24 @@ HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
   pts.resize(n);
   ids.resize(n);
   DecreasingHull(pts, tol, &hull, &ratio);
-  m.widths = ids;
+  m.widths.assign(ids.begin(), ids.end());
   m.q.resize(n);
   for (size_t p = 0; p < n; ++p) m.q[p] = pts[p].y;
-  m.convex = hull;
+  m.convex.assign(hull.begin(), hull.end());
   m.tol = 1e-12 * static_cast<double>(m.T) * (m.q0 + m.q[0]);
-  SetBaseBytes(ctx, &m);
+}
+
+HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode) {
+  HeadModel m;
+  MakeHead(ctx, i, mode, &m);
   return m;
+}
+
+void SetEvictOnly(const Context& ctx, HeadModel* m) {
+  m->widths.assign(1, ctx.evict_pair);
+  m->convex.assign(1, 0);
+  m->q.assign(1, QOf(*m->in, ctx.pairs[ctx.evict_pair]));
+  m->tol = 1e-12 * static_cast<double>(m->T) * (m->q0 + m->q[0]);
 }
 
 }  // namespace joint_internal
@@ -246,25 +254,28 @@ using joint_internal::MakeContext;
 using joint_internal::MakeHead;
 
 // The kept counts of a head's grid: kmin, kmin + j * quantum, ..., T; at most `levels` of them.
-std::vector<int64_t> KeptGrid(const HeadModel& m, int64_t quantum, int levels) {
-  if (!m.vary_kept || m.kmin >= m.T) return {m.T};
+void KeptGrid(const HeadModel& m, int64_t quantum, int levels, std::vector<int64_t>* out) {
+  out->clear();
+  if (m.kmin >= m.T) {
+    out->push_back(m.T);
+    return;
+  }
   const int64_t n = (m.T - m.kmin + quantum - 1) / quantum;  // Steps to reach T.
-  std::vector<int64_t> out;
   if (n + 1 <= levels) {
-    for (int64_t j = 0; j <= n; ++j) out.push_back(std::min(m.T, m.kmin + j * quantum));
-    return out;
+    for (int64_t j = 0; j <= n; ++j) out->push_back(std::min(m.T, m.kmin + j * quantum));
+    return;
   }
   for (int i = 0; i < levels; ++i) {
     const int64_t j = static_cast<int64_t>(std::llround(static_cast<double>(i) * n / (levels - 1)));
     const int64_t k = std::min(m.T, m.kmin + j * quantum);
-    if (out.empty() || k != out.back()) out.push_back(k);
+    if (out->empty() || k != out->back()) out->push_back(k);
   }
-  return out;
 }
 
 struct Vertex {
   int64_t k = 0;
   int c = 0;  // Index into HeadModel::widths.
+  int j = 0;  // Index into the grid.
   double bytes = 0, D = 0;
 };
 
@@ -290,50 +301,49 @@ struct GridCache {
   std::vector<double> R;
 };
 
+// Orders hull points by (bytes, distortion, width): a strict total order between chains.
+bool Before(const HullPoint& a, const HullPoint& b) {
+  return a.x < b.x || (a.x == b.x && (a.y < b.y || (a.y == b.y && a.c < b.c)));
+}
+
 // The head's hull over (grid kept counts) x (its hull widths). Each width's chain is convex and
-// sorted by bytes (k ascending), so the chains are merged by bytes (a scan over the few chains per
-// point) into one sorted list and the hull is one pass over it: no sort, no rebuilding.
+// sorted by bytes (k ascending), so the chains are merged by bytes into one sorted list and the
+// hull is one pass over it: no sort, no rebuilding. The merge is a tree of two-way merges of
+// neighbouring runs of chains: it takes the least head by Before at every step, as a scan over
+// all chain heads would, with log2(chains) comparisons per point instead of one per chain.
 void BuildHull(const Context& ctx, const HeadModel& m, const GridCache& grid,
                std::vector<HullPoint>* acc, std::vector<HullPoint>* merged, std::vector<int>* idx,
                std::vector<double>* ratios, Hulls* out) {
   const int G = static_cast<int>(grid.k.size());
   const int C = static_cast<int>(m.convex.size());
-  // y = T ((R - RF) q + (1 - R) q0) = a_j + b_j q_c; x = base + (k_j - F) bpt_c.
-  std::vector<HullPoint>& chain_head = *acc;  // Per chain: its next point, j = G when done.
-  chain_head.resize(static_cast<size_t>(C));
+  const int n = C * G;
+  // y = T ((R - RF) q + (1 - R) q0); x = base + (k_j - F) bpt_c. Chain c is [c G, (c + 1) G).
+  std::vector<HullPoint>*from = merged, *to = acc;
+  from->resize(static_cast<size_t>(n));
+  to->resize(static_cast<size_t>(n));
   const double T = static_cast<double>(m.T), base = m.base;
-  auto point = [&](int c, int j) {
+  for (int c = 0; c < C; ++c) {
     const int w = m.convex[c];
-    const double R = grid.R[j];
-    return HullPoint{base + static_cast<double>(grid.k[j] - m.F) * ctx.pairs[m.widths[w]].bpt,
-                     T * ((R - m.RF) * m.q[w] + (1 - R) * m.q0), j, w};
-  };
-  for (int c = 0; c < C; ++c) chain_head[c] = point(c, 0);
-  std::vector<int>& next_j = *idx;  // Reused below by DecreasingHull; sized here first.
-  next_j.assign(static_cast<size_t>(C), 1);
-  merged->resize(static_cast<size_t>(C) * G);
-  for (int n = 0; n < C * G; ++n) {
-    int best = -1;
-    for (int c = 0; c < C; ++c) {
-      if (chain_head[c].j < 0) continue;
-      const HullPoint& p = chain_head[c];
-      if (best < 0 || p.x < chain_head[best].x ||
-          (p.x == chain_head[best].x && p.y < chain_head[best].y)) {
-        best = c;
-      }
-    }
-    (*merged)[n] = chain_head[best];
-    const int j = next_j[best]++;
-    if (j < G) {
-      chain_head[best] = point(best, j);
-    } else {
-      chain_head[best].j = -1;
+    const double bpt = ctx.pairs[m.widths[w]].bpt, q = m.q[w];
+    HullPoint* p = from->data() + static_cast<size_t>(c) * G;
+    for (int j = 0; j < G; ++j) {
+      const double R = grid.R[j];
+      p[j] = {base + static_cast<double>(grid.k[j] - m.F) * bpt,
+              T * ((R - m.RF) * q + (1 - R) * m.q0), j, w};
     }
   }
-  DecreasingHull(*merged, m.tol, idx, ratios);
+  for (int run = G; run < n; run *= 2) {
+    for (int lo = 0; lo < n; lo += 2 * run) {
+      const int mid = std::min(lo + run, n), hi = std::min(lo + 2 * run, n);
+      std::merge(from->begin() + lo, from->begin() + mid, from->begin() + mid, from->begin() + hi,
+                 to->begin() + lo, Before);
+    }
+    std::swap(from, to);
+  }
+  DecreasingHull(*from, m.tol, idx, ratios);
   for (int i : *idx) {
-    const HullPoint& p = (*merged)[i];
-    out->v.push_back({grid.k[p.j], p.c, p.x, p.y});
+    const HullPoint& p = (*from)[i];
+    out->v.push_back({grid.k[p.j], p.c, p.j, p.x, p.y});
   }
   out->start.push_back(out->v.size());
 }
@@ -365,42 +375,49 @@ struct HeadState {
 
 // The best state of every head for one mode, plus the totals PlanJoint reports.
 struct ModeResult {
-  std::vector<HeadModel> models;
+  const std::vector<HeadModel>* models = nullptr;
   std::vector<HeadState> state;
   double bytes = 0, D = 0, lower_bound = 0, min_bytes = 0, max_bytes = 0, unit = 0;
   bool saturated = false;
 };
 
+// PlanJoint's arrays, kept per thread between calls: for 80 x 8 heads they reach megabytes, and
+// fresh ones cost a page fault every 4 KB (a third of the planning time when measured) besides
+// thousands of small allocations.
 struct Scratch {
+  std::vector<HeadModel> joint, evict;  // Quant-only plans with the joint models.
+  std::vector<GridCache> grids;
+  GridCache all_kept;  // Quant-only's one-point grid.
   Hulls hulls;
   std::vector<HullPoint> acc, merged;
   std::vector<int> idx;
   std::vector<double> ratios;
   std::vector<Segment> segs;
+  std::vector<Move> heap, cheapest;
+  std::vector<int> version;
 };
 
-// Pushes the head's moves with a positive gain; false when it has none (it is at its best).
-bool PushMoves(const Context& ctx, const HeadModel& m, std::span<const Vertex> hull,
-               const HeadState& s, int head, int version, std::priority_queue<Move>* heap) {
-  bool any = false;
-  auto push = [&](double cost, double gain, MoveKind kind) {
-    if (gain > m.tol && cost > 0) {
-      heap->push({gain / cost, cost, head, version, kind});
-      any = true;
-    }
+// The head's moves with a positive gain, in the order the fill pushes them: its next hull
+// segment, one token quantum more (when kept counts vary), its next width. Returns how many; 0
+// when the head is at its best.
+int NextMoves(const Context& ctx, const HeadModel& m, bool vary_kept, std::span<const Vertex> hull,
+              const HeadState& s, int head, int version, Move out[3]) {
+  int n = 0;
+  auto add = [&](double cost, double gain, MoveKind kind) {
+    if (gain > m.tol && cost > 0) out[n++] = {gain / cost, cost, head, version, kind};
   };
   if (s.vertex >= 0 && s.vertex + 1 < static_cast<int>(hull.size())) {
     const Vertex& v = hull[s.vertex + 1];
-    push(v.bytes - s.bytes, s.D - v.D, MoveKind::kSegment);
+    add(v.bytes - s.bytes, s.D - v.D, MoveKind::kSegment);
   }
-  if (m.vary_kept && s.k < m.T) {
+  if (vary_kept && s.k < m.T) {
     const int64_t k2 = std::min(m.T, s.k + ctx.quantum);
-    push(m.Bytes(ctx, k2, s.c) - s.bytes, s.D - m.D(m.R(k2), s.c), MoveKind::kTokens);
+    add(m.Bytes(ctx, k2, s.c) - s.bytes, s.D - m.D(m.R(k2), s.c), MoveKind::kTokens);
   }
   if (s.c + 1 < static_cast<int>(m.widths.size())) {
-    push(m.Bytes(ctx, s.k, s.c + 1) - s.bytes, s.D - m.D(s.Rk, s.c + 1), MoveKind::kWidth);
+    add(m.Bytes(ctx, s.k, s.c + 1) - s.bytes, s.D - m.D(s.Rk, s.c + 1), MoveKind::kWidth);
   }
-  return any;
+  return n;
 }
 
 // Moves one head one step up: to its next hull vertex, one token quantum more, or its next width.
@@ -428,23 +445,46 @@ void Step(const Context& ctx, const HeadModel& m, std::span<const Vertex> hull, 
 }
 
 // The fill: single steps up, best ratio first, while they fit. A move that does not fit now never
-// will (the budget only shrinks).
-void Fill(const Context& ctx, const std::vector<HeadModel>& models, const Hulls& hulls,
-          std::vector<HeadState>* state, double* left) {
+// will (the budget only shrinks). A max-heap on the ratio (std::push_heap / pop_heap, as
+// std::priority_queue) on a reused array. Most moves in it never fit: a second heap, the cheapest
+// move first (stale ones dropped lazily), ends the fill as soon as none of the current moves fits,
+// where popping the rest would only have discarded them.
+void Fill(const Context& ctx, const std::vector<HeadModel>& models, bool vary_kept,
+          const Hulls& hulls, std::vector<HeadState>* state, double* left, Scratch* scratch) {
   const size_t H = state->size();
-  std::priority_queue<Move> heap;
-  std::vector<int> version(H, 0);
-  for (size_t h = 0; h < H; ++h) {
-    PushMoves(ctx, models[h], hulls[h], (*state)[h], static_cast<int>(h), 0, &heap);
-  }
+  std::vector<Move>&heap = scratch->heap, &cheapest = scratch->cheapest;
+  std::vector<int>& version = scratch->version;
+  heap.clear();
+  cheapest.clear();
+  version.assign(H, 0);
+  auto costlier = [](const Move& a, const Move& b) { return a.cost > b.cost; };
+  Move moves[3];
+  auto push = [&](int head) {
+    const int n = NextMoves(ctx, models[head], vary_kept, hulls[head], (*state)[head], head,
+                            version[head], moves);
+    for (int i = 0; i < n; ++i) {
+      heap.push_back(moves[i]);
+      std::push_heap(heap.begin(), heap.end());
+      cheapest.push_back(moves[i]);
+      std::push_heap(cheapest.begin(), cheapest.end(), costlier);
+    }
+  };
+  for (size_t h = 0; h < H; ++h) push(static_cast<int>(h));
   while (!heap.empty()) {
-    const Move mv = heap.top();
-    heap.pop();
+    while (!cheapest.empty() && cheapest.front().version != version[cheapest.front().head]) {
+      std::pop_heap(cheapest.begin(), cheapest.end(), costlier);
+      cheapest.pop_back();
+    }
+    if (cheapest.empty() || cheapest.front().cost > *left) break;
+    std::pop_heap(heap.begin(), heap.end());
+    const Move mv = heap.back();
+    heap.pop_back();
     if (mv.version != version[mv.head] || mv.cost > *left) continue;
     HeadState& s = (*state)[mv.head];
     Step(ctx, models[mv.head], hulls[mv.head], mv.kind, &s);
     *left -= mv.cost;
-    PushMoves(ctx, models[mv.head], hulls[mv.head], s, mv.head, ++version[mv.head], &heap);
+    ++version[mv.head];
+    push(mv.head);
   }
 }
 
@@ -482,33 +522,30 @@ void TakeBestSegments(std::vector<Segment>* segs, double* left, double* D, std::
   }
 }
 
-// `models` are MakeHead(ctx, h, mode) for every head.
+// `models`: MakeHead(ctx, h, mode) for every head (quant-only: the joint models, every token
+// kept). `grids`: the kept grids of the modes that evict. Both outlive the result.
 StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
-                               const std::vector<GridCache>& grids, std::vector<HeadModel> models) {
+                               const std::vector<GridCache>& grids,
+                               const std::vector<HeadModel>& models, Scratch* scratch) {
   const JointPlanInput& in = *ctx.in;
   const size_t H = in.heads.size();
+  const bool vary_kept = mode != JointMode::kQuantOnly;
   ModeResult r;
-  r.models = std::move(models);
-  // Per-thread scratch, kept between calls: these arrays reach megabytes for 80 x 8 heads, and
-  // fresh ones cost a page fault every 4 KB (a third of the planning time when measured).
-  thread_local Scratch scratch;
-  Hulls& hulls = scratch.hulls;
+  r.models = &models;
+  Hulls& hulls = scratch->hulls;
   hulls.v.clear();
   hulls.start.assign(1, 0);
-  std::vector<HullPoint>&acc = scratch.acc, &merged = scratch.merged;
-  std::vector<int>& idx = scratch.idx;
-  std::vector<double>& ratios = scratch.ratios;
-  std::vector<Segment>& segs = scratch.segs;
+  std::vector<Segment>& segs = scratch->segs;
   segs.clear();
-  GridCache all_kept;
+  GridCache& all_kept = scratch->all_kept;
   for (size_t h = 0; h < H; ++h) {
-    const HeadModel& m = r.models[h];
-    if (mode == JointMode::kQuantOnly) {
-      all_kept.k = {m.T};
-      all_kept.R = {m.R(m.T)};
+    const HeadModel& m = models[h];
+    if (!vary_kept) {
+      all_kept.k.assign(1, m.T);
+      all_kept.R.assign(1, m.R(m.T));
     }
-    BuildHull(ctx, m, mode == JointMode::kQuantOnly ? all_kept : grids[h], &acc, &merged, &idx,
-              &ratios, &hulls);
+    BuildHull(ctx, m, vary_kept ? grids[h] : all_kept, &scratch->acc, &scratch->merged,
+              &scratch->idx, &scratch->ratios, &hulls);
     const std::span<const Vertex> v = hulls[h];
     r.min_bytes += v.front().bytes;
     r.max_bytes += v.back().bytes;
@@ -518,7 +555,7 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
     }
     // One allocation unit: a token quantum at the widest width, or the largest width step of all
     // the quantized tokens.
-    if (m.vary_kept) {
+    if (vary_kept) {
       r.unit = std::max(r.unit, static_cast<double>(ctx.quantum) * ctx.pairs[m.widths.back()].bpt);
     }
     for (size_t c = 0; c + 1 < m.widths.size(); ++c) {
@@ -560,16 +597,19 @@ StatusOr<ModeResult> SolveMode(const Context& ctx, JointMode mode,
   r.state.resize(H);
   for (size_t h = 0; h < H; ++h) {
     const Vertex& v = hulls[h][pos[h]];
-    r.state[h] = {v.k, v.c, v.bytes, v.D, r.models[h].R(v.k), pos[h]};
+    const double Rk = vary_kept ? grids[h].R[v.j] : models[h].R(v.k);  // R on the grid.
+    r.state[h] = {v.k, v.c, v.bytes, v.D, Rk, pos[h]};
   }
   // Phase 2, the fill: what is left goes to whole segments, token quanta (partway along a
   // segment: at least the segment's ratio, D being convex in k) and width steps, best ratio first
   // among those that fit.
-  Fill(ctx, r.models, hulls, &r.state, &left);
+  Fill(ctx, models, vary_kept, hulls, &r.state, &left, scratch);
   r.saturated = true;
+  Move moves[3];
   for (size_t h = 0; h < H && r.saturated; ++h) {
-    std::priority_queue<Move> probe;
-    if (PushMoves(ctx, r.models[h], hulls[h], r.state[h], 0, 0, &probe)) r.saturated = false;
+    if (NextMoves(ctx, models[h], vary_kept, hulls[h], r.state[h], 0, 0, moves) > 0) {
+      r.saturated = false;
+    }
   }
   for (const HeadState& s : r.state) {
     r.bytes += s.bytes;
@@ -607,7 +647,7 @@ JointPlan Assemble(const Context& ctx, JointMode mode, JointMode solved, const M
   plan.lower_bound = std::min(r.lower_bound, r.D);
   plan.heads.reserve(r.state.size());
   for (size_t h = 0; h < r.state.size(); ++h) {
-    JointHeadPlan p = Describe(ctx, r.models[h], r.state[h]);
+    JointHeadPlan p = Describe(ctx, (*r.models)[h], r.state[h]);
     plan.bytes += p.bytes;
     plan.distortion += p.distortion;
     plan.quant_distortion += p.quant_distortion;
@@ -708,41 +748,55 @@ Status ValidateJointInput(const JointPlanInput& in) {
 StatusOr<JointPlan> PlanJoint(const JointPlanInput& input, JointMode mode) {
   KVCTL_ASSIGN_OR_RETURN(const Context ctx, MakeContext(input));
   const size_t H = input.heads.size();
-  // Models are built once: quant-only's are joint's with every token kept.
-  std::vector<HeadModel> evict, joint_models;
-  if (mode != JointMode::kQuantOnly) {
-    evict.reserve(H);
-    for (size_t h = 0; h < H; ++h) evict.push_back(MakeHead(ctx, h, JointMode::kEvictOnly));
+  thread_local Scratch scratch;
+  // Models are built once: quant-only plans with the joint ones (every token kept) and evict-only's
+  // are the joint ones at the fixed pair.
+  std::vector<HeadModel>&joint_models = scratch.joint, &evict = scratch.evict;
+  joint_models.resize(mode != JointMode::kEvictOnly ? H : 0);
+  evict.resize(mode != JointMode::kQuantOnly ? H : 0);
+  for (size_t h = 0; h < joint_models.size(); ++h) {
+    MakeHead(ctx, h, JointMode::kJoint, &joint_models[h]);
   }
-  if (mode != JointMode::kEvictOnly) {
-    joint_models.reserve(H);
-    for (size_t h = 0; h < H; ++h) joint_models.push_back(MakeHead(ctx, h, JointMode::kJoint));
-  }
-  auto quant_models = [&] {
-    std::vector<HeadModel> q = joint_models;
-    for (HeadModel& m : q) {
-      m.kmin = m.T;
-      m.vary_kept = false;
+  for (size_t h = 0; h < evict.size(); ++h) {
+    if (joint_models.empty()) {
+      MakeHead(ctx, h, JointMode::kEvictOnly, &evict[h]);
+    } else {
+      evict[h] = joint_models[h];
+      SetEvictOnly(ctx, &evict[h]);
     }
-    return q;
-  };
-  // The kept grid and R on it: the same for joint and evict-only, and most of the exp() calls.
-  std::vector<GridCache> grids(evict.size());
+  }
+  // The kept grid and R on it: the same for joint and evict-only, and most of the exp() calls. A
+  // head with the same parametric curve, tokens and floor as the one before it (the heads of a
+  // layer, from a profile) has the same grid.
+  std::vector<GridCache>& grids = scratch.grids;
+  grids.resize(evict.size());
   for (size_t h = 0; h < grids.size(); ++h) {
-    grids[h].k = KeptGrid(evict[h], ctx.quantum, input.kept_levels);
+    const HeadModel& m = evict[h];
+    if (h > 0 && m.in->eviction.table.retained.empty()) {
+      const HeadModel& p = evict[h - 1];
+      if (p.in->eviction.table.retained.empty() && p.T == m.T && p.kmin == m.kmin && p.s == m.s &&
+          p.norm == m.norm) {
+        grids[h].k.assign(grids[h - 1].k.begin(), grids[h - 1].k.end());
+        grids[h].R.assign(grids[h - 1].R.begin(), grids[h - 1].R.end());
+        continue;
+      }
+    }
+    KeptGrid(m, ctx.quantum, input.kept_levels, &grids[h].k);
     grids[h].R.resize(grids[h].k.size());
-    for (size_t j = 0; j < grids[h].k.size(); ++j) grids[h].R[j] = evict[h].R(grids[h].k[j]);
+    for (size_t j = 0; j < grids[h].k.size(); ++j) grids[h].R[j] = m.R(grids[h].k[j]);
   }
   if (mode != JointMode::kJoint) {
     KVCTL_ASSIGN_OR_RETURN(
         const ModeResult r,
-        SolveMode(ctx, mode, grids, mode == JointMode::kQuantOnly ? quant_models() : evict));
+        SolveMode(ctx, mode, grids, mode == JointMode::kQuantOnly ? joint_models : evict,
+                  &scratch));
     return Assemble(ctx, mode, mode, r);
   }
-  StatusOr<ModeResult> alt[2] = {SolveMode(ctx, JointMode::kQuantOnly, grids, quant_models()),
-                                 SolveMode(ctx, JointMode::kEvictOnly, grids, std::move(evict))};
+  StatusOr<ModeResult> alt[2] = {
+      SolveMode(ctx, JointMode::kQuantOnly, grids, joint_models, &scratch),
+      SolveMode(ctx, JointMode::kEvictOnly, grids, evict, &scratch)};
   KVCTL_ASSIGN_OR_RETURN(const ModeResult joint,
-                         SolveMode(ctx, JointMode::kJoint, grids, std::move(joint_models)));
+                         SolveMode(ctx, JointMode::kJoint, grids, joint_models, &scratch));
   // The greedy is optimal only up to its last segment; the single levers search subsets of the
   // joint options, so their plans are candidates too and the joint plan is never worse.
   const ModeResult* best = &joint;

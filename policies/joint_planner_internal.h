@@ -57,8 +57,7 @@ struct HeadModel {
   std::vector<int> widths;
   std::vector<double> q;    // Per widths entry.
   std::vector<int> convex;  // Indices into widths.
-  bool vary_kept = true;
-  double tol = 0;  // Distortion changes at most this are rounding, not gains.
+  double tol = 0;           // Distortion changes at most this are rounding, not gains.
 
   double R(int64_t k) const {
     const EvictionCurve& c = in->eviction;
@@ -88,6 +87,11 @@ StatusOr<Context> MakeContext(const JointPlanInput& in);
 // Head i's model under `mode`: its floor, R, q0, and the widths on the lower convex hull of
 // (bytes per token, q) (evict-only: the one fixed pair). REQUIRES: ctx from MakeContext.
 HeadModel MakeHead(const Context& ctx, size_t i, JointMode mode);
+// The same into *out, reusing its arrays (PlanJoint keeps its models per thread between calls).
+void MakeHead(const Context& ctx, size_t i, JointMode mode, HeadModel* out);
+// Turns a head's joint model into its evict-only model (the one fixed pair): the same as
+// MakeHead(ctx, i, kEvictOnly) without recomputing the curve.
+void SetEvictOnly(const Context& ctx, HeadModel* m);
 
 }  // namespace kvctl::joint_internal
 
