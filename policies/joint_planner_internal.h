@@ -1,10 +1,11 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: policies/joint_planner_internal.h
-// What the joint planner's three sources share (joint_planner.cc: hulls and the allocation;
-// joint_planner_shortfall.cc: requantize-or-evict; joint_planner_profile.cc: input from a
-// profile): the registry's widths with their bytes per token, and one head's distortion model.
-// Not a public API: only policies/joint_planner*.cc include it.
+// What the joint planner's sources share (joint_planner.cc: hulls and the allocation;
+// joint_planner_validate.cc: input checks; joint_planner_shortfall.cc: requantize-or-evict;
+// joint_planner_profile.cc: input from a profile): the registry's widths with their bytes per
+// token, and one head's distortion model. Not a public API: only policies/joint_planner*.cc
+// include it.
 //
 // Thread safety: plain values.
 //
@@ -80,6 +81,9 @@ inline double QOf(const JointHeadInput& h, const Pair& p) {
 struct XY {
   double x = 0, y = 0;
 };
+
+// in.bits within [min_bits, max_bits] (max_bits 0: no upper bound).
+std::vector<int> BoundedBits(const JointPlanInput& in);
 
 // Validates the input and tabulates every allowed width pair within the bounds.
 StatusOr<Context> MakeContext(const JointPlanInput& in);

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <random>
 
+#include "tests/policies/joint_planner_test_reference.h"
+
 namespace kvctl {
 namespace {
 
@@ -675,6 +677,79 @@ TEST_CASE("JointPlanner: input from a calibration profile", "[policies][joint]")
                  .status()
                  .message(),
              Contains("flush_tokens: got -1"));
+}
+
+// PlanJoint's plan against the straightforward reference solve: same feasibility, winner,
+// saturation and per-head choices; totals to rounding (the reference sums in another order).
+void CheckAgainstReference(const JointPlanInput& in, JointMode mode) {
+  const StatusOr<JointPlan> p = PlanJoint(in, mode);
+  const joint_ref::RefPlan ref = joint_ref::RefPlanJoint(in, mode);
+  INFO(JointModeName(mode) << " budget " << in.budget_bytes);
+  REQUIRE(p.ok() == ref.feasible);
+  if (!p.ok()) {
+    CHECK(p.status().code() == StatusCode::kResourceExhausted);
+    return;
+  }
+  CHECK(p->source == ref.source);
+  CHECK(p->saturated == ref.saturated);
+  CHECK(p->bytes == Approx(ref.bytes).epsilon(1e-12));
+  CHECK(p->distortion == Approx(ref.distortion).epsilon(1e-12).margin(1e-12));
+  REQUIRE(p->heads.size() == ref.heads.size());
+  int differ = 0;
+  for (size_t h = 0; h < ref.heads.size(); ++h) {
+    differ += p->heads[h].kept != ref.heads[h].kept || p->heads[h].k_bits != ref.heads[h].k_bits ||
+              p->heads[h].v_bits != ref.heads[h].v_bits;
+  }
+  CHECK(differ == 0);
+}
+
+// Guards the planner's speed-ups (merged chains, shared models and grids, the quickselect, the
+// fill's early stop): none of them may change a plan.
+TEST_CASE("JointPlanner: plans equal a straightforward reference solve", "[policies][joint]") {
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<double> u01(0, 1);
+  int compared = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    Shape s = SweepShape(trial, 3, 4, 5);
+    if (trial % 7 == 0) s.max_tokens = 3000;
+    JointPlanInput in = RandomInput(rng, s);
+    in.token_quantum = trial % 3 == 0 ? 0 : 8 * (1 + trial % 2);
+    in.min_tokens = trial % 5 == 0 ? 40 : 0;
+    in.kept_levels = trial % 4 == 0 ? 4096 : (trial % 4 == 1 ? 5 : 16);
+    if (trial % 6 == 0) in.min_bits = 3;
+    if (trial % 9 == 0) in.eviction_scale = 0.3;  // Dropping can be cheaper than a wide width.
+    for (JointHeadInput& h : in.heads) {
+      h.tail_tokens = std::min<int64_t>(h.tokens - h.fixed_tokens, trial % 3 == 1 ? 31 : 0);
+    }
+    if (trial % 8 == 0) {  // Heads that share one curve (as from a profile) share one grid.
+      for (JointHeadInput& h : in.heads) {
+        h.tokens = in.heads[0].tokens;
+        h.fixed_tokens = in.heads[0].fixed_tokens;
+        h.tail_tokens = in.heads[0].tail_tokens;
+        h.eviction = in.heads[0].eviction;
+      }
+    }
+    for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
+      const auto [lo, hi] = Range(in, mode);
+      for (double f : {-0.01, 0.0, u01(rng), u01(rng), 0.5, 1.1}) {
+        in.budget_bytes = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(lo + (hi - lo) * f)));
+        CheckAgainstReference(in, mode);
+        ++compared;
+      }
+    }
+  }
+  // The bench's profile instance: 80 x 8 heads with one curve per layer.
+  StatusOr<JointPlanInput> big = MakeJointInput(
+      HandProfile(80, 8, true), {.tokens = 8192, .window = 64, .budget_fraction = 0.21});
+  REQUIRE(big.ok());
+  for (double f : {0.21, 0.3, 0.6}) {
+    big->budget_bytes = static_cast<int64_t>(f * Fp16Bytes(*big));
+    for (JointMode mode : {JointMode::kQuantOnly, JointMode::kEvictOnly, JointMode::kJoint}) {
+      CheckAgainstReference(*big, mode);
+      ++compared;
+    }
+  }
+  CHECK(compared == 120 * 3 * 6 + 9);
 }
 
 TEST_CASE("JointPlanner: 80 layers x 8 KV heads plans in about a millisecond",
