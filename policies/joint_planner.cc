@@ -382,17 +382,19 @@ void Fill(const Context& ctx, const std::vector<HeadModel>& models, bool vary_ke
   version.assign(H, 0);
   auto costlier = [](const Move& a, const Move& b) { return a.cost > b.cost; };
   Move moves[3];
-  auto push = [&](int head) {
+  auto push = [&](int head, bool cheapest_heap) {
     const int n = NextMoves(ctx, models[head], vary_kept, hulls[head], (*state)[head], head,
                             version[head], moves);
     for (int i = 0; i < n; ++i) {
       heap.push_back(moves[i]);
       std::push_heap(heap.begin(), heap.end());
       cheapest.push_back(moves[i]);
-      std::push_heap(cheapest.begin(), cheapest.end(), costlier);
+      if (cheapest_heap) std::push_heap(cheapest.begin(), cheapest.end(), costlier);
     }
   };
-  for (size_t h = 0; h < H; ++h) push(static_cast<int>(h));
+  // Only the cheapest move's cost is read, so that heap is built in one go.
+  for (size_t h = 0; h < H; ++h) push(static_cast<int>(h), false);
+  std::make_heap(cheapest.begin(), cheapest.end(), costlier);
   while (!heap.empty()) {
     while (!cheapest.empty() && cheapest.front().version != version[cheapest.front().head]) {
       std::pop_heap(cheapest.begin(), cheapest.end(), costlier);
@@ -407,7 +409,7 @@ void Fill(const Context& ctx, const std::vector<HeadModel>& models, bool vary_ke
     Step(ctx, models[mv.head], hulls[mv.head], mv.kind, &s);
     *left -= mv.cost;
     ++version[mv.head];
-    push(mv.head);
+    push(mv.head, true);
   }
 }
 
