@@ -157,6 +157,11 @@ StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path) {
 
 Status ValidateBudgetConfig(const Config& c) {
   const BudgetConfig& b = c.budget;
+  if (b.pressure == PressurePolicy::kRequantize && c.quant.lossless) {
+    return InvalidArgument(
+        "budget.pressure: got \"requantize\", expected \"fail\" with quant.lossless = true "
+        "(lossless layers store rows, there are no code widths to lower)");
+  }
   if (b.mode == BudgetMode::kJoint) return ValidateJoint(c);
   if (b.bytes != 0) {
     return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),
@@ -180,6 +185,32 @@ Status ValidateBudgetConfig(const Config& c) {
     KVCTL_RETURN_IF_ERROR(LoadProfile(b.profile).status());
   }
   return OkStatus();
+}
+
+StatusOr<PressureSettings> ResolvePressure(const Config& c, const SequenceShape& shape) {
+  PressureSettings s;
+  if (c.budget.pressure != PressurePolicy::kRequantize) return s;
+  s.lower_widths = true;
+  s.min_bits = c.budget.pressure_min_bits;
+  if (c.budget.profile.empty()) return s;
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadProfile(c.budget.profile));
+  const RateQuantFit& fit = profile.fit;
+  // A profile of another geometry (e.g. one made for a different model) leaves the default model.
+  if (fit.layers != shape.layers || fit.kv_heads != shape.kv_heads ||
+      fit.spec.head_dim != shape.head_dim) {
+    return s;
+  }
+  for (int l = 0; l < shape.layers; ++l) {
+    for (int h = 0; h < shape.kv_heads; ++h) {
+      const RateQuantUnit& k = fit.Unit(l, h, UnitKind::kKey);
+      const RateQuantUnit& v = fit.Unit(l, h, UnitKind::kValue);
+      s.curves.push_back({.k_scale = k.importance * k.alpha,
+                          .beta_k = fit.beta_k,
+                          .v_scale = v.importance * v.alpha,
+                          .beta_v = fit.beta_v});
+    }
+  }
+  return s;
 }
 
 StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape& shape,

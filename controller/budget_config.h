@@ -48,6 +48,11 @@ struct SequenceShape {
 StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceShape& shape,
                                            const std::vector<int64_t>& head_caps = {});
 
+// What APPENDs of a new sequence do when the pool is full (budget.pressure): lower widths only
+// with "requantize", pricing each head by the RateQuant curves of budget.profile when it was
+// fitted for this geometry, else by the default model (policies/width_relief.h).
+StatusOr<PressureSettings> ResolvePressure(const Config& config, const SequenceShape& shape);
+
 // quant-only: replaces every head's k_bits / v_bits in `plans` with the RateQuant allocation of
 // budget.profile at the configured average bits. joint: with the widths of the joint plan
 // (PlanJoint of budget.profile for budget.plan_tokens tokens at budget.bytes or

@@ -81,6 +81,8 @@ struct QuantSettings {
 // [budget]: how much of each sequence the daemon keeps (docs/budgets.md).
 enum class BudgetMode : uint8_t { kNone, kQuantOnly, kEvictOnly, kJoint };
 enum class LayerProfile : uint8_t { kUniform, kPyramid, kDemand };
+// What an APPEND does when the pool has no pages left for it.
+enum class PressurePolicy : uint8_t { kFail, kRequantize };
 struct BudgetConfig {
   BudgetMode mode{};
   int tokens_per_head = 0;    // Average kept tokens per (layer, KV head); 0 = use token_fraction.
@@ -94,6 +96,8 @@ struct BudgetConfig {
   int realloc_period = 0;  // Appended tokens between head re-allocations; 0 = off.
   int floor = 0;           // Per-head starvation floor; 0 = StarvationFloor(window, avg).
   double realloc_ema = 0;
+  PressurePolicy pressure{};
+  int pressure_min_bits = 0;  // requantize: no width goes below this.
   bool operator==(const BudgetConfig&) const = default;
 };
 

@@ -470,6 +470,24 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_REALLOC_EMA",
            .doc = "Weight of the newest head utility in its moving average."}),
+      Row<&Config::budget, &BudgetConfig::pressure>(
+          {.key = "budget.pressure",
+           .default_text = "fail",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_PRESSURE",
+           .names = {"fail", "requantize"},
+           .doc = "When the pool has no pages for an APPEND: fail = RESOURCE_EXHAUSTED, nothing "
+                  "changes; requantize = first lower the widths of the sequence's stored records "
+                  "(cheapest predicted distortion per byte, budget.profile curves if it fits), "
+                  "then retry."}),
+      Row<&Config::budget, &BudgetConfig::pressure_min_bits>(
+          {.key = "budget.pressure_min_bits",
+           .default_text = "2",
+           .min = 1,
+           .max = 16,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_PRESSURE_MIN_BITS",
+           .doc = "requantize: no head's K or V width is lowered below this."}),
       // [evict]
       Row<&Config::evict, &EvictConfig::policy>(
           {.key = "evict.policy",

@@ -255,6 +255,8 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
   KVCTL_ASSIGN_OR_RETURN(
       EvictionSettings eviction,
       ResolveEviction(config_, ShapeOf(g, plans[0].rules, plans[0].lossless), head_caps));
+  KVCTL_ASSIGN_OR_RETURN(PressureSettings pressure,
+                         ResolvePressure(config_, ShapeOf(g, plans[0].rules, plans[0].lossless)));
   auto entry = std::make_shared<SequenceEntry>();
   entry->opened = now;
   entry->seq = std::make_unique<KvSequence>(
@@ -265,7 +267,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
                        .dtype = g.dtype,
                        .quality_sample_period = config_.server.quality_sample_period,
                        .q_heads = static_cast<int>(g.q_heads)},
-      std::move(plans), std::move(eviction));
+      std::move(plans), std::move(eviction), std::move(pressure));
   session->sequences[request.sequence_id] = entry;
   return OkStatus();
 }

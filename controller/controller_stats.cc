@@ -31,6 +31,7 @@ struct HeadTotals {
   double k_err = 0, v_err = 0;
   int64_t budget = 0;
   uint64_t evicted = 0, evicted_bytes = 0, compressions = 0, requantized = 0;
+  uint64_t width_lowerings = 0;
   uint64_t retained_samples = 0;
   double retained_sum = 0;
 };
@@ -111,7 +112,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
              << ":client=" << SafeName(session->client_name) << ",tokens=" << u.tokens
              << ",bytes=" << u.pool_bytes << ",evictions=" << u.evicted_tokens << ",age_s="
              << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count()
-             << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes;
+             << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
+             << ",pressure_reliefs=" << u.pressure_reliefs;
         sequence_lines.push_back(line.str());
         for (uint32_t l = 0; l < session->geometry.layers; ++l) {
           layer_budgets[static_cast<int>(l)] += seq.LayerBudget(static_cast<int>(l));
@@ -131,6 +133,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
             t.evicted_bytes += hu.evicted_bytes;
             t.compressions += hu.compressions;
             t.requantized += hu.requantized_tokens;
+            t.width_lowerings += hu.width_lowerings;
             t.retained_samples += hu.retained_samples;
             t.retained_sum += hu.retained_mass_sum;
           }
@@ -249,8 +252,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
           << ",quality_samples=" << t.samples << ",budget_tokens=" << t.budget
           << ",evictions=" << t.evicted << ",evicted_bytes=" << t.evicted_bytes
           << ",compressions=" << t.compressions << ",requantized=" << t.requantized
-          << ",retained_mass=" << Num(retained(t)) << ",retained_samples=" << t.retained_samples
-          << "\n";
+          << ",width_lowerings=" << t.width_lowerings << ",retained_mass=" << Num(retained(t))
+          << ",retained_samples=" << t.retained_samples << "\n";
     }
   }
   if (show("policy")) {
@@ -266,6 +269,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << (config.budget.mode == BudgetMode::kEvictOnly || config.budget.mode == BudgetMode::kJoint
                 ? EvictPolicyName(config.evict.policy)
                 : "none")
+        << "\n"
+        << "budget_pressure:"
+        << FindConfigOption("budget.pressure")->names[static_cast<int>(config.budget.pressure)]
         << "\n";
   }
   if (show("ipc")) {

@@ -12,21 +12,20 @@
 namespace kvctl {
 
 KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
-                       std::vector<LayerPlan> plans, EvictionSettings eviction)
-    : pool_(pool), geometry_(geometry), eviction_(std::move(eviction)) {
+                       std::vector<LayerPlan> plans, EvictionSettings eviction,
+                       PressureSettings pressure)
+    : pool_(pool),
+      geometry_(geometry),
+      eviction_(std::move(eviction)),
+      pressure_(std::move(pressure)) {
   KVCTL_CHECK(static_cast<int>(plans.size()) == geometry.layers);
-  // Every record array packs the same number of records per page, whatever its bit widths.
-  size_t max_record = 1;
-  // Lossless layers never write records: their record arrays stay empty with a token slot size.
+  KVCTL_CHECK(pressure_.curves.empty() ||
+              pressure_.curves.size() == static_cast<size_t>(geometry.layers) * geometry.kv_heads);
+  // Each record array packs as many records per page as its own record size allows, so narrower
+  // heads hold fewer pages. Lossless layers never write records: their arrays stay empty.
   auto record_bytes = [](const LayerPlan& plan, const QuantSpec& spec) {
     return plan.lossless ? size_t{8} : BlockLayoutOf(spec).record_bytes;
   };
-  for (const LayerPlan& plan : plans) {
-    for (const QuantSpec& spec : plan.head_specs) {
-      max_record = std::max(max_record, record_bytes(plan, spec));
-    }
-  }
-  const size_t records_per_page = pool->page_bytes() / max_record;
   for (LayerPlan& plan : plans) {
     KVCTL_CHECK(static_cast<int>(plan.head_specs.size()) == geometry.kv_heads);
     const QuantSpec& first = plan.head_specs[0];
@@ -43,7 +42,7 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
     layer->row_bytes = static_cast<size_t>(geometry.head_dim) * DTypeSize(layer->row_dtype);
     for (const QuantSpec& spec : plan.head_specs) {
       layer->heads.emplace_back(spec, SlotArray(pool, 2 * layer->row_bytes),
-                                SlotArray(pool, record_bytes(plan, spec), records_per_page));
+                                SlotArray(pool, record_bytes(plan, spec)));
     }
     layer->plan = std::move(plan);
     layers_.push_back(std::move(layer));
@@ -54,6 +53,12 @@ KvSequence::~KvSequence() = default;
 
 Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView>& k,
                           const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q) {
+  return AppendOnce(first_position, k, v, q, pressure_.lower_widths);
+}
+
+Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
+                              const std::vector<KvTensorView>& v,
+                              const std::vector<KvTensorView>* q, bool may_relieve) {
   const int layers = geometry_.layers;
   if (static_cast<int>(k.size()) != layers || static_cast<int>(v.size()) != layers) {
     return InvalidArgument("append: got ", k.size(), " K and ", v.size(), " V layers, expected ",
@@ -168,8 +173,19 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
   if (pages > 0) {
     StatusOr<std::vector<uint32_t>> got = pool_->AllocateMany(static_cast<uint32_t>(pages));
     if (!got.ok()) {
-      return ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
-                               pool_->page_bytes(), " bytes: ", got.status().message());
+      Status exhausted =
+          ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
+                            pool_->page_bytes(), " bytes: ", got.status().message());
+      if (!may_relieve) return exhausted;
+      const PoolStats stats = pool_->Stats();
+      const int64_t shortfall =
+          static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
+      Status relieved = RelieveByLowering(std::max<int64_t>(1, shortfall));
+      if (!relieved.ok()) {
+        return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
+      }
+      // Widths changed: prepare again (narrower new records, fewer pages), without a second relief.
+      return AppendOnce(first_position, k, v, q, /*may_relieve=*/false);
     }
     reserved = std::move(got).value();
   }
@@ -367,6 +383,7 @@ SequenceUsage KvSequence::Usage() const {
     u.quantized_tokens = static_cast<int64_t>(h0.records.size()) * h0.spec.block_tokens;
   }
   u.elements = 2 * static_cast<uint64_t>(u.kept_tokens) * geometry_.head_dim;
+  u.pressure_reliefs = pressure_reliefs_;
   return u;
 }
 

@@ -41,6 +41,7 @@
 #include "controller/pool.h"
 #include "controller/slot_array.h"
 #include "kernels/quant_types.h"
+#include "policies/width_relief.h"
 
 namespace kvctl {
 
@@ -63,6 +64,15 @@ struct SequenceGeometry {
   int q_heads = 0;  // Query heads of the Q an append may carry (0 = never).
 };
 
+// What an APPEND does when the pool cannot give it the pages it needs (budget.pressure).
+struct PressureSettings {
+  // false: RESOURCE_EXHAUSTED and nothing changes. true: first lower the code widths of this
+  // sequence's stored records (PlanWidthRelief, LowerWidth) to free the shortfall, then retry once.
+  bool lower_widths = false;
+  int min_bits = 2;                // No head goes below this width.
+  std::vector<WidthCurve> curves;  // Per (layer, head); empty = the default model.
+};
+
 // Per (layer, head) usage and sampled quality, for STATS.
 struct HeadUsage {
   int64_t tokens = 0;
@@ -77,6 +87,7 @@ struct HeadUsage {
   uint64_t compressions = 0;    // Appends that evicted from this head.
   // Kept tokens that compaction decoded out of records: they are quantized again (error compounds).
   uint64_t requantized_tokens = 0;
+  uint64_t width_lowerings = 0;   // Times LowerWidth re-quantized this head's records narrower.
   uint64_t retained_samples = 0;  // Evictions with queries, and the sum of the attention mass of
   double retained_mass_sum = 0;   // the observation queries that the kept tokens hold.
 };
@@ -102,10 +113,11 @@ struct SequenceUsage {
   int64_t kept_tokens = 0;      // Summed over (layer, head): what the cache holds now.
   uint64_t evicted_tokens = 0;  // Summed over (layer, head).
   uint64_t evicted_bytes = 0;
-  int64_t quantized_tokens = 0;  // Per head, in records (layer 0, head 0).
-  uint64_t pool_bytes = 0;       // Whole pages held.
-  uint64_t payload_bytes = 0;    // Bytes of records, rows and norms in use (no page slack).
-  uint64_t elements = 0;         // K and V elements stored (2 * kept_tokens * D).
+  int64_t quantized_tokens = 0;   // Per head, in records (layer 0, head 0).
+  uint64_t pool_bytes = 0;        // Whole pages held.
+  uint64_t payload_bytes = 0;     // Bytes of records, rows and norms in use (no page slack).
+  uint64_t elements = 0;          // K and V elements stored (2 * kept_tokens * D).
+  uint64_t pressure_reliefs = 0;  // APPENDs that lowered widths because the pool was full.
 };
 
 class KvSequence {
@@ -113,7 +125,7 @@ class KvSequence {
   // REQUIRES: plans.size() == geometry.layers, every spec valid with head_dim == geometry.head_dim;
   // no OScaR layer when eviction is enabled.
   KvSequence(PageAllocator* pool, const SequenceGeometry& geometry, std::vector<LayerPlan> plans,
-             EvictionSettings eviction = {});
+             EvictionSettings eviction = {}, PressureSettings pressure = {});
   ~KvSequence();
   KvSequence(const KvSequence&) = delete;
   KvSequence& operator=(const KvSequence&) = delete;
@@ -123,9 +135,18 @@ class KvSequence {
   // must continue it (INVALID_ARGUMENT "first_position: got X, expected Y"). q (may be null) holds
   // [n_tokens, q_heads, head_dim] views per layer; INVALID_ARGUMENT naming "q" when the eviction
   // policy reads queries and q is null. With eviction on, every head holds at most its budget
-  // when Append returns OK.
+  // when Append returns OK. When the pool lacks pages: RESOURCE_EXHAUSTED with the sequence
+  // unchanged, or, with PressureSettings::lower_widths, the widths of stored records are lowered
+  // first (kept even if the retry still finds no pages, e.g. taken by another sequence meanwhile).
   Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
                 const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr);
+
+  // Re-quantizes every record of (layer, head) at k_bits / v_bits (each <= the current width, one
+  // of them lower): decoded, rounded to fp16 and quantized again, in place, so the pages the
+  // narrower records no longer need go back to the pool. Later flushes of the head use the new
+  // widths. INVALID_ARGUMENT naming the field for a lossless layer, a width that is not lower or
+  // not allowed; nothing changes then.
+  Status LowerWidth(int layer, int head, int k_bits, int v_bits);
 
   // Dequantized rows of layers [layer_begin, layer_end), in token order per (layer, head), with
   // the kept tokens' true positions.
@@ -156,6 +177,11 @@ class KvSequence {
   struct LayerState;
 
   struct AppendContext;
+  Status AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
+                    const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
+                    bool may_relieve);
+  // Lowers widths (PlanWidthRelief over every quantized head) until `shortfall_pages` are free.
+  Status RelieveByLowering(int64_t shortfall_pages);
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
   // then the new tokens (rounded to fp16 unless the layer is lossless).
@@ -170,6 +196,8 @@ class KvSequence {
   SequenceGeometry geometry_;
   std::vector<std::unique_ptr<LayerState>> layers_;
   EvictionSettings eviction_;
+  PressureSettings pressure_;
+  uint64_t pressure_reliefs_ = 0;
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
   int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.

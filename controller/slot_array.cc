@@ -5,12 +5,12 @@
 
 namespace kvctl {
 
-SlotArray::SlotArray(PageAllocator* pool, size_t slot_bytes, size_t per_page)
+SlotArray::SlotArray(PageAllocator* pool, size_t slot_bytes)
     : pool_(pool),
       slot_bytes_(slot_bytes),
-      per_page_(per_page > 0 ? per_page : pool->page_bytes() / slot_bytes),
+      per_page_(slot_bytes > 0 ? pool->page_bytes() / slot_bytes : 0),
       page_bytes_(pool->page_bytes()) {
-  KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0 && per_page_ * slot_bytes <= page_bytes_);
+  KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0);
 }
 
 SlotArray::~SlotArray() { Clear(); }
@@ -51,5 +51,12 @@ void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
 }
 
 void SlotArray::Clear() { Resize(0, nullptr); }
+
+void SlotArray::Reslot(size_t slot_bytes) {
+  KVCTL_CHECK(slot_bytes > 0 && slot_bytes <= slot_bytes_);
+  slot_bytes_ = slot_bytes;
+  per_page_ = page_bytes_ / slot_bytes;
+  Resize(size_, nullptr);  // Fewer pages hold the same slots now: only frees.
+}
 
 }  // namespace kvctl

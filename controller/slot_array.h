@@ -25,9 +25,8 @@ namespace kvctl {
 
 class SlotArray {
  public:
-  // REQUIRES: 0 < slot_bytes <= pool->page_bytes(). per_page (0 = as many as fit) lets streams of
-  // different slot sizes share one slot numbering (blocks-mode FETCH has one records_per_page).
-  SlotArray(PageAllocator* pool, size_t slot_bytes, size_t per_page = 0);
+  // As many slots per page as fit. REQUIRES: 0 < slot_bytes <= pool->page_bytes().
+  SlotArray(PageAllocator* pool, size_t slot_bytes);
   ~SlotArray();
   SlotArray(SlotArray&& other) noexcept;
   SlotArray& operator=(SlotArray&&) = delete;
@@ -53,6 +52,11 @@ class SlotArray {
   // REQUIRES: reserved holds enough pages when growing.
   void Resize(size_t n, std::vector<uint32_t>* reserved);
   void Clear();
+  // Narrows every slot to `slot_bytes` in place: the size stays, slots are re-packed per page
+  // from the first page on and the pages no longer needed go back to the pool. Slot contents are
+  // undefined afterwards (the caller rewrites every slot). REQUIRES: 0 < slot_bytes <=
+  // slot_bytes().
+  void Reslot(size_t slot_bytes);
 
  private:
   PageAllocator* pool_;

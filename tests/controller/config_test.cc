@@ -106,6 +106,8 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"budget.realloc_period", "0"},
       {"budget.floor", "0"},
       {"budget.realloc_ema", "0.5"},
+      {"budget.pressure", "\"fail\""},
+      {"budget.pressure_min_bits", "2"},
       {"evict.policy", "\"streaming\""},
       {"evict.sinks", "4"},
       {"evict.window", "0"},
