@@ -22,20 +22,10 @@
 #include "policies/ratequant_fit.h"
 #include "policies/reasonalloc.h"
 #include "tests/controller/evict_test_util.h"
+#include "tests/controller/sequence_test_util.h"
 
 namespace kvctl {
 namespace {
-
-std::unique_ptr<PageAllocator> MakePool(uint64_t bytes, uint64_t page_bytes) {
-  static int counter = 0;
-  const std::string name =
-      "/kvctl-evtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-  auto arena = ShmArena::Create(name, bytes);
-  REQUIRE(arena.ok());
-  auto pool = PageAllocator::Create(std::move(*arena), {page_bytes, 0, 0});
-  REQUIRE(pool.ok());
-  return std::move(pool).value();
-}
 
 // fp32 rows of `layers` x `kv_heads` x `d`, with Q of `q_heads` heads.
 SequenceGeometry F32Geometry(int layers, int kv_heads, int d, int q_heads) {
@@ -139,7 +129,7 @@ TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks"
   for (EvictPolicy policy :
        {EvictPolicy::kStreaming, EvictPolicy::kH2O, EvictPolicy::kSnapKV, EvictPolicy::kRKV}) {
     INFO(EvictPolicyName(policy));
-    auto pool = MakePool(4 << 20, 4096);
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
     const EvictionSettings settings = Settings(policy, budget, 2, 4, 4);
     KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
                    Plans(1, kv_heads, QuantMethod::kFp16, d, /*lossless=*/true), settings);
@@ -218,7 +208,7 @@ TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
   // compresses to 12 - 4 + 1 = 9; the reference folds every step.
   for (int64_t period : {1, 4}) {
     INFO("compression_period " << period);
-    auto pool = MakePool(4 << 20, 4096);
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
     EvictionSettings settings = Settings(EvictPolicy::kH2O, budget, 1, 3, 3);
     settings.compression_period = period;
     KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
@@ -277,7 +267,7 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
   const int layers = 2, kv_heads = 2, q_heads = 4, d = 32, total = 200;
   const Stream s(layers, total, kv_heads, q_heads, d, 5);
   const size_t page = 4096;
-  auto pool = MakePool(8 << 20, page);
+  auto pool = testing::MakeTestPool(8 << 20, page);
   EvictionSettings settings = Settings(EvictPolicy::kSnapKV, 48, 4, 8, 8);
   settings.realloc_period = 16;
   settings.floor = StarvationFloor(8, 48);  // 16 >= sinks + window = 12.
@@ -322,7 +312,7 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
   CHECK(seq.HeadUsageOf(0, 0).requantized_tokens > 0);
   CHECK(seq.Usage().evicted_tokens > 0);
   // Freeing: an unbounded twin of the same stream holds more pages.
-  auto pool2 = MakePool(8 << 20, page);
+  auto pool2 = testing::MakeTestPool(8 << 20, page);
   KvSequence twin(pool2.get(), F32Geometry(layers, kv_heads, d, q_heads),
                   Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 8, 16, 0));
   REQUIRE(s.Append(twin, 0, t).ok());
@@ -334,7 +324,7 @@ TEST_CASE("Eviction: an evicting append frees exactly the pages of the dropped r
   // Lossless rows of 128 bytes, 32 per 4 KiB page: one head, budget 40 with period 25 -> keeps 16.
   const int d = 16;
   const Stream s(1, 80, 1, 1, d, 3);
-  auto pool = MakePool(4 << 20, 4096);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
   EvictionSettings settings = Settings(EvictPolicy::kStreaming, 40, 4, 4, 4);
   settings.compression_period = 25;
   KvSequence seq(pool.get(), {.layers = 1, .kv_heads = 1, .head_dim = d, .dtype = DType::kF32},
@@ -359,7 +349,7 @@ TEST_CASE("Eviction: RESOURCE_EXHAUSTED during an evicting append changes nothin
   // the pool full the append fails whole, and succeeds once pages free up.
   const int d = 32;
   const Stream s(1, 200, 2, 2, d, 23);
-  auto pool = MakePool(1 << 20, 4096);
+  auto pool = testing::MakeTestPool(1 << 20, 4096);
   KvSequence seq(pool.get(),
                  {.layers = 1, .kv_heads = 2, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
                  Plans(1, 2, QuantMethod::kKivi, d, false, 8, 16, 0),
@@ -391,7 +381,7 @@ TEST_CASE("Eviction: RESOURCE_EXHAUSTED during an evicting append changes nothin
 TEST_CASE("Eviction: a missing Q is refused and changes nothing", "[controller][evict]") {
   const int d = 8;
   const Stream s(2, 40, 1, 2, d, 9);
-  auto pool = MakePool(4 << 20, 4096);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
   KvSequence seq(
       pool.get(), {.layers = 2, .kv_heads = 1, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
       Plans(2, 1, QuantMethod::kFp16, d, true), Settings(EvictPolicy::kRKV, 16, 2, 8, 8));
@@ -425,7 +415,7 @@ TEST_CASE("Eviction: whole-record evictions move records without re-quantizing t
   const int d = 32, total = 70;
   const Stream s(1, total, 1, 2, d, 13);
   const size_t page = 4096;
-  auto pool = MakePool(4 << 20, page);
+  auto pool = testing::MakeTestPool(4 << 20, page);
   EvictionSettings settings = Settings(EvictPolicy::kStreaming, 36, 4, 8, 8);
   settings.compression_period = 8;
   KvSequence seq(pool.get(),
@@ -508,7 +498,7 @@ TEST_CASE("Budget config: joint plans per-head widths and token caps that the se
   // evicts, and every cap keeps the protected sinks + window.
   CHECK(caps[0] + caps[1] < 512);
   for (int64_t cap : caps) CHECK(cap >= ev->floor);
-  auto pool = MakePool(4 << 20, 4096);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
   KvSequence seq(pool.get(), {.layers = 1, .kv_heads = 2, .head_dim = 32, .dtype = DType::kF32},
                  plans, *ev);
   const Stream s(1, 300, 2, 2, 32, 17);
@@ -548,7 +538,7 @@ TEST_CASE("Budget config: joint payload never exceeds budget.bytes, fp16 tail in
   StatusOr<EvictionSettings> ev = ResolveEviction(c, shape, caps);
   REQUIRE(ev.ok());
   CHECK(ev->head_caps == caps);  // The planner used the daemon's floor: no cap was raised.
-  auto pool = MakePool(4 << 20, 4096);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
   KvSequence seq(pool.get(), {.layers = 2, .kv_heads = 2, .head_dim = 32, .dtype = DType::kF32},
                  plans, *ev);
   const int prefill = 100, total = 520;  // 420 single-token appends: 13 flushes per head.
@@ -656,7 +646,7 @@ TEST_CASE("Eviction bench: decode APPEND time per policy", "[.bench]") {
         Case{"h2o", true, EvictPolicy::kH2O, 1}, Case{"h2o/32", true, EvictPolicy::kH2O, 32},
         Case{"snapkv/32", true, EvictPolicy::kSnapKV, 32},
         Case{"rkv/32", true, EvictPolicy::kRKV, 32}}) {
-    auto pool = MakePool(512 << 20, 64 << 10);
+    auto pool = testing::MakeTestPool(512 << 20, 64 << 10);
     EvictionSettings settings = Settings(c.policy, 512, 4, 32, 8);
     settings.enabled = c.evict;
     settings.compression_period = c.period;

@@ -1,7 +1,5 @@
 #include "controller/kv_sequence.h"
 
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -10,21 +8,11 @@
 
 #include "common/half.h"
 #include "kernels/quantize.h"
+#include "tests/controller/sequence_test_util.h"
 #include "tools/synthetic_kv.h"
 
 namespace kvctl {
 namespace {
-
-std::unique_ptr<PageAllocator> MakePool(uint64_t bytes, uint64_t page_bytes = 64 << 10) {
-  static int counter = 0;
-  const std::string name =
-      "/kvctl-seqtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-  auto arena = ShmArena::Create(name, bytes);
-  REQUIRE(arena.ok());
-  auto pool = PageAllocator::Create(std::move(*arena), {page_bytes, 0, 0});
-  REQUIRE(pool.ok());
-  return std::move(pool).value();
-}
 
 std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int head_dim, bool lossless) {
   std::vector<LayerPlan> plans(static_cast<size_t>(layers));
@@ -69,7 +57,7 @@ std::vector<KvTensorView> Slice(const std::vector<KvTensorView>& views, int64_t 
 }
 
 TEST_CASE("KvSequence: lossless layers return exactly what was appended", "[controller]") {
-  auto pool = MakePool(8 << 20);
+  auto pool = testing::MakeTestPool(8 << 20);
   const int layers = 2, heads = 3, d = 64;
   KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
                  Plans(layers, heads, QuantMethod::kFp16, d, /*lossless=*/true));
@@ -136,7 +124,7 @@ TEST_CASE("KvSequence: quantized streams equal the quantizer library run directl
   for (QuantMethod m :
        {QuantMethod::kKvarn, QuantMethod::kKivi, QuantMethod::kOscar, QuantMethod::kQuaRot}) {
     INFO(QuantMethodName(m));
-    auto pool = MakePool(32 << 20);
+    auto pool = testing::MakeTestPool(32 << 20);
     KvSequence prefill(pool.get(), {layers, heads, d, DType::kF32},
                        Plans(layers, heads, m, d, false));
     KvSequence decode(pool.get(), {layers, heads, d, DType::kF32},
@@ -160,7 +148,7 @@ TEST_CASE("KvSequence: quantized streams equal the quantizer library run directl
 
 TEST_CASE("KvSequence: a failed append changes nothing", "[controller]") {
   const int layers = 2, heads = 3, d = 64;
-  auto pool = MakePool(1 << 20, 16 << 10);  // 64 pages of 16 KiB.
+  auto pool = testing::MakeTestPool(1 << 20, 16 << 10);  // 64 pages of 16 KiB.
   KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
                  Plans(layers, heads, QuantMethod::kKivi, d, false));
   LayerData data = MakeData(layers, 4000, heads, d, 5);
@@ -194,7 +182,7 @@ TEST_CASE("KvSequence: a failed append changes nothing", "[controller]") {
 
 TEST_CASE("KvSequence: pages are accounted and all come back", "[controller]") {
   const int layers = 3, heads = 2, d = 64;
-  auto pool = MakePool(16 << 20, 16 << 10);
+  auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
   {
     KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
                    Plans(layers, heads, QuantMethod::kKvarn, d, false));

@@ -24,7 +24,7 @@
 namespace kvctl::testing {
 
 // A pool of `bytes` in a new POSIX shm object (unlinked when the pool goes), no staging.
-inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page_bytes) {
+inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page_bytes = 64 << 10) {
   static int counter = 0;
   const std::string name =
       "/kvctl-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
