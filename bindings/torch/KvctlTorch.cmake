@@ -5,7 +5,7 @@
 # We do not use TorchConfig.cmake: it also configures the CUDA half of the wheel and fails when the
 # local CUDA toolkit differs from the wheel's (13.0 here vs 13.2). Everything kvctl needs from
 # torch is CPU-side: ATen, the op registry and at::parallel_for. CUDA tensors reach our own CUDA
-# kernels (kernels/cuda), not torch's.
+# kernels (kernels/cuda), not torch's; from the CUDA half we take libc10_cuda only (below).
 set(KVCTL_HAVE_TORCH OFF)
 if(NOT KVCTL_TORCH STREQUAL "OFF")
   find_package(Python3 COMPONENTS Interpreter)
@@ -56,8 +56,22 @@ if(NOT KVCTL_TORCH STREQUAL "OFF")
                         "(tools/setup.sh installs torch)")
   endif()
 endif()
+# CUDA dispatch of the ops (bindings/torch/kvctl_torch_cuda.cc) needs our CUDA kernels and the
+# wheel's CUDA half: libc10_cuda for the current stream and device guard, and its c10/cuda headers
+# (host C++ over the local toolkit's cuda_runtime_api.h; no torch CUDA kernels are compiled or
+# linked). A CPU-only wheel or KVCTL_CUDA=OFF leaves the ops CPU-only.
+set(KVCTL_HAVE_TORCH_CUDA OFF)
+if(KVCTL_HAVE_TORCH AND KVCTL_HAVE_CUDA AND EXISTS ${_kvctl_torch_libdir}/libc10_cuda.so
+   AND EXISTS ${KVCTL_TORCH_DIR}/include/c10/cuda/CUDAStream.h)
+  add_library(kvctl_torch_cuda_deps INTERFACE)
+  add_library(kvctl::torch_cuda ALIAS kvctl_torch_cuda_deps)
+  target_link_libraries(kvctl_torch_cuda_deps INTERFACE kvctl::torch_cpu
+    ${_kvctl_torch_libdir}/libc10_cuda.so CUDA::cudart)
+  set(KVCTL_HAVE_TORCH_CUDA ON)
+endif()
 if(KVCTL_HAVE_TORCH)
-  message(STATUS "kvctl: torch ops ON (torch ${KVCTL_TORCH_VERSION} at ${KVCTL_TORCH_DIR})")
+  message(STATUS "kvctl: torch ops ON (torch ${KVCTL_TORCH_VERSION} at ${KVCTL_TORCH_DIR}, "
+                 "CUDA dispatch ${KVCTL_HAVE_TORCH_CUDA})")
 else()
   message(STATUS "kvctl: torch ops OFF (KVCTL_TORCH=${KVCTL_TORCH})")
 endif()

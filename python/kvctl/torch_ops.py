@@ -2,8 +2,11 @@
 """PyTorch ops over kvctl's kernels (bindings/torch, registered as torch.ops.kvctl.*).
 
 Quantize K/V tensors into block records, dequantize them, and run fused decode attention that
-reads the records in place (never a dequantized cache), on CPU tensors. The records are the
-daemon's bytes: a record written here equals the one the daemon stores for the same rows.
+reads the records in place (never a dequantized cache), on CPU tensors, and on CUDA tensors when
+the library was built with the CUDA kernels (has_cuda_kernels(); docs/gpu.md). The records are
+the daemon's bytes: a record written here equals the one the daemon stores for the same rows.
+All tensor arguments of one call must be on one device (a CPU/CUDA mix is a ValueError); the
+outputs are on that device. token_norms and layout are CPU-only.
 
 The extension is a shared library built by CMake when torch is importable (KVCTL_TORCH=AUTO|ON):
 <build>/lib/libkvctl_torch.so. It is found through $KVCTL_TORCH_LIB, else <repo>/build/lib; or
@@ -15,7 +18,9 @@ missing, ValueError naming the argument for bad input.
     out, lse = ops.decode_attention(q, rec, window_k, window_v, "kvarn", k_bits=2, v_bits=2)
     k_hat, v_hat = ops.dequantize(rec, "kvarn", head_dim=128, k_bits=2, v_bits=2)
 
-Threads: torch.set_num_threads (the ops run on torch's intra-op pool).
+Threads: torch.set_num_threads (the CPU ops run on torch's intra-op pool). CUDA: the ops run on
+torch's current stream of the tensors' device (dequantize: the default stream) and return with
+their results complete.
 """
 
 import os
@@ -69,6 +74,12 @@ def available() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def has_cuda_kernels() -> bool:
+    """True when the loaded extension was built with the CUDA kernels of quantize, dequantize,
+    decode_attention and paged_decode_attention (KVCTL_CUDA on and a CUDA build of torch)."""
+    return bool(_ops().has_cuda_kernels())
 
 
 def _ops():

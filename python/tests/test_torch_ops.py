@@ -2,8 +2,9 @@
 """torch.ops.kvctl (bindings/torch) through python/kvctl/torch_ops.py and pool_view.py:
 records byte-identical to the daemon's, dequantize equal to the daemon's dense FETCH, fused
 decode attention against torch's scaled_dot_product_attention on the dequantized tensors, views
-of the real daemon's shm pool, and argument errors. Skipped when torch or the extension is
-missing (build target kvctl_torch; CTest sets KVCTL_TORCH_LIB)."""
+of the real daemon's shm pool, argument errors, and the CUDA kernels against the CPU ones
+(skipped without a CUDA device). Skipped when torch or the extension is missing (build target
+kvctl_torch; CTest sets KVCTL_TORCH_LIB)."""
 
 import math
 
@@ -212,9 +213,143 @@ def test_torch_ops_errors_name_the_argument():
            torch.tensor([0, 1, 2]), method="kivi")
     raises(ValueError, "norm_offsets: required", ops.paged_decode_attention, q, pool,
            torch.tensor([0]), torch.tensor([0, 1, 1]), method="oscar")
-    if torch.cuda.is_available():  # A device tensor is refused with a clear message.
+    if torch.cuda.is_available() and not ops.has_cuda_kernels():  # Refused with a clear message.
         raises(RuntimeError, "CUDA tensors", ops.decode_attention, q.cuda(), rec, None, None,
                "kivi")
+
+
+# --- CUDA kernels (bindings/torch/kvctl_torch_cuda.cc) against the CPU ones --------------------
+
+CUDA_OPS = ("quantize", "dequantize", "decode_attention", "paged_decode_attention")
+
+
+def test_torch_ops_cuda_kernels_registered_when_built():
+    if not ops.has_cuda_kernels():
+        pytest.skip("kvctl_torch was built without the CUDA kernels (KVCTL_CUDA=OFF, no nvcc, or "
+                    "a CPU-only torch)")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in CUDA_OPS:
+        assert has("kvctl::" + name, "CUDA"), name
+        assert has("kvctl::" + name, "CompositeImplicitAutograd"), name  # The CPU kernel.
+    for name in ("token_norms", "layout"):  # CPU-only by design.
+        assert not has("kvctl::" + name, "CUDA"), name
+
+
+def _skip_without_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (torch.cuda.is_available() is False)")
+    if not ops.has_cuda_kernels():
+        pytest.skip("kvctl_torch was built without the CUDA kernels")
+
+
+CUDA_METHODS = [("fp16", 16, 16)] + [(m, 2, 2) for m in ("kivi", "quarot", "kvarn", "oscar")]
+# (heads, query rows per KV head, head_dim, records per head, window rows)
+CUDA_SHAPES = [(2, 3, 64, 3, 5), (4, 1, 128, 2, 0), (1, 4, 128, 0, 19)]
+
+
+def _rel_rms(a, b):
+    return ((a.double() - b.double()).pow(2).mean().sqrt() / b.double().pow(2).mean().sqrt()).item()
+
+
+@pytest.mark.parametrize("shape", CUDA_SHAPES[:2])
+@pytest.mark.parametrize("method,k_bits,v_bits", CUDA_METHODS)
+def test_torch_ops_cuda_quantize_and_dequantize_match_cpu(method, k_bits, v_bits, shape):
+    _skip_without_cuda()
+    heads, _, dim, blocks, _ = shape
+    G = ops.layout(method, dim, k_bits, v_bits)["block_tokens"]
+    k, v = synthetic(blocks * G, heads, dim, seed=dim + blocks)
+    norms = ops.token_norms(k) if method == "oscar" else None
+    rec = ops.quantize(k, v, method, k_bits, v_bits, token_norms=norms)
+    cuda_norms = None if norms is None else norms.cuda()
+    rec_gpu = ops.quantize(k.cuda(), v.cuda(), method, k_bits, v_bits, token_norms=cuda_norms)
+    assert rec_gpu.is_cuda and rec_gpu.shape == rec.shape and rec_gpu.dtype == torch.uint8
+    kd, vd = ops.dequantize(rec, method, dim, k_bits, v_bits, token_norms=norms)
+    # The CPU's records decoded on the GPU: plain IEEE ops on both sides, so exact.
+    kg, vg = ops.dequantize(rec.cuda(), method, dim, k_bits, v_bits, token_norms=cuda_norms)
+    assert kg.is_cuda and kg.shape == kd.shape
+    assert torch.equal(kg.cpu(), kd) and torch.equal(vg.cpu(), vd), method
+    if method != "kvarn":
+        assert torch.equal(rec_gpu.cpu(), rec), method  # Bit-identical (kernels/cuda/quant_cuda.h)
+    else:
+        # Device logf/expf may differ from glibc by an ulp: compare what the records decode to.
+        kgg, vgg = ops.dequantize(rec_gpu.cpu(), method, dim, k_bits, v_bits)
+        assert _rel_rms(kgg, kd) < 1e-2 and _rel_rms(vgg, vd) < 1e-2
+    if method == "oscar":  # Norms computed from a device K equal the CPU's.
+        assert torch.equal(ops.quantize(k.cuda(), v.cuda(), method, k_bits, v_bits).cpu(), rec)
+
+
+@pytest.mark.parametrize("shape", CUDA_SHAPES)
+@pytest.mark.parametrize("method,k_bits,v_bits", CUDA_METHODS)
+def test_torch_ops_cuda_decode_attention_matches_cpu(method, k_bits, v_bits, shape):
+    _skip_without_cuda()
+    heads, g, dim, blocks, window = shape
+    G = ops.layout(method, dim, k_bits, v_bits)["block_tokens"]
+    k, v = synthetic(blocks * G + window, heads, dim, seed=7 * dim + blocks + window)
+    q = torch.randn(heads * g, dim, generator=torch.Generator().manual_seed(blocks))
+    kq, vq = k[:blocks * G], v[:blocks * G]
+    norms = ops.token_norms(kq) if method == "oscar" and blocks else None
+    if blocks:
+        rec = ops.quantize(kq, vq, method, k_bits, v_bits, token_norms=norms)
+    else:
+        rec = torch.empty(heads, 0, ops.layout(method, dim, k_bits, v_bits)["record_bytes"],
+                          dtype=torch.uint8)
+    for wdtype in (torch.float16, torch.float32):
+        wk = k[blocks * G:].to(wdtype) if window else None
+        wv = v[blocks * G:].to(wdtype) if window else None
+        cpu = ops.decode_attention(q, rec, wk, wv, method, k_bits, v_bits, token_norms=norms)
+        gpu = ops.decode_attention(
+            q.cuda(), rec.cuda(), None if wk is None else wk.cuda(),
+            None if wv is None else wv.cuda(), method, k_bits, v_bits,
+            token_norms=None if norms is None else norms.cuda())
+        assert gpu[0].is_cuda and gpu[1].is_cuda
+        assert_close(gpu[0].cpu(), gpu[1].cpu(), cpu[0].double(), cpu[1].double(),
+                     what="%s %s %s" % (method, shape, wdtype))
+
+
+def test_torch_ops_cuda_paged_attention_side_stream_and_mixed_window_dtypes():
+    _skip_without_cuda()
+    heads, g, dim = 2, 2, 128
+    G = ops.layout("oscar", dim)["block_tokens"]
+    k, v = synthetic(5 * G + 9, heads, dim, seed=9)
+    norms = ops.token_norms(k[:5 * G])
+    rec = ops.quantize(k[:5 * G], v[:5 * G], "oscar", 2, 2, token_norms=norms)
+    q = torch.randn(heads * g, dim)
+    rb = rec.shape[2]
+    pool = torch.cat([rec.reshape(-1), norms.view(torch.uint8)])
+    offsets = torch.arange(heads * 5, dtype=torch.int64) * rb
+    norm_offsets = torch.tensor([heads * 5 * rb + (i % 5) * G * 4 for i in range(heads * 5)])
+    window_k = k[5 * G:].permute(1, 0, 2).reshape(-1, dim)
+    window_v = v[5 * G:].permute(1, 0, 2).reshape(-1, dim).half()  # K fp32, V fp16.
+    indptr, window_indptr = torch.tensor([0, 5, 10]), torch.tensor([0, 9, 18])
+    args = (q, pool, offsets, indptr, window_k, window_v, window_indptr, "oscar")
+    cpu = ops.paged_decode_attention(*args, norm_offsets=norm_offsets)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # The ops run on torch's current stream.
+        gpu = ops.paged_decode_attention(*[a.cuda() if torch.is_tensor(a) else a for a in args],
+                                         norm_offsets=norm_offsets.cuda())
+        out, lse = gpu[0].cpu(), gpu[1].cpu()
+    assert_close(out, lse, cpu[0].double(), cpu[1].double(), what="paged oscar")
+
+
+def test_torch_ops_cuda_refuses_a_device_mix():
+    _skip_without_cuda()
+    dim = 64
+    k, v = synthetic(64, 2, dim, seed=2)
+    rec = ops.quantize(k, v, "kivi")
+    q = torch.randn(4, dim)
+    for fn, args, text in (
+            (ops.quantize, (k.cuda(), v, "kivi"), "v: on device cpu, expected cuda"),
+            (ops.decode_attention, (q.cuda(), rec, None, None, "kivi"),
+             "records: on device cpu, expected cuda"),
+            (ops.decode_attention, (q, rec.cuda(), None, None, "kivi"),
+             "q: on device cpu, expected cuda"),
+            (ops.paged_decode_attention, (q.cuda(), rec.reshape(-1).cuda(), torch.tensor([0]),
+                                          torch.tensor([0, 1, 1]).cuda(), None, None, None,
+                                          "kivi"),
+             "record_offsets: on device cpu, expected cuda")):
+        with pytest.raises(ValueError) as info:
+            fn(*args)
+        assert text in str(info.value), str(info.value)
 
 
 # --- through the real daemon ---------------------------------------------------------------
