@@ -13,6 +13,8 @@ QuantizedCache, kvpress presses) run one by one on DynamicCache.
     python3 tools/kveval.py --quick                   # CI subset with assertions, < 5 min
     python3 tools/kveval.py --out results             # every row (long: see docs/quality.md)
     python3 tools/kveval.py --rows uncompressed,kivi2 --text FILE --tokens 2048
+    python3 tools/kveval.py --rows kivi8,pressure_kivi8 --out /tmp/sub   # a subset, then into
+    python3 tools/kveval.py --merge-from /tmp/sub --rows pressure_kivi8  # the results/ table
 
 Exit status 0 ok, 1 bad input or a failed --quick assertion (one clear message on stderr),
 2 the daemon failed.
@@ -21,9 +23,6 @@ Exit status 0 ok, 1 bad input or a failed --quick assertion (one clear message o
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
-import json
 import math
 import os
 import shutil
@@ -43,94 +42,11 @@ DEFAULT_CALIB_TEXT = "/usr/share/common-licenses/Apache-2.0"
 PROMPT = ("Write a detailed essay about the history of free software, the people who started "
           "it, the licenses they wrote and why they matter for programmers today.")
 
-
-class EvalError(Exception):
-    """Bad input or a failed check: printed as one message, exit 1."""
-
-
-class MissingStack(EvalError):
-    """The model stack or file is not installed: exit 77 with --quick (CTest skip), else 1."""
-
-
-class DaemonError(Exception):
-    """The daemon could not start or stopped answering: exit 2."""
-
-
-# ---- rows -------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Row:
-    name: str
-    kind: str                      # "kvctl", "quanto", "kvpress"
-    settings: Dict[str, str] = dataclasses.field(default_factory=dict)  # kvctl --set keys.
-    ratequant: Optional[dict] = None  # {"method", "code_bits", "beta"}: kvcalib overrides.
-    profile: str = ""              # kvcalib profile of this method as budget.profile.
-    send_q: bool = False           # The daemon's scorer needs Q with every APPEND.
-    nbits: int = 0                 # quanto
-    press: str = ""                # kvpress
-    keep: float = 1.0              # kvpress kept fraction
-    note: str = ""
-
-
-def quant(method: str, k: int, v: int, **extra) -> Dict[str, str]:
-    s = {"quant.method": method, "quant.k_bits": str(k), "quant.v_bits": str(v)}
-    s.update({key.replace("__", "."): str(val) for key, val in extra.items()})
-    return s
-
-
-def evict(policy: str, keep: float) -> Dict[str, str]:
-    return {"quant.method": "fp16", "budget.mode": "evict-only",
-            "budget.token_fraction": str(keep), "evict.policy": policy}
-
-
-def all_rows() -> Dict[str, Row]:
-    rows = [
-        Row("uncompressed", "kvctl", {"quant.lossless": "true"},
-            note="quant.lossless=true, f32 rows: the reference"),
-        Row("fp16", "kvctl", quant("fp16", 16, 16)),
-        Row("kivi8", "kvctl", quant("kivi", 8, 8)),
-        Row("kivi4", "kvctl", quant("kivi", 4, 4)),
-        Row("kivi2", "kvctl", quant("kivi", 2, 2)),
-        Row("quarot2", "kvctl", quant("quarot", 2, 2)),
-        Row("kvarn2", "kvctl", quant("kvarn", 2, 2)),
-        Row("kvarn_k4v2", "kvctl", quant("kvarn", 4, 2)),
-        Row("oscar2", "kvctl", quant("oscar", 2, 2)),
-        Row("rq_kivi_2.5", "kvctl", quant("kivi", 2, 2),
-            ratequant={"method": "kivi", "code_bits": 2.5}),
-        Row("rq_kvarn_2.5", "kvctl", quant("kvarn", 2, 2),
-            ratequant={"method": "kvarn", "code_bits": 2.5}),
-        Row("rq_kvarn_2.5_beta1.5", "kvctl", quant("kvarn", 2, 2),
-            ratequant={"method": "kvarn", "code_bits": 2.5, "beta": 1.5},
-            note="mismatched slope: kvcalib plan --beta-override 1.5"),
-    ]
-    for policy in ("streaming", "h2o", "snapkv", "rkv"):
-        for keep in (0.5, 0.25):
-            rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
-                            evict(policy, keep), send_q=policy != "streaming",
-                            note="fp16 rows, evict-only token_fraction %g" % keep))
-    for keep in (0.5, 0.25):
-        rows.append(Row("reasonalloc_rkv_%d" % round(keep * 100), "kvctl",
-                        dict(evict("rkv", keep), **{"budget.layer_profile": "demand"}),
-                        profile="kivi", send_q=True,
-                        note="fp16 rows, layer budgets from kvcalib demand (calibration text)"))
-    for frac, label in ((1 / 8, "8"), (1 / 12, "12")):
-        rows.append(Row("joint_1of%s" % label, "kvctl", dict(
-            quant("kivi", 2, 2), **{"budget.mode": "joint", "budget.fp16_fraction": "%.6f" % frac,
-                                   "budget.plan_tokens": "PLAN_TOKENS", "evict.policy": "rkv"}),
-            profile="kivi", send_q=True, note="joint planner over the KIVI profile, R-KV"))
-    rows += [
-        Row("quanto2", "quanto", nbits=2, note="transformers QuantizedCache(quanto), residual 128"),
-        Row("quanto4", "quanto", nbits=4, note="transformers QuantizedCache(quanto), residual 128"),
-    ]
-    for press in ("snapkv", "streamingllm", "expected_attention"):
-        for keep in (0.5, 0.25):
-            rows.append(Row("kvpress_%s_%d" % (press, round(keep * 100)), "kvpress",
-                            press=press, keep=keep))
-    return {r.name: r for r in rows}
-
-
-QUICK_ROWS = ["uncompressed", "kivi8", "kivi2", "kvarn2"]
-FULL_ROWS = list(all_rows())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # kveval_rows, kveval_calib.
+from kveval_calib import dump_calibration, fit_profile, ratequant_config  # noqa: E402
+from kveval_output import merge_outputs, write_outputs  # noqa: E402
+from kveval_rows import (FULL_ROWS, QUICK_ROWS, DaemonError, EvalError,  # noqa: E402
+                         MissingStack, Row, all_rows, pressure_settings, pressure_summary)
 
 
 # ---- daemons ----------------------------------------------------------------------------------
@@ -294,7 +210,8 @@ class Evaluator:
         try:
             scores = self.teacher_forced(cache, len(rows))
             cache.sync()
-            stats = [cache.stats(b, "sequences")["sequences"] for b in range(len(rows))]
+            full = [cache.stats(b) for b in range(len(rows))]
+            stats = [s["sequences"] for s in full]
             counters = dict(cache.counters)
         finally:
             cache.close()
@@ -318,6 +235,15 @@ class Evaluator:
                    "tokens_kept": (int(st["tokens_kept"]) / (self.layers * self.kv_heads)
                                    if "tokens_kept" in st else int(st["tokens"])),
                    "wall_s": tf_s + gen_s, "note": row.note}
+            if "quant.k_bits" in row.settings:
+                rec.update(pressure_summary(full[b]["heads"], st))
+            if row.pool_fraction:
+                pool = full[b]["pool"]
+                rec["note"] = ("%s; final widths K %.2f V %.2f bits (mean over heads), %d "
+                               "reliefs, %d head lowerings; pool high water %d of %d pages"
+                               % (row.note, rec["k_bits_mean"], rec["v_bits_mean"],
+                                  rec["pressure_reliefs"], rec["width_lowerings"],
+                                  int(pool["pages_high_water"]), int(pool["pages"])))
             rec.update(scores[b].summary())
             rec["_gen"] = gens[b]
             self.results.append(rec)
@@ -402,146 +328,6 @@ def make_press(name: str, keep: float):
             base_press=cls(**extra), target_compression_ratio=ratio, compression_interval=64))
 
 
-# ---- calibration (RateQuant rows) -------------------------------------------------------------
-
-def dump_calibration(torch, model, tokenizer, text: str, out_dir: str, seq_tokens: int,
-                     max_seqs: int) -> List[str]:
-    """Post-RoPE K, V and Q of every layer for consecutive windows of the calibration text, in
-    kvcalib's dump layout (docs/kvcalib.md), float16."""
-    import numpy as np
-    from transformers import AttentionInterface, DynamicCache
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    captured = {}
-
-    def capture(module, query, key, value, attention_mask, **kw):
-        captured[module.layer_idx] = (query[0].transpose(0, 1), key[0].transpose(0, 1),
-                                      value[0].transpose(0, 1))
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
-
-    AttentionInterface.register("kveval_dump", capture)
-    model.set_attn_implementation("kveval_dump")
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
-    n = min(max_seqs, len(ids) // seq_tokens)
-    if n < 1:
-        raise EvalError("calibration text: %d tokens, expected at least %d" % (len(ids),
-                                                                               seq_tokens))
-    dirs = []
-    try:
-        for s in range(n):
-            captured.clear()
-            with torch.no_grad():
-                model(ids[None, s * seq_tokens:(s + 1) * seq_tokens],
-                      past_key_values=DynamicCache(), use_cache=True)
-            seq_dir = os.path.join(out_dir, "seq_%d" % s)
-            for layer, (q, k, v) in captured.items():
-                d = os.path.join(seq_dir, "layer_%d" % layer)
-                os.makedirs(d, exist_ok=True)
-                for name, t in (("q", q), ("k", k), ("v", v)):
-                    np.save(os.path.join(d, name + ".npy"),
-                            t.float().numpy().astype(np.float16))
-            dirs.append(seq_dir)
-    finally:
-        model.set_attn_implementation("sdpa")
-    return dirs
-
-
-def run_tool(args: List[str]) -> str:
-    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise EvalError("%s failed (%d): %s" % (" ".join(args[:2]), proc.returncode,
-                                                 proc.stderr.strip() or proc.stdout[-400:]))
-    return proc.stdout
-
-
-def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
-                workdir: str) -> str:
-    """kvcalib fit of `method` on the calibration dumps (RateQuant units and layer demand)."""
-    if method not in profiles:
-        path = os.path.join(workdir, "profile-%s.toml" % method)
-        run_tool([args.kvcalib_bin, "fit", "--input"] + dumps + ["--method", method,
-                                                                  "--out", path])
-        profiles[method] = path
-    return profiles[method]
-
-
-def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
-                     workdir: str) -> str:
-    """A daemon config file: [quant] of the row plus kvcalib's per-head overrides for
-    code_bits average code bits (b/e = the method's 2-bit b/e + code_bits - 2)."""
-    rq = row.ratequant
-    method = rq["method"]
-    fit_profile(args, method, profiles, dumps, workdir)
-    probe = json.loads(run_tool([args.kvcalib_bin, "plan", "--profile", profiles[method],
-                                 "--budget-bpe", "8", "--json"]) or "{}")
-    budget = probe["budget"]["min_bpe"] + rq["code_bits"] - 2.0
-    overrides = os.path.join(workdir, "overrides-%s.toml" % row.name)
-    plan = [args.kvcalib_bin, "plan", "--profile", profiles[method], "--budget-bpe",
-            "%.6f" % budget, "--json", "--overrides-toml", overrides]
-    if rq.get("beta"):
-        plan += ["--beta-override", str(rq["beta"])]
-    report = json.loads(run_tool(plan))
-    row.note = ("%s; kvcalib plan b/e %.4f (requested %.4f), beta_k %.3g beta_v %.3g"
-                % (row.note, report["budget"]["achieved_bpe"], budget, report["beta_k"],
-                   report["beta_v"])).strip("; ")
-    config = os.path.join(workdir, "config-%s.toml" % row.name)
-    with open(config, "w") as f:
-        f.write(open(overrides).read())
-    return config
-
-
-# ---- output -----------------------------------------------------------------------------------
-
-COLUMNS = ["row", "kind", "bits_per_element", "memory_vs_fp16", "ppl", "dppl_pct", "kl_mean",
-           "top1_agree", "greedy_agree", "greedy_first_div", "wall_s", "batch", "tokens_eval",
-           "tokens_kept", "note"]
-
-
-def fmt(v) -> str:
-    if isinstance(v, float):
-        return "%.4g" % v
-    return str(v)
-
-
-def write_outputs(results: List[dict], out_dir: str, meta: dict) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "quality.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in results:
-            w.writerow({k: fmt(r.get(k, "")) for k in COLUMNS})
-    md = ["| row | kind | b/e | mem vs fp16 | PPL | dPPL % | KL | top-1 | greedy | first div "
-          "| wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        md.append("| %s | %s | %.3f | %.3f | %.3f | %+.2f | %.4f | %.3f | %.3f | %d | %.0f |"
-                  % (r["row"], r["kind"], r["bits_per_element"], r["memory_vs_fp16"], r["ppl"],
-                     r["dppl_pct"], r["kl_mean"], r["top1_agree"], r["greedy_agree"],
-                     r["greedy_first_div"], r["wall_s"]))
-    with open(os.path.join(out_dir, "quality.md"), "w") as f:
-        f.write("<!-- %s -->\n" % json.dumps(meta))
-        f.write("\n".join(md) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("kveval: matplotlib missing, no plot", file=sys.stderr)
-        return
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in results:
-        peer = r["kind"] != "kvctl"
-        ax.scatter(r["memory_vs_fp16"], max(r["dppl_pct"], 1e-3), marker="x" if peer else "o",
-                   color="tab:red" if peer else "tab:blue", s=40)
-        ax.annotate(r["row"], (r["memory_vs_fp16"], max(r["dppl_pct"], 1e-3)), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
-    ax.set_yscale("log")
-    ax.set_xlabel("memory as a fraction of the fp16 cache of all tokens seen")
-    ax.set_ylabel("dPPL % vs uncompressed (log; <=0 drawn at 1e-3)")
-    ax.set_title("SmolLM2-135M pseudo-decode, %d tokens (o kvctl, x peers)" % meta["tokens"])
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "quality.png"), dpi=110)
-
-
 # ---- main -------------------------------------------------------------------------------------
 
 def parse_args(argv):
@@ -567,6 +353,9 @@ def parse_args(argv):
                    "extra row 'external' (the reference still runs on a daemon started here)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1 is fastest on a shared 2-core machine)")
+    p.add_argument("--merge-from", default=None, metavar="DIR",
+                   help="run nothing: copy the --rows of an earlier subset run's output folder "
+                   "DIR into the table in --out (default results/), same reference required")
     a = p.parse_args(argv)
     a.tokens = a.tokens or (384 if a.quick else 2048)
     a.prefix = a.prefix or (64 if a.quick else a.tokens // 2)
@@ -651,6 +440,15 @@ def quick_checks(ev: Evaluator, args, dyn_logits, lossless_logits) -> List[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge_from:
+        if not args.rows:
+            raise EvalError("--merge-from: name the rows to merge with --rows")
+        out = args.out or os.path.join(REPO, "results")
+        names = [n.strip() for n in args.rows.split(",") if n.strip()]
+        merge_outputs(args.merge_from, out, names, " ".join(["tools/kveval"] + sys.argv[1:]))
+        print("kveval: merged %s from %s into %s/quality.{csv,md,png}"
+              % (",".join(names), args.merge_from, out))
+        return 0
     rows = check_args(args)
     text = read_text("--text", args.text)
     try:
@@ -695,6 +493,11 @@ def main(argv=None) -> int:
                                                            workdir)
             if r.settings.get("budget.plan_tokens") == "PLAN_TOKENS":
                 r.settings["budget.plan_tokens"] = str(args.tokens)
+            if r.pool_fraction:
+                # The last token of the text is a target, never appended.
+                pool = pressure_settings(r, args.tokens - 1, ev.layers, ev.kv_heads, ev.head_dim)
+                r.note = "; ".join(x for x in (pool.pop("note"), r.note) if x)
+                r.settings.update(pool)
             daemons.append(Daemon(args.kvctl_bin, workdir, r.name, r.settings, config))
         for d in daemons:
             d.start()

@@ -1,0 +1,102 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""kveval's calibration for the rows that need a kvcalib profile (RateQuant overrides, layer
+demand, joint planning, pressure relief curves): K/V/Q dumps of the model on the calibration
+text, `kvcalib fit` and `kvcalib plan`. tools/kveval.py calls these once per run.
+
+    dumps = dump_calibration(torch, model, tok, text, "/tmp/calib", 256, 8)
+    profile = fit_profile(args, "kivi", profiles, dumps, workdir)   # cached per method
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Dict, List
+
+from kveval_rows import EvalError, Row
+
+
+def dump_calibration(torch, model, tokenizer, text: str, out_dir: str, seq_tokens: int,
+                     max_seqs: int) -> List[str]:
+    """Post-RoPE K, V and Q of every layer for consecutive windows of the calibration text, in
+    kvcalib's dump layout (docs/kvcalib.md), float16."""
+    import numpy as np
+    from transformers import AttentionInterface, DynamicCache
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    captured = {}
+
+    def capture(module, query, key, value, attention_mask, **kw):
+        captured[module.layer_idx] = (query[0].transpose(0, 1), key[0].transpose(0, 1),
+                                      value[0].transpose(0, 1))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register("kveval_dump", capture)
+    model.set_attn_implementation("kveval_dump")
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    n = min(max_seqs, len(ids) // seq_tokens)
+    if n < 1:
+        raise EvalError("calibration text: %d tokens, expected at least %d" % (len(ids),
+                                                                               seq_tokens))
+    dirs = []
+    try:
+        for s in range(n):
+            captured.clear()
+            with torch.no_grad():
+                model(ids[None, s * seq_tokens:(s + 1) * seq_tokens],
+                      past_key_values=DynamicCache(), use_cache=True)
+            seq_dir = os.path.join(out_dir, "seq_%d" % s)
+            for layer, (q, k, v) in captured.items():
+                d = os.path.join(seq_dir, "layer_%d" % layer)
+                os.makedirs(d, exist_ok=True)
+                for name, t in (("q", q), ("k", k), ("v", v)):
+                    np.save(os.path.join(d, name + ".npy"),
+                            t.float().numpy().astype(np.float16))
+            dirs.append(seq_dir)
+    finally:
+        model.set_attn_implementation("sdpa")
+    return dirs
+
+
+def run_tool(args: List[str]) -> str:
+    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise EvalError("%s failed (%d): %s" % (" ".join(args[:2]), proc.returncode,
+                                                 proc.stderr.strip() or proc.stdout[-400:]))
+    return proc.stdout
+
+
+def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
+                workdir: str) -> str:
+    """kvcalib fit of `method` on the calibration dumps (RateQuant units and layer demand)."""
+    if method not in profiles:
+        path = os.path.join(workdir, "profile-%s.toml" % method)
+        run_tool([args.kvcalib_bin, "fit", "--input"] + dumps + ["--method", method,
+                                                                  "--out", path])
+        profiles[method] = path
+    return profiles[method]
+
+
+def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
+                     workdir: str) -> str:
+    """A daemon config file: [quant] of the row plus kvcalib's per-head overrides for
+    code_bits average code bits (b/e = the method's 2-bit b/e + code_bits - 2)."""
+    rq = row.ratequant
+    method = rq["method"]
+    fit_profile(args, method, profiles, dumps, workdir)
+    probe = json.loads(run_tool([args.kvcalib_bin, "plan", "--profile", profiles[method],
+                                 "--budget-bpe", "8", "--json"]) or "{}")
+    budget = probe["budget"]["min_bpe"] + rq["code_bits"] - 2.0
+    overrides = os.path.join(workdir, "overrides-%s.toml" % row.name)
+    plan = [args.kvcalib_bin, "plan", "--profile", profiles[method], "--budget-bpe",
+            "%.6f" % budget, "--json", "--overrides-toml", overrides]
+    if rq.get("beta"):
+        plan += ["--beta-override", str(rq["beta"])]
+    report = json.loads(run_tool(plan))
+    row.note = ("%s; kvcalib plan b/e %.4f (requested %.4f), beta_k %.3g beta_v %.3g"
+                % (row.note, report["budget"]["achieved_bpe"], budget, report["beta_k"],
+                   report["beta_v"])).strip("; ")
+    config = os.path.join(workdir, "config-%s.toml" % row.name)
+    with open(config, "w") as f:
+        f.write(open(overrides).read())
+    return config

@@ -1,0 +1,199 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""kveval's row table (what each row configures), its errors, and the pool sizing of the pool
+pressure rows. tools/kveval.py runs the rows.
+
+    rows = all_rows()                      # {"kivi8": Row(...), ...}
+    settings = pressure_settings(rows["pressure_kivi8"], tokens=2047, layers=30, kv_heads=3,
+                                 head_dim=64)   # pool.bytes etc. plus a "note"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Optional
+
+
+class EvalError(Exception):
+    """Bad input or a failed check: printed as one message, exit 1."""
+
+
+class MissingStack(EvalError):
+    """The model stack or file is not installed: exit 77 with --quick (CTest skip), else 1."""
+
+
+class DaemonError(Exception):
+    """The daemon could not start or stopped answering: exit 2."""
+
+
+# ---- rows -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    kind: str                      # "kvctl", "quanto", "kvpress"
+    settings: Dict[str, str] = dataclasses.field(default_factory=dict)  # kvctl --set keys.
+    ratequant: Optional[dict] = None  # {"method", "code_bits", "beta"}: kvcalib overrides.
+    profile: str = ""              # kvcalib profile of this method as budget.profile.
+    send_q: bool = False           # The daemon's scorer needs Q with every APPEND.
+    nbits: int = 0                 # quanto
+    press: str = ""                # kvpress
+    keep: float = 1.0              # kvpress kept fraction
+    # Pool pressure rows: the pool holds this fraction of the pages the row's starting widths
+    # need for the whole evaluation (pool.bytes is set in pressure_settings()).
+    pool_fraction: float = 0.0
+    note: str = ""
+
+
+def quant(method: str, k: int, v: int, **extra) -> Dict[str, str]:
+    s = {"quant.method": method, "quant.k_bits": str(k), "quant.v_bits": str(v)}
+    s.update({key.replace("__", "."): str(val) for key, val in extra.items()})
+    return s
+
+
+def evict(policy: str, keep: float) -> Dict[str, str]:
+    return {"quant.method": "fp16", "budget.mode": "evict-only",
+            "budget.token_fraction": str(keep), "evict.policy": policy}
+
+
+def all_rows() -> Dict[str, Row]:
+    rows = [
+        Row("uncompressed", "kvctl", {"quant.lossless": "true"},
+            note="quant.lossless=true, f32 rows: the reference"),
+        Row("fp16", "kvctl", quant("fp16", 16, 16)),
+        Row("kivi8", "kvctl", quant("kivi", 8, 8)),
+        Row("kivi4", "kvctl", quant("kivi", 4, 4)),
+        Row("kivi3", "kvctl", quant("kivi", 3, 3)),
+        Row("kivi2", "kvctl", quant("kivi", 2, 2)),
+        Row("quarot2", "kvctl", quant("quarot", 2, 2)),
+        Row("kvarn2", "kvctl", quant("kvarn", 2, 2)),
+        Row("kvarn_k4v2", "kvctl", quant("kvarn", 4, 2)),
+        Row("oscar2", "kvctl", quant("oscar", 2, 2)),
+        Row("rq_kivi_2.5", "kvctl", quant("kivi", 2, 2),
+            ratequant={"method": "kivi", "code_bits": 2.5}),
+        Row("rq_kvarn_2.5", "kvctl", quant("kvarn", 2, 2),
+            ratequant={"method": "kvarn", "code_bits": 2.5}),
+        Row("rq_kvarn_2.5_beta1.5", "kvctl", quant("kvarn", 2, 2),
+            ratequant={"method": "kvarn", "code_bits": 2.5, "beta": 1.5},
+            note="mismatched slope: kvcalib plan --beta-override 1.5"),
+    ]
+    for policy in ("streaming", "h2o", "snapkv", "rkv"):
+        for keep in (0.5, 0.25):
+            rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
+                            evict(policy, keep), send_q=policy != "streaming",
+                            note="fp16 rows, evict-only token_fraction %g" % keep))
+    for keep in (0.5, 0.25):
+        rows.append(Row("reasonalloc_rkv_%d" % round(keep * 100), "kvctl",
+                        dict(evict("rkv", keep), **{"budget.layer_profile": "demand"}),
+                        profile="kivi", send_q=True,
+                        note="fp16 rows, layer budgets from kvcalib demand (calibration text)"))
+    for frac, label in ((1 / 8, "8"), (1 / 12, "12")):
+        rows.append(Row("joint_1of%s" % label, "kvctl", dict(
+            quant("kivi", 2, 2), **{"budget.mode": "joint", "budget.fp16_fraction": "%.6f" % frac,
+                                   "budget.plan_tokens": "PLAN_TOKENS", "evict.policy": "rkv"}),
+            profile="kivi", send_q=True, note="joint planner over the KIVI profile, R-KV"))
+    for bits, fraction in PRESSURE_ROWS:
+        for mode in ("requantize", "fail"):
+            rows.append(Row("pressure_kivi%d%s" % (bits, "_fail" if mode == "fail" else ""),
+                            "kvctl", dict(quant("kivi", bits, bits), **{"budget.pressure": mode}),
+                            pool_fraction=fraction))
+    rows.append(Row("pressure_rq_kivi8", "kvctl", dict(quant("kivi", 8, 8),
+                                                       **{"budget.pressure": "requantize"}),
+                    profile="kivi", pool_fraction=PRESSURE_ROWS[0][1],
+                    note="widths lowered by the kvcalib KIVI profile's curves"))
+    rows += [
+        Row("quanto2", "quanto", nbits=2, note="transformers QuantizedCache(quanto), residual 128"),
+        Row("quanto4", "quanto", nbits=4, note="transformers QuantizedCache(quanto), residual 128"),
+    ]
+    for press in ("snapkv", "streamingllm", "expected_attention"):
+        for keep in (0.5, 0.25):
+            rows.append(Row("kvpress_%s_%d" % (press, round(keep * 100)), "kvpress",
+                            press=press, keep=keep))
+    return {r.name: r for r in rows}
+
+
+# ---- pool pressure rows -----------------------------------------------------------------------
+
+# (starting KIVI width, pool pages as a fraction of what that width needs for the evaluation).
+# KIVI 8 -> 4 bits halves the codes but not the 1 bit/element of metadata nor the fp16 tail, so
+# all-4-bit needs 60 % of the 8-bit pages here and all-2-bit 40 %; 4 -> 2 bits needs 67 % of the
+# 4-bit pages. 8-bit at 63 % rather than 55-60 %: at 50-62 % the daemon's relief (commit 6eabdb3)
+# fails on the APPEND that flushes the tail (docs/quality.md, "Under pool pressure").
+PRESSURE_ROWS = [(8, 0.63), (4, 0.80)]
+PRESSURE_PAGE_BYTES = 32 << 10  # 8-bit records (4608 B) pack 7 to a page, 4-bit 12, 2-bit 21.
+PRESSURE_STAGING_SLOTS = 2      # The teacher-forced session and the greedy one.
+PRESSURE_STAGING_BYTES = 1 << 20  # One decode step of SmolLM2 is 46 KB; prefill goes inline.
+# KIVI's registry layout (kernels/quant_types.h): 32-token blocks quantized when 128 tail rows
+# have gathered, no sinks; fp16 scale and zero per K channel per block and per V token per
+# 32 channels.
+KIVI_BLOCK, KIVI_FLUSH, KIVI_GROUP = 32, 128, 32
+
+
+def kivi_record_bytes(bits: int, head_dim: int) -> int:
+    codes = 2 * KIVI_BLOCK * head_dim * bits // 8
+    meta = head_dim * 2 * 2 + KIVI_BLOCK * (head_dim // KIVI_GROUP) * 2 * 2
+    return codes + meta
+
+
+def kivi_pages_per_head(bits: int, tokens: int, head_dim: int, page_bytes: int) -> int:
+    """Pool pages one (layer, KV head) of a KIVI sequence holds after `tokens` appended tokens:
+    its records packed page_bytes // record_bytes to a page (records never straddle pages) and
+    its fp16 tail (K and V row per slot), at most KIVI_FLUSH - 1 rows between flushes. The
+    count only grows with tokens, so this is also the peak."""
+    records = (tokens // KIVI_FLUSH) * KIVI_FLUSH // KIVI_BLOCK
+    per_page = page_bytes // kivi_record_bytes(bits, head_dim)
+    tail_rows = min(tokens, KIVI_FLUSH - 1)
+    rows_per_page = page_bytes // (2 * 2 * head_dim)
+    return math.ceil(records / per_page) + math.ceil(tail_rows / rows_per_page)
+
+
+def pressure_settings(row: Row, tokens: int, layers: int, kv_heads: int,
+                      head_dim: int) -> Dict[str, str]:
+    """The pool of a pressure row: row.pool_fraction of the pages its starting KIVI width needs
+    for `tokens` tokens (the teacher-forced sequence; greedy generation is shorter), plus the
+    staging slots the daemon carves out of pool.bytes. Returns --set keys and a "note"."""
+    if row.settings.get("quant.method") != "kivi":
+        raise EvalError("%s: pool sizing knows KIVI's layout only, got quant.method %s"
+                        % (row.name, row.settings.get("quant.method")))
+    bits = int(row.settings["quant.k_bits"])
+    need = layers * kv_heads * kivi_pages_per_head(bits, tokens, head_dim, PRESSURE_PAGE_BYTES)
+    pages = int(need * row.pool_fraction)
+    staging = PRESSURE_STAGING_SLOTS * PRESSURE_STAGING_BYTES
+    pool = pages * PRESSURE_PAGE_BYTES + staging
+    return {"pool.bytes": str(pool), "pool.page_bytes": str(PRESSURE_PAGE_BYTES),
+            "pool.staging_slots": str(PRESSURE_STAGING_SLOTS),
+            "pool.staging_bytes_per_session": str(PRESSURE_STAGING_BYTES),
+            "note": "pool.bytes %d = %d pages of %d KiB (%.0f %% of the %d KIVI %d-bit needs for "
+                    "%d tokens) + %d staging slots of %d KiB"
+                    % (pool, pages, PRESSURE_PAGE_BYTES >> 10, 100.0 * pages / need, need, bits,
+                       tokens, PRESSURE_STAGING_SLOTS, PRESSURE_STAGING_BYTES >> 10)}
+
+
+def stats_entity(value) -> Dict[str, str]:
+    """One STATS entity line's value ("tokens=350,k_bits=2,...") as a dict of strings."""
+    return dict(item.split("=", 1) for item in str(value).split(",") if "=" in item)
+
+
+def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> Dict[str, float]:
+    """Mean K and V code widths over heads, head width lowerings and the APPENDs relieved by
+    lowering widths, from the STATS heads and sequences sections of a daemon holding one
+    sequence."""
+    k_bits, v_bits, lowerings = [], [], 0
+    for name, value in heads.items():
+        if name.startswith("head_"):
+            entry = stats_entity(value)
+            k_bits.append(float(entry["k_bits"]))
+            v_bits.append(float(entry["v_bits"]))
+            lowerings += int(entry.get("width_lowerings", 0))
+    reliefs = sum(int(stats_entity(value).get("pressure_reliefs", 0))
+                  for name, value in sequences.items() if name.startswith("seq_"))
+    if not k_bits:
+        raise EvalError("STATS heads: no head_<l>_<h> entries")
+    return {"pressure_reliefs": reliefs, "width_lowerings": lowerings,
+            "k_bits_mean": sum(k_bits) / len(k_bits), "v_bits_mean": sum(v_bits) / len(v_bits)}
+
+
+QUICK_ROWS = ["uncompressed", "kivi8", "kivi2", "kvarn2"]
+# budget.pressure = "fail" rows stop at the first APPEND the pool cannot take (kveval exits 2):
+# run them alone, to show that the pressure rows' pools are too small without relief.
+FULL_ROWS = [name for name in all_rows() if not name.endswith("_fail")]
