@@ -187,11 +187,15 @@ Status ValidateBudgetConfig(const Config& c) {
   return OkStatus();
 }
 
-StatusOr<PressureSettings> ResolvePressure(const Config& c, const SequenceShape& shape) {
+StatusOr<PressureSettings> ResolvePressure(const Config& c, const SequenceShape& shape,
+                                           const JointPlanInput* joint_input) {
   PressureSettings s;
   if (c.budget.pressure != PressurePolicy::kRequantize) return s;
   s.lower_widths = true;
   s.min_bits = c.budget.pressure_min_bits;
+  if (c.budget.mode == BudgetMode::kJoint && joint_input != nullptr) {
+    s.joint = std::make_shared<const JointPlanInput>(*joint_input);
+  }
   if (c.budget.profile.empty()) return s;
   KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadProfile(c.budget.profile));
   const RateQuantFit& fit = profile.fit;
@@ -271,7 +275,7 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
 }
 
 Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vector<LayerPlan>* plans,
-                         std::vector<int64_t>* head_caps) {
+                         std::vector<int64_t>* head_caps, JointPlanInput* joint_input) {
   const BudgetMode mode = c.budget.mode;
   if (mode != BudgetMode::kQuantOnly && mode != BudgetMode::kJoint) return OkStatus();
   KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadProfile(c.budget.profile));
@@ -321,6 +325,7 @@ Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vecto
       widths.emplace_back(hp.k_bits, hp.v_bits);
       if (head_caps != nullptr) head_caps->push_back(hp.kept);
     }
+    if (joint_input != nullptr) *joint_input = std::move(*input);
   }
   for (size_t i = 0; i < widths.size(); ++i) {
     LayerPlan& lp = (*plans)[i / shape.kv_heads];

@@ -51,7 +51,10 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceS
 // What APPENDs of a new sequence do when the pool is full (budget.pressure): lower widths only
 // with "requantize", pricing each head by the RateQuant curves of budget.profile when it was
 // fitted for this geometry, else by the default model (policies/width_relief.h).
-StatusOr<PressureSettings> ResolvePressure(const Config& config, const SequenceShape& shape);
+// joint: `joint_input` (the planner input ApplyBudgetWidths returned) lets the relief compare
+// lowering widths with evicting (AdviseShortfall) and take the cheaper.
+StatusOr<PressureSettings> ResolvePressure(const Config& config, const SequenceShape& shape,
+                                           const JointPlanInput* joint_input = nullptr);
 
 // quant-only: replaces every head's k_bits / v_bits in `plans` with the RateQuant allocation of
 // budget.profile at the configured average bits. joint: with the widths of the joint plan
@@ -59,8 +62,10 @@ StatusOr<PressureSettings> ResolvePressure(const Config& config, const SequenceS
 // budget.fp16_fraction), and appends each head's kept-token cap to *head_caps (may be null).
 // No-op in other modes. INVALID_ARGUMENT when the profile's geometry or method differs from the
 // sequence's; RESOURCE_EXHAUSTED when the byte budget is below the cheapest joint plan.
+// joint_input (may be null) receives the planner input of a joint plan.
 Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
-                         std::vector<LayerPlan>* plans, std::vector<int64_t>* head_caps);
+                         std::vector<LayerPlan>* plans, std::vector<int64_t>* head_caps,
+                         JointPlanInput* joint_input = nullptr);
 
 }  // namespace kvctl
 

@@ -36,7 +36,8 @@ SequenceShape ShapeOf(const ipc::Geometry& g, const StreamingRules& rules, bool 
 // each head's kept-token cap (into *head_caps when not null).
 StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::string& model,
                                             const ipc::Geometry& g,
-                                            std::vector<int64_t>* head_caps = nullptr) {
+                                            std::vector<int64_t>* head_caps = nullptr,
+                                            JointPlanInput* joint_input = nullptr) {
   const QuantSettings q = EffectiveQuantSettings(config, FindModel(config, model));
   std::vector<LayerPlan> plans(g.layers);
   const bool lossless = q.lossless;
@@ -81,7 +82,8 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
       plans[l].head_specs.push_back(*spec);
     }
   }
-  KVCTL_RETURN_IF_ERROR(ApplyBudgetWidths(config, ShapeOf(g, rules, lossless), &plans, head_caps));
+  KVCTL_RETURN_IF_ERROR(
+      ApplyBudgetWidths(config, ShapeOf(g, rules, lossless), &plans, head_caps, joint_input));
   return plans;
 }
 
@@ -249,14 +251,17 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
                          request.session_id);
   }
   std::vector<int64_t> head_caps;
-  KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
-                         PlanLayers(config_, session->model_name, session->geometry, &head_caps));
+  JointPlanInput joint_input;
+  KVCTL_ASSIGN_OR_RETURN(
+      std::vector<LayerPlan> plans,
+      PlanLayers(config_, session->model_name, session->geometry, &head_caps, &joint_input));
   const ipc::Geometry& g = session->geometry;
   KVCTL_ASSIGN_OR_RETURN(
       EvictionSettings eviction,
       ResolveEviction(config_, ShapeOf(g, plans[0].rules, plans[0].lossless), head_caps));
-  KVCTL_ASSIGN_OR_RETURN(PressureSettings pressure,
-                         ResolvePressure(config_, ShapeOf(g, plans[0].rules, plans[0].lossless)));
+  KVCTL_ASSIGN_OR_RETURN(
+      PressureSettings pressure,
+      ResolvePressure(config_, ShapeOf(g, plans[0].rules, plans[0].lossless), &joint_input));
   auto entry = std::make_shared<SequenceEntry>();
   entry->opened = now;
   entry->seq = std::make_unique<KvSequence>(

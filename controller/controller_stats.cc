@@ -113,7 +113,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
              << ",bytes=" << u.pool_bytes << ",evictions=" << u.evicted_tokens << ",age_s="
              << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count()
              << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
-             << ",pressure_reliefs=" << u.pressure_reliefs;
+             << ",pressure_reliefs=" << u.pressure_reliefs
+             << ",pressure_cap_cuts=" << u.pressure_cap_cuts;
         sequence_lines.push_back(line.str());
         for (uint32_t l = 0; l < session->geometry.layers; ++l) {
           layer_budgets[static_cast<int>(l)] += seq.LayerBudget(static_cast<int>(l));

@@ -53,12 +53,14 @@ KvSequence::~KvSequence() = default;
 
 Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView>& k,
                           const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q) {
-  return AppendOnce(first_position, k, v, q, pressure_.lower_widths);
+  // A relief frees what the model predicts; the pages may still fall short (page granularity,
+  // another sequence taking pages meanwhile), so a few rounds are allowed.
+  return AppendOnce(first_position, k, v, q, pressure_.lower_widths ? 3 : 0);
 }
 
 Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
                               const std::vector<KvTensorView>& v,
-                              const std::vector<KvTensorView>* q, bool may_relieve) {
+                              const std::vector<KvTensorView>* q, int relief_rounds) {
   const int layers = geometry_.layers;
   if (static_cast<int>(k.size()) != layers || static_cast<int>(v.size()) != layers) {
     return InvalidArgument("append: got ", k.size(), " K and ", v.size(), " V layers, expected ",
@@ -131,7 +133,10 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   }
 
   std::vector<PreparedLayer> prepared(static_cast<size_t>(layers));
-  size_t pages = 0;
+  // Pages the append takes net of what its shrinking arrays release: those pages go straight to
+  // the growing arrays of the same append (never back to the shared pool in between, where
+  // another sequence could take them), so an evicting append needs only its net growth.
+  size_t grow = 0, release = 0;
   for (int l = 0; l < layers; ++l) {
     if (!layers_[l]->plan.lossless) {
       // Rows are stored as fp16 before they are quantized: refuse what fp16 cannot hold.
@@ -160,14 +165,17 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
     for (int h = 0; h < geometry_.kv_heads; ++h) {
       const HeadStream& head = layer.heads[h];
       const PreparedHead& ph = p.heads[h];
-      pages += head.rows.PagesNeeded(ph.rows_after);
-      pages += head.records.PagesNeeded(ph.record_plan.size());
+      grow +=
+          head.rows.PagesNeeded(ph.rows_after) + head.records.PagesNeeded(ph.record_plan.size());
+      release += head.rows.PagesReleased(ph.rows_after) +
+                 head.records.PagesReleased(ph.record_plan.size());
     }
     if (!p.norms.empty()) {
       const size_t per_slot = layer.norms.slot_bytes() / 4;
-      pages += layer.norms.PagesNeeded(layer.norms.size() + p.norms.size() / per_slot);
+      grow += layer.norms.PagesNeeded(layer.norms.size() + p.norms.size() / per_slot);
     }
   }
+  const size_t pages = grow > release ? grow - release : 0;
 
   std::vector<uint32_t> reserved;
   if (pages > 0) {
@@ -176,47 +184,66 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
       Status exhausted =
           ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
                             pool_->page_bytes(), " bytes: ", got.status().message());
-      if (!may_relieve) return exhausted;
+      if (relief_rounds <= 0) return exhausted;
       const PoolStats stats = pool_->Stats();
       const int64_t shortfall =
           static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
-      Status relieved = RelieveByLowering(std::max<int64_t>(1, shortfall));
+      Status relieved = RelievePressure(std::max<int64_t>(1, shortfall));
       if (!relieved.ok()) {
         return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
       }
-      // Widths changed: prepare again (narrower new records, fewer pages), without a second relief.
-      return AppendOnce(first_position, k, v, q, /*may_relieve=*/false);
+      // Widths or caps changed: prepare again (narrower new records, or more evicted).
+      return AppendOnce(first_position, k, v, q, relief_rounds - 1);
     }
     reserved = std::move(got).value();
   }
 
-  // Commit: nothing below can fail.
+  // Commit: nothing below can fail. Arrays that shrink go first, so the pages they release (onto
+  // `reserved`) are there for the arrays that grow.
+  auto commit_records = [&reserved](HeadStream& head, const PreparedHead& ph) {
+    // Records move only down (a kept record lands at or before its old slot), so in order every
+    // source is read before its slot is overwritten; shrink only after moving.
+    const size_t rb = head.records.slot_bytes();
+    const size_t final_records = ph.record_plan.size();
+    if (final_records > head.records.size()) head.records.Resize(final_records, &reserved);
+    size_t fresh = 0;
+    for (size_t i = 0; i < final_records; ++i) {
+      const int src = ph.record_plan[i];
+      if (src < 0) {
+        std::memcpy(head.records.Slot(i), ph.records.data() + fresh++ * rb, rb);
+      } else if (static_cast<size_t>(src) != i) {
+        std::memcpy(head.records.Slot(i), head.records.Slot(src), rb);
+      }
+    }
+    if (final_records < head.records.size()) head.records.Resize(final_records, &reserved);
+  };
+  auto commit_rows = [&reserved](HeadStream& head, const PreparedHead& ph) {
+    head.rows.Resize(ph.rows_after, &reserved);
+    const size_t slot = head.rows.slot_bytes();
+    for (size_t i = 0; i < ph.rows.size() / slot; ++i) {
+      std::memcpy(head.rows.Slot(ph.write_start + i), ph.rows.data() + i * slot, slot);
+    }
+  };
+  std::vector<std::pair<bool, bool>> grew;  // Per (layer, head): records grew, rows grew.
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < geometry_.kv_heads; ++h) {
+      HeadStream& head = layers_[l]->heads[h];
+      const PreparedHead& ph = prepared[l].heads[h];
+      grew.emplace_back(ph.record_plan.size() > head.records.size(),
+                        static_cast<size_t>(ph.rows_after) > head.rows.size());
+      if (!grew.back().first) commit_records(head, ph);
+      if (!grew.back().second) commit_rows(head, ph);
+    }
+  }
   for (int l = 0; l < layers; ++l) {
     LayerState& layer = *layers_[l];
     PreparedLayer& p = prepared[l];
     for (int h = 0; h < geometry_.kv_heads; ++h) {
       HeadStream& head = layer.heads[h];
       PreparedHead& ph = p.heads[h];
-      // Records move only down (a kept record lands at or before its old slot), so in order
-      // every source is read before its slot is overwritten; shrink only after moving.
-      const size_t rb = head.records.slot_bytes();
-      const size_t final_records = ph.record_plan.size();
-      if (final_records > head.records.size()) head.records.Resize(final_records, &reserved);
-      size_t fresh = 0;
-      for (size_t i = 0; i < final_records; ++i) {
-        const int src = ph.record_plan[i];
-        if (src < 0) {
-          std::memcpy(head.records.Slot(i), ph.records.data() + fresh++ * rb, rb);
-        } else if (static_cast<size_t>(src) != i) {
-          std::memcpy(head.records.Slot(i), head.records.Slot(src), rb);
-        }
-      }
-      if (final_records < head.records.size()) head.records.Resize(final_records, &reserved);
-      head.rows.Resize(ph.rows_after, &reserved);
-      const size_t slot = head.rows.slot_bytes();
-      for (size_t i = 0; i < ph.rows.size() / slot; ++i) {
-        std::memcpy(head.rows.Slot(ph.write_start + i), ph.rows.data() + i * slot, slot);
-      }
+      const auto [records_grew, rows_grew] = grew[static_cast<size_t>(l) * geometry_.kv_heads + h];
+      if (records_grew) commit_records(head, ph);
+      if (rows_grew) commit_rows(head, ph);
       head.sink_rows += ph.new_sinks;
       head.tail_rows = ph.tail_after;
       for (int64_t t = 0; t < n; ++t) head.positions.push_back(first_position + t);
@@ -255,7 +282,7 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
     }
     layer.scoring = std::move(p.scoring);
   }
-  KVCTL_CHECK(reserved.empty());
+  for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // Released, not reused.
   if (tokens_ == 0) first_position_ = first_position;
   tokens_ += n;
   since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + n;
@@ -384,6 +411,7 @@ SequenceUsage KvSequence::Usage() const {
   }
   u.elements = 2 * static_cast<uint64_t>(u.kept_tokens) * geometry_.head_dim;
   u.pressure_reliefs = pressure_reliefs_;
+  u.pressure_cap_cuts = pressure_cap_cuts_;
   return u;
 }
 

@@ -41,6 +41,7 @@
 #include "controller/pool.h"
 #include "controller/slot_array.h"
 #include "kernels/quant_types.h"
+#include "policies/joint_planner.h"
 #include "policies/width_relief.h"
 
 namespace kvctl {
@@ -71,6 +72,10 @@ struct PressureSettings {
   bool lower_widths = false;
   int min_bits = 2;                // No head goes below this width.
   std::vector<WidthCurve> curves;  // Per (layer, head); empty = the default model.
+  // joint sequences: the planner input of their plan. The relief then asks AdviseShortfall
+  // whether lowering widths or evicting (lowering the heads' token caps) adds less predicted
+  // distortion, and does that.
+  std::shared_ptr<const JointPlanInput> joint;
 };
 
 // Per (layer, head) usage and sampled quality, for STATS.
@@ -113,11 +118,12 @@ struct SequenceUsage {
   int64_t kept_tokens = 0;      // Summed over (layer, head): what the cache holds now.
   uint64_t evicted_tokens = 0;  // Summed over (layer, head).
   uint64_t evicted_bytes = 0;
-  int64_t quantized_tokens = 0;   // Per head, in records (layer 0, head 0).
-  uint64_t pool_bytes = 0;        // Whole pages held.
-  uint64_t payload_bytes = 0;     // Bytes of records, rows and norms in use (no page slack).
-  uint64_t elements = 0;          // K and V elements stored (2 * kept_tokens * D).
-  uint64_t pressure_reliefs = 0;  // APPENDs that lowered widths because the pool was full.
+  int64_t quantized_tokens = 0;    // Per head, in records (layer 0, head 0).
+  uint64_t pool_bytes = 0;         // Whole pages held.
+  uint64_t payload_bytes = 0;      // Bytes of records, rows and norms in use (no page slack).
+  uint64_t elements = 0;           // K and V elements stored (2 * kept_tokens * D).
+  uint64_t pressure_reliefs = 0;   // Reliefs of a full pool: widths lowered or caps cut.
+  uint64_t pressure_cap_cuts = 0;  // Of those, joint reliefs that lowered token caps instead.
 };
 
 class KvSequence {
@@ -177,11 +183,15 @@ class KvSequence {
   struct LayerState;
 
   struct AppendContext;
+  // relief_rounds: how many more times a full pool may be relieved before failing.
   Status AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
                     const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
-                    bool may_relieve);
-  // Lowers widths (PlanWidthRelief over every quantized head) until `shortfall_pages` are free.
-  Status RelieveByLowering(int64_t shortfall_pages);
+                    int relief_rounds);
+  // Frees `shortfall_pages`: lowers widths (PlanWidthRelief over every quantized head), or for a
+  // joint sequence whichever of lowering widths and lowering token caps AdviseShortfall prices
+  // lower (the caps take effect when the APPEND is prepared again).
+  Status RelievePressure(int64_t shortfall_pages);
+  Status RelieveJoint(int64_t shortfall_pages);
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
   // then the new tokens (rounded to fp16 unless the layer is lossless).
@@ -198,6 +208,7 @@ class KvSequence {
   EvictionSettings eviction_;
   PressureSettings pressure_;
   uint64_t pressure_reliefs_ = 0;
+  uint64_t pressure_cap_cuts_ = 0;
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
   int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.

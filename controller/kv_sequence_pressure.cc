@@ -2,6 +2,7 @@
 //
 // Lowering the code widths of stored records (KvSequence::LowerWidth) and the pool pressure
 // relief built on it (budget.pressure = "requantize", docs/budgets.md).
+#include <algorithm>
 #include <cstring>
 
 #include "common/half.h"
@@ -63,7 +64,14 @@ Status KvSequence::LowerWidth(int layer, int head, int k_bits, int v_bits) {
   return OkStatus();
 }
 
-Status KvSequence::RelieveByLowering(int64_t shortfall_pages) {
+Status KvSequence::RelievePressure(int64_t shortfall_pages) {
+  if (pressure_.joint != nullptr && eviction_.enabled && !eviction_.head_caps.empty()) {
+    Status joint = RelieveJoint(shortfall_pages);
+    // A state the plan's model cannot describe (e.g. widths outside its bounds) falls back to
+    // lowering widths alone.
+    if (joint.code() != StatusCode::kInvalidArgument) return joint;
+  }
+
   std::vector<ReliefHead> heads;
   for (int l = 0; l < geometry_.layers; ++l) {
     const LayerState& layer = *layers_[l];
@@ -86,6 +94,69 @@ Status KvSequence::RelieveByLowering(int64_t shortfall_pages) {
                                                  .shortfall_pages = shortfall_pages}));
   for (const ReliefStep& step : relief.steps) {
     KVCTL_RETURN_IF_ERROR(LowerWidth(step.layer, step.head, step.to_k_bits, step.to_v_bits));
+  }
+  ++pressure_reliefs_;
+  return OkStatus();
+}
+
+Status KvSequence::RelieveJoint(int64_t shortfall_pages) {
+  // The planner's model at the sequence's current length: T = tokens appended so far (the plan
+  // was made for budget.plan_tokens), each head holding min(cap, what it has) at its current
+  // widths, no width below budget.pressure_min_bits. Pricing the plan's length instead would
+  // "free" bytes of tokens not yet stored.
+  JointPlanInput in = *pressure_.joint;
+  in.min_bits = std::max(in.min_bits, pressure_.min_bits);
+  in.evict_k_bits = in.evict_v_bits = 0;  // evict-only's widths: unused here, and maybe < min_bits.
+  if (in.heads.size() != eviction_.head_caps.size()) {
+    return InvalidArgument("joint: ", in.heads.size(), " planned heads, ",
+                           eviction_.head_caps.size(), " caps");
+  }
+  JointPlan current;
+  std::vector<int64_t> floors(in.heads.size());
+  for (size_t i = 0; i < in.heads.size(); ++i) {
+    JointHeadInput& h = in.heads[i];
+    const HeadStream& stream = layers_[h.layer]->heads[h.head];
+    h.tokens = std::max<int64_t>(1, tokens_);
+    h.fixed_tokens = std::min(h.fixed_tokens, h.tokens);
+    h.tail_tokens = std::min(h.tail_tokens, h.tokens - h.fixed_tokens);
+    floors[i] = std::min(h.tokens, std::max(h.fixed_tokens, in.min_tokens));
+    JointHeadPlan p;
+    p.layer = h.layer;
+    p.head = h.head;
+    p.tokens = h.tokens;
+    p.kept = std::clamp(std::min(eviction_.head_caps[i], stream.count()), floors[i], h.tokens);
+    p.k_bits = stream.spec.k_bits;
+    p.v_bits = stream.spec.v_bits;
+    current.heads.push_back(p);
+  }
+  KVCTL_ASSIGN_OR_RETURN(
+      ShortfallAdvice advice,
+      AdviseShortfall(in, current, shortfall_pages * static_cast<int64_t>(pool_->page_bytes())));
+  if (advice.requantize) {
+    // Whole heads go to the narrowest widths their steps reach.
+    std::vector<std::pair<int, int>> to(in.heads.size(), {0, 0});
+    for (const ShortfallStep& step : advice.by_requantize.steps) {
+      auto& w = to[static_cast<size_t>(step.layer) * geometry_.kv_heads + step.head];
+      w.first = w.first == 0 ? step.to_k_bits : std::min(w.first, step.to_k_bits);
+      w.second = w.second == 0 ? step.to_v_bits : std::min(w.second, step.to_v_bits);
+    }
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (to[i].first == 0) continue;
+      const int k_bits = std::max(to[i].first, pressure_.min_bits);
+      const int v_bits = std::max(to[i].second, pressure_.min_bits);
+      const QuantSpec& spec = layers_[in.heads[i].layer]->heads[in.heads[i].head].spec;
+      if (k_bits >= spec.k_bits && v_bits >= spec.v_bits) continue;
+      KVCTL_RETURN_IF_ERROR(LowerWidth(in.heads[i].layer, in.heads[i].head,
+                                       std::min(k_bits, spec.k_bits),
+                                       std::min(v_bits, spec.v_bits)));
+    }
+  } else {
+    // Lower the caps; the APPEND prepared again evicts down to them with the [evict] scorer.
+    for (const ShortfallStep& step : advice.by_eviction.steps) {
+      const size_t i = static_cast<size_t>(step.layer) * geometry_.kv_heads + step.head;
+      eviction_.head_caps[i] = std::max(floors[i], current.heads[i].kept - step.tokens);
+    }
+    ++pressure_cap_cuts_;
   }
   ++pressure_reliefs_;
   return OkStatus();

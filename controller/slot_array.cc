@@ -31,6 +31,11 @@ size_t SlotArray::PagesNeeded(size_t n) const {
   return want > pages_.size() ? want - pages_.size() : 0;
 }
 
+size_t SlotArray::PagesReleased(size_t n) const {
+  const size_t want = PagesFor(n);
+  return want < pages_.size() ? pages_.size() - want : 0;
+}
+
 uint8_t* SlotArray::Slot(size_t i) const {
   KVCTL_CHECK(i < size_);
   return pool_->PagePointer(pages_[i / per_page_]) + (i % per_page_) * slot_bytes_;
@@ -44,7 +49,11 @@ void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
     reserved->pop_back();
   }
   while (pages_.size() > want) {
-    KVCTL_CHECK(pool_->Free(pages_.back()).ok());
+    if (reserved != nullptr) {
+      reserved->push_back(pages_.back());
+    } else {
+      KVCTL_CHECK(pool_->Free(pages_.back()).ok());
+    }
     pages_.pop_back();
   }
   size_ = n;

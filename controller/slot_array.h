@@ -44,11 +44,14 @@ class SlotArray {
   size_t PagesFor(size_t n) const { return (n + per_page_ - 1) / per_page_; }
   // Extra pages Resize(n) takes from the reservation (0 when shrinking).
   size_t PagesNeeded(size_t n) const;
+  // Pages Resize(n) releases (0 when growing).
+  size_t PagesReleased(size_t n) const;
 
   // REQUIRES: i < size().
   uint8_t* Slot(size_t i) const;
 
-  // Grows (taking PagesNeeded(n) pages from the back of *reserved) or shrinks (freeing pages).
+  // Grows (taking PagesNeeded(n) pages from the back of *reserved) or shrinks (releasing pages
+  // onto *reserved, or to the pool when reserved is null).
   // REQUIRES: reserved holds enough pages when growing.
   void Resize(size_t n, std::vector<uint32_t>* reserved);
   void Clear();

@@ -90,7 +90,8 @@ def test_pressure_requantize_lowers_widths_and_keeps_every_token(daemon_factory,
     stored, err, _ = fill(c, k, v)
     # At 2 bits the same pages hold over three times the records (1984 tokens against 576 here).
     assert stored >= 3 * limit, (stored, limit, err)
-    # It ends only when every head is at the narrowest width and the pool is full again.
+    # It ends when even every head at the narrowest width could not free the next shortfall (then
+    # nothing is lowered, so some heads may stay above 2 bits).
     assert err is not None and err.code == "RESOURCE_EXHAUSTED", err
     assert ("budget.pressure: lowering every head to its narrowest width >= 2 bits"
             in err.message), err
@@ -101,7 +102,7 @@ def test_pressure_requantize_lowers_widths_and_keeps_every_token(daemon_factory,
     heads = entities(stats, "heads", "head_")
     for name, h in heads.items():
         assert int(h["width_lowerings"]) >= 1, (name, h)
-        assert (h["k_bits"], h["v_bits"]) == ("2", "2"), (name, h)
+        assert h["k_bits"] in ("2", "3", "4") and h["v_bits"] in ("2", "3", "4"), (name, h)
         assert int(h["requantized"]) > 0, (name, h)
     assert stats["policy"]["budget_pressure"] == "requantize"
     fk, fv, pos = c.fetch(1, stacked=True)
@@ -125,16 +126,13 @@ def test_pressure_requantize_lowers_widths_and_keeps_every_token(daemon_factory,
     c.close(1)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="daemon bug (6eabdb3): the relief frees the shortfall of the first try "
-                   "at the old widths, but the retried APPEND's flush needs new pages in the "
-                   "lowered heads, whose re-packed pages have no slack left")
 def test_pressure_requantize_survives_a_flush_right_after_lowering(daemon_factory, connect):
     """SmolLM2-135M's geometry (30 layers x 3 KV heads), KIVI 8-bit, 495 pages of 32 KiB (55 %
     of the 900 that 2047 tokens need at 8 bits; all-4-bit needs 540): a 1024-token prefill,
-    then one token per APPEND. With widths down to 2 bits available this fits, yet the APPEND of
-    token 1279 (a flush of 128 tail rows into 4 records per head) fails after a relief that
-    lowered 8 heads to 4 bits while 26 stay at 8."""
+    then one token per APPEND. With widths down to 2 bits available this fits. It used to fail at
+    token 1279 (a flush of 128 tail rows into 4 records per head right after a relief whose
+    lowered heads had no page slack left): reliefs now repeat up to 3 times per APPEND and the
+    pages an APPEND releases count toward what it needs."""
     d = daemon_factory(pool__bytes=str(495 * 32768 + (1 << 20)), pool__page_bytes="32KiB",
                        pool__staging_slots=1, pool__staging_bytes_per_session="1MiB",
                        quant__method="kivi", quant__k_bits=8, quant__v_bits=8,

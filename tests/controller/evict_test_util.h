@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: tests/controller/evict_test_util.h
-// Shared by the controller eviction tests and the daemon evict integration tests: the small
-// RateQuant fit both plan budgets from, so the two suites test against the same profile.
+// Shared by the controller eviction and pressure tests and the daemon evict integration tests:
+// the small RateQuant fit they plan budgets from, so the suites test against the same profile.
 //
 // Thread safety: a plain function that builds a fresh value per call.
 //
@@ -11,8 +11,14 @@
 #ifndef KVCTL_TESTS_CONTROLLER_EVICT_TEST_UTIL_H_
 #define KVCTL_TESTS_CONTROLLER_EVICT_TEST_UTIL_H_
 
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
 #include "kernels/quant_types.h"
 #include "policies/ratequant.h"
+#include "policies/ratequant_fit.h"
 
 namespace kvctl::testing {
 
@@ -38,6 +44,17 @@ inline RateQuantFit TwoHeadFit(const QuantSpec& spec, int layers) {
     }
   }
   return fit;
+}
+
+// TwoHeadFit of a KIVI head_dim-32 spec written as a profile file under /tmp; returns its path
+// (the caller removes it). REQUIRES: MakeQuantSpec accepts the spec (it does).
+inline std::string WriteTwoHeadProfile(int layers) {
+  const QuantSpec spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2).value();
+  static int counter = 0;
+  const std::string path =
+      "/tmp/kvctl-profile-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".toml";
+  std::ofstream(path) << FormatRateQuantProfile(TwoHeadFit(spec, layers));
+  return path;
 }
 
 }  // namespace kvctl::testing

@@ -442,22 +442,9 @@ TEST_CASE("Eviction: whole-record evictions move records without re-quantizing t
         0);
 }
 
-// A small KIVI fit (head_dim 32, widths 2 and 4): head 1's error is 100x head 0's.
-std::string WriteKiviProfile(int layers) {
-  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2);
-  REQUIRE(spec.ok());
-  const RateQuantFit fit = testing::TwoHeadFit(*spec, layers);
-  REQUIRE(ValidateRateQuantFit(fit).ok());
-  static int counter = 0;
-  const std::string path =
-      "/tmp/kvctl-evtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".toml";
-  std::ofstream(path) << FormatRateQuantProfile(fit);
-  return path;
-}
-
 TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant profile",
           "[controller][config][evict]") {
-  const std::string path = WriteKiviProfile(1);
+  const std::string path = testing::WriteTwoHeadProfile(1);
   Config c = WithToml(
       "[quant]\nmethod = \"kivi\"\n[budget]\nmode = \"quant-only\"\navg_bits = "
       "4.0\nprofile = \"" +
@@ -478,7 +465,7 @@ TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant pr
 
 TEST_CASE("Budget config: joint plans per-head widths and token caps that the sequence enforces",
           "[controller][config][evict]") {
-  const std::string path = WriteKiviProfile(1);
+  const std::string path = testing::WriteTwoHeadProfile(1);
   Config c = WithToml(
       "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[budget]\nmode = "
       "\"joint\"\nfp16_fraction = 0.15\nplan_tokens = 256\nprofile = \"" +
@@ -522,7 +509,7 @@ TEST_CASE("Budget config: joint payload never exceeds budget.bytes, fp16 tail in
           "[controller][config][evict]") {
   // Flush every 32 tokens, window 8: up to 31 unflushed fp16 rows per head, 23 more than the
   // window the planner counts at fp16 anyway. The budget is tight enough that the plan spends it.
-  const std::string path = WriteKiviProfile(2);
+  const std::string path = testing::WriteTwoHeadProfile(2);
   const int64_t budget = 30000;
   Config c = WithToml(
       "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[evict]\nwindow = 8\n[budget]\nmode = "

@@ -157,7 +157,7 @@ TEST_CASE("KvSequence: a failed append changes nothing", "[controller]") {
   const PoolStats stats = pool->Stats();
 
   // Too big for the pool.
-  Status s = seq.Append(200, Slice(data.kv_k, 200, 3000), Slice(data.kv_v, 200, 3000));
+  Status s = seq.Append(200, Slice(data.kv_k, 200, 3800), Slice(data.kv_v, 200, 3800));
   CHECK(s.code() == StatusCode::kResourceExhausted);
   // Wrong position, wrong shape, NaN.
   CHECK(seq.Append(300, Slice(data.kv_k, 200, 5), Slice(data.kv_v, 200, 5)).message() ==

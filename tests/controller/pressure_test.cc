@@ -5,9 +5,11 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "controller/budget_config.h"
 #include "controller/config.h"
 #include "controller/kv_sequence.h"
 #include "kernels/quantize.h"
+#include "tests/controller/evict_test_util.h"
 #include "tests/controller/sequence_test_util.h"
 #include "tools/synthetic_kv.h"
 
@@ -39,6 +41,13 @@ struct Rows {
 
 Rows MakeRows(int64_t tokens, int heads, uint64_t seed) {
   return {GenerateSyntheticKv({.tokens = tokens, .heads = heads, .head_dim = kD, .seed = seed})};
+}
+
+PressureSettings LowerWidths(int min_bits) {
+  PressureSettings p;
+  p.lower_widths = true;
+  p.min_bits = min_bits;
+  return p;
 }
 
 uint32_t PagesUsed(const PageAllocator& pool) { return pool.Stats().pages_used; }
@@ -200,16 +209,14 @@ TEST_CASE("KvSequence: under pool pressure an APPEND lowers widths instead of fa
   CHECK(seq_fail->Usage().pressure_reliefs == 0);
 
   // Nothing narrower than 8 bits allowed: relief cannot help, the error says why.
-  auto [pool_min, seq_min, tokens_min, status_min] =
-      run({.lower_widths = true, .min_bits = 8, .curves = {}});
+  auto [pool_min, seq_min, tokens_min, status_min] = run(LowerWidths(8));
   CHECK(tokens_min == tokens_fail);
   REQUIRE(status_min.code() == StatusCode::kResourceExhausted);
   CHECK_THAT(status_min.message(), Catch::Contains("budget.pressure: lowering every head"));
 
   // With relief: the same APPEND succeeds after lowering widths, every token is kept, and the
   // sequence grows well past the 8-bit limit before 2 bits fill the pool too.
-  auto [pool_ok, seq_ok, tokens_ok, status_ok] =
-      run({.lower_widths = true, .min_bits = 2, .curves = {}});
+  auto [pool_ok, seq_ok, tokens_ok, status_ok] = run(LowerWidths(2));
   CHECK(tokens_ok >= 2 * tokens_fail);
   const SequenceUsage u = seq_ok->Usage();
   CHECK(u.pressure_reliefs >= 1);
@@ -240,7 +247,7 @@ TEST_CASE("KvSequence: pressure relief lowers the head its curve says is cheapes
   const QuantSpec spec = Kivi(8, 8);
   const Rows rows = MakeRows(4096, 2, 13);
   // Head 0 of each layer costs 1000x more per element than head 1.
-  PressureSettings pressure{.lower_widths = true, .min_bits = 2, .curves = {}};
+  PressureSettings pressure = LowerWidths(2);
   for (int l = 0; l < 2; ++l) {
     pressure.curves.push_back({.k_scale = 1000, .beta_k = 4, .v_scale = 1000, .beta_v = 4});
     pressure.curves.push_back({.k_scale = 1, .beta_k = 4, .v_scale = 1, .beta_v = 4});
@@ -258,6 +265,117 @@ TEST_CASE("KvSequence: pressure relief lowers the head its curve says is cheapes
   }
   CHECK((seq.HeadSpec(0, 1).k_bits < 8 || seq.HeadSpec(1, 1).k_bits < 8 ||
          seq.HeadSpec(0, 1).v_bits < 8 || seq.HeadSpec(1, 1).v_bits < 8));
+}
+
+// A joint sequence (1 layer x 2 heads x head_dim 32) planned from `budget_toml`,
+// with budget.pressure = "requantize", in a pool of `pages` 4 KiB pages.
+struct JointSequence {
+  std::unique_ptr<PageAllocator> pool;
+  std::unique_ptr<KvSequence> seq;
+  std::vector<int64_t> caps;
+};
+
+JointSequence MakeJointSequence(const std::string& budget_toml, uint32_t pages,
+                                const std::string& pressure) {
+  const std::string path = testing::WriteTwoHeadProfile(1);
+  Config c;
+  REQUIRE(ApplyToml(c,
+                    "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[budget]\nmode = \"joint\"\n"
+                    "pressure = \"" +
+                        pressure + "\"\nprofile = \"" + path + "\"\n" + budget_toml,
+                    "t.toml")
+              .ok());
+  REQUIRE(ValidateConfig(c).ok());
+  const SequenceShape shape{1, 2, 0, 32, 0};
+  const QuantSpec spec = MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2).value();
+  std::vector<LayerPlan> plans = UniformPlans(1, 2, spec);
+  plans[0].rules.flush_tokens = 32;
+  JointSequence out;
+  JointPlanInput input;
+  REQUIRE(ApplyBudgetWidths(c, shape, &plans, &out.caps, &input).ok());
+  StatusOr<EvictionSettings> eviction = ResolveEviction(c, shape, out.caps);
+  REQUIRE(eviction.ok());
+  StatusOr<PressureSettings> pressure_settings = ResolvePressure(c, shape, &input);
+  REQUIRE(pressure_settings.ok());
+  CHECK((pressure_settings->joint != nullptr) == (pressure == "requantize"));
+  std::remove(path.c_str());
+  out.pool = MakeTestPool(uint64_t{pages} * kPage, kPage);
+  out.seq = std::make_unique<KvSequence>(out.pool.get(), SequenceGeometry{1, 2, 32, DType::kF32},
+                                         std::move(plans), *eviction, *pressure_settings);
+  return out;
+}
+
+// Appends 16-token chunks of `kv` until its end or an error.
+std::pair<int64_t, Status> AppendChunks(KvSequence* seq, const SyntheticKv& kv) {
+  int64_t t = 0;
+  for (; t + 16 <= kv.tokens; t += 16) {
+    Status s = seq->Append(t, {kv.KView().Tokens(t, 16)}, {kv.VView().Tokens(t, 16)});
+    if (!s.ok()) return {t, s};
+  }
+  return {t, OkStatus()};
+}
+
+TEST_CASE("KvSequence: a joint sequence under pressure lowers widths when that is cheaper",
+          "[controller][evict]") {
+  const SyntheticKv kv =
+      GenerateSyntheticKv({.tokens = 2048, .heads = 2, .head_dim = 32, .seed = 3});
+  // A generous budget: the plan keeps most tokens at 4 bits. The profile has no attention
+  // demand, so its eviction curves are uniform (every token equally attended) and evicting is
+  // the expensive lever.
+  const std::string budget = "fp16_fraction = 0.9\nplan_tokens = 2048\n";
+  JointSequence failing = MakeJointSequence(budget, 24, "fail");
+  auto [fail_at, fail_status] = AppendChunks(failing.seq.get(), kv);
+  REQUIRE(fail_status.code() == StatusCode::kResourceExhausted);
+  JointSequence relieved = MakeJointSequence(budget, 24, "requantize");
+  REQUIRE(relieved.seq->HeadSpec(0, 0).k_bits == 4);
+  // Up to the first relief: it lowered widths and cut no cap.
+  int64_t t = 0;
+  for (; relieved.seq->Usage().pressure_reliefs == 0; t += 16) {
+    REQUIRE(t + 16 <= kv.tokens);
+    REQUIRE(relieved.seq->Append(t, {kv.KView().Tokens(t, 16)}, {kv.VView().Tokens(t, 16)}).ok());
+  }
+  CHECK(t > fail_at);
+  CHECK(relieved.seq->Usage().pressure_cap_cuts == 0);
+  CHECK(relieved.seq->Usage().evicted_tokens == 0);
+  CHECK((relieved.seq->HeadSpec(0, 0).k_bits < 4 || relieved.seq->HeadSpec(0, 1).k_bits < 4 ||
+         relieved.seq->HeadSpec(0, 0).v_bits < 4 || relieved.seq->HeadSpec(0, 1).v_bits < 4));
+  for (int h = 0; h < 2; ++h) CHECK(relieved.seq->HeadUsageOf(0, h).budget == relieved.caps[h]);
+  // Later, with nothing left to lower, reliefs cut caps: every APPEND still succeeds.
+  for (; t + 16 <= kv.tokens; t += 16) {
+    REQUIRE(relieved.seq->Append(t, {kv.KView().Tokens(t, 16)}, {kv.VView().Tokens(t, 16)}).ok());
+  }
+}
+
+TEST_CASE("KvSequence: a joint sequence that may not lower widths evicts under pressure",
+          "[controller][evict]") {
+  const SyntheticKv kv =
+      GenerateSyntheticKv({.tokens = 640, .heads = 2, .head_dim = 32, .seed = 4});
+  // budget.pressure_min_bits = 4 with 4-bit widths: lowering widths is not allowed, so the relief
+  // cuts token caps.
+  const std::string budget = "fp16_fraction = 0.9\nplan_tokens = 512\npressure_min_bits = 4\n";
+  JointSequence failing = MakeJointSequence(budget, 10, "fail");
+  REQUIRE(failing.seq->HeadSpec(0, 0).k_bits == 4);
+  REQUIRE(failing.seq->HeadSpec(0, 1).k_bits == 4);
+  auto [fail_at, fail_status] = AppendChunks(failing.seq.get(), kv);
+  REQUIRE(fail_status.code() == StatusCode::kResourceExhausted);
+  JointSequence relieved = MakeJointSequence(budget, 10, "requantize");
+  auto [ok_at, ok_status] = AppendChunks(relieved.seq.get(), kv);
+  INFO(ok_status.ToString());
+  CHECK(ok_at > fail_at);
+  const SequenceUsage u = relieved.seq->Usage();
+  CHECK(u.pressure_cap_cuts >= 1);
+  CHECK(u.pressure_reliefs >= u.pressure_cap_cuts);
+  CHECK(relieved.seq->HeadSpec(0, 0).k_bits == 4);
+  CHECK(relieved.seq->HeadSpec(0, 1).k_bits == 4);
+  CHECK(u.evicted_tokens > 0);
+  int64_t cut = 0;
+  for (int h = 0; h < 2; ++h) {
+    const HeadUsage hu = relieved.seq->HeadUsageOf(0, h);
+    CHECK(hu.budget <= relieved.caps[h]);
+    CHECK(hu.tokens <= hu.budget);
+    cut += relieved.caps[h] - hu.budget;
+  }
+  CHECK(cut > 0);
 }
 
 TEST_CASE("Config: budget.pressure is checked and named in errors", "[controller][config]") {
