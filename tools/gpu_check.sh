@@ -7,7 +7,8 @@
 #   3. run the [cuda] tests (GPU vs the CPU reference) and the warp emulation test;
 #   4. kvbench_cuda: copy bandwidth, quantize throughput, fused attention at 8K/32K/128K;
 #   5. torch SDPA bf16 baseline at the same shapes (skipped with a reason if torch has no CUDA);
-#   6. merge everything into one JSON: $OUT/gpu_check.json (or results/gpu_check.json).
+#   6. with the time left: build the torch extension and run its CUDA-vs-CPU tests (pytest -k cuda);
+#   7. merge everything into one JSON: $OUT/gpu_check.json (or results/gpu_check.json).
 # A failing step is recorded and the later steps that do not depend on it still run; the JSON is
 # always written. Exit status: 0 when the tests passed and the benchmark ran, 1 otherwise (targets
 # missed is not a failure: the JSON says which were met).
@@ -89,7 +90,7 @@ say "CUDA architectures: $ARCH; build dir: $BUILD; results: $RESULTS"
 CONFIGURED=""
 if [ "$MINIMAL" != 1 ]; then
   run configure 90 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVCTL_CUDA=ON \
-    -DKVCTL_TORCH=OFF "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
+    -DKVCTL_TORCH=AUTO "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
   if [ "$(step_rc configure)" = 0 ]; then
     CONFIGURED=full
   else
@@ -120,6 +121,15 @@ fi
 SDPA_ARGS=(--json "$RESULTS/sdpa_bf16.json")
 [ "$QUICK" = 1 ] && SDPA_ARGS+=(--quick)
 run sdpa_bf16 90 python3 tools/kvbench_cuda_report.py sdpa "${SDPA_ARGS[@]}"
+
+# --- torch.ops.kvctl on CUDA tensors (last, with whatever budget is left; needs the pip torch) --
+if [ "$CONFIGURED" = full ] && [ "$(step_rc build)" = 0 ]; then
+  run build_torch 120 cmake --build "$BUILD" -j "$JOBS" --target kvctl_torch
+  if [ "$(step_rc build_torch)" = 0 ]; then
+    run test_torch_cuda 60 env KVCTL_TORCH_LIB="$BUILD/lib/libkvctl_torch.so" python3 -m pytest \
+      -q -p no:cacheprovider python/tests/test_torch_ops.py -k cuda
+  fi
+fi
 
 # --- one JSON ----------------------------------------------------------------------------------
 python3 tools/kvbench_cuda_report.py merge --steps "$STEPS" --bench "$RESULTS/kvbench_cuda.json" \
