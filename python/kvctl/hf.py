@@ -26,7 +26,9 @@ One step (layer l's update() runs right before layer l's attention):
 - attention="fused": a decode step (one query token) does not touch the dense mirror. Layer 0
   APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
   page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
-  the tokens before this step, and the records stay valid until the next step's APPEND. Each
+  the tokens before this step, and the records stay valid until the next step's APPEND. When an
+  APPEND only added rows (no flush, eviction or width lowering; rows known to be stored as fp16)
+  the cached reply is kept and the rows sent are added to its windows instead. Each
   layer's attention runs torch.ops.kvctl.paged_decode_attention on those records in place
   (kvctl.pool_view.PoolView; GQA, per-head layouts, ragged evicted heads) and merges the
   step's own K/V through the returned log-sum-exp. Multi-token steps (prefill) refetch the
@@ -133,6 +135,10 @@ class _Sequence:
         self.sent_last_row: Optional[np.ndarray] = None
         self.view = None          # PoolView of the daemon's shm pool (attention="fused").
         self.blocks: Optional[dict] = None  # This step's blocks FETCH (valid until APPEND).
+        # The cached blocks no longer match the daemon (flush, eviction, width lowering, or not
+        # learned yet whether an APPEND just adds rows to the window).
+        self.blocks_stale = True
+        self.pressure = False     # budget.pressure = requantize: an APPEND may move records.
         self.tail_dtype = "float32"
 
     def mark_dirty(self, layers: Optional[set]) -> None:
@@ -344,6 +350,7 @@ class KvctlCache(Cache):
                 mode = str(policy.get("budget_mode", "none")).lower()
                 seq.always = refetch == "always"
                 seq.evicting = mode not in _KEEPING_MODES
+                seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
                 if attention == "fused" and str(policy.get("quant_lossless", "0")) == "1":
                     # Blocks FETCH has no record layout for full-precision rows (the daemon
                     # answers INTERNAL), so there is nothing for the fused kernel to read.
@@ -365,8 +372,8 @@ class KvctlCache(Cache):
                                                args=(min(leases) / 3000.0,), daemon=True)
             self._keepalive.start()
         self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
-                         "block_fetches": 0, "block_fetch_s": 0.0, "fused_steps": 0,
-                         "flushes": 0}
+                         "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
+                         "fused_steps": 0, "flushes": 0}
 
     @property
     def client(self) -> Client:
@@ -432,6 +439,7 @@ class KvctlCache(Cache):
                 self.counters["appends"] += 1
             seq.sent_last_row = k[0, b, -1, 0].copy()
             flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
+            self._advance_blocks(seq, k[:, b], v[:, b], flushed)
             seq.tokens_quantized = seq.last_append.tokens_quantized
             self.counters["flushes"] += int(flushed)
             if seq.always or flushed or seq.rounding is None:
@@ -497,24 +505,67 @@ class KvctlCache(Cache):
 
     # ---- fused decode attention (attention="fused") ---------------------------------------
 
+    def _advance_blocks(self, seq: _Sequence, k: np.ndarray, v: np.ndarray,
+                        flushed: bool) -> None:
+        """After an APPEND of k, v ([layers, n, heads, D] float32): the cached blocks FETCH
+        stays valid, with the new rows added to every window, when the APPEND only added rows:
+        no flush, no eviction, no width lowering (pressure), and fp16 rows known to be stored
+        as sent rounded to fp16 (learned from the first blocks FETCH). Else it is refetched."""
+        blocks = seq.blocks
+        if (blocks is None or seq.blocks_stale or flushed or seq.evicting or seq.pressure
+                or seq.always or seq.rounding != "fp16" or blocks["tail_dtype"] != "float16"):
+            seq.blocks_stale = True
+            return
+        n = k.shape[1]
+        positions = np.arange(self.appended, self.appended + n, dtype=np.int64)
+        for l in range(blocks["n_layers"]):
+            for h in range(blocks["kv_heads"]):
+                blocks["tail_k"][l][h] = np.concatenate(
+                    [blocks["tail_k"][l][h], k[l, :, h].astype(np.float16)])
+                blocks["tail_v"][l][h] = np.concatenate(
+                    [blocks["tail_v"][l][h], v[l, :, h].astype(np.float16)])
+                blocks["tail_positions"][l][h] = np.concatenate(
+                    [blocks["tail_positions"][l][h], positions])
+        self.counters["block_reuses"] += 1
+
     def _fetch_blocks(self) -> None:
         """Blocks FETCH of every layer of every sequence (page tables into the shm pool; the
-        sink/tail rows inline). Tail rows come as float32 until the first reply shows no
-        layer stores them wider than fp16 (lossless float32 layers), then as float16 (exact)."""
+        sink/tail rows inline), unless the cached one is still valid (_advance_blocks). Tail
+        rows come as float32 until the first reply shows no layer stores them wider than fp16
+        (lossless float32 layers), then as float16 (exact)."""
         from .pool_view import PoolView
 
         t0 = time.perf_counter()
         for seq in self.seqs:
             if seq.view is None:
                 seq.view = PoolView.from_client(seq.client)
+            if not seq.blocks_stale:
+                continue
             blocks = seq.client.fetch_blocks(seq.sequence_id, dtype=seq.tail_dtype)
             self.counters["block_fetches"] += 1
             if seq.tail_dtype == "float32" and all(
                     max(lay["k_bits"], lay["v_bits"]) <= 16 for lay in blocks["layouts"]):
                 seq.tail_dtype = "float16"
             seq.blocks = blocks
+            seq.blocks_stale = False
+            self._learn_rounding(seq, blocks)
         self.counters["fused_steps"] += 1
         self.counters["block_fetch_s"] += time.perf_counter() - t0
+
+    def _learn_rounding(self, seq: _Sequence, blocks: dict) -> None:
+        """How the daemon stores window rows, from the newest row of layer 0, head 0 when it
+        is the last token sent (the dense path learns the same from a dense FETCH)."""
+        if seq.rounding is not None or seq.sent_last_row is None or blocks["layer_begin"] != 0:
+            return
+        pos = blocks["tail_positions"][0][0]
+        if len(pos) == 0 or int(pos[-1]) != self.appended - 1:
+            return
+        got = blocks["tail_k"][0][0][-1].astype(np.float32)
+        sent = seq.sent_last_row
+        if np.array_equal(got, sent):
+            seq.rounding = "exact"
+        elif np.array_equal(got, sent.astype(np.float16).astype(np.float32)):
+            seq.rounding = "fp16"
 
     def _fused_attention(self, layer: "KvctlLayer", query, key, value, attention_mask,
                          scaling):

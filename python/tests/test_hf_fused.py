@@ -121,8 +121,13 @@ def test_hf_fused_decode_equals_dense(smollm2, tokens, _shared_factory, monkeypa
             seq = cache.stats(section="sequences")["sequences"]
             if name == "streaming":
                 assert int(seq["tokens_evicted_total"]) > 0
+                assert cache.counters["block_reuses"] == 0  # Evicting: refetched every step.
             else:  # The prefill's APPEND flushed once; decode steps crossed more flushes.
                 assert cache.counters["flushes"] >= 2, cache.counters
+                # Between flushes the cached blocks FETCH is reused, the new rows added to it.
+                assert cache.counters["block_reuses"] > 0, cache.counters
+                assert (cache.counters["block_fetches"] + cache.counters["block_reuses"]
+                        >= TOTAL - PREFILL), cache.counters
     # Every layer of every decode step: fused == attention over what the daemon holds.
     assert len(errors) == (TOTAL - PREFILL) * n_layers
     print("%s: fused attention vs float64 attention on the daemon's rows: max abs %.3g"
