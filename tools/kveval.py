@@ -240,9 +240,11 @@ class Evaluator:
             if row.pool_fraction:
                 pool = full[b]["pool"]
                 rec["note"] = ("%s; final widths K %.2f V %.2f bits (mean over heads), %d "
-                               "reliefs, %d head lowerings; pool high water %d of %d pages"
+                               "reliefs (%d cutting token caps), %d head lowerings; pool high "
+                               "water %d of %d pages"
                                % (row.note, rec["k_bits_mean"], rec["v_bits_mean"],
-                                  rec["pressure_reliefs"], rec["width_lowerings"],
+                                  rec["pressure_reliefs"], rec["pressure_cap_cuts"],
+                                  rec["width_lowerings"],
                                   int(pool["pages_high_water"]), int(pool["pages"])))
             rec.update(scores[b].summary())
             rec["_gen"] = gens[b]

@@ -56,6 +56,12 @@ def evict(policy: str, keep: float) -> Dict[str, str]:
             "budget.token_fraction": str(keep), "evict.policy": policy}
 
 
+def joint(fraction: float) -> Dict[str, str]:
+    return dict(quant("kivi", 2, 2), **{"budget.mode": "joint",
+                                       "budget.fp16_fraction": "%.6f" % fraction,
+                                       "budget.plan_tokens": "PLAN_TOKENS", "evict.policy": "rkv"})
+
+
 def all_rows() -> Dict[str, Row]:
     rows = [
         Row("uncompressed", "kvctl", {"quant.lossless": "true"},
@@ -88,10 +94,14 @@ def all_rows() -> Dict[str, Row]:
                         profile="kivi", send_q=True,
                         note="fp16 rows, layer budgets from kvcalib demand (calibration text)"))
     for frac, label in ((1 / 8, "8"), (1 / 12, "12")):
-        rows.append(Row("joint_1of%s" % label, "kvctl", dict(
-            quant("kivi", 2, 2), **{"budget.mode": "joint", "budget.fp16_fraction": "%.6f" % frac,
-                                   "budget.plan_tokens": "PLAN_TOKENS", "evict.policy": "rkv"}),
-            profile="kivi", send_q=True, note="joint planner over the KIVI profile, R-KV"))
+        rows.append(Row("joint_1of%s" % label, "kvctl", joint(frac), profile="kivi", send_q=True,
+                        note="joint planner over the KIVI profile, R-KV"))
+    # The planner reserves each head's worst-case fp16 tail (flush_tokens - 1 rows, 127 with
+    # KIVI's default flush of 128); flushing every 32 tokens (KIVI's block) caps it at 31 rows.
+    for frac, label in ((1 / 8, "8"), (1 / 12, "12")):
+        rows.append(Row("joint_1of%s_flush32" % label, "kvctl",
+                        dict(joint(frac), **{"quant.flush_tokens": "32"}), profile="kivi",
+                        send_q=True, note="as joint_1of%s with quant.flush_tokens 32" % label))
     for bits, fraction in PRESSURE_ROWS:
         for mode in ("requantize", "fail"):
             rows.append(Row("pressure_kivi%d%s" % (bits, "_fail" if mode == "fail" else ""),
@@ -101,6 +111,10 @@ def all_rows() -> Dict[str, Row]:
                                                        **{"budget.pressure": "requantize"}),
                     profile="kivi", pool_fraction=PRESSURE_ROWS[0][1],
                     note="widths lowered by the kvcalib KIVI profile's curves"))
+    rows.append(Row("pressure_joint_1of8", "kvctl",
+                    dict(joint(1 / 8), **{"budget.pressure": "requantize"}), profile="kivi",
+                    send_q=True, pool_fraction=PRESSURE_JOINT_FRACTION,
+                    note="as joint_1of8; relief lowers widths or cuts token caps"))
     rows += [
         Row("quanto2", "quanto", nbits=2, note="transformers QuantizedCache(quanto), residual 128"),
         Row("quanto4", "quanto", nbits=4, note="transformers QuantizedCache(quanto), residual 128"),
@@ -116,10 +130,16 @@ def all_rows() -> Dict[str, Row]:
 
 # (starting KIVI width, pool pages as a fraction of what that width needs for the evaluation).
 # KIVI 8 -> 4 bits halves the codes but not the 1 bit/element of metadata nor the fp16 tail, so
-# all-4-bit needs 60 % of the 8-bit pages here and all-2-bit 40 %; 4 -> 2 bits needs 67 % of the
-# 4-bit pages. 8-bit at 63 % rather than 55-60 %: at 50-62 % the daemon's relief (commit 6eabdb3)
-# fails on the APPEND that flushes the tail (docs/quality.md, "Under pool pressure").
-PRESSURE_ROWS = [(8, 0.63), (4, 0.80)]
+# all-4-bit needs 60 % of the 8-bit pages here (540 of 900) and all-2-bit 40 % (360); from 4 bits,
+# all-2-bit needs 67 % of the 4-bit pages (360 of 540), so a 4-bit pool below that cannot finish
+# by lowering widths: 70 % (378 pages) leaves 18 pages above that floor.
+PRESSURE_ROWS = [(8, 0.55), (4, 0.70)]
+# A joint sequence's pool is sized against its byte budget instead (budget.fp16_fraction of the
+# fp16 bytes of budget.plan_tokens): page granularity makes the plan hold more pages than that.
+# For joint_1of8 here (budget 180 pages) a replay with synthetic K/V/Q held 216 pages after the
+# prefill, 210-224 for most of the decoding and 278-279 for three tokens (1135-1137), so 130 %
+# (234 pages) fits the prefill and needs relief only in decoding.
+PRESSURE_JOINT_FRACTION = 1.3
 PRESSURE_PAGE_BYTES = 32 << 10  # 8-bit records (4608 B) pack 7 to a page, 4-bit 12, 2-bit 21.
 PRESSURE_STAGING_SLOTS = 2      # The teacher-forced session and the greedy one.
 PRESSURE_STAGING_BYTES = 1 << 20  # One decode step of SmolLM2 is 46 KB; prefill goes inline.
@@ -150,23 +170,37 @@ def kivi_pages_per_head(bits: int, tokens: int, head_dim: int, page_bytes: int) 
 def pressure_settings(row: Row, tokens: int, layers: int, kv_heads: int,
                       head_dim: int) -> Dict[str, str]:
     """The pool of a pressure row: row.pool_fraction of the pages its starting KIVI width needs
-    for `tokens` tokens (the teacher-forced sequence; greedy generation is shorter), plus the
-    staging slots the daemon carves out of pool.bytes. Returns --set keys and a "note"."""
+    for `tokens` tokens (the teacher-forced sequence; greedy generation is shorter), or for a
+    joint row of its byte budget in pages, plus the staging slots the daemon carves out of
+    pool.bytes. Returns --set keys and a "note"."""
     if row.settings.get("quant.method") != "kivi":
         raise EvalError("%s: pool sizing knows KIVI's layout only, got quant.method %s"
                         % (row.name, row.settings.get("quant.method")))
-    bits = int(row.settings["quant.k_bits"])
-    need = layers * kv_heads * kivi_pages_per_head(bits, tokens, head_dim, PRESSURE_PAGE_BYTES)
+    if row.settings.get("budget.mode") == "joint":
+        plan = row.settings.get("budget.plan_tokens", "")
+        if not plan.isdigit():
+            raise EvalError("%s: budget.plan_tokens: got %r, expected a token count"
+                            % (row.name, plan))
+        fp16_bytes = int(plan) * layers * kv_heads * head_dim * 2 * 2
+        budget = float(row.settings["budget.fp16_fraction"]) * fp16_bytes
+        need = math.ceil(budget / PRESSURE_PAGE_BYTES)
+        what = "of the joint byte budget (%s of fp16 for %s tokens)" % (
+            row.settings["budget.fp16_fraction"], plan)
+    else:
+        bits = int(row.settings["quant.k_bits"])
+        need = layers * kv_heads * kivi_pages_per_head(bits, tokens, head_dim,
+                                                       PRESSURE_PAGE_BYTES)
+        what = "KIVI %d-bit needs for %d tokens" % (bits, tokens)
     pages = int(need * row.pool_fraction)
     staging = PRESSURE_STAGING_SLOTS * PRESSURE_STAGING_BYTES
     pool = pages * PRESSURE_PAGE_BYTES + staging
     return {"pool.bytes": str(pool), "pool.page_bytes": str(PRESSURE_PAGE_BYTES),
             "pool.staging_slots": str(PRESSURE_STAGING_SLOTS),
             "pool.staging_bytes_per_session": str(PRESSURE_STAGING_BYTES),
-            "note": "pool.bytes %d = %d pages of %d KiB (%.0f %% of the %d KIVI %d-bit needs for "
-                    "%d tokens) + %d staging slots of %d KiB"
-                    % (pool, pages, PRESSURE_PAGE_BYTES >> 10, 100.0 * pages / need, need, bits,
-                       tokens, PRESSURE_STAGING_SLOTS, PRESSURE_STAGING_BYTES >> 10)}
+            "note": "pool.bytes %d = %d pages of %d KiB (%.0f %% of the %d pages %s) + %d "
+                    "staging slots of %d KiB"
+                    % (pool, pages, PRESSURE_PAGE_BYTES >> 10, 100.0 * pages / need, need, what,
+                       PRESSURE_STAGING_SLOTS, PRESSURE_STAGING_BYTES >> 10)}
 
 
 def stats_entity(value) -> Dict[str, str]:
@@ -175,8 +209,8 @@ def stats_entity(value) -> Dict[str, str]:
 
 
 def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> Dict[str, float]:
-    """Mean K and V code widths over heads, head width lowerings and the APPENDs relieved by
-    lowering widths, from the STATS heads and sequences sections of a daemon holding one
+    """Mean K and V code widths over heads, head width lowerings, the reliefs (APPENDs relieved)
+    and the reliefs that cut token caps (joint sequences), from the STATS heads and sequences sections of a daemon holding one
     sequence."""
     k_bits, v_bits, lowerings = [], [], 0
     for name, value in heads.items():
@@ -185,11 +219,13 @@ def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> 
             k_bits.append(float(entry["k_bits"]))
             v_bits.append(float(entry["v_bits"]))
             lowerings += int(entry.get("width_lowerings", 0))
-    reliefs = sum(int(stats_entity(value).get("pressure_reliefs", 0))
-                  for name, value in sequences.items() if name.startswith("seq_"))
+    seqs = [stats_entity(value) for name, value in sequences.items() if name.startswith("seq_")]
+    reliefs = sum(int(s.get("pressure_reliefs", 0)) for s in seqs)
+    cap_cuts = sum(int(s.get("pressure_cap_cuts", 0)) for s in seqs)
     if not k_bits:
         raise EvalError("STATS heads: no head_<l>_<h> entries")
-    return {"pressure_reliefs": reliefs, "width_lowerings": lowerings,
+    return {"pressure_reliefs": reliefs, "pressure_cap_cuts": cap_cuts,
+            "width_lowerings": lowerings,
             "k_bits_mean": sum(k_bits) / len(k_bits), "v_bits_mean": sum(v_bits) / len(v_bits)}
 
 
