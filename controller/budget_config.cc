@@ -162,6 +162,11 @@ Status ValidateBudgetConfig(const Config& c) {
         "budget.pressure: got \"requantize\", expected \"fail\" with quant.lossless = true "
         "(lossless layers store rows, there are no code widths to lower)");
   }
+  if (b.pressure_scope == PressureScope::kPool && b.pressure != PressurePolicy::kRequantize) {
+    return InvalidArgument(
+        "budget.pressure_scope: got \"pool\", expected \"sequence\" unless budget.pressure = "
+        "\"requantize\" (nothing is lowered with \"fail\")");
+  }
   if (b.mode == BudgetMode::kJoint) return ValidateJoint(c);
   if (b.bytes != 0) {
     return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),

@@ -83,6 +83,8 @@ enum class BudgetMode : uint8_t { kNone, kQuantOnly, kEvictOnly, kJoint };
 enum class LayerProfile : uint8_t { kUniform, kPyramid, kDemand };
 // What an APPEND does when the pool has no pages left for it.
 enum class PressurePolicy : uint8_t { kFail, kRequantize };
+// Whose records a relief may lower: the appending sequence's only, or any open sequence's.
+enum class PressureScope : uint8_t { kSequence, kPool };
 struct BudgetConfig {
   BudgetMode mode{};
   int tokens_per_head = 0;    // Average kept tokens per (layer, KV head); 0 = use token_fraction.
@@ -98,6 +100,7 @@ struct BudgetConfig {
   double realloc_ema = 0;
   PressurePolicy pressure{};
   int pressure_min_bits = 0;  // requantize: no width goes below this.
+  PressureScope pressure_scope{};
   bool operator==(const BudgetConfig&) const = default;
 };
 

@@ -485,6 +485,14 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_PRESSURE_MIN_BITS",
            .doc = "requantize: no head's K or V width is lowered below this."}),
+      Row<&Config::budget, &BudgetConfig::pressure_scope>(
+          {.key = "budget.pressure_scope",
+           .default_text = "sequence",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_PRESSURE_SCOPE",
+           .names = {"sequence", "pool"},
+           .doc = "requantize: whose stored widths a full pool lowers: the appending sequence's "
+                  "only, or (pool) then also other open sequences' opened with requantize."}),
       // [evict]
       Row<&Config::evict, &EvictConfig::policy>(
           {.key = "evict.policy",

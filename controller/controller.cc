@@ -360,16 +360,53 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
-  std::lock_guard<std::mutex> seq_lock(entry->mu);
+  std::unique_lock<std::mutex> seq_lock(entry->mu);
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
   if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
   }
-  KVCTL_RETURN_IF_ERROR(entry->seq->Append(static_cast<int64_t>(request.first_position), k, v,
-                                           q_bytes != nullptr ? &q : nullptr));
+  const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
+  Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
+  if (appended.code() == StatusCode::kResourceExhausted) {
+    // The failed APPEND changed nothing, so the sequence's lock can go while others are lowered
+    // (taking mu_ while holding it would invert the mu_ -> sequence order of STATS and CLOSE).
+    const int64_t shortfall = entry->seq->last_shortfall_pages();
+    seq_lock.unlock();
+    const int64_t freed = LowerOthersForPool(*entry, shortfall);
+    seq_lock.lock();
+    if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+    if (freed > 0) {
+      appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
+    }
+  }
+  KVCTL_RETURN_IF_ERROR(appended);
   const SequenceUsage usage = entry->seq->Usage();
   return ipc::AppendReply{static_cast<uint64_t>(usage.tokens),
                           static_cast<uint64_t>(usage.quantized_tokens), pool_->Stats().bytes_used};
+}
+
+int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages) {
+  if (pages < 1) return 0;
+  std::vector<std::shared_ptr<SequenceEntry>> others;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (config_.budget.pressure_scope != PressureScope::kPool) return 0;
+    for (const auto& [id, session] : sessions_) {
+      for (const auto& [seq_id, other] : session->sequences) {
+        if (other.get() != &self) others.push_back(other);
+      }
+    }
+  }
+  // try_lock: the caller holds its own sequence's mutex, and another APPEND may be doing the
+  // same the other way round; a busy sequence is skipped rather than waited for.
+  int64_t freed = 0;
+  for (const std::shared_ptr<SequenceEntry>& other : others) {
+    if (freed >= pages) break;
+    std::unique_lock<std::mutex> other_lock(other->mu, std::try_to_lock);
+    if (!other_lock.owns_lock() || !other->seq) continue;
+    freed += other->seq->LowerWidthsForOthers(pages - freed);
+  }
+  return freed;
 }
 
 StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now) {

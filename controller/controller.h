@@ -88,6 +88,11 @@ class Controller {
   // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
   // REQUIRES: the entry's mutex is held.
   void RetireSequence(SequenceEntry& entry);
+  // budget.pressure_scope = "pool": after `self`'s APPEND lacked `pages` pool pages, lowers the
+  // widths of other open sequences (those opened with budget.pressure = "requantize") until
+  // that many are free; returns the pages freed. REQUIRES: neither mu_ nor self's mutex is held
+  // (it takes mu_, then try-locks the others).
+  int64_t LowerOthersForPool(const SequenceEntry& self, int64_t pages);
 
   const std::unique_ptr<PageAllocator> pool_;
   const std::string shm_name_;

@@ -114,7 +114,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
              << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count()
              << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
              << ",pressure_reliefs=" << u.pressure_reliefs
-             << ",pressure_cap_cuts=" << u.pressure_cap_cuts;
+             << ",pressure_cap_cuts=" << u.pressure_cap_cuts
+             << ",lowered_for_others=" << u.lowered_for_others;
         sequence_lines.push_back(line.str());
         for (uint32_t l = 0; l < session->geometry.layers; ++l) {
           layer_budgets[static_cast<int>(l)] += seq.LayerBudget(static_cast<int>(l));

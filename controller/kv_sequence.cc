@@ -184,10 +184,11 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
       Status exhausted =
           ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
                             pool_->page_bytes(), " bytes: ", got.status().message());
-      if (relief_rounds <= 0) return exhausted;
       const PoolStats stats = pool_->Stats();
       const int64_t shortfall =
           static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
+      last_shortfall_pages_ = std::max<int64_t>(1, shortfall);
+      if (relief_rounds <= 0) return exhausted;
       Status relieved = RelievePressure(std::max<int64_t>(1, shortfall));
       if (!relieved.ok()) {
         return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
@@ -412,6 +413,7 @@ SequenceUsage KvSequence::Usage() const {
   u.elements = 2 * static_cast<uint64_t>(u.kept_tokens) * geometry_.head_dim;
   u.pressure_reliefs = pressure_reliefs_;
   u.pressure_cap_cuts = pressure_cap_cuts_;
+  u.lowered_for_others = lowered_for_others_;
   return u;
 }
 

@@ -118,12 +118,13 @@ struct SequenceUsage {
   int64_t kept_tokens = 0;      // Summed over (layer, head): what the cache holds now.
   uint64_t evicted_tokens = 0;  // Summed over (layer, head).
   uint64_t evicted_bytes = 0;
-  int64_t quantized_tokens = 0;    // Per head, in records (layer 0, head 0).
-  uint64_t pool_bytes = 0;         // Whole pages held.
-  uint64_t payload_bytes = 0;      // Bytes of records, rows and norms in use (no page slack).
-  uint64_t elements = 0;           // K and V elements stored (2 * kept_tokens * D).
-  uint64_t pressure_reliefs = 0;   // Reliefs of a full pool: widths lowered or caps cut.
-  uint64_t pressure_cap_cuts = 0;  // Of those, joint reliefs that lowered token caps instead.
+  int64_t quantized_tokens = 0;     // Per head, in records (layer 0, head 0).
+  uint64_t pool_bytes = 0;          // Whole pages held.
+  uint64_t payload_bytes = 0;       // Bytes of records, rows and norms in use (no page slack).
+  uint64_t elements = 0;            // K and V elements stored (2 * kept_tokens * D).
+  uint64_t pressure_reliefs = 0;    // Reliefs of a full pool: widths lowered or caps cut.
+  uint64_t pressure_cap_cuts = 0;   // Of those, joint reliefs that lowered token caps instead.
+  uint64_t lowered_for_others = 0;  // Times its widths were lowered for another sequence.
 };
 
 class KvSequence {
@@ -153,6 +154,13 @@ class KvSequence {
   // widths. INVALID_ARGUMENT naming the field for a lossless layer, a width that is not lower or
   // not allowed; nothing changes then.
   Status LowerWidth(int layer, int head, int k_bits, int v_bits);
+
+  // For another sequence's APPEND (budget.pressure_scope = "pool"): lowers the widths of this
+  // sequence's stored records (PlanWidthRelief, partial) to free up to `pages` pages; returns the
+  // pages freed (0 when pressure relief is off for this sequence or nothing can be lowered).
+  int64_t LowerWidthsForOthers(int64_t pages);
+  // Pages the last APPEND that failed for want of pool pages lacked (0 if none failed so).
+  int64_t last_shortfall_pages() const { return last_shortfall_pages_; }
 
   // Dequantized rows of layers [layer_begin, layer_end), in token order per (layer, head), with
   // the kept tokens' true positions.
@@ -191,6 +199,8 @@ class KvSequence {
   // joint sequence whichever of lowering widths and lowering token caps AdviseShortfall prices
   // lower (the caps take effect when the APPEND is prepared again).
   Status RelievePressure(int64_t shortfall_pages);
+  // PlanWidthRelief over every quantized head, then LowerWidth; returns the pages freed.
+  StatusOr<int64_t> LowerWidthsToFree(int64_t pages, bool partial);
   Status RelieveJoint(int64_t shortfall_pages);
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
@@ -209,6 +219,8 @@ class KvSequence {
   PressureSettings pressure_;
   uint64_t pressure_reliefs_ = 0;
   uint64_t pressure_cap_cuts_ = 0;
+  uint64_t lowered_for_others_ = 0;
+  int64_t last_shortfall_pages_ = 0;
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
   int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.

@@ -72,6 +72,20 @@ Status KvSequence::RelievePressure(int64_t shortfall_pages) {
     if (joint.code() != StatusCode::kInvalidArgument) return joint;
   }
 
+  KVCTL_RETURN_IF_ERROR(LowerWidthsToFree(shortfall_pages, /*partial=*/false).status());
+  ++pressure_reliefs_;
+  return OkStatus();
+}
+
+int64_t KvSequence::LowerWidthsForOthers(int64_t pages) {
+  if (!pressure_.lower_widths || pages < 1) return 0;
+  StatusOr<int64_t> freed = LowerWidthsToFree(pages, /*partial=*/true);
+  if (!freed.ok() || *freed == 0) return 0;
+  ++lowered_for_others_;
+  return *freed;
+}
+
+StatusOr<int64_t> KvSequence::LowerWidthsToFree(int64_t pages, bool partial) {
   std::vector<ReliefHead> heads;
   for (int l = 0; l < geometry_.layers; ++l) {
     const LayerState& layer = *layers_[l];
@@ -91,12 +105,12 @@ Status KvSequence::RelievePressure(int64_t shortfall_pages) {
   KVCTL_ASSIGN_OR_RETURN(WidthRelief relief,
                          PlanWidthRelief(heads, {.page_bytes = pool_->page_bytes(),
                                                  .min_bits = pressure_.min_bits,
-                                                 .shortfall_pages = shortfall_pages}));
+                                                 .shortfall_pages = pages,
+                                                 .partial = partial}));
   for (const ReliefStep& step : relief.steps) {
     KVCTL_RETURN_IF_ERROR(LowerWidth(step.layer, step.head, step.to_k_bits, step.to_v_bits));
   }
-  ++pressure_reliefs_;
-  return OkStatus();
+  return relief.pages_freed;
 }
 
 Status KvSequence::RelieveJoint(int64_t shortfall_pages) {

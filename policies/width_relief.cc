@@ -86,7 +86,9 @@ StatusOr<WidthRelief> PlanWidthRelief(const std::vector<ReliefHead>& heads,
     WithWidths(h.spec, kb, vb, &next);
     most += state[i].pages - RecordPages(next, h.records, options.page_bytes);
   }
-  if (most < options.shortfall_pages) {
+  int64_t target = options.shortfall_pages;
+  if (most < target && options.partial) target = most;
+  if (most < target) {
     return ResourceExhausted("lowering every head to its narrowest width >= ", options.min_bits,
                              " bits frees ", most, " pages, expected >= ", options.shortfall_pages,
                              " (the shortfall)");
@@ -96,7 +98,7 @@ StatusOr<WidthRelief> PlanWidthRelief(const std::vector<ReliefHead>& heads,
   // thousand heads at most, and it runs only when the pool is full.
   int64_t freed = 0;
   double added = 0;
-  while (freed < options.shortfall_pages) {
+  while (freed < target) {
     double best_ratio = std::numeric_limits<double>::infinity();
     size_t best = heads.size();
     QuantSpec best_spec;

@@ -52,6 +52,9 @@ struct ReliefOptions {
   uint64_t page_bytes = 0;  // Pool page size; records never straddle pages.
   int min_bits = 2;         // No width goes below this (nor below the method's narrowest).
   int64_t shortfall_pages = 0;
+  // When even the narrowest widths free less than the shortfall: false = RESOURCE_EXHAUSTED,
+  // true = plan the narrowest widths anyway (frees what it can; an empty plan if nothing).
+  bool partial = false;
 };
 
 struct ReliefStep {
@@ -75,7 +78,7 @@ int64_t RecordPages(const QuantSpec& spec, int64_t records, uint64_t page_bytes)
 // INVALID_ARGUMENT naming the field for bad input (shortfall < 1, page_bytes 0, a record larger
 // than a page, negative records, a non-finite or non-positive curve); RESOURCE_EXHAUSTED "lowering
 // every head to its narrowest width >= min_bits frees N pages, expected >= shortfall" when even
-// that is not enough (nothing should change then).
+// that is not enough (nothing should change then), unless options.partial.
 StatusOr<WidthRelief> PlanWidthRelief(const std::vector<ReliefHead>& heads,
                                       const ReliefOptions& options);
 

@@ -17,12 +17,12 @@ TOTAL = 4096   # More than the 60 pages hold even at 2 bits (1984 tokens).
 PAGE = 16 << 10
 
 
-def pressure_daemon(daemon_factory, pressure: str):
+def pressure_daemon(daemon_factory, pressure: str, **settings):
     # 1 MiB is the smallest pool.bytes; one 64 KiB staging slot leaves 60 pages. 8-bit records
     # (4608 B) pack 3 to a page, 4-bit (2560 B) 6, 2-bit (1536 B) 10.
     return daemon_factory(pool__bytes="1MiB", pool__page_bytes="16KiB", pool__staging_slots=1,
                           pool__staging_bytes_per_session="64KiB", quant__method="kivi",
-                          quant__k_bits=8, quant__v_bits=8, budget__pressure=pressure)
+                          quant__k_bits=8, quant__v_bits=8, budget__pressure=pressure, **settings)
 
 
 def fill(client, k, v):
@@ -197,3 +197,30 @@ def test_pressure_lowered_heads_records_decode_to_the_dense_fetch(daemon_factory
             assert torch.equal(vd[:, 0], torch.from_numpy(fv[layer, :n, h])), what
     assert lowered >= 1
     c.close(1)
+
+
+def test_pressure_pool_scope_lowers_other_sequences(daemon_factory, connect, data):
+    """budget.pressure_scope = "pool": when an APPEND still lacks pages after lowering its own
+    sequence, the daemon lowers other open sequences' stored widths. A holds 448 tokens at 8
+    bits (most of the pool); B then appends chunk by chunk. With scope "sequence" B stops once
+    its own heads are at 2 bits; with "pool" it goes further because A's heads are lowered, and
+    A keeps every token."""
+    k, v = data
+    reached, lowered = {}, {}
+    for scope in ("sequence", "pool"):
+        d = pressure_daemon(daemon_factory, "requantize", budget__pressure_scope=scope)
+        a = session(connect, d)
+        a.append(1, k[:, :448], v[:, :448])
+        b = session(connect, d)
+        stored, err, _ = fill(b, k, v)
+        assert err is not None and err.code == "RESOURCE_EXHAUSTED", (scope, stored, err)
+        seqs = entities(a.stats(), "sequences", "seq_")
+        lowered[scope] = sorted(int(s["lowered_for_others"]) for s in seqs.values())
+        reached[scope] = stored
+        fk, _, pos = a.fetch(1, stacked=True)
+        assert pos.tolist() == list(range(448)), "A lost a token"
+        a.close(1)
+        b.close(1)
+    assert lowered["sequence"] == [0, 0], lowered
+    assert lowered["pool"][-1] >= 1, lowered  # A (B never lowers for A: A is idle).
+    assert reached["pool"] > reached["sequence"], reached

@@ -108,6 +108,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"budget.realloc_ema", "0.5"},
       {"budget.pressure", "\"fail\""},
       {"budget.pressure_min_bits", "2"},
+      {"budget.pressure_scope", "\"sequence\""},
       {"evict.policy", "\"streaming\""},
       {"evict.sinks", "4"},
       {"evict.window", "0"},

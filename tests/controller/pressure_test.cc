@@ -388,6 +388,10 @@ TEST_CASE("Config: budget.pressure is checked and named in errors", "[controller
   REQUIRE(ApplyToml(lossless, "[quant]\nlossless = true\n", "t").ok());
   CHECK_THAT(ValidateConfig(lossless).message(),
              Catch::Contains("budget.pressure: got \"requantize\", expected \"fail\""));
+  Config pool_with_fail;
+  REQUIRE(ApplyToml(pool_with_fail, "[budget]\npressure_scope = \"pool\"\n", "t").ok());
+  CHECK_THAT(ValidateConfig(pool_with_fail).message(),
+             Catch::Contains("budget.pressure_scope: got \"pool\", expected \"sequence\""));
   Config bad;
   CHECK_THAT(ApplyToml(bad, "[budget]\npressure = \"evict\"\n", "t").message(),
              Catch::Contains("budget.pressure"));

@@ -113,6 +113,26 @@ TEST_CASE("WidthRelief: more than lowering everything can free is RESOURCE_EXHAU
   CHECK(r.status().code() == StatusCode::kResourceExhausted);
 }
 
+TEST_CASE("WidthRelief: partial plans free what they can when the shortfall is too large",
+          "[policies]") {
+  const std::vector<ReliefHead> heads = {Head(0, 0, Kivi(8, 8), 300), Head(0, 1, Kivi(4, 4), 0)};
+  const int64_t most = RecordPages(Kivi(8, 8), 300, kPage) - RecordPages(Kivi(2, 2), 300, kPage);
+  REQUIRE(most > 0);
+  StatusOr<WidthRelief> r = PlanWidthRelief(
+      heads, {.page_bytes = kPage, .min_bits = 2, .shortfall_pages = most + 5, .partial = true});
+  REQUIRE(r.ok());
+  CHECK(r->pages_freed == most);
+  REQUIRE(r->steps.size() == 1);
+  CHECK(r->steps[0].to_k_bits == 2);
+  CHECK(r->steps[0].to_v_bits == 2);
+  // Nothing to lower: an empty plan, not an error.
+  r = PlanWidthRelief({Head(0, 0, Kivi(2, 2), 300)},
+                      {.page_bytes = kPage, .min_bits = 2, .shortfall_pages = 3, .partial = true});
+  REQUIRE(r.ok());
+  CHECK(r->steps.empty());
+  CHECK(r->pages_freed == 0);
+}
+
 TEST_CASE("WidthRelief: bad input names the field", "[policies]") {
   const std::vector<ReliefHead> heads = {Head(0, 0, Kivi(4, 4), 10)};
   StatusOr<WidthRelief> r =
