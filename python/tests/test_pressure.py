@@ -224,3 +224,49 @@ def test_pressure_pool_scope_lowers_other_sequences(daemon_factory, connect, dat
     assert lowered["sequence"] == [0, 0], lowered
     assert lowered["pool"][-1] >= 1, lowered  # A (B never lowers for A: A is idle).
     assert reached["pool"] > reached["sequence"], reached
+
+
+def test_pressure_pool_scope_concurrent_appends_and_stats_do_not_deadlock(daemon_factory,
+                                                                          connect, data):
+    """Two sequences fill a pool with scope "pool" from two threads (each relief may lower the
+    other) while a third thread reads STATS (which takes the daemon's lock, then each
+    sequence's): every request must be answered within the client timeout."""
+    import threading
+
+    k, v = data
+    d = pressure_daemon(daemon_factory, "requantize", budget__pressure_scope="pool",
+                        server__workers=4)
+    clients = [session(connect, d) for _ in range(2)]
+    watcher = connect(d)
+    done = threading.Event()
+    outcome = {}
+
+    def appender(i):
+        try:
+            stored, err, _ = fill(clients[i], k, v)
+            outcome[i] = (stored, None if err is None else err.code)
+        except Exception as e:  # A timeout would be the deadlock.
+            outcome[i] = (None, repr(e))
+
+    def reader():
+        try:
+            while not done.is_set():
+                watcher.stats("sequences")
+        except Exception as e:
+            outcome["stats"] = repr(e)
+
+    threads = [threading.Thread(target=appender, args=(i,)) for i in range(2)]
+    stats_thread = threading.Thread(target=reader)
+    stats_thread.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    done.set()
+    stats_thread.join(60)
+    assert not any(t.is_alive() for t in threads + [stats_thread]), outcome
+    assert "stats" not in outcome, outcome
+    for i in range(2):
+        stored, code = outcome[i]
+        assert stored is not None and stored > 0, outcome
+        assert code in (None, "RESOURCE_EXHAUSTED"), outcome
