@@ -30,8 +30,8 @@ One step (layer l's update() runs right before layer l's attention):
   APPEND only added rows (no flush, eviction or width lowering; rows known to be stored as fp16)
   the cached reply is kept and the rows sent are added to its windows instead. Each
   layer's attention runs torch.ops.kvctl.paged_decode_attention on those records in place
-  (kvctl.pool_view.PoolView; GQA, per-head layouts, ragged evicted heads) and merges the
-  step's own K/V through the returned log-sum-exp. Multi-token steps (prefill) refetch the
+  (kvctl.pool_view.PoolView; GQA, per-head layouts, ragged evicted heads), the step's own K/V
+  passed as one more fp32 window row per head. Multi-token steps (prefill) refetch the
   mirror and stay dense. Lossless daemons are refused (no block records).
 
 Thread safety: one cache per batch of sequences, used by one thread (like any transformers
@@ -570,8 +570,8 @@ class KvctlCache(Cache):
     def _fused_attention(self, layer: "KvctlLayer", query, key, value, attention_mask,
                          scaling):
         """One decode step of one layer: the fused kernel over what the daemon holds (records
-        + sink/tail rows of the blocks FETCH), merged with the step's own K/V (the last row of
-        key/value) through the kernel's log-sum-exp. Returns [batch, 1, q_heads, D]."""
+        + sink/tail rows of the blocks FETCH) and the step's own K/V (the last row of key/value,
+        one more window row per head). Returns [batch, 1, q_heads, D]."""
         if attention_mask is not None:
             allowed = (attention_mask if attention_mask.dtype == torch.bool
                        else attention_mask == 0)
@@ -579,25 +579,18 @@ class KvctlCache(Cache):
                 raise KvctlError("attention=\"fused\": the attention mask hides positions "
                                  "(padding); fused decode attends to every held token, use "
                                  "attention=\"dense\"")
-        batch, q_heads, _, dim = query.shape
-        kv_heads = key.shape[1]
-        groups = q_heads // kv_heads
+        dim = query.shape[3]
         scale = float(scaling) if scaling is not None else dim ** -0.5
         k_new = key[:, :, -1].float()     # [B, kv_heads, D]: this step's token.
         v_new = value[:, :, -1].float()
         outs = []
         for b, seq in enumerate(self.seqs):
             q = query[b, :, 0].float()    # [q_heads, D]; rows h*g..h*g+g-1 use KV head h.
-            out, lse = seq.view.layer_attention(seq.blocks, layer.index, q, scale=scale)
-            own = (q.view(kv_heads, groups, dim) * k_new[b].unsqueeze(1)).sum(-1)
-            own = own.reshape(q_heads) * scale
-            m = torch.maximum(lse, own)
-            w_held = torch.exp(lse - m)   # 0 where the daemon holds nothing (lse = -inf).
-            w_own = torch.exp(own - m)
-            held = torch.where(torch.isfinite(lse).unsqueeze(1), out, torch.zeros_like(out))
-            mixed = (held * w_held.unsqueeze(1)
-                     + v_new[b].repeat_interleave(groups, 0) * w_own.unsqueeze(1))
-            outs.append(mixed / (w_held + w_own).unsqueeze(1))
+            # The step's own token joins each head's window as one more fp32 row, so the
+            # kernel's softmax covers it (no separate log-sum-exp merge here).
+            out, _ = seq.view.layer_attention(seq.blocks, layer.index, q, scale=scale,
+                                              extra_k=k_new[b], extra_v=v_new[b])
+            outs.append(out)
         return torch.stack(outs).unsqueeze(1).to(query.dtype), None
 
     # ---- Cache API and lifetime -----------------------------------------------------------

@@ -92,11 +92,15 @@ class PoolView:
         return out
 
     def layer_attention(self, blocks: dict, layer: int, q: torch.Tensor,
-                        scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                        scale: Optional[float] = None, extra_k: Optional[torch.Tensor] = None,
+                        extra_v: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Fused decode attention of one layer of a blocks FETCH: q [q_heads, D] (q_heads a
         multiple of kv_heads; rows h*g..h*g+g-1 use KV head h) over every head's records (read
-        in this view) and window rows (from the reply). Returns (out fp32 [q_heads, D], lse fp32
-        [q_heads]). Heads with different layouts (per-head bit widths) are attended separately."""
+        in this view) and window rows (from the reply), plus, when given, one more row per head
+        (extra_k / extra_v [kv_heads, D], e.g. the step's own token, attended in fp32). Returns
+        (out fp32 [q_heads, D], lse fp32 [q_heads]). Heads with different layouts (per-head bit
+        widths) are attended separately."""
         first = blocks["layer_begin"]
         if not first <= layer < first + blocks["n_layers"]:
             raise ValueError("layer: got %d, the FETCH holds layers %d..%d"
@@ -109,16 +113,24 @@ class PoolView:
         pair0 = (layer - first) * heads
         side = self.side_offsets(blocks)
         li = [int(blocks["layout_index"][pair0 + h]) for h in range(heads)]
+        extra = None
+        if extra_k is not None or extra_v is not None:
+            if (extra_k is None or extra_v is None or extra_k.shape != (heads, q.shape[1])
+                    or extra_v.shape != extra_k.shape):
+                raise ValueError("extra_k/extra_v: expected both, [%d, %d] each" % (heads,
+                                                                                   q.shape[1]))
+            extra = (extra_k.float(), extra_v.float())
         if all(x == li[0] for x in li):
-            return self._attend(blocks, layer - first, list(range(heads)), q, scale, side)
+            return self._attend(blocks, layer - first, list(range(heads)), q, scale, side, extra)
         outs, lses = [], []
         for h in range(heads):
-            o, l = self._attend(blocks, layer - first, [h], q[h * g:(h + 1) * g], scale, side)
+            o, l = self._attend(blocks, layer - first, [h], q[h * g:(h + 1) * g], scale, side,
+                                extra)
             outs.append(o)
             lses.append(l)
         return torch.cat(outs), torch.cat(lses)
 
-    def _attend(self, blocks, local_layer, heads, q, scale, side):
+    def _attend(self, blocks, local_layer, heads, q, scale, side, extra=None):
         pairs = [local_layer * blocks["kv_heads"] + h for h in heads]
         lay = blocks["layouts"][int(blocks["layout_index"][pairs[0]])]
         indptr = blocks["indptr"].astype(np.int64)
@@ -132,12 +144,22 @@ class PoolView:
                 [side[indptr[p]:indptr[p + 1]] for p in pairs]).astype(np.int64))
         wk = [blocks["tail_k"][local_layer][h] for h in heads]
         wv = [blocks["tail_v"][local_layer][h] for h in heads]
-        window_indptr = torch.tensor([0] + np.cumsum([len(x) for x in wk]).tolist(),
-                                     dtype=torch.int64)
+        counts = [len(x) for x in wk]
+        window_k = _rows(np.concatenate(wk), blocks["tail_dtype"])
+        window_v = _rows(np.concatenate(wv), blocks["tail_dtype"])
+        if extra is not None:
+            # Each head's window gets its extra row after its own rows, in fp32.
+            ks, vs, at = [], [], 0
+            for i, h in enumerate(heads):
+                ks += [window_k[at:at + counts[i]].float(), extra[0][h:h + 1]]
+                vs += [window_v[at:at + counts[i]].float(), extra[1][h:h + 1]]
+                at += counts[i]
+            window_k, window_v = torch.cat(ks), torch.cat(vs)
+            counts = [c + 1 for c in counts]
+        window_indptr = torch.tensor([0] + np.cumsum(counts).tolist(), dtype=torch.int64)
         return torch_ops.paged_decode_attention(
             q, self.tensor, torch.from_numpy(offsets), torch.from_numpy(local_indptr),
-            _rows(np.concatenate(wk), blocks["tail_dtype"]),
-            _rows(np.concatenate(wv), blocks["tail_dtype"]), window_indptr,
+            window_k, window_v, window_indptr,
             lay["method_name"], lay["k_bits"], lay["v_bits"], scale=scale,
             block_tokens=blocks["block_tokens"], k_group_tokens=lay["k_group_tokens"],
             v_group_channels=lay["v_group_channels"], norm_offsets=norm_offsets)
