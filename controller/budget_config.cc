@@ -1,8 +1,12 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/budget_config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <tuple>
 
 #include "policies/calib_profile.h"
 #include "policies/joint_planner.h"
@@ -23,12 +27,32 @@ int64_t EffectiveWindow(const EvictConfig& e) {
   return e.window > 0 ? e.window : std::max<int64_t>(8, EffectiveObsWindow(e));
 }
 
-// The kvcalib profile, with errors naming the key that pointed at it.
+// The kvcalib profile, with errors naming the key that pointed at it. One OPEN reads it for the
+// widths, the layer demand and the pressure curves, and every OPEN reads it again, so the last
+// one parsed is kept, keyed by path, size and modification time (an edited file is read again).
 StatusOr<CalibProfile> LoadProfile(const std::string& path) {
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static Key cached_key;
+  static CalibProfile cached;
+  struct stat st {};
+  const bool have_key = stat(path.c_str(), &st) == 0;
+  Key key;
+  if (have_key) {
+    key = {path, static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+           static_cast<int64_t>(st.st_mtim.tv_nsec)};
+    std::lock_guard<std::mutex> lock(mu);
+    if (key == cached_key) return cached;
+  }
   StatusOr<CalibProfile> profile = ReadCalibProfile(path);
   if (!profile.ok()) {
     return Status(profile.status().code(),
                   StrCat("budget.profile: \"", path, "\": ", profile.status().message()));
+  }
+  if (have_key) {
+    std::lock_guard<std::mutex> lock(mu);
+    cached_key = key;
+    cached = *profile;
   }
   return profile;
 }

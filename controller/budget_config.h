@@ -7,8 +7,8 @@
 // quant-only (a RateQuant allocation of budget.profile at budget.avg_bits). docs/budgets.md
 // describes the modes.
 //
-// Thread safety: pure functions; they read the profile file each time they are called (at config
-// load, SIGHUP and OPEN).
+// Thread safety: safe to call from any thread. They read the profile file (at config load, SIGHUP
+// and OPEN) through a one-entry cache keyed by path, size and modification time.
 //
 //   KVCTL_RETURN_IF_ERROR(ValidateBudgetConfig(config));
 //   KVCTL_ASSIGN_OR_RETURN(EvictionSettings s, ResolveEviction(config, model, shape));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/json_text.h"
 #include "controller/config.h"
 
 namespace kvctl {
@@ -20,23 +21,6 @@ std::string FormatNumber(double x) {
   std::string s(buf, end);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // TOML needs a float literal.
   return s;
-}
-
-std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 std::string RangeText(const ConfigOption& o) {
@@ -106,7 +90,7 @@ std::string FormatByteSize(uint64_t bytes) {
 }
 
 StatusOr<ConfigValue> ParseConfigValue(const ConfigOption& o, std::string_view text) {
-  const std::string got = Quote(text);
+  const std::string got = JsonQuoted(text);
   ConfigValue value;
   switch (o.type) {
     case ConfigType::kInt: {
@@ -193,17 +177,17 @@ std::string FormatConfigValue(const ConfigOption& o, const ConfigValue& v) {
     case ConfigType::kInt:
       return std::to_string(std::get<int64_t>(v));
     case ConfigType::kBytes:
-      return Quote(FormatByteSize(static_cast<uint64_t>(std::get<int64_t>(v))));
+      return JsonQuoted(FormatByteSize(static_cast<uint64_t>(std::get<int64_t>(v))));
     case ConfigType::kDouble:
       return FormatNumber(std::get<double>(v));
     case ConfigType::kBool:
       return std::get<bool>(v) ? "true" : "false";
     case ConfigType::kString:
-      return Quote(std::get<std::string>(v));
+      return JsonQuoted(std::get<std::string>(v));
     case ConfigType::kEnum: {
       const int64_t i = std::get<int64_t>(v);
       if (i < 0 || i >= static_cast<int64_t>(o.names.size())) return std::to_string(i);
-      return Quote(o.names[i]);
+      return JsonQuoted(o.names[i]);
     }
   }
   return "";

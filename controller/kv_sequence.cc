@@ -225,15 +225,20 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
       std::memcpy(head.rows.Slot(ph.write_start + i), ph.rows.data() + i * slot, slot);
     }
   };
-  std::vector<std::pair<bool, bool>> grew;  // Per (layer, head): records grew, rows grew.
+  // After the first pass only the growing arrays still differ from their plan, so the same test
+  // picks exactly them in the second.
+  const auto records_grow = [](const HeadStream& head, const PreparedHead& ph) {
+    return ph.record_plan.size() > head.records.size();
+  };
+  const auto rows_grow = [](const HeadStream& head, const PreparedHead& ph) {
+    return static_cast<size_t>(ph.rows_after) > head.rows.size();
+  };
   for (int l = 0; l < layers; ++l) {
     for (int h = 0; h < geometry_.kv_heads; ++h) {
       HeadStream& head = layers_[l]->heads[h];
       const PreparedHead& ph = prepared[l].heads[h];
-      grew.emplace_back(ph.record_plan.size() > head.records.size(),
-                        static_cast<size_t>(ph.rows_after) > head.rows.size());
-      if (!grew.back().first) commit_records(head, ph);
-      if (!grew.back().second) commit_rows(head, ph);
+      if (!records_grow(head, ph)) commit_records(head, ph);
+      if (!rows_grow(head, ph)) commit_rows(head, ph);
     }
   }
   for (int l = 0; l < layers; ++l) {
@@ -242,9 +247,8 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
     for (int h = 0; h < geometry_.kv_heads; ++h) {
       HeadStream& head = layer.heads[h];
       PreparedHead& ph = p.heads[h];
-      const auto [records_grew, rows_grew] = grew[static_cast<size_t>(l) * geometry_.kv_heads + h];
-      if (records_grew) commit_records(head, ph);
-      if (rows_grew) commit_rows(head, ph);
+      if (records_grow(head, ph)) commit_records(head, ph);
+      if (rows_grow(head, ph)) commit_rows(head, ph);
       head.sink_rows += ph.new_sinks;
       head.tail_rows = ph.tail_after;
       for (int64_t t = 0; t < n; ++t) head.positions.push_back(first_position + t);

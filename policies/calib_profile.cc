@@ -21,30 +21,6 @@ using internal::StrCat;
 
 constexpr int kProfileVersion = 1;
 
-std::string FormatDouble(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
-template <typename T>
-std::string FormatList(const std::vector<T>& values) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    out << (i ? ", " : "");
-    if constexpr (std::is_floating_point_v<T>) {
-      out << FormatDouble(values[i]);
-    } else {
-      out << values[i];
-    }
-  }
-  out << "]";
-  return out.str();
-}
-
 std::string_view TypeName(const toml::node& n) {
   if (n.is_table()) return "a table";
   if (n.is_array()) return "an array";
@@ -297,12 +273,12 @@ std::string FormatCalibProfile(const CalibProfile& p) {
       << "layers = " << d.layers << "\n"
       << "kv_heads = " << d.kv_heads << "\n"
       << "measure = \"" << DemandMeasureName(d.measure) << "\"\n"
-      << "tau = " << FormatDouble(d.tau) << "\n"
+      << "tau = " << TomlDouble(d.tau) << "\n"
       << "group_reduce = \"" << GroupReduceName(d.reduce) << "\"\n"
       << "queries_per_sequence = " << d.queries_per_sequence << "\n"
       << "sequences = " << d.sequences << "\n"
-      << "samples = " << FormatList(d.samples) << "\n"
-      << "demand = " << FormatList(d.demand) << "\n";
+      << "samples = " << TomlList(d.samples) << "\n"
+      << "demand = " << TomlList(d.demand) << "\n";
   return out.str();
 }
 

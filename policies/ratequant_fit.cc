@@ -543,21 +543,6 @@ namespace {
 
 constexpr double kMax = std::numeric_limits<double>::max();
 
-// 17 significant digits round-trip a double; a '.0' keeps integral values TOML floats.
-std::string FormatDouble(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
-std::string FormatArray(const std::vector<double>& values) {
-  std::string s = "[";
-  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + FormatDouble(values[i]);
-  return s + "]";
-}
-
 // Typed reads from one TOML table; `path` is the table's dotted name for errors.
 class TableReader {
  public:
@@ -744,18 +729,18 @@ std::string FormatRateQuantProfile(const RateQuantFit& fit) {
   out << "]\ntarget = \"" << DistortionTargetName(fit.target) << "\"\nimportance = \""
       << ImportanceModeName(fit.importance)
       << "\"\nper_kind_beta = " << (fit.per_kind_beta ? "true" : "false")
-      << "\nbeta = " << FormatDouble(fit.beta) << "\nbeta_k = " << FormatDouble(fit.beta_k)
-      << "\nbeta_v = " << FormatDouble(fit.beta_v)
-      << "\nbeta_k_only = " << FormatDouble(fit.beta_k_only)
-      << "\nbeta_v_only = " << FormatDouble(fit.beta_v_only)
-      << "\nrms_log_residual = " << FormatDouble(fit.rms_log_residual)
+      << "\nbeta = " << TomlDouble(fit.beta) << "\nbeta_k = " << TomlDouble(fit.beta_k)
+      << "\nbeta_v = " << TomlDouble(fit.beta_v)
+      << "\nbeta_k_only = " << TomlDouble(fit.beta_k_only)
+      << "\nbeta_v_only = " << TomlDouble(fit.beta_v_only)
+      << "\nrms_log_residual = " << TomlDouble(fit.rms_log_residual)
       << "\nsequences = " << fit.sequences << "\ntokens = " << fit.tokens << "\n";
   for (const RateQuantUnit& u : fit.units) {
     out << "\n[[ratequant.units]]\nlayer = " << u.layer << "\nhead = " << u.head << "\nkind = \""
-        << UnitKindName(u.kind) << "\"\nalpha = " << FormatDouble(u.alpha)
-        << "\nimportance = " << FormatDouble(u.importance) << "\n";
-    if (!u.mse.empty()) out << "mse = " << FormatArray(u.mse) << "\n";
-    if (!u.attention.empty()) out << "attention = " << FormatArray(u.attention) << "\n";
+        << UnitKindName(u.kind) << "\"\nalpha = " << TomlDouble(u.alpha)
+        << "\nimportance = " << TomlDouble(u.importance) << "\n";
+    if (!u.mse.empty()) out << "mse = " << TomlList(u.mse) << "\n";
+    if (!u.attention.empty()) out << "attention = " << TomlList(u.attention) << "\n";
   }
   return out.str();
 }

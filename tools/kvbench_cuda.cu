@@ -98,6 +98,20 @@ QuantSpec Spec(QuantMethod m, int d, int bits) {
   return *s;
 }
 
+// Fills device rows [heads][rows][d] by repeating each head's kChunkTokens host rows (host layout
+// [heads][kChunkTokens][d]) along the rows: the synthetic cache is generated once, then tiled.
+template <typename T>
+void UploadTiled(T* device, const T* host, int heads, size_t rows, int d) {
+  const size_t chunk = static_cast<size_t>(kChunkTokens) * d;
+  for (int h = 0; h < heads; ++h) {
+    for (size_t r0 = 0; r0 < rows; r0 += kChunkTokens) {
+      const size_t len = std::min<size_t>(kChunkTokens, rows - r0) * d;
+      BENCH_CHECK_CUDA(cudaMemcpy(device + (h * rows + r0) * d, host + h * chunk, len * sizeof(T),
+                                  cudaMemcpyHostToDevice));
+    }
+  }
+}
+
 // Device-to-device copy bandwidth, counting the bytes read and written.
 double CopyGbps(size_t bytes, std::ostringstream& js) {
   DeviceBuffer<uint8_t> src, dst;
@@ -156,22 +170,9 @@ void MakeDeviceKv(int heads, int q_heads, int d, int64_t tokens, DeviceKv* out) 
   BENCH_CHECK_CUDA(out->k.Allocate(n));
   BENCH_CHECK_CUDA(out->v.Allocate(n));
   BENCH_CHECK_CUDA(out->norms.Allocate(tokens));
-  const size_t chunk = static_cast<size_t>(kChunkTokens) * d;
-  for (int h = 0; h < heads; ++h) {
-    for (int64_t t0 = 0; t0 < tokens; t0 += kChunkTokens) {
-      const size_t len = static_cast<size_t>(std::min<int64_t>(kChunkTokens, tokens - t0)) * d;
-      const size_t at = (static_cast<size_t>(h) * tokens + t0) * d;
-      BENCH_CHECK_CUDA(
-          cudaMemcpy(out->k.ptr + at, hk.data() + h * chunk, len * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK_CUDA(
-          cudaMemcpy(out->v.ptr + at, hv.data() + h * chunk, len * 4, cudaMemcpyHostToDevice));
-    }
-  }
-  for (int64_t t0 = 0; t0 < tokens; t0 += kChunkTokens) {
-    const int64_t len = std::min<int64_t>(kChunkTokens, tokens - t0);
-    BENCH_CHECK_CUDA(
-        cudaMemcpy(out->norms.ptr + t0, norms.data(), len * 4, cudaMemcpyHostToDevice));
-  }
+  UploadTiled(out->k.ptr, hk.data(), heads, static_cast<size_t>(tokens), d);
+  UploadTiled(out->v.ptr, hv.data(), heads, static_cast<size_t>(tokens), d);
+  UploadTiled(out->norms.ptr, norms.data(), 1, static_cast<size_t>(tokens), 1);
   const float* ql = kv.q.data() + (kChunkTokens - 1) * q_heads * d;
   out->q.assign(ql, ql + static_cast<size_t>(q_heads) * d);
 }
@@ -317,17 +318,8 @@ void BenchDenseBf16(const Geometry& geo, const DeviceKv& kv, int64_t tokens, boo
   DeviceBuffer<float> d_q, d_out, d_lse;
   BENCH_CHECK_CUDA(d_k.Allocate(rows * geo.kv_heads * geo.d));
   BENCH_CHECK_CUDA(d_v.Allocate(rows * geo.kv_heads * geo.d));
-  for (int h = 0; h < geo.kv_heads; ++h) {
-    for (size_t r0 = 0; r0 < rows; r0 += kChunkTokens) {
-      const size_t len = std::min<size_t>(kChunkTokens, rows - r0) * geo.d;
-      const size_t at = (h * rows + r0) * geo.d;
-      const size_t src = static_cast<size_t>(h) * kChunkTokens * geo.d;
-      BENCH_CHECK_CUDA(
-          cudaMemcpy(d_k.ptr + at, kv.bf16_k.data() + src, len * 2, cudaMemcpyHostToDevice));
-      BENCH_CHECK_CUDA(
-          cudaMemcpy(d_v.ptr + at, kv.bf16_v.data() + src, len * 2, cudaMemcpyHostToDevice));
-    }
-  }
+  UploadTiled(d_k.ptr, kv.bf16_k.data(), geo.kv_heads, rows, geo.d);
+  UploadTiled(d_v.ptr, kv.bf16_v.data(), geo.kv_heads, rows, geo.d);
   BENCH_CHECK_CUDA(d_q.Allocate(kv.q.size()));
   BENCH_CHECK_CUDA(d_out.Allocate(kv.q.size()));
   BENCH_CHECK_CUDA(d_lse.Allocate(geo.q_heads));
@@ -414,17 +406,8 @@ void BenchAttention(const Options& opt, std::ostringstream& js) {
         const size_t wrows = static_cast<size_t>(window);
         BENCH_CHECK_CUDA(d_wk.Allocate(wrows * geo.kv_heads * geo.d));
         BENCH_CHECK_CUDA(d_wv.Allocate(wrows * geo.kv_heads * geo.d));
-        for (int h = 0; h < geo.kv_heads; ++h) {
-          for (size_t r0 = 0; r0 < wrows; r0 += kChunkTokens) {
-            const size_t len = std::min<size_t>(kChunkTokens, wrows - r0) * geo.d;
-            const size_t at = (h * wrows + r0) * geo.d;
-            const size_t src = static_cast<size_t>(h) * kChunkTokens * geo.d;
-            BENCH_CHECK_CUDA(cudaMemcpy(d_wk.ptr + at, kv.window_k.data() + src, len * 2,
-                                        cudaMemcpyHostToDevice));
-            BENCH_CHECK_CUDA(cudaMemcpy(d_wv.ptr + at, kv.window_v.data() + src, len * 2,
-                                        cudaMemcpyHostToDevice));
-          }
-        }
+        UploadTiled(d_wk.ptr, kv.window_k.data(), geo.kv_heads, wrows, geo.d);
+        UploadTiled(d_wv.ptr, kv.window_v.data(), geo.kv_heads, wrows, geo.d);
         BENCH_CHECK_CUDA(d_q.Allocate(kv.q.size()));
         BENCH_CHECK_CUDA(d_out.Allocate(kv.q.size()));
         BENCH_CHECK_CUDA(d_lse.Allocate(geo.q_heads));

@@ -7,28 +7,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/json_text.h"
 #include "tools/kvbench_command.h"
 #include "tools/kvbench_ipc.h"
 
 namespace kvctl {
 namespace {
-
-// JSON string literal; names and the CPU model are the only strings, but escape them properly.
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (u < 0x20) {
-      Appendf(&out, "\\u%04x", u);
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out + "\"";
-}
 
 // Non-finite numbers have no JSON spelling.
 std::string Num(double x) {
@@ -106,7 +90,7 @@ std::string FormatIpcTable(const IpcBenchReport& r) {
 std::string FormatIpcJson(const IpcBenchReport& r) {
   std::string s = "{\n";
   s += "  \"command\": \"ipc\",\n";
-  s += "  \"cpu\": " + Quote(r.cpu) + ",\n";
+  s += "  \"cpu\": " + JsonQuoted(r.cpu) + ",\n";
   Appendf(&s, "  \"cpus\": %u,\n", std::thread::hardware_concurrency());
   s += std::string("  \"quick\": ") + (r.quick ? "true" : "false") + ",\n";
   Appendf(&s, "  \"iterations\": %d,\n  \"warmup\": %d,\n  \"workers\": %d,\n", r.iterations,
@@ -115,7 +99,7 @@ std::string FormatIpcJson(const IpcBenchReport& r) {
           "  \"geometry\": {\"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
           "\"dtype\": \"float16\"},\n",
           r.layers, r.kv_heads, r.head_dim);
-  s += "  \"quantizer\": " + Quote(r.quantizer) + ",\n";
+  s += "  \"quantizer\": " + JsonQuoted(r.quantizer) + ",\n";
   Appendf(&s, "  \"pool_bytes\": %llu,\n", static_cast<unsigned long long>(r.pool_bytes));
   Appendf(&s,
           "  \"requests_sent\": %llu,\n  \"daemon_requests\": %llu,\n  \"daemon_errors\": %llu,\n",
@@ -128,7 +112,7 @@ std::string FormatIpcJson(const IpcBenchReport& r) {
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const IpcBenchRow& row = r.rows[i];
     s += i ? ",\n    {" : "\n    {";
-    s += "\"group\": " + Quote(row.group) + ", \"name\": " + Quote(row.name) + ",\n     ";
+    s += "\"group\": " + JsonQuoted(row.group) + ", \"name\": " + JsonQuoted(row.name) + ",\n     ";
     Appendf(&s, "\"request_bytes\": %llu, \"reply_bytes\": %llu, ",
             static_cast<unsigned long long>(row.request_bytes),
             static_cast<unsigned long long>(row.reply_bytes));

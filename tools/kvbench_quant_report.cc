@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_text.h"
 #include "tools/kvbench_command.h"
 #include "tools/kvbench_quant.h"
 
@@ -81,21 +82,7 @@ class JsonWriter {
     first_.back() = false;
     Newline();
   }
-  void AppendString(std::string_view s) {
-    out_.push_back('"');
-    for (char c : s) {
-      const unsigned char u = static_cast<unsigned char>(c);
-      if (c == '"' || c == '\\') {
-        out_.push_back('\\');
-        out_.push_back(c);
-      } else if (u < 0x20) {
-        Appendf(&out_, "\\u%04x", u);
-      } else {
-        out_.push_back(c);
-      }
-    }
-    out_.push_back('"');
-  }
+  void AppendString(std::string_view s) { AppendJsonQuoted(&out_, s); }
 
   std::string out_;
   std::vector<bool> first_;

@@ -18,6 +18,15 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// Reads the profile for `plan`, recording its path and read time in *info.
+StatusOr<CalibProfile> ReadProfileTimed(const std::string& path, PlanReportInfo* info) {
+  const Clock::time_point t0 = Clock::now();
+  StatusOr<CalibProfile> profile = ReadCalibProfile(path);
+  info->profile = path;
+  info->read_ms = Seconds(t0) * 1e3;
+  return profile;
+}
+
 double CpuSeconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 Status WriteText(const std::string& path, const std::string& text) {
@@ -239,14 +248,13 @@ int RunJointPlan(const PlanCommandOptions& o, std::FILE* out, std::FILE* err) {
   jo.max_bits = o.plan.quant.max_bits;
   jo.beta_override = o.plan.quant.beta_override;
   jo.uniform_importance = o.plan.quant.uniform_importance;
-  Clock::time_point t0 = Clock::now();
-  StatusOr<CalibProfile> profile = ReadCalibProfile(o.profile);
-  PlanReportInfo info{.profile = o.profile, .read_ms = Seconds(t0) * 1e3};
+  PlanReportInfo info;
+  StatusOr<CalibProfile> profile = ReadProfileTimed(o.profile, &info);
   if (!profile.ok()) {
     std::fprintf(err, "kvcalib plan: %s\n", profile.status().message().c_str());
     return 1;
   }
-  t0 = Clock::now();
+  const Clock::time_point t0 = Clock::now();
   StatusOr<KvcalibJointPlan> plan = BuildKvcalibJointPlan(*profile, *mode, jo);
   info.plan_ms = Seconds(t0) * 1e3;
   if (!plan.ok()) {
@@ -284,14 +292,13 @@ int RunPlanCommand(const PlanCommandOptions& o, std::FILE* out, std::FILE* err) 
                  "--budget-bytes or --budget-fraction)\n");
     return 1;
   }
-  Clock::time_point t0 = Clock::now();
-  StatusOr<CalibProfile> profile = ReadCalibProfile(o.profile);
-  PlanReportInfo info{.profile = o.profile, .read_ms = Seconds(t0) * 1e3};
+  PlanReportInfo info;
+  StatusOr<CalibProfile> profile = ReadProfileTimed(o.profile, &info);
   if (!profile.ok()) {
     std::fprintf(err, "kvcalib plan: %s\n", profile.status().message().c_str());
     return 1;
   }
-  t0 = Clock::now();
+  const Clock::time_point t0 = Clock::now();
   StatusOr<KvcalibPlan> plan = BuildKvcalibPlan(*profile, o.plan);
   info.plan_ms = Seconds(t0) * 1e3;
   if (!plan.ok()) {

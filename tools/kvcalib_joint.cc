@@ -8,32 +8,12 @@
 #include <limits>
 #include <sstream>
 
+#include "common/json_text.h"
+
 namespace kvctl {
 namespace {
 
 using internal::StrCat;
-
-std::string Num(double x) {
-  if (!std::isfinite(x)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.10g", x);
-  return buf;
-}
-
-std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 // MakeJointInput names its option fields; kvcalib users know the flags.
 Status ToFlag(const Status& s) {
@@ -138,45 +118,48 @@ std::string FormatJointPlanJson(const KvcalibJointPlan& jp, const PlanReportInfo
   const JointPlan& p = jp.plan;
   const JointBudgetCheck& c = jp.check;
   std::ostringstream o;
-  o << "{\n  \"command\": \"plan\",\n  \"mode\": " << Quote(JointModeName(p.mode))
-    << ",\n  \"source\": " << Quote(p.source) << ",\n  \"profile\": " << Quote(info.profile)
-    << ",\n  \"method\": " << Quote(QuantMethodName(in.spec.method))
+  o << "{\n  \"command\": \"plan\",\n  \"mode\": " << JsonQuoted(JointModeName(p.mode))
+    << ",\n  \"source\": " << JsonQuoted(p.source)
+    << ",\n  \"profile\": " << JsonQuoted(info.profile)
+    << ",\n  \"method\": " << JsonQuoted(QuantMethodName(in.spec.method))
     << ",\n  \"head_dim\": " << in.spec.head_dim << ",\n  \"layers\": " << in.layers
     << ",\n  \"kv_heads\": " << in.kv_heads << ",\n  \"bits\": [";
   for (size_t i = 0; i < in.bits.size(); ++i) o << (i ? ", " : "") << in.bits[i];
-  o << "],\n  \"beta_k\": " << Num(in.beta_k) << ",\n  \"beta_v\": " << Num(in.beta_v)
+  o << "],\n  \"beta_k\": " << JsonNumber(in.beta_k) << ",\n  \"beta_v\": " << JsonNumber(in.beta_v)
     << ",\n  \"tokens_per_head\": " << in.heads.front().tokens
-    << ",\n  \"fixed_tokens_per_head\": " << Num(jp.fixed_tokens)
+    << ",\n  \"fixed_tokens_per_head\": " << JsonNumber(jp.fixed_tokens)
     << ",\n  \"fp16_tail_tokens_per_head\": " << in.heads.front().tail_tokens
     << ",\n  \"eviction_curve\": "
-    << Quote(jp.uniform_curves ? "uniform (no [reasonalloc] in the profile)"
-                               : "exponential from the layer demand")
-    << ",\n  \"budget\": {\"requested_bytes\": " << Num(c.requested_bytes)
-    << ", \"achieved_bytes\": " << Num(c.achieved_bytes)
-    << ", \"slack_bytes\": " << Num(c.slack_bytes) << ", \"unit_bytes\": " << Num(c.unit_bytes)
-    << ", \"min_bytes\": " << Num(p.min_bytes) << ", \"max_bytes\": " << Num(p.max_bytes)
-    << ", \"fp16_bytes\": " << Num(c.fp16_bytes)
-    << ", \"fraction_of_fp16\": " << Num(c.achieved_bytes / c.fp16_bytes)
+    << JsonQuoted(jp.uniform_curves ? "uniform (no [reasonalloc] in the profile)"
+                                    : "exponential from the layer demand")
+    << ",\n  \"budget\": {\"requested_bytes\": " << JsonNumber(c.requested_bytes)
+    << ", \"achieved_bytes\": " << JsonNumber(c.achieved_bytes)
+    << ", \"slack_bytes\": " << JsonNumber(c.slack_bytes)
+    << ", \"unit_bytes\": " << JsonNumber(c.unit_bytes)
+    << ", \"min_bytes\": " << JsonNumber(p.min_bytes)
+    << ", \"max_bytes\": " << JsonNumber(p.max_bytes)
+    << ", \"fp16_bytes\": " << JsonNumber(c.fp16_bytes)
+    << ", \"fraction_of_fp16\": " << JsonNumber(c.achieved_bytes / c.fp16_bytes)
     << ", \"saturated\": " << (c.saturated ? "true" : "false")
     << ", \"ok\": " << (c.ok ? "true" : "false") << "},\n"
-    << "  \"predicted_distortion\": " << Num(p.distortion)
-    << ",\n  \"quant_distortion\": " << Num(p.quant_distortion)
-    << ",\n  \"eviction_distortion\": " << Num(p.eviction_distortion)
-    << ",\n  \"lower_bound\": " << Num(p.lower_bound) << ",\n  \"tokens_seen\": " << p.tokens
+    << "  \"predicted_distortion\": " << JsonNumber(p.distortion)
+    << ",\n  \"quant_distortion\": " << JsonNumber(p.quant_distortion)
+    << ",\n  \"eviction_distortion\": " << JsonNumber(p.eviction_distortion)
+    << ",\n  \"lower_bound\": " << JsonNumber(p.lower_bound) << ",\n  \"tokens_seen\": " << p.tokens
     << ",\n  \"tokens_kept\": " << p.kept << ",\n  \"heads\": [";
   for (size_t i = 0; i < p.heads.size(); ++i) {
     const JointHeadPlan& h = p.heads[i];
     o << (i ? ",\n" : "\n") << "    {\"layer\": " << h.layer << ", \"head\": " << h.head
       << ", \"tokens\": " << h.tokens << ", \"kept\": " << h.kept << ", \"k_bits\": " << h.k_bits
-      << ", \"v_bits\": " << h.v_bits << ", \"bytes\": " << Num(h.bytes)
-      << ", \"retained_mass\": " << Num(h.retained_mass)
-      << ", \"quant_distortion\": " << Num(h.quant_distortion)
-      << ", \"eviction_distortion\": " << Num(h.eviction_distortion)
-      << ", \"distortion\": " << Num(h.distortion) << "}";
+      << ", \"v_bits\": " << h.v_bits << ", \"bytes\": " << JsonNumber(h.bytes)
+      << ", \"retained_mass\": " << JsonNumber(h.retained_mass)
+      << ", \"quant_distortion\": " << JsonNumber(h.quant_distortion)
+      << ", \"eviction_distortion\": " << JsonNumber(h.eviction_distortion)
+      << ", \"distortion\": " << JsonNumber(h.distortion) << "}";
   }
   o << "\n  ],\n  \"timing_ms\": {\"read_profile\": "
-    << (info.read_ms < 0 ? "null" : Num(info.read_ms))
-    << ", \"plan\": " << (info.plan_ms < 0 ? "null" : Num(info.plan_ms)) << "},\n"
+    << (info.read_ms < 0 ? "null" : JsonNumber(info.read_ms))
+    << ", \"plan\": " << (info.plan_ms < 0 ? "null" : JsonNumber(info.plan_ms)) << "},\n"
     << "  \"ok\": " << (jp.ok() ? "true" : "false") << "\n}\n";
   return o.str();
 }

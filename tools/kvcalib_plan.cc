@@ -8,6 +8,8 @@
 #include <limits>
 #include <sstream>
 
+#include "common/json_text.h"
+
 namespace kvctl {
 namespace {
 
@@ -16,38 +18,13 @@ using internal::StrCat;
 // Relative tolerance of b/e comparisons: costs are sums of dyadic fractions.
 constexpr double kTol = 1e-9;
 
-std::string Num(double x) {
-  if (!std::isfinite(x)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.10g", x);
-  return buf;
-}
-
-std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 template <typename T>
 std::string JsonList(const std::vector<T>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) {
     s += i ? ", " : "";
     if constexpr (std::is_floating_point_v<T>) {
-      s += Num(v[i]);
+      s += JsonNumber(v[i]);
     } else {
       s += std::to_string(v[i]);
     }
@@ -233,29 +210,32 @@ std::string FormatPlanJson(const KvcalibPlan& plan, const PlanReportInfo& info) 
   const RateQuantPlan& q = plan.quant;
   const BitBudgetCheck& c = plan.bits;
   std::ostringstream o;
-  o << "{\n  \"command\": \"plan\",\n  \"profile\": " << Quote(info.profile) << ",\n"
-    << "  \"method\": " << Quote(QuantMethodName(q.spec.method)) << ",\n"
+  o << "{\n  \"command\": \"plan\",\n  \"profile\": " << JsonQuoted(info.profile) << ",\n"
+    << "  \"method\": " << JsonQuoted(QuantMethodName(q.spec.method)) << ",\n"
     << "  \"head_dim\": " << q.spec.head_dim << ",\n  \"block_tokens\": " << q.spec.block_tokens
     << ",\n  \"layers\": " << q.layers << ",\n  \"kv_heads\": " << q.kv_heads << ",\n"
     << "  \"bits\": " << JsonList(plan.range.bits) << ",\n"
-    << "  \"budget\": {\"requested_bpe\": " << Num(c.requested_bpe)
-    << ", \"achieved_bpe\": " << Num(c.achieved_bpe) << ", \"slack_bpe\": " << Num(c.slack_bpe)
-    << ", \"unit_step_bpe\": " << Num(c.unit_step_bpe) << ", \"units\": " << c.units
-    << ", \"min_bpe\": " << Num(plan.range.min_bpe) << ", \"max_bpe\": " << Num(plan.range.max_bpe)
+    << "  \"budget\": {\"requested_bpe\": " << JsonNumber(c.requested_bpe)
+    << ", \"achieved_bpe\": " << JsonNumber(c.achieved_bpe)
+    << ", \"slack_bpe\": " << JsonNumber(c.slack_bpe)
+    << ", \"unit_step_bpe\": " << JsonNumber(c.unit_step_bpe) << ", \"units\": " << c.units
+    << ", \"min_bpe\": " << JsonNumber(plan.range.min_bpe)
+    << ", \"max_bpe\": " << JsonNumber(plan.range.max_bpe)
     << ", \"ok\": " << (c.ok ? "true" : "false") << "},\n"
-    << "  \"beta_k\": " << Num(q.beta_k) << ",\n  \"beta_v\": " << Num(q.beta_v) << ",\n"
-    << "  \"predicted_distortion\": " << Num(q.predicted_distortion) << ",\n"
-    << "  \"lower_bound\": " << Num(q.lower_bound) << ",\n"
+    << "  \"beta_k\": " << JsonNumber(q.beta_k) << ",\n  \"beta_v\": " << JsonNumber(q.beta_v)
+    << ",\n"
+    << "  \"predicted_distortion\": " << JsonNumber(q.predicted_distortion) << ",\n"
+    << "  \"lower_bound\": " << JsonNumber(q.lower_bound) << ",\n"
     << "  \"exact\": " << (q.exact ? "true" : "false") << ",\n"
-    << "  \"continuous\": {\"cost_bpe\": " << Num(q.continuous_cost_bpe)
-    << ", \"distortion\": " << Num(q.continuous_distortion) << "},\n  \"heads\": [";
+    << "  \"continuous\": {\"cost_bpe\": " << JsonNumber(q.continuous_cost_bpe)
+    << ", \"distortion\": " << JsonNumber(q.continuous_distortion) << "},\n  \"heads\": [";
   for (size_t i = 0; i < q.heads.size(); ++i) {
     const HeadPlan& h = q.heads[i];
     o << (i ? ",\n" : "\n") << "    {\"layer\": " << h.layer << ", \"head\": " << h.head
       << ", \"k_bits\": " << h.k_bits << ", \"v_bits\": " << h.v_bits
-      << ", \"bpe\": " << Num(HeadBpe(q.spec, q.kv_heads, h.k_bits, h.v_bits))
-      << ", \"k_distortion\": " << Num(h.k_distortion)
-      << ", \"v_distortion\": " << Num(h.v_distortion) << "}";
+      << ", \"bpe\": " << JsonNumber(HeadBpe(q.spec, q.kv_heads, h.k_bits, h.v_bits))
+      << ", \"k_distortion\": " << JsonNumber(h.k_distortion)
+      << ", \"v_distortion\": " << JsonNumber(h.v_distortion) << "}";
   }
   o << "\n  ],\n  \"layer_budgets\": ";
   if (!plan.tokens) {
@@ -263,7 +243,7 @@ std::string FormatPlanJson(const KvcalibPlan& plan, const PlanReportInfo& info) 
   } else {
     const LayerTokenPlan& t = *plan.tokens;
     double bytes = 0;
-    o << "{\n    \"schedule\": " << Quote(LayerScheduleName(t.schedule))
+    o << "{\n    \"schedule\": " << JsonQuoted(LayerScheduleName(t.schedule))
       << ",\n    \"avg_tokens_per_head\": " << t.avg_tokens_per_head
       << ",\n    \"window\": " << t.window << ",\n    \"floor\": " << t.floor
       << ",\n    \"requested_tokens\": " << t.requested_tokens
@@ -272,14 +252,16 @@ std::string FormatPlanJson(const KvcalibPlan& plan, const PlanReportInfo& info) 
     for (size_t l = 0; l < t.tokens.size(); ++l) {
       bytes += t.bytes[l];
       o << (l ? ",\n" : "\n") << "      {\"layer\": " << l << ", \"tokens\": " << t.tokens[l]
-        << ", \"demand\": " << (t.demand.empty() ? "null" : Num(t.demand[l]))
-        << ", \"bpe\": " << Num(t.bpe[l]) << ", \"bytes\": " << Num(t.bytes[l]) << "}";
+        << ", \"demand\": " << (t.demand.empty() ? "null" : JsonNumber(t.demand[l]))
+        << ", \"bpe\": " << JsonNumber(t.bpe[l]) << ", \"bytes\": " << JsonNumber(t.bytes[l])
+        << "}";
     }
-    o << "\n    ],\n    \"bytes\": " << Num(bytes) << ",\n    \"ok\": " << (t.ok ? "true" : "false")
-      << "\n  }";
+    o << "\n    ],\n    \"bytes\": " << JsonNumber(bytes)
+      << ",\n    \"ok\": " << (t.ok ? "true" : "false") << "\n  }";
   }
-  o << ",\n  \"timing_ms\": {\"read_profile\": " << (info.read_ms < 0 ? "null" : Num(info.read_ms))
-    << ", \"plan\": " << (info.plan_ms < 0 ? "null" : Num(info.plan_ms)) << "},\n"
+  o << ",\n  \"timing_ms\": {\"read_profile\": "
+    << (info.read_ms < 0 ? "null" : JsonNumber(info.read_ms))
+    << ", \"plan\": " << (info.plan_ms < 0 ? "null" : JsonNumber(info.plan_ms)) << "},\n"
     << "  \"ok\": " << (plan.ok() ? "true" : "false") << "\n}\n";
   return o.str();
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "common/json_text.h"
 #include "tools/kvtop_format.h"
 
 namespace kvctl::kvtop {
@@ -555,29 +556,11 @@ std::string RenderPlain(const Snapshot& s, int width) {
 
 namespace {
 
-void AppendJsonString(std::string& out, std::string_view s) {
-  out += '"';
-  for (char c : s) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      char esc[8];
-      std::snprintf(esc, sizeof(esc), "\\u%04x", u);
-      out += esc;
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-}
-
 void AppendJsonValue(std::string& out, std::string_view v) {
   if (IsJsonNumber(v)) {
     out += v;
   } else {
-    AppendJsonString(out, v);
+    AppendJsonQuoted(&out, v);
   }
 }
 
@@ -588,24 +571,24 @@ std::string RenderJson(const StatsText& text) {
   for (size_t i = 0; i < text.sections.size(); ++i) {
     const StatsSection& section = text.sections[i];
     out += i ? ",\n  " : "\n  ";
-    AppendJsonString(out, section.name);
+    AppendJsonQuoted(&out, section.name);
     out += ": {";
     bool first = true;
     for (const auto& [k, v] : section.fields) {
       out += first ? "\n    " : ",\n    ";
       first = false;
-      AppendJsonString(out, k);
+      AppendJsonQuoted(&out, k);
       out += ": ";
       AppendJsonValue(out, v);
     }
     for (const StatsEntity& e : section.entities) {
       out += first ? "\n    " : ",\n    ";
       first = false;
-      AppendJsonString(out, e.name);
+      AppendJsonQuoted(&out, e.name);
       out += ": {";
       for (size_t j = 0; j < e.fields.size(); ++j) {
         if (j) out += ", ";
-        AppendJsonString(out, e.fields[j].first);
+        AppendJsonQuoted(&out, e.fields[j].first);
         out += ": ";
         AppendJsonValue(out, e.fields[j].second);
       }

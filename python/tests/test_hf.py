@@ -6,27 +6,17 @@ Loads the model once per test session (~20 s). Runs only with KVCTL_HF_TESTS=1 (
 GGUF file is not installed (tools/setup.sh installs them).
 """
 
-import importlib.util
 import os
 
 import pytest
 
-if os.environ.get("KVCTL_HF_TESTS") != "1":
-    pytest.skip("HF cache tests run with KVCTL_HF_TESTS=1 (ctest -R 'hf cache')",
-                allow_module_level=True)
-if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gguf")):
-    pytest.skip("torch/transformers/gguf not installed (python/requirements-model.txt)",
-                allow_module_level=True)
+from hf_common import TEXT, forward_loop  # First: skips this module unless the HF tests run.
 
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 import kvctl  # noqa: E402
 from kvctl.hf import KvctlCache  # noqa: E402
-from hf_common import TEXT, forward_loop  # noqa: E402
-
-
-
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +25,6 @@ def tokens(smollm2):
     ids = tok(TEXT * 3, return_tensors="pt").input_ids
     assert ids.shape[1] >= 150
     return ids[:, :150]
-
-
 
 
 @pytest.fixture(scope="session")

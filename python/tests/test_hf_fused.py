@@ -8,17 +8,11 @@ from $KVCTL_TORCH_LIB, else build/lib next to $KVCTL_BIN's bin/, else <repo>/bui
 is skipped (with the reason) when it, the model stack or the GGUF file is missing.
 """
 
-import importlib.util
 import os
 
 import pytest
 
-if os.environ.get("KVCTL_HF_TESTS") != "1":
-    pytest.skip("HF cache tests run with KVCTL_HF_TESTS=1 (ctest -R 'hf cache')",
-                allow_module_level=True)
-if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gguf")):
-    pytest.skip("torch/transformers/gguf not installed (python/requirements-model.txt)",
-                allow_module_level=True)
+from hf_common import TEXT, forward_loop  # First: skips this module unless the HF tests run.
 
 import torch  # noqa: E402
 
@@ -26,7 +20,6 @@ import kvctl  # noqa: E402
 
 from kvctl import torch_ops  # noqa: E402
 from kvctl.hf import KvctlCache  # noqa: E402
-from hf_common import TEXT, forward_loop  # noqa: E402
 
 
 def _load_extension():
@@ -53,16 +46,12 @@ ATTENTION_TOLERANCE = 1e-4
 LOGIT_TOLERANCE = 2.0
 
 
-
-
 @pytest.fixture(scope="session")
 def tokens(smollm2):
     _, tok = smollm2
     ids = tok(TEXT * 3, return_tensors="pt").input_ids
     assert ids.shape[1] >= TOTAL
     return ids[:, :TOTAL]
-
-
 
 
 DAEMONS = {

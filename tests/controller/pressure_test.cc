@@ -340,10 +340,17 @@ TEST_CASE("KvSequence: a joint sequence under pressure lowers widths when that i
   CHECK((relieved.seq->HeadSpec(0, 0).k_bits < 4 || relieved.seq->HeadSpec(0, 1).k_bits < 4 ||
          relieved.seq->HeadSpec(0, 0).v_bits < 4 || relieved.seq->HeadSpec(0, 1).v_bits < 4));
   for (int h = 0; h < 2; ++h) CHECK(relieved.seq->HeadUsageOf(0, h).budget == relieved.caps[h]);
-  // Later, with nothing left to lower, reliefs cut caps: every APPEND still succeeds.
+  // Later, with the cheap head at 2 bits, reliefs cut the cheap head's cap instead of lowering
+  // the sensitive head (alpha 100x): every APPEND still succeeds.
   for (; t + 16 <= kv.tokens; t += 16) {
     REQUIRE(relieved.seq->Append(t, {kv.KView().Tokens(t, 16)}, {kv.VView().Tokens(t, 16)}).ok());
   }
+  CHECK(relieved.seq->Usage().pressure_cap_cuts >= 1);
+  CHECK(relieved.seq->HeadSpec(0, 0).k_bits == 2);
+  CHECK(relieved.seq->HeadSpec(0, 1).k_bits == 4);
+  CHECK(relieved.seq->HeadSpec(0, 1).v_bits == 4);
+  CHECK(relieved.seq->HeadUsageOf(0, 0).budget < relieved.caps[0]);
+  CHECK(relieved.seq->HeadUsageOf(0, 1).budget == relieved.caps[1]);
 }
 
 TEST_CASE("KvSequence: a joint sequence that may not lower widths evicts under pressure",
