@@ -53,6 +53,7 @@ struct ServerConfig {
 
 struct PoolConfig {
   PoolBackend backend{};
+  int cuda_device = 0;
   uint64_t bytes = 0;
   uint64_t page_bytes = 0;
   std::string shm_name;

@@ -215,7 +215,17 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_POOL_BACKEND",
            .names = {"cpu", "cuda"},
            .doc = "Where the pool lives: cpu = POSIX shared memory; cuda = device memory shared "
-                  "by CUDA IPC (the daemon refuses it when no device is present)."}),
+                  "by CUDA IPC, with a host copy the daemon works on (refused when this build "
+                  "has no CUDA or no device is visible)."}),
+      Row<&Config::pool, &PoolConfig::cuda_device>(
+          {.key = "pool.cuda_device",
+           .default_text = "0",
+           .min = 0,
+           .max = 1023,
+           .flags = kImm,
+           .env = "KVCTL_POOL_CUDA_DEVICE",
+           .doc = "CUDA device ordinal of the cuda pool (as CUDA_VISIBLE_DEVICES numbers them); "
+                  "ignored by the cpu pool."}),
       Row<&Config::pool, &PoolConfig::bytes>(
           {.key = "pool.bytes",
            .default_text = "256MiB",

@@ -11,6 +11,7 @@
 #include "controller/blocks_reply.h"
 #include "controller/budget_config.h"
 #include "controller/controller_internal.h"
+#include "controller/cuda_arena.h"
 #include "ipc/protocol.h"
 
 namespace kvctl {
@@ -104,14 +105,15 @@ Controller::~Controller() {
 
 StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
   KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
+  std::unique_ptr<Arena> arena;
+  std::string shm_name;
   if (config.pool.backend == PoolBackend::kCuda) {
-    return FailedPrecondition(
-        "pool.backend: got \"cuda\", but this daemon has no CUDA pool yet (no device-memory "
-        "arena is built in); use \"cpu\"");
+    KVCTL_ASSIGN_OR_RETURN(arena, CreateCudaArena(config.pool.bytes, config.pool.cuda_device));
+  } else {
+    const StaleShm stale = config.pool.unlink_stale ? StaleShm::kUnlink : StaleShm::kRefuse;
+    KVCTL_ASSIGN_OR_RETURN(arena, ShmArena::Create(ShmNameFor(config), config.pool.bytes, stale));
+    shm_name = ShmNameFor(config);
   }
-  const StaleShm stale = config.pool.unlink_stale ? StaleShm::kUnlink : StaleShm::kRefuse;
-  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<ShmArena> arena,
-                         ShmArena::Create(ShmNameFor(config), config.pool.bytes, stale));
   PageAllocatorOptions options;
   options.page_bytes = config.pool.page_bytes;
   if (config.pool.staging_bytes_per_session > 0) {
@@ -120,7 +122,7 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
   }
   KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<PageAllocator> pool,
                          PageAllocator::Create(std::move(arena), options));
-  return std::unique_ptr<Controller>(new Controller(config, std::move(pool), ShmNameFor(config)));
+  return std::unique_ptr<Controller>(new Controller(config, std::move(pool), std::move(shm_name)));
 }
 
 Config Controller::config() const {
@@ -225,6 +227,13 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
   reply.pool_bytes = config_.pool.bytes;
   reply.page_bytes = static_cast<uint32_t>(pool_->page_bytes());
   reply.shm_name = shm_name_;
+  if (pool_->arena().cuda_device() >= 0) {
+    reply.pool_location = ipc::PoolLocation::kCudaDevice;
+    reply.cuda_device = static_cast<uint32_t>(pool_->arena().cuda_device());
+    const std::string handle = pool_->arena().cuda_ipc_handle();
+    KVCTL_CHECK(handle.size() == reply.cuda_ipc_handle.size());
+    std::memcpy(reply.cuda_ipc_handle.data(), handle.data(), handle.size());
+  }
   const QuantSettings q = EffectiveQuantSettings(config_, FindModel(config_, request.model_name));
   if (!q.lossless) {
     StatusOr<QuantSpec> spec =
@@ -310,6 +319,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   ipc::Geometry g;
   const uint8_t* k_bytes = nullptr;
   const uint8_t* v_bytes = nullptr;
+  uint64_t staged_bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
@@ -332,7 +342,13 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
                                slot.offset, ", ", slot.offset + slot.bytes, ")");
       }
       k_bytes = pool_->StagingPointer(slot.id) + (request.staging_offset - slot.offset);
+      staged_bytes = need;
     }
+  }
+  // A device pool's slot was written on the device: bring the bytes to the host copy (outside
+  // mu_: a device copy must not stall every other request).
+  if (staged_bytes > 0) {
+    KVCTL_RETURN_IF_ERROR(pool_->PullStaging(request.staging_offset, staged_bytes));
   }
   const size_t layer_bytes =
       static_cast<size_t>(request.n_tokens) * g.kv_heads * g.head_dim * DTypeSize(g.dtype);

@@ -186,8 +186,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   if (show("pool")) {
     const PoolStats p = pool_->Stats();
     out << "# Pool\n"
-        << "pool_backend:cpu\n"
+        << "pool_backend:" << (pool_->arena().cuda_device() >= 0 ? "cuda" : "cpu") << "\n"
         << "pool_shm_name:" << shm_name_ << "\n"
+        << "pool_cuda_device:" << pool_->arena().cuda_device() << "\n"
         << "pool_bytes:" << p.arena_bytes << "\n"
         << "page_bytes:" << p.page_bytes << "\n"
         << "pages:" << p.pages_total << "\n"
@@ -199,7 +200,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "staging_slots:" << p.staging_slots_total << "\n"
         << "staging_slots_used:" << p.staging_slots_used << "\n"
         << "staging_bytes:" << p.staging_bytes_total << "\n"
-        << "alloc_failures_total:" << p.alloc_failures_total << "\n";
+        << "alloc_failures_total:" << p.alloc_failures_total << "\n"
+        << "publish_copies_total:" << p.publish_copies_total << "\n"
+        << "publish_bytes_total:" << p.publish_bytes_total << "\n";
   }
   if (show("sequences")) {
     const double fp16_bytes = static_cast<double>(total.elements) * 2;

@@ -55,7 +55,28 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
                           const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q) {
   // A relief frees what the model predicts; the pages may still fall short (page granularity,
   // another sequence taking pages meanwhile), so a few rounds are allowed.
-  return AppendOnce(first_position, k, v, q, pressure_.lower_widths ? 3 : 0);
+  Status appended = AppendOnce(first_position, k, v, q, pressure_.lower_widths ? 3 : 0);
+  // Even a failed APPEND may have lowered widths (a relief) before failing.
+  Status published = Publish();
+  return appended.ok() ? published : appended;
+}
+
+Status KvSequence::Publish() {
+  if (!pool_->mirrored()) return OkStatus();
+  std::vector<uint32_t> pages;
+  for (const auto& layer : layers_) {
+    layer->norms.CollectPages(&pages);
+    for (const HeadStream& head : layer->heads) {
+      head.rows.CollectPages(&pages);
+      head.records.CollectPages(&pages);
+    }
+  }
+  Status published = pool_->PublishPages(std::move(pages));
+  if (published.ok()) return OkStatus();
+  return Unavailable("pool.backend: copying the sequence's changed pages to the device failed (",
+                     published.message(),
+                     "); the daemon's copy holds the change, the device copy is stale until the "
+                     "next successful request on this sequence");
 }
 
 Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
@@ -211,9 +232,9 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
     for (size_t i = 0; i < final_records; ++i) {
       const int src = ph.record_plan[i];
       if (src < 0) {
-        std::memcpy(head.records.Slot(i), ph.records.data() + fresh++ * rb, rb);
+        std::memcpy(head.records.MutableSlot(i), ph.records.data() + fresh++ * rb, rb);
       } else if (static_cast<size_t>(src) != i) {
-        std::memcpy(head.records.Slot(i), head.records.Slot(src), rb);
+        std::memcpy(head.records.MutableSlot(i), head.records.Slot(src), rb);
       }
     }
     if (final_records < head.records.size()) head.records.Resize(final_records, &reserved);
@@ -222,7 +243,7 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
     head.rows.Resize(ph.rows_after, &reserved);
     const size_t slot = head.rows.slot_bytes();
     for (size_t i = 0; i < ph.rows.size() / slot; ++i) {
-      std::memcpy(head.rows.Slot(ph.write_start + i), ph.rows.data() + i * slot, slot);
+      std::memcpy(head.rows.MutableSlot(ph.write_start + i), ph.rows.data() + i * slot, slot);
     }
   };
   // After the first pass only the growing arrays still differ from their plan, so the same test
@@ -276,7 +297,7 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
       const size_t before = layer.norms.size();
       layer.norms.Resize(before + p.norms.size() / per_slot, &reserved);
       for (size_t i = 0; i < p.norms.size() / per_slot; ++i) {
-        std::memcpy(layer.norms.Slot(before + i), &p.norms[i * per_slot], per_slot * 4);
+        std::memcpy(layer.norms.MutableSlot(before + i), &p.norms[i * per_slot], per_slot * 4);
       }
     }
     for (const PreparedLayer::Sample& sample : p.samples) {

@@ -363,20 +363,24 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     const size_t rb = BlockLayoutOf(spec).record_bytes;
     const int blocks = static_cast<int>(ph.qk.size() / (static_cast<size_t>(g) * d));
     ph.records.resize(rb * blocks);
+    // One batch per head: a device pool encodes it on its device (Arena::EncodeBlocks).
+    const BlockBatch batch{ph.qk.data(),
+                           ph.qv.data(),
+                           d,
+                           static_cast<int64_t>(g) * d,
+                           needs_norms ? out->norms.data() : nullptr,
+                           blocks};
+    Status encoded = pool_->EncodeBlocks(spec, batch, ph.records.data());
+    if (!encoded.ok()) return WithLayerHead(l, h, encoded);
+    if (geometry_.quality_sample_period == 0) continue;
     size_t index = 0;  // Position of the next new record in the head's record list.
     for (int b = 0; b < blocks; ++b, ++index) {
       while (ph.record_plan[index] >= 0) ++index;
-      const BlockInput in{&ph.qk[static_cast<size_t>(b) * g * d],
-                          &ph.qv[static_cast<size_t>(b) * g * d], d,
+      if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
+      const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride, d,
                           needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};
-      uint8_t* rec = ph.records.data() + b * rb;
-      Status s = QuantizeBlock(spec, in, rec);
-      if (!s.ok()) return WithLayerHead(l, h, s);
-      if (geometry_.quality_sample_period > 0 &&
-          index % static_cast<size_t>(geometry_.quality_sample_period) == 0) {
-        out->samples.push_back({h, 0, 0});
-        SampleQuality(spec, in, rec, &out->samples.back());
-      }
+      out->samples.push_back({h, 0, 0});
+      SampleQuality(spec, in, ph.records.data() + b * rb, &out->samples.back());
     }
   }
 

@@ -42,26 +42,49 @@ Status KvSequence::LowerWidth(int layer, int head, int k_bits, int v_bits) {
   const size_t records = h.records.size();
   const size_t rb = BlockLayoutOf(next).record_bytes;
   std::vector<uint8_t> packed(records * rb);
-  std::vector<float> k(static_cast<size_t>(g) * d), v(k.size());
-  for (size_t r = 0; r < records; ++r) {
-    const float* norms =
-        l.norms.size() > 0 ? reinterpret_cast<const float*>(l.norms.Slot(r)) : nullptr;
-    DequantizeBlock(h.spec, h.records.Slot(r), norms, k.data(), v.data());
-    // Records are made from fp16 rows; decoded tokens re-enter as fp16, as in compaction.
-    for (size_t i = 0; i < k.size(); ++i) k[i] = RoundToHalf(k[i]), v[i] = RoundToHalf(v[i]);
-    Status s = QuantizeBlock(next, {k.data(), v.data(), d, norms}, packed.data() + r * rb);
+  // Decoded in chunks (bounded temporary memory), each chunk encoded as one batch where the pool
+  // lives (Arena::EncodeBlocks).
+  constexpr size_t kChunk = 256;
+  const size_t block_floats = static_cast<size_t>(g) * d;
+  std::vector<float> k(std::min(records, kChunk) * block_floats), v(k.size()), norms;
+  const bool has_norms = l.norms.size() > 0;
+  for (size_t first = 0; first < records; first += kChunk) {
+    const size_t count = std::min(kChunk, records - first);
+    norms.clear();
+    for (size_t i = 0; i < count; ++i) {
+      const float* nr =
+          has_norms ? reinterpret_cast<const float*>(l.norms.Slot(first + i)) : nullptr;
+      if (nr != nullptr) norms.insert(norms.end(), nr, nr + g);
+      float* kb = &k[i * block_floats];
+      float* vb = &v[i * block_floats];
+      DequantizeBlock(h.spec, h.records.Slot(first + i), nr, kb, vb);
+      // Records are made from fp16 rows; decoded tokens re-enter as fp16, as in compaction.
+      for (size_t j = 0; j < block_floats; ++j) {
+        kb[j] = RoundToHalf(kb[j]);
+        vb[j] = RoundToHalf(vb[j]);
+      }
+    }
+    const BlockBatch batch{k.data(),
+                           v.data(),
+                           d,
+                           static_cast<int64_t>(block_floats),
+                           has_norms ? norms.data() : nullptr,
+                           static_cast<int>(count)};
+    Status s = pool_->EncodeBlocks(next, batch, packed.data() + first * rb);
     if (!s.ok()) {
       return Status(s.code(),
                     internal::StrCat("layer ", layer, ", head ", head, ": ", s.message()));
     }
   }
   h.records.Reslot(rb);
-  for (size_t r = 0; r < records; ++r) std::memcpy(h.records.Slot(r), packed.data() + r * rb, rb);
+  for (size_t r = 0; r < records; ++r) {
+    std::memcpy(h.records.MutableSlot(r), packed.data() + r * rb, rb);
+  }
   h.spec = next;
   l.plan.head_specs[head] = next;
   h.usage.requantized_tokens += records * g;
   ++h.usage.width_lowerings;
-  return OkStatus();
+  return Publish();
 }
 
 Status KvSequence::RelievePressure(int64_t shortfall_pages) {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -138,6 +139,8 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
       staging_slot_bytes_(staging_slot_bytes),
       staging_stride_(staging_stride),
       staging_offset_(arena_->bytes() - staging_stride * staging_slots),
+      mirrored_(arena_->mirrored()),
+      dirty_(mirrored_ ? new std::atomic<uint8_t>[pages_total]() : nullptr),
       page_used_(pages_total, 0),
       slot_used_(staging_slots, 0) {
   // Stacks pop from the back: push in reverse so a fresh pool hands out ids 0, 1, 2, ...
@@ -287,6 +290,46 @@ uint8_t* PageAllocator::StagingPointer(uint32_t slot_id) const {
   return arena_->base() + StagingOffset(slot_id);
 }
 
+Status Arena::EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
+  return QuantizeBlocks(spec, batch, records);
+}
+
+void PageAllocator::MarkDirty(uint32_t page) {
+  if (!mirrored_) return;
+  KVCTL_CHECK(page < pages_total_);
+  dirty_[page].store(1, std::memory_order_relaxed);
+}
+
+Status PageAllocator::PublishPages(std::vector<uint32_t> pages) {
+  if (!mirrored_) return OkStatus();
+  std::vector<uint32_t> marked;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    if (dirty_[page].exchange(0, std::memory_order_relaxed) != 0) marked.push_back(page);
+  }
+  std::sort(marked.begin(), marked.end());
+  for (size_t begin = 0; begin < marked.size();) {
+    size_t end = begin + 1;
+    while (end < marked.size() && marked[end] == marked[end - 1] + 1) ++end;
+    const uint64_t bytes = (end - begin) * page_bytes_;
+    Status copied = arena_->Publish(PageOffset(marked[begin]), bytes);
+    if (!copied.ok()) {
+      for (size_t i = begin; i < marked.size(); ++i) MarkDirty(marked[i]);
+      return copied;
+    }
+    publish_copies_.fetch_add(1, std::memory_order_relaxed);
+    publish_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    begin = end;
+  }
+  return OkStatus();
+}
+
+Status PageAllocator::PullStaging(uint64_t offset, uint64_t bytes) {
+  if (!mirrored_) return OkStatus();
+  KVCTL_CHECK(offset >= staging_offset_ && offset + bytes <= arena_->bytes());
+  return arena_->Pull(offset, bytes);
+}
+
 PoolStats PageAllocator::Stats() const {
   MutexLock lock(&mu_);
   PoolStats s;
@@ -303,6 +346,8 @@ PoolStats PageAllocator::Stats() const {
   s.staging_slot_bytes = staging_slot_bytes_;
   s.staging_bytes_total = staging_stride_ * staging_slots_;
   s.alloc_failures_total = alloc_failures_;
+  s.publish_copies_total = publish_copies_.load(std::memory_order_relaxed);
+  s.publish_bytes_total = publish_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 

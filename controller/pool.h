@@ -17,6 +17,7 @@
 #ifndef KVCTL_CONTROLLER_POOL_H_
 #define KVCTL_CONTROLLER_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/quantize.h"
 
 // Clang thread-safety annotations (-Wthread-safety); no-ops elsewhere.
 #if defined(__clang__)
@@ -63,12 +65,28 @@ class KVCTL_SCOPED_CAPABILITY MutexLock {
   Mutex* const mu_;
 };
 
-// Memory the pool is carved from. A CUDA backend implements it over device memory.
+// Memory the pool is carved from. base() is the memory the daemon reads and writes. A device
+// arena (controller/cuda_arena.h) is *mirrored*: base() is a host copy the daemon works on, the
+// copy engines read lives in device memory, Publish makes a range of the device copy equal to the
+// host copy and Pull copies a range the other way (staging slots that engines fill on the device).
+// Records are encoded where the arena lives (EncodeBlocks: the CPU here, the device there).
 class Arena {
  public:
   virtual ~Arena() = default;
   virtual uint8_t* base() const = 0;
   virtual uint64_t bytes() const = 0;
+
+  virtual bool mirrored() const { return false; }
+  // Mirrored arenas only; REQUIRES: offset + bytes <= bytes(). Errors name the device call.
+  virtual Status Publish(uint64_t /*offset*/, uint64_t /*bytes*/) { return OkStatus(); }
+  virtual Status Pull(uint64_t /*offset*/, uint64_t /*bytes*/) { return OkStatus(); }
+  // Quantizes batch.n_blocks blocks of one head into records, record_bytes apart; the contract of
+  // kernels/quantize.h QuantizeBlocks (which is what the CPU arenas run). Thread-safe.
+  virtual Status EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records);
+  // Where engines find a device arena: its CUDA ordinal and cudaIpcMemHandle_t bytes (64).
+  // -1 and "" for host memory.
+  virtual int cuda_device() const { return -1; }
+  virtual std::string cuda_ipc_handle() const { return {}; }
 };
 
 // OK if `name` is a POSIX shm name: '/' then 1..254 characters, none of them '/'.
@@ -135,6 +153,9 @@ struct PoolStats {
   uint64_t staging_slot_bytes = 0;
   uint64_t staging_bytes_total = 0;  // Slot strides included: the arena bytes staging takes.
   uint64_t alloc_failures_total = 0;
+  // Mirrored arenas: host-to-device copies of changed pages (Publish calls, bytes).
+  uint64_t publish_copies_total = 0;
+  uint64_t publish_bytes_total = 0;
 };
 
 // Fixed-size pages [0, pages_total) at the start of the arena, staging slots at its end.
@@ -167,6 +188,21 @@ class PageAllocator {
   uint64_t StagingOffset(uint32_t slot_id) const;
   uint8_t* StagingPointer(uint32_t slot_id) const;
 
+  // Mirrored arenas (Arena::mirrored): writers mark the pages whose host copy they changed, and
+  // the owner of those pages publishes them before anyone outside may read them (the daemon: before
+  // it replies). Both are no-ops for host arenas. Any thread; a page is marked by its owner only.
+  bool mirrored() const { return mirrored_; }
+  void MarkDirty(uint32_t page);
+  // Copies the marked pages among `pages` to the device copy in runs of adjacent pages and clears
+  // their marks. On a copy error the pages not copied stay marked and the error is returned.
+  Status PublishPages(std::vector<uint32_t> pages);
+  // Copies [offset, offset + bytes) of a staging slot from the device copy into base().
+  // REQUIRES: the range lies inside one staging slot.
+  Status PullStaging(uint64_t offset, uint64_t bytes);
+  Status EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) const {
+    return arena_->EncodeBlocks(spec, batch, records);
+  }
+
   PoolStats Stats() const KVCTL_EXCLUDES(mu_);
   uint64_t page_bytes() const { return page_bytes_; }
   uint32_t pages_total() const { return pages_total_; }
@@ -186,6 +222,11 @@ class PageAllocator {
   const uint64_t staging_slot_bytes_;
   const uint64_t staging_stride_;
   const uint64_t staging_offset_;
+  const bool mirrored_;
+  // One mark per page (mirrored arenas only): set by MarkDirty, cleared by PublishPages.
+  const std::unique_ptr<std::atomic<uint8_t>[]> dirty_;
+  std::atomic<uint64_t> publish_copies_{0};
+  std::atomic<uint64_t> publish_bytes_{0};
 
   mutable Mutex mu_;
   // Invariant: free_pages_ holds exactly the ids with page_used_[id] == 0, each once.

@@ -36,9 +36,16 @@ size_t SlotArray::PagesReleased(size_t n) const {
   return want < pages_.size() ? pages_.size() - want : 0;
 }
 
-uint8_t* SlotArray::Slot(size_t i) const {
+const uint8_t* SlotArray::Slot(size_t i) const {
   KVCTL_CHECK(i < size_);
   return pool_->PagePointer(pages_[i / per_page_]) + (i % per_page_) * slot_bytes_;
+}
+
+uint8_t* SlotArray::MutableSlot(size_t i) {
+  KVCTL_CHECK(i < size_);
+  const uint32_t page = pages_[i / per_page_];
+  pool_->MarkDirty(page);
+  return pool_->PagePointer(page) + (i % per_page_) * slot_bytes_;
 }
 
 void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {

@@ -11,7 +11,7 @@
 //
 //   SlotArray records(pool, record_bytes);
 //   records.Resize(n + 4, &reserved_pages);
-//   uint8_t* rec = records.Slot(n);
+//   uint8_t* rec = records.MutableSlot(n);
 #ifndef KVCTL_CONTROLLER_SLOT_ARRAY_H_
 #define KVCTL_CONTROLLER_SLOT_ARRAY_H_
 
@@ -47,8 +47,14 @@ class SlotArray {
   // Pages Resize(n) releases (0 when growing).
   size_t PagesReleased(size_t n) const;
 
-  // REQUIRES: i < size().
-  uint8_t* Slot(size_t i) const;
+  // REQUIRES: i < size(). MutableSlot marks the slot's page changed (PageAllocator::MarkDirty),
+  // so every write goes through it and the owner publishes the array (Publish) afterwards.
+  const uint8_t* Slot(size_t i) const;
+  uint8_t* MutableSlot(size_t i);
+  // Appends the array's pages to *pages (for PageAllocator::PublishPages).
+  void CollectPages(std::vector<uint32_t>* pages) const {
+    pages->insert(pages->end(), pages_.begin(), pages_.end());
+  }
 
   // Grows (taking PagesNeeded(n) pages from the back of *reserved) or shrinks (releasing pages
   // onto *reserved, or to the pool when reserved is null).

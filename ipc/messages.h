@@ -14,6 +14,7 @@
 #ifndef KVCTL_IPC_MESSAGES_H_
 #define KVCTL_IPC_MESSAGES_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -59,8 +60,11 @@ inline constexpr uint32_t kMinHeadDim = 8, kMaxHeadDim = 1024;  // And a multipl
 inline constexpr uint32_t kMaxAppendTokens = 1u << 20;
 inline constexpr uint32_t kMaxBlockTokens = 1u << 16;
 inline constexpr uint32_t kMaxLayouts = 1024;
-inline constexpr size_t kMaxNameBytes = 256;     // client_name, model_name, server_version.
-inline constexpr size_t kMaxShmNameBytes = 255;  // NAME_MAX.
+inline constexpr size_t kMaxNameBytes = 256;       // client_name, model_name, server_version.
+inline constexpr size_t kMaxShmNameBytes = 255;    // NAME_MAX.
+inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t).
+
+enum class PoolLocation : uint8_t { kHostShm = 0, kCudaDevice = 1 };
 inline constexpr size_t kMaxSectionBytes = 256;  // STATS section filter.
 inline constexpr size_t kMaxErrorMessageBytes = 4096;
 inline constexpr size_t kMaxStatsTextBytes = 1u << 20;
@@ -169,6 +173,11 @@ struct HelloReply {
   uint64_t staging_offset = 0;  // The session's staging slot inside the pool.
   uint64_t staging_bytes = 0;   // 0 = no slot (send tensors inline).
   QuantInfo quant;
+  // Where the pool lives: host shared memory (shm_name), or CUDA device memory that engines open
+  // with cudaIpcOpenMemHandle(cuda_ipc_handle) on device cuda_device.
+  PoolLocation pool_location = PoolLocation::kHostShm;
+  uint32_t cuda_device = 0;
+  std::array<uint8_t, kCudaIpcHandleBytes> cuda_ipc_handle{};  // All zero for host memory.
 };
 
 struct OpenReply {};

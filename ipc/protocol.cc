@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "ipc/protocol.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <cstring>
@@ -234,6 +235,9 @@ void WriteBody(WireWriter& w, const HelloReply& m) {
   w.U32(m.quant.block_tokens);
   w.U32(m.quant.sink_tokens);
   w.U32(m.quant.flush_tokens);
+  w.U8(static_cast<uint8_t>(m.pool_location));
+  w.U32(m.cuda_device);
+  w.Bytes(m.cuda_ipc_handle.data(), m.cuda_ipc_handle.size());
 }
 Status ReadBody(WireReader& r, HelloReply* m) {
   KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
@@ -249,7 +253,16 @@ Status ReadBody(WireReader& r, HelloReply* m) {
   KVCTL_RETURN_IF_ERROR(r.U8("quant.v_bits", &m->quant.v_bits));
   KVCTL_RETURN_IF_ERROR(r.U32("quant.block_tokens", &m->quant.block_tokens));
   KVCTL_RETURN_IF_ERROR(r.U32("quant.sink_tokens", &m->quant.sink_tokens));
-  return r.U32("quant.flush_tokens", &m->quant.flush_tokens);
+  KVCTL_RETURN_IF_ERROR(r.U32("quant.flush_tokens", &m->quant.flush_tokens));
+  uint8_t location;
+  KVCTL_RETURN_IF_ERROR(r.U8("pool_location", &location));
+  if (location > static_cast<uint8_t>(PoolLocation::kCudaDevice)) {
+    return InvalidArgument("pool_location: got ", int{location},
+                           ", expected 0 (host shm) or 1 (cuda device)");
+  }
+  m->pool_location = static_cast<PoolLocation>(location);
+  KVCTL_RETURN_IF_ERROR(r.U32("cuda_device", &m->cuda_device));
+  return r.Bytes("cuda_ipc_handle", m->cuda_ipc_handle.size(), m->cuda_ipc_handle.data());
 }
 Status Validate(const HelloReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
@@ -266,7 +279,20 @@ Status Validate(const HelloReply& m) {
     return InvalidArgument("staging slot: offset ", m.staging_offset, " + bytes ", m.staging_bytes,
                            " ends past pool_bytes ", m.pool_bytes);
   }
-  if (m.staging_bytes > 0 && m.shm_name.empty()) {
+  const bool on_device = m.pool_location == PoolLocation::kCudaDevice;
+  const bool handle_zero = std::all_of(m.cuda_ipc_handle.begin(), m.cuda_ipc_handle.end(),
+                                       [](uint8_t byte) { return byte == 0; });
+  if (on_device && !m.shm_name.empty()) {
+    return InvalidArgument("shm_name: got \"", m.shm_name,
+                           "\", expected none for a pool in device memory (pool_location 1)");
+  }
+  if (!on_device && (!handle_zero || m.cuda_device != 0)) {
+    return InvalidArgument(
+        "cuda_ipc_handle/cuda_device: got a handle that is not all zero or "
+        "device ",
+        m.cuda_device, ", expected zeros for a pool in host memory");
+  }
+  if (m.staging_bytes > 0 && !on_device && m.shm_name.empty()) {
     return InvalidArgument("shm_name: empty, expected the pool's shm name when staging_bytes is ",
                            m.staging_bytes);
   }

@@ -1,6 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "ipc/wire.h"
 
+#include <cstring>
+
 namespace kvctl::ipc {
 namespace {
 
@@ -135,6 +137,13 @@ Status WireReader::Str(std::string_view field, size_t max_bytes, std::string* ou
   }
   out->assign(s);
   pos_ += len;
+  return OkStatus();
+}
+
+Status WireReader::Bytes(std::string_view field, size_t n, uint8_t* out) {
+  KVCTL_RETURN_IF_ERROR(Need(field, n));
+  std::memcpy(out, data_ + pos_, n);
+  pos_ += n;
   return OkStatus();
 }
 

@@ -46,6 +46,8 @@ class WireWriter {
   void U64(uint64_t v) { Le(v, 8); }
   // u32 length, then the bytes.
   void Str(std::string_view s);
+  // Exactly `n` raw bytes, no length.
+  void Bytes(const uint8_t* data, size_t n) { buf_.append(reinterpret_cast<const char*>(data), n); }
   void U16Array(const std::vector<uint16_t>& a);
   void U32Array(const std::vector<uint32_t>& a);
   size_t size() const { return buf_.size(); }
@@ -68,6 +70,8 @@ class WireReader {
   Status U64(std::string_view field, uint64_t* out);
   // u32 length <= max_bytes, then that many bytes of valid UTF-8.
   Status Str(std::string_view field, size_t max_bytes, std::string* out);
+  // Exactly `n` raw bytes into out[0, n).
+  Status Bytes(std::string_view field, size_t n, uint8_t* out);
   // `count` elements; fails before allocating if the frame is too short.
   Status U16Array(std::string_view field, uint64_t count, std::vector<uint16_t>* out);
   Status U32Array(std::string_view field, uint64_t count, std::vector<uint32_t>* out);

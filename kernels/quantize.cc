@@ -142,6 +142,20 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
   return status;
 }
 
+Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
+  const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  for (int b = 0; b < batch.n_blocks; ++b) {
+    const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride,
+                        batch.row_stride,
+                        batch.token_norms != nullptr
+                            ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
+                            : nullptr};
+    Status s = QuantizeBlock(spec, in, records + b * record_bytes);
+    if (!s.ok()) return Status(s.code(), internal::StrCat("block ", b, ": ", s.message()));
+  }
+  return OkStatus();
+}
+
 void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
                         float* k_out, float* v_out) {
   block::DecodeRecord(spec, BlockLayoutOf(spec), record, token_norms, k_out, v_out);

@@ -41,6 +41,22 @@ struct BlockInput {
 Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
 Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
 
+// n_blocks blocks of one head: block b's K rows start at k + b * block_stride (floats), row t of
+// it at + t * row_stride; the same for v. token_norms: block_tokens norms per block, back to back
+// (OScaR), else null.
+struct BlockBatch {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t row_stride = 0;
+  int64_t block_stride = 0;
+  const float* token_norms = nullptr;
+  int n_blocks = 0;
+};
+
+// QuantizeBlock over a batch; records back to back, record_bytes apart. The first error stops it,
+// with the block's index prefixed to QuantizeBlock's message.
+Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records);
+
 // Reads a record back to dense fp32 rows [block_tokens, head_dim] in the engine's frame.
 // token_norms: the side record of this block (OScaR), else null. Never fails on a record written by
 // QuantizeBlock*; garbage bytes give garbage values but no out-of-bounds access.

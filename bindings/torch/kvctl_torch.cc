@@ -263,6 +263,14 @@ bool HasCudaKernels() {
 #endif
 }
 
+#if !defined(KVCTL_TORCH_CUDA)
+at::Tensor OpenCudaPool(const at::Tensor& /*handle*/, int64_t /*pool_bytes*/, int64_t /*device*/) {
+  TORCH_CHECK_VALUE(false,
+                    "open_cuda_pool: this kvctl_torch was built without CUDA (needs our CUDA "
+                    "kernels and a CUDA build of torch)");
+}
+#endif
+
 }  // namespace
 }  // namespace kvctl::torch_ops
 
@@ -273,6 +281,7 @@ TORCH_LIBRARY(kvctl, m) {
       "int k_group_tokens=-1, int v_group_channels=-1) -> int[]",
       &Layout);
   m.def("has_cuda_kernels() -> bool", &HasCudaKernels);
+  m.def("open_cuda_pool(Tensor handle, int pool_bytes, int device) -> Tensor", &OpenCudaPool);
   m.def("token_norms(Tensor k) -> Tensor", &TokenNorms);
   m.def(
       "quantize(Tensor k, Tensor v, str method, int k_bits, int v_bits, int block_tokens=-1, "

@@ -111,6 +111,14 @@ AttentionArgs PreparePagedDecodeAttention(c10::Device device, const Tensor& q, c
                                           int64_t v_group_channels, const OptTensor& norm_offsets,
                                           int64_t splits);
 
+#if defined(KVCTL_TORCH_CUDA)
+// torch.ops.kvctl.open_cuda_pool (kvctl_torch_cuda.cc): the daemon's device pool, opened from
+// HELLO's cuda_ipc_handle (a CPU uint8 tensor of 64 bytes) on `device`, as a CUDA uint8 tensor of
+// pool_bytes; the mapping closes when the last view of it is freed. ValueError for a bad handle
+// tensor or size, RuntimeError with CUDA's words when the handle cannot be opened.
+Tensor OpenCudaPool(const Tensor& handle, int64_t pool_bytes, int64_t device);
+#endif
+
 }  // namespace kvctl::torch_ops
 
 #endif  // KVCTL_BINDINGS_TORCH_KVCTL_TORCH_ARGS_H_

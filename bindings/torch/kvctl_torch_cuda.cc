@@ -21,11 +21,13 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -256,6 +258,34 @@ std::tuple<Tensor, Tensor> PagedDecodeAttentionCuda(
 }
 
 }  // namespace
+
+Tensor OpenCudaPool(const Tensor& handle, int64_t pool_bytes, int64_t device) {
+  TORCH_CHECK_VALUE(handle.device().is_cpu() && handle.scalar_type() == at::kByte &&
+                        handle.is_contiguous() && handle.numel() == sizeof(cudaIpcMemHandle_t),
+                    "handle: expected a contiguous CPU uint8 tensor of ",
+                    sizeof(cudaIpcMemHandle_t), " bytes (HELLO's cuda_ipc_handle), got ",
+                    handle.scalar_type(), " on ", handle.device(), " with ", handle.numel(),
+                    " elements");
+  TORCH_CHECK_VALUE(pool_bytes > 0, "pool_bytes: got ", pool_bytes, ", expected > 0");
+  TORCH_CHECK_VALUE(device >= 0 && device < c10::cuda::device_count(), "device: got ", device,
+                    ", expected 0..", static_cast<int>(c10::cuda::device_count()) - 1);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaIpcMemHandle_t raw;
+  std::memcpy(&raw, handle.data_ptr(), sizeof(raw));
+  void* base = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&base, raw, cudaIpcMemLazyEnablePeerAccess);
+  TORCH_CHECK(err == cudaSuccess, "open_cuda_pool: cudaIpcOpenMemHandle on device ", device,
+              " failed: ", cudaGetErrorString(err),
+              " (the daemon's pool.cuda_device must be this device, and a process cannot open "
+              "its own allocation)");
+  auto close = [device](void* p) {
+    const c10::cuda::CUDAGuard close_guard(static_cast<c10::DeviceIndex>(device));
+    cudaIpcCloseMemHandle(p);
+  };
+  return at::from_blob(base, {pool_bytes}, close,
+                       at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+}
+
 }  // namespace kvctl::torch_ops
 
 TORCH_LIBRARY_IMPL(kvctl, CUDA, m) {

@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: kernels/cuda/cuda_status.h
-// CUDA runtime errors as kvctl::Status for the .cu files of kernels/cuda (private to them):
+// CUDA runtime errors as kvctl::Status for kvctl's CUDA code (kernels/cuda, controller/cuda_arena):
 // UNAVAILABLE with the file, line, failing expression and cudaGetErrorString. Also an owning
 // device buffer. Thread safety: none needed (macros and a move-only RAII type).
 //

@@ -56,10 +56,19 @@ class Session:
     dtype: str               # "float32", "float16" or "bfloat16".
     client_name: str
     model_name: str
+    pool_location: int = 0   # 0 host shm (shm_name), 1 CUDA device memory (cuda_ipc_handle).
+    cuda_device: int = 0
+    cuda_ipc_handle: bytes = bytes(64)
 
     @property
     def has_staging(self) -> bool:
+        """A host staging slot this client can map. A device pool's slot is written on the
+        device by the engine (PROTOCOL.md 4.1); this client then sends tensors inline."""
         return self.staging_bytes > 0 and bool(self.shm_name)
+
+    @property
+    def pool_on_device(self) -> bool:
+        return self.pool_location == p.POOL_CUDA_DEVICE
 
 
 class FetchResult(NamedTuple):
@@ -350,7 +359,8 @@ class Client:
                 reply.session_id, reply.lease_ms, reply.server_version, reply.pool_bytes,
                 reply.page_bytes, reply.shm_name, reply.staging_offset, reply.staging_bytes,
                 reply.quant, layers, kv_heads, q_heads, head_dim, p.dtype_name(code),
-                client_name, model_name)
+                client_name, model_name, reply.pool_location, reply.cuda_device,
+                reply.cuda_ipc_handle)
         return self._session
 
     def open(self, seq: int) -> None:

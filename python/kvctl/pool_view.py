@@ -27,7 +27,9 @@ from . import torch_ops
 
 
 class PoolView:
-    """A read-only mapping of the pool; `tensor` is uint8 [pool_bytes] over it (no copy)."""
+    """A view of the pool; `tensor` is uint8 [pool_bytes] over it (no copy): a read-only mapping
+    of the shm object of a host pool, or the CUDA IPC mapping of a device pool (from_cuda_handle,
+    pool.backend = "cuda"; the attention then runs on that device and q must live there)."""
 
     def __init__(self, shm_name: str, pool_bytes: Optional[int] = None):
         if not shm_name or "/" in shm_name.lstrip("/"):
@@ -49,11 +51,23 @@ class PoolView:
             self.tensor = torch.frombuffer(self._mmap, dtype=torch.uint8)
 
     @classmethod
+    def from_cuda_handle(cls, handle: bytes, pool_bytes: int, device: int) -> "PoolView":
+        """The device pool whose HELLO reply gave `handle` (cudaIpcMemHandle_t bytes), opened on
+        CUDA device `device` with torch.ops.kvctl.open_cuda_pool (needs kvctl_torch with CUDA)."""
+        view = cls.__new__(cls)
+        view.path, view._mmap = None, None
+        raw = torch.frombuffer(bytearray(handle), dtype=torch.uint8)
+        view.tensor = torch_ops.open_cuda_pool(raw, pool_bytes, device)
+        return view
+
+    @classmethod
     def from_client(cls, client) -> "PoolView":
-        """The pool of a client's session (after hello())."""
+        """The pool of a client's session (after hello()), host or device."""
         s = client.session
         if s is None:
             raise ValueError("client: no session, call hello() first")
+        if s.pool_on_device:
+            return cls.from_cuda_handle(s.cuda_ipc_handle, s.pool_bytes, s.cuda_device)
         return cls(s.shm_name, s.pool_bytes)
 
     @property
@@ -157,9 +171,14 @@ class PoolView:
             window_k, window_v = torch.cat(ks), torch.cat(vs)
             counts = [c + 1 for c in counts]
         window_indptr = torch.tensor([0] + np.cumsum(counts).tolist(), dtype=torch.int64)
+        # A device pool attends on its device: every index and window tensor goes there too.
+        dev = self.tensor.device
+        if norm_offsets is not None:
+            norm_offsets = norm_offsets.to(dev)
         return torch_ops.paged_decode_attention(
-            q, self.tensor, torch.from_numpy(offsets), torch.from_numpy(local_indptr),
-            window_k, window_v, window_indptr,
+            q, self.tensor, torch.from_numpy(offsets).to(dev),
+            torch.from_numpy(local_indptr).to(dev), window_k.to(dev), window_v.to(dev),
+            window_indptr.to(dev),
             lay["method_name"], lay["k_bits"], lay["v_bits"], scale=scale,
             block_tokens=blocks["block_tokens"], k_group_tokens=lay["k_group_tokens"],
             v_group_channels=lay["v_group_channels"], norm_offsets=norm_offsets)
@@ -168,6 +187,8 @@ class PoolView:
         """Drops this view's tensor and unmaps when no other view of it is alive (otherwise the
         mapping goes with the last view)."""
         self.tensor = None
+        if self._mmap is None:
+            return  # A device pool: the IPC mapping closes when its last tensor goes.
         try:
             self._mmap.close()
         except BufferError:

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .protocol_types import (  # noqa: F401 (re-exported)
+                             QUANT_METHODS, STATUS_CODE_VALUES, STATUS_CODES, AppendReply,
+                             BlocksReply, CloseReply, ErrorReply, HelloReply, KvctlError,
+                             PingReply, ProtocolError, QuantInfo, RecordLayout, Reply, Rows,
+                             ServerError, Timeout)
 
 # ---- Constants (PROTOCOL.md sections 2, 3 and 6) --------------------------------------------
 
@@ -47,6 +52,8 @@ MAX_FRAMES = 4
 MAX_POSITION = 1 << 62  # Positions are 0 .. 2^62 - 1.
 NO_PAGE = 0xFFFFFFFF
 LAYOUT_BYTES = 56
+CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t).
+POOL_HOST_SHM, POOL_CUDA_DEVICE = 0, 1  # HELLO reply pool_location.
 
 
 class MsgType(enum.IntEnum):
@@ -75,21 +82,6 @@ def type_name(msg_type: int) -> str:
     return "0x%04X" % msg_type
 
 
-# kvctl::StatusCode values carried by ERROR replies (common/status.h).
-STATUS_CODES = {
-    1: "INVALID_ARGUMENT",
-    2: "NOT_FOUND",
-    3: "ALREADY_EXISTS",
-    4: "RESOURCE_EXHAUSTED",
-    5: "FAILED_PRECONDITION",
-    6: "UNAVAILABLE",
-    7: "DEADLINE_EXCEEDED",
-    8: "UNIMPLEMENTED",
-    9: "INTERNAL",
-    10: "PERMISSION_DENIED",
-}
-STATUS_CODE_VALUES = {name: value for value, name in STATUS_CODES.items()}
-
 # kvctl::DType: wire code -> (name, numpy dtype of the raw rows). bfloat16 rows are uint16 bit
 # patterns (numpy has no bfloat16).
 DTYPES = {0: ("float32", np.dtype("<f4")), 1: ("float16", np.dtype("<f2")),
@@ -100,9 +92,6 @@ _DTYPE_ALIASES = {
     "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
 }
-
-# kvctl::QuantMethod values (kernels/quant_types.h).
-QUANT_METHODS = ("fp16", "kivi", "quarot", "kvarn", "oscar")
 
 
 def dtype_code(dtype) -> int:
@@ -128,157 +117,6 @@ def dtype_code(dtype) -> int:
 
 def dtype_name(code: int) -> str:
     return DTYPES[code][0]
-
-
-# ---- Errors -----------------------------------------------------------------------------------
-
-
-class KvctlError(Exception):
-    """Base of every error this package raises (besides ValueError/TypeError for bad arguments)."""
-
-
-class Timeout(KvctlError):
-    """No reply within the client's timeout (DEADLINE_EXCEEDED); the socket was recreated."""
-
-
-class ServerError(KvctlError):
-    """The daemon answered with ERROR.
-
-    Attributes: code (name, e.g. "NOT_FOUND"), code_value (the wire number), message (the
-    server's text, naming the field), request (the request type name).
-    """
-
-    def __init__(self, code_value: int, message: str, request: str = ""):
-        self.code_value = code_value
-        self.code = STATUS_CODES.get(code_value, "CODE_%d" % code_value)
-        self.message = message
-        self.request = request
-        where = "%s: " % request if request else ""
-        super().__init__("%s%s: %s" % (where, self.code, message))
-
-
-class ProtocolError(KvctlError):
-    """A reply broke the protocol (malformed, wrong type, failed validation); names the field."""
-
-
-# ---- Values -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QuantInfo:
-    """The quantizer a session gets by default (HELLO reply)."""
-
-    method: int
-    k_bits: int
-    v_bits: int
-    block_tokens: int
-    sink_tokens: int
-    flush_tokens: int
-
-    @property
-    def method_name(self) -> str:
-        return QUANT_METHODS[self.method]
-
-
-@dataclass(frozen=True)
-class HelloReply:
-    session_id: int
-    lease_ms: int
-    server_version: str
-    pool_bytes: int
-    page_bytes: int
-    shm_name: str
-    staging_offset: int
-    staging_bytes: int
-    quant: QuantInfo
-
-
-@dataclass(frozen=True)
-class CloseReply:
-    bytes_freed: int
-
-
-@dataclass(frozen=True)
-class PingReply:
-    server_time_us: int
-
-
-@dataclass(frozen=True)
-class AppendReply:
-    tokens_total: int       # Sequence length after the append.
-    tokens_quantized: int   # <= tokens_total.
-    pool_bytes_used: int    # Daemon-wide.
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Token rows of FETCH: a dense reply's rows or a blocks reply's fp16 tail.
-
-    Pairs i = (layer - layer_begin) * kv_heads + head; counts[i] rows each, concatenated in pair
-    order in positions (int64 [N]), k and v ([N, head_dim] in dtype; bfloat16 as uint16 bits).
-    """
-
-    layer_begin: int
-    n_layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: int
-    counts: np.ndarray
-    positions: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-
-
-@dataclass(frozen=True)
-class RecordLayout:
-    """Byte layout of one block record (56 bytes on the wire). records_per_page is per layout:
-    each (layer, head) packs as many records per pool page as fit its own record size."""
-
-    method: int
-    k_bits: int
-    v_bits: int
-    k_group_tokens: int
-    v_group_channels: int
-    record_bytes: int
-    k_codes_offset: int
-    k_codes_bytes: int
-    k_meta_offset: int
-    k_meta_bytes: int
-    v_codes_offset: int
-    v_codes_bytes: int
-    v_meta_offset: int
-    v_meta_bytes: int
-    side_bytes_per_token: int
-    records_per_page: int
-
-
-@dataclass(frozen=True)
-class BlocksReply:
-    """FETCH blocks mode: a page table into the shm pool plus the fp16 tail as rows."""
-
-    page_bytes: int
-    block_tokens: int
-    side_records_per_page: int
-    layouts: Tuple[RecordLayout, ...]
-    layout_index: np.ndarray        # uint16 [n_pairs]
-    indptr: np.ndarray              # uint32 [n_pairs + 1]
-    indices: np.ndarray             # uint32 [nnz]
-    last_page_len: np.ndarray       # uint32 [n_pairs]
-    side_indices: Optional[np.ndarray]  # uint32 [nnz], or None when no layout has side records
-    tail: Rows
-
-
-@dataclass(frozen=True)
-class ErrorReply:
-    code: int
-    message: str
-
-
-@dataclass(frozen=True)
-class Reply:
-    request_id: int
-    type: int
-    body: object = field(repr=False)
 
 
 # ---- Writing ----------------------------------------------------------------------------------
@@ -578,7 +416,17 @@ def _decode_hello(r: _Reader) -> HelloReply:
     quant = QuantInfo(r.u8("quant.method"), r.u8("quant.k_bits"), r.u8("quant.v_bits"),
                       r.u32("quant.block_tokens"), r.u32("quant.sink_tokens"),
                       r.u32("quant.flush_tokens"))
+    pool_location, cuda_device = r.u8("pool_location"), r.u32("cuda_device")
+    cuda_ipc_handle = r._take("cuda_ipc_handle", CUDA_IPC_HANDLE_BYTES)
     r.finish()
+    _in_range("pool_location", pool_location, POOL_HOST_SHM, POOL_CUDA_DEVICE)
+    on_device = pool_location == POOL_CUDA_DEVICE
+    _expect(not on_device or not shm_name,
+            'shm_name: got "%s", expected none for a pool in device memory (pool_location 1)'
+            % shm_name)
+    _expect(on_device or (cuda_device == 0 and not any(cuda_ipc_handle)),
+            "cuda_ipc_handle/cuda_device: got a handle that is not all zero or device %d, "
+            "expected zeros for a pool in host memory" % cuda_device)
     _expect(session_id != 0, "session_id: got 0, expected a session from HELLO")
     _expect(len(server_version) > 0, "server_version: length 0 bytes, expected 1..256")
     _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
@@ -587,7 +435,7 @@ def _decode_hello(r: _Reader) -> HelloReply:
     _expect(staging_bytes == 0 or staging_offset + staging_bytes <= pool_bytes,
             "staging slot: offset %d + bytes %d ends past pool_bytes %d"
             % (staging_offset, staging_bytes, pool_bytes))
-    _expect(staging_bytes == 0 or shm_name,
+    _expect(staging_bytes == 0 or on_device or shm_name,
             "shm_name: empty, expected the pool's shm name when staging_bytes is %d"
             % staging_bytes)
     _in_range("quant.method", quant.method, 0, len(QUANT_METHODS) - 1)
@@ -598,7 +446,8 @@ def _decode_hello(r: _Reader) -> HelloReply:
             "quant.flush_tokens: got %d, expected a positive multiple of block_tokens (%d)"
             % (quant.flush_tokens, quant.block_tokens))
     return HelloReply(session_id, lease_ms, server_version, pool_bytes, page_bytes, shm_name,
-                      staging_offset, staging_bytes, quant)
+                      staging_offset, staging_bytes, quant, pool_location, cuda_device,
+                      bytes(cuda_ipc_handle))
 
 
 def _decode_dense(r: _Reader, frames: Sequence) -> Rows:

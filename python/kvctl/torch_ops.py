@@ -82,6 +82,14 @@ def has_cuda_kernels() -> bool:
     return bool(_ops().has_cuda_kernels())
 
 
+def open_cuda_pool(handle: torch.Tensor, pool_bytes: int, device: int) -> torch.Tensor:
+    """The daemon's device pool (pool.backend = "cuda") as a CUDA uint8 tensor of pool_bytes,
+    opened from HELLO's cuda_ipc_handle (CPU uint8 [64]) with cudaIpcOpenMemHandle; no copy.
+    ValueError when this extension has no CUDA or the handle tensor is wrong; RuntimeError with
+    CUDA's words when the handle cannot be opened."""
+    return _ops().open_cuda_pool(handle, int(pool_bytes), int(device))
+
+
 def _ops():
     load()
     return torch.ops.kvctl

@@ -40,7 +40,8 @@ HELLO_REPLY_BODY = hexbytes("""
     00 10 00 00 00 00 00 00
     00 20 00 00 00 00 00 00
     03 02 02
-    20 00 00 00  04 00 00 00  80 00 00 00""")
+    20 00 00 00  04 00 00 00  80 00 00 00
+    00  00 00 00 00""") + bytes(64)
 
 BLOCKS_BODY = hexbytes("""
     01
@@ -75,12 +76,20 @@ def test_protocol_hello_request_example():
 
 def test_protocol_hello_reply_example():
     frame0 = hdr(0x8001, 1) + HELLO_REPLY_BODY
-    assert len(frame0) == 89
+    assert len(frame0) == 158
     reply = p.decode_reply([frame0])
     assert reply.request_id == 1 and reply.type == 0x8001
     assert reply.body == p.HelloReply(5, 30000, "0.1.0", 1048576, 4096, "/kv", 4096, 8192,
                                       p.QuantInfo(3, 2, 2, 32, 4, 128))
     assert reply.body.quant.method_name == "kvarn"
+
+
+def test_protocol_hello_reply_of_a_device_pool():
+    handle = bytes(range(64))
+    frame0 = _hello_reply(shm=b"", location=1, device=3, handle=handle)
+    hello = p.decode_reply([frame0]).body
+    assert hello.pool_on_device and hello.cuda_device == 3 and hello.cuda_ipc_handle == handle
+    assert hello.shm_name == "" and hello.staging_bytes == 8192
 
 
 def test_protocol_open_close_ping_examples():
@@ -163,7 +172,8 @@ def test_protocol_stats_and_error_examples():
 def _hello_reply(**changes) -> bytes:
     fields = dict(session_id=5, lease=30000, version=b"0.1.0", pool=1 << 20, page=4096,
                   shm=b"/kv", staging_offset=4096, staging_bytes=8192, method=3, k_bits=2,
-                  v_bits=2, block=32, sinks=4, flush=128)
+                  v_bits=2, block=32, sinks=4, flush=128, location=0, device=0,
+                  handle=bytes(64))
     fields.update(changes)
     f = fields
     return (hdr(0x8001, 1) + struct.pack("<QI", f["session_id"], f["lease"])
@@ -171,7 +181,8 @@ def _hello_reply(**changes) -> bytes:
             + struct.pack("<QI", f["pool"], f["page"]) + struct.pack("<I", len(f["shm"]))
             + f["shm"] + struct.pack("<QQBBBIII", f["staging_offset"], f["staging_bytes"],
                                      f["method"], f["k_bits"], f["v_bits"], f["block"],
-                                     f["sinks"], f["flush"]))
+                                     f["sinks"], f["flush"])
+            + struct.pack("<BI", f["location"], f["device"]) + f["handle"])
 
 
 @pytest.mark.parametrize("frames, field", [
@@ -197,6 +208,11 @@ def _hello_reply(**changes) -> bytes:
     ([_hello_reply(method=5)], "quant.method"),
     ([_hello_reply(flush=100)], "quant.flush_tokens"),
     ([_hello_reply(version=b"")], "server_version"),
+    ([_hello_reply(location=2)], "pool_location"),
+    ([_hello_reply(device=1)], "cuda_ipc_handle/cuda_device"),
+    ([_hello_reply(handle=b"\x01" + bytes(63))], "cuda_ipc_handle/cuda_device"),
+    ([_hello_reply(location=1)], "shm_name: got \"/kv\""),
+    ([_hello_reply(handle=bytes(63))], "truncated at cuda_ipc_handle"),
     ([hdr(0x8006, 1) + bytes([2])], "mode: got 2"),
 ])
 def test_protocol_malformed_replies_raise_protocol_error_naming_the_field(frames, field):

@@ -77,6 +77,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"server.http_address", "\"\""},
       {"server.quality_sample_period", "16"},
       {"pool.backend", "\"cpu\""},
+      {"pool.cuda_device", "0"},
       {"pool.bytes", "\"256MiB\""},
       {"pool.page_bytes", "\"64KiB\""},
       {"pool.shm_name", "\"/kvctl-pool\""},

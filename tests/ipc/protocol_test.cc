@@ -111,6 +111,20 @@ TEST_CASE("Protocol: every reply round-trips", "[ipc]") {
   CHECK(hello.staging_offset == want.staging_offset);
   CHECK(hello.staging_bytes == want.staging_bytes);
   CHECK(hello.quant == want.quant);
+  CHECK(hello.pool_location == PoolLocation::kHostShm);
+
+  HelloReply device_want = testing::SampleHelloReply();
+  device_want.shm_name = "";
+  device_want.pool_location = PoolLocation::kCudaDevice;
+  device_want.cuda_device = 3;
+  for (size_t i = 0; i < device_want.cuda_ipc_handle.size(); ++i) {
+    device_want.cuda_ipc_handle[i] = static_cast<uint8_t>(i * 7);
+  }
+  const HelloReply device = RoundTripReply(device_want);
+  CHECK(device.pool_location == PoolLocation::kCudaDevice);
+  CHECK(device.cuda_device == 3);
+  CHECK(device.cuda_ipc_handle == device_want.cuda_ipc_handle);
+  CHECK(device.staging_bytes == device_want.staging_bytes);  // Staging without a shm name.
 
   RoundTripReply(OpenReply{});
   CHECK(RoundTripReply(CloseReply{77}).bytes_freed == 77);
@@ -269,6 +283,14 @@ TEST_CASE("Protocol: encoders refuse invalid messages and name the field", "[ipc
   HelloReply reply = testing::SampleHelloReply();
   reply.staging_offset = reply.pool_bytes;
   CHECK(Encode(1, reply).status().message().find("ends past pool_bytes") != std::string::npos);
+  reply = testing::SampleHelloReply();
+  reply.cuda_ipc_handle[5] = 1;  // A handle for a pool in host memory.
+  CHECK(Encode(1, reply).status().message().find("expected zeros for a pool in host memory") !=
+        std::string::npos);
+  reply = testing::SampleHelloReply();
+  reply.pool_location = PoolLocation::kCudaDevice;  // With a shm name.
+  CHECK(Encode(1, reply).status().message().find("shm_name: got \"/kvctl-pool\"") !=
+        std::string::npos);
   reply = testing::SampleHelloReply();
   reply.quant.flush_tokens = 100;
   CHECK(Encode(1, reply).status().message().find("quant.flush_tokens: got 100") !=
