@@ -267,8 +267,10 @@ Tensor OpenCudaPool(const Tensor& handle, int64_t pool_bytes, int64_t device) {
                     handle.scalar_type(), " on ", handle.device(), " with ", handle.numel(),
                     " elements");
   TORCH_CHECK_VALUE(pool_bytes > 0, "pool_bytes: got ", pool_bytes, ", expected > 0");
-  TORCH_CHECK_VALUE(device >= 0 && device < c10::cuda::device_count(), "device: got ", device,
-                    ", expected 0..", static_cast<int>(c10::cuda::device_count()) - 1);
+  const int devices = c10::cuda::device_count();
+  TORCH_CHECK_VALUE(devices > 0, "open_cuda_pool: no CUDA device is visible to this process");
+  TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: got ", device, ", expected 0..",
+                    devices - 1);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   cudaIpcMemHandle_t raw;
   std::memcpy(&raw, handle.data_ptr(), sizeof(raw));
