@@ -585,12 +585,14 @@ class KvctlCache(Cache):
         v_new = value[:, :, -1].float()
         outs = []
         for b, seq in enumerate(self.seqs):
-            q = query[b, :, 0].float()    # [q_heads, D]; rows h*g..h*g+g-1 use KV head h.
+            # A device pool (pool.backend = "cuda") attends where its records are.
+            dev = seq.view.tensor.device
+            q = query[b, :, 0].float().to(dev)  # [q_heads, D]; rows h*g.. use KV head h.
             # The step's own token joins each head's window as one more fp32 row, so the
             # kernel's softmax covers it (no separate log-sum-exp merge here).
             out, _ = seq.view.layer_attention(seq.blocks, layer.index, q, scale=scale,
-                                              extra_k=k_new[b], extra_v=v_new[b])
-            outs.append(out)
+                                              extra_k=k_new[b].to(dev), extra_v=v_new[b].to(dev))
+            outs.append(out.to(query.device))
         return torch.stack(outs).unsqueeze(1).to(query.dtype), None
 
     # ---- Cache API and lifetime -----------------------------------------------------------

@@ -159,8 +159,10 @@ class PoolView:
         wk = [blocks["tail_k"][local_layer][h] for h in heads]
         wv = [blocks["tail_v"][local_layer][h] for h in heads]
         counts = [len(x) for x in wk]
-        window_k = _rows(np.concatenate(wk), blocks["tail_dtype"])
-        window_v = _rows(np.concatenate(wv), blocks["tail_dtype"])
+        # A device pool attends on its device: every index and window tensor goes there too.
+        dev = self.tensor.device
+        window_k = _rows(np.concatenate(wk), blocks["tail_dtype"]).to(dev)
+        window_v = _rows(np.concatenate(wv), blocks["tail_dtype"]).to(dev)
         if extra is not None:
             # Each head's window gets its extra row after its own rows, in fp32.
             ks, vs, at = [], [], 0
@@ -171,14 +173,11 @@ class PoolView:
             window_k, window_v = torch.cat(ks), torch.cat(vs)
             counts = [c + 1 for c in counts]
         window_indptr = torch.tensor([0] + np.cumsum(counts).tolist(), dtype=torch.int64)
-        # A device pool attends on its device: every index and window tensor goes there too.
-        dev = self.tensor.device
         if norm_offsets is not None:
             norm_offsets = norm_offsets.to(dev)
         return torch_ops.paged_decode_attention(
             q, self.tensor, torch.from_numpy(offsets).to(dev),
-            torch.from_numpy(local_indptr).to(dev), window_k.to(dev), window_v.to(dev),
-            window_indptr.to(dev),
+            torch.from_numpy(local_indptr).to(dev), window_k, window_v, window_indptr.to(dev),
             lay["method_name"], lay["k_bits"], lay["v_bits"], scale=scale,
             block_tokens=blocks["block_tokens"], k_group_tokens=lay["k_group_tokens"],
             v_group_channels=lay["v_group_channels"], norm_offsets=norm_offsets)
