@@ -117,7 +117,11 @@ std::vector<Item> PoolItems(const Snapshot& s) {
   const double used = s.Num("pool", "pages_used");
   char pct[16];
   std::snprintf(pct, sizeof(pct), "%.1f%%", pages > 0 ? 100.0 * used / pages : 0.0);
-  return {{"pool ", HumanBytes(used * page) + "/" + HumanBytes(pages * page) + " " + pct},
+  // A device pool names its device; the STATS of older daemons have no pool_backend.
+  std::string where = s.Str("pool", "pool_backend");
+  if (where == "cuda") where += ":" + s.Str("pool", "pool_cuda_device");
+  return {{"pool ", HumanBytes(used * page) + "/" + HumanBytes(pages * page) + " " + pct +
+                        (where.empty() ? "" : " " + where)},
           {"pages ", HumanCount(used) + "/" + HumanCount(pages)},
           {"staging ", HumanCount(s.Num("pool", "staging_slots_used")) + "/" +
                            HumanCount(s.Num("pool", "staging_slots"))},
