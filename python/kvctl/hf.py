@@ -23,7 +23,9 @@ One step (layer l's update() runs right before layer l's attention):
   rule is learned on the first fetch by comparing the newest stored row with what was sent;
   until then, after flushes, and for evicting sequences (budget_mode in STATS, or fewer rows
   than appended) every step refetches. refetch="always" refetches every step (the reference).
-- attention="fused": a decode step (one query token) does not touch the dense mirror. Layer 0
+- attention="fused" (and "auto" from fused_min_tokens on, batch 1, when the extension is
+  built and the daemon quantizes): a decode step (one query token) does not touch the dense
+  mirror. Layer 0
   APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
   page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
   the tokens before this step, and the records stay valid until the next step's APPEND. When an
@@ -272,11 +274,17 @@ class KvctlCache(Cache):
       element.
     dtype: session dtype; "float32" keeps compression-off runs exact.
     refetch: "auto" (fetch only when rows may have changed, see the module doc) or "always".
-    attention: "dense" (attend over the fetched dense mirror) or "fused": decode steps (one
-      query token) attend with the kvctl torch extension directly on the daemon's records
-      (blocks FETCH, zero-copy PoolView of the shm pool) plus its sink/tail rows, merged with
-      the step's own K/V by log-sum-exp; prefill and multi-token steps stay dense. Needs the
-      model and the extension (RuntimeError saying how to build it otherwise).
+    attention: "auto" (default), "dense" (attend over the fetched dense mirror) or "fused":
+      decode steps (one query token) attend with the kvctl torch extension directly on the
+      daemon's records (blocks FETCH, zero-copy PoolView of the pool) plus its sink/tail rows
+      and the step's own K/V; prefill and multi-token steps stay dense. "fused" needs the model
+      and the extension (RuntimeError saying how to build it otherwise) and a daemon that
+      quantizes. "auto" decodes fused when all of those hold, the batch is one sequence (a
+      padded batch needs masks fused decode does not take) and at least fused_min_tokens
+      tokens are held, else dense.
+    fused_min_tokens: "auto" only: the context length from which decode steps go fused. The
+      default 2048 is where fused stopped losing on SmolLM2 on one CPU thread (docs/attention.md
+      "In the HF adapter": about even at 1K, 1.74x faster at 6K).
     keepalive: PING every lease/3 from a background thread while the cache is open.
     Raises KvctlError / ServerError / Timeout from the daemon (e.g. Timeout when it is down).
     """
@@ -287,11 +295,18 @@ class KvctlCache(Cache):
                  send_q: Union[bool, Sequence[bool]] = False,
                  dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
                  timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True,
-                 attention: str = "dense"):
+                 attention: str = "auto", fused_min_tokens: int = 2048):
         if refetch not in ("auto", "always"):
             raise ValueError("refetch: got %r, expected \"auto\" or \"always\"" % (refetch,))
-        if attention not in ("dense", "fused"):
-            raise ValueError("attention: got %r, expected \"dense\" or \"fused\"" % (attention,))
+        if attention not in ("auto", "dense", "fused"):
+            raise ValueError("attention: got %r, expected \"auto\", \"dense\" or \"fused\""
+                             % (attention,))
+        if isinstance(fused_min_tokens, bool) or not isinstance(fused_min_tokens, int) \
+                or fused_min_tokens < 1:
+            raise ValueError("fused_min_tokens: got %r, expected an integer >= 1"
+                             % (fused_min_tokens,))
+        # Whether decode steps may attend fused at all; "auto" also needs batch 1 and length.
+        self.fused_ok = False
         if attention == "fused":
             if model is None:
                 raise ValueError("attention=\"fused\": needs the model (its attention calls the "
@@ -301,7 +316,12 @@ class KvctlCache(Cache):
                 torch_ops.load()
             except RuntimeError as e:
                 raise RuntimeError("attention=\"fused\": %s" % e) from None
+            self.fused_ok = True
+        elif attention == "auto" and model is not None:
+            from . import torch_ops
+            self.fused_ok = torch_ops.available()
         self.attention = attention
+        self.fused_min_tokens = fused_min_tokens
         self.fused_step = False  # This forward step attends fused (decode, attention="fused").
         if model is not None:
             config = model.config
@@ -351,7 +371,10 @@ class KvctlCache(Cache):
                 seq.always = refetch == "always"
                 seq.evicting = mode not in _KEEPING_MODES
                 seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
-                if attention == "fused" and str(policy.get("quant_lossless", "0")) == "1":
+                lossless = str(policy.get("quant_lossless", "0")) == "1"
+                if attention == "auto" and lossless:
+                    self.fused_ok = False  # No block records to read: decode stays dense.
+                if attention == "fused" and lossless:
                     # Blocks FETCH has no record layout for full-precision rows (the daemon
                     # answers INTERNAL), so there is nothing for the fused kernel to read.
                     raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
@@ -396,8 +419,10 @@ class KvctlCache(Cache):
             # previous step was APPENDed just above, this one is APPENDed at the next step), so
             # its records, valid until that APPEND, are what this step's query may attend to.
             # The dense mirror is left stale (dirty) and refetched when a dense step comes.
-            self.fused_step = (self.attention == "fused" and key_states.shape[2] == 1
-                               and self.appended > 0)
+            self.fused_step = (self.fused_ok and key_states.shape[2] == 1 and self.appended > 0
+                               and (self.attention == "fused"
+                                    or (self.batch == 1
+                                        and self.appended >= self.fused_min_tokens)))
             if self.fused_step:
                 self._fetch_blocks()
                 return

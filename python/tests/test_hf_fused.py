@@ -1,5 +1,5 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""KvctlCache(attention="fused") with SmolLM2-135M (9 q heads, 3 KV heads) against real daemons:
+"""KvctlCache(attention="fused", and "auto") with SmolLM2-135M (9 q heads, 3 KV heads) against real daemons:
 decode steps attend with the kvctl torch extension on the daemon's records (blocks FETCH, zero-copy
 pool views) and must give dense mode's logits.
 
@@ -127,7 +127,7 @@ def test_hf_fused_decode_equals_dense(smollm2, tokens, _shared_factory, monkeypa
     # End to end against dense mode: not bit-equal, because ~1e-6 differences in one step's
     # attention move the next tokens' K/V across fp16 and 2-bit rounding boundaries in the
     # daemon (dense mode at another thread count diverges the same way).
-    with KvctlCache(model, daemon.endpoint) as cache:
+    with KvctlCache(model, daemon.endpoint, attention="dense") as cache:
         dense = forward_loop(model, cache, tokens, PREFILL)
     diff = (fused - dense).abs().max().item()
     agree = (fused.argmax(-1) == dense.argmax(-1)).float().mean().item()
@@ -180,6 +180,34 @@ def test_hf_fused_multi_token_step_after_decode_refetches_dense(smollm2, tokens,
             assert held == 42
             mirror = cache.layers[layer].buf_k[0, :, :held].transpose(0, 1)
             assert torch.equal(mirror, torch.from_numpy(res[0][layer])), layer
+
+
+def test_hf_auto_attention_goes_fused_from_fused_min_tokens(smollm2, tokens, _shared_factory):
+    """attention="auto" (the default) decodes dense below fused_min_tokens and fused from there
+    on; a lossless daemon (no records) or a short context keeps it dense without an error."""
+    model, _ = smollm2
+    daemon = _shared_factory(pool__bytes="64MiB", **DAEMONS["kivi2"])
+    switch = PREFILL + 20
+    with KvctlCache(model, daemon.endpoint, fused_min_tokens=switch) as cache:
+        assert cache.attention == "auto" and cache.fused_ok
+        auto = forward_loop(model, cache, tokens, PREFILL)
+        # Step i first appends tokens up to i - 1, so it is fused once i >= switch.
+        assert cache.counters["fused_steps"] == TOTAL - switch, cache.counters
+    with KvctlCache(model, daemon.endpoint, attention="dense") as cache:
+        dense = forward_loop(model, cache, tokens, PREFILL)
+        assert cache.counters["fused_steps"] == 0
+    agree = (auto.argmax(-1) == dense.argmax(-1)).float().mean().item()
+    assert (auto - dense).abs().max().item() <= LOGIT_TOLERANCE and agree >= 0.95, agree
+    with KvctlCache(model, daemon.endpoint) as cache:  # Default 2048: far above this context.
+        forward_loop(model, cache, tokens, PREFILL)
+        assert cache.counters["fused_steps"] == 0
+    lossless = _shared_factory(quant__lossless=True, pool__bytes="64MiB")
+    with KvctlCache(model, lossless.endpoint, fused_min_tokens=1) as cache:
+        assert not cache.fused_ok
+        forward_loop(model, cache, tokens[:, :PREFILL + 4], PREFILL)
+        assert cache.counters["fused_steps"] == 0
+    with pytest.raises(ValueError, match="fused_min_tokens: got 0"):
+        KvctlCache(model, "ipc:///nonexistent", fused_min_tokens=0)
 
 
 def test_hf_fused_refusals(smollm2, _shared_factory):
