@@ -221,6 +221,35 @@ TEST_CASE("Attention: mixed widths, odd geometries and larger groups agree with 
   CheckAgainstOracle(MakeHeadCache(quarot, 2, 1, 4, 3, DType::kF32, 22), &worst);
 }
 
+TEST_CASE(
+    "Attention: KIVI and OScaR record geometries of the SIMD record path agree with the oracle",
+    "[kernels]") {
+  // One K group per record takes the SIMD record path; V groups of 1, 2, 4 or 8 16-lane vectors,
+  // of 3 (D = 96, vector by vector at 16 lanes) and of half a vector (8 channels, the generic
+  // path), and G = 48 (a 16-token tail of the score blocks). g 1..5 covers every row block.
+  struct Geometry {
+    int d, block_tokens, v_group_channels;
+  };
+  const Geometry geometries[] = {{128, 32, 16}, {128, 32, 64}, {128, 32, 128}, {128, 32, 8},
+                                 {96, 32, 48},  {64, 48, 32},  {64, 16, 16}};
+  Worst worst;
+  int seed = 300;
+  for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kOscar}) {
+    for (const Geometry& geo : geometries) {
+      if (m == QuantMethod::kOscar && geo.d == 96) continue;  // Its Hadamard needs a power of 2.
+      QuantSpec spec = Spec(m, geo.d, 2, 3);
+      spec.block_tokens = spec.k_group_tokens = geo.block_tokens;
+      spec.v_group_channels = geo.v_group_channels;
+      REQUIRE(ValidateQuantSpec(spec).ok());
+      for (int group = 1; group <= 5; ++group) {
+        INFO(QuantMethodName(m) << " d " << spec.head_dim << " G " << spec.block_tokens << " vg "
+                                << spec.v_group_channels << " g " << group);
+        CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), &worst);
+      }
+    }
+  }
+}
+
 TEST_CASE("Attention: known answer on identical fp16 keys", "[kernels]") {
   // One fp16 record of 8 tokens with the same key: uniform weights, out = mean of V,
   // lse = score + log 8.
