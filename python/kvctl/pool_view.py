@@ -125,7 +125,6 @@ class PoolView:
                              "shape %s" % (heads, tuple(q.shape)))
         g = q.shape[0] // heads
         pair0 = (layer - first) * heads
-        side = self.side_offsets(blocks)
         li = [int(blocks["layout_index"][pair0 + h]) for h in range(heads)]
         extra = None
         if extra_k is not None or extra_v is not None:
@@ -135,16 +134,23 @@ class PoolView:
                                                                                    q.shape[1]))
             extra = (extra_k.float(), extra_v.float())
         if all(x == li[0] for x in li):
-            return self._attend(blocks, layer - first, list(range(heads)), q, scale, side, extra)
+            return self._attend(blocks, layer - first, list(range(heads)), q, scale, extra)
         outs, lses = [], []
         for h in range(heads):
-            o, l = self._attend(blocks, layer - first, [h], q[h * g:(h + 1) * g], scale, side,
-                                extra)
+            o, l = self._attend(blocks, layer - first, [h], q[h * g:(h + 1) * g], scale, extra)
             outs.append(o)
             lses.append(l)
         return torch.cat(outs), torch.cat(lses)
 
-    def _attend(self, blocks, local_layer, heads, q, scale, side, extra=None):
+    def _record_index(self, blocks, local_layer, heads):
+        """(offsets, indptr, norm offsets or None) of these heads' records, as int64 tensors on
+        the pool's device. A FETCH reply's records never change (a new FETCH is a new dict), so
+        they are computed once per reply and layer and kept in the reply (decode steps that
+        reuse a reply only add window rows)."""
+        cache = blocks.setdefault("_record_index", {})
+        key = (local_layer, tuple(heads))
+        if key in cache:
+            return cache[key]
         pairs = [local_layer * blocks["kv_heads"] + h for h in heads]
         lay = blocks["layouts"][int(blocks["layout_index"][pairs[0]])]
         indptr = blocks["indptr"].astype(np.int64)
@@ -152,10 +158,20 @@ class PoolView:
                                   for p in pairs]).astype(np.int64)
         counts = [int(indptr[p + 1] - indptr[p]) for p in pairs]
         local_indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        dev = self.tensor.device
         norm_offsets = None
         if lay["side_bytes_per_token"] > 0:
+            side = self.side_offsets(blocks)
             norm_offsets = torch.from_numpy(np.concatenate(
-                [side[indptr[p]:indptr[p + 1]] for p in pairs]).astype(np.int64))
+                [side[indptr[p]:indptr[p + 1]] for p in pairs]).astype(np.int64)).to(dev)
+        cache[key] = (torch.from_numpy(offsets).to(dev), torch.from_numpy(local_indptr).to(dev),
+                      norm_offsets)
+        return cache[key]
+
+    def _attend(self, blocks, local_layer, heads, q, scale, extra=None):
+        pairs = [local_layer * blocks["kv_heads"] + h for h in heads]
+        lay = blocks["layouts"][int(blocks["layout_index"][pairs[0]])]
+        offsets, local_indptr, norm_offsets = self._record_index(blocks, local_layer, heads)
         wk = [blocks["tail_k"][local_layer][h] for h in heads]
         wv = [blocks["tail_v"][local_layer][h] for h in heads]
         counts = [len(x) for x in wk]
@@ -173,11 +189,8 @@ class PoolView:
             window_k, window_v = torch.cat(ks), torch.cat(vs)
             counts = [c + 1 for c in counts]
         window_indptr = torch.tensor([0] + np.cumsum(counts).tolist(), dtype=torch.int64)
-        if norm_offsets is not None:
-            norm_offsets = norm_offsets.to(dev)
         return torch_ops.paged_decode_attention(
-            q, self.tensor, torch.from_numpy(offsets).to(dev),
-            torch.from_numpy(local_indptr).to(dev), window_k, window_v, window_indptr.to(dev),
+            q, self.tensor, offsets, local_indptr, window_k, window_v, window_indptr.to(dev),
             lay["method_name"], lay["k_bits"], lay["v_bits"], scale=scale,
             block_tokens=blocks["block_tokens"], k_group_tokens=lay["k_group_tokens"],
             v_group_channels=lay["v_group_channels"], norm_offsets=norm_offsets)
