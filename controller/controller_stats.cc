@@ -201,7 +201,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "staging_slots_used:" << p.staging_slots_used << "\n"
         << "staging_bytes:" << p.staging_bytes_total << "\n"
         << "alloc_failures_total:" << p.alloc_failures_total << "\n"
-        << "publish_copies_total:" << p.publish_copies_total << "\n"
+        << "publish_ranges_total:" << p.publish_ranges_total << "\n"
         << "publish_bytes_total:" << p.publish_bytes_total << "\n";
   }
   if (show("sequences")) {

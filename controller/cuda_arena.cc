@@ -8,9 +8,11 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/quant_cuda.h"
+#include "kernels/cuda/scatter_cuda.h"
 #endif
 
 namespace kvctl {
@@ -52,17 +54,20 @@ bool AllFinite(const float* x, int64_t count) {
 class CudaArena final : public Arena {
  public:
   CudaArena(int device, uint8_t* device_base, uint8_t* host_base, uint64_t bytes,
-            cudaStream_t stream, const cudaIpcMemHandle_t& handle)
+            cudaStream_t stream, cudaStream_t publish_stream, const cudaIpcMemHandle_t& handle)
       : device_(device),
         device_base_(device_base),
         host_base_(host_base),
         bytes_(bytes),
         stream_(stream),
-        handle_(reinterpret_cast<const char*>(&handle), sizeof(handle)) {}
+        handle_(reinterpret_cast<const char*>(&handle), sizeof(handle)),
+        publish_stream_(publish_stream) {}
   ~CudaArena() override {
-    // The encode buffers (members) are freed after this body, on the device set here.
+    // The device buffers (members) are freed after this body, on the device set here.
     cudaSetDevice(device_);
     cudaStreamDestroy(stream_);
+    cudaStreamDestroy(publish_stream_);
+    if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
     cudaFree(device_base_);
     cudaFreeHost(host_base_);
   }
@@ -75,12 +80,42 @@ class CudaArena final : public Arena {
   int cuda_device() const override { return device_; }
   std::string cuda_ipc_handle() const override { return handle_; }
 
-  // Plain cudaMemcpy from pinned memory returns when the copy is done, so a reply sent after it
-  // never races the copy. The encode stream is non-blocking, so these do not wait for it.
-  Status Publish(uint64_t offset, uint64_t bytes) override {
+  // A few ranges: one plain cudaMemcpy each (from pinned memory it has completed when it returns,
+  // so a reply sent after it never races the copy). Many small ranges (a decode step changes one
+  // slot per layer and head): packed into one pinned buffer with their copy table, one
+  // host-to-device copy, one scatter launch, then a stream synchronize. Both paths leave the
+  // encode stream alone.
+  Status Publish(const std::vector<ByteRange>& ranges) override {
     KVCTL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    KVCTL_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(device_base_ + offset, host_base_ + offset, bytes, cudaMemcpyHostToDevice));
+    if (ranges.size() <= kDirectCopies) {
+      for (const ByteRange& r : ranges) {
+        KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_base_ + r.offset, host_base_ + r.offset,
+                                              r.bytes, cudaMemcpyHostToDevice));
+      }
+      return OkStatus();
+    }
+    std::lock_guard<std::mutex> lock(publish_mu_);
+    uint64_t total = 0;
+    for (const ByteRange& r : ranges) total += r.bytes;
+    // The table goes after the data, 8-byte aligned.
+    const uint64_t table_at = (total + 7) / 8 * 8;
+    const uint64_t pack_bytes = table_at + sizeof(DeviceCopyRange) * ranges.size();
+    KVCTL_RETURN_IF_ERROR(ReserveHost(pack_bytes));
+    KVCTL_CUDA_RETURN_IF_ERROR(pack_device_.Reserve(pack_bytes));
+    auto* table = reinterpret_cast<DeviceCopyRange*>(pack_host_ + table_at);
+    uint64_t at = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      std::memcpy(pack_host_ + at, host_base_ + ranges[i].offset, ranges[i].bytes);
+      table[i] = {at, ranges[i].offset, ranges[i].bytes};
+      at += ranges[i].bytes;
+    }
+    uint8_t* device_pack = pack_device_.buffer.ptr;
+    KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_pack, pack_host_, pack_bytes,
+                                               cudaMemcpyHostToDevice, publish_stream_));
+    KVCTL_RETURN_IF_ERROR(EnqueueScatterCuda(
+        device_pack, reinterpret_cast<const DeviceCopyRange*>(device_pack + table_at),
+        static_cast<int>(ranges.size()), device_base_, publish_stream_));
+    KVCTL_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(publish_stream_));
     return OkStatus();
   }
   Status Pull(uint64_t offset, uint64_t bytes) override {
@@ -154,6 +189,24 @@ class CudaArena final : public Arena {
   const uint64_t bytes_;
   const cudaStream_t stream_;
   const std::string handle_;
+  static constexpr size_t kDirectCopies = 4;
+
+  // Grows the pinned pack buffer to at least `bytes` (contents not kept). REQUIRES: publish_mu_.
+  Status ReserveHost(size_t bytes) {
+    if (bytes <= pack_host_bytes_) return OkStatus();
+    if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
+    pack_host_ = nullptr;
+    pack_host_bytes_ = 0;
+    KVCTL_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pack_host_, bytes));
+    pack_host_bytes_ = bytes;
+    return OkStatus();
+  }
+
+  const cudaStream_t publish_stream_;
+  std::mutex publish_mu_;         // Guards the pack buffers (and orders use of publish_stream_).
+  uint8_t* pack_host_ = nullptr;  // Pinned.
+  size_t pack_host_bytes_ = 0;
+  GrowingBuffer<uint8_t> pack_device_;
 
   std::mutex mu_;  // Guards the encode buffers (and orders use of stream_).
   GrowingBuffer<float> k_, v_, norms_, scratch_;
@@ -199,21 +252,23 @@ StatusOr<std::unique_ptr<Arena>> CreateCudaArena(uint64_t bytes, int device) {
     return OkStatus();
   }();
   cudaIpcMemHandle_t handle;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr, publish_stream = nullptr;
   if (ready.ok()) {
     ready = [&]() -> Status {
       KVCTL_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, device_base));
       KVCTL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      KVCTL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&publish_stream, cudaStreamNonBlocking));
       return OkStatus();
     }();
   }
   if (!ready.ok()) {
+    if (stream != nullptr) cudaStreamDestroy(stream);
     cudaFree(device_base);
     cudaFreeHost(host_base);
     return ready;
   }
   return std::unique_ptr<Arena>(
-      new CudaArena(device, device_base, host_base, bytes, stream, handle));
+      new CudaArena(device, device_base, host_base, bytes, stream, publish_stream, handle));
 }
 
 #endif  // KVCTL_USE_CUDA

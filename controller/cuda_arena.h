@@ -6,18 +6,21 @@
 // engine opens it with cudaIpcOpenMemHandle and reads pages at the offsets replies give).
 //
 // The arena is mirrored (pool.h, Arena): the daemon keeps a pinned host copy it bookkeeps on
-// (eviction scoring, compaction, dense FETCH decode), and each request publishes the pages it
-// changed to the device before the daemon replies, so an engine never sees a half-written page
-// of a completed request. Staging slots are the other way round: engines write them on the
+// (eviction scoring, compaction, dense FETCH decode), and each request publishes the bytes it
+// changed to the device before the daemon replies (a few ranges: one cudaMemcpy each; many: packed
+// into one copy and scattered by kernels/cuda/scatter_cuda), so an engine never sees a
+// half-written page of a completed request. Staging slots are the other way round: engines write them on the
 // device and APPEND pulls the slot's bytes to the host. Block records are encoded on the device
 // (EncodeBlocks runs kernels/cuda's warp encoder on the arena's own stream), then copied back
 // into the host copy.
 //
-// Cost, stated: host memory of pool.bytes (pinned) besides the device memory, and per APPEND the
-// changed pages cross PCIe once (records are small: 2-3 bits per element).
+// Cost, stated: host memory of pool.bytes (pinned) besides the device memory; per APPEND the
+// changed bytes cross PCIe once more than on a device-resident design (records are small: 2-3
+// bits per element; a decode step changes one fp16 row slot per layer and head).
 //
 // Thread safety: Publish, Pull and EncodeBlocks may be called from any thread (each sets the
-// device; EncodeBlocks serializes on a mutex around its reusable device buffers).
+// device; batched Publish and EncodeBlocks each serialize on a mutex around their reusable
+// buffers and stream).
 //
 //   KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<Arena> arena, CreateCudaArena(256 << 20, 0));
 //   KVCTL_ASSIGN_OR_RETURN(auto pool, PageAllocator::Create(std::move(arena), options));

@@ -140,9 +140,14 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
       staging_stride_(staging_stride),
       staging_offset_(arena_->bytes() - staging_stride * staging_slots),
       mirrored_(arena_->mirrored()),
-      dirty_(mirrored_ ? new std::atomic<uint8_t>[pages_total]() : nullptr),
+      dirty_begin_(mirrored_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      dirty_end_(mirrored_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
       page_used_(pages_total, 0),
       slot_used_(staging_slots, 0) {
+  for (uint32_t i = 0; mirrored_ && i < pages_total; ++i) {
+    dirty_begin_[i].store(static_cast<uint32_t>(page_bytes), std::memory_order_relaxed);
+    dirty_end_[i].store(0, std::memory_order_relaxed);
+  }
   // Stacks pop from the back: push in reverse so a fresh pool hands out ids 0, 1, 2, ...
   free_pages_.reserve(pages_total);
   for (uint32_t i = pages_total; i > 0; --i) free_pages_.push_back(i - 1);
@@ -294,33 +299,52 @@ Status Arena::EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8
   return QuantizeBlocks(spec, batch, records);
 }
 
-void PageAllocator::MarkDirty(uint32_t page) {
+void PageAllocator::MarkDirty(uint32_t page, uint32_t begin, uint32_t end) {
   if (!mirrored_) return;
-  KVCTL_CHECK(page < pages_total_);
-  dirty_[page].store(1, std::memory_order_relaxed);
+  KVCTL_CHECK(page < pages_total_ && begin < end && end <= page_bytes_);
+  // Widen the interval; a CAS loop because C++20 has no atomic fetch_min / fetch_max.
+  uint32_t lo = dirty_begin_[page].load(std::memory_order_relaxed);
+  while (begin < lo && !dirty_begin_[page].compare_exchange_weak(lo, begin)) {
+  }
+  uint32_t hi = dirty_end_[page].load(std::memory_order_relaxed);
+  while (end > hi && !dirty_end_[page].compare_exchange_weak(hi, end)) {
+  }
 }
 
-Status PageAllocator::PublishPages(std::vector<uint32_t> pages) {
+Status PageAllocator::PublishPages(const std::vector<uint32_t>& pages) {
   if (!mirrored_) return OkStatus();
-  std::vector<uint32_t> marked;
+  std::vector<ByteRange> ranges;
   for (uint32_t page : pages) {
     KVCTL_CHECK(page < pages_total_);
-    if (dirty_[page].exchange(0, std::memory_order_relaxed) != 0) marked.push_back(page);
+    const uint32_t lo = dirty_begin_[page].exchange(static_cast<uint32_t>(page_bytes_));
+    const uint32_t hi = dirty_end_[page].exchange(0);
+    if (lo < hi) ranges.push_back({PageOffset(page) + lo, uint64_t{hi} - lo});
   }
-  std::sort(marked.begin(), marked.end());
-  for (size_t begin = 0; begin < marked.size();) {
-    size_t end = begin + 1;
-    while (end < marked.size() && marked[end] == marked[end - 1] + 1) ++end;
-    const uint64_t bytes = (end - begin) * page_bytes_;
-    Status copied = arena_->Publish(PageOffset(marked[begin]), bytes);
-    if (!copied.ok()) {
-      for (size_t i = begin; i < marked.size(); ++i) MarkDirty(marked[i]);
-      return copied;
+  if (ranges.empty()) return OkStatus();
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+  std::vector<ByteRange> merged{ranges[0]};
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    ByteRange& last = merged.back();
+    if (ranges[i].offset <= last.offset + last.bytes) {
+      last.bytes = std::max(last.bytes, ranges[i].offset + ranges[i].bytes - last.offset);
+    } else {
+      merged.push_back(ranges[i]);
     }
-    publish_copies_.fetch_add(1, std::memory_order_relaxed);
-    publish_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    begin = end;
   }
+  Status copied = arena_->Publish(merged);
+  if (!copied.ok()) {
+    for (const ByteRange& r : ranges) {
+      const auto page = static_cast<uint32_t>(r.offset / page_bytes_);
+      const auto begin = static_cast<uint32_t>(r.offset % page_bytes_);
+      MarkDirty(page, begin, static_cast<uint32_t>(begin + r.bytes));
+    }
+    return copied;
+  }
+  uint64_t bytes = 0;
+  for (const ByteRange& r : merged) bytes += r.bytes;
+  publish_ranges_.fetch_add(merged.size(), std::memory_order_relaxed);
+  publish_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   return OkStatus();
 }
 
@@ -346,7 +370,7 @@ PoolStats PageAllocator::Stats() const {
   s.staging_slot_bytes = staging_slot_bytes_;
   s.staging_bytes_total = staging_stride_ * staging_slots_;
   s.alloc_failures_total = alloc_failures_;
-  s.publish_copies_total = publish_copies_.load(std::memory_order_relaxed);
+  s.publish_ranges_total = publish_ranges_.load(std::memory_order_relaxed);
   s.publish_bytes_total = publish_bytes_.load(std::memory_order_relaxed);
   return s;
 }

@@ -65,9 +65,15 @@ class KVCTL_SCOPED_CAPABILITY MutexLock {
   Mutex* const mu_;
 };
 
+// [offset, offset + bytes) of an arena.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
 // Memory the pool is carved from. base() is the memory the daemon reads and writes. A device
 // arena (controller/cuda_arena.h) is *mirrored*: base() is a host copy the daemon works on, the
-// copy engines read lives in device memory, Publish makes a range of the device copy equal to the
+// copy engines read lives in device memory, Publish makes ranges of the device copy equal to the
 // host copy and Pull copies a range the other way (staging slots that engines fill on the device).
 // Records are encoded where the arena lives (EncodeBlocks: the CPU here, the device there).
 class Arena {
@@ -77,8 +83,9 @@ class Arena {
   virtual uint64_t bytes() const = 0;
 
   virtual bool mirrored() const { return false; }
-  // Mirrored arenas only; REQUIRES: offset + bytes <= bytes(). Errors name the device call.
-  virtual Status Publish(uint64_t /*offset*/, uint64_t /*bytes*/) { return OkStatus(); }
+  // Mirrored arenas only; REQUIRES: every range inside bytes(), ranges sorted and disjoint.
+  // Publish has returned only when the device copy holds the bytes. Errors name the device call.
+  virtual Status Publish(const std::vector<ByteRange>& /*ranges*/) { return OkStatus(); }
   virtual Status Pull(uint64_t /*offset*/, uint64_t /*bytes*/) { return OkStatus(); }
   // Quantizes batch.n_blocks blocks of one head into records, record_bytes apart; the contract of
   // kernels/quantize.h QuantizeBlocks (which is what the CPU arenas run). Thread-safe.
@@ -153,8 +160,8 @@ struct PoolStats {
   uint64_t staging_slot_bytes = 0;
   uint64_t staging_bytes_total = 0;  // Slot strides included: the arena bytes staging takes.
   uint64_t alloc_failures_total = 0;
-  // Mirrored arenas: host-to-device copies of changed pages (Publish calls, bytes).
-  uint64_t publish_copies_total = 0;
+  // Mirrored arenas: changed byte ranges copied to the device, and their bytes.
+  uint64_t publish_ranges_total = 0;
   uint64_t publish_bytes_total = 0;
 };
 
@@ -188,14 +195,17 @@ class PageAllocator {
   uint64_t StagingOffset(uint32_t slot_id) const;
   uint8_t* StagingPointer(uint32_t slot_id) const;
 
-  // Mirrored arenas (Arena::mirrored): writers mark the pages whose host copy they changed, and
-  // the owner of those pages publishes them before anyone outside may read them (the daemon: before
-  // it replies). Both are no-ops for host arenas. Any thread; a page is marked by its owner only.
+  // Mirrored arenas (Arena::mirrored): writers mark the bytes of a page whose host copy they
+  // changed (each page keeps one interval covering its marks), and the owner of those pages
+  // publishes them before anyone outside may read them (the daemon: before it replies). Both are
+  // no-ops for host arenas. Any thread; a page is marked and published by its owner only.
+  // REQUIRES: page < pages_total(), begin < end <= page_bytes().
   bool mirrored() const { return mirrored_; }
-  void MarkDirty(uint32_t page);
-  // Copies the marked pages among `pages` to the device copy in runs of adjacent pages and clears
-  // their marks. On a copy error the pages not copied stay marked and the error is returned.
-  Status PublishPages(std::vector<uint32_t> pages);
+  void MarkDirty(uint32_t page, uint32_t begin, uint32_t end);
+  // Copies the marked intervals of `pages` to the device copy in one Arena::Publish (adjacent
+  // intervals merged) and clears the marks. On a copy error the marks are restored and the error
+  // is returned.
+  Status PublishPages(const std::vector<uint32_t>& pages);
   // Copies [offset, offset + bytes) of a staging slot from the device copy into base().
   // REQUIRES: the range lies inside one staging slot.
   Status PullStaging(uint64_t offset, uint64_t bytes);
@@ -223,9 +233,11 @@ class PageAllocator {
   const uint64_t staging_stride_;
   const uint64_t staging_offset_;
   const bool mirrored_;
-  // One mark per page (mirrored arenas only): set by MarkDirty, cleared by PublishPages.
-  const std::unique_ptr<std::atomic<uint8_t>[]> dirty_;
-  std::atomic<uint64_t> publish_copies_{0};
+  // Per page (mirrored arenas only): the marked interval [dirty_begin_, dirty_end_) of its bytes,
+  // empty (page_bytes, 0) when clean. Atomic because a page changes owner when freed.
+  const std::unique_ptr<std::atomic<uint32_t>[]> dirty_begin_;
+  const std::unique_ptr<std::atomic<uint32_t>[]> dirty_end_;
+  std::atomic<uint64_t> publish_ranges_{0};
   std::atomic<uint64_t> publish_bytes_{0};
 
   mutable Mutex mu_;

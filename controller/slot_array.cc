@@ -44,8 +44,9 @@ const uint8_t* SlotArray::Slot(size_t i) const {
 uint8_t* SlotArray::MutableSlot(size_t i) {
   KVCTL_CHECK(i < size_);
   const uint32_t page = pages_[i / per_page_];
-  pool_->MarkDirty(page);
-  return pool_->PagePointer(page) + (i % per_page_) * slot_bytes_;
+  const size_t begin = (i % per_page_) * slot_bytes_;
+  pool_->MarkDirty(page, static_cast<uint32_t>(begin), static_cast<uint32_t>(begin + slot_bytes_));
+  return pool_->PagePointer(page) + begin;
 }
 
 void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {

@@ -47,7 +47,7 @@ class SlotArray {
   // Pages Resize(n) releases (0 when growing).
   size_t PagesReleased(size_t n) const;
 
-  // REQUIRES: i < size(). MutableSlot marks the slot's page changed (PageAllocator::MarkDirty),
+  // REQUIRES: i < size(). MutableSlot marks the slot's bytes changed (PageAllocator::MarkDirty),
   // so every write goes through it and the owner publishes the array (Publish) afterwards.
   const uint8_t* Slot(size_t i) const;
   uint8_t* MutableSlot(size_t i);
