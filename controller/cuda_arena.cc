@@ -161,12 +161,12 @@ class CudaArena final : public Arena {
                                                    cudaMemcpyHostToDevice, stream_));
       }
       KVCTL_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(overflow_.buffer.ptr, 0, sizeof(int), stream_));
-      const DeviceBlockBatch device_batch{k_.buffer.ptr,
-                                          v_.buffer.ptr,
-                                          batch.row_stride,
-                                          batch.block_stride,
-                                          norms ? norms_.buffer.ptr : nullptr,
-                                          batch.n_blocks};
+      const BlockBatch device_batch{k_.buffer.ptr,
+                                    v_.buffer.ptr,
+                                    batch.row_stride,
+                                    batch.block_stride,
+                                    norms ? norms_.buffer.ptr : nullptr,
+                                    batch.n_blocks};
       KVCTL_RETURN_IF_ERROR(EnqueueQuantizeBlocksCuda(spec, device_batch, records_.buffer.ptr,
                                                       scratch_.buffer.ptr, overflow_.buffer.ptr,
                                                       stream_));

@@ -189,12 +189,12 @@ void QuantizeAll(const QuantSpec& spec, const DeviceKv& kv, int64_t first, int64
   BENCH_CHECK_CUDA(overflow->Allocate(1));
   BENCH_CHECK_CUDA(cudaMemset(overflow->ptr, 0, sizeof(int)));
   for (int h = 0; h < kv.heads; ++h) {
-    DeviceBlockBatch b;
+    BlockBatch b;
     b.k = kv.k.ptr + (static_cast<size_t>(h) * kv.tokens + first) * kv.d;
     b.v = kv.v.ptr + (static_cast<size_t>(h) * kv.tokens + first) * kv.d;
     b.row_stride = kv.d;
     b.block_stride = static_cast<int64_t>(gt) * kv.d;
-    b.norms = spec.method == QuantMethod::kOscar ? kv.norms.ptr + first : nullptr;
+    b.token_norms = spec.method == QuantMethod::kOscar ? kv.norms.ptr + first : nullptr;
     b.n_blocks = static_cast<int>(n_blocks);
     CheckStatus(EnqueueQuantizeBlocksCuda(spec, b, records->ptr + rb * h * n_blocks, scratch->ptr,
                                           overflow->ptr, nullptr),
@@ -223,12 +223,12 @@ void BenchQuantize(const Options& opt, double copy_gbps, std::ostringstream& js)
     BENCH_CHECK_CUDA(overflow.Allocate(1));
     BENCH_CHECK_CUDA(cudaMemset(overflow.ptr, 0, sizeof(int)));
     // All heads in one launch: [heads, tokens, D] is a uniform sequence of G-token blocks.
-    DeviceBlockBatch b;
+    BlockBatch b;
     b.k = kv.k.ptr;
     b.v = kv.v.ptr;
     b.row_stride = d;
     b.block_stride = static_cast<int64_t>(spec.block_tokens) * d;
-    b.norms = nullptr;
+    b.token_norms = nullptr;
     b.n_blocks = static_cast<int>(n_blocks);
     DeviceBuffer<float> norms;
     if (m == QuantMethod::kOscar) {  // Per block: the norms of its tokens, heads alike.
@@ -237,7 +237,7 @@ void BenchQuantize(const Options& opt, double copy_gbps, std::ostringstream& js)
         BENCH_CHECK_CUDA(
             cudaMemcpy(norms.ptr + h * tokens, kv.norms.ptr, tokens * 4, cudaMemcpyDeviceToDevice));
       }
-      b.norms = norms.ptr;
+      b.token_norms = norms.ptr;
     }
     const double us = MedianUs([&] {
       CheckStatus(

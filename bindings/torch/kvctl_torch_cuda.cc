@@ -63,7 +63,7 @@ Tensor QuantizeCuda(const Tensor& k, const Tensor& v, c10::string_view method, i
                                          k_group_tokens, v_group_channels, token_norms);
   const int n = BlockCount(a.heads * a.blocks, "quantize");
   // Head-major copies, so record i = (h, b) is the block of G contiguous rows at i * G * D, as
-  // DeviceBlockBatch addresses them; the norms repeat per head for the same reason.
+  // BlockBatch addresses them; the norms repeat per head for the same reason.
   const Tensor kh = a.k.transpose(0, 1).contiguous();
   const Tensor vh = a.v.transpose(0, 1).contiguous();
   const Tensor norms = a.norms.defined() ? a.norms.repeat({a.heads}) : Tensor();
@@ -72,12 +72,12 @@ Tensor QuantizeCuda(const Tensor& k, const Tensor& v, c10::string_view method, i
   Tensor scratch =
       at::empty({std::max<int64_t>(1, QuantizeScratchFloats(a.spec, n))}, opts.dtype(at::kFloat));
   Tensor overflow = at::zeros({1}, opts.dtype(at::kInt));
-  const DeviceBlockBatch batch{.k = kh.data_ptr<float>(),
-                               .v = vh.data_ptr<float>(),
-                               .row_stride = a.dim,
-                               .block_stride = a.spec.block_tokens * a.dim,
-                               .norms = norms.defined() ? norms.data_ptr<float>() : nullptr,
-                               .n_blocks = n};
+  const BlockBatch batch{.k = kh.data_ptr<float>(),
+                         .v = vh.data_ptr<float>(),
+                         .row_stride = a.dim,
+                         .block_stride = a.spec.block_tokens * a.dim,
+                         .token_norms = norms.defined() ? norms.data_ptr<float>() : nullptr,
+                         .n_blocks = n};
   ThrowIfError(EnqueueQuantizeBlocksCuda(a.spec, batch, out.data_ptr<uint8_t>(),
                                          scratch.data_ptr<float>(), overflow.data_ptr<int>(),
                                          c10::cuda::getCurrentCUDAStream(device.index()).stream()),

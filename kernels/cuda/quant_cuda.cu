@@ -22,7 +22,7 @@ struct WarpSync {
 // statistics for those rows / columns) with the reference's own per-row code (block::EncodeRecord
 // with a LaneSplit), so the bytes are those of a single lane, with 32x the parallelism and
 // coalesced reads of K's channel rows.
-__global__ void EncodeRecordsWarpKernel(QuantSpec spec, BlockLayout layout, DeviceBlockBatch batch,
+__global__ void EncodeRecordsWarpKernel(QuantSpec spec, BlockLayout layout, BlockBatch batch,
                                         float* scratch, int64_t scratch_floats, uint8_t* records,
                                         int* overflow) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarp - 1);
@@ -32,7 +32,7 @@ __global__ void EncodeRecordsWarpKernel(QuantSpec spec, BlockLayout layout, Devi
   for (size_t i = lane; i < layout.record_bytes; i += kWarp) rec[i] = 0;
   __syncwarp();  // PutCode ORs into the zeroed rows.
   const float* norms =
-      batch.norms ? batch.norms + static_cast<int64_t>(b) * spec.block_tokens : nullptr;
+      batch.token_norms ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens : nullptr;
   const bool ok = block::EncodeRecord(spec, layout, batch.k + b * batch.block_stride,
                                       batch.v + b * batch.block_stride, batch.row_stride, norms,
                                       scratch + b * scratch_floats, rec, {lane, kWarp}, WarpSync{});
@@ -61,8 +61,8 @@ int64_t QuantizeScratchFloats(const QuantSpec& spec, int n_blocks) {
   return block::ScratchFloats(spec) * static_cast<int64_t>(n_blocks > 0 ? n_blocks : 0);
 }
 
-Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch,
-                                 uint8_t* records, float* scratch, int* overflow, void* stream) {
+Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records,
+                                 float* scratch, int* overflow, void* stream) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
   if (batch.n_blocks <= 0) {
     return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
@@ -77,7 +77,7 @@ Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& 
   return OkStatus();
 }
 
-Status QuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch, uint8_t* records) {
+Status QuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
   if (batch.n_blocks <= 0)
     return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
@@ -112,7 +112,7 @@ Status DequantizeBlocksCuda(const QuantSpec& spec, const uint8_t* records, const
   return OkStatus();
 }
 
-Status QuantizeBlocksCudaHost(const QuantSpec& spec, const DeviceBlockBatch& host,
+Status QuantizeBlocksCudaHost(const QuantSpec& spec, const BlockBatch& host,
                               uint8_t* host_records) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
   if (host.n_blocks <= 0) return InvalidArgument("n_blocks: got ", host.n_blocks, ", expected > 0");
@@ -127,14 +127,15 @@ Status QuantizeBlocksCudaHost(const QuantSpec& spec, const DeviceBlockBatch& hos
   KVCTL_CUDA_RETURN_IF_ERROR(records.Allocate(record_bytes * host.n_blocks));
   KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(k.ptr, host.k, span * 4, cudaMemcpyHostToDevice));
   KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(v.ptr, host.v, span * 4, cudaMemcpyHostToDevice));
-  DeviceBlockBatch dev = host;
+  BlockBatch dev = host;
   dev.k = k.ptr;
   dev.v = v.ptr;
-  if (host.norms) {
+  if (host.token_norms) {
     const size_t n = static_cast<size_t>(host.n_blocks) * spec.block_tokens;
     KVCTL_CUDA_RETURN_IF_ERROR(norms.Allocate(n));
-    KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpy(norms.ptr, host.norms, n * 4, cudaMemcpyHostToDevice));
-    dev.norms = norms.ptr;
+    KVCTL_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(norms.ptr, host.token_norms, n * 4, cudaMemcpyHostToDevice));
+    dev.token_norms = norms.ptr;
   }
   KVCTL_RETURN_IF_ERROR(QuantizeBlocksCuda(spec, dev, records.ptr));
   KVCTL_CUDA_RETURN_IF_ERROR(

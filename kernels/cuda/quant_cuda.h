@@ -22,42 +22,34 @@
 
 #include "common/status.h"
 #include "kernels/quant_types.h"
+#include "kernels/quantize.h"
 
 namespace kvctl {
 
 // Number of visible CUDA devices; 0 when there is none or no driver.
 int CudaDeviceCount();
 
-// A batch of n_blocks blocks on the device. Block b's K rows start at k + b * block_stride
-// (floats), row t of it at + t * row_stride; the same for v. norms: block_tokens floats per block
-// (OScaR), else null. Records are written back to back, record_bytes apart.
-struct DeviceBlockBatch {
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t row_stride = 0;
-  int64_t block_stride = 0;
-  const float* norms = nullptr;
-  int n_blocks = 0;
-};
+// Batches are kernels/quantize.h BlockBatch (the CPU batch's layout) holding device pointers,
+// except where a function says host. Records are written back to back, record_bytes apart.
 
 // Device pointers. Fails with INVALID_ARGUMENT on fp16 metadata overflow (as the CPU path) and
 // UNAVAILABLE/INTERNAL on CUDA errors, with the CUDA error string. Inputs must be finite (the
 // controller validates on the CPU before upload).
-Status QuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch, uint8_t* records);
+Status QuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records);
 // The asynchronous core of QuantizeBlocksCuda with caller-owned buffers, for callers that quantize
 // repeatedly (benchmarks, a device pool): scratch holds QuantizeScratchFloats(spec, n_blocks)
 // floats, *overflow is an int the caller zeroes and reads after the stream completes (non-zero:
 // fp16 metadata overflow). stream is a cudaStream_t (null = default). Only launch errors are
 // reported here.
 int64_t QuantizeScratchFloats(const QuantSpec& spec, int n_blocks);
-Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const DeviceBlockBatch& batch,
-                                 uint8_t* records, float* scratch, int* overflow, void* stream);
+Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records,
+                                 float* scratch, int* overflow, void* stream);
 // Dense rows [n_blocks, block_tokens, head_dim] for K and V.
 Status DequantizeBlocksCuda(const QuantSpec& spec, const uint8_t* records, const float* norms,
                             int n_blocks, float* k_out, float* v_out);
 
 // Host-memory conveniences for tests and benchmarks: copy in, run, copy out.
-Status QuantizeBlocksCudaHost(const QuantSpec& spec, const DeviceBlockBatch& host_batch,
+Status QuantizeBlocksCudaHost(const QuantSpec& spec, const BlockBatch& host_batch,
                               uint8_t* host_records);
 Status DequantizeBlocksCudaHost(const QuantSpec& spec, const uint8_t* host_records,
                                 const float* host_norms, int n_blocks, float* k_out, float* v_out);

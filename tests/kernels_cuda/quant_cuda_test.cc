@@ -34,12 +34,12 @@ TEST_CASE("QuantCuda: records and dequantized rows match the CPU reference", "[c
         std::vector<float> norms(kv.tokens);
         ComputeTokenNorms(kv.KView(), norms.data());
         // Head 1 of each block: row stride heads*D, block stride g*heads*D.
-        DeviceBlockBatch batch{kv.k.data() + d,
-                               kv.v.data() + d,
-                               heads * d,
-                               static_cast<int64_t>(g) * heads * d,
-                               TraitsOf(m).needs_token_norms ? norms.data() : nullptr,
-                               n_blocks};
+        BlockBatch batch{kv.k.data() + d,
+                         kv.v.data() + d,
+                         heads * d,
+                         static_cast<int64_t>(g) * heads * d,
+                         TraitsOf(m).needs_token_norms ? norms.data() : nullptr,
+                         n_blocks};
         const size_t rb = BlockLayoutOf(*spec).record_bytes;
         std::vector<uint8_t> gpu(rb * n_blocks), cpu(rb * n_blocks);
         REQUIRE(QuantizeBlocksCudaHost(*spec, batch, gpu.data()).ok());
@@ -47,7 +47,7 @@ TEST_CASE("QuantCuda: records and dequantized rows match the CPU reference", "[c
         std::vector<float> kc(elems * n_blocks), vc(kc.size()), kg(kc.size()), vg(kc.size());
         for (int i = 0; i < n_blocks; ++i) {
           BlockInput in{batch.k + i * batch.block_stride, batch.v + i * batch.block_stride,
-                        batch.row_stride, batch.norms ? batch.norms + i * g : nullptr};
+                        batch.row_stride, batch.token_norms ? batch.token_norms + i * g : nullptr};
           REQUIRE(QuantizeBlockRef(*spec, in, cpu.data() + i * rb).ok());
           DequantizeBlockRef(*spec, cpu.data() + i * rb, in.token_norms, kc.data() + i * elems,
                              vc.data() + i * elems);
@@ -58,9 +58,9 @@ TEST_CASE("QuantCuda: records and dequantized rows match the CPU reference", "[c
         }
         // Decode the CPU's records on the GPU: same floats up to device rounding of nothing but
         // plain IEEE ops, so exact.
-        REQUIRE(
-            DequantizeBlocksCudaHost(*spec, cpu.data(), batch.norms, n_blocks, kg.data(), vg.data())
-                .ok());
+        REQUIRE(DequantizeBlocksCudaHost(*spec, cpu.data(), batch.token_norms, n_blocks, kg.data(),
+                                         vg.data())
+                    .ok());
         CHECK(std::memcmp(kg.data(), kc.data(), kc.size() * 4) == 0);
         CHECK(std::memcmp(vg.data(), vc.data(), vc.size() * 4) == 0);
         if (m == QuantMethod::kKvarn) {
