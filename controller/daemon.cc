@@ -257,8 +257,13 @@ int Daemon::Run() {
     spdlog::error("cannot start the server: {}", started.ToString());
     return 1;
   }
-  spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
-               server_->endpoint(), config.pool.bytes, controller_->shm_name());
+  if (controller_->shm_name().empty()) {
+    spdlog::info("kvctl {} serving on {} (pool {} bytes on CUDA device {}, with a host copy)",
+                 kKvctlVersion, server_->endpoint(), config.pool.bytes, config.pool.cuda_device);
+  } else {
+    spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
+                 server_->endpoint(), config.pool.bytes, controller_->shm_name());
+  }
   impl.io.run();
 
   impl.http.reset();
