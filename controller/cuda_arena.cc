@@ -95,26 +95,22 @@ class CudaArena final : public Arena {
       return OkStatus();
     }
     std::lock_guard<std::mutex> lock(publish_mu_);
-    uint64_t total = 0;
-    for (const ByteRange& r : ranges) total += r.bytes;
+    const int n = static_cast<int>(ranges.size());
+    std::vector<CopyRange> wanted;  // Same offset in both copies.
+    for (const ByteRange& r : ranges) wanted.push_back({r.offset, r.offset, r.bytes});
     // The table goes after the data, 8-byte aligned.
-    const uint64_t table_at = (total + 7) / 8 * 8;
-    const uint64_t pack_bytes = table_at + sizeof(DeviceCopyRange) * ranges.size();
+    const uint64_t table_at = (PackedBytes(wanted.data(), n) + 7) / 8 * 8;
+    const uint64_t pack_bytes = table_at + sizeof(CopyRange) * ranges.size();
     KVCTL_RETURN_IF_ERROR(ReserveHost(pack_bytes));
     KVCTL_CUDA_RETURN_IF_ERROR(pack_device_.Reserve(pack_bytes));
-    auto* table = reinterpret_cast<DeviceCopyRange*>(pack_host_ + table_at);
-    uint64_t at = 0;
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      std::memcpy(pack_host_ + at, host_base_ + ranges[i].offset, ranges[i].bytes);
-      table[i] = {at, ranges[i].offset, ranges[i].bytes};
-      at += ranges[i].bytes;
-    }
+    PackRanges(host_base_, wanted.data(), n, pack_host_,
+               reinterpret_cast<CopyRange*>(pack_host_ + table_at));
     uint8_t* device_pack = pack_device_.buffer.ptr;
     KVCTL_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_pack, pack_host_, pack_bytes,
                                                cudaMemcpyHostToDevice, publish_stream_));
-    KVCTL_RETURN_IF_ERROR(EnqueueScatterCuda(
-        device_pack, reinterpret_cast<const DeviceCopyRange*>(device_pack + table_at),
-        static_cast<int>(ranges.size()), device_base_, publish_stream_));
+    KVCTL_RETURN_IF_ERROR(
+        EnqueueScatterCuda(device_pack, reinterpret_cast<const CopyRange*>(device_pack + table_at),
+                           n, device_base_, publish_stream_));
     KVCTL_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(publish_stream_));
     return OkStatus();
   }

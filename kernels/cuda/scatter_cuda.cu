@@ -11,9 +11,8 @@ constexpr int kThreads = 256;
 
 // A block per range. Ranges whose source, destination and length are 16-byte aligned (whole pages,
 // most merged runs) move as uint4; the rest byte by byte (slots of odd record sizes).
-__global__ void ScatterKernel(const uint8_t* packed, const DeviceCopyRange* ranges,
-                              uint8_t* dst_base) {
-  const DeviceCopyRange r = ranges[blockIdx.x];
+__global__ void ScatterKernel(const uint8_t* packed, const CopyRange* ranges, uint8_t* dst_base) {
+  const CopyRange r = ranges[blockIdx.x];
   const uint8_t* src = packed + r.src;
   uint8_t* dst = dst_base + r.dst;
   const bool aligned =
@@ -29,8 +28,8 @@ __global__ void ScatterKernel(const uint8_t* packed, const DeviceCopyRange* rang
 
 }  // namespace
 
-Status EnqueueScatterCuda(const uint8_t* packed, const DeviceCopyRange* ranges, int n,
-                          uint8_t* dst_base, void* stream) {
+Status EnqueueScatterCuda(const uint8_t* packed, const CopyRange* ranges, int n, uint8_t* dst_base,
+                          void* stream) {
   if (n < 1) return InvalidArgument("n: got ", n, ", expected >= 1 ranges");
   if (!packed || !ranges || !dst_base) {
     return InvalidArgument("packed, ranges, dst_base: got a null pointer");

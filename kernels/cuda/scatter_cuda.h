@@ -2,10 +2,11 @@
 //
 // File: kernels/cuda/scatter_cuda.h
 // One launch that copies many byte ranges out of a packed device buffer to their places in
-// another device buffer. The device pool (controller/cuda_arena) publishes the slots a request
-// changed this way: the host packs them into one pinned buffer, one host-to-device copy moves the
-// pack, this kernel scatters it, instead of one cudaMemcpy per slot (a decode step of a 32-layer,
-// 8-head model changes 256 slots of ~0.5 KiB).
+// another device buffer: the device path of kernels/scatter.h ScatterRef (its spec; the pack is
+// made on the host by PackRanges). The device pool (controller/cuda_arena) publishes the slots a
+// request changed this way: the host packs them into one pinned buffer, one host-to-device copy
+// moves the pack, this kernel scatters it, instead of one cudaMemcpy per slot (a decode step of a
+// 32-layer, 8-head model changes 256 slots of ~0.5 KiB).
 //
 // Thread safety: reentrant; the launch is asynchronous on the given stream.
 //
@@ -16,21 +17,15 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "kernels/scatter.h"
 
 namespace kvctl {
-
-// Copy `bytes` bytes from packed + src to dst_base + dst.
-struct DeviceCopyRange {
-  uint64_t src = 0;
-  uint64_t dst = 0;
-  uint64_t bytes = 0;
-};
 
 // packed, ranges (n entries) and dst_base are device pointers; the ranges' destinations must not
 // overlap. INVALID_ARGUMENT for n < 1 or a null pointer, UNAVAILABLE for a launch error. stream is
 // a cudaStream_t (null = default).
-Status EnqueueScatterCuda(const uint8_t* packed, const DeviceCopyRange* ranges, int n,
-                          uint8_t* dst_base, void* stream);
+Status EnqueueScatterCuda(const uint8_t* packed, const CopyRange* ranges, int n, uint8_t* dst_base,
+                          void* stream);
 
 }  // namespace kvctl
 

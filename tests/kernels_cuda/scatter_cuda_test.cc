@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// [cuda] The scatter kernel the device pool publishes with (kernels/cuda/scatter_cuda.h): ranges
-// of every alignment land where their table says and nothing else changes. [cuda-host]: argument
-// checks, which run without a device.
+// [cuda] The scatter kernel the device pool publishes with (kernels/cuda/scatter_cuda.h) against
+// its reference ScatterRef (kernels/scatter.h): ranges of every alignment land where their table
+// says and nothing else changes. [cuda-host]: argument checks, which run without a device.
 #include "kernels/cuda/scatter_cuda.h"
 
 #include <cuda_runtime.h>
@@ -16,26 +16,25 @@ namespace {
 
 TEST_CASE("ScatterCuda: aligned and unaligned ranges land at their destinations", "[cuda]") {
   // Whole 16-byte-aligned pages (the uint4 path), odd slots (the byte path), one byte.
-  const std::vector<DeviceCopyRange> want_ranges = {
+  const std::vector<CopyRange> want_ranges = {
       {0, 4096, 4096}, {4096, 20000 + 3, 250}, {4346, 100, 1}, {4347, 9000, 512}};
   uint64_t packed_bytes = 0;
-  for (const DeviceCopyRange& r : want_ranges) packed_bytes += r.bytes;
+  for (const CopyRange& r : want_ranges) packed_bytes += r.bytes;
   std::vector<uint8_t> packed(packed_bytes);
   for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(i * 31 + 7);
   const size_t pool_bytes = 32768;
   std::vector<uint8_t> expected(pool_bytes, 0xEE);
-  for (const DeviceCopyRange& r : want_ranges) {
-    for (uint64_t i = 0; i < r.bytes; ++i) expected[r.dst + i] = packed[r.src + i];
-  }
+  ScatterRef(packed.data(), want_ranges.data(), static_cast<int>(want_ranges.size()),
+             expected.data());
 
   uint8_t *d_packed = nullptr, *d_pool = nullptr;
-  DeviceCopyRange* d_ranges = nullptr;
+  CopyRange* d_ranges = nullptr;
   REQUIRE(cudaMalloc(&d_packed, packed.size()) == cudaSuccess);
   REQUIRE(cudaMalloc(&d_pool, pool_bytes) == cudaSuccess);
-  REQUIRE(cudaMalloc(&d_ranges, sizeof(DeviceCopyRange) * want_ranges.size()) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_ranges, sizeof(CopyRange) * want_ranges.size()) == cudaSuccess);
   REQUIRE(cudaMemcpy(d_packed, packed.data(), packed.size(), cudaMemcpyHostToDevice) ==
           cudaSuccess);
-  REQUIRE(cudaMemcpy(d_ranges, want_ranges.data(), sizeof(DeviceCopyRange) * want_ranges.size(),
+  REQUIRE(cudaMemcpy(d_ranges, want_ranges.data(), sizeof(CopyRange) * want_ranges.size(),
                      cudaMemcpyHostToDevice) == cudaSuccess);
   REQUIRE(cudaMemset(d_pool, 0xEE, pool_bytes) == cudaSuccess);
   Status s =
@@ -55,7 +54,7 @@ TEST_CASE("ScatterCuda: aligned and unaligned ranges land at their destinations"
 
 TEST_CASE("ScatterCuda: argument checks", "[cuda-host]") {
   uint8_t byte = 0;
-  DeviceCopyRange range;
+  CopyRange range;
   CHECK(EnqueueScatterCuda(&byte, &range, 0, &byte, nullptr).message().find("n: got 0") !=
         std::string::npos);
   CHECK(EnqueueScatterCuda(nullptr, &range, 1, &byte, nullptr).code() ==
