@@ -250,6 +250,31 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("Attention: QuaRot record geometries of the SIMD record path agree with the oracle",
+          "[kernels]") {
+  // The SIMD QuaRot path reduces W = 8 or 16 tokens' dot products as one tree, so G = 16, 48 and
+  // 128 give one, three and eight trees per record at 16 lanes (G = 8: the generic path there);
+  // D = 32 is a V tail of single vectors at 16 lanes, D = 256 four 4-vector blocks. g 1..6 covers
+  // every row block and a 4 + 2 split.
+  struct Geometry {
+    int d, block_tokens, k_bits, v_bits;
+  };
+  const Geometry geometries[] = {{128, 32, 2, 3}, {64, 16, 3, 2},   {32, 48, 4, 8},
+                                 {256, 32, 8, 4}, {128, 128, 2, 2}, {64, 8, 2, 4}};
+  Worst worst;
+  int seed = 400;
+  for (const Geometry& geo : geometries) {
+    QuantSpec spec = Spec(QuantMethod::kQuaRot, geo.d, geo.k_bits, geo.v_bits);
+    spec.block_tokens = spec.k_group_tokens = geo.block_tokens;
+    REQUIRE(ValidateQuantSpec(spec).ok());
+    for (int group = 1; group <= 6; ++group) {
+      INFO("quarot d " << geo.d << " G " << geo.block_tokens << " k" << geo.k_bits << "v"
+                       << geo.v_bits << " g " << group);
+      CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), &worst);
+    }
+  }
+}
+
 TEST_CASE("Attention: known answer on identical fp16 keys", "[kernels]") {
   // One fp16 record of 8 tokens with the same key: uniform weights, out = mean of V,
   // lse = score + log 8.
