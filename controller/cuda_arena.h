@@ -9,10 +9,10 @@
 // (eviction scoring, compaction, dense FETCH decode), and each request publishes the bytes it
 // changed to the device before the daemon replies (a few ranges: one cudaMemcpy each; many: packed
 // into one copy and scattered by kernels/cuda/scatter_cuda), so an engine never sees a
-// half-written page of a completed request. Staging slots are the other way round: engines write them on the
-// device and APPEND pulls the slot's bytes to the host. Block records are encoded on the device
-// (EncodeBlocks runs kernels/cuda's warp encoder on the arena's own stream), then copied back
-// into the host copy.
+// half-written page of a completed request. Staging slots are the other way round: engines write
+// them on the device and APPEND pulls the slot's bytes to the host. Block records are encoded on
+// the device (EncodeBlocks runs kernels/cuda's warp encoder on the arena's own stream), then
+// copied back into the host copy.
 //
 // Cost, stated: host memory of pool.bytes (pinned) besides the device memory; per APPEND the
 // changed bytes cross PCIe once more than on a device-resident design (records are small: 2-3
