@@ -202,9 +202,11 @@ class KvSequence {
   // PlanWidthRelief over every quantized head, then LowerWidth; returns the pages freed.
   StatusOr<int64_t> LowerWidthsToFree(int64_t pages, bool partial);
   Status RelieveJoint(int64_t shortfall_pages);
-  // Mirrored pools (PageAllocator::mirrored): copies the pages this sequence changed to the
+  // LowerWidth without the publish: the relief paths lower several heads, then publish once.
+  Status LowerWidthInPlace(int layer, int head, int k_bits, int v_bits);
+  // Mirrored pools (PageAllocator::mirrored): copies the bytes this sequence changed to the
   // device, so engines reading the device copy see every completed request. UNAVAILABLE on a
-  // device copy error. Every public method that writes calls it before returning.
+  // device copy error. Every public method that writes calls it once before returning.
   Status Publish();
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,

@@ -13,6 +13,11 @@
 namespace kvctl {
 
 Status KvSequence::LowerWidth(int layer, int head, int k_bits, int v_bits) {
+  KVCTL_RETURN_IF_ERROR(LowerWidthInPlace(layer, head, k_bits, v_bits));
+  return Publish();
+}
+
+Status KvSequence::LowerWidthInPlace(int layer, int head, int k_bits, int v_bits) {
   if (layer < 0 || layer >= geometry_.layers) {
     return InvalidArgument("layer: got ", layer, ", expected 0..", geometry_.layers - 1);
   }
@@ -84,7 +89,7 @@ Status KvSequence::LowerWidth(int layer, int head, int k_bits, int v_bits) {
   l.plan.head_specs[head] = next;
   h.usage.requantized_tokens += records * g;
   ++h.usage.width_lowerings;
-  return Publish();
+  return OkStatus();
 }
 
 Status KvSequence::RelievePressure(int64_t shortfall_pages) {
@@ -103,7 +108,10 @@ Status KvSequence::RelievePressure(int64_t shortfall_pages) {
 int64_t KvSequence::LowerWidthsForOthers(int64_t pages) {
   if (!pressure_.lower_widths || pages < 1) return 0;
   StatusOr<int64_t> freed = LowerWidthsToFree(pages, /*partial=*/true);
-  if (!freed.ok() || *freed == 0) return 0;
+  // Not inside an APPEND of this sequence, so it publishes here. A device copy error counts as
+  // no relief (the marks stay for this sequence's next request).
+  const Status published = Publish();
+  if (!freed.ok() || *freed == 0 || !published.ok()) return 0;
   ++lowered_for_others_;
   return *freed;
 }
@@ -131,7 +139,7 @@ StatusOr<int64_t> KvSequence::LowerWidthsToFree(int64_t pages, bool partial) {
                                                  .shortfall_pages = pages,
                                                  .partial = partial}));
   for (const ReliefStep& step : relief.steps) {
-    KVCTL_RETURN_IF_ERROR(LowerWidth(step.layer, step.head, step.to_k_bits, step.to_v_bits));
+    KVCTL_RETURN_IF_ERROR(LowerWidthInPlace(step.layer, step.head, step.to_k_bits, step.to_v_bits));
   }
   return relief.pages_freed;
 }
@@ -183,9 +191,9 @@ Status KvSequence::RelieveJoint(int64_t shortfall_pages) {
       const int v_bits = std::max(to[i].second, pressure_.min_bits);
       const QuantSpec& spec = layers_[in.heads[i].layer]->heads[in.heads[i].head].spec;
       if (k_bits >= spec.k_bits && v_bits >= spec.v_bits) continue;
-      KVCTL_RETURN_IF_ERROR(LowerWidth(in.heads[i].layer, in.heads[i].head,
-                                       std::min(k_bits, spec.k_bits),
-                                       std::min(v_bits, spec.v_bits)));
+      KVCTL_RETURN_IF_ERROR(LowerWidthInPlace(in.heads[i].layer, in.heads[i].head,
+                                              std::min(k_bits, spec.k_bits),
+                                              std::min(v_bits, spec.v_bits)));
     }
   } else {
     // Lower the caps; the APPEND prepared again evicts down to them with the [evict] scorer.

@@ -58,7 +58,7 @@ class Session:
     model_name: str
     pool_location: int = 0   # 0 host shm (shm_name), 1 CUDA device memory (cuda_ipc_handle).
     cuda_device: int = 0
-    cuda_ipc_handle: bytes = bytes(64)
+    cuda_ipc_handle: bytes = bytes(p.CUDA_IPC_HANDLE_BYTES)
 
     @property
     def has_staging(self) -> bool:

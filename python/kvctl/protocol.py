@@ -22,10 +22,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .protocol_types import (  # noqa: F401 (re-exported)
-                             QUANT_METHODS, STATUS_CODE_VALUES, STATUS_CODES, AppendReply,
-                             BlocksReply, CloseReply, ErrorReply, HelloReply, KvctlError,
-                             PingReply, ProtocolError, QuantInfo, RecordLayout, Reply, Rows,
-                             ServerError, Timeout)
+    CUDA_IPC_HANDLE_BYTES, POOL_CUDA_DEVICE, POOL_HOST_SHM, QUANT_METHODS, STATUS_CODE_VALUES,
+    STATUS_CODES, AppendReply, BlocksReply, CloseReply, ErrorReply, HelloReply, KvctlError,
+    PingReply, ProtocolError, QuantInfo, RecordLayout, Reply, Rows, ServerError, Timeout)
 
 # ---- Constants (PROTOCOL.md sections 2, 3 and 6) --------------------------------------------
 
@@ -52,8 +51,6 @@ MAX_FRAMES = 4
 MAX_POSITION = 1 << 62  # Positions are 0 .. 2^62 - 1.
 NO_PAGE = 0xFFFFFFFF
 LAYOUT_BYTES = 56
-CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t).
-POOL_HOST_SHM, POOL_CUDA_DEVICE = 0, 1  # HELLO reply pool_location.
 
 
 class MsgType(enum.IntEnum):

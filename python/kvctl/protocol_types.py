@@ -28,6 +28,10 @@ STATUS_CODES = {
 }
 STATUS_CODE_VALUES = {name: value for value, name in STATUS_CODES.items()}
 
+# HELLO reply pool_location values, and the size of its cuda_ipc_handle (cudaIpcMemHandle_t).
+POOL_HOST_SHM, POOL_CUDA_DEVICE = 0, 1
+CUDA_IPC_HANDLE_BYTES = 64
+
 # kvctl::QuantMethod values (kernels/quant_types.h).
 QUANT_METHODS = ("fp16", "kivi", "quarot", "kvarn", "oscar")
 
@@ -94,11 +98,11 @@ class HelloReply:
     quant: QuantInfo
     pool_location: int = 0  # 0 host shared memory (shm_name), 1 CUDA device memory.
     cuda_device: int = 0
-    cuda_ipc_handle: bytes = bytes(64)  # cudaIpcMemHandle_t of a device pool; zeros otherwise.
+    cuda_ipc_handle: bytes = bytes(CUDA_IPC_HANDLE_BYTES)  # Of a device pool; zeros otherwise.
 
     @property
     def pool_on_device(self) -> bool:
-        return self.pool_location == 1
+        return self.pool_location == POOL_CUDA_DEVICE
 
 
 @dataclass(frozen=True)

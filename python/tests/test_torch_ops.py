@@ -19,9 +19,8 @@ if not ops.available():
     pytest.skip("kvctl torch extension not built (cmake -DKVCTL_TORCH=ON, target kvctl_torch, "
                 "or set KVCTL_TORCH_LIB)", allow_module_level=True)
 
+from attention_ref import reference  # noqa: E402
 from kvctl.pool_view import PoolView  # noqa: E402
-
-F = torch.nn.functional
 
 # Fused attention vs SDPA on the dequantized cache (fp64 reference): relative to max |out| for
 # the output, to max(1, |lse|) for the log-sum-exp. The kernels' own bound against an fp64 oracle
@@ -40,18 +39,6 @@ def synthetic(tokens, heads, dim, seed):
     k = torch.randn(tokens, heads, dim, generator=g) * scale + 0.3
     v = torch.randn(tokens, heads, dim, generator=g)
     return k, v
-
-
-def reference(q, k, v, heads, scale):
-    """out, lse of softmax attention in fp64: q [H*g, D], k/v [T, H, D]."""
-    d = q.shape[1]
-    g = q.shape[0] // heads
-    q4 = q.double().reshape(1, heads, g, d)
-    k4 = k.double().permute(1, 0, 2).unsqueeze(0)
-    v4 = v.double().permute(1, 0, 2).unsqueeze(0)
-    out = F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
-    lse = torch.logsumexp(scale * q4 @ k4.transpose(-1, -2), dim=-1)
-    return out.reshape(heads * g, d), lse.reshape(-1)
 
 
 def assert_close(out, lse, ref_out, ref_lse, tol=ATOL_REL, what=""):

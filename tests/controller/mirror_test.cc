@@ -89,11 +89,7 @@ void RequireAllocatedPagesPublished(const PageAllocator& pool, HostMirrorArena* 
   REQUIRE(allocated > 0);
 }
 
-QuantSpec Kivi(int bits) {
-  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, kD, bits, bits);
-  REQUIRE(spec.ok());
-  return *spec;
-}
+QuantSpec Kivi(int bits) { return testing::KiviSpec(kD, bits, bits); }
 
 TEST_CASE("PageAllocator: a mirrored pool publishes only marked bytes, adjacent ones merged",
           "[controller]") {

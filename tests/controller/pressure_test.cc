@@ -22,11 +22,7 @@ using testing::UniformPlans;
 constexpr int kD = 64;
 constexpr uint64_t kPage = 4096;
 
-QuantSpec Kivi(int k_bits, int v_bits) {
-  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, kD, k_bits, v_bits);
-  REQUIRE(spec.ok());
-  return *spec;
-}
+QuantSpec Kivi(int k_bits, int v_bits) { return testing::KiviSpec(kD, k_bits, v_bits); }
 
 // `tokens` tokens of `heads` heads, the same rows for every layer.
 struct Rows {

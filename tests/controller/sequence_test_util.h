@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: tests/controller/sequence_test_util.h
-// Shared by the KvSequence tests: a fresh shm-backed page pool per call and per-layer plans of one
-// quantizer at chosen widths.
+// Shared by the KvSequence tests: a fresh shm-backed page pool per call, a KIVI spec and per-layer
+// plans of one quantizer at chosen widths.
 //
 // Thread safety: MakeTestPool keeps a process-wide counter; call it from the test thread.
 //
@@ -33,6 +33,13 @@ inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page
   auto pool = PageAllocator::Create(std::move(*arena), {page_bytes, 0, 0});
   REQUIRE(pool.ok());
   return std::move(pool).value();
+}
+
+// The KIVI spec at these widths (the registry's defaults otherwise).
+inline QuantSpec KiviSpec(int head_dim, int k_bits, int v_bits) {
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, head_dim, k_bits, v_bits);
+  REQUIRE(spec.ok());
+  return *spec;
 }
 
 // `layers` quantized layers of `heads` heads, every head at `spec`, the method's streaming rules.
