@@ -7,7 +7,8 @@
 // blocks FETCH, STATS, PING, CLOSE, under each RELOAD variant, plus two-session and lease-expiry
 // scripts. tools/fuzz.sh runs it before fuzzing, so the seeds always match the current encoders.
 //
-//   kvctl_fuzz_seeds OUT_DIR
+//   kvctl_fuzz_seeds OUT_DIR                 the seed corpus
+//   kvctl_fuzz_seeds --regressions DIR       the hand-written reproducers of tests/fuzz/regressions/
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -125,6 +126,31 @@ std::string TwoSessionsAndLease() {
   return w.bytes();
 }
 
+// Known bugs, as scripts (tests/fuzz/regressions/README.md).
+// The issue #17 APPEND: staging_offset 2^64 - 2^32 with a 2^32-byte payload wrapped the slot
+// bounds check and read outside the pool (SIGSEGV).
+std::string StagingOffsetWrap() {
+  ScriptWriter w;
+  w.Request(Msg(Hello("lossless", 1, 1, 0, 1024)));
+  w.Request(Msg(ipc::OpenRequest{1, 7}));
+  ipc::AppendRequest r{.session_id = 1, .sequence_id = 7, .first_position = 0,
+                       .n_tokens = ipc::kMaxAppendTokens};
+  r.source = ipc::AppendSource::kStaging;
+  r.staging_offset = ~uint64_t{0} - (uint64_t{1} << 32) + 1;
+  w.Request(Msg(std::move(r)));
+  return w.bytes();
+}
+
+// FETCH blocks of an OScaR sequence before its first record: side_records_per_page 0 made the
+// reply invalid, so the daemon answered INTERNAL.
+std::string OscarBlocksBeforeFirstRecord() {
+  const ipc::HelloRequest h = Hello("oscar", 2, 2, 0, 32);
+  ScriptWriter w;
+  w.Request(Msg(h)).Request(Msg(ipc::OpenRequest{1, 7})).Request(Msg(InlineAppend(h, 1, 0, 3)));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
+  return w.bytes();
+}
+
 void Write(const std::filesystem::path& dir, const std::string& name, const std::string& bytes) {
   std::ofstream out(dir / name, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -135,8 +161,15 @@ void Write(const std::filesystem::path& dir, const std::string& name, const std:
 }
 
 int Main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--regressions") {
+    const std::filesystem::path dir = argv[2];
+    std::filesystem::create_directories(dir);
+    Write(dir, "staging-offset-wrap.in", StagingOffsetWrap());
+    Write(dir, "oscar-blocks-before-first-record.in", OscarBlocksBeforeFirstRecord());
+    return 0;
+  }
   if (argc != 2) {
-    std::fprintf(stderr, "usage: kvctl_fuzz_seeds OUT_DIR\n");
+    std::fprintf(stderr, "usage: kvctl_fuzz_seeds OUT_DIR | --regressions DIR\n");
     return 2;
   }
   const std::filesystem::path dir = argv[1];
