@@ -25,6 +25,8 @@ BUDGET=${1:-60}
 BUILD=${KVCTL_FUZZ_BUILD:-build-fuzz}
 JOBS=${KVCTL_JOBS:-$(nproc)}
 
+SANITIZE_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+SANITIZE_FLAGS+=" -fno-omit-frame-pointer"
 # -O1 keeps the instrumented build quick; the kernels' SIMD files go to g++ (cxx_launcher.sh).
 build() {
   local start
@@ -33,8 +35,7 @@ build() {
     -DCMAKE_CXX_COMPILER_LAUNCHER="$ROOT/tests/fuzz/cxx_launcher.sh" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
     -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF -DKVCTL_FUZZ=ON -DKVCTL_WERROR=OFF \
-    "-DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
-    >/dev/null
+    "-DCMAKE_CXX_FLAGS=$SANITIZE_FLAGS" >/dev/null
   cmake --build "$BUILD" -j "$JOBS" --target kvctl_request_fuzz kvctl_fuzz_seeds >/dev/null
   echo "fuzz: built in $(($(date +%s) - start)) s"
 }
@@ -89,10 +90,12 @@ final=$(grep -E '^#[0-9]+\s' "$LOG" | grep 'cov:' | tail -1)
 cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$final")
 ft=$(sed -n 's/.*ft: \([0-9]*\).*/\1/p' <<<"$final")
 crashes=$(find "$ARTIFACTS" -type f | wc -l)
-reports=$(grep -c -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$LOG" || true)
+reports=$(grep -c -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$LOG" ||
+  true)
 echo "fuzz: $(final_stat number_of_executed_units) executions in ${BUDGET} s" \
-  "($(final_stat average_exec_per_sec) exec/s), cov $cov, ft $ft, corpus $(ls "$CORPUS" | wc -l) new" \
-  "inputs, peak RSS $(final_stat peak_rss_mb) MB; crashes $crashes, sanitizer reports $reports"
+  "($(final_stat average_exec_per_sec) exec/s), cov $cov, ft $ft," \
+  "corpus $(find "$CORPUS" -type f | wc -l) new inputs, peak RSS $(final_stat peak_rss_mb) MB;" \
+  "crashes $crashes, sanitizer reports $reports"
 if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ] || [ "$reports" -ne 0 ]; then
   report_failure "$rc"
   exit 1

@@ -3,10 +3,10 @@
 #   asan  ASan + UBSan over kernels_test, controller_test and ipc_test. They share build-fuzz/ with
 #         the request-path fuzzer (tools/fuzz.sh: clang 14 at -O1, every library instrumented once
 #         for both; the kernels' SIMD files are compiled by g++ with the same sanitizers).
-#   tsan  TSan (g++ -O1) over the concurrency tests in build-tsan/: the daemon (integration_test runs
-#         a TSan kvctl: 8 clients at once, leases, SIGHUP, hostile clients), ipc_test's server tests
-#         (I/O thread and responders on other threads) and controller_test's pool, pool-pressure
-#         and hostile-client tests.
+#   tsan  TSan (g++ -O1) over the concurrency tests in build-tsan/: the daemon (integration_test
+#         runs a TSan kvctl: 8 clients at once, leases, SIGHUP, hostile clients), ipc_test's server
+#         tests (I/O thread and responders on other threads) and controller_test's pool,
+#         pool-pressure and hostile-client tests.
 # Sanitizer reports of child processes (the daemon) go to files under <build>/sanitizer-logs/;
 # any file there fails the check.
 #
@@ -31,8 +31,10 @@ build_asan() {
 }
 
 build_tsan() {
-  cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" \
-    -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" >/dev/null
+  # -Werror off: g++ -O1 gives false -Wstringop-overflow warnings in the SIMD kernels.
+  cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF \
+    -DKVCTL_WERROR=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" >/dev/null
   cmake --build "$TSAN_BUILD" -j "$JOBS" --target kvctl integration_test ipc_test controller_test \
     >/dev/null
 }
@@ -78,12 +80,13 @@ run_check() {
       ;;
     tsan-ipc)
       need "$TSAN_BUILD/tests/ipc_test"
-      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/ipc_test" "ZmqServer*,Client*"
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/ipc_test" \
+        "ZmqServer*,Client*"
       ;;
     tsan-controller)
       need "$TSAN_BUILD/tests/controller_test"
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/controller_test" \
-        "[pool],[hostile],KvSequence: under pool pressure*,KvSequence: pressure relief*,KvSequence: a joint sequence*"
+        "[pool],[hostile],KvSequence: under pool pressure*,KvSequence: pressure relief*"
       ;;
     fuzz)
       need "$ASAN_BUILD/bin/kvctl_request_fuzz"

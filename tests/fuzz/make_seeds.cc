@@ -8,7 +8,8 @@
 // scripts. tools/fuzz.sh runs it before fuzzing, so the seeds always match the current encoders.
 //
 //   kvctl_fuzz_seeds OUT_DIR                 the seed corpus
-//   kvctl_fuzz_seeds --regressions DIR       the hand-written reproducers of tests/fuzz/regressions/
+//   kvctl_fuzz_seeds --regressions DIR       the hand-written reproducers of
+//   tests/fuzz/regressions/
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -67,8 +68,8 @@ zmq::message_t HalfFrame(size_t n, uint32_t seed) {
 ipc::AppendRequest InlineAppend(const ipc::HelloRequest& h, uint64_t session, uint64_t first,
                                 uint32_t n) {
   const ipc::Geometry& g = h.geometry;
-  ipc::AppendRequest r{.session_id = session, .sequence_id = 7, .first_position = first,
-                       .n_tokens = n};
+  ipc::AppendRequest r{
+      .session_id = session, .sequence_id = 7, .first_position = first, .n_tokens = n};
   const size_t kv = static_cast<size_t>(g.layers) * n * g.kv_heads * g.head_dim;
   r.k = HalfFrame(kv, static_cast<uint32_t>(first));
   r.v = HalfFrame(kv, static_cast<uint32_t>(first + 1));
@@ -94,10 +95,11 @@ std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
   w.Request(Msg(h));
   w.Request(Msg(ipc::OpenRequest{1, 7}));
   w.Request(Msg(InlineAppend(h, 1, 0, 5)));
-  constexpr uint32_t kStaged = 12;  // 5 + 12 + 1 tokens: past flush_tokens (16), so one block quantizes.
+  constexpr uint32_t kStaged =
+      12;  // 5 + 12 + 1 tokens: past flush_tokens (16), so one block quantizes.
   w.Stage(0, 0, StagedPayload(h, kStaged));
-  ipc::AppendRequest staged{.session_id = 1, .sequence_id = 7, .first_position = 5,
-                            .n_tokens = kStaged};
+  ipc::AppendRequest staged{
+      .session_id = 1, .sequence_id = 7, .first_position = 5, .n_tokens = kStaged};
   staged.source = ipc::AppendSource::kStaging;
   staged.has_q = q_heads > 0;
   w.Request(Msg(std::move(staged)), /*relative_staging=*/true);
@@ -133,8 +135,8 @@ std::string StagingOffsetWrap() {
   ScriptWriter w;
   w.Request(Msg(Hello("lossless", 1, 1, 0, 1024)));
   w.Request(Msg(ipc::OpenRequest{1, 7}));
-  ipc::AppendRequest r{.session_id = 1, .sequence_id = 7, .first_position = 0,
-                       .n_tokens = ipc::kMaxAppendTokens};
+  ipc::AppendRequest r{
+      .session_id = 1, .sequence_id = 7, .first_position = 0, .n_tokens = ipc::kMaxAppendTokens};
   r.source = ipc::AppendSource::kStaging;
   r.staging_offset = ~uint64_t{0} - (uint64_t{1} << 32) + 1;
   w.Request(Msg(std::move(r)));
@@ -182,7 +184,7 @@ int Main(int argc, char** argv) {
     Write(dir, "golden-" + std::to_string(n++), w.bytes());
   }
   // kivi (the default), oscar and mixed (kivi) need head_dim 32 (v_group_channels 32).
-  const std::pair<const char*, uint32_t> models[] = {{"", 32},      {"fp16", 8},  {"lossless", 8},
+  const std::pair<const char*, uint32_t> models[] = {{"", 32},      {"fp16", 8},   {"lossless", 8},
                                                      {"quarot", 8}, {"kvarn", 16}, {"oscar", 32},
                                                      {"mixed", 32}};
   for (const auto& [model, head_dim] : models) {

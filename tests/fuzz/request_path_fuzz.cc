@@ -110,8 +110,8 @@ v_bits = 4
 // RELOAD variants: [budget] / [evict] settings appended to kBaseToml. Variant 0 is the start state.
 std::vector<std::string> VariantTomls() {
   return {
-    kOscarModel,
-    R"(
+      kOscarModel,
+      R"(
 [budget]
 mode = "evict-only"
 tokens_per_head = 12
@@ -121,7 +121,7 @@ sinks = 2
 window = 4
 compression_period = 4
 )",
-    R"(
+      R"(
 [budget]
 mode = "evict-only"
 tokens_per_head = 16
@@ -133,7 +133,7 @@ window = 4
 obs_window = 4
 compression_period = 2
 )",
-    R"(
+      R"(
 [budget]
 mode = "evict-only"
 token_fraction = 0.5
@@ -146,7 +146,7 @@ obs_window = 4
 kernel = 3
 compression_period = 1
 )",
-    R"(
+      R"(
 [budget]
 mode = "evict-only"
 tokens_per_head = 14
@@ -158,20 +158,19 @@ obs_window = 2
 kernel = 3
 compression_period = 3
 )",
-    R"(
+      R"(
 [budget]
 pressure = "requantize"
 pressure_min_bits = 2
 pressure_scope = "pool"
 )" + std::string(kOscarModel),
-    R"(
+      R"(
 [budget]
 pressure = "requantize"
 pressure_scope = "sequence"
 )" + std::string(kOscarModel),
-};
+  };
 }
-
 
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "request_path_fuzz: %s\n", what.c_str());
@@ -251,8 +250,8 @@ class Harness {
   void NewController() {
     DropController();
     Config config = variants_[0];
-    config.pool.shm_name = "/kvctl-fuzz-" + std::to_string(getpid()) + "-" +
-                           std::to_string(controllers_++);
+    config.pool.shm_name =
+        "/kvctl-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(controllers_++);
     StatusOr<std::unique_ptr<Controller>> controller = Controller::Create(config);
     Check(controller.status(), "Controller::Create");
     controller_ = std::move(controller).value();
@@ -319,7 +318,8 @@ class Harness {
     // Only canonical bytes decode: the request encodes back to exactly what was sent.
     const uint64_t request_id = decoded->request_id;
     StatusOr<ipc::Frames> reencoded = ipc::Encode(request_id, std::move(decoded->body));
-    if (!reencoded.ok()) Fail("a decoded request does not encode: " + reencoded.status().ToString());
+    if (!reencoded.ok())
+      Fail("a decoded request does not encode: " + reencoded.status().ToString());
     if (FrameText(*reencoded) != sent) Fail("a decoded request encodes to other bytes");
     StatusOr<ipc::Request> request = ipc::DecodeRequest(std::move(reencoded).value());
     Check(request.status(), "decoding a re-encoded request");
@@ -379,7 +379,8 @@ class Harness {
         const uint64_t x = r.indices[j];
         const uint64_t at =
             (x / l.records_per_page) * r.page_bytes + (x % l.records_per_page) * l.record_bytes;
-        if (at + l.record_bytes > pages_end_) Fail("a blocks reply names a record outside the pool");
+        if (at + l.record_bytes > pages_end_)
+          Fail("a blocks reply names a record outside the pool");
         if (r.side_indices.empty() || r.side_indices[j] == ipc::kNoPage) continue;
         const uint64_t y = r.side_indices[j];
         const uint64_t side_bytes = static_cast<uint64_t>(r.block_tokens) * l.side_bytes_per_token;
