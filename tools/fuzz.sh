@@ -36,7 +36,12 @@ build() {
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
     -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF -DKVCTL_FUZZ=ON -DKVCTL_WERROR=OFF \
     "-DCMAKE_CXX_FLAGS=$SANITIZE_FLAGS" >/dev/null
-  cmake --build "$BUILD" -j "$JOBS" --target kvctl_request_fuzz kvctl_fuzz_seeds >/dev/null
+  # Build output (clang warnings on code written for g++) goes to a file, shown on failure.
+  if ! cmake --build "$BUILD" -j "$JOBS" --target kvctl_request_fuzz kvctl_fuzz_seeds \
+    >"$BUILD/build.log" 2>&1; then
+    tail -50 "$BUILD/build.log"
+    exit 1
+  fi
   echo "fuzz: built in $(($(date +%s) - start)) s"
 }
 

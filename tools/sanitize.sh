@@ -29,7 +29,17 @@ CHECKS=(asan-kernels asan-controller asan-ipc tsan-integration tsan-ipc tsan-con
 
 build_asan() {
   KVCTL_FUZZ_BUILD=$ASAN_BUILD bash tools/fuzz.sh --build-only
-  cmake --build "$ASAN_BUILD" -j "$JOBS" --target kernels_test controller_test ipc_test >/dev/null
+  build_targets "$ASAN_BUILD" kernels_test controller_test ipc_test
+}
+
+# Build output goes to <build>/build.log, shown on failure.
+build_targets() {
+  local build=$1
+  shift
+  if ! cmake --build "$build" -j "$JOBS" --target "$@" >"$build/build.log" 2>&1; then
+    tail -50 "$build/build.log"
+    exit 1
+  fi
 }
 
 build_tsan() {
@@ -37,8 +47,7 @@ build_tsan() {
   cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF \
     -DKVCTL_WERROR=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" >/dev/null
-  cmake --build "$TSAN_BUILD" -j "$JOBS" --target kvctl integration_test ipc_test controller_test \
-    >/dev/null
+  build_targets "$TSAN_BUILD" kvctl integration_test ipc_test controller_test
 }
 
 # Runs a test binary with the sanitizer's reports (its own and its children's) logged to files;
