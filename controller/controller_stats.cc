@@ -79,7 +79,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   auto show = [&](const char* s) { return want.empty() || want == s; };
 
   // Gather under the locks, format afterwards.
-  uint64_t sessions = 0, expired = 0;
+  uint64_t sessions = 0, expired = 0, ended = 0;
   SequenceUsage total;
   std::vector<std::string> sequence_lines;
   std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
@@ -93,6 +93,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     config = config_;
     sessions = sessions_.size();
     expired = sessions_expired_;
+    ended = sessions_ended_;
     for (auto& [sid, session] : sessions_) {
       for (auto& [qid, entry] : session->sequences) {
         std::lock_guard<std::mutex> seq_lock(entry->mu);
@@ -209,6 +210,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     out << "# Sequences\n"
         << "sessions:" << sessions << "\n"
         << "sessions_expired_total:" << expired << "\n"
+        << "sessions_ended_total:" << ended << "\n"
         << "sequences:" << sequence_lines.size() << "\n"
         << "tokens:" << total.tokens << "\n"
         << "tokens_quantized:" << total.quantized_tokens << "\n"

@@ -4,8 +4,9 @@
 // Daemon: the long-running kvctl process around a Controller. A Boost.Asio io_context owns the
 // signals (SIGTERM/SIGINT stop, SIGHUP reloads the config file) and the lease timer; the ZeroMQ
 // ROUTER runs on its own I/O thread (ipc/server.h) and hands requests over: small ones (HELLO,
-// OPEN, CLOSE, PING, STATS) are answered right there, APPEND and FETCH go to a pool of
-// server.workers threads, so a big prefill never stalls another client's ping.
+// OPEN, CLOSE, PING, STATS) are answered right there, APPEND, FETCH and BYE (which waits for its
+// session's requests in flight) go to a pool of server.workers threads, so a big prefill never
+// stalls another client's ping.
 //
 // Operators see the same stats three ways: the STATS request, a ZeroMQ PUB stream
 // (server.stats_endpoint, topic "stats", one frame of INFO text) and, when server.http_address is

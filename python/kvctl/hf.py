@@ -36,6 +36,14 @@ One step (layer l's update() runs right before layer l's attention):
   passed as one more fp32 window row per head. Multi-token steps (prefill) refetch the
   mirror and stay dense. Lossless daemons are refused (no block records).
 
+A lost session (the daemon restarted, e.g. after kill -9, or the lease expired) is noticed at
+the next request: the cache starts a new session and an empty daemon sequence on each client,
+forgets every row it held, and raises kvctl.SessionLostError saying how many tokens were lost, so
+the current generate()/forward fails cleanly instead of attending to missing or wrong rows. The
+generation must be restarted from its prompt; the next use of the cache works (it is empty). If
+the daemon is still down the cache retries at its next use. close() (and leaving a `with` block)
+ends the sessions with BYE, so the daemon frees them at once.
+
 Thread safety: one cache per batch of sequences, used by one thread (like any transformers
 Cache). Beam search, crop and reset are not supported.
 
@@ -59,7 +67,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .client import Client
-from .protocol import KvctlError
+from .protocol import KvctlError, SessionLostError
 
 ATTN_IMPLEMENTATION = "kvctl"
 # One APPEND carries at most this many payload bytes (the daemon's default max message is
@@ -125,6 +133,9 @@ class _Sequence:
         self.own = own
         self.session = session
         self.sequence_id = sequence_id
+        self.attached = False     # Has a live session and daemon sequence (see _attach).
+        self.model_name = ""
+        self.where = ""           # The endpoint, for messages.
         self.tokens_quantized = 0
         self.rounding: Optional[str] = None  # "exact" or "fp16" once learned.
         self.send_q = False
@@ -141,6 +152,21 @@ class _Sequence:
         # learned yet whether an APPEND just adds rows to the window).
         self.blocks_stale = True
         self.pressure = False     # budget.pressure = requantize: an APPEND may move records.
+        self.tail_dtype = "float32"
+
+    def forget(self) -> None:
+        """Everything known of the daemon sequence, after its session was lost."""
+        self.tokens_quantized = 0
+        self.rounding = None
+        self.dirty, self.dirty_layers = False, None
+        self.layer_evictions = None
+        self.last_append = None
+        self.sent_last_row = None
+        if self.view is not None:  # It maps the dead daemon's pool.
+            self.view.close()
+            self.view = None
+        self.blocks = None
+        self.blocks_stale = True
         self.tail_dtype = "float32"
 
     def mark_dirty(self, layers: Optional[set]) -> None:
@@ -241,6 +267,13 @@ class KvctlLayer(CacheLayerMixin):
             rows = slice(self.held - n, self.held)
             self.buf_k[b, :, rows] = self.buf_k[b, :, rows].half().float()
             self.buf_v[b, :, rows] = self.buf_v[b, :, rows].half().float()
+
+    def forget(self) -> None:
+        """Drops every row (the daemon lost them): the layer is empty again."""
+        self.seen = self.held = 0
+        self.buf_k = self.buf_v = self.hold_bias = None
+        self.pending_k = self.pending_v = self.pending_q = None
+        self.returned_keys = None
 
     def get_mask_sizes(self, cache_position) -> Tuple[int, int]:
         return self.seen + cache_position.shape[0], 0
@@ -353,38 +386,25 @@ class KvctlCache(Cache):
         self.send_q = any(send_qs)
         self.refetch = refetch
         self.use_staging = use_staging
+        self.dtype = dtype
+        self.client_name = client_name
         self.seqs: List[_Sequence] = []
         try:
             for c, name, want_q in zip(clients, names, send_qs):
                 own = isinstance(c, str)
                 cl = Client(c, timeout_ms=timeout_ms) if own else c
-                seq = _Sequence(cl, own, None, next(_sequence_ids))
+                seq = _Sequence(cl, own, None, 0)
                 seq.send_q = want_q
+                seq.model_name = name
+                seq.where = c if own else "this client"
                 self.seqs.append(seq)
-                seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
-                                       head_dim=self.head_dim, dtype=dtype,
-                                       q_heads=self.q_heads if want_q else 0,
-                                       client_name=client_name, model_name=name)
-                cl.open(seq.sequence_id)
-                policy = cl.stats("policy").get("policy", {})
-                mode = str(policy.get("budget_mode", "none")).lower()
-                seq.always = refetch == "always"
-                seq.evicting = mode not in _KEEPING_MODES
-                seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
-                lossless = str(policy.get("quant_lossless", "0")) == "1"
-                if attention == "auto" and lossless:
-                    self.fused_ok = False  # No block records to read: decode stays dense.
-                if attention == "fused" and lossless:
-                    # Blocks FETCH has no record layout for full-precision rows (the daemon
-                    # answers INTERNAL), so there is nothing for the fused kernel to read.
-                    raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
-                                     "(quant.lossless = true) and serves no block records; use "
-                                     "attention=\"dense\"" % (c if own else "this client"))
+                self._attach(seq)
         except BaseException:
             self._disconnect()
             raise
         super().__init__(layers=[KvctlLayer(self, i) for i in range(self.n_layers)])
         self.appended = 0  # Tokens appended to every sequence.
+        self.sessions_lost = 0  # Times a lost session was replaced (SessionLostError raised).
         # A long prefill or a slow step can outlast the daemon's lease (10 s by default); a
         # background PING renews it (Client calls are serialised by its lock).
         self._stop = threading.Event()
@@ -397,6 +417,69 @@ class KvctlCache(Cache):
         self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
                          "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
                          "fused_steps": 0, "flushes": 0}
+
+    def _attach(self, seq: _Sequence) -> None:
+        """A new session and an empty daemon sequence for batch element `seq`, and what the
+        daemon's policy means for it (read again: a restarted daemon may have a new config)."""
+        seq.attached = False
+        cl = seq.client
+        seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
+                               head_dim=self.head_dim, dtype=self.dtype,
+                               q_heads=self.q_heads if seq.send_q else 0,
+                               client_name=self.client_name, model_name=seq.model_name)
+        seq.sequence_id = next(_sequence_ids)
+        cl.open(seq.sequence_id)
+        policy = cl.stats("policy").get("policy", {})
+        mode = str(policy.get("budget_mode", "none")).lower()
+        seq.always = self.refetch == "always"
+        seq.evicting = mode not in _KEEPING_MODES
+        seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
+        lossless = str(policy.get("quant_lossless", "0")) == "1"
+        if self.attention == "auto" and lossless:
+            self.fused_ok = False  # No block records to read: decode stays dense.
+        if self.attention == "fused" and lossless:
+            # Blocks FETCH has no record layout for full-precision rows (the daemon answers
+            # INTERNAL), so there is nothing for the fused kernel to read.
+            raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
+                             "(quant.lossless = true) and serves no block records; use "
+                             "attention=\"dense\"" % seq.where)
+        seq.attached = True
+
+    def _session_lost(self, lost: SessionLostError) -> SessionLostError:
+        """After a request found its session gone: empties the cache (every layer's rows, every
+        sequence's state) and starts new sessions, so the next use works; returns the error to
+        raise. A daemon still down leaves the sequences detached, to attach at the next use."""
+        tokens = max([l.seen for l in self.layers] + [self.appended])
+        self.sessions_lost += 1
+        for layer in self.layers:
+            layer.forget()
+        self.appended = 0
+        self.fused_step = False
+        retry = ""
+        for seq in self.seqs:
+            seq.forget()
+            seq.attached = False
+            if seq.client.session is not None:
+                try:
+                    seq.client.bye()  # The batch restarts together: end the others' sessions.
+                except KvctlError:
+                    pass  # The lost one, or a daemon that is down.
+        for seq in self.seqs:
+            try:
+                self._attach(seq)
+            except KvctlError as e:
+                retry = (" Starting a new session failed too (%s); the cache tries again at its "
+                         "next use." % e)
+                break
+        advice = ("The KvctlCache is empty again: restart the generation from its prompt (the "
+                  "next generate() or forward with this cache starts a new sequence)." + retry)
+        return SessionLostError(lost.code_value, lost.message, lost.request, lost.session_id,
+                                tokens, len(self.seqs), advice)
+
+    def _attach_detached(self) -> None:
+        for seq in self.seqs:
+            if not seq.attached:
+                self._attach(seq)
 
     @property
     def client(self) -> Client:
@@ -414,25 +497,41 @@ class KvctlCache(Cache):
             raise ValueError("KvctlCache: batch size %d, expected %d (one daemon sequence per "
                              "element)" % (key_states.shape[0], self.batch))
         if layer_idx == 0:
-            self.sync()
-            # Fused decode: the daemon now holds exactly the tokens before this step (the
-            # previous step was APPENDed just above, this one is APPENDed at the next step), so
-            # its records, valid until that APPEND, are what this step's query may attend to.
-            # The dense mirror is left stale (dirty) and refetched when a dense step comes.
-            self.fused_step = (self.fused_ok and key_states.shape[2] == 1 and self.appended > 0
-                               and (self.attention == "fused"
-                                    or (self.batch == 1
-                                        and self.appended >= self.fused_min_tokens)))
-            if self.fused_step:
-                self._fetch_blocks()
-                return
-            dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
-            if dirty:
-                self._fetch(dirty)
+            try:
+                self._start_step(key_states)
+            except SessionLostError as e:
+                raise self._session_lost(e) from None
+
+    def _start_step(self, key_states) -> None:
+        """Layer 0 of a forward step: sends the previous step, fetches what changed."""
+        self._attach_detached()
+        self._sync()
+        # Fused decode: the daemon now holds exactly the tokens before this step (the
+        # previous step was APPENDed just above, this one is APPENDed at the next step), so
+        # its records, valid until that APPEND, are what this step's query may attend to.
+        # The dense mirror is left stale (dirty) and refetched when a dense step comes.
+        self.fused_step = (self.fused_ok and key_states.shape[2] == 1 and self.appended > 0
+                           and (self.attention == "fused"
+                                or (self.batch == 1
+                                    and self.appended >= self.fused_min_tokens)))
+        if self.fused_step:
+            self._fetch_blocks()
+            return
+        dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
+        if dirty:
+            self._fetch(dirty)
 
     def sync(self) -> None:
         """APPENDs the pending step (K/V of every layer, Q if sent) to every sequence. Runs
-        by itself at the next step; call it before reading STATS after the last forward."""
+        by itself at the next step; call it before reading STATS after the last forward.
+        Raises SessionLostError (the cache is then empty) when the daemon lost the session."""
+        try:
+            self._attach_detached()
+            self._sync()
+        except SessionLostError as e:
+            raise self._session_lost(e) from None
+
+    def _sync(self) -> None:
         layers = self.layers
         if layers[0].pending_k is None:
             return
@@ -660,12 +759,22 @@ class KvctlCache(Cache):
                 seq.client.disconnect()
 
     def close(self) -> int:
-        """Sends the pending step, closes every daemon sequence; returns the bytes freed."""
+        """Sends the pending step, then ends every session with BYE (the daemon frees the
+        sequences and staging slots at once); returns the pool bytes freed. A session the
+        daemon already lost has nothing left to free."""
         freed = 0
         try:
-            self.sync()
+            try:
+                self.sync()
+            except SessionLostError:
+                pass  # The cache is closing: nothing to restart.
             for seq in self.seqs:
-                freed += seq.client.close(seq.sequence_id)
+                if not seq.attached or seq.client.session is None:
+                    continue
+                try:
+                    freed += seq.client.bye().bytes_freed
+                except SessionLostError:
+                    pass
         finally:
             self._disconnect()
         return freed

@@ -103,6 +103,7 @@ class FakeDaemon {
     reply.v = testing::PatternFrame(rows * 8 * DTypeSize(m.out_dtype), 2);
     r.Reply(std::move(reply));
   }
+  void On(ByeRequest& m, Responder& r) { r.Reply(ByeReply{2, m.session_id}); }
   void On(StatsRequest& m, Responder& r) {
     r.Reply(StatsReply{"# IPC\nsection:" + m.section + "\n"});
   }
