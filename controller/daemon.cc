@@ -2,15 +2,14 @@
 #include "controller/daemon.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -215,8 +214,8 @@ Status Daemon::StartStatsPublisher(const Config& config) {
     impl.pub_path = parsed->ipc_path;
     impl.pub_inode = st.st_ino;  // Recorded first, so that a failed chmod still removes it.
     if (chmod(parsed->ipc_path.c_str(), 0600) != 0) {
-      return FailedPrecondition("server.stats_endpoint: cannot set mode 0600 on ",
-                                parsed->ipc_path, ": ", std::strerror(errno));
+      return FailedPrecondition("server.stats_endpoint: cannot set mode 0600 on ", parsed->ipc_path,
+                                ": ", std::strerror(errno));
     }
   }
   const auto period = std::chrono::milliseconds(config.server.stats_interval_ms);

@@ -722,16 +722,12 @@ MsgType TypeOf(const RequestBody& body) {
 }
 
 uint16_t TypeOf(const ReplyBody& body) {
-  static constexpr uint16_t kTypes[] = {ReplyType(MsgType::kHello),
-                                        ReplyType(MsgType::kOpen),
-                                        ReplyType(MsgType::kClose),
-                                        ReplyType(MsgType::kPing),
-                                        ReplyType(MsgType::kAppend),
-                                        ReplyType(MsgType::kFetch),
-                                        ReplyType(MsgType::kFetch),
-                                        ReplyType(MsgType::kStats),
-                                        ReplyType(MsgType::kBye),
-                                        static_cast<uint16_t>(MsgType::kError)};
+  static constexpr uint16_t kTypes[] = {
+      ReplyType(MsgType::kHello),  ReplyType(MsgType::kOpen),
+      ReplyType(MsgType::kClose),  ReplyType(MsgType::kPing),
+      ReplyType(MsgType::kAppend), ReplyType(MsgType::kFetch),
+      ReplyType(MsgType::kFetch),  ReplyType(MsgType::kStats),
+      ReplyType(MsgType::kBye),    static_cast<uint16_t>(MsgType::kError)};
   static_assert(std::size(kTypes) == std::variant_size_v<ReplyBody>);
   return kTypes[body.index()];
 }

@@ -355,14 +355,10 @@ class Client:
         unmaps the staging slot. The Client cannot be used afterwards."""
         with self._lock:
             if self._session is not None and self._socket is not None:
-                saved = self.timeout_ms
-                self.timeout_ms = min(saved, _BYE_TIMEOUT_MS)
                 try:
-                    self.bye()
+                    self.bye(timeout_ms=_BYE_TIMEOUT_MS)
                 except KvctlError:
                     pass  # Gone already, or the daemon is: nothing left to free here.
-                finally:
-                    self.timeout_ms = saved
             if self._staging is not None:
                 self._staging.close()
                 self._staging = None
@@ -411,16 +407,24 @@ class Client:
         return self.hello(s.layers, s.kv_heads, s.head_dim, dtype=s.dtype, q_heads=s.q_heads,
                           client_name=s.client_name, model_name=s.model_name)
 
-    def bye(self) -> p.ByeReply:
+    def bye(self, timeout_ms: Optional[int] = None) -> p.ByeReply:
         """Ends the session: the daemon closes its sequences and frees their pages and the
         staging slot now, instead of when the lease runs out. Returns ByeReply(sequences_closed,
-        bytes_freed). The client then has no session (hello() starts a new one). Raises
-        SessionLostError when the daemon no longer had the session."""
+        bytes_freed). The client then has no session (hello() starts a new one), also when the
+        BYE fails. Raises SessionLostError when the daemon no longer had the session, Timeout
+        after timeout_ms (default: the client's) without a reply."""
         s = self._require_session()
-        try:
-            reply: p.ByeReply = self._call(p.MsgType.BYE, p.encode_bye(0, s.session_id))
-        finally:
-            with self._lock:
+        with self._lock:
+            saved = self.timeout_ms
+            if timeout_ms is not None:
+                self.timeout_ms = min(saved, timeout_ms)
+            try:
+                reply: p.ByeReply = self._call(p.MsgType.BYE, p.encode_bye(0, s.session_id))
+            finally:
+                if self.timeout_ms != saved:
+                    self.timeout_ms = saved
+                    if self._socket is not None:  # A Timeout made it with the short limit.
+                        self._socket.setsockopt(zmq.SNDTIMEO, saved)
                 if self._session is s:
                     self._session = None
                     self._next_position.clear()

@@ -69,6 +69,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from .client import Client
 from .protocol import KvctlError, SessionLostError
 
+# A replaced session is ended with BYE waiting at most this long (its daemon may be gone).
+_BYE_TIMEOUT_MS = 2000
+
 ATTN_IMPLEMENTATION = "kvctl"
 # One APPEND carries at most this many payload bytes (the daemon's default max message is
 # 256 MiB); longer prefills are split.
@@ -423,6 +426,11 @@ class KvctlCache(Cache):
         daemon's policy means for it (read again: a restarted daemon may have a new config)."""
         seq.attached = False
         cl = seq.client
+        if seq.session is not None and cl.session is seq.session:
+            try:
+                cl.bye(timeout_ms=_BYE_TIMEOUT_MS)  # Free the old one now, if it still exists.
+            except KvctlError:
+                pass  # Lost with its daemon, or the daemon is slow: its lease frees it.
         seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
                                head_dim=self.head_dim, dtype=self.dtype,
                                q_heads=self.q_heads if seq.send_q else 0,
@@ -445,36 +453,44 @@ class KvctlCache(Cache):
                              "attention=\"dense\"" % seq.where)
         seq.attached = True
 
-    def _session_lost(self, lost: SessionLostError) -> SessionLostError:
-        """After a request found its session gone: empties the cache (every layer's rows, every
-        sequence's state) and starts new sessions, so the next use works; returns the error to
-        raise. A daemon still down leaves the sequences detached, to attach at the next use."""
+    def _forget(self) -> int:
+        """Empties the cache (every layer's rows, every sequence's state) and detaches the
+        sequences; returns how many tokens it held."""
         tokens = max([l.seen for l in self.layers] + [self.appended])
-        self.sessions_lost += 1
         for layer in self.layers:
             layer.forget()
         self.appended = 0
         self.fused_step = False
-        retry = ""
         for seq in self.seqs:
             seq.forget()
             seq.attached = False
-            if seq.client.session is not None:
-                try:
-                    seq.client.bye()  # The batch restarts together: end the others' sessions.
-                except KvctlError:
-                    pass  # The lost one, or a daemon that is down.
-        for seq in self.seqs:
-            try:
-                self._attach(seq)
-            except KvctlError as e:
-                retry = (" Starting a new session failed too (%s); the cache tries again at its "
-                         "next use." % e)
-                break
+        return tokens
+
+    def _session_lost(self, lost: SessionLostError) -> SessionLostError:
+        """After a request found its session gone: empties the cache and starts new sessions,
+        so the next use works; returns the error to raise. A daemon still down leaves the
+        sequences detached, to attach at the next use."""
+        tokens = self._forget()
+        self.sessions_lost += 1
+        retry = ""
+        try:
+            self._attach_detached()
+        except KvctlError as e:
+            retry = (" Starting a new session failed too (%s); the cache tries again at its next "
+                     "use." % e)
         advice = ("The KvctlCache is empty again: restart the generation from its prompt (the "
                   "next generate() or forward with this cache starts a new sequence)." + retry)
         return SessionLostError(lost.code_value, lost.message, lost.request, lost.session_id,
                                 tokens, len(self.seqs), advice)
+
+    def _step_failed(self, e: KvctlError) -> KvctlError:
+        """Any other failed request of a step (a timeout: the daemon is down or stuck): what the
+        daemon holds is unknown (the APPEND may or may not have happened), so the cache empties
+        itself and starts new sessions at its next use; returns `e` saying so."""
+        tokens = self._forget()
+        e.args = ("%s; KvctlCache: %d cached tokens dropped, restart the generation from its "
+                  "prompt (the next use starts a new session)" % (e, tokens),)
+        return e
 
     def _attach_detached(self) -> None:
         for seq in self.seqs:
@@ -501,6 +517,8 @@ class KvctlCache(Cache):
                 self._start_step(key_states)
             except SessionLostError as e:
                 raise self._session_lost(e) from None
+            except KvctlError as e:
+                raise self._step_failed(e) from None
 
     def _start_step(self, key_states) -> None:
         """Layer 0 of a forward step: sends the previous step, fetches what changed."""
@@ -530,6 +548,8 @@ class KvctlCache(Cache):
             self._sync()
         except SessionLostError as e:
             raise self._session_lost(e) from None
+        except KvctlError as e:
+            raise self._step_failed(e) from None
 
     def _sync(self) -> None:
         layers = self.layers

@@ -60,8 +60,7 @@ class DaemonProcess {
     if (extra_toml_server_.find("stats_endpoint") == std::string::npos) {
       f << "stats_endpoint = \"ipc://" << stats_socket_ << "\"\n";
     }
-    f << extra_toml_server_ << "\n[pool]\nshm_name = \"" << shm_ << "\"\n" << extra_toml
-      << "\n";
+    f << extra_toml_server_ << "\n[pool]\nshm_name = \"" << shm_ << "\"\n" << extra_toml << "\n";
   }
 
   // Starts the daemon with the same command every time and waits (up to 60 s) until it answers

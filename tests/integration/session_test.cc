@@ -46,16 +46,16 @@ struct Engine {
 Engine Attach(DaemonProcess& daemon, const std::string& name, int tokens, bool two = false,
               int timeout_ms = 5000) {
   Engine e{daemon.Connect(timeout_ms)};
-  auto hello = e.client->Hello(
-      {.client_name = name, .geometry = {kLayers, kHeads, 0, kDim, DType::kF32}});
+  auto hello =
+      e.client->Hello({.client_name = name, .geometry = {kLayers, kHeads, 0, kDim, DType::kF32}});
   INFO(hello.status().ToString());
   REQUIRE(hello.ok());
   e.session = hello->session_id;
   for (uint64_t seq : two ? std::vector<uint64_t>{1, 2} : std::vector<uint64_t>{1}) {
     REQUIRE(e.client->Open(e.session, seq).ok());
     std::vector<float> k(static_cast<size_t>(kLayers) * tokens * kHeads * kDim, 0.25f), v = k;
-    auto r = e.client->AppendInline({e.session, seq, 0, static_cast<uint32_t>(tokens)},
-                                    AsBytes(k), AsBytes(v));
+    auto r = e.client->AppendInline({e.session, seq, 0, static_cast<uint32_t>(tokens)}, AsBytes(k),
+                                    AsBytes(v));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
   }
@@ -129,8 +129,8 @@ TEST_CASE("Daemon: APPEND-only and FETCH-only clients keep their lease; a silent
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (StatsField(*monitor, "sequences", "sessions_expired_total") == 0) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
-    auto a = appender.client->AppendInline({appender.session, 1, appender.tokens, 1},
-                                           AsBytes(row), AsBytes(row));
+    auto a = appender.client->AppendInline({appender.session, 1, appender.tokens, 1}, AsBytes(row),
+                                           AsBytes(row));
     INFO(a.status().ToString());
     REQUIRE(a.ok());
     ++appender.tokens;
@@ -173,7 +173,8 @@ TEST_CASE("Daemon: after kill -9 the same start command serves; clients reconnec
   DaemonProcess daemon(kPool);
   auto monitor = daemon.Connect();
   std::vector<Engine> engines;
-  for (int i = 0; i < 3; ++i) engines.push_back(Attach(daemon, "e" + std::to_string(i), 200));
+  for (int i = 0; i < 3; ++i)
+    engines.push_back(Attach(daemon, std::string("e").append(std::to_string(i)), 200));
   for (int round = 0; round < 3; ++round) {
     const double seconds = KillAndRestart(daemon, engines);
     std::printf("restart after kill -9, round %d: first PING after %.3f s\n", round, seconds);
@@ -201,16 +202,18 @@ TEST_CASE("Daemon: after kill -9 the same start command serves; clients reconnec
 TEST_CASE("Daemon: restart-after-kill-9 time (benchmark)", "[.restart-bench]") {
   DaemonProcess daemon("bytes = \"256MiB\"\n");
   std::vector<Engine> engines;
-  for (int i = 0; i < 4; ++i) engines.push_back(Attach(daemon, "e" + std::to_string(i), 512));
+  for (int i = 0; i < 4; ++i)
+    engines.push_back(Attach(daemon, std::string("e").append(std::to_string(i)), 512));
   std::vector<double> ms;
   for (int round = 0; round < 20; ++round) {
     ms.push_back(KillAndRestart(daemon, engines) * 1000);
     for (Engine& e : engines) e = Attach(daemon, "e", 512);
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("restart to first PING over %zu kill -9 rounds (4 clients, 256 MiB pool): "
-              "min %.1f ms, median %.1f ms, max %.1f ms\n",
-              ms.size(), ms.front(), ms[ms.size() / 2], ms.back());
+  std::printf(
+      "restart to first PING over %zu kill -9 rounds (4 clients, 256 MiB pool): "
+      "min %.1f ms, median %.1f ms, max %.1f ms\n",
+      ms.size(), ms.front(), ms[ms.size() / 2], ms.back());
   CHECK(daemon.Stop() == 0);
 }
 

@@ -206,7 +206,10 @@ inline std::vector<SampleMessage> AllSampleMessages() {
       {"FETCH_REPLY dense", false, [] { return MustEncode(SampleFetchDense()); }},
       {"FETCH_REPLY blocks", false, [] { return MustEncode(SampleFetchBlocks()); }},
       {"STATS_REPLY", false, [] { return MustEncode(StatsReply{"# IPC\nrequests_total:3\n"}); }},
-      {"BYE_REPLY", false, [] { return MustEncode(ByeReply{3, 1 << 20}); }},
+      {"BYE_REPLY", false,
+       [] {
+         return MustEncode(ByeReply{3, 1 << 20});
+       }},
       {"ERROR", false, [] { return EncodeError(7, NotFound("sequence_id: 9 not found")); }},
   };
 }
