@@ -67,6 +67,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .client import Client
+from .hf_sequence import CacheSequence
 from .protocol import KvctlError, SessionLostError
 
 # A replaced session is ended with BYE waiting at most this long (its daemon may be gone).
@@ -126,59 +127,6 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
-
-
-class _Sequence:
-    """One batch element: its client, session and daemon sequence, and what is known of it."""
-
-    def __init__(self, client, own: bool, session, sequence_id: int):
-        self.client: Client = client
-        self.own = own
-        self.session = session
-        self.sequence_id = sequence_id
-        self.attached = False     # Has a live session and daemon sequence (see _attach).
-        self.model_name = ""
-        self.where = ""           # The endpoint, for messages.
-        self.tokens_quantized = 0
-        self.rounding: Optional[str] = None  # "exact" or "fp16" once learned.
-        self.send_q = False
-        self.evicting = False     # The daemon may drop tokens (budget_mode) or did.
-        self.always = False       # refetch="always".
-        self.dirty = False        # Rows of `dirty_layers` (None = all) must be fetched.
-        self.dirty_layers: Optional[set] = None
-        self.layer_evictions: Optional[List[int]] = None  # STATS per-layer counters.
-        self.last_append = None
-        self.sent_last_row: Optional[np.ndarray] = None
-        self.view = None          # PoolView of the daemon's shm pool (attention="fused").
-        self.blocks: Optional[dict] = None  # This step's blocks FETCH (valid until APPEND).
-        # The cached blocks no longer match the daemon (flush, eviction, width lowering, or not
-        # learned yet whether an APPEND just adds rows to the window).
-        self.blocks_stale = True
-        self.pressure = False     # budget.pressure = requantize: an APPEND may move records.
-        self.tail_dtype = "float32"
-
-    def forget(self) -> None:
-        """Everything known of the daemon sequence, after its session was lost."""
-        self.tokens_quantized = 0
-        self.rounding = None
-        self.dirty, self.dirty_layers = False, None
-        self.layer_evictions = None
-        self.last_append = None
-        self.sent_last_row = None
-        if self.view is not None:  # It maps the dead daemon's pool.
-            self.view.close()
-            self.view = None
-        self.blocks = None
-        self.blocks_stale = True
-        self.tail_dtype = "float32"
-
-    def mark_dirty(self, layers: Optional[set]) -> None:
-        """Rows of `layers` (None = all) must be fetched before the next step."""
-        if layers is None or (self.dirty and self.dirty_layers is None):
-            self.dirty_layers = None
-        else:
-            self.dirty_layers = (self.dirty_layers or set()) | set(layers)
-        self.dirty = True
 
 
 class KvctlLayer(CacheLayerMixin):
@@ -391,12 +339,12 @@ class KvctlCache(Cache):
         self.use_staging = use_staging
         self.dtype = dtype
         self.client_name = client_name
-        self.seqs: List[_Sequence] = []
+        self.seqs: List[CacheSequence] = []
         try:
             for c, name, want_q in zip(clients, names, send_qs):
                 own = isinstance(c, str)
                 cl = Client(c, timeout_ms=timeout_ms) if own else c
-                seq = _Sequence(cl, own, None, 0)
+                seq = CacheSequence(cl, own)
                 seq.send_q = want_q
                 seq.model_name = name
                 seq.where = c if own else "this client"
@@ -421,7 +369,7 @@ class KvctlCache(Cache):
                          "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
                          "fused_steps": 0, "flushes": 0}
 
-    def _attach(self, seq: _Sequence) -> None:
+    def _attach(self, seq: CacheSequence) -> None:
         """A new session and an empty daemon sequence for batch element `seq`, and what the
         daemon's policy means for it (read again: a restarted daemon may have a new config)."""
         seq.attached = False
@@ -598,7 +546,7 @@ class KvctlCache(Cache):
         self.appended += n
         self.counters["append_s"] += time.perf_counter() - t0
 
-    def _changed_layers(self, seq: _Sequence) -> Optional[set]:
+    def _changed_layers(self, seq: CacheSequence) -> Optional[set]:
         """Layers whose eviction counter (STATS "layers"; the daemon's sequences together)
         moved since the last call; None when unknown (then every layer is refetched)."""
         stats = seq.client.stats("layers").get("layers", {})
@@ -649,7 +597,7 @@ class KvctlCache(Cache):
 
     # ---- fused decode attention (attention="fused") ---------------------------------------
 
-    def _advance_blocks(self, seq: _Sequence, k: np.ndarray, v: np.ndarray,
+    def _advance_blocks(self, seq: CacheSequence, k: np.ndarray, v: np.ndarray,
                         flushed: bool) -> None:
         """After an APPEND of k, v ([layers, n, heads, D] float32): the cached blocks FETCH
         stays valid, with the new rows added to every window, when the APPEND only added rows:
@@ -696,7 +644,7 @@ class KvctlCache(Cache):
         self.counters["fused_steps"] += 1
         self.counters["block_fetch_s"] += time.perf_counter() - t0
 
-    def _learn_rounding(self, seq: _Sequence, blocks: dict) -> None:
+    def _learn_rounding(self, seq: CacheSequence, blocks: dict) -> None:
         """How the daemon stores window rows, from the newest row of layer 0, head 0 when it
         is the last token sent (the dense path learns the same from a dense FETCH)."""
         if seq.rounding is not None or seq.sent_last_row is None or blocks["layer_begin"] != 0:
