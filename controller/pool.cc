@@ -12,6 +12,8 @@
 #include <cstring>
 #include <utility>
 
+#include "common/checked_math.h"
+
 namespace kvctl {
 namespace {
 
@@ -369,7 +371,10 @@ Status PageAllocator::PublishPages(const std::vector<uint32_t>& pages) {
 
 Status PageAllocator::PullStaging(uint64_t offset, uint64_t bytes) {
   if (!mirrored_) return OkStatus();
-  KVCTL_CHECK(offset >= staging_offset_ && offset + bytes <= arena_->bytes());
+  // The controller checked the span against the session's slot; this guards our own bugs.
+  KVCTL_CHECK(CheckSpanInside("staging", offset, bytes, staging_offset_,
+                              arena_->bytes() - staging_offset_)
+                  .ok());
   return arena_->Pull(offset, bytes);
 }
 
