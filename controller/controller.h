@@ -53,6 +53,10 @@ class Controller {
   StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now);
   StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now);
   StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now);
+  // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for
+  // an unknown session. Waits for requests in flight on its sequences, without holding the
+  // session table's lock meanwhile.
+  StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now);
   // INFO-style text; `section` empty for all.
   StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now);
 
@@ -114,6 +118,7 @@ class Controller {
   Config config_;                                          // Guarded by mu_.
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
   uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
+  uint64_t sessions_ended_ = 0;                            // By BYE; guarded by mu_.
   uint64_t next_session_number_ = 1;                       // Guarded by mu_.
   std::mutex retired_mu_;
   HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.

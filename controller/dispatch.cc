@@ -40,6 +40,8 @@ StatusOr<ipc::ReplyBody> Dispatch(Controller& controller, const ipc::RequestBody
         } else if constexpr (std::is_same_v<T, ipc::StatsRequest>) {
           KVCTL_ASSIGN_OR_RETURN(std::string text, controller.Stats(request, now));
           return ipc::ReplyBody(ipc::StatsReply{std::move(text)});
+        } else if constexpr (std::is_same_v<T, ipc::ByeRequest>) {
+          return AsBody(controller.Bye(request, now));
         } else {
           static_assert(kAlwaysFalse<T>, "a request type without a Controller call");
         }

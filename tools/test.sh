@@ -10,4 +10,4 @@ if [ "${KVCTL_SKIP_SANITIZE:-0}" != "1" ]; then
   bash tools/sanitize.sh build
 fi
 cd build
-ctest --output-on-failure -j "${KVCTL_JOBS:-$(nproc)}" --timeout 600
+ctest --output-on-failure -j "${KVCTL_JOBS:-$(nproc)}" --timeout 1500
