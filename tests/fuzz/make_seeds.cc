@@ -4,12 +4,12 @@
 // directory: every request of the protocol's sample set (the golden messages of
 // tests/ipc/protocol_test.cc, one script each), and whole sessions in the script format of
 // tests/fuzz/fuzz_input.h: HELLO for each quantizer, OPEN, inline and staged APPENDs, dense and
-// blocks FETCH, STATS, PING, CLOSE, under each RELOAD variant, plus two-session and lease-expiry
-// scripts. tools/fuzz.sh runs it before fuzzing, so the seeds always match the current encoders.
+// blocks FETCH, STATS, PING, CLOSE, BYE, under each RELOAD variant, plus two-session and
+// lease-expiry scripts. tools/fuzz.sh runs it before fuzzing, so the seeds always match the current
+// encoders.
 //
-//   kvctl_fuzz_seeds OUT_DIR                 the seed corpus
-//   kvctl_fuzz_seeds --regressions DIR       the hand-written reproducers of
-//   tests/fuzz/regressions/
+//   kvctl_fuzz_seeds OUT_DIR              the seed corpus
+//   kvctl_fuzz_seeds --regressions DIR    the hand-written inputs of tests/fuzz/regressions/
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -86,7 +86,7 @@ std::string StagedPayload(const ipc::HelloRequest& h, uint32_t n) {
   return Halves(static_cast<size_t>(g.layers) * n * (2 * g.kv_heads + g.q_heads) * g.head_dim, 5);
 }
 
-// HELLO, OPEN, inline and staged APPENDs, both FETCH modes, STATS, PING, CLOSE.
+// HELLO, OPEN, inline and staged APPENDs, both FETCH modes, STATS, PING, CLOSE, BYE.
 std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
                     uint32_t head_dim) {
   const ipc::HelloRequest h = Hello(model, 2, 2, q_heads, head_dim);
@@ -109,7 +109,9 @@ std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
   w.Request(Msg(ipc::StatsRequest{1, ""}));
   w.Request(Msg(ipc::PingRequest{1}));
   w.Request(Msg(ipc::CloseRequest{1, 7}));
-  w.Request(Msg(ipc::PingRequest{0}));
+  w.Request(Msg(ipc::OpenRequest{1, 8}));
+  w.Request(Msg(ipc::ByeRequest{1}));  // Ends the session with a sequence still open.
+  w.Request(Msg(ipc::PingRequest{1}));
   return w.bytes();
 }
 
