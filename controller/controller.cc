@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/controller.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -116,6 +117,7 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
   }
   PageAllocatorOptions options;
   options.page_bytes = config.pool.page_bytes;
+  options.checksums = config.pool.checksums;
   if (config.pool.staging_bytes_per_session > 0) {
     options.staging_slots = static_cast<uint32_t>(config.pool.staging_slots);
     options.staging_slot_bytes = config.pool.staging_bytes_per_session;
@@ -382,7 +384,11 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
   }
   const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
+  const bool was_lost = !entry->seq->integrity().ok();
   Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
+  if (appended.code() == StatusCode::kDataLoss && !was_lost) {
+    spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
+  }
   if (appended.code() == StatusCode::kResourceExhausted) {
     // The failed APPEND changed nothing, so the sequence's lock can go while others are lowered
     // (taking mu_ while holding it would invert the mu_ -> sequence order of STATS and CLOSE).
@@ -441,9 +447,15 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
                          FindSequence(request.session_id, request.sequence_id, now));
   std::lock_guard<std::mutex> seq_lock(entry->mu);
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
-  const KvSequence& seq = *entry->seq;
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
+  // Fail closed: nothing is read or referred to unless its pages still match their checksums.
+  const bool was_lost = !entry->seq->integrity().ok();
+  if (Status verified = entry->seq->Verify(begin, end); !verified.ok()) {
+    if (!was_lost) spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
+    return verified;
+  }
+  const KvSequence& seq = *entry->seq;
   if (request.mode == ipc::FetchMode::kDense) {
     DenseKv dense = seq.FetchDense(begin, end);
     ipc::FetchDenseReply reply;

@@ -59,6 +59,12 @@ class Controller {
   // Frees every session whose lease ran out by `now`; returns how many.
   int ExpireLeases(SteadyTime now);
 
+  // One pass of the page-checksum scrubber (controller/scrubber.cc): verifies about max_bytes of
+  // stored pages, taking the open sequences in turn from where the last pass stopped (each at
+  // most once per pass; a sequence busy with a request is skipped) and marks a sequence whose
+  // pages changed lost. Returns the bytes verified. No-op without pool.checksums.
+  uint64_t Scrub(uint64_t max_bytes);
+
   // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
   // Refuses, with a message, changes to keys that are fixed for the daemon's life.
   Status Reload(const Config& config);
@@ -109,6 +115,8 @@ class Controller {
   std::mt19937_64 session_id_rng_{std::random_device{}()};  // Guarded by mu_.
   uint64_t sessions_expired_ = 0;                           // Guarded by mu_.
   uint64_t next_session_number_ = 1;                        // Guarded by mu_.
+  std::mutex scrub_mu_;       // One scrub pass at a time.
+  size_t scrub_next_ = 0;     // Where the next pass starts; guarded by scrub_mu_.
   std::mutex retired_mu_;
   HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.
 };

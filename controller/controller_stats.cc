@@ -202,7 +202,11 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "staging_bytes:" << p.staging_bytes_total << "\n"
         << "alloc_failures_total:" << p.alloc_failures_total << "\n"
         << "publish_ranges_total:" << p.publish_ranges_total << "\n"
-        << "publish_bytes_total:" << p.publish_bytes_total << "\n";
+        << "publish_bytes_total:" << p.publish_bytes_total << "\n"
+        << "checksums:" << (pool_->checksums() ? 1 : 0) << "\n"
+        << "checksum_failures_total:" << p.checksum_failures_total << "\n"
+        << "verified_bytes_total:" << p.verified_bytes_total << "\n"
+        << "scrubbed_bytes_total:" << p.scrubbed_bytes_total << "\n";
   }
   if (show("sequences")) {
     const double fp16_bytes = static_cast<double>(total.elements) * 2;

@@ -14,6 +14,7 @@
 
 #include "controller/http_server.h"
 #include "controller/metrics.h"
+#include "controller/scrubber.h"
 
 namespace kvctl {
 
@@ -264,8 +265,10 @@ int Daemon::Run() {
     spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
                  server_->endpoint(), config.pool.bytes, controller_->shm_name());
   }
+  std::unique_ptr<Scrubber> scrubber = Scrubber::Start(config.pool, controller_.get());
   impl.io.run();
 
+  scrubber.reset();
   impl.http.reset();
   if (impl.pub) {
     impl.pub.close();

@@ -136,6 +136,9 @@ struct PageAllocatorOptions {
   uint64_t page_bytes = 64 << 10;   // Power of two, >= 4KiB.
   uint32_t staging_slots = 0;       // 0 or staging_slot_bytes 0: no staging.
   uint64_t staging_slot_bytes = 0;  // Capacity of one slot; its stride is rounded up to 4KiB.
+  // Keep a CRC32C of every page in daemon memory (see "Page checksums" below). Ignored for
+  // mirrored arenas: the host copy they work on is private to the daemon already.
+  bool checksums = false;
 };
 
 // A staging slot: [offset, offset + bytes) of the arena, owned by one session.
@@ -163,6 +166,11 @@ struct PoolStats {
   // Mirrored arenas: changed byte ranges copied to the device, and their bytes.
   uint64_t publish_ranges_total = 0;
   uint64_t publish_bytes_total = 0;
+  // Page checksums: pages found changed behind the daemon's back, and bytes the scrubber and
+  // FETCH verified.
+  uint64_t checksum_failures_total = 0;
+  uint64_t scrubbed_bytes_total = 0;
+  uint64_t verified_bytes_total = 0;
 };
 
 // Fixed-size pages [0, pages_total) at the start of the arena, staging slots at its end.
@@ -198,7 +206,7 @@ class PageAllocator {
   // Mirrored arenas (Arena::mirrored): writers mark the bytes of a page whose host copy they
   // changed (each page keeps one interval covering its marks), and the owner of those pages
   // publishes them before anyone outside may read them (the daemon: before it replies). Both are
-  // no-ops for host arenas. Any thread; a page is marked and published by its owner only.
+  // no-ops for host arenas (MarkDirty also feeds the page checksums, when they are on). Any thread; a page is marked and published by its owner only.
   // REQUIRES: page < pages_total(), begin < end <= page_bytes().
   bool mirrored() const { return mirrored_; }
   void MarkDirty(uint32_t page, uint32_t begin, uint32_t end);
@@ -209,6 +217,28 @@ class PageAllocator {
   // Copies [offset, offset + bytes) of a staging slot from the device copy into base().
   // REQUIRES: the range lies inside one staging slot.
   Status PullStaging(uint64_t offset, uint64_t bytes);
+
+  // Page checksums (PageAllocatorOptions::checksums; docs/reliability.md). Each page keeps, in
+  // daemon memory, the CRC32C of its bytes [0, sealed_end), where sealed_end is the furthest byte
+  // its owner ever wrote since it allocated the page. Writers mark what they change (MarkDirty,
+  // as for mirrored arenas) and the owner seals its pages once per request, before it replies
+  // (SealPages: a page whose marks all lie past sealed_end is only extended, others are
+  // checksummed again); VerifyPages recomputes. A page's owner seals and verifies it (holding
+  // whatever serializes its writes), so neither races a write. Free forgets a page's checksum.
+  // MarkDirty of a clean page below its sealed_end first verifies the page (the bytes are about
+  // to change, and a checksum over them would launder a change made behind the daemon's back);
+  // SealPages reports such a page as DATA_LOSS (and seals it all the same, so the daemon's own
+  // state stays consistent: the caller marks the owner lost).
+  bool checksums() const { return checksums_; }
+  Status SealPages(const std::vector<uint32_t>& pages);
+  enum class VerifyReason { kFetch, kScrub };
+  // OK when every page still holds what was sealed; otherwise DATA_LOSS naming each page that
+  // does not (page id, pool offset, expected and found CRC32C), and checksum_failures_total
+  // counts them. Counts the bytes checksummed (verified_ or scrubbed_bytes_total).
+  Status VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const;
+  // Bytes VerifyPages reads of `page` (0 without checksums).
+  uint64_t SealedBytes(uint32_t page) const;
+
   Status EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) const {
     return arena_->EncodeBlocks(spec, batch, records);
   }
@@ -221,7 +251,9 @@ class PageAllocator {
 
  private:
   PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes, uint32_t pages_total,
-                uint32_t staging_slots, uint64_t staging_slot_bytes, uint64_t staging_stride);
+                uint32_t staging_slots, uint64_t staging_slot_bytes, uint64_t staging_stride,
+                bool checksums);
+  bool tracks_writes() const { return mirrored_ || checksums_; }
   Status ExhaustedLocked(uint32_t count) KVCTL_REQUIRES(mu_);
 
   // Constant after construction.
@@ -233,12 +265,21 @@ class PageAllocator {
   const uint64_t staging_stride_;
   const uint64_t staging_offset_;
   const bool mirrored_;
-  // Per page (mirrored arenas only): the marked interval [dirty_begin_, dirty_end_) of its bytes,
-  // empty (page_bytes, 0) when clean. Atomic because a page changes owner when freed.
+  const bool checksums_;  // Never together with mirrored_: the two share the dirty marks.
+  // Per page (mirrored or checksummed arenas): the marked interval [dirty_begin_, dirty_end_) of
+  // its bytes, empty (page_bytes, 0) when clean. Atomic because a page changes owner when freed.
   const std::unique_ptr<std::atomic<uint32_t>[]> dirty_begin_;
   const std::unique_ptr<std::atomic<uint32_t>[]> dirty_end_;
   std::atomic<uint64_t> publish_ranges_{0};
   std::atomic<uint64_t> publish_bytes_{0};
+  // Per page (checksummed arenas): CRC32C of [0, sealed_end_). Atomic for the same reason.
+  const std::unique_ptr<std::atomic<uint32_t>[]> page_crc_;
+  const std::unique_ptr<std::atomic<uint32_t>[]> sealed_end_;
+  // Per page: the check before a rewrite (MarkDirty) found a mismatch; reported by SealPages.
+  const std::unique_ptr<std::atomic<uint8_t>[]> tainted_;
+  mutable std::atomic<uint64_t> checksum_failures_{0};
+  mutable std::atomic<uint64_t> scrubbed_bytes_{0};
+  mutable std::atomic<uint64_t> verified_bytes_{0};
 
   mutable Mutex mu_;
   // Invariant: free_pages_ holds exactly the ids with page_used_[id] == 0, each once.

@@ -15,7 +15,7 @@ namespace kvctl::ipc {
 static_assert(std::endian::native == std::endian::little, "kvctl's wire format is little-endian");
 
 // The last kvctl::StatusCode (common/status.h); error replies carry 1..kLastStatusCode.
-constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kPermissionDenied);
+constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kDataLoss);
 
 std::string TypeName(uint16_t type) {
   static constexpr const char* kNames[] = {"",     "HELLO",  "OPEN",  "CLOSE",

@@ -25,6 +25,7 @@ STATUS_CODES = {
     8: "UNIMPLEMENTED",
     9: "INTERNAL",
     10: "PERMISSION_DENIED",
+    11: "DATA_LOSS",
 }
 STATUS_CODE_VALUES = {name: value for value, name in STATUS_CODES.items()}
 
