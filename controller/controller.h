@@ -30,6 +30,7 @@
 #include "controller/config.h"
 #include "controller/kv_sequence.h"
 #include "controller/pool.h"
+#include "controller/staging_shm.h"
 #include "controller/stats.h"
 #include "ipc/messages.h"
 #include "ipc/server.h"
@@ -79,14 +80,16 @@ class Controller {
   void SetHttpAddress(std::string bound_address);
 
   Config config() const;
-  PoolStats pool_stats() const { return pool_->Stats(); }
+  // The pool's page and staging counters (a cpu pool's staging is its StagingObjects).
+  PoolStats pool_stats() const;
   const std::string& shm_name() const { return shm_name_; }
 
  private:
   struct SequenceEntry;
   struct Session;
 
-  Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name);
+  Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name,
+             std::unique_ptr<StagingObjects> staging);
   StatusOr<std::shared_ptr<SequenceEntry>> FindSequence(uint64_t session_id, uint64_t sequence_id,
                                                         SteadyTime now);
   StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
@@ -102,6 +105,8 @@ class Controller {
 
   const std::unique_ptr<PageAllocator> pool_;
   const std::string shm_name_;
+  // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
+  const std::unique_ptr<StagingObjects> staging_;
   const SteadyTime started_;
   ServerStats stats_;     // Internally synchronized.
   std::string endpoint_;  // Set once before serving.

@@ -184,7 +184,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "http_address:" << http_address << "\n";
   }
   if (show("pool")) {
-    const PoolStats p = pool_->Stats();
+    const PoolStats p = pool_stats();
     out << "# Pool\n"
         << "pool_backend:" << (pool_->arena().cuda_device() >= 0 ? "cuda" : "cpu") << "\n"
         << "pool_shm_name:" << shm_name_ << "\n"

@@ -27,7 +27,9 @@ std::string ErrnoText(int err) { return std::strerror(err); }
 // Opens an existing object without creating it and probes its flock. Returns true if no process
 // holds it (a leftover of a crash), false if a live daemon does; errors if it cannot be opened.
 StatusOr<bool> ProbeStale(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  // Read-only: a live daemon's pool is mode 0400 (ShmArena::RestrictToReaders); flock needs no
+  // write access.
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return true;  // Vanished meanwhile: as good as stale.
@@ -111,6 +113,13 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, ui
         ResourceExhausted("pool.bytes: mmap of ", bytes, " bytes failed: ", ErrnoText(errno)));
   }
   return std::unique_ptr<ShmArena>(new ShmArena(name, fd, static_cast<uint8_t*>(base), bytes));
+}
+
+Status ShmArena::RestrictToReaders() {
+  if (fchmod(fd_, 0400) != 0) {
+    return Internal("pool.shm_name: fchmod(", name_, ", 0400): ", ErrnoText(errno));
+  }
+  return OkStatus();
 }
 
 ShmArena::~ShmArena() {

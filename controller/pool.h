@@ -122,6 +122,10 @@ class ShmArena final : public Arena {
   uint8_t* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
   const std::string& name() const { return name_; }
+  // Makes the object read-only (mode 0400) for every later open: engines map the pool
+  // PROT_READ, and one that asks for write access (O_RDWR) is refused unless it runs as root or
+  // changes the mode back. Our own mapping stays writable. Internal error naming the call.
+  Status RestrictToReaders();
 
  private:
   ShmArena(std::string name, int fd, uint8_t* base, uint64_t bytes);

@@ -271,7 +271,8 @@ class DaemonThread {
   int exit_code_ = 0;
 };
 
-// A read-write mapping of a session's shm pool, as an engine makes it for the staging slot.
+// A read-write mapping of a session's staging object (or, from daemons before staging objects,
+// of the pool), as an engine makes it for the staging slot.
 class PoolMapping {
  public:
   static StatusOr<std::unique_ptr<PoolMapping>> Map(const ipc::HelloReply& hello) {
@@ -279,14 +280,17 @@ class PoolMapping {
       return FailedPrecondition("HELLO: staging_bytes ", hello.staging_bytes,
                                 ", expected a staging slot of at least ", 2 * kStepBytes, " bytes");
     }
-    const int fd = shm_open(hello.shm_name.c_str(), O_RDWR, 0);
-    if (fd < 0) return Unavailable("shm_open ", hello.shm_name, ": ", std::strerror(errno));
-    void* p = mmap(nullptr, hello.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const bool own = !hello.staging_shm_name.empty();
+    const std::string& name = own ? hello.staging_shm_name : hello.shm_name;
+    const uint64_t bytes = own ? hello.staging_offset + hello.staging_bytes : hello.pool_bytes;
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) return Unavailable("shm_open ", name, ": ", std::strerror(errno));
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return Unavailable("mmap ", hello.shm_name, ": ", std::strerror(errno));
+    if (p == MAP_FAILED) return Unavailable("mmap ", name, ": ", std::strerror(errno));
     std::unique_ptr<PoolMapping> m(new PoolMapping());
     m->base_ = static_cast<uint8_t*>(p);
-    m->bytes_ = hello.pool_bytes;
+    m->bytes_ = bytes;
     m->slot_ = m->base_ + hello.staging_offset;
     return m;
   }
