@@ -305,7 +305,8 @@ class PoolMapping {
 };
 
 StatusOr<Config> MakeConfig(const std::string& endpoint, const std::string& shm_name,
-                            uint64_t pool_bytes, int workers) {
+                            uint64_t pool_bytes, int workers,
+                            const std::vector<std::string>& settings) {
   ConfigLoadOptions load;  // No file and no environment: the built-in quantizer defaults.
   load.cli = {{"server.endpoint", endpoint},
               {"server.log_level", "error"},
@@ -316,6 +317,13 @@ StatusOr<Config> MakeConfig(const std::string& endpoint, const std::string& shm_
               {"server.stats_endpoint", ""},
               {"pool.bytes", std::to_string(pool_bytes)},
               {"pool.shm_name", shm_name}};
+  for (const std::string& s : settings) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgument("--set: got \"", s, "\", expected KEY=VALUE");
+    }
+    load.cli.emplace_back(s.substr(0, eq), s.substr(eq + 1));
+  }
   KVCTL_ASSIGN_OR_RETURN(Config config, LoadConfig(load));
   KVCTL_RETURN_IF_ERROR(ApplyToml(
       config, std::string("[[model]]\nname = \"") + kLosslessModel + "\"\nlossless = true\n",
@@ -707,9 +715,11 @@ StatusOr<IpcBenchReport> RunIpcBench(const IpcBenchOptions& options) {
   const std::string endpoint = "ipc://" + dir + "/" + tag + ".sock";
   const std::string raw_endpoint = "ipc://" + dir + "/" + tag + "-raw.sock";
   KVCTL_ASSIGN_OR_RETURN(Config config,
-                         MakeConfig(endpoint, "/" + tag, report.pool_bytes, options.workers));
-  KVCTL_ASSIGN_OR_RETURN(Config direct_config, MakeConfig(endpoint, "/" + tag + "-direct",
-                                                          report.pool_bytes, options.workers));
+                         MakeConfig(endpoint, "/" + tag, report.pool_bytes, options.workers,
+                                    options.settings));
+  KVCTL_ASSIGN_OR_RETURN(Config direct_config,
+                         MakeConfig(endpoint, "/" + tag + "-direct", report.pool_bytes,
+                                    options.workers, options.settings));
 
   Bench b(options, &report);
   b.data = MakeKvData();
