@@ -2,6 +2,7 @@
 """Helpers shared by the tests (a plain module: pytest puts python/tests on sys.path): the
 daemon process, synthetic KV data, polling."""
 
+import glob
 import itertools
 import os
 import signal
@@ -121,6 +122,11 @@ class Daemon:
         assert not os.path.exists(self.socket_path), "socket file left: " + self.socket_path
         shm = "/dev/shm/" + self.shm_name.lstrip("/")
         assert not os.path.exists(shm), "shm object left: " + shm
+        assert not self.staging_objects(), "staging objects left: %s" % self.staging_objects()
+
+    def staging_objects(self):
+        """Paths of the per-session staging objects of this daemon's pool in /dev/shm."""
+        return glob.glob("/dev/shm/" + self.shm_name.lstrip("/") + "-stg-*")
 
     def kill(self) -> None:
         """SIGKILL (if still running) and removal of what a dead daemon leaves behind."""
@@ -128,6 +134,8 @@ class Daemon:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-        for path in (self.socket_path, "/dev/shm/" + self.shm_name.lstrip("/")):
+        for path in [self.socket_path, "/dev/shm/" + self.shm_name.lstrip("/")]:
             if os.path.exists(path):
                 os.unlink(path)
+        for path in self.staging_objects():
+            os.unlink(path)
