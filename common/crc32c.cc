@@ -38,7 +38,7 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t bytes) {
 // The crc32 instruction computes the same reflected CRC-32C register update as the table, 8 bytes
 // at a time; unaligned loads are fine on x86.
 __attribute__((target("sse4.2"))) uint32_t Crc32cExtendHardware(uint32_t crc, const void* data,
-                                                                  size_t bytes) {
+                                                                size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint64_t c = ~crc;
   for (; bytes >= 8; p += 8, bytes -= 8) {

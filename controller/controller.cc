@@ -123,8 +123,8 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
   } else {
     shm_name = ShmNameFor(config);
     if (shm_name.size() + StagingObjects::kSuffixChars > 255) {
-      return InvalidArgument("pool.shm_name: got ", shm_name.size(), " characters, expected at most ",
-                             255 - StagingObjects::kSuffixChars,
+      return InvalidArgument("pool.shm_name: got ", shm_name.size(),
+                             " characters, expected at most ", 255 - StagingObjects::kSuffixChars,
                              " (staging objects are named after it with a ",
                              StagingObjects::kSuffixChars, "-character suffix)");
     }
@@ -140,9 +140,9 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
                            ShmArena::Create(shm_name, config.pool.bytes - staging_bytes, stale));
     KVCTL_RETURN_IF_ERROR(shm->RestrictToReaders());
     arena = std::move(shm);
-    staging = std::make_unique<StagingObjects>(shm_name,
-                                               static_cast<uint32_t>(config.pool.staging_slots),
-                                               config.pool.staging_bytes_per_session);
+    staging =
+        std::make_unique<StagingObjects>(shm_name, static_cast<uint32_t>(config.pool.staging_slots),
+                                         config.pool.staging_bytes_per_session);
     // We hold the pool now, so objects with our prefix are a dead daemon's.
     if (const int removed = staging->RemoveLeftovers(); removed > 0) {
       spdlog::warn("removed {} staging object(s) left by a previous daemon", removed);
@@ -189,7 +189,8 @@ PoolStats Controller::pool_stats() const {
     s.staging_slots_total = staging_->slots();
     s.staging_slots_used = staging_->used();
     s.staging_slot_bytes = staging_->slot_bytes();
-    s.staging_bytes_total = uint64_t{staging_->slots()} * ((staging_->slot_bytes() + 4095) / 4096 * 4096);
+    s.staging_bytes_total =
+        uint64_t{staging_->slots()} * ((staging_->slot_bytes() + 4095) / 4096 * 4096);
   }
   return s;
 }
@@ -401,8 +402,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
                                slot.offset, ", ", slot.offset + slot.bytes, ")");
       }
       staging_hold = session->staging_object;
-      k_bytes = staging_hold ? staging_hold->data() + request.staging_offset
-                             : pool_->StagingPointer(slot.id) + (request.staging_offset - slot.offset);
+      k_bytes = staging_hold
+                    ? staging_hold->data() + request.staging_offset
+                    : pool_->StagingPointer(slot.id) + (request.staging_offset - slot.offset);
       staged_bytes = staging_hold ? 0 : need;  // Only a device slot is pulled.
     }
   }
@@ -511,7 +513,8 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   // Fail closed: nothing is read or referred to unless its pages still match their checksums.
   const bool was_lost = !entry->seq->integrity().ok();
   if (Status verified = entry->seq->Verify(begin, end); !verified.ok()) {
-    if (!was_lost) spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
+    if (!was_lost)
+      spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
     return verified;
   }
   const KvSequence& seq = *entry->seq;

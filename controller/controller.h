@@ -120,8 +120,8 @@ class Controller {
   std::mt19937_64 session_id_rng_{std::random_device{}()};  // Guarded by mu_.
   uint64_t sessions_expired_ = 0;                           // Guarded by mu_.
   uint64_t next_session_number_ = 1;                        // Guarded by mu_.
-  std::mutex scrub_mu_;       // One scrub pass at a time.
-  size_t scrub_next_ = 0;     // Where the next pass starts; guarded by scrub_mu_.
+  std::mutex scrub_mu_;                                     // One scrub pass at a time.
+  size_t scrub_next_ = 0;  // Where the next pass starts; guarded by scrub_mu_.
   std::mutex retired_mu_;
   HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.
 };

@@ -75,8 +75,9 @@ void KvSequence::CollectPages(int layer_begin, int layer_end, std::vector<uint32
 
 Status KvSequence::MarkLost(const Status& loss) {
   if (integrity_.ok()) {
-    integrity_ = DataLoss("sequence data lost: ", loss.message(),
-                          "; FETCH and APPEND of this sequence answer DATA_LOSS until it is closed");
+    integrity_ =
+        DataLoss("sequence data lost: ", loss.message(),
+                 "; FETCH and APPEND of this sequence answer DATA_LOSS until it is closed");
   }
   return integrity_;
 }

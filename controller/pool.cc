@@ -143,8 +143,7 @@ ShmArena::~ShmArena() {
 
 PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
                              uint32_t pages_total, uint32_t staging_slots,
-                             uint64_t staging_slot_bytes, uint64_t staging_stride,
-                             bool checksums)
+                             uint64_t staging_slot_bytes, uint64_t staging_stride, bool checksums)
     : arena_(std::move(arena)),
       page_bytes_(page_bytes),
       pages_total_(pages_total),
@@ -408,9 +407,9 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
     if (lo >= sealed) {
       // Only bytes past the sealed prefix changed (an appended slot): extend the checksum over
       // them, and over any never-written gap before them, which the prefix now covers too.
-      page_crc_[page].store(Crc32cExtend(page_crc_[page].load(std::memory_order_relaxed),
-                                         base + sealed, hi - sealed),
-                            std::memory_order_relaxed);
+      page_crc_[page].store(
+          Crc32cExtend(page_crc_[page].load(std::memory_order_relaxed), base + sealed, hi - sealed),
+          std::memory_order_relaxed);
       sealed_end_[page].store(hi, std::memory_order_relaxed);
     } else {
       const uint32_t end = std::max(sealed, hi);
@@ -450,8 +449,8 @@ Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReas
   if (failures == 0) return OkStatus();
   checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
   return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages",
-                  " changed outside the daemon (", bad, failures > 4 ? "; ..." : "",
-                  "); found by ", reason == VerifyReason::kScrub ? "the scrubber" : "FETCH");
+                  " changed outside the daemon (", bad, failures > 4 ? "; ..." : "", "); found by ",
+                  reason == VerifyReason::kScrub ? "the scrubber" : "FETCH");
 }
 
 uint64_t PageAllocator::SealedBytes(uint32_t page) const {

@@ -210,7 +210,8 @@ class PageAllocator {
   // Mirrored arenas (Arena::mirrored): writers mark the bytes of a page whose host copy they
   // changed (each page keeps one interval covering its marks), and the owner of those pages
   // publishes them before anyone outside may read them (the daemon: before it replies). Both are
-  // no-ops for host arenas (MarkDirty also feeds the page checksums, when they are on). Any thread; a page is marked and published by its owner only.
+  // no-ops for host arenas, except that MarkDirty also feeds the page checksums when they are on.
+  // Any thread; a page is marked and published by its owner only.
   // REQUIRES: page < pages_total(), begin < end <= page_bytes().
   bool mirrored() const { return mirrored_; }
   void MarkDirty(uint32_t page, uint32_t begin, uint32_t end);

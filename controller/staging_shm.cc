@@ -81,7 +81,8 @@ StatusOr<std::shared_ptr<StagingObject>> StagingObjects::Acquire() {
   }
   void* base = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    return fail_fd(ResourceExhausted("staging: mmap of ", bytes_, " bytes: ", std::strerror(errno)));
+    return fail_fd(
+        ResourceExhausted("staging: mmap of ", bytes_, " bytes: ", std::strerror(errno)));
   }
   close(fd);  // The mapping keeps the object; the name stays until the session ends.
   auto* object = new StagingObject(name, static_cast<uint8_t*>(base), bytes_);

@@ -714,9 +714,8 @@ StatusOr<IpcBenchReport> RunIpcBench(const IpcBenchOptions& options) {
   const std::string dir = std::filesystem::temp_directory_path().string();
   const std::string endpoint = "ipc://" + dir + "/" + tag + ".sock";
   const std::string raw_endpoint = "ipc://" + dir + "/" + tag + "-raw.sock";
-  KVCTL_ASSIGN_OR_RETURN(Config config,
-                         MakeConfig(endpoint, "/" + tag, report.pool_bytes, options.workers,
-                                    options.settings));
+  KVCTL_ASSIGN_OR_RETURN(Config config, MakeConfig(endpoint, "/" + tag, report.pool_bytes,
+                                                   options.workers, options.settings));
   KVCTL_ASSIGN_OR_RETURN(Config direct_config,
                          MakeConfig(endpoint, "/" + tag + "-direct", report.pool_bytes,
                                     options.workers, options.settings));

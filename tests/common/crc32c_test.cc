@@ -17,7 +17,8 @@ TEST_CASE("CRC-32C: known answers of the specification", "[crc32c]") {
   CHECK(Crc32c(check.data(), check.size()) == 0xE3069283u);
   CHECK(Crc32c(nullptr, 0) == 0u);
   std::vector<uint8_t> zeros(32, 0x00), ones(32, 0xFF), up(32), down(32);
-  for (int i = 0; i < 32; ++i) up[i] = static_cast<uint8_t>(i), down[i] = static_cast<uint8_t>(31 - i);
+  for (int i = 0; i < 32; ++i)
+    up[i] = static_cast<uint8_t>(i), down[i] = static_cast<uint8_t>(31 - i);
   CHECK(Crc32c(zeros.data(), 32) == 0x8A9136AAu);
   CHECK(Crc32c(ones.data(), 32) == 0x62A8AB43u);
   CHECK(Crc32c(up.data(), 32) == 0x46DD794Eu);

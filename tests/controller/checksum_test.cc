@@ -53,7 +53,8 @@ struct TestPool {
   explicit TestPool(bool checksums, uint64_t bytes = 1 << 20) {
     auto arena = ShmArena::Create(name, bytes);
     REQUIRE(arena.ok());
-    auto created = PageAllocator::Create(std::move(*arena), {.page_bytes = 4096, .checksums = checksums});
+    auto created =
+        PageAllocator::Create(std::move(*arena), {.page_bytes = 4096, .checksums = checksums});
     REQUIRE(created.ok());
     pool = std::move(created).value();
   }
@@ -269,8 +270,7 @@ TEST_CASE("Controller: the scrubber finds a changed page without any FETCH",
   ForeignMapping foreign(d.config.pool.shm_name, d.config.pool.bytes);
   foreign.Flip(offset);
   // Small budgets: passes take the sequences in turn and go on where the last one stopped.
-  for (int pass = 0; pass < 1000 && StatsField(d.Stats(), "checksum_failures_total") == 0;
-       ++pass) {
+  for (int pass = 0; pass < 1000 && StatsField(d.Stats(), "checksum_failures_total") == 0; ++pass) {
     d.controller->Scrub(4096);
   }
   CHECK(StatsField(d.Stats(), "checksum_failures_total") == 1);

@@ -31,8 +31,8 @@ Config StagingConfig() {
   Config config;
   config.pool.bytes = 16 << 20;
   config.pool.page_bytes = 4096;
-  config.pool.shm_name = "/kvctl-stg-test-" + std::to_string(getpid()) + "-" +
-                         std::to_string(counter++);
+  config.pool.shm_name =
+      "/kvctl-stg-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   config.pool.staging_slots = 2;
   config.pool.staging_bytes_per_session = 64 << 10;
   config.server.lease_ms = 1000;
