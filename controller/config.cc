@@ -23,7 +23,7 @@ namespace {
 
 using internal::StrCat;
 
-constexpr std::string_view kSections[] = {"server", "pool", "quant", "budget", "evict"};
+constexpr std::string_view kSections[] = {"server", "pool", "quant", "budget", "evict", "limits"};
 
 // Keeps the code, puts `prefix` in front of the message.
 Status Prefixed(std::string_view prefix, const Status& s) {
@@ -369,7 +369,7 @@ Status ApplyToml(Config& config, std::string_view toml_text, std::string_view or
       }
     } else {
       return UnknownKey(Where(origin, k.source()), key,
-                        {"server", "pool", "quant", "budget", "evict", "model"});
+                        {"server", "pool", "quant", "budget", "evict", "limits", "model"});
     }
   }
   config = std::move(out);

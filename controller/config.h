@@ -68,6 +68,15 @@ struct PoolConfig {
   bool operator==(const PoolConfig&) const = default;
 };
 
+// [limits]: what one client can make the daemon allocate outside the pool (docs/reliability.md).
+struct LimitsConfig {
+  uint64_t host_memory_bytes = 0;  // Host memory for sessions and sequences; 0 = pool.bytes / 4.
+  int max_sessions = 0;
+  int max_sequences_per_session = 0;
+  int stats_max_lines = 0;  // Per-sequence and per-head lines in one STATS answer.
+  bool operator==(const LimitsConfig&) const = default;
+};
+
 // The [quant] keys. 0 (or -1 for sink_tokens) means "the method's registry default".
 struct QuantSettings {
   QuantMethod method{};
@@ -152,10 +161,11 @@ struct Config {
   QuantSettings quant;
   BudgetConfig budget;
   EvictConfig evict;
+  LimitsConfig limits;
   std::vector<QuantOverride> quant_overrides;
   std::vector<ModelConfig> models;
-  // Where each [server]/[pool]/[quant]/[budget]/[evict] value came from, by key ("pool.bytes");
-  // absent = kDefault.
+  // Where each [server]/[pool]/[quant]/[budget]/[evict]/[limits] value came from, by key
+  // ("pool.bytes"); absent = kDefault.
   std::map<std::string, ConfigSource, std::less<>> sources;
 
   // Compares values only: two configs that say the same thing are equal wherever it came from.
@@ -167,8 +177,8 @@ struct Config {
 enum class ConfigType : uint8_t { kInt, kBytes, kDouble, kBool, kString, kEnum };
 // What struct a row's field lives in, and so where the key may appear.
 enum class ConfigScope : uint8_t {
-  kGlobal,    // Config::server/pool/budget/evict: [server], [pool], [budget], [evict]; env and
-              // CLI overridable.
+  kGlobal,    // Config::server/pool/budget/evict/limits: [server], [pool], [budget], [evict],
+              // [limits]; env and CLI overridable.
   kQuant,     // QuantSettings: [quant] (env and CLI overridable) and every [[model]] table.
   kOverride,  // QuantOverride: every [[quant.override]] and [[model.override]] table.
   kModel,     // ModelConfig: every [[model]] table.

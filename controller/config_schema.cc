@@ -172,8 +172,9 @@ std::vector<ConfigOption> BuildSchema() {
            .max = 4 * kGiB,
            .flags = kImm,
            .env = "KVCTL_SERVER_MAX_MESSAGE_BYTES",
-           .doc = "Largest request accepted (inline K/V of remote engines); larger ones are "
-                  "refused by the transport."}),
+           .doc = "Largest request accepted, all its frames together (inline K/V of remote "
+                  "engines); a larger one gets an INVALID_ARGUMENT error from the transport, and "
+                  "a single frame above it disconnects the sender."}),
       Row<&Config::server, &ServerConfig::stats_interval_ms>(
           {.key = "server.stats_interval_ms",
            .default_text = "1000",
@@ -310,6 +311,43 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_POOL_SCRUB_BYTES_PER_SECOND",
            .doc = "Most page bytes the scrubber verifies per second (each period verifies up to "
                   "this x scrub_interval_ms / 1000); 0 = no scrubber."}),
+      // [limits]
+      Row<&Config::limits, &LimitsConfig::host_memory_bytes>(
+          {.key = "limits.host_memory_bytes",
+           .default_text = "0",
+           .min = 0,
+           .max = 4 * kTiB,
+           .flags = kRel,
+           .env = "KVCTL_LIMITS_HOST_MEMORY_BYTES",
+           .doc = "Host memory the daemon may spend on sessions and sequences outside the pool "
+                  "(per-stream tables, positions, scorer state), counted before it allocates: a "
+                  "HELLO, OPEN or APPEND that would pass it gets RESOURCE_EXHAUSTED; 0 = a "
+                  "quarter of pool.bytes, at least 64MiB."}),
+      Row<&Config::limits, &LimitsConfig::max_sessions>(
+          {.key = "limits.max_sessions",
+           .default_text = "1024",
+           .min = 1,
+           .max = 1000000,
+           .flags = kRel,
+           .env = "KVCTL_LIMITS_MAX_SESSIONS",
+           .doc = "Open sessions at once; one more HELLO gets RESOURCE_EXHAUSTED."}),
+      Row<&Config::limits, &LimitsConfig::max_sequences_per_session>(
+          {.key = "limits.max_sequences_per_session",
+           .default_text = "4096",
+           .min = 1,
+           .max = 1000000,
+           .flags = kRel,
+           .env = "KVCTL_LIMITS_MAX_SEQUENCES_PER_SESSION",
+           .doc = "Open sequences per session; one more OPEN gets RESOURCE_EXHAUSTED."}),
+      Row<&Config::limits, &LimitsConfig::stats_max_lines>(
+          {.key = "limits.stats_max_lines",
+           .default_text = "500",
+           .min = 1,
+           .max = 1000,
+           .flags = kRel,
+           .env = "KVCTL_LIMITS_STATS_MAX_LINES",
+           .doc = "Per-sequence, per-layer and per-head lines in one STATS answer; the rest are "
+                  "counted in <section>_omitted, so STATS always fits one reply."}),
       // [quant]
       Row<&QuantSettings::method>(
           {.key = "quant.method",

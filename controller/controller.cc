@@ -8,7 +8,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/checked_math.h"
 #include "common/half.h"
+#include "common/secure_random.h"
 #include "controller/blocks_reply.h"
 #include "controller/budget_config.h"
 #include "controller/controller_internal.h"
@@ -32,6 +34,17 @@ SequenceShape ShapeOf(const ipc::Geometry& g, const StreamingRules& rules, bool 
   return SequenceShape{static_cast<int>(g.layers), static_cast<int>(g.kv_heads),
                        static_cast<int>(g.q_heads), static_cast<int>(g.head_dim),
                        lossless ? 0 : rules.sink_tokens};
+}
+
+HostShape HostShapeOf(const Config& config, const ipc::Geometry& g) {
+  return HostShape{.layers = g.layers,
+                   .kv_heads = g.kv_heads,
+                   .q_heads = g.q_heads,
+                   .head_dim = g.head_dim,
+                   .obs_window = g.q_heads == 0 ? 0u
+                                 : config.evict.obs_window > 0
+                                     ? static_cast<uint64_t>(config.evict.obs_window)
+                                     : 64u};
 }
 
 // Builds every layer's plan for a new sequence from the config in force; joint budgets also give
@@ -94,6 +107,7 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
 Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool,
                        std::string shm_name, std::unique_ptr<StagingObjects> staging)
     : pool_(std::move(pool)),
+      host_memory_(EffectiveHostMemoryBytes(config)),
       shm_name_(std::move(shm_name)),
       staging_(std::move(staging)),
       started_(std::chrono::steady_clock::now()),
@@ -164,6 +178,7 @@ Status Controller::Reload(const Config& config) {
   std::lock_guard<std::mutex> lock(mu_);
   KVCTL_RETURN_IF_ERROR(CheckReload(config_, config));
   config_ = config;
+  host_memory_.set_limit(EffectiveHostMemoryBytes(config));
   return OkStatus();
 }
 
@@ -173,6 +188,8 @@ void Controller::RecordRequest(uint16_t type, std::chrono::microseconds latency,
 
 void Controller::RetireSequence(SequenceEntry& entry) {
   if (!entry.seq) return;
+  host_memory_.Release(entry.host_bytes);
+  entry.host_bytes = 0;
   const HeadUsage q = entry.seq->QualityTotals();
   {
     std::lock_guard<std::mutex> lock(retired_mu_);
@@ -209,6 +226,31 @@ void Controller::FreeSessionLocked(Session& session) {
     KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
     session.has_staging = false;
   }
+  host_memory_.Release(session.host_bytes);
+  session.host_bytes = 0;
+}
+
+uint64_t Controller::SessionHostBytes() {
+  return sizeof(Session) + 2 * ipc::kMaxNameBytes + 256;  // Names, map node, allocator slack.
+}
+
+Status Controller::CheckGeometryFits(const ipc::Geometry& g, const HostShape& shape) const {
+  const uint64_t streams = shape.layers * shape.kv_heads;
+  const uint64_t pages = pool_->Stats().pages_total;
+  if (streams > pages) {
+    return ResourceExhausted(
+        "geometry: ", g.layers, " layers x ", g.kv_heads, " kv_heads = ", streams,
+        " streams, each needing a pool page of its own, but the pool", " has ", pages, " pages of ",
+        pool_->page_bytes(), " bytes; raise pool.bytes or lower pool.page_bytes");
+  }
+  const uint64_t open_bytes = KvSequence::HostBytesAtOpen(shape);
+  if (open_bytes > host_memory_.limit()) {
+    return ResourceExhausted("geometry: one empty sequence of ", g.layers, " layers x ", g.kv_heads,
+                             " kv_heads needs ", open_bytes,
+                             " bytes of host memory, more than limits.host_memory_bytes ",
+                             host_memory_.limit());
+  }
+  return OkStatus();
 }
 
 StatusOr<std::shared_ptr<Controller::Session>> Controller::FindSessionLocked(uint64_t session_id,
@@ -238,6 +280,11 @@ StatusOr<std::shared_ptr<Controller::SequenceEntry>> Controller::FindSequence(ui
 
 StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, SteadyTime now) {
   KVCTL_RETURN_IF_ERROR(ipc::ValidateGeometry(request.geometry));
+  const Config config = this->config();
+  KVCTL_RETURN_IF_ERROR(CheckGeometryFits(request.geometry, HostShapeOf(config, request.geometry)));
+  // Resolve once now (outside mu_: planning allocates per head) so a geometry the config cannot
+  // serve fails at HELLO, not at OPEN.
+  KVCTL_RETURN_IF_ERROR(PlanLayers(config, request.model_name, request.geometry).status());
   // cpu pool: the session's own staging object, made before the lock (it reserves memory).
   std::shared_ptr<StagingObject> staging_object;
   if (staging_->slots() > 0) {
@@ -245,13 +292,18 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
     if (got.ok()) staging_object = std::move(got).value();  // Else the client sends inline.
   }
   std::lock_guard<std::mutex> lock(mu_);
-  // Resolve once now so a geometry the config cannot serve fails at HELLO, not at OPEN.
-  KVCTL_RETURN_IF_ERROR(PlanLayers(config_, request.model_name, request.geometry).status());
+  if (sessions_.size() >= static_cast<size_t>(config_.limits.max_sessions)) {
+    return ResourceExhausted(
+        "HELLO: ", sessions_.size(), " sessions are open, limits.max_sessions ", "is ",
+        config_.limits.max_sessions, "; end idle sessions (BYE) or raise the limit");
+  }
+  KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("HELLO", SessionHostBytes()));
   auto session = std::make_shared<Session>();
+  session->host_bytes = SessionHostBytes();
   // Session ids are random, so an id from before a restart never names a new session and one
   // client cannot guess another's (the id is the capability to its sequences).
   do {
-    session->id = session_id_rng_();
+    session->id = SecureRandomU64();
   } while (session->id == 0 || sessions_.count(session->id));
   session->number = next_session_number_++;
   session->client_name = request.client_name;
@@ -311,37 +363,80 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
 }
 
 Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                         FindSessionLocked(request.session_id, now));
-  if (session->sequences.count(request.sequence_id)) {
-    return AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
-                         request.session_id);
+  // Checks and the host-memory reservation under mu_; planning and building the sequence (the
+  // allocations, which grow with the geometry) outside it, so a big OPEN never stalls others.
+  Config config;
+  ipc::Geometry g;
+  std::string model_name;
+  HostShape shape;
+  uint64_t open_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                           FindSessionLocked(request.session_id, now));
+    if (session->sequences.count(request.sequence_id)) {
+      return AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
+                           request.session_id);
+    }
+    if (session->sequences.size() >=
+        static_cast<size_t>(config_.limits.max_sequences_per_session)) {
+      return ResourceExhausted("OPEN: session ", request.session_id, " has ",
+                               session->sequences.size(),
+                               " open sequences, limits.max_sequences_per_session is ",
+                               config_.limits.max_sequences_per_session);
+    }
+    config = config_;
+    g = session->geometry;
+    model_name = session->model_name;
+    shape = HostShapeOf(config, g);
+    open_bytes = KvSequence::HostBytesAtOpen(shape);
+    KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("OPEN", open_bytes));
   }
-  std::vector<int64_t> head_caps;
-  JointPlanInput joint_input;
-  KVCTL_ASSIGN_OR_RETURN(
-      std::vector<LayerPlan> plans,
-      PlanLayers(config_, session->model_name, session->geometry, &head_caps, &joint_input));
-  const ipc::Geometry& g = session->geometry;
-  KVCTL_ASSIGN_OR_RETURN(
-      EvictionSettings eviction,
-      ResolveEviction(config_, ShapeOf(g, plans[0].rules, plans[0].lossless), head_caps));
-  KVCTL_ASSIGN_OR_RETURN(
-      PressureSettings pressure,
-      ResolvePressure(config_, ShapeOf(g, plans[0].rules, plans[0].lossless), &joint_input));
   auto entry = std::make_shared<SequenceEntry>();
-  entry->opened = now;
-  entry->seq = std::make_unique<KvSequence>(
-      pool_.get(),
-      SequenceGeometry{.layers = static_cast<int>(g.layers),
-                       .kv_heads = static_cast<int>(g.kv_heads),
-                       .head_dim = static_cast<int>(g.head_dim),
-                       .dtype = g.dtype,
-                       .quality_sample_period = config_.server.quality_sample_period,
-                       .q_heads = static_cast<int>(g.q_heads)},
-      std::move(plans), std::move(eviction), std::move(pressure));
-  session->sequences[request.sequence_id] = entry;
+  entry->shape = shape;
+  entry->open_host_bytes = open_bytes;
+  entry->host_bytes = open_bytes;  // Released by RetireSequence, or below on failure.
+  Status built = [&]() -> Status {
+    std::vector<int64_t> head_caps;
+    JointPlanInput joint_input;
+    KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
+                           PlanLayers(config, model_name, g, &head_caps, &joint_input));
+    KVCTL_ASSIGN_OR_RETURN(
+        EvictionSettings eviction,
+        ResolveEviction(config, ShapeOf(g, plans[0].rules, plans[0].lossless), head_caps));
+    KVCTL_ASSIGN_OR_RETURN(
+        PressureSettings pressure,
+        ResolvePressure(config, ShapeOf(g, plans[0].rules, plans[0].lossless), &joint_input));
+    entry->opened = now;
+    entry->seq = std::make_unique<KvSequence>(
+        pool_.get(),
+        SequenceGeometry{.layers = static_cast<int>(g.layers),
+                         .kv_heads = static_cast<int>(g.kv_heads),
+                         .head_dim = static_cast<int>(g.head_dim),
+                         .dtype = g.dtype,
+                         .quality_sample_period = config.server.quality_sample_period,
+                         .q_heads = static_cast<int>(g.q_heads)},
+        std::move(plans), std::move(eviction), std::move(pressure));
+    return OkStatus();
+  }();
+  if (!built.ok()) {
+    host_memory_.Release(open_bytes);
+    return built;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // The session may have ended, or the same id been opened, while the sequence was built.
+  StatusOr<std::shared_ptr<Session>> session = FindSessionLocked(request.session_id, now);
+  Status inserted = session.status();
+  if (inserted.ok() && (*session)->sequences.count(request.sequence_id)) {
+    inserted = AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
+                             request.session_id);
+  }
+  if (!inserted.ok()) {
+    std::lock_guard<std::mutex> seq_lock(entry->mu);
+    RetireSequence(*entry);
+    return inserted;
+  }
+  (*session)->sequences[request.sequence_id] = entry;
   return OkStatus();
 }
 
@@ -395,12 +490,8 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
       KVCTL_ASSIGN_OR_RETURN(uint64_t need,
                              ipc::AppendPayloadBytes(g, request.n_tokens, request.has_q));
       const StagingSlot& slot = session->staging;
-      if (request.staging_offset < slot.offset ||
-          request.staging_offset + need > slot.offset + slot.bytes) {
-        return InvalidArgument("staging_offset: got ", request.staging_offset, " for ", need,
-                               " bytes, expected the range to lie inside this session's slot [",
-                               slot.offset, ", ", slot.offset + slot.bytes, ")");
-      }
+      KVCTL_RETURN_IF_ERROR(CheckSpanInside("staging_offset (this session's staging slot)",
+                                            request.staging_offset, need, slot.offset, slot.bytes));
       staging_hold = session->staging_object;
       k_bytes = staging_hold
                     ? staging_hold->data() + request.staging_offset
@@ -413,10 +504,14 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   if (staged_bytes > 0) {
     KVCTL_RETURN_IF_ERROR(pool_->PullStaging(request.staging_offset, staged_bytes));
   }
-  const size_t layer_bytes =
-      static_cast<size_t>(request.n_tokens) * g.kv_heads * g.head_dim * DTypeSize(g.dtype);
-  const size_t q_layer_bytes =
-      static_cast<size_t>(request.n_tokens) * g.q_heads * g.head_dim * DTypeSize(g.dtype);
+  // Bounded by the protocol limits (2^20 tokens x 2^10 heads x 2^10 dims x 4 bytes), checked all
+  // the same: these sizes become pointer offsets.
+  KVCTL_ASSIGN_OR_RETURN(
+      const uint64_t layer_bytes,
+      CheckedProduct("k", {request.n_tokens, g.kv_heads, g.head_dim, DTypeSize(g.dtype)}));
+  KVCTL_ASSIGN_OR_RETURN(
+      const uint64_t q_layer_bytes,
+      CheckedProduct("q", {request.n_tokens, g.q_heads, g.head_dim, DTypeSize(g.dtype)}));
   const uint8_t* q_bytes = nullptr;
   if (k_bytes != nullptr) {
     v_bytes = k_bytes + layer_bytes * g.layers;
@@ -444,6 +539,30 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
   }
+  // Host memory for the new tokens is reserved before the sequence grows, then settled to what
+  // the sequence keeps after its evictions (SettleHostBytes below, on every path out).
+  KVCTL_ASSIGN_OR_RETURN(
+      const uint64_t growth,
+      CheckedMul("APPEND host memory", HostBytesPerKeptToken(entry->shape), request.n_tokens));
+  KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("APPEND", growth));
+  struct Settle {
+    HostMemoryBudget& budget;
+    SequenceEntry& entry;
+    uint64_t reserved;
+    ~Settle() {          // REQUIRES: entry.mu held.
+      if (!entry.seq) {  // Closed meanwhile: RetireSequence released the sequence's charge.
+        budget.Release(reserved);
+        return;
+      }
+      const uint64_t now_bytes =
+          entry.open_host_bytes +
+          static_cast<uint64_t>(entry.seq->Usage().kept_tokens) * kHostBytesPerStreamToken;
+      const uint64_t held = entry.host_bytes + reserved;
+      // Kept tokens grow by at most n_tokens per stream, so now_bytes <= held.
+      budget.Release(held - std::min(held, now_bytes));
+      entry.host_bytes = std::min(held, now_bytes);
+    }
+  } settle{host_memory_, *entry, growth};
   const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
   const bool was_lost = !entry->seq->integrity().ok();
   Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);

@@ -23,11 +23,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 
 #include "common/status.h"
 #include "controller/config.h"
+#include "controller/host_memory.h"
 #include "controller/kv_sequence.h"
 #include "controller/pool.h"
 #include "controller/staging_shm.h"
@@ -103,7 +103,14 @@ class Controller {
   // (it takes mu_, then try-locks the others).
   int64_t LowerOthersForPool(const SequenceEntry& self, int64_t pages);
 
+  // The session record's own host memory (controller.cc).
+  static uint64_t SessionHostBytes();
+  // HELLO's checks that a geometry can be served at all: each (layer, KV head) stream needs a
+  // pool page of its own, and an empty sequence must fit the host budget.
+  Status CheckGeometryFits(const ipc::Geometry& g, const HostShape& shape) const;
+
   const std::unique_ptr<PageAllocator> pool_;
+  HostMemoryBudget host_memory_;  // limits.host_memory_bytes; internally synchronized.
   const std::string shm_name_;
   // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
   const std::unique_ptr<StagingObjects> staging_;
@@ -115,12 +122,11 @@ class Controller {
   std::function<ipc::ServerCounters()> server_counters_;  // Set once before serving.
 
   mutable std::mutex mu_;
-  Config config_;                                           // Guarded by mu_.
-  std::map<uint64_t, std::shared_ptr<Session>> sessions_;   // Guarded by mu_.
-  std::mt19937_64 session_id_rng_{std::random_device{}()};  // Guarded by mu_.
-  uint64_t sessions_expired_ = 0;                           // Guarded by mu_.
-  uint64_t next_session_number_ = 1;                        // Guarded by mu_.
-  std::mutex scrub_mu_;                                     // One scrub pass at a time.
+  Config config_;                                          // Guarded by mu_.
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
+  uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
+  uint64_t next_session_number_ = 1;                       // Guarded by mu_.
+  std::mutex scrub_mu_;                                    // One scrub pass at a time.
   size_t scrub_next_ = 0;  // Where the next pass starts; guarded by scrub_mu_.
   std::mutex retired_mu_;
   HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.

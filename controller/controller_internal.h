@@ -19,6 +19,9 @@ struct Controller::SequenceEntry {
   std::mutex mu;
   SteadyTime opened;
   std::unique_ptr<KvSequence> seq;  // Guarded by mu.
+  HostShape shape;                  // Set before the entry is shared; read-only after.
+  uint64_t open_host_bytes = 0;     // KvSequence::HostBytesAtOpen(shape).
+  uint64_t host_bytes = 0;  // Charged to the host budget now; guarded by mu (0 once retired).
 };
 
 struct Controller::Session {
@@ -30,6 +33,7 @@ struct Controller::Session {
   StagingSlot staging;  // A cpu pool's: offset 0 of staging_object. A cuda pool's: in the pool.
   std::shared_ptr<StagingObject> staging_object;  // cpu pool: this session's own shm object.
   SteadyTime last_seen;
+  uint64_t host_bytes = 0;  // Charged to the host budget for the session itself.
   std::map<uint64_t, std::shared_ptr<SequenceEntry>> sequences;
 };
 

@@ -78,12 +78,17 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   }
   auto show = [&](const char* s) { return want.empty() || want == s; };
 
-  // Gather under the locks, format afterwards.
+  // Under mu_ only the list of open sequences is copied; each sequence is then read under its own
+  // lock (one at a time, never with mu_ held) and the text is formatted with no lock at all, so
+  // a STATS of a big daemon never stalls other clients' requests.
+  struct SequenceRef {
+    uint64_t session_number, sequence_id;
+    std::string client_name;
+    ipc::Geometry geometry;
+    std::shared_ptr<SequenceEntry> entry;
+  };
   uint64_t sessions = 0, expired = 0;
-  SequenceUsage total;
-  std::vector<std::string> sequence_lines;
-  std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
-  std::map<int, int64_t> layer_budgets;             // Summed over open sequences.
+  std::vector<SequenceRef> refs;
   Config config;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -95,51 +100,65 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     expired = sessions_expired_;
     for (auto& [sid, session] : sessions_) {
       for (auto& [qid, entry] : session->sequences) {
-        std::lock_guard<std::mutex> seq_lock(entry->mu);
-        if (!entry->seq) continue;
-        const KvSequence& seq = *entry->seq;
-        const SequenceUsage u = seq.Usage();
-        total.tokens += u.tokens;
-        total.quantized_tokens += u.quantized_tokens;
-        total.pool_bytes += u.pool_bytes;
-        total.payload_bytes += u.payload_bytes;
-        total.elements += u.elements;
-        std::ostringstream line;
-        total.kept_tokens += u.kept_tokens;
-        total.evicted_tokens += u.evicted_tokens;
-        total.evicted_bytes += u.evicted_bytes;
-        line << "seq_" << session->number << "_" << qid
-             << ":client=" << SafeName(session->client_name) << ",tokens=" << u.tokens
-             << ",bytes=" << u.pool_bytes << ",evictions=" << u.evicted_tokens << ",age_s="
-             << std::chrono::duration_cast<std::chrono::seconds>(now - entry->opened).count()
-             << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
-             << ",pressure_reliefs=" << u.pressure_reliefs
-             << ",pressure_cap_cuts=" << u.pressure_cap_cuts
-             << ",lowered_for_others=" << u.lowered_for_others;
-        sequence_lines.push_back(line.str());
-        for (uint32_t l = 0; l < session->geometry.layers; ++l) {
-          layer_budgets[static_cast<int>(l)] += seq.LayerBudget(static_cast<int>(l));
-          for (uint32_t h = 0; h < session->geometry.kv_heads; ++h) {
-            const HeadUsage hu = seq.HeadUsageOf(static_cast<int>(l), static_cast<int>(h));
-            HeadTotals& t = heads[{static_cast<int>(l), static_cast<int>(h)}];
-            t.tokens += hu.tokens;
-            t.elements += hu.elements;
-            t.payload_bytes += hu.payload_bytes;
-            t.k_bits = hu.k_bits;
-            t.v_bits = hu.v_bits;
-            t.samples += hu.quality_samples;
-            t.k_err += hu.k_rel_error_sum;
-            t.v_err += hu.v_rel_error_sum;
-            t.budget += hu.budget;
-            t.evicted += hu.evicted_tokens;
-            t.evicted_bytes += hu.evicted_bytes;
-            t.compressions += hu.compressions;
-            t.requantized += hu.requantized_tokens;
-            t.width_lowerings += hu.width_lowerings;
-            t.retained_samples += hu.retained_samples;
-            t.retained_sum += hu.retained_mass_sum;
-          }
-        }
+        refs.push_back({session->number, qid, session->client_name, session->geometry, entry});
+      }
+    }
+  }
+  const size_t max_lines = static_cast<size_t>(config.limits.stats_max_lines);
+  SequenceUsage total;
+  std::vector<std::string> sequence_lines;
+  uint64_t sequences = 0;
+  std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
+  std::map<int, int64_t> layer_budgets;             // Summed over open sequences.
+  const bool per_head = show("layers") || show("heads") || show("quality");
+  for (const SequenceRef& ref : refs) {
+    std::lock_guard<std::mutex> seq_lock(ref.entry->mu);
+    if (!ref.entry->seq) continue;
+    const KvSequence& seq = *ref.entry->seq;
+    const SequenceUsage u = seq.Usage();
+    ++sequences;
+    total.tokens += u.tokens;
+    total.quantized_tokens += u.quantized_tokens;
+    total.pool_bytes += u.pool_bytes;
+    total.payload_bytes += u.payload_bytes;
+    total.elements += u.elements;
+    total.kept_tokens += u.kept_tokens;
+    total.evicted_tokens += u.evicted_tokens;
+    total.evicted_bytes += u.evicted_bytes;
+    if (sequence_lines.size() < max_lines) {
+      std::ostringstream line;
+      line << "seq_" << ref.session_number << "_" << ref.sequence_id
+           << ":client=" << SafeName(ref.client_name) << ",tokens=" << u.tokens
+           << ",bytes=" << u.pool_bytes << ",evictions=" << u.evicted_tokens << ",age_s="
+           << std::chrono::duration_cast<std::chrono::seconds>(now - ref.entry->opened).count()
+           << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
+           << ",pressure_reliefs=" << u.pressure_reliefs
+           << ",pressure_cap_cuts=" << u.pressure_cap_cuts
+           << ",lowered_for_others=" << u.lowered_for_others;
+      sequence_lines.push_back(line.str());
+    }
+    if (!per_head) continue;
+    for (uint32_t l = 0; l < ref.geometry.layers; ++l) {
+      layer_budgets[static_cast<int>(l)] += seq.LayerBudget(static_cast<int>(l));
+      for (uint32_t h = 0; h < ref.geometry.kv_heads; ++h) {
+        const HeadUsage hu = seq.HeadUsageOf(static_cast<int>(l), static_cast<int>(h));
+        HeadTotals& t = heads[{static_cast<int>(l), static_cast<int>(h)}];
+        t.tokens += hu.tokens;
+        t.elements += hu.elements;
+        t.payload_bytes += hu.payload_bytes;
+        t.k_bits = hu.k_bits;
+        t.v_bits = hu.v_bits;
+        t.samples += hu.quality_samples;
+        t.k_err += hu.k_rel_error_sum;
+        t.v_err += hu.v_rel_error_sum;
+        t.budget += hu.budget;
+        t.evicted += hu.evicted_tokens;
+        t.evicted_bytes += hu.evicted_bytes;
+        t.compressions += hu.compressions;
+        t.requantized += hu.requantized_tokens;
+        t.width_lowerings += hu.width_lowerings;
+        t.retained_samples += hu.retained_samples;
+        t.retained_sum += hu.retained_mass_sum;
       }
     }
   }
@@ -201,6 +220,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "staging_slots_used:" << p.staging_slots_used << "\n"
         << "staging_bytes:" << p.staging_bytes_total << "\n"
         << "alloc_failures_total:" << p.alloc_failures_total << "\n"
+        << "host_memory_used_bytes:" << host_memory_.used() << "\n"
+        << "host_memory_limit_bytes:" << host_memory_.limit() << "\n"
         << "publish_ranges_total:" << p.publish_ranges_total << "\n"
         << "publish_bytes_total:" << p.publish_bytes_total << "\n"
         << "checksums:" << (pool_->checksums() ? 1 : 0) << "\n"
@@ -213,7 +234,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     out << "# Sequences\n"
         << "sessions:" << sessions << "\n"
         << "sessions_expired_total:" << expired << "\n"
-        << "sequences:" << sequence_lines.size() << "\n"
+        << "sequences:" << sequences << "\n"
         << "tokens:" << total.tokens << "\n"
         << "tokens_quantized:" << total.quantized_tokens << "\n"
         << "tokens_kept:" << total.kept_tokens << "\n"
@@ -230,6 +251,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "compression_vs_fp16:"
         << Num(total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
         << "\n";
+    out << "sequences_omitted:" << sequences - sequence_lines.size() << "\n";
     for (const std::string& line : sequence_lines) out << line << "\n";
   }
   auto bpe = [](const HeadTotals& t) {
@@ -242,8 +264,11 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   };
   if (show("layers")) {
     out << "# Layers\n"
-        << "layers:" << layers.size() << "\n";
+        << "layers:" << layers.size() << "\n"
+        << "layers_omitted:" << layers.size() - std::min(layers.size(), max_lines) << "\n";
+    size_t shown = 0;
     for (const auto& [l, entry] : layers) {
+      if (shown++ == max_lines) break;
       out << "layer_" << l << ":tokens=" << entry.tokens << ",bytes=" << entry.payload_bytes
           << ",bits_per_element=" << Num(bpe(entry)) << ",budget_tokens=" << layer_budgets[l]
           << ",evictions=" << entry.evicted << ",evicted_bytes=" << entry.evicted_bytes
@@ -252,8 +277,11 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   }
   if (show("heads")) {
     out << "# Heads\n"
-        << "heads:" << heads.size() << "\n";
+        << "heads:" << heads.size() << "\n"
+        << "heads_omitted:" << heads.size() - std::min(heads.size(), max_lines) << "\n";
+    size_t shown = 0;
     for (const auto& [key, t] : heads) {
+      if (shown++ == max_lines) break;
       out << "head_" << key.first << "_" << key.second << ":tokens=" << t.tokens
           << ",k_bits=" << t.k_bits << ",v_bits=" << t.v_bits << ",bits_per_element=" << Num(bpe(t))
           << ",k_rel_error=" << Num(t.samples ? t.k_err / static_cast<double>(t.samples) : 0)
@@ -291,6 +319,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
           << "rejected_total:" << c.rejected_total << "\n"
           << "errors_total:" << c.errors_total << "\n"
           << "replies_total:" << c.replies_total << "\n"
+          << "replies_dropped_total:" << c.replies_dropped_total << "\n"
           << "bytes_in_total:" << c.bytes_in_total << "\n"
           << "bytes_out_total:" << c.bytes_out_total << "\n"
           << "in_flight:" << c.in_flight << "\n";
@@ -312,7 +341,16 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "quality_v_rel_error_mean:" << Num(samples ? v_err / static_cast<double>(samples) : 0)
         << "\n";
   }
-  return out.str();
+  std::string text = out.str();
+  // The caps above keep the text far below the reply limit (1000 lines of each kind, names of at
+  // most 256 bytes); should that ever fail, whole lines are dropped rather than the reply.
+  if (text.size() > ipc::kMaxStatsTextBytes) {
+    const size_t cut = text.rfind('\n', ipc::kMaxStatsTextBytes - 64);
+    const size_t dropped = text.size() - (cut + 1);
+    text.resize(cut + 1);
+    text += "stats_truncated_bytes:" + std::to_string(dropped) + "\n";
+  }
+  return text;
 }
 
 }  // namespace kvctl

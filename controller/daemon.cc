@@ -24,9 +24,13 @@ struct Daemon::Impl {
   boost::asio::steady_timer lease_timer{io};
   boost::asio::steady_timer stats_timer{io};
   std::unique_ptr<boost::asio::thread_pool> workers;
-  // The stats publisher: used only from the io_context thread.
+  // STATS (request, PUB feed and /metrics alike) on a thread of its own: however long a report
+  // of a big daemon takes, it delays neither the socket nor APPEND/FETCH.
+  std::unique_ptr<boost::asio::thread_pool> stats_worker;
+  // The stats publisher: the socket is used only from stats_worker.
   zmq::context_t zmq_ctx;
   zmq::socket_t pub;
+  std::atomic<bool> publishing{false};
   std::string pub_path;  // ipc:// socket file to remove at stop.
   std::unique_ptr<HttpServer> http;
 };
@@ -64,6 +68,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, ConfigLoa
   ipc::ServerOptions options;
   options.endpoint = config.server.endpoint;
   options.max_frame_bytes = static_cast<int64_t>(config.server.max_message_bytes);
+  options.max_request_bytes = config.server.max_message_bytes;
   KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<ipc::ZmqServer> server,
                          ipc::ZmqServer::Bind(std::move(options)));
   return std::unique_ptr<Daemon>(
@@ -129,15 +134,18 @@ void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
 }
 
 void Daemon::Handle(ipc::Request request, ipc::Responder responder) {
-  const bool heavy = std::holds_alternative<ipc::AppendRequest>(request.body) ||
-                     std::holds_alternative<ipc::FetchRequest>(request.body);
-  if (!heavy) {
+  // Only PING is answered on the socket's I/O thread: everything else may allocate, wait for a
+  // sequence's lock (CLOSE behind an APPEND) or walk every sequence (STATS), and must not stall
+  // other clients' requests.
+  if (std::holds_alternative<ipc::PingRequest>(request.body)) {
     Serve(request, responder);
     return;
   }
+  const bool stats = std::holds_alternative<ipc::StatsRequest>(request.body);
   auto shared = std::make_shared<std::pair<ipc::Request, ipc::Responder>>(std::move(request),
                                                                           std::move(responder));
-  boost::asio::post(*impl_->workers, [this, shared] { Serve(shared->first, shared->second); });
+  boost::asio::post(stats ? *impl_->stats_worker : *impl_->workers,
+                    [this, shared] { Serve(shared->first, shared->second); });
 }
 
 void Daemon::Reload() {
@@ -185,12 +193,20 @@ Status Daemon::StartStatsPublisher(const Config& config) {
   auto publish = std::make_shared<std::function<void(const boost::system::error_code&)>>();
   *publish = [this, period, publish](const boost::system::error_code& ec) {
     if (ec) return;
-    StatusOr<std::string> text =
-        controller_->Stats(ipc::StatsRequest{}, std::chrono::steady_clock::now());
-    if (text.ok()) {
-      impl_->pub.send(zmq::str_buffer("stats"),
-                      zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      impl_->pub.send(zmq::buffer(*text), zmq::send_flags::dontwait);
+    // Built and sent on the stats thread (the only user of the PUB socket), so neither the signal
+    // and lease loop nor the request socket waits for it; a report still being built when the
+    // next period starts is not doubled.
+    if (!impl_->publishing.exchange(true)) {
+      boost::asio::post(*impl_->stats_worker, [this] {
+        StatusOr<std::string> text =
+            controller_->Stats(ipc::StatsRequest{}, std::chrono::steady_clock::now());
+        if (text.ok()) {
+          impl_->pub.send(zmq::str_buffer("stats"),
+                          zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          impl_->pub.send(zmq::buffer(*text), zmq::send_flags::dontwait);
+        }
+        impl_->publishing.store(false);
+      });
     }
     impl_->stats_timer.expires_after(period);
     impl_->stats_timer.async_wait(*publish);
@@ -205,6 +221,7 @@ int Daemon::Run() {
   Impl& impl = *impl_;
   const Config config = controller_->config();
   impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
+  impl.stats_worker = std::make_unique<boost::asio::thread_pool>(1);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int signo) {
         if (ec) return;
@@ -270,12 +287,13 @@ int Daemon::Run() {
 
   scrubber.reset();
   impl.http.reset();
+  server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
+  impl.workers->join();
+  impl.stats_worker->join();
   if (impl.pub) {
     impl.pub.close();
     if (!impl.pub_path.empty()) std::filesystem::remove(impl.pub_path);
   }
-  server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
-  impl.workers->join();
   server_.reset();
   controller_.reset();  // Frees sequences, staging slots and the shm pool.
   spdlog::info("stopped cleanly");

@@ -3,9 +3,9 @@
 // File: controller/daemon.h
 // Daemon: the long-running kvctl process around a Controller. A Boost.Asio io_context owns the
 // signals (SIGTERM/SIGINT stop, SIGHUP reloads the config file) and the lease timer; the ZeroMQ
-// ROUTER runs on its own I/O thread (ipc/server.h) and hands requests over: small ones (HELLO,
-// OPEN, CLOSE, PING, STATS) are answered right there, APPEND and FETCH go to a pool of
-// server.workers threads, so a big prefill never stalls another client's ping.
+// ROUTER runs on its own I/O thread (ipc/server.h) and hands requests over: PING is answered right
+// there, STATS goes to a thread of its own (with the PUB feed), everything else to a pool of
+// server.workers threads, so neither a big prefill nor a big STATS stalls another client's ping.
 //
 // Operators see the same stats three ways: the STATS request, a ZeroMQ PUB stream
 // (server.stats_endpoint, topic "stats", one frame of INFO text) and, when server.http_address is

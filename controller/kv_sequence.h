@@ -44,6 +44,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "controller/eviction_driver.h"
+#include "controller/host_memory.h"
 #include "controller/pool.h"
 #include "controller/slot_array.h"
 #include "kernels/quant_types.h"
@@ -141,6 +142,9 @@ class KvSequence {
              EvictionSettings eviction = {}, PressureSettings pressure = {});
   ~KvSequence();
   KvSequence(const KvSequence&) = delete;
+  // Host memory (outside the pool) of an empty sequence of this shape, before it is built
+  // (controller/host_memory.h).
+  static uint64_t HostBytesAtOpen(const HostShape& shape);
   KvSequence& operator=(const KvSequence&) = delete;
 
   // Appends n_tokens tokens at positions first_position... k[l], v[l] are [n_tokens, kv_heads,

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/checked_math.h"
 #include "common/crc32c.h"
 
 namespace kvctl {
@@ -461,7 +462,10 @@ uint64_t PageAllocator::SealedBytes(uint32_t page) const {
 
 Status PageAllocator::PullStaging(uint64_t offset, uint64_t bytes) {
   if (!mirrored_) return OkStatus();
-  KVCTL_CHECK(offset >= staging_offset_ && offset + bytes <= arena_->bytes());
+  // The controller checked the span against the session's slot; this guards our own bugs.
+  KVCTL_CHECK(CheckSpanInside("staging", offset, bytes, staging_offset_,
+                              arena_->bytes() - staging_offset_)
+                  .ok());
   return arena_->Pull(offset, bytes);
 }
 

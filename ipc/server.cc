@@ -74,7 +74,8 @@ class ReplyChannel {
   }
 
   // Written by the I/O thread only; read by counters().
-  std::atomic<uint64_t> requests{0}, rejected{0}, errors{0}, replies{0}, bytes_in{0}, bytes_out{0};
+  std::atomic<uint64_t> requests{0}, rejected{0}, errors{0}, replies{0}, dropped{0}, bytes_in{0},
+      bytes_out{0};
 
  private:
   void WakeLocked() {
@@ -150,6 +151,9 @@ StatusOr<std::unique_ptr<ZmqServer>> ZmqServer::Bind(ServerOptions options) {
     s->router_.set(zmq::sockopt::sndhwm, options.send_hwm);
     s->router_.set(zmq::sockopt::rcvhwm, options.recv_hwm);
     s->router_.set(zmq::sockopt::maxmsgsize, options.max_frame_bytes);
+    // Without it ROUTER drops a reply to a full or vanished peer silently; with it the send fails
+    // and SendDirect counts the drop.
+    s->router_.set(zmq::sockopt::router_mandatory, 1);
     if (ep.ipv6) s->router_.set(zmq::sockopt::ipv6, 1);
     s->router_.bind(ep.address);
     s->endpoint_ = s->router_.get(zmq::sockopt::last_endpoint);
@@ -214,6 +218,7 @@ ServerCounters ZmqServer::counters() const {
   out.rejected_total = c.rejected.load();
   out.errors_total = c.errors.load();
   out.replies_total = c.replies.load();
+  out.replies_dropped_total = c.dropped.load();
   out.bytes_in_total = c.bytes_in.load();
   out.bytes_out_total = c.bytes_out.load();
   out.in_flight = static_cast<uint64_t>(c.in_flight());
@@ -231,10 +236,16 @@ void ZmqServer::SendDirect(std::string routing_id, bool delimiter, Frames frames
   prefix.emplace_back(routing_id.data(), routing_id.size());
   if (delimiter) prefix.emplace_back();
   const uint64_t bytes = TotalBytes(frames);
+  bool sent = false;
   try {
-    // ROUTER drops (rather than blocks on) a reply to a vanished or congested client.
-    if (!SendMessage(router_, prefix, frames)) return;
+    // Never blocks: a reply to a vanished client (EHOSTUNREACH) or to one whose send_hwm replies
+    // are unread (EAGAIN) is dropped and counted, so one slow reader cannot stall the others.
+    sent = SendMessage(router_, prefix, frames);
   } catch (const zmq::error_t&) {
+    sent = false;
+  }
+  if (!sent) {
+    channel_->dropped.fetch_add(1);
     return;
   }
   channel_->replies.fetch_add(1);
@@ -249,12 +260,17 @@ void ZmqServer::HandleIncoming(Frames frames, size_t discarded, bool draining) {
   // A REQ client puts an empty delimiter first; a header frame is never empty.
   const bool delimiter = !frames.empty() && frames[0].size() == 0;
   if (delimiter) frames.erase(frames.begin());
-  channel_->bytes_in.fetch_add(TotalBytes(frames));
 
   const uint64_t peek_id = frames.empty() ? 0 : PeekRequestId(frames[0]);
+  const uint64_t request_bytes = TotalBytes(frames);
+  channel_->bytes_in.fetch_add(request_bytes);
   Status reject;
   if (frames.empty()) {
     reject = InvalidArgument("message: no frames after the routing envelope");
+  } else if (request_bytes > options_.max_request_bytes) {
+    reject = InvalidArgument("request: ", request_bytes, " bytes in ", frames.size(),
+                             " frames, expected at most ", options_.max_request_bytes,
+                             " (server.max_message_bytes)");
   } else if (discarded > 0) {
     reject = InvalidArgument("frame count: got more than ", kMaxFrames, " (", discarded,
                              " extra), expected at most ", kMaxFrames);

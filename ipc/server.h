@@ -38,6 +38,9 @@ struct ServerOptions {
   int recv_hwm = 1000;   // Requests queued per client before ZeroMQ stops reading from it.
   // ZMQ_MAXMSGSIZE: a peer that sends a bigger frame is disconnected (it sees a timeout).
   int64_t max_frame_bytes = kMaxTensorFrameBytes;
+  // All frames of one request together; a bigger request is answered INVALID_ARGUMENT before the
+  // handler sees it (max_frame_bytes alone would let kMaxFrames frames of that size through).
+  uint64_t max_request_bytes = kMaxHeaderFrameBytes + 3 * uint64_t{kMaxTensorFrameBytes};
   int linger_ms = 1000;        // On close, how long unsent replies may still go out.
   int stop_timeout_ms = 5000;  // Stop(): how long to wait for unanswered requests.
 };
@@ -48,7 +51,10 @@ struct ServerCounters {
   uint64_t rejected_total = 0;  // Requests the transport answered with ERROR (malformed, stopping).
   uint64_t errors_total = 0;    // ERROR replies sent, transport and handler.
   uint64_t replies_total = 0;   // All replies sent.
-  uint64_t bytes_in_total = 0;  // Request frames, routing envelope excluded.
+  // Replies ZeroMQ refused: the client is gone, or it left send_hwm replies unread (a client that
+  // pipelines requests must read its replies). Never counted in replies_total.
+  uint64_t replies_dropped_total = 0;
+  uint64_t bytes_in_total = 0;   // Request frames, routing envelope excluded.
   uint64_t bytes_out_total = 0;  // Reply frames, routing envelope excluded.
   uint64_t in_flight = 0;        // Handed to the handler, not answered yet (a gauge).
 };

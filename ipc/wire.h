@@ -2,8 +2,8 @@
 //
 // File: ipc/wire.h
 // Internal to ipc/: little-endian field writer and bounds-checked reader for message bodies,
-// UTF-8 checks and overflow-checked size arithmetic. Readers never read past the frame: every
-// read checks the remaining length first and fails with a message naming the field.
+// UTF-8 checks. Size arithmetic is common/checked_math.h's. Readers never read past the frame:
+// every read checks the remaining length first and fails with a message naming the field.
 //
 // Thread safety: values; one thread per object.
 //
@@ -20,6 +20,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/checked_math.h"  // Size arithmetic on client numbers goes through it.
 #include "common/status.h"
 
 namespace kvctl::ipc {
@@ -29,14 +30,6 @@ bool IsValidUtf8(std::string_view s);
 
 // Cuts `s` to at most max_bytes on a code-point boundary and replaces invalid bytes with '?'.
 std::string SanitizeUtf8(std::string_view s, size_t max_bytes);
-
-// a * b and a + b, or false on uint64 overflow.
-inline bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
-  return __builtin_mul_overflow(a, b, out);
-}
-inline bool AddOverflow(uint64_t a, uint64_t b, uint64_t* out) {
-  return __builtin_add_overflow(a, b, out);
-}
 
 class WireWriter {
  public:

@@ -121,6 +121,10 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"evict.pooling", "\"default\""},
       {"evict.lambda", "0.07"},
       {"evict.compression_period", "32"},
+      {"limits.host_memory_bytes", "\"0B\""},
+      {"limits.max_sessions", "1024"},
+      {"limits.max_sequences_per_session", "4096"},
+      {"limits.stats_max_lines", "500"},
   };
   const Config c;
   size_t checked = 0;
