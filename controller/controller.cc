@@ -206,6 +206,7 @@ PoolStats Controller::pool_stats() const {
     s.staging_slots_total = staging_->slots();
     s.staging_slots_used = staging_->used();
     s.staging_slot_bytes = staging_->slot_bytes();
+    s.alloc_failures_total += staging_->failures();
     s.staging_bytes_total =
         uint64_t{staging_->slots()} * ((staging_->slot_bytes() + 4095) / 4096 * 4096);
   }

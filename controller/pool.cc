@@ -425,6 +425,28 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
                   ") changed outside the daemon; found when a request rewrote them");
 }
 
+void PageAllocator::TrimSealed(uint32_t page, uint32_t end) {
+  if (!checksums_) return;
+  KVCTL_CHECK(page < pages_total_ && end <= page_bytes_);
+  const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+  if (end >= sealed) return;
+  // No write below `sealed` in this request yet, so the sealed bytes are still what was sealed:
+  // check them now, as MarkDirty would before such a write.
+  if (dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
+    verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
+    if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
+      tainted_[page].store(1, std::memory_order_relaxed);
+    }
+  }
+  // The next seal checksums [0, end) (and whatever this request writes) afresh.
+  sealed_end_[page].store(end, std::memory_order_relaxed);
+  page_crc_[page].store(0, std::memory_order_relaxed);
+  dirty_begin_[page].store(0, std::memory_order_relaxed);
+  if (dirty_end_[page].load(std::memory_order_relaxed) < end) {
+    dirty_end_[page].store(end, std::memory_order_relaxed);
+  }
+}
+
 Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const {
   if (!checksums_) return OkStatus();
   std::string bad;

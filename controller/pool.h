@@ -236,6 +236,10 @@ class PageAllocator {
   // state stays consistent: the caller marks the owner lost).
   bool checksums() const { return checksums_; }
   Status SealPages(const std::vector<uint32_t>& pages);
+  // The owner declares the bytes of `page` from `end` on dead (an array shrank within the page):
+  // the sealed prefix shrinks to `end` (checked first if nothing verified it in this request), so
+  // slots written there again later only extend the checksum instead of re-checksumming the page.
+  void TrimSealed(uint32_t page, uint32_t end);
   enum class VerifyReason { kFetch, kScrub };
   // OK when every page still holds what was sealed; otherwise DATA_LOSS naming each page that
   // does not (page id, pool offset, expected and found CRC32C), and checksum_failures_total

@@ -53,11 +53,13 @@ StatusOr<std::shared_ptr<StagingObject>> StagingObjects::Acquire() {
   }
   if (used_.fetch_add(1, std::memory_order_relaxed) >= slots_) {
     used_.fetch_sub(1, std::memory_order_relaxed);
+    failures_.fetch_add(1, std::memory_order_relaxed);
     return ResourceExhausted("staging: all ", slots_, " slots of ", bytes_, " bytes are in use");
   }
   // From here on a failure gives the slot back.
   const auto fail = [this](Status s) {
     used_.fetch_sub(1, std::memory_order_relaxed);
+    failures_.fetch_add(1, std::memory_order_relaxed);
     return s;
   };
   StatusOr<std::string> suffix = RandomHex(16);

@@ -67,6 +67,8 @@ class StagingObjects {
   uint32_t slots() const { return slots_; }
   uint32_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t slot_bytes() const { return bytes_; }
+  // Acquire calls refused for want of a slot or of /dev/shm memory.
+  uint64_t failures() const { return failures_.load(std::memory_order_relaxed); }
   // Names are "<prefix>-stg-" + 32 hex digits.
   static constexpr size_t kSuffixChars = 5 + 32;
 
@@ -75,6 +77,7 @@ class StagingObjects {
   const uint32_t slots_;
   const uint64_t bytes_;
   std::atomic<uint32_t> used_{0};
+  std::atomic<uint64_t> failures_{0};
 };
 
 }  // namespace kvctl

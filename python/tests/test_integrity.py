@@ -18,11 +18,15 @@ from helpers import random_kv, wait_for
 
 LAYERS, HEADS, DIM, TOKENS = 2, 2, 64, 300
 
-# A second process that opens the pool writable (as a process with the rights to could: these
-# tests run as the pool's owner, often root) and flips one byte at an offset.
+# A second process that opens the pool writable, as a process with the rights to can (root, or
+# the owner after changing the mode back from 0400), and flips one byte at an offset.
 FLIP = """
 import mmap, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fd = os.open(sys.argv[1], os.O_RDWR)
+except PermissionError:
+    os.chmod(sys.argv[1], 0o600)
+    fd = os.open(sys.argv[1], os.O_RDWR)
 m = mmap.mmap(fd, int(sys.argv[2]) + 1, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 m[int(sys.argv[2])] ^= 0x5A
 m.close()

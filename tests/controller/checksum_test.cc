@@ -121,6 +121,32 @@ TEST_CASE("PageAllocator checksums: a rewrite checks the page first, so damage i
   CHECK(t.pool->VerifyPages({*again}, PageAllocator::VerifyReason::kFetch).ok());
 }
 
+TEST_CASE("PageAllocator checksums: trimming drops dead bytes and checks what it keeps",
+          "[controller][checksum]") {
+  TestPool t(/*checksums=*/true);
+  StatusOr<std::vector<uint32_t>> pages = t.pool->AllocateMany(2);
+  REQUIRE(pages.ok());
+  const uint32_t a = (*pages)[0], b = (*pages)[1];
+  for (uint32_t page : {a, b}) t.Write(page, 0, 2000, 1);
+  REQUIRE(t.pool->SealPages({a, b}).ok());
+  ForeignMapping foreign(t.name, 1 << 20);
+  foreign.Flip(t.pool->PageOffset(b) + 10);  // Inside what b keeps.
+  t.pool->TrimSealed(a, 500);
+  t.pool->TrimSealed(b, 500);
+  CHECK(t.pool->SealedBytes(a) == 500);
+  REQUIRE(t.pool->SealPages({a}).ok());
+  // Bytes past the trimmed end are not covered any more; refilling them only extends.
+  foreign.Flip(t.pool->PageOffset(a) + 1500);
+  CHECK(t.pool->VerifyPages({a}, PageAllocator::VerifyReason::kFetch).ok());
+  t.Write(a, 500, 100, 2);
+  REQUIRE(t.pool->SealPages({a}).ok());
+  CHECK(t.pool->SealedBytes(a) == 600);
+  CHECK(t.pool->VerifyPages({a}, PageAllocator::VerifyReason::kFetch).ok());
+  // b was changed before the trim: the trim checked it, and its seal reports it.
+  CHECK(t.pool->SealPages({b}).code() == StatusCode::kDataLoss);
+  CHECK(t.pool->Stats().checksum_failures_total == 1);
+}
+
 TEST_CASE("PageAllocator checksums: off means nothing is sealed or verified",
           "[controller][checksum]") {
   TestPool t(/*checksums=*/false);
@@ -253,6 +279,33 @@ TEST_CASE("Controller: FETCH and APPEND of a sequence whose page changed fail cl
   REQUIRE(d.controller->Close({d.session, 1}, Daemonless::Now()).ok());
   REQUIRE(d.Store(3).ok());
   CHECK(d.Fetch(3, ipc::FetchMode::kDense).ok());
+}
+
+TEST_CASE("Controller: decode steps extend checksums; only a flush re-checks whole pages",
+          "[controller][checksum]") {
+  Daemonless d(/*checksums=*/true);
+  REQUIRE(d.controller->Open({d.session, 1}, Daemonless::Now()).ok());
+  // Steps that checksummed whole pages again (verified_bytes_total grows before a rewrite).
+  int rechecks = 0, flushes = 0;
+  uint64_t before = StatsField(d.Stats(), "verified_bytes_total");
+  uint64_t quantized = 0;
+  for (uint64_t t = 0; t < 600; ++t) {
+    ipc::AppendRequest request{
+        .session_id = d.session, .sequence_id = 1, .first_position = t, .n_tokens = 1};
+    std::vector<uint16_t> kn(size_t{kLayers} * kHeads * kHeadDim, FloatToHalf(0.5f));
+    request.k = zmq::message_t(kn.data(), kn.size() * 2);
+    request.v = zmq::message_t(kn.data(), kn.size() * 2);
+    StatusOr<ipc::AppendReply> reply = d.controller->Append(request, Daemonless::Now());
+    REQUIRE(reply.ok());
+    flushes += reply->tokens_quantized != quantized;
+    quantized = reply->tokens_quantized;
+    const uint64_t after = StatsField(d.Stats(), "verified_bytes_total");
+    rechecks += after != before;
+    before = after;
+  }
+  REQUIRE(flushes > 2);
+  CHECK(rechecks <= flushes);
+  CHECK(d.Fetch(1, ipc::FetchMode::kDense).ok());
 }
 
 TEST_CASE("Controller: the scrubber finds a changed page without any FETCH",

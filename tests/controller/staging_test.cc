@@ -78,6 +78,7 @@ TEST_CASE("Staging objects: one private object per session, the pool read-only",
   CHECK(third->staging_bytes == 0);
   CHECK(third->staging_shm_name.empty());
   CHECK(c.pool_stats().staging_slots_used == 2);
+  CHECK(c.pool_stats().alloc_failures_total == 1);
 
   // The engine's side: map its own object read-write, write K and V, APPEND from offset 0.
   REQUIRE(c.Open({a->session_id, 1}, now).ok());
