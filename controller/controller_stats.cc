@@ -227,6 +227,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "checksums:" << (pool_->checksums() ? 1 : 0) << "\n"
         << "checksum_failures_total:" << p.checksum_failures_total << "\n"
         << "verified_bytes_total:" << p.verified_bytes_total << "\n"
+        << "sealed_bytes_total:" << p.sealed_bytes_total << "\n"
         << "scrubbed_bytes_total:" << p.scrubbed_bytes_total << "\n";
   }
   if (show("sequences")) {

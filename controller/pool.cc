@@ -412,10 +412,12 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
           Crc32cExtend(page_crc_[page].load(std::memory_order_relaxed), base + sealed, hi - sealed),
           std::memory_order_relaxed);
       sealed_end_[page].store(hi, std::memory_order_relaxed);
+      sealed_bytes_.fetch_add(hi - sealed, std::memory_order_relaxed);
     } else {
       const uint32_t end = std::max(sealed, hi);
       page_crc_[page].store(Crc32c(base, end), std::memory_order_relaxed);
       sealed_end_[page].store(end, std::memory_order_relaxed);
+      sealed_bytes_.fetch_add(end, std::memory_order_relaxed);
     }
   }
   if (failures == 0) return OkStatus();
@@ -485,9 +487,9 @@ uint64_t PageAllocator::SealedBytes(uint32_t page) const {
 Status PageAllocator::PullStaging(uint64_t offset, uint64_t bytes) {
   if (!mirrored_) return OkStatus();
   // The controller checked the span against the session's slot; this guards our own bugs.
-  KVCTL_CHECK(CheckSpanInside("staging", offset, bytes, staging_offset_,
-                              arena_->bytes() - staging_offset_)
-                  .ok());
+  KVCTL_CHECK(
+      CheckSpanInside("staging", offset, bytes, staging_offset_, arena_->bytes() - staging_offset_)
+          .ok());
   return arena_->Pull(offset, bytes);
 }
 
@@ -512,6 +514,7 @@ PoolStats PageAllocator::Stats() const {
   s.checksum_failures_total = checksum_failures_.load(std::memory_order_relaxed);
   s.scrubbed_bytes_total = scrubbed_bytes_.load(std::memory_order_relaxed);
   s.verified_bytes_total = verified_bytes_.load(std::memory_order_relaxed);
+  s.sealed_bytes_total = sealed_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -175,6 +175,7 @@ struct PoolStats {
   uint64_t checksum_failures_total = 0;
   uint64_t scrubbed_bytes_total = 0;
   uint64_t verified_bytes_total = 0;
+  uint64_t sealed_bytes_total = 0;  // Bytes checksummed to seal what requests wrote.
 };
 
 // Fixed-size pages [0, pages_total) at the start of the arena, staging slots at its end.
@@ -289,6 +290,7 @@ class PageAllocator {
   mutable std::atomic<uint64_t> checksum_failures_{0};
   mutable std::atomic<uint64_t> scrubbed_bytes_{0};
   mutable std::atomic<uint64_t> verified_bytes_{0};
+  std::atomic<uint64_t> sealed_bytes_{0};
 
   mutable Mutex mu_;
   // Invariant: free_pages_ holds exactly the ids with page_used_[id] == 0, each once.
