@@ -633,8 +633,9 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   // Fail closed: nothing is read or referred to unless its pages still match their checksums.
   const bool was_lost = !entry->seq->integrity().ok();
   if (Status verified = entry->seq->Verify(begin, end); !verified.ok()) {
-    if (!was_lost)
+    if (!was_lost) {
       spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
+    }
     return verified;
   }
   const KvSequence& seq = *entry->seq;

@@ -3,8 +3,10 @@
 // File: controller/pool.h
 // The KV pool: one Arena of pool.bytes (POSIX shared memory on a CPU node, so engines map it and
 // the hot path moves no tensor bytes through the socket) and a PageAllocator that hands out
-// fixed-size pages with O(1) allocate/free and exact accounting. The tail of the arena is carved
-// into per-session staging slots, so pages + staging never exceed pool.bytes.
+// fixed-size pages with O(1) allocate/free and exact accounting, and keeps a CRC32C of every
+// page's written bytes in its own memory (page checksums, below). The tail of a device arena is
+// carved into per-session staging slots, so pages + staging never exceed pool.bytes; a cpu pool's
+// staging slots are separate objects (controller/staging_shm.h).
 //
 // Thread safety: Arena and ShmArena are immutable after Create (the memory they map is not
 // synchronized: page owners are). PageAllocator is internally synchronized; every method may be
