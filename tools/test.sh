@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 cd build
-ctest --output-on-failure -j "${KVCTL_JOBS:-$(nproc)}" --timeout 600
+ctest --output-on-failure -j "${KVCTL_JOBS:-$(nproc)}" --timeout 1500
