@@ -59,7 +59,7 @@ struct PoolConfig {
   std::string shm_name;
   uint64_t staging_bytes_per_session = 0;
   int staging_slots = 0;
-  bool unlink_stale = false;
+  bool unlink_stale = true;
   double budget_fraction = 0;
   // Page checksums (docs/reliability.md "Page checksums").
   bool checksums = true;

@@ -271,11 +271,13 @@ std::vector<ConfigOption> BuildSchema() {
                   "pool.bytes and may take at most half of it."}),
       Row<&Config::pool, &PoolConfig::unlink_stale>(
           {.key = "pool.unlink_stale",
-           .default_text = "false",
+           .default_text = "true",
            .flags = kImm,
            .env = "KVCTL_POOL_UNLINK_STALE",
-           .doc = "Remove a leftover shm object of the same name that no live daemon holds "
-                  "(after a crash). One held by a running daemon is never removed."}),
+           .doc = "Remove a leftover shm object of the same name that no process holds (its "
+                  "daemon died: kill -9, a crash), so the same start command works again; false "
+                  "refuses to start and keeps it for inspection. An object a running daemon "
+                  "holds is never removed."}),
       Row<&Config::pool, &PoolConfig::budget_fraction>(
           {.key = "pool.budget_fraction",
            .default_text = "0.9",

@@ -213,20 +213,22 @@ PoolStats Controller::pool_stats() const {
   return s;
 }
 
+void Controller::ReleaseStaging(Session& session) {
+  if (session.staging_object) {
+    session.staging_object.reset();  // Unlinks it; an APPEND in flight keeps its mapping.
+  } else if (session.has_staging) {
+    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
+  }
+  session.has_staging = false;
+}
+
 void Controller::FreeSessionLocked(Session& session) {
   for (auto& [id, entry] : session.sequences) {
     std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an append in flight.
     RetireSequence(*entry);
   }
   session.sequences.clear();
-  if (session.staging_object) {
-    session.staging_object.reset();  // Unlinks it; an APPEND in flight keeps its mapping.
-    session.has_staging = false;
-  }
-  if (session.has_staging) {
-    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
-    session.has_staging = false;
-  }
+  ReleaseStaging(session);
   host_memory_.Release(session.host_bytes);
   session.host_bytes = 0;
 }
@@ -459,6 +461,33 @@ StatusOr<ipc::CloseReply> Controller::Close(const ipc::CloseRequest& request, St
   ipc::CloseReply reply;
   if (entry->seq) reply.bytes_freed = entry->seq->Usage().pool_bytes;
   RetireSequence(*entry);
+  return reply;
+}
+
+StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTime now) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVCTL_ASSIGN_OR_RETURN(session, FindSessionLocked(request.session_id, now));
+    // Out of the table first: from here no request can reach the session's sequences or start
+    // using its staging slot, so what follows needs no global lock.
+    sessions_.erase(request.session_id);
+    ++sessions_ended_;
+  }
+  ipc::ByeReply reply;
+  for (auto& [id, entry] : session->sequences) {
+    std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an APPEND or FETCH in flight.
+    if (!entry->seq) continue;                        // Closed meanwhile by its own CLOSE.
+    reply.bytes_freed += entry->seq->Usage().pool_bytes;
+    ++reply.sequences_closed;
+    RetireSequence(*entry);
+  }
+  session->sequences.clear();
+  // The slot goes last: an APPEND from the slot that got its sequence before the erase above
+  // has finished reading it once that sequence's lock was taken.
+  ReleaseStaging(*session);
+  host_memory_.Release(session->host_bytes);
+  session->host_bytes = 0;
   return reply;
 }
 

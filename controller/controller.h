@@ -54,6 +54,10 @@ class Controller {
   StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now);
   StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now);
   StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now);
+  // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for
+  // an unknown session. Waits for requests in flight on its sequences, without holding the
+  // session table's lock meanwhile.
+  StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now);
   // INFO-style text; `section` empty for all.
   StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now);
 
@@ -94,6 +98,8 @@ class Controller {
                                                         SteadyTime now);
   StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
   void FreeSessionLocked(Session& session);
+  // Gives the session's staging slot back: its own object (cpu pool) or its slot in the pool.
+  void ReleaseStaging(Session& session);
   // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
   // REQUIRES: the entry's mutex is held.
   void RetireSequence(SequenceEntry& entry);
@@ -125,6 +131,7 @@ class Controller {
   Config config_;                                          // Guarded by mu_.
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
   uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
+  uint64_t sessions_ended_ = 0;                            // By BYE; guarded by mu_.
   uint64_t next_session_number_ = 1;                       // Guarded by mu_.
   std::mutex scrub_mu_;                                    // One scrub pass at a time.
   size_t scrub_next_ = 0;  // Where the next pass starts; guarded by scrub_mu_.

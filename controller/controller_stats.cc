@@ -87,7 +87,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     ipc::Geometry geometry;
     std::shared_ptr<SequenceEntry> entry;
   };
-  uint64_t sessions = 0, expired = 0;
+  uint64_t sessions = 0, expired = 0, ended = 0;
   std::vector<SequenceRef> refs;
   Config config;
   {
@@ -98,6 +98,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     config = config_;
     sessions = sessions_.size();
     expired = sessions_expired_;
+    ended = sessions_ended_;
     for (auto& [sid, session] : sessions_) {
       for (auto& [qid, entry] : session->sequences) {
         refs.push_back({session->number, qid, session->client_name, session->geometry, entry});
@@ -235,6 +236,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     out << "# Sequences\n"
         << "sessions:" << sessions << "\n"
         << "sessions_expired_total:" << expired << "\n"
+        << "sessions_ended_total:" << ended << "\n"
         << "sequences:" << sequences << "\n"
         << "tokens:" << total.tokens << "\n"
         << "tokens_quantized:" << total.quantized_tokens << "\n"

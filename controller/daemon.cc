@@ -2,19 +2,23 @@
 #include "controller/daemon.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <cerrno>
 #include <csignal>
-#include <filesystem>
+#include <cstring>
 #include <zmq.hpp>
 
 #include "controller/http_server.h"
 #include "controller/metrics.h"
 #include "controller/scrubber.h"
+#include "ipc/transport.h"
 
 namespace kvctl {
 
@@ -31,8 +35,24 @@ struct Daemon::Impl {
   zmq::context_t zmq_ctx;
   zmq::socket_t pub;
   std::atomic<bool> publishing{false};
-  std::string pub_path;  // ipc:// socket file to remove at stop.
+  std::string pub_path;  // ipc:// socket file to remove at stop, if it is still ours:
+  ino_t pub_inode = 0;   // a later daemon may have replaced a file this one left.
   std::unique_ptr<HttpServer> http;
+
+  ~Impl() {
+    if (stats_worker) stats_worker->join();  // The PUB socket's only user.
+    RemoveStatsSocket();
+  }
+  // Closes the publisher and removes its socket file, only if the file is still the one it
+  // bound (never another daemon's). REQUIRES: stats_worker joined.
+  void RemoveStatsSocket() {
+    if (pub) pub.close();
+    struct stat st;
+    if (!pub_path.empty() && lstat(pub_path.c_str(), &st) == 0 && st.st_ino == pub_inode) {
+      unlink(pub_path.c_str());
+    }
+    pub_path.clear();
+  }
 };
 
 namespace {
@@ -128,6 +148,15 @@ void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
         } else if constexpr (std::is_same_v<T, ipc::StatsRequest>) {
           StatusOr<std::string> text = controller_->Stats(body, start);
           finish(text.status(), [&] { return responder.Reply(ipc::StatsReply{*text}); });
+        } else if constexpr (std::is_same_v<T, ipc::ByeRequest>) {
+          StatusOr<ipc::ByeReply> reply = controller_->Bye(body, start);
+          if (reply.ok()) {
+            spdlog::info("bye: session ended, {} sequence(s) and {} bytes freed",
+                         reply->sequences_closed, reply->bytes_freed);
+          }
+          answer(std::move(reply));
+        } else {
+          static_assert(sizeof(T) == 0, "every request type needs a case here");
         }
       },
       request.body);
@@ -167,27 +196,37 @@ Status Daemon::StartStatsPublisher(const Config& config) {
   Impl& impl = *impl_;
   const std::string& endpoint = config.server.stats_endpoint;
   if (endpoint.empty()) return OkStatus();
-  if (endpoint.rfind("tcp://", 0) == 0 && endpoint.find("127.0.0.1") == std::string::npos &&
-      endpoint.find("localhost") == std::string::npos) {
-    return InvalidArgument("server.stats_endpoint: got \"", endpoint,
-                           "\", expected ipc://PATH or a loopback tcp:// address");
+  // The request endpoint's rules: loopback TCP only (parsed exactly, not by substring), and a
+  // socket file another live daemon publishes on is never taken over.
+  const auto named = [](const Status& s) {
+    return Status(s.code(), "server.stats_endpoint: " + s.message());
+  };
+  StatusOr<ipc::Endpoint> parsed = ipc::ParseBindEndpoint(endpoint);
+  if (!parsed.ok()) return named(parsed.status());
+  if (parsed->kind == ipc::Endpoint::Kind::kIpc) {
+    if (Status claimed = ipc::ClaimIpcPath(parsed->ipc_path); !claimed.ok()) return named(claimed);
   }
   impl.pub = zmq::socket_t(impl.zmq_ctx, zmq::socket_type::pub);
   impl.pub.set(zmq::sockopt::linger, 0);
   impl.pub.set(zmq::sockopt::sndhwm, 16);
-  if (endpoint.rfind("ipc://", 0) == 0) {
-    impl.pub_path = endpoint.substr(6);
-    std::error_code ec;
-    std::filesystem::remove(impl.pub_path, ec);  // A stale file from a crash; ours is unique.
-  }
+  if (parsed->ipv6) impl.pub.set(zmq::sockopt::ipv6, 1);
   try {
-    impl.pub.bind(endpoint);
+    impl.pub.bind(parsed->address);
   } catch (const zmq::error_t& e) {
     return Unavailable("server.stats_endpoint: cannot bind ", endpoint, ": ", e.what());
   }
-  if (!impl.pub_path.empty()) {
-    std::filesystem::permissions(
-        impl.pub_path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  if (parsed->kind == ipc::Endpoint::Kind::kIpc) {
+    struct stat st;
+    if (lstat(parsed->ipc_path.c_str(), &st) != 0) {
+      return Unavailable("server.stats_endpoint: ", parsed->ipc_path,
+                         " missing after bind: ", std::strerror(errno));
+    }
+    impl.pub_path = parsed->ipc_path;
+    impl.pub_inode = st.st_ino;  // Recorded first, so that a failed chmod still removes it.
+    if (chmod(parsed->ipc_path.c_str(), 0600) != 0) {
+      return FailedPrecondition("server.stats_endpoint: cannot set mode 0600 on ", parsed->ipc_path,
+                                ": ", std::strerror(errno));
+    }
   }
   const auto period = std::chrono::milliseconds(config.server.stats_interval_ms);
   auto publish = std::make_shared<std::function<void(const boost::system::error_code&)>>();
@@ -290,10 +329,7 @@ int Daemon::Run() {
   server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
   impl.workers->join();
   impl.stats_worker->join();
-  if (impl.pub) {
-    impl.pub.close();
-    if (!impl.pub_path.empty()) std::filesystem::remove(impl.pub_path);
-  }
+  impl.RemoveStatsSocket();
   server_.reset();
   controller_.reset();  // Frees sequences, staging slots and the shm pool.
   spdlog::info("stopped cleanly");

@@ -42,6 +42,23 @@ StatusOr<bool> ProbeStale(const std::string& name) {
   return stale;
 }
 
+// Whether `name` still refers to the object open as `fd` (another process may have removed it
+// as stale and created its own under the same name).
+bool NameIsOurs(const std::string& name, int fd) {
+  const int named_fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (named_fd < 0) return false;
+  struct stat mine {
+  }, named{};
+  const bool ours = fstat(fd, &mine) == 0 && fstat(named_fd, &named) == 0 &&
+                    mine.st_dev == named.st_dev && mine.st_ino == named.st_ino;
+  close(named_fd);
+  return ours;
+}
+
+void UnlinkIfOurs(const std::string& name, int fd) {
+  if (NameIsOurs(name, fd)) shm_unlink(name.c_str());
+}
+
 }  // namespace
 
 Status ValidateShmName(std::string_view name) {
@@ -71,11 +88,15 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, ui
                            ") is in use by a running kvctl daemon (it holds the object's lock); "
                            "stop it or choose another pool.shm_name");
     }
+    // No process holds the object's lock, and every daemon holds it for the pool's life: the
+    // object is a dead daemon's leftover (kill -9, a crash). Removed by default so the same
+    // start command works again; pool.unlink_stale = false keeps it for inspection.
     if (stale == StaleShm::kRefuse) {
       return AlreadyExists("pool.shm_name: ", name, " (/dev/shm", name,
-                           ") already exists but no process holds it: probably left by a crashed "
-                           "daemon. Remove it (rm /dev/shm",
-                           name, ") or set pool.unlink_stale = true");
+                           ") already exists but no process holds it: left by a daemon that "
+                           "died. pool.unlink_stale = false keeps such objects; remove it (rm "
+                           "/dev/shm",
+                           name, ") or set pool.unlink_stale = true (the default)");
     }
     if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
       return Internal("pool.shm_name: cannot remove stale ", name, ": ", ErrnoText(errno));
@@ -90,9 +111,9 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, ui
     return Unavailable("pool.shm_name: shm_open(", name, ") failed: ", ErrnoText(err));
   }
 
-  // From here on a failure must not leave the object behind.
+  // From here on a failure must not leave the object behind, nor remove one that replaced it.
   const auto fail = [&](Status s) {
-    shm_unlink(name.c_str());
+    UnlinkIfOurs(name, fd);
     close(fd);
     return s;
   };
@@ -102,6 +123,13 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, ui
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     return fail(AlreadyExists("pool.shm_name: ", name, " was locked by another process meanwhile"));
+  }
+  // Between O_EXCL and the lock, a daemon starting at the same moment saw an unlocked object
+  // and may have removed it as stale: then the name is that daemon's now, and this one yields.
+  if (!NameIsOurs(name, fd)) {
+    close(fd);
+    return AlreadyExists("pool.shm_name: ", name,
+                         " was taken over by another daemon starting at the same time");
   }
   if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
     return fail(ResourceExhausted("pool.bytes: cannot reserve ", bytes, " bytes in /dev/shm for ",
@@ -127,16 +155,7 @@ ShmArena::~ShmArena() {
   munmap(base_, bytes_);
   // Unlink only our own object: if the name was replaced (another daemon removed ours as stale),
   // the new object is not ours to remove.
-  struct stat mine {
-  }, named{};
-  const int named_fd = shm_open(name_.c_str(), O_RDONLY, 0);
-  if (named_fd >= 0) {
-    if (fstat(fd_, &mine) == 0 && fstat(named_fd, &named) == 0 && mine.st_dev == named.st_dev &&
-        mine.st_ino == named.st_ino) {
-      shm_unlink(name_.c_str());
-    }
-    close(named_fd);
-  }
+  UnlinkIfOurs(name_, fd_);
   close(fd_);
 }
 

@@ -111,10 +111,11 @@ class ShmArena final : public Arena {
  public:
   // Creates and maps a new object of `bytes` bytes, reserving its memory up front (so a too-small
   // /dev/shm fails here with RESOURCE_EXHAUSTED instead of SIGBUS later). If `name` exists:
-  // ALREADY_EXISTS saying whether a running daemon holds it; with StaleShm::kUnlink an object that
-  // no one holds is removed and creation retried. INVALID_ARGUMENT for a bad name or 0 bytes.
+  // ALREADY_EXISTS if a running daemon holds it (never touched); an object no one holds (left by a
+  // daemon that died) is removed and creation retried, or with StaleShm::kRefuse reported as
+  // ALREADY_EXISTS. INVALID_ARGUMENT for a bad name or 0 bytes.
   static StatusOr<std::unique_ptr<ShmArena>> Create(const std::string& name, uint64_t bytes,
-                                                    StaleShm stale = StaleShm::kRefuse);
+                                                    StaleShm stale = StaleShm::kUnlink);
   // Unmaps, and unlinks the name if it still refers to this object. Engines that mapped it keep
   // their mapping until they unmap.
   ~ShmArena() override;

@@ -165,4 +165,8 @@ StatusOr<std::string> Client::Stats(uint64_t session_id, std::string_view sectio
   return std::move(reply.text);
 }
 
+StatusOr<ByeReply> Client::Bye(uint64_t session_id) {
+  return CallAs<ByeReply>(ByeRequest{session_id});
+}
+
 }  // namespace kvctl::ipc

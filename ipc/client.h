@@ -66,6 +66,9 @@ class Client {
                                          DType tail_dtype = DType::kF16);
   // The INFO-style text; `section` "" = all sections.
   StatusOr<std::string> Stats(uint64_t session_id = 0, std::string_view section = "");
+  // Ends the session: the daemon frees its sequences and staging slot at once instead of when
+  // the lease runs out; the id names nothing afterwards.
+  StatusOr<ByeReply> Bye(uint64_t session_id);
 
   // Any request; the reply body is of the matching type (an ERROR reply becomes its Status).
   StatusOr<ReplyBody> Call(RequestBody request);

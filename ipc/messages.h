@@ -43,12 +43,13 @@ enum class MsgType : uint16_t {
   kAppend = 5,
   kFetch = 6,
   kStats = 7,
-  // 8..0x7FFF: unassigned; new requests take the next free number.
+  kBye = 8,
+  // 9..0x7FFF: unassigned; new requests take the next free number.
   kError = 0xFFFF,
 };
 inline constexpr uint16_t kReplyBit = 0x8000;
 inline constexpr uint16_t kFirstRequestType = 1;
-inline constexpr uint16_t kLastRequestType = 7;
+inline constexpr uint16_t kLastRequestType = 8;
 
 // "HELLO", "FETCH", "ERROR"; replies read "HELLO_REPLY"; unknown numbers read "0x0042".
 std::string TypeName(uint16_t type);
@@ -147,6 +148,11 @@ struct FetchRequest {
 struct StatsRequest {
   uint64_t session_id = 0;
   std::string section{};  // "" = all sections; otherwise a section name, case-insensitive.
+};
+
+// Ends a session: frees its sequences and its staging slot; its id names nothing afterwards.
+struct ByeRequest {
+  uint64_t session_id = 0;
 };
 
 // ---- Replies -----------------------------------------------------------------------------------
@@ -267,15 +273,20 @@ struct StatsReply {
   std::string text{};  // "# Section\nfield:value\n..." (INFO style), UTF-8.
 };
 
+struct ByeReply {
+  uint32_t sequences_closed = 0;
+  uint64_t bytes_freed = 0;  // Pool bytes of those sequences' pages.
+};
+
 struct ErrorReply {
   StatusCode code = StatusCode::kInternal;  // Never kOk.
   std::string message{};
 };
 
 using RequestBody = std::variant<HelloRequest, OpenRequest, CloseRequest, PingRequest,
-                                 AppendRequest, FetchRequest, StatsRequest>;
+                                 AppendRequest, FetchRequest, StatsRequest, ByeRequest>;
 using ReplyBody = std::variant<HelloReply, OpenReply, CloseReply, PingReply, AppendReply,
-                               FetchDenseReply, FetchBlocksReply, StatsReply, ErrorReply>;
+                               FetchDenseReply, FetchBlocksReply, StatsReply, ByeReply, ErrorReply>;
 
 struct Request {
   uint64_t request_id = 0;

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "ipc/protocol_internal.h"
 
@@ -18,8 +19,9 @@ static_assert(std::endian::native == std::endian::little, "kvctl's wire format i
 constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kDataLoss);
 
 std::string TypeName(uint16_t type) {
-  static constexpr const char* kNames[] = {"",     "HELLO",  "OPEN",  "CLOSE",
-                                           "PING", "APPEND", "FETCH", "STATS"};
+  static constexpr const char* kNames[] = {"",       "HELLO", "OPEN",  "CLOSE", "PING",
+                                           "APPEND", "FETCH", "STATS", "BYE"};
+  static_assert(std::size(kNames) == kLastRequestType + 1);
   if (type == static_cast<uint16_t>(MsgType::kError)) return "ERROR";
   const uint16_t base = type & ~kReplyBit;
   if (base >= kFirstRequestType && base <= kLastRequestType) {
@@ -502,6 +504,22 @@ Status PutTensorFrames(Frames& in, StatsReply* m) {
 }
 Status Validate(const StatsReply& m) { return CheckString("text", m.text, 0, kMaxStatsTextBytes); }
 
+// ---- BYE ----
+
+void WriteBody(WireWriter& w, const ByeRequest& m) { w.U64(m.session_id); }
+Status ReadBody(WireReader& r, ByeRequest* m) { return r.U64("session_id", &m->session_id); }
+Status Validate(const ByeRequest& m) { return CheckSession(m.session_id); }
+
+void WriteBody(WireWriter& w, const ByeReply& m) {
+  w.U32(m.sequences_closed);
+  w.U64(m.bytes_freed);
+}
+Status ReadBody(WireReader& r, ByeReply* m) {
+  KVCTL_RETURN_IF_ERROR(r.U32("sequences_closed", &m->sequences_closed));
+  return r.U64("bytes_freed", &m->bytes_freed);
+}
+Status Validate(const ByeReply&) { return OkStatus(); }
+
 // ---- ERROR ----
 
 void WriteBody(WireWriter& w, const ErrorReply& m) {
@@ -597,6 +615,8 @@ StatusOr<Request> DecodeRequest(Frames frames) {
       return DecodeInto<FetchRequest, Request>(h.type, h.request_id, frames);
     case MsgType::kStats:
       return DecodeInto<StatsRequest, Request>(h.type, h.request_id, frames);
+    case MsgType::kBye:
+      return DecodeInto<ByeRequest, Request>(h.type, h.request_id, frames);
     default:
       break;
   }
@@ -625,6 +645,8 @@ StatusOr<Reply> DecodeReply(Frames frames) {
       return DecodeInto<AppendReply, Reply>(h.type, id, frames);
     case ReplyType(MsgType::kStats):
       return DecodeInto<StatsReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kBye):
+      return DecodeInto<ByeReply, Reply>(h.type, id, frames);
     case static_cast<uint16_t>(MsgType::kError):
       return DecodeInto<ErrorReply, Reply>(h.type, id, frames);
     case ReplyType(MsgType::kFetch): {
@@ -659,6 +681,7 @@ KVCTL_IPC_ENCODE(PingRequest, MsgType::kPing)
 KVCTL_IPC_ENCODE(AppendRequest, MsgType::kAppend)
 KVCTL_IPC_ENCODE(FetchRequest, MsgType::kFetch)
 KVCTL_IPC_ENCODE(StatsRequest, MsgType::kStats)
+KVCTL_IPC_ENCODE(ByeRequest, MsgType::kBye)
 KVCTL_IPC_ENCODE(HelloReply, ReplyType(MsgType::kHello))
 KVCTL_IPC_ENCODE(OpenReply, ReplyType(MsgType::kOpen))
 KVCTL_IPC_ENCODE(CloseReply, ReplyType(MsgType::kClose))
@@ -667,6 +690,7 @@ KVCTL_IPC_ENCODE(AppendReply, ReplyType(MsgType::kAppend))
 KVCTL_IPC_ENCODE(FetchDenseReply, ReplyType(MsgType::kFetch))
 KVCTL_IPC_ENCODE(FetchBlocksReply, ReplyType(MsgType::kFetch))
 KVCTL_IPC_ENCODE(StatsReply, ReplyType(MsgType::kStats))
+KVCTL_IPC_ENCODE(ByeReply, ReplyType(MsgType::kBye))
 #undef KVCTL_IPC_ENCODE
 
 StatusOr<Frames> Encode(uint64_t request_id, RequestBody msg) {
@@ -708,15 +732,12 @@ MsgType TypeOf(const RequestBody& body) {
 }
 
 uint16_t TypeOf(const ReplyBody& body) {
-  static constexpr uint16_t kTypes[] = {ReplyType(MsgType::kHello),
-                                        ReplyType(MsgType::kOpen),
-                                        ReplyType(MsgType::kClose),
-                                        ReplyType(MsgType::kPing),
-                                        ReplyType(MsgType::kAppend),
-                                        ReplyType(MsgType::kFetch),
-                                        ReplyType(MsgType::kFetch),
-                                        ReplyType(MsgType::kStats),
-                                        static_cast<uint16_t>(MsgType::kError)};
+  static constexpr uint16_t kTypes[] = {
+      ReplyType(MsgType::kHello),  ReplyType(MsgType::kOpen),
+      ReplyType(MsgType::kClose),  ReplyType(MsgType::kPing),
+      ReplyType(MsgType::kAppend), ReplyType(MsgType::kFetch),
+      ReplyType(MsgType::kFetch),  ReplyType(MsgType::kStats),
+      ReplyType(MsgType::kBye),    static_cast<uint16_t>(MsgType::kError)};
   static_assert(std::size(kTypes) == std::variant_size_v<ReplyBody>);
   return kTypes[body.index()];
 }

@@ -61,6 +61,7 @@ StatusOr<Frames> Encode(uint64_t request_id, PingRequest msg);
 StatusOr<Frames> Encode(uint64_t request_id, AppendRequest msg);
 StatusOr<Frames> Encode(uint64_t request_id, FetchRequest msg);
 StatusOr<Frames> Encode(uint64_t request_id, StatsRequest msg);
+StatusOr<Frames> Encode(uint64_t request_id, ByeRequest msg);
 StatusOr<Frames> Encode(uint64_t request_id, HelloReply msg);
 StatusOr<Frames> Encode(uint64_t request_id, OpenReply msg);
 StatusOr<Frames> Encode(uint64_t request_id, CloseReply msg);
@@ -69,6 +70,7 @@ StatusOr<Frames> Encode(uint64_t request_id, AppendReply msg);
 StatusOr<Frames> Encode(uint64_t request_id, FetchDenseReply msg);
 StatusOr<Frames> Encode(uint64_t request_id, FetchBlocksReply msg);
 StatusOr<Frames> Encode(uint64_t request_id, StatsReply msg);
+StatusOr<Frames> Encode(uint64_t request_id, ByeReply msg);
 StatusOr<Frames> Encode(uint64_t request_id, RequestBody msg);
 StatusOr<Frames> Encode(uint64_t request_id, ReplyBody msg);
 

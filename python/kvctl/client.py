@@ -3,10 +3,13 @@
 
 Every call sends one request on a DEALER socket and waits at most ``timeout_ms`` for the reply
 with the same request id. On a timeout the socket is closed (linger 0) and recreated ("Lazy
-Pirate"), so a late reply can never answer a later call, and ``Timeout`` is raised; nothing is
-retried (APPEND is not idempotent). ERROR replies raise ``ServerError``; replies that break the
-protocol raise ``ProtocolError``; arguments that cannot form a valid request raise ValueError
-before anything is sent.
+Pirate"), so a late reply can never answer a later call, and ``Timeout`` is raised (the daemon is
+down, restarting or stuck); the next call reconnects by itself. Nothing is retried (APPEND is not
+idempotent). ERROR replies raise ``ServerError``, and ``SessionLostError`` (a ServerError) when
+the daemon no longer has this client's session (it restarted, or the lease expired): call hello()
+(or rehello()) for a new one. Replies that break the protocol raise ``ProtocolError``; arguments
+that cannot form a valid request raise ValueError before anything is sent. ``disconnect()`` (and
+leaving a ``with`` block) ends the session with BYE, so the daemon frees it at once.
 
 Thread safety: calls on one Client are serialised by an internal lock (one request in flight);
 use one Client per thread for parallelism. Not fork-safe: create Clients after forking.
@@ -31,9 +34,12 @@ import numpy as np
 import zmq
 
 from . import protocol as p
-from .protocol import KvctlError, ProtocolError, ServerError, Timeout
+from .protocol import KvctlError, ProtocolError, ServerError, SessionLostError, Timeout
 
 _MAX_IPC_PATH = 107  # sizeof(sockaddr_un::sun_path) - 1.
+# disconnect() waits at most this long for BYE's reply: a daemon that is gone must not hold up an
+# engine's exit (the session's lease frees it then).
+_BYE_TIMEOUT_MS = 2000
 
 
 @dataclass(frozen=True)
@@ -290,7 +296,8 @@ class Client:
                 if time.monotonic() < deadline:
                     continue  # poll() woke early (e.g. rounding): wait out the deadline.
                 self._reset_socket()
-                raise Timeout("%s: no reply from %s within %d ms; socket reset"
+                raise Timeout("%s: no reply from %s within %d ms (daemon down, restarting or "
+                              "stuck); socket reset, the next call reconnects"
                               % (what, self.endpoint, self.timeout_ms))
             while True:
                 try:
@@ -315,7 +322,31 @@ class Client:
                 return reply
 
     def _call(self, msg_type: int, frames: list):
-        return self.call_raw(frames, expect_type=msg_type | p.REPLY_BIT).body
+        try:
+            return self.call_raw(frames, expect_type=msg_type | p.REPLY_BIT).body
+        except SessionLostError:
+            raise
+        except ServerError as e:
+            session = self._session
+            if session is None or not p.is_session_lost(e.code_value, e.message):
+                raise
+            raise self._session_lost(e) from None
+
+    def _session_lost(self, e: ServerError) -> SessionLostError:
+        """The error for a request whose session the daemon no longer has; forgets what this
+        client knew of its sequences (their data is gone with the session)."""
+        with self._lock:
+            session = self._session
+            tokens = sum(self._next_position.values())
+            sequences = len(self._next_position)
+            self._next_position.clear()
+            if self._staging is not None:  # It maps the dead daemon's pool.
+                self._staging.close()
+                self._staging = None
+        return SessionLostError(e.code_value, e.message, e.request,
+                                session.session_id if session else 0, tokens, sequences,
+                                "Call hello() or rehello() for a new session and send the data "
+                                "again.")
 
     def _require_session(self) -> Session:
         if self._session is None:
@@ -323,9 +354,15 @@ class Client:
         return self._session
 
     def disconnect(self) -> None:
-        """Closes the socket and unmaps the staging slot; the daemon's session lives until its
-        lease runs out. The Client cannot be used afterwards."""
+        """Ends the session (BYE: the daemon frees its sequences and staging slot at once; a
+        daemon that does not answer within 2 s leaves it to the lease), closes the socket and
+        unmaps the staging slot. The Client cannot be used afterwards."""
         with self._lock:
+            if self._session is not None and self._socket is not None:
+                try:
+                    self.bye(timeout_ms=_BYE_TIMEOUT_MS)
+                except KvctlError:
+                    pass  # Gone already, or the daemon is: nothing left to free here.
             if self._staging is not None:
                 self._staging.close()
                 self._staging = None
@@ -366,6 +403,39 @@ class Client:
                 client_name, model_name, reply.pool_location, reply.cuda_device,
                 reply.cuda_ipc_handle, reply.staging_shm_name)
         return self._session
+
+    def rehello(self) -> Session:
+        """A new session with the geometry and names of the current one (after SessionLostError:
+        the daemon restarted or the lease expired). Sequences must be opened again."""
+        s = self._require_session()
+        return self.hello(s.layers, s.kv_heads, s.head_dim, dtype=s.dtype, q_heads=s.q_heads,
+                          client_name=s.client_name, model_name=s.model_name)
+
+    def bye(self, timeout_ms: Optional[int] = None) -> p.ByeReply:
+        """Ends the session: the daemon closes its sequences and frees their pages and the
+        staging slot now, instead of when the lease runs out. Returns ByeReply(sequences_closed,
+        bytes_freed). The client then has no session (hello() starts a new one), also when the
+        BYE fails. Raises SessionLostError when the daemon no longer had the session, Timeout
+        after timeout_ms (default: the client's) without a reply."""
+        s = self._require_session()
+        with self._lock:
+            saved = self.timeout_ms
+            if timeout_ms is not None:
+                self.timeout_ms = min(saved, timeout_ms)
+            try:
+                reply: p.ByeReply = self._call(p.MsgType.BYE, p.encode_bye(0, s.session_id))
+            finally:
+                if self.timeout_ms != saved:
+                    self.timeout_ms = saved
+                    if self._socket is not None:  # A Timeout made it with the short limit.
+                        self._socket.setsockopt(zmq.SNDTIMEO, saved)
+                if self._session is s:
+                    self._session = None
+                    self._next_position.clear()
+                    if self._staging is not None:
+                        self._staging.close()
+                        self._staging = None
+        return reply
 
     def open(self, seq: int) -> None:
         """Opens sequence `seq` (an id of the caller's choosing, unique within the session)."""

@@ -36,6 +36,14 @@ One step (layer l's update() runs right before layer l's attention):
   passed as one more fp32 window row per head. Multi-token steps (prefill) refetch the
   mirror and stay dense. Lossless daemons are refused (no block records).
 
+A lost session (the daemon restarted, e.g. after kill -9, or the lease expired) is noticed at
+the next request: the cache starts a new session and an empty daemon sequence on each client,
+forgets every row it held, and raises kvctl.SessionLostError saying how many tokens were lost, so
+the current generate()/forward fails cleanly instead of attending to missing or wrong rows. The
+generation must be restarted from its prompt; the next use of the cache works (it is empty). If
+the daemon is still down the cache retries at its next use. close() (and leaving a `with` block)
+ends the sessions with BYE, so the daemon frees them at once.
+
 Thread safety: one cache per batch of sequences, used by one thread (like any transformers
 Cache). Beam search, crop and reset are not supported.
 
@@ -59,7 +67,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .client import Client
-from .protocol import KvctlError
+from .hf_sequence import CacheSequence
+from .protocol import KvctlError, SessionLostError
+
+# A replaced session is ended with BYE waiting at most this long (its daemon may be gone).
+_BYE_TIMEOUT_MS = 2000
 
 ATTN_IMPLEMENTATION = "kvctl"
 # One APPEND carries at most this many payload bytes (the daemon's default max message is
@@ -115,41 +127,6 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
-
-
-class _Sequence:
-    """One batch element: its client, session and daemon sequence, and what is known of it."""
-
-    def __init__(self, client, own: bool, session, sequence_id: int):
-        self.client: Client = client
-        self.own = own
-        self.session = session
-        self.sequence_id = sequence_id
-        self.tokens_quantized = 0
-        self.rounding: Optional[str] = None  # "exact" or "fp16" once learned.
-        self.send_q = False
-        self.evicting = False     # The daemon may drop tokens (budget_mode) or did.
-        self.always = False       # refetch="always".
-        self.dirty = False        # Rows of `dirty_layers` (None = all) must be fetched.
-        self.dirty_layers: Optional[set] = None
-        self.layer_evictions: Optional[List[int]] = None  # STATS per-layer counters.
-        self.last_append = None
-        self.sent_last_row: Optional[np.ndarray] = None
-        self.view = None          # PoolView of the daemon's shm pool (attention="fused").
-        self.blocks: Optional[dict] = None  # This step's blocks FETCH (valid until APPEND).
-        # The cached blocks no longer match the daemon (flush, eviction, width lowering, or not
-        # learned yet whether an APPEND just adds rows to the window).
-        self.blocks_stale = True
-        self.pressure = False     # budget.pressure = requantize: an APPEND may move records.
-        self.tail_dtype = "float32"
-
-    def mark_dirty(self, layers: Optional[set]) -> None:
-        """Rows of `layers` (None = all) must be fetched before the next step."""
-        if layers is None or (self.dirty and self.dirty_layers is None):
-            self.dirty_layers = None
-        else:
-            self.dirty_layers = (self.dirty_layers or set()) | set(layers)
-        self.dirty = True
 
 
 class KvctlLayer(CacheLayerMixin):
@@ -241,6 +218,13 @@ class KvctlLayer(CacheLayerMixin):
             rows = slice(self.held - n, self.held)
             self.buf_k[b, :, rows] = self.buf_k[b, :, rows].half().float()
             self.buf_v[b, :, rows] = self.buf_v[b, :, rows].half().float()
+
+    def forget(self) -> None:
+        """Drops every row (the daemon lost them): the layer is empty again."""
+        self.seen = self.held = 0
+        self.buf_k = self.buf_v = self.hold_bias = None
+        self.pending_k = self.pending_v = self.pending_q = None
+        self.returned_keys = None
 
     def get_mask_sizes(self, cache_position) -> Tuple[int, int]:
         return self.seen + cache_position.shape[0], 0
@@ -353,38 +337,25 @@ class KvctlCache(Cache):
         self.send_q = any(send_qs)
         self.refetch = refetch
         self.use_staging = use_staging
-        self.seqs: List[_Sequence] = []
+        self.dtype = dtype
+        self.client_name = client_name
+        self.seqs: List[CacheSequence] = []
         try:
             for c, name, want_q in zip(clients, names, send_qs):
                 own = isinstance(c, str)
                 cl = Client(c, timeout_ms=timeout_ms) if own else c
-                seq = _Sequence(cl, own, None, next(_sequence_ids))
+                seq = CacheSequence(cl, own)
                 seq.send_q = want_q
+                seq.model_name = name
+                seq.where = c if own else "this client"
                 self.seqs.append(seq)
-                seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
-                                       head_dim=self.head_dim, dtype=dtype,
-                                       q_heads=self.q_heads if want_q else 0,
-                                       client_name=client_name, model_name=name)
-                cl.open(seq.sequence_id)
-                policy = cl.stats("policy").get("policy", {})
-                mode = str(policy.get("budget_mode", "none")).lower()
-                seq.always = refetch == "always"
-                seq.evicting = mode not in _KEEPING_MODES
-                seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
-                lossless = str(policy.get("quant_lossless", "0")) == "1"
-                if attention == "auto" and lossless:
-                    self.fused_ok = False  # No block records to read: decode stays dense.
-                if attention == "fused" and lossless:
-                    # Blocks FETCH has no record layout for full-precision rows (the daemon
-                    # answers INTERNAL), so there is nothing for the fused kernel to read.
-                    raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
-                                     "(quant.lossless = true) and serves no block records; use "
-                                     "attention=\"dense\"" % (c if own else "this client"))
+                self._attach(seq)
         except BaseException:
             self._disconnect()
             raise
         super().__init__(layers=[KvctlLayer(self, i) for i in range(self.n_layers)])
         self.appended = 0  # Tokens appended to every sequence.
+        self.sessions_lost = 0  # Times a lost session was replaced (SessionLostError raised).
         # A long prefill or a slow step can outlast the daemon's lease (10 s by default); a
         # background PING renews it (Client calls are serialised by its lock).
         self._stop = threading.Event()
@@ -397,6 +368,82 @@ class KvctlCache(Cache):
         self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
                          "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
                          "fused_steps": 0, "flushes": 0}
+
+    def _attach(self, seq: CacheSequence) -> None:
+        """A new session and an empty daemon sequence for batch element `seq`, and what the
+        daemon's policy means for it (read again: a restarted daemon may have a new config)."""
+        seq.attached = False
+        cl = seq.client
+        if seq.session is not None and cl.session is seq.session:
+            try:
+                cl.bye(timeout_ms=_BYE_TIMEOUT_MS)  # Free the old one now, if it still exists.
+            except KvctlError:
+                pass  # Lost with its daemon, or the daemon is slow: its lease frees it.
+        seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
+                               head_dim=self.head_dim, dtype=self.dtype,
+                               q_heads=self.q_heads if seq.send_q else 0,
+                               client_name=self.client_name, model_name=seq.model_name)
+        seq.sequence_id = next(_sequence_ids)
+        cl.open(seq.sequence_id)
+        policy = cl.stats("policy").get("policy", {})
+        mode = str(policy.get("budget_mode", "none")).lower()
+        seq.always = self.refetch == "always"
+        seq.evicting = mode not in _KEEPING_MODES
+        seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
+        lossless = str(policy.get("quant_lossless", "0")) == "1"
+        if self.attention == "auto" and lossless:
+            self.fused_ok = False  # No block records to read: decode stays dense.
+        if self.attention == "fused" and lossless:
+            # Blocks FETCH has no record layout for full-precision rows (the daemon answers
+            # INTERNAL), so there is nothing for the fused kernel to read.
+            raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
+                             "(quant.lossless = true) and serves no block records; use "
+                             "attention=\"dense\"" % seq.where)
+        seq.attached = True
+
+    def _forget(self) -> int:
+        """Empties the cache (every layer's rows, every sequence's state) and detaches the
+        sequences; returns how many tokens it held."""
+        tokens = max([l.seen for l in self.layers] + [self.appended])
+        for layer in self.layers:
+            layer.forget()
+        self.appended = 0
+        self.fused_step = False
+        for seq in self.seqs:
+            seq.forget()
+            seq.attached = False
+        return tokens
+
+    def _session_lost(self, lost: SessionLostError) -> SessionLostError:
+        """After a request found its session gone: empties the cache and starts new sessions,
+        so the next use works; returns the error to raise. A daemon still down leaves the
+        sequences detached, to attach at the next use."""
+        tokens = self._forget()
+        self.sessions_lost += 1
+        retry = ""
+        try:
+            self._attach_detached()
+        except KvctlError as e:
+            retry = (" Starting a new session failed too (%s); the cache tries again at its next "
+                     "use." % e)
+        advice = ("The KvctlCache is empty again: restart the generation from its prompt (the "
+                  "next generate() or forward with this cache starts a new sequence)." + retry)
+        return SessionLostError(lost.code_value, lost.message, lost.request, lost.session_id,
+                                tokens, len(self.seqs), advice)
+
+    def _step_failed(self, e: KvctlError) -> KvctlError:
+        """Any other failed request of a step (a timeout: the daemon is down or stuck): what the
+        daemon holds is unknown (the APPEND may or may not have happened), so the cache empties
+        itself and starts new sessions at its next use; returns `e` saying so."""
+        tokens = self._forget()
+        e.args = ("%s; KvctlCache: %d cached tokens dropped, restart the generation from its "
+                  "prompt (the next use starts a new session)" % (e, tokens),)
+        return e
+
+    def _attach_detached(self) -> None:
+        for seq in self.seqs:
+            if not seq.attached:
+                self._attach(seq)
 
     @property
     def client(self) -> Client:
@@ -414,25 +461,45 @@ class KvctlCache(Cache):
             raise ValueError("KvctlCache: batch size %d, expected %d (one daemon sequence per "
                              "element)" % (key_states.shape[0], self.batch))
         if layer_idx == 0:
-            self.sync()
-            # Fused decode: the daemon now holds exactly the tokens before this step (the
-            # previous step was APPENDed just above, this one is APPENDed at the next step), so
-            # its records, valid until that APPEND, are what this step's query may attend to.
-            # The dense mirror is left stale (dirty) and refetched when a dense step comes.
-            self.fused_step = (self.fused_ok and key_states.shape[2] == 1 and self.appended > 0
-                               and (self.attention == "fused"
-                                    or (self.batch == 1
-                                        and self.appended >= self.fused_min_tokens)))
-            if self.fused_step:
-                self._fetch_blocks()
-                return
-            dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
-            if dirty:
-                self._fetch(dirty)
+            try:
+                self._start_step(key_states)
+            except SessionLostError as e:
+                raise self._session_lost(e) from None
+            except KvctlError as e:
+                raise self._step_failed(e) from None
+
+    def _start_step(self, key_states) -> None:
+        """Layer 0 of a forward step: sends the previous step, fetches what changed."""
+        self._attach_detached()
+        self._sync()
+        # Fused decode: the daemon now holds exactly the tokens before this step (the
+        # previous step was APPENDed just above, this one is APPENDed at the next step), so
+        # its records, valid until that APPEND, are what this step's query may attend to.
+        # The dense mirror is left stale (dirty) and refetched when a dense step comes.
+        self.fused_step = (self.fused_ok and key_states.shape[2] == 1 and self.appended > 0
+                           and (self.attention == "fused"
+                                or (self.batch == 1
+                                    and self.appended >= self.fused_min_tokens)))
+        if self.fused_step:
+            self._fetch_blocks()
+            return
+        dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
+        if dirty:
+            self._fetch(dirty)
 
     def sync(self) -> None:
         """APPENDs the pending step (K/V of every layer, Q if sent) to every sequence. Runs
-        by itself at the next step; call it before reading STATS after the last forward."""
+        by itself at the next step; call it before reading STATS after the last forward.
+        Raises SessionLostError (the cache is then empty) when the daemon lost the session."""
+        try:
+            self._attach_detached()
+            self._sync()
+        except SessionLostError as e:
+            raise self._session_lost(e) from None
+        except KvctlError as e:
+            raise self._step_failed(e) from None
+
+    def _sync(self) -> None:
         layers = self.layers
         if layers[0].pending_k is None:
             return
@@ -479,7 +546,7 @@ class KvctlCache(Cache):
         self.appended += n
         self.counters["append_s"] += time.perf_counter() - t0
 
-    def _changed_layers(self, seq: _Sequence) -> Optional[set]:
+    def _changed_layers(self, seq: CacheSequence) -> Optional[set]:
         """Layers whose eviction counter (STATS "layers"; the daemon's sequences together)
         moved since the last call; None when unknown (then every layer is refetched)."""
         stats = seq.client.stats("layers").get("layers", {})
@@ -530,7 +597,7 @@ class KvctlCache(Cache):
 
     # ---- fused decode attention (attention="fused") ---------------------------------------
 
-    def _advance_blocks(self, seq: _Sequence, k: np.ndarray, v: np.ndarray,
+    def _advance_blocks(self, seq: CacheSequence, k: np.ndarray, v: np.ndarray,
                         flushed: bool) -> None:
         """After an APPEND of k, v ([layers, n, heads, D] float32): the cached blocks FETCH
         stays valid, with the new rows added to every window, when the APPEND only added rows:
@@ -577,7 +644,7 @@ class KvctlCache(Cache):
         self.counters["fused_steps"] += 1
         self.counters["block_fetch_s"] += time.perf_counter() - t0
 
-    def _learn_rounding(self, seq: _Sequence, blocks: dict) -> None:
+    def _learn_rounding(self, seq: CacheSequence, blocks: dict) -> None:
         """How the daemon stores window rows, from the newest row of layer 0, head 0 when it
         is the last token sent (the dense path learns the same from a dense FETCH)."""
         if seq.rounding is not None or seq.sent_last_row is None or blocks["layer_begin"] != 0:
@@ -660,12 +727,22 @@ class KvctlCache(Cache):
                 seq.client.disconnect()
 
     def close(self) -> int:
-        """Sends the pending step, closes every daemon sequence; returns the bytes freed."""
+        """Sends the pending step, then ends every session with BYE (the daemon frees the
+        sequences and staging slots at once); returns the pool bytes freed. A session the
+        daemon already lost has nothing left to free."""
         freed = 0
         try:
-            self.sync()
+            try:
+                self.sync()
+            except SessionLostError:
+                pass  # The cache is closing: nothing to restart.
             for seq in self.seqs:
-                freed += seq.client.close(seq.sequence_id)
+                if not seq.attached or seq.client.session is None:
+                    continue
+                try:
+                    freed += seq.client.bye().bytes_freed
+                except SessionLostError:
+                    pass
         finally:
             self._disconnect()
         return freed

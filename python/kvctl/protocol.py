@@ -23,8 +23,9 @@ import numpy as np
 
 from .protocol_types import (  # noqa: F401 (re-exported)
     CUDA_IPC_HANDLE_BYTES, POOL_CUDA_DEVICE, POOL_HOST_SHM, QUANT_METHODS, STATUS_CODE_VALUES,
-    STATUS_CODES, AppendReply, BlocksReply, CloseReply, ErrorReply, HelloReply, KvctlError,
-    PingReply, ProtocolError, QuantInfo, RecordLayout, Reply, Rows, ServerError, Timeout)
+    STATUS_CODES, AppendReply, BlocksReply, ByeReply, CloseReply, ErrorReply, HelloReply,
+    KvctlError, PingReply, ProtocolError, QuantInfo, RecordLayout, Reply, Rows, ServerError,
+    SessionLostError, Timeout)
 
 # ---- Constants (PROTOCOL.md sections 2, 3 and 6) --------------------------------------------
 
@@ -63,10 +64,11 @@ class MsgType(enum.IntEnum):
     APPEND = 5
     FETCH = 6
     STATS = 7
+    BYE = 8
     ERROR = 0xFFFF
 
 
-FIRST_REQUEST_TYPE, LAST_REQUEST_TYPE = 1, 7
+FIRST_REQUEST_TYPE, LAST_REQUEST_TYPE = 1, 8
 
 
 def type_name(msg_type: int) -> str:
@@ -263,6 +265,17 @@ def encode_stats(request_id: int, session_id: int = 0, section: str = "") -> Lis
     _check_range("session_id", session_id, 0, 2**64 - 1)
     raw = _utf8("section", section, 0, MAX_SECTION_BYTES)
     return [header(MsgType.STATS, request_id) + struct.pack("<Q", session_id) + _str(raw)]
+
+
+def encode_bye(request_id: int, session_id: int) -> List[bytes]:
+    _check_session(session_id)
+    return [header(MsgType.BYE, request_id) + struct.pack("<Q", session_id)]
+
+
+def is_session_lost(code_value: int, message: str) -> bool:
+    """Whether an ERROR says the request's session is unknown (PROTOCOL.md section 3: NOT_FOUND
+    with a message starting "session_id:"), as opposed to e.g. a sequence that is not open."""
+    return STATUS_CODES.get(code_value) == "NOT_FOUND" and message.startswith("session_id:")
 
 
 # ---- Reading ----------------------------------------------------------------------------------
@@ -601,6 +614,10 @@ def _decode_body(msg_type: int, r: _Reader, tensors: Sequence):
         return out
     if base == MsgType.PING:
         out = PingReply(r.u64("server_time_us"))
+        r.finish()
+        return out
+    if base == MsgType.BYE:
+        out = ByeReply(r.u32("sequences_closed"), r.u64("bytes_freed"))
         r.finish()
         return out
     if base == MsgType.APPEND:

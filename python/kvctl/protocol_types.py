@@ -63,6 +63,31 @@ class ServerError(KvctlError):
         super().__init__("%s%s: %s" % (where, self.code, message))
 
 
+class SessionLostError(ServerError):
+    """The daemon no longer has this client's session: it restarted (kill -9, a crash, an
+    upgrade), the session's lease ran out, or BYE ended it. Everything the session held is gone;
+    a new session (hello(); KvctlCache does it by itself) starts empty.
+
+    A ServerError with code "NOT_FOUND" (message: the daemon's text, naming session_id).
+    Attributes besides ServerError's: session_id, tokens_lost (tokens of cached data the caller
+    had sent to the lost session, as far as it knows), sequences_lost.
+    """
+
+    def __init__(self, code_value: int, message: str, request: str = "", session_id: int = 0,
+                 tokens_lost: int = 0, sequences_lost: int = 0, advice: str = ""):
+        super().__init__(code_value, message, request)
+        self.session_id = session_id
+        self.tokens_lost = tokens_lost
+        self.sequences_lost = sequences_lost
+        where = "%s: " % request if request else ""
+        self.args = ("%ssession lost: the daemon no longer has this session (it restarted, or "
+                     "the session's lease expired); %d tokens of cached data in %d sequence(s) "
+                     "were lost. %s [daemon: %s]"
+                     % (where, tokens_lost, sequences_lost,
+                        advice or "Call hello() for a new session and send the data again.",
+                        message),)
+
+
 class ProtocolError(KvctlError):
     """A reply broke the protocol (malformed, wrong type, failed validation); names the field."""
 
@@ -112,6 +137,12 @@ class HelloReply:
 @dataclass(frozen=True)
 class CloseReply:
     bytes_freed: int
+
+
+@dataclass(frozen=True)
+class ByeReply:
+    sequences_closed: int   # Sequences of the session that were open.
+    bytes_freed: int        # Pool bytes of their pages.
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,13 @@ class Daemon:
         self.workdir = workdir
         self.socket_path = os.path.join(workdir, "%s.sock" % self.name)
         self.endpoint = "ipc://" + self.socket_path
+        self.stats_socket_path = os.path.join(workdir, "%s-stats.sock" % self.name)
         self.shm_name = "/kvpy-%d-%d" % (os.getpid(), n)
         self.log_path = os.path.join(workdir, "%s.log" % self.name)
         self.settings = {
             "server.endpoint": self.endpoint,
+            # Its own stats socket: a daemon refuses a path another live daemon publishes on.
+            "server.stats_endpoint": "ipc://" + self.stats_socket_path,
             "pool.shm_name": self.shm_name,
             "pool.bytes": "32MiB",
             "pool.page_bytes": "16KiB",
@@ -120,6 +123,9 @@ class Daemon:
                         pytrace=False)
         assert rc == 0, "kvctl exited with %d after SIGTERM:\n%s" % (rc, self.log())
         assert not os.path.exists(self.socket_path), "socket file left: " + self.socket_path
+        if self.settings["server.stats_endpoint"] == "ipc://" + self.stats_socket_path:
+            assert not os.path.exists(self.stats_socket_path), \
+                "stats socket file left: " + self.stats_socket_path
         shm = "/dev/shm/" + self.shm_name.lstrip("/")
         assert not os.path.exists(shm), "shm object left: " + shm
         assert not self.staging_objects(), "staging objects left: %s" % self.staging_objects()
@@ -128,13 +134,21 @@ class Daemon:
         """Paths of the per-session staging objects of this daemon's pool in /dev/shm."""
         return glob.glob("/dev/shm/" + self.shm_name.lstrip("/") + "-stg-*")
 
+    def crash(self) -> None:
+        """SIGKILL, leaving what a dead daemon leaves (socket files, the shm object): the next
+        start() must cope with them by itself."""
+        proc, self.proc = self.proc, None
+        proc.kill()
+        proc.wait()
+
     def kill(self) -> None:
         """SIGKILL (if still running) and removal of what a dead daemon leaves behind."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-        for path in [self.socket_path, "/dev/shm/" + self.shm_name.lstrip("/")]:
+        for path in (self.socket_path, self.stats_socket_path,
+                     "/dev/shm/" + self.shm_name.lstrip("/")):
             if os.path.exists(path):
                 os.unlink(path)
         for path in self.staging_objects():

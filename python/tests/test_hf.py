@@ -171,3 +171,34 @@ def test_evicting_daemon_masks_and_mirror_equals_refetch(smollm2, tokens, refere
     assert torch.equal(got, always)
     agree = (got.argmax(-1) == reference.argmax(-1)).float().mean().item()
     assert agree >= 0.5, agree
+
+
+def test_generate_after_daemon_kill9_raises_session_lost_then_the_cache_works(
+        smollm2, tokens, daemon_factory):
+    """The daemon is killed with SIGKILL between two generate() calls and started again with the
+    same settings: continuing raises SessionLostError (no crash, no attention to lost rows), and
+    the same cache then generates from a prompt exactly like DynamicCache."""
+    model, _ = smollm2
+    prompt = tokens[:, :40]
+    ones = torch.ones_like(prompt)
+    model.set_attn_implementation("sdpa")
+    ref = model.generate(prompt, attention_mask=ones, max_new_tokens=8, do_sample=False,
+                         past_key_values=DynamicCache(), pad_token_id=0)
+    d = daemon_factory(quant__lossless=True, pool__bytes="64MiB")
+    with KvctlCache(model, d.endpoint) as cache:
+        first = model.generate(prompt, attention_mask=ones, max_new_tokens=8, do_sample=False,
+                               past_key_values=cache, pad_token_id=0)
+        assert torch.equal(first, ref)
+        held = cache.get_seq_length()
+        assert held >= 40
+        d.crash()
+        d.start()
+        with pytest.raises(kvctl.SessionLostError) as e:
+            model.generate(first, attention_mask=torch.ones_like(first), max_new_tokens=4,
+                           do_sample=False, past_key_values=cache, pad_token_id=0)
+        assert e.value.tokens_lost == held
+        assert "restart the generation" in str(e.value)
+        assert cache.get_seq_length() == 0
+        again = model.generate(prompt, attention_mask=ones, max_new_tokens=8, do_sample=False,
+                               past_key_values=cache, pad_token_id=0)
+        assert torch.equal(again, ref)

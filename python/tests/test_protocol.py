@@ -171,6 +171,29 @@ def test_protocol_stats_and_error_examples():
     assert err == p.ErrorReply(2, "sequence_id: 9 not open")
 
 
+def test_protocol_bye_example():
+    assert p.encode_bye(11, 5) == [hdr(8, 11) + hexbytes("05 00 00 00 00 00 00 00")]
+    assert hdr(8, 11) == hexbytes("4b 56 43 54  01 00  08 00  0b 00 00 00 00 00 00 00  00 00")
+    body = hexbytes("02 00 00 00  00 20 00 00 00 00 00 00")
+    assert len(body) == 12
+    reply = p.decode_reply([hdr(0x8008, 11) + body])
+    assert reply.type == 0x8008 and reply.body == p.ByeReply(2, 8192)
+    assert p.type_name(8) == "BYE" and p.type_name(0x8008) == "BYE_REPLY"
+    with pytest.raises(ValueError, match="session_id: got 0"):
+        p.encode_bye(1, 0)
+
+
+def test_protocol_session_lost_is_told_apart_from_a_missing_sequence():
+    assert p.is_session_lost(2, "session_id: 7 is not an open session; send HELLO again")
+    assert not p.is_session_lost(2, "sequence_id: 9 is not open in session 7")
+    assert not p.is_session_lost(1, "session_id: got 0, expected a session from HELLO")
+    e = kvctl.SessionLostError(2, "session_id: 7 gone", "APPEND", 7, 120, 1, "Restart.")
+    assert isinstance(e, kvctl.ServerError) and e.code == "NOT_FOUND"
+    assert (e.session_id, e.tokens_lost, e.sequences_lost) == (7, 120, 1)
+    assert "120 tokens of cached data in 1 sequence(s) were lost" in str(e)
+    assert "Restart." in str(e) and e.message == "session_id: 7 gone"
+
+
 # ---- Reply validation ----------------------------------------------------------------------
 
 
@@ -224,6 +247,9 @@ def _hello_reply(**changes) -> bytes:
      "staging_shm_name"),
     ([_hello_reply(staging_shm=b"/kv-stg-1", location=1, shm=b"")], "staging_shm_name"),
     ([hdr(0x8006, 1) + bytes([2])], "mode: got 2"),
+    ([hdr(0x8008, 1) + bytes(11)], "truncated at bytes_freed"),
+    ([hdr(0x8008, 1) + bytes(13)], "trailing bytes"),
+    ([hdr(0x8009, 1)], "expected a known reply"),
 ])
 def test_protocol_malformed_replies_raise_protocol_error_naming_the_field(frames, field):
     with pytest.raises(kvctl.ProtocolError, match=field):

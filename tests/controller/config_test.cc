@@ -83,7 +83,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"pool.shm_name", "\"/kvctl-pool\""},
       {"pool.staging_bytes_per_session", "\"8MiB\""},
       {"pool.staging_slots", "4"},
-      {"pool.unlink_stale", "false"},
+      {"pool.unlink_stale", "true"},
       {"pool.budget_fraction", "0.9"},
       {"pool.checksums", "true"},
       {"pool.scrub_interval_ms", "1000"},

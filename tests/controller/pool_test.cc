@@ -94,29 +94,55 @@ TEST_CASE("ShmArena: a name held by a running daemon is refused, even with unlin
   CHECK(!ShmExists(name));
 }
 
-TEST_CASE("ShmArena: a stale object is reported, and removed only with unlink_stale",
-          "[controller][pool]") {
-  const std::string name = ShmName();
-  // What a crashed daemon leaves: the object, with nobody holding its lock.
+// What a daemon killed with SIGKILL leaves: the object, with nobody holding its lock.
+void LeaveStaleObject(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, 4096) == 0);
   close(fd);
+}
 
-  StatusOr<std::unique_ptr<ShmArena>> refused = ShmArena::Create(name, kMiB);
+TEST_CASE("ShmArena: a dead daemon's object is removed by default, kept with kRefuse",
+          "[controller][pool]") {
+  const std::string name = ShmName();
+  LeaveStaleObject(name);
+
+  StatusOr<std::unique_ptr<ShmArena>> refused = ShmArena::Create(name, kMiB, StaleShm::kRefuse);
   CHECK(refused.status().code() == StatusCode::kAlreadyExists);
-  CHECK(Has(refused.status().message(), "crashed"));
+  CHECK(Has(refused.status().message(), "no process holds it"));
   CHECK(Has(refused.status().message(), "pool.unlink_stale"));
   CHECK(Has(refused.status().message(), "rm /dev/shm" + name));
   CHECK(ShmExists(name));
 
-  StatusOr<std::unique_ptr<ShmArena>> replaced = ShmArena::Create(name, kMiB, StaleShm::kUnlink);
+  StatusOr<std::unique_ptr<ShmArena>> replaced = ShmArena::Create(name, kMiB);
   INFO(replaced.status().ToString());
   REQUIRE(replaced.ok());
   struct stat st {};
   REQUIRE(stat(("/dev/shm" + name).c_str(), &st) == 0);
   CHECK(static_cast<uint64_t>(st.st_size) == kMiB);  // The new object, not the 4KiB leftover.
   replaced->reset();
+  CHECK(!ShmExists(name));
+}
+
+TEST_CASE("ShmArena: a failed start leaves nothing, and a live object survives failed starts",
+          "[controller][pool]") {
+  const std::string name = ShmName();
+  LeaveStaleObject(name);
+  // Too big for /dev/shm: Create removes the leftover, creates its own object, then fails to
+  // reserve the memory and removes what it created, nothing else.
+  StatusOr<std::unique_ptr<ShmArena>> huge = ShmArena::Create(name, uint64_t{1} << 50);
+  CHECK(huge.status().code() == StatusCode::kResourceExhausted);
+  CHECK(!ShmExists(name));
+  // A running daemon's object survives any number of failed starts on its name.
+  StatusOr<std::unique_ptr<ShmArena>> live = ShmArena::Create(name, kMiB);
+  REQUIRE(live.ok());
+  (*live)->base()[7] = 9;
+  for (int i = 0; i < 3; ++i) {
+    CHECK(ShmArena::Create(name, kMiB).status().code() == StatusCode::kAlreadyExists);
+  }
+  CHECK(ShmExists(name));
+  CHECK((*live)->base()[7] == 9);
+  live->reset();
   CHECK(!ShmExists(name));
 }
 

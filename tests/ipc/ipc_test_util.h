@@ -194,6 +194,7 @@ inline std::vector<SampleMessage> AllSampleMessages() {
        [] {
          return MustEncode(StatsRequest{0, "pool"});
        }},
+      {"BYE", true, [] { return MustEncode(ByeRequest{42}); }},
       {"HELLO_REPLY", false, [] { return MustEncode(SampleHelloReply()); }},
       {"OPEN_REPLY", false, [] { return MustEncode(OpenReply{}); }},
       {"CLOSE_REPLY", false, [] { return MustEncode(CloseReply{4096}); }},
@@ -205,6 +206,10 @@ inline std::vector<SampleMessage> AllSampleMessages() {
       {"FETCH_REPLY dense", false, [] { return MustEncode(SampleFetchDense()); }},
       {"FETCH_REPLY blocks", false, [] { return MustEncode(SampleFetchBlocks()); }},
       {"STATS_REPLY", false, [] { return MustEncode(StatsReply{"# IPC\nrequests_total:3\n"}); }},
+      {"BYE_REPLY", false,
+       [] {
+         return MustEncode(ByeReply{3, 1 << 20});
+       }},
       {"ERROR", false, [] { return EncodeError(7, NotFound("sequence_id: 9 not found")); }},
   };
 }

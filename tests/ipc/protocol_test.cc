@@ -71,6 +71,7 @@ TEST_CASE("Protocol: every request round-trips", "[ipc]") {
   const CloseRequest close = RoundTripRequest(CloseRequest{3, 4});
   CHECK((close.session_id == 3 && close.sequence_id == 4));
   CHECK(RoundTripRequest(PingRequest{0}).session_id == 0);
+  CHECK(RoundTripRequest(ByeRequest{0xFFFFFFFFFFFFFFFFull}).session_id == 0xFFFFFFFFFFFFFFFFull);
 
   const AppendRequest want = testing::SampleAppendInline();
   const AppendRequest append = RoundTripRequest(testing::SampleAppendInline(), 1ull << 63);
@@ -136,6 +137,8 @@ TEST_CASE("Protocol: every reply round-trips", "[ipc]") {
 
   RoundTripReply(OpenReply{});
   CHECK(RoundTripReply(CloseReply{77}).bytes_freed == 77);
+  const ByeReply bye = RoundTripReply(ByeReply{0xFFFFFFFFu, 1ull << 40});
+  CHECK((bye.sequences_closed == 0xFFFFFFFFu && bye.bytes_freed == 1ull << 40));
   CHECK(RoundTripReply(PingReply{991}).server_time_us == 991);
   const AppendReply append = RoundTripReply(AppendReply{103, 96, 12345});
   CHECK((append.tokens_total == 103 && append.tokens_quantized == 96));
@@ -195,6 +198,33 @@ TEST_CASE("Protocol: PING and OPEN reply and ERROR match the byte layout of PROT
   CHECK(Hex(staging[0]) ==
         Spaced("4b564354 0100 0500 0700000000000000 0000 2a00000000000000 0700000000000000 "
                "6700000000000000 01000000 01 00 0020000000000000"));
+}
+
+TEST_CASE("Protocol: the BYE example of PROTOCOL.md is exact", "[ipc]") {
+  StatusOr<Frames> bye = Encode(11, ByeRequest{5});
+  REQUIRE(bye.ok());
+  REQUIRE(bye->size() == 1);
+  CHECK(Hex((*bye)[0]) == Spaced("4b564354 0100 0800 0b00000000000000 0000 0500000000000000"));
+  StatusOr<Frames> reply = Encode(11, ByeReply{2, 8192});
+  REQUIRE(reply.ok());
+  CHECK(Hex((*reply)[0]) ==
+        Spaced("4b564354 0100 0880 0b00000000000000 0000 02000000 0020000000000000"));
+  // Session 0 is "no session": refused before sending, and by the decoder.
+  StatusOr<Frames> none = Encode(11, ByeRequest{0});
+  CHECK(none.status().code() == StatusCode::kInvalidArgument);
+  CHECK(none.status().message().find("session_id: got 0") != std::string::npos);
+  std::string zero = testing::Bytes((*bye)[0]);
+  std::fill(zero.begin() + kHeaderBytes, zero.end(), '\0');
+  Frames f;
+  f.push_back(FrameOf(zero));
+  CHECK(DecodeRequest(std::move(f)).status().code() == StatusCode::kInvalidArgument);
+  // A body one byte short names the field.
+  std::string shortened = testing::Bytes((*bye)[0]);
+  shortened.pop_back();
+  f.clear();
+  f.push_back(FrameOf(shortened));
+  StatusOr<Request> cut = DecodeRequest(std::move(f));
+  CHECK(cut.status().message().find("session_id") != std::string::npos);
 }
 
 TEST_CASE("Protocol: the HELLO and FETCH blocks examples of PROTOCOL.md are exact", "[ipc]") {
@@ -516,6 +546,10 @@ TEST_CASE("Protocol: type names", "[ipc]") {
   CHECK(TypeName(0xFFFF) == "ERROR");
   CHECK(TypeName(0) == "0x0000");
   CHECK(TypeOf(RequestBody{StatsRequest{}}) == MsgType::kStats);
+  CHECK(TypeName(8) == "BYE");
+  CHECK(TypeName(0x8008) == "BYE_REPLY");
+  CHECK(TypeOf(RequestBody{ByeRequest{}}) == MsgType::kBye);
+  CHECK(TypeOf(ReplyBody{ByeReply{}}) == 0x8008);
   CHECK(TypeOf(ReplyBody{FetchBlocksReply{}}) == 0x8006);
 }
 

@@ -103,6 +103,7 @@ class FakeDaemon {
     reply.v = testing::PatternFrame(rows * 8 * DTypeSize(m.out_dtype), 2);
     r.Reply(std::move(reply));
   }
+  void On(ByeRequest& m, Responder& r) { r.Reply(ByeReply{2, m.session_id}); }
   void On(StatsRequest& m, Responder& r) {
     r.Reply(StatsReply{"# IPC\nsection:" + m.section + "\n"});
   }
@@ -171,6 +172,11 @@ TEST_CASE("ZmqServer: replies match requests whether answered inline or from a w
   CHECK(fetch->k.size() == 12 * 8 * 2);
   CHECK(client->FetchBlocks(1002, 3, 0, 2).status().code() == StatusCode::kUnimplemented);
 
+  StatusOr<ByeReply> bye = client->Bye(1002);
+  REQUIRE(bye.ok());
+  CHECK((bye->sequences_closed == 2 && bye->bytes_freed == 1002));
+  CHECK(client->Bye(0).status().code() == StatusCode::kInvalidArgument);  // Never sent.
+
   StatusOr<std::string> stats = client->Stats(0, "ipc");
   REQUIRE(stats.ok());
   CHECK(*stats == "# IPC\nsection:ipc\n");
@@ -178,12 +184,12 @@ TEST_CASE("ZmqServer: replies match requests whether answered inline or from a w
   // The I/O thread counts a reply just after handing it to ZeroMQ, so the client can hold the
   // last reply a moment before the counter moves: wait for it (bounded) instead of racing it.
   ServerCounters c = daemon.server().counters();
-  for (int i = 0; i < 200 && c.replies_total < 48; ++i) {
+  for (int i = 0; i < 200 && c.replies_total < 49; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     c = daemon.server().counters();
   }
-  CHECK(c.requests_total == 48);
-  CHECK(c.replies_total == 48);
+  CHECK(c.requests_total == 49);
+  CHECK(c.replies_total == 49);
   CHECK(c.errors_total == 2);
   CHECK(c.rejected_total == 0);
   CHECK(c.in_flight == 0);
