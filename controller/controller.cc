@@ -213,20 +213,22 @@ PoolStats Controller::pool_stats() const {
   return s;
 }
 
+void Controller::ReleaseStaging(Session& session) {
+  if (session.staging_object) {
+    session.staging_object.reset();  // Unlinks it; an APPEND in flight keeps its mapping.
+  } else if (session.has_staging) {
+    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
+  }
+  session.has_staging = false;
+}
+
 void Controller::FreeSessionLocked(Session& session) {
   for (auto& [id, entry] : session.sequences) {
     std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an append in flight.
     RetireSequence(*entry);
   }
   session.sequences.clear();
-  if (session.staging_object) {
-    session.staging_object.reset();  // Unlinks it; an APPEND in flight keeps its mapping.
-    session.has_staging = false;
-  }
-  if (session.has_staging) {
-    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
-    session.has_staging = false;
-  }
+  ReleaseStaging(session);
   host_memory_.Release(session.host_bytes);
   session.host_bytes = 0;
 }
@@ -483,10 +485,7 @@ StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTi
   session->sequences.clear();
   // The slot goes last: an APPEND from the slot that got its sequence before the erase above
   // has finished reading it once that sequence's lock was taken.
-  if (session->has_staging) {
-    KVCTL_CHECK(pool_->FreeStaging(session->staging.id).ok());
-    session->has_staging = false;
-  }
+  ReleaseStaging(*session);
   host_memory_.Release(session->host_bytes);
   session->host_bytes = 0;
   return reply;

@@ -98,6 +98,8 @@ class Controller {
                                                         SteadyTime now);
   StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
   void FreeSessionLocked(Session& session);
+  // Gives the session's staging slot back: its own object (cpu pool) or its slot in the pool.
+  void ReleaseStaging(Session& session);
   // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
   // REQUIRES: the entry's mutex is held.
   void RetireSequence(SequenceEntry& entry);

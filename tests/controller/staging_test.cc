@@ -108,10 +108,12 @@ TEST_CASE("Staging objects: one private object per session, the pool read-only",
   CHECK(c.Append(append, now).status().code() == StatusCode::kInvalidArgument);
   munmap(map, a->staging_bytes);
 
-  // The session ends (lease): its object's name goes and the slot is free again.
-  CHECK(c.ExpireLeases(now + std::chrono::seconds(5)) == 3);
-  CHECK_FALSE(ShmExists(a->staging_shm_name));
+  // A session ends by BYE or by its lease: its object's name goes and the slot is free again.
+  REQUIRE(c.Bye({b->session_id}, now).ok());
   CHECK_FALSE(ShmExists(b->staging_shm_name));
+  CHECK(c.pool_stats().staging_slots_used == 1);
+  CHECK(c.ExpireLeases(now + std::chrono::seconds(5)) == 2);
+  CHECK_FALSE(ShmExists(a->staging_shm_name));
   CHECK(c.pool_stats().staging_slots_used == 0);
   StatusOr<ipc::HelloReply> again = c.Hello(Hello(), now);
   REQUIRE(again.ok());
