@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "common/half.h"
@@ -52,23 +53,28 @@ Status KvTensorView::Validate(std::string_view name) const {
 }
 
 void KvTensorView::LoadRow(int64_t t, int64_t h, float* out) const {
-  const int64_t offset = t * token_stride + h * head_stride;
+  // Tensor bytes lie in ZeroMQ frames or at a client-chosen staging offset: nothing guarantees
+  // alignment (PROTOCOL.md), so each element is copied out (an unaligned load, not UB).
+  const char* src = static_cast<const char*>(data) +
+                    (t * token_stride + h * head_stride) * static_cast<int64_t>(DTypeSize(dtype));
   switch (dtype) {
-    case DType::kF32: {
-      const float* src = static_cast<const float*>(data) + offset;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = src[d];
+    case DType::kF32:
+      for (int64_t d = 0; d < head_dim; ++d) std::memcpy(&out[d], src + 4 * d, 4);
       return;
-    }
-    case DType::kF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(data) + offset;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = HalfToFloat(src[d]);
+    case DType::kF16:
+      for (int64_t d = 0; d < head_dim; ++d) {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * d, 2);
+        out[d] = HalfToFloat(bits);
+      }
       return;
-    }
-    case DType::kBF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(data) + offset;
-      for (int64_t d = 0; d < head_dim; ++d) out[d] = Bf16ToFloat(src[d]);
+    case DType::kBF16:
+      for (int64_t d = 0; d < head_dim; ++d) {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * d, 2);
+        out[d] = Bf16ToFloat(bits);
+      }
       return;
-    }
   }
 }
 

@@ -108,6 +108,14 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       reply.last_page_len.push_back(b.records > 0 ? reply.block_tokens : 0);
     }
   }
+  // An OScaR sequence holds no norm pages before its first record, yet its layouts declare side
+  // records: name the slots per page its norm pages will have (the reply is invalid with 0).
+  for (const ipc::RecordLayout& l : reply.layouts) {
+    if (reply.side_records_per_page == 0 && l.side_bytes_per_token > 0) {
+      reply.side_records_per_page = static_cast<uint32_t>(
+          page_bytes / (uint64_t{reply.block_tokens} * l.side_bytes_per_token));
+    }
+  }
   DenseKv window = seq.FetchWindow(layer_begin, layer_end);
   reply.tail_counts = std::move(window.counts);
   reply.tail_positions = zmq::message_t(window.positions.data(), window.positions.size() * 8);

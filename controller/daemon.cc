@@ -15,6 +15,7 @@
 #include <cstring>
 #include <zmq.hpp>
 
+#include "controller/dispatch.h"
 #include "controller/http_server.h"
 #include "controller/metrics.h"
 #include "controller/scrubber.h"
@@ -111,55 +112,22 @@ void Daemon::RequestStop() {
 void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
   const auto start = std::chrono::steady_clock::now();
   const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request.body));
-  // Every answer goes through here: the request is counted before its reply leaves, so a STATS
-  // sent right after a reply always sees it.
-  auto finish = [&](const Status& status, auto&& send) {
-    controller_->RecordRequest(type,
-                               std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::steady_clock::now() - start),
-                               !status.ok());
-    status.ok() ? (void)send() : (void)responder.Error(status);
-  };
-  auto answer = [&](auto result) {
-    finish(result.status(), [&] { return responder.Reply(std::move(result).value()); });
-  };
-  std::visit(
-      [&](auto& body) {
-        using T = std::decay_t<decltype(body)>;
-        if constexpr (std::is_same_v<T, ipc::HelloRequest>) {
-          StatusOr<ipc::HelloReply> reply = controller_->Hello(body, start);
-          if (reply.ok()) {
-            spdlog::info("hello from \"{}\" (model \"{}\")", body.client_name, body.model_name);
-          }
-          answer(std::move(reply));
-        } else if constexpr (std::is_same_v<T, ipc::OpenRequest>) {
-          finish(controller_->Open(body, start), [&] { return responder.Reply(ipc::OpenReply{}); });
-        } else if constexpr (std::is_same_v<T, ipc::CloseRequest>) {
-          answer(controller_->Close(body, start));
-        } else if constexpr (std::is_same_v<T, ipc::PingRequest>) {
-          answer(controller_->Ping(body, start));
-        } else if constexpr (std::is_same_v<T, ipc::AppendRequest>) {
-          answer(controller_->Append(body, start));
-        } else if constexpr (std::is_same_v<T, ipc::FetchRequest>) {
-          StatusOr<ipc::ReplyBody> reply = controller_->Fetch(body, start);
-          finish(reply.status(), [&] {
-            return std::visit([&](auto& r) { return responder.Reply(std::move(r)); }, *reply);
-          });
-        } else if constexpr (std::is_same_v<T, ipc::StatsRequest>) {
-          StatusOr<std::string> text = controller_->Stats(body, start);
-          finish(text.status(), [&] { return responder.Reply(ipc::StatsReply{*text}); });
-        } else if constexpr (std::is_same_v<T, ipc::ByeRequest>) {
-          StatusOr<ipc::ByeReply> reply = controller_->Bye(body, start);
-          if (reply.ok()) {
-            spdlog::info("bye: session ended, {} sequence(s) and {} bytes freed",
-                         reply->sequences_closed, reply->bytes_freed);
-          }
-          answer(std::move(reply));
-        } else {
-          static_assert(sizeof(T) == 0, "every request type needs a case here");
-        }
-      },
-      request.body);
+  StatusOr<ipc::ReplyBody> reply = Dispatch(*controller_, request.body, start);
+  if (const auto* hello = std::get_if<ipc::HelloRequest>(&request.body); hello && reply.ok()) {
+    spdlog::info("hello from \"{}\" (model \"{}\")", hello->client_name, hello->model_name);
+  }
+  if (const auto* bye = reply.ok() ? std::get_if<ipc::ByeReply>(&*reply) : nullptr) {
+    spdlog::info("bye: session ended, {} sequence(s) and {} bytes freed", bye->sequences_closed,
+                 bye->bytes_freed);
+  }
+  // The request is counted before its reply leaves, so a STATS sent right after a reply always
+  // sees it.
+  controller_->RecordRequest(type,
+                             std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::steady_clock::now() - start),
+                             !reply.ok());
+  reply.ok() ? (void)responder.Reply(std::move(reply).value())
+             : (void)responder.Error(reply.status());
 }
 
 void Daemon::Handle(ipc::Request request, ipc::Responder responder) {

@@ -7,6 +7,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
 
@@ -204,6 +208,17 @@ std::string_view SimdLevelName(SimdLevel level) {
   return "unknown";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for __builtin_cpu_supports,
+// and the fuzz and sanitizer builds use clang 14.
+namespace {
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
 SimdLevel DetectSimdLevel() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -212,7 +227,7 @@ SimdLevel DetectSimdLevel() {
     return SimdLevel::kAvx512;
   }
   // The AVX2 codecs convert fp16 with F16C, which every AVX2 CPU has; checked all the same.
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return SimdLevel::kAvx2;
+  if (__builtin_cpu_supports("avx2") && CpuHasF16c()) return SimdLevel::kAvx2;
 #endif
   return SimdLevel::kScalar;
 }

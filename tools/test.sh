@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (the README's test command). Ends with the CTest summary.
+# Before CTest it builds the sanitizer and fuzz dirs (tools/sanitize.sh build: build-fuzz/ with
+# ASan+UBSan+libFuzzer, build-tsan/ with TSan); their runs are CTest tests labelled "sanitize"
+# (skip the builds with KVCTL_SKIP_SANITIZE=1: those tests are then reported as skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+if [ "${KVCTL_SKIP_SANITIZE:-0}" != "1" ]; then
+  bash tools/sanitize.sh build
+fi
 cd build
 ctest --output-on-failure -j "${KVCTL_JOBS:-$(nproc)}" --timeout 1500
