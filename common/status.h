@@ -37,6 +37,8 @@ enum class StatusCode : int {
   kUnimplemented = 8,
   kInternal = 9,
   kPermissionDenied = 10,
+  // Stored data changed behind the daemon's back (a page checksum mismatch): the data is lost.
+  kDataLoss = 11,
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -107,6 +109,10 @@ Status Internal(const Args&... args) {
 template <typename... Args>
 Status PermissionDenied(const Args&... args) {
   return Status(StatusCode::kPermissionDenied, internal::StrCat(args...));
+}
+template <typename... Args>
+Status DataLoss(const Args&... args) {
+  return Status(StatusCode::kDataLoss, internal::StrCat(args...));
 }
 
 // Either a value or a non-OK Status.

@@ -443,6 +443,15 @@ Status ValidateConfig(const Config& c) {
                              " left after staging");
     }
   }
+  if (p.checksums && p.scrub_interval_ms > 0 && p.scrub_bytes_per_second > 0 &&
+      p.scrub_bytes_per_second * static_cast<uint64_t>(p.scrub_interval_ms) / 1000 < p.page_bytes) {
+    return InvalidArgument(
+        "pool.scrub_bytes_per_second: got ", FormatByteSize(p.scrub_bytes_per_second),
+        " with pool.scrub_interval_ms ", p.scrub_interval_ms,
+        ", expected at least one page (pool.page_bytes ", FormatByteSize(p.page_bytes),
+        ") per period; raise it, lengthen the period, or set either to 0 to "
+        "turn the scrubber off");
+  }
   KVCTL_RETURN_IF_ERROR(ValidateQuantScope(c, nullptr));
   std::set<std::string> names;
   for (const ModelConfig& m : c.models) {

@@ -61,6 +61,10 @@ struct PoolConfig {
   int staging_slots = 0;
   bool unlink_stale = true;
   double budget_fraction = 0;
+  // Page checksums (docs/reliability.md "Page checksums").
+  bool checksums = true;
+  int scrub_interval_ms = 0;            // 0 = no scrubber.
+  uint64_t scrub_bytes_per_second = 0;  // 0 = no scrubber.
   bool operator==(const PoolConfig&) const = default;
 };
 

@@ -287,6 +287,32 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_POOL_BUDGET_FRACTION",
            .doc = "Fraction of the pages the budget planner fills; it evicts or lowers bits "
                   "before usage passes it."}),
+      Row<&Config::pool, &PoolConfig::checksums>(
+          {.key = "pool.checksums",
+           .default_text = "true",
+           .flags = kImm,
+           .env = "KVCTL_POOL_CHECKSUMS",
+           .doc = "Keep a CRC32C of every stored pool page in daemon memory, verify it on FETCH "
+                  "and in the scrubber, and answer DATA_LOSS for a sequence whose pages changed "
+                  "behind the daemon's back; false turns checksums and the scrubber off."}),
+      Row<&Config::pool, &PoolConfig::scrub_interval_ms>(
+          {.key = "pool.scrub_interval_ms",
+           .default_text = "1000",
+           .min = 0,
+           .max = 3600000,
+           .flags = kImm,
+           .env = "KVCTL_POOL_SCRUB_INTERVAL_MS",
+           .doc = "Period of the background scrubber, which verifies the checksums of stored "
+                  "pages without a FETCH; 0 = no scrubber."}),
+      Row<&Config::pool, &PoolConfig::scrub_bytes_per_second>(
+          {.key = "pool.scrub_bytes_per_second",
+           .default_text = "64MiB",
+           .min = 0,
+           .max = 64 * kGiB,
+           .flags = kImm,
+           .env = "KVCTL_POOL_SCRUB_BYTES_PER_SECOND",
+           .doc = "Most page bytes the scrubber verifies per second (each period verifies up to "
+                  "this x scrub_interval_ms / 1000); 0 = no scrubber."}),
       // [limits]
       Row<&Config::limits, &LimitsConfig::host_memory_bytes>(
           {.key = "limits.host_memory_bytes",

@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/controller.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,10 +105,11 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
 }  // namespace
 
 Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool,
-                       std::string shm_name)
+                       std::string shm_name, std::unique_ptr<StagingObjects> staging)
     : pool_(std::move(pool)),
       host_memory_(EffectiveHostMemoryBytes(config)),
       shm_name_(std::move(shm_name)),
+      staging_(std::move(staging)),
       started_(std::chrono::steady_clock::now()),
       config_(config) {}
 
@@ -121,22 +123,49 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
   KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
   std::unique_ptr<Arena> arena;
   std::string shm_name;
-  if (config.pool.backend == PoolBackend::kCuda) {
-    KVCTL_ASSIGN_OR_RETURN(arena, CreateCudaArena(config.pool.bytes, config.pool.cuda_device));
-  } else {
-    const StaleShm stale = config.pool.unlink_stale ? StaleShm::kUnlink : StaleShm::kRefuse;
-    KVCTL_ASSIGN_OR_RETURN(arena, ShmArena::Create(ShmNameFor(config), config.pool.bytes, stale));
-    shm_name = ShmNameFor(config);
-  }
   PageAllocatorOptions options;
   options.page_bytes = config.pool.page_bytes;
-  if (config.pool.staging_bytes_per_session > 0) {
-    options.staging_slots = static_cast<uint32_t>(config.pool.staging_slots);
-    options.staging_slot_bytes = config.pool.staging_bytes_per_session;
+  options.checksums = config.pool.checksums;
+  auto staging = std::make_unique<StagingObjects>("", 0, 0);
+  if (config.pool.backend == PoolBackend::kCuda) {
+    KVCTL_ASSIGN_OR_RETURN(arena, CreateCudaArena(config.pool.bytes, config.pool.cuda_device));
+    // The device pool keeps its staging slots inside the pool (device memory engines write).
+    if (config.pool.staging_bytes_per_session > 0) {
+      options.staging_slots = static_cast<uint32_t>(config.pool.staging_slots);
+      options.staging_slot_bytes = config.pool.staging_bytes_per_session;
+    }
+  } else {
+    shm_name = ShmNameFor(config);
+    if (shm_name.size() + StagingObjects::kSuffixChars > 255) {
+      return InvalidArgument("pool.shm_name: got ", shm_name.size(),
+                             " characters, expected at most ", 255 - StagingObjects::kSuffixChars,
+                             " (staging objects are named after it with a ",
+                             StagingObjects::kSuffixChars, "-character suffix)");
+    }
+    // Staging lives in per-session objects, so clients map the pool read-only; their bytes come
+    // out of pool.bytes as the slots at the pool's end used to (same page count).
+    const uint64_t staging_bytes =
+        config.pool.staging_bytes_per_session > 0
+            ? uint64_t(config.pool.staging_slots) *
+                  ((config.pool.staging_bytes_per_session + 4095) / 4096 * 4096)
+            : 0;
+    const StaleShm stale = config.pool.unlink_stale ? StaleShm::kUnlink : StaleShm::kRefuse;
+    KVCTL_ASSIGN_OR_RETURN(auto shm,
+                           ShmArena::Create(shm_name, config.pool.bytes - staging_bytes, stale));
+    KVCTL_RETURN_IF_ERROR(shm->RestrictToReaders());
+    arena = std::move(shm);
+    staging =
+        std::make_unique<StagingObjects>(shm_name, static_cast<uint32_t>(config.pool.staging_slots),
+                                         config.pool.staging_bytes_per_session);
+    // We hold the pool now, so objects with our prefix are a dead daemon's.
+    if (const int removed = staging->RemoveLeftovers(); removed > 0) {
+      spdlog::warn("removed {} staging object(s) left by a previous daemon", removed);
+    }
   }
   KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<PageAllocator> pool,
                          PageAllocator::Create(std::move(arena), options));
-  return std::unique_ptr<Controller>(new Controller(config, std::move(pool), std::move(shm_name)));
+  return std::unique_ptr<Controller>(
+      new Controller(config, std::move(pool), std::move(shm_name), std::move(staging)));
 }
 
 Config Controller::config() const {
@@ -171,16 +200,35 @@ void Controller::RetireSequence(SequenceEntry& entry) {
   entry.seq.reset();
 }
 
+PoolStats Controller::pool_stats() const {
+  PoolStats s = pool_->Stats();
+  if (staging_->slots() > 0) {
+    s.staging_slots_total = staging_->slots();
+    s.staging_slots_used = staging_->used();
+    s.staging_slot_bytes = staging_->slot_bytes();
+    s.alloc_failures_total += staging_->failures();
+    s.staging_bytes_total =
+        uint64_t{staging_->slots()} * ((staging_->slot_bytes() + 4095) / 4096 * 4096);
+  }
+  return s;
+}
+
+void Controller::ReleaseStaging(Session& session) {
+  if (session.staging_object) {
+    session.staging_object.reset();  // Unlinks it; an APPEND in flight keeps its mapping.
+  } else if (session.has_staging) {
+    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
+  }
+  session.has_staging = false;
+}
+
 void Controller::FreeSessionLocked(Session& session) {
   for (auto& [id, entry] : session.sequences) {
     std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an append in flight.
     RetireSequence(*entry);
   }
   session.sequences.clear();
-  if (session.has_staging) {
-    KVCTL_CHECK(pool_->FreeStaging(session.staging.id).ok());
-    session.has_staging = false;
-  }
+  ReleaseStaging(session);
   host_memory_.Release(session.host_bytes);
   session.host_bytes = 0;
 }
@@ -240,6 +288,12 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
   // Resolve once now (outside mu_: planning allocates per head) so a geometry the config cannot
   // serve fails at HELLO, not at OPEN.
   KVCTL_RETURN_IF_ERROR(PlanLayers(config, request.model_name, request.geometry).status());
+  // cpu pool: the session's own staging object, made before the lock (it reserves memory).
+  std::shared_ptr<StagingObject> staging_object;
+  if (staging_->slots() > 0) {
+    StatusOr<std::shared_ptr<StagingObject>> got = staging_->Acquire();
+    if (got.ok()) staging_object = std::move(got).value();  // Else the client sends inline.
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (sessions_.size() >= static_cast<size_t>(config_.limits.max_sessions)) {
     return ResourceExhausted(
@@ -272,11 +326,19 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
       reply.staging_bytes = slot->bytes;
     }
   }
+  if (staging_object) {
+    session->has_staging = true;
+    session->staging = StagingSlot{0, 0, staging_object->bytes()};
+    reply.staging_shm_name = staging_object->name();
+    reply.staging_offset = 0;
+    reply.staging_bytes = staging_object->bytes();
+    session->staging_object = std::move(staging_object);
+  }
   sessions_[session->id] = session;
   reply.session_id = session->id;
   reply.lease_ms = static_cast<uint32_t>(config_.server.lease_ms);
   reply.server_version = kKvctlVersion;
-  reply.pool_bytes = config_.pool.bytes;
+  reply.pool_bytes = pool_->arena().bytes();
   reply.page_bytes = static_cast<uint32_t>(pool_->page_bytes());
   reply.shm_name = shm_name_;
   if (pool_->arena().cuda_device() >= 0) {
@@ -423,10 +485,7 @@ StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTi
   session->sequences.clear();
   // The slot goes last: an APPEND from the slot that got its sequence before the erase above
   // has finished reading it once that sequence's lock was taken.
-  if (session->has_staging) {
-    KVCTL_CHECK(pool_->FreeStaging(session->staging.id).ok());
-    session->has_staging = false;
-  }
+  ReleaseStaging(*session);
   host_memory_.Release(session->host_bytes);
   session->host_bytes = 0;
   return reply;
@@ -445,6 +504,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   const uint8_t* k_bytes = nullptr;
   const uint8_t* v_bytes = nullptr;
   uint64_t staged_bytes = 0;
+  std::shared_ptr<StagingObject> staging_hold;  // Keeps the mapping while it is read.
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
@@ -462,8 +522,11 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
       const StagingSlot& slot = session->staging;
       KVCTL_RETURN_IF_ERROR(CheckSpanInside("staging_offset (this session's staging slot)",
                                             request.staging_offset, need, slot.offset, slot.bytes));
-      k_bytes = pool_->StagingPointer(slot.id) + (request.staging_offset - slot.offset);
-      staged_bytes = need;
+      staging_hold = session->staging_object;
+      k_bytes = staging_hold
+                    ? staging_hold->data() + request.staging_offset
+                    : pool_->StagingPointer(slot.id) + (request.staging_offset - slot.offset);
+      staged_bytes = staging_hold ? 0 : need;  // Only a device slot is pulled.
     }
   }
   // A device pool's slot was written on the device: bring the bytes to the host copy (outside
@@ -531,7 +594,11 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     }
   } settle{host_memory_, *entry, growth};
   const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
+  const bool was_lost = !entry->seq->integrity().ok();
   Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
+  if (appended.code() == StatusCode::kDataLoss && !was_lost) {
+    spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
+  }
   if (appended.code() == StatusCode::kResourceExhausted) {
     // The failed APPEND changed nothing, so the sequence's lock can go while others are lowered
     // (taking mu_ while holding it would invert the mu_ -> sequence order of STATS and CLOSE).
@@ -590,9 +657,17 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
                          FindSequence(request.session_id, request.sequence_id, now));
   std::lock_guard<std::mutex> seq_lock(entry->mu);
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
-  const KvSequence& seq = *entry->seq;
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
+  // Fail closed: nothing is read or referred to unless its pages still match their checksums.
+  const bool was_lost = !entry->seq->integrity().ok();
+  if (Status verified = entry->seq->Verify(begin, end); !verified.ok()) {
+    if (!was_lost) {
+      spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
+    }
+    return verified;
+  }
+  const KvSequence& seq = *entry->seq;
   if (request.mode == ipc::FetchMode::kDense) {
     DenseKv dense = seq.FetchDense(begin, end);
     ipc::FetchDenseReply reply;

@@ -30,6 +30,7 @@
 #include "controller/host_memory.h"
 #include "controller/kv_sequence.h"
 #include "controller/pool.h"
+#include "controller/staging_shm.h"
 #include "controller/stats.h"
 #include "ipc/messages.h"
 #include "ipc/server.h"
@@ -63,6 +64,12 @@ class Controller {
   // Frees every session whose lease ran out by `now`; returns how many.
   int ExpireLeases(SteadyTime now);
 
+  // One pass of the page-checksum scrubber (controller/scrubber.cc): verifies about max_bytes of
+  // stored pages, taking the open sequences in turn from where the last pass stopped (each at
+  // most once per pass; a sequence busy with a request is skipped) and marks a sequence whose
+  // pages changed lost. Returns the bytes verified. No-op without pool.checksums.
+  uint64_t Scrub(uint64_t max_bytes);
+
   // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
   // Refuses, with a message, changes to keys that are fixed for the daemon's life.
   Status Reload(const Config& config);
@@ -77,18 +84,22 @@ class Controller {
   void SetHttpAddress(std::string bound_address);
 
   Config config() const;
-  PoolStats pool_stats() const { return pool_->Stats(); }
+  // The pool's page and staging counters (a cpu pool's staging is its StagingObjects).
+  PoolStats pool_stats() const;
   const std::string& shm_name() const { return shm_name_; }
 
  private:
   struct SequenceEntry;
   struct Session;
 
-  Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name);
+  Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name,
+             std::unique_ptr<StagingObjects> staging);
   StatusOr<std::shared_ptr<SequenceEntry>> FindSequence(uint64_t session_id, uint64_t sequence_id,
                                                         SteadyTime now);
   StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
   void FreeSessionLocked(Session& session);
+  // Gives the session's staging slot back: its own object (cpu pool) or its slot in the pool.
+  void ReleaseStaging(Session& session);
   // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
   // REQUIRES: the entry's mutex is held.
   void RetireSequence(SequenceEntry& entry);
@@ -107,6 +118,8 @@ class Controller {
   const std::unique_ptr<PageAllocator> pool_;
   HostMemoryBudget host_memory_;  // limits.host_memory_bytes; internally synchronized.
   const std::string shm_name_;
+  // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
+  const std::unique_ptr<StagingObjects> staging_;
   const SteadyTime started_;
   ServerStats stats_;     // Internally synchronized.
   std::string endpoint_;  // Set once before serving.
@@ -120,6 +133,8 @@ class Controller {
   uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
   uint64_t sessions_ended_ = 0;                            // By BYE; guarded by mu_.
   uint64_t next_session_number_ = 1;                       // Guarded by mu_.
+  std::mutex scrub_mu_;                                    // One scrub pass at a time.
+  size_t scrub_next_ = 0;  // Where the next pass starts; guarded by scrub_mu_.
   std::mutex retired_mu_;
   HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.
 };

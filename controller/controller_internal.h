@@ -30,7 +30,8 @@ struct Controller::Session {
   std::string client_name, model_name;
   ipc::Geometry geometry;
   bool has_staging = false;
-  StagingSlot staging;
+  StagingSlot staging;  // A cpu pool's: offset 0 of staging_object. A cuda pool's: in the pool.
+  std::shared_ptr<StagingObject> staging_object;  // cpu pool: this session's own shm object.
   SteadyTime last_seen;
   uint64_t host_bytes = 0;  // Charged to the host budget for the session itself.
   std::map<uint64_t, std::shared_ptr<SequenceEntry>> sequences;

@@ -204,7 +204,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "http_address:" << http_address << "\n";
   }
   if (show("pool")) {
-    const PoolStats p = pool_->Stats();
+    const PoolStats p = pool_stats();
     out << "# Pool\n"
         << "pool_backend:" << (pool_->arena().cuda_device() >= 0 ? "cuda" : "cpu") << "\n"
         << "pool_shm_name:" << shm_name_ << "\n"
@@ -224,7 +224,12 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
         << "host_memory_used_bytes:" << host_memory_.used() << "\n"
         << "host_memory_limit_bytes:" << host_memory_.limit() << "\n"
         << "publish_ranges_total:" << p.publish_ranges_total << "\n"
-        << "publish_bytes_total:" << p.publish_bytes_total << "\n";
+        << "publish_bytes_total:" << p.publish_bytes_total << "\n"
+        << "checksums:" << (pool_->checksums() ? 1 : 0) << "\n"
+        << "checksum_failures_total:" << p.checksum_failures_total << "\n"
+        << "verified_bytes_total:" << p.verified_bytes_total << "\n"
+        << "sealed_bytes_total:" << p.sealed_bytes_total << "\n"
+        << "scrubbed_bytes_total:" << p.scrubbed_bytes_total << "\n";
   }
   if (show("sequences")) {
     const double fp16_bytes = static_cast<double>(total.elements) * 2;

@@ -18,6 +18,7 @@
 #include "controller/dispatch.h"
 #include "controller/http_server.h"
 #include "controller/metrics.h"
+#include "controller/scrubber.h"
 #include "ipc/transport.h"
 
 namespace kvctl {
@@ -288,8 +289,10 @@ int Daemon::Run() {
     spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
                  server_->endpoint(), config.pool.bytes, controller_->shm_name());
   }
+  std::unique_ptr<Scrubber> scrubber = Scrubber::Start(config.pool, controller_.get());
   impl.io.run();
 
+  scrubber.reset();
   impl.http.reset();
   server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
   impl.workers->join();

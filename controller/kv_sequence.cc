@@ -53,6 +53,7 @@ KvSequence::~KvSequence() = default;
 
 Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView>& k,
                           const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q) {
+  if (!integrity_.ok()) return integrity_;
   // A relief frees what the model predicts; the pages may still fall short (page granularity,
   // another sequence taking pages meanwhile), so a few rounds are allowed.
   Status appended = AppendOnce(first_position, k, v, q, pressure_.lower_widths ? 3 : 0);
@@ -61,15 +62,64 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
   return appended.ok() ? published : appended;
 }
 
-Status KvSequence::Publish() {
-  if (!pool_->mirrored()) return OkStatus();
-  std::vector<uint32_t> pages;
-  for (const auto& layer : layers_) {
-    layer->norms.CollectPages(&pages);
-    for (const HeadStream& head : layer->heads) {
-      head.rows.CollectPages(&pages);
-      head.records.CollectPages(&pages);
+void KvSequence::CollectPages(int layer_begin, int layer_end, std::vector<uint32_t>* pages) const {
+  for (int l = layer_begin; l < layer_end; ++l) {
+    const LayerState& layer = *layers_[l];
+    layer.norms.CollectPages(pages);
+    for (const HeadStream& head : layer.heads) {
+      head.rows.CollectPages(pages);
+      head.records.CollectPages(pages);
     }
+  }
+}
+
+Status KvSequence::MarkLost(const Status& loss) {
+  if (integrity_.ok()) {
+    integrity_ =
+        DataLoss("sequence data lost: ", loss.message(),
+                 "; FETCH and APPEND of this sequence answer DATA_LOSS until it is closed");
+  }
+  return integrity_;
+}
+
+Status KvSequence::Verify(int layer_begin, int layer_end) {
+  if (!integrity_.ok() || !pool_->checksums()) return integrity_;
+  std::vector<uint32_t> pages;
+  CollectPages(layer_begin, layer_end, &pages);
+  Status verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kFetch);
+  return verified.ok() ? verified : MarkLost(verified);
+}
+
+StatusOr<uint64_t> KvSequence::Scrub(uint64_t max_bytes, bool* wrapped) {
+  *wrapped = true;
+  if (!integrity_.ok()) return integrity_;
+  if (!pool_->checksums()) return uint64_t{0};
+  std::vector<uint32_t> pages;
+  CollectPages(0, geometry_.layers, &pages);
+  // Appends between calls may move pages in the list: the walk then skips or repeats a few, and
+  // the next round covers them.
+  if (scrub_cursor_ >= pages.size()) scrub_cursor_ = 0;
+  size_t end = scrub_cursor_;
+  uint64_t bytes = 0;
+  std::vector<uint32_t> slice;
+  while (end < pages.size() && bytes < max_bytes) {
+    bytes += pool_->SealedBytes(pages[end]);
+    slice.push_back(pages[end++]);
+  }
+  Status verified = pool_->VerifyPages(slice, PageAllocator::VerifyReason::kScrub);
+  if (!verified.ok()) return MarkLost(verified);
+  *wrapped = end >= pages.size();
+  scrub_cursor_ = *wrapped ? 0 : end;
+  return bytes;
+}
+
+Status KvSequence::Publish() {
+  if (!pool_->mirrored() && !pool_->checksums()) return OkStatus();
+  std::vector<uint32_t> pages;
+  CollectPages(0, geometry_.layers, &pages);
+  if (pool_->checksums()) {
+    Status sealed = pool_->SealPages(pages);
+    return sealed.ok() ? sealed : MarkLost(sealed);
   }
   Status published = pool_->PublishPages(std::move(pages));
   if (published.ok()) return OkStatus();

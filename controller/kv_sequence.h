@@ -26,6 +26,12 @@
 // any error (bad shape, NaN, fp16 overflow, missing Q, RESOURCE_EXHAUSTED) the sequence is
 // unchanged.
 //
+// Integrity: with page checksums on (PageAllocator::checksums) every method that writes seals the
+// pages it changed before it returns, Verify checks the pages a FETCH reads and Scrub walks all
+// of them a slice at a time. The first mismatch found marks the sequence lost: from then on
+// Append, LowerWidth and Verify answer the same DATA_LOSS and nothing rewrites (and so re-seals)
+// its pages.
+//
 // Thread safety: none; callers serialise operations on one sequence (the daemon holds a
 // per-sequence mutex).
 #ifndef KVCTL_CONTROLLER_KV_SEQUENCE_H_
@@ -180,6 +186,17 @@ class KvSequence {
   // Only the full-precision rows (sinks, then tail) of layers [layer_begin, layer_end).
   DenseKv FetchWindow(int layer_begin, int layer_end) const;
 
+  // Page checksums of layers [layer_begin, layer_end) (rows, records, norms): OK, or the DATA_LOSS
+  // that marks the sequence lost (also when it was lost before).
+  // REQUIRES: 0 <= layer_begin < layer_end <= layers.
+  Status Verify(int layer_begin, int layer_end);
+  // Verifies the sequence's next pages, from where the last call stopped, until about max_bytes
+  // were checksummed or every page was; *wrapped says the walk reached the end (and starts over
+  // next time). Returns the bytes checksummed, or the DATA_LOSS that marks the sequence lost.
+  StatusOr<uint64_t> Scrub(uint64_t max_bytes, bool* wrapped);
+  // OK, or the DATA_LOSS that marked the sequence lost.
+  const Status& integrity() const { return integrity_; }
+
   SequenceUsage Usage() const;
   HeadUsage HeadUsageOf(int layer, int head) const;
   // Quality samples and error sums over every (layer, head).
@@ -213,6 +230,10 @@ class KvSequence {
   // device copy error. Every public method that writes calls it once before returning.
   Status Publish();
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
+  // Every pool page of layers [layer_begin, layer_end), appended to *pages.
+  void CollectPages(int layer_begin, int layer_end, std::vector<uint32_t>* pages) const;
+  // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
+  Status MarkLost(const Status& loss);
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
   // then the new tokens (rounded to fp16 unless the layer is lossless).
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
@@ -234,6 +255,8 @@ class KvSequence {
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
   int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.
+  Status integrity_;           // DATA_LOSS once a page checksum mismatched.
+  size_t scrub_cursor_ = 0;    // Index into CollectPages(0, layers) where Scrub goes on.
 };
 
 }  // namespace kvctl

@@ -18,6 +18,8 @@ Status KvSequence::LowerWidth(int layer, int head, int k_bits, int v_bits) {
 }
 
 Status KvSequence::LowerWidthInPlace(int layer, int head, int k_bits, int v_bits) {
+  // Re-quantizing lost data would seal the damage into fresh checksums.
+  if (!integrity_.ok()) return integrity_;
   if (layer < 0 || layer >= geometry_.layers) {
     return InvalidArgument("layer: got ", layer, ", expected 0..", geometry_.layers - 1);
   }
@@ -106,7 +108,7 @@ Status KvSequence::RelievePressure(int64_t shortfall_pages) {
 }
 
 int64_t KvSequence::LowerWidthsForOthers(int64_t pages) {
-  if (!pressure_.lower_widths || pages < 1) return 0;
+  if (!pressure_.lower_widths || pages < 1 || !integrity_.ok()) return 0;
   StatusOr<int64_t> freed = LowerWidthsToFree(pages, /*partial=*/true);
   // Not inside an APPEND of this sequence, so it publishes here. A device copy error counts as
   // no relief (the marks stay for this sequence's next request).

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
 #include "common/checked_math.h"
+#include "common/crc32c.h"
 
 namespace kvctl {
 namespace {
@@ -26,7 +28,9 @@ std::string ErrnoText(int err) { return std::strerror(err); }
 // Opens an existing object without creating it and probes its flock. Returns true if no process
 // holds it (a leftover of a crash), false if a live daemon does; errors if it cannot be opened.
 StatusOr<bool> ProbeStale(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  // Read-only: a live daemon's pool is mode 0400 (ShmArena::RestrictToReaders); flock needs no
+  // write access.
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return true;  // Vanished meanwhile: as good as stale.
@@ -140,6 +144,13 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, ui
   return std::unique_ptr<ShmArena>(new ShmArena(name, fd, static_cast<uint8_t*>(base), bytes));
 }
 
+Status ShmArena::RestrictToReaders() {
+  if (fchmod(fd_, 0400) != 0) {
+    return Internal("pool.shm_name: fchmod(", name_, ", 0400): ", ErrnoText(errno));
+  }
+  return OkStatus();
+}
+
 ShmArena::~ShmArena() {
   munmap(base_, bytes_);
   // Unlink only our own object: if the name was replaced (another daemon removed ours as stale),
@@ -152,7 +163,7 @@ ShmArena::~ShmArena() {
 
 PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
                              uint32_t pages_total, uint32_t staging_slots,
-                             uint64_t staging_slot_bytes, uint64_t staging_stride)
+                             uint64_t staging_slot_bytes, uint64_t staging_stride, bool checksums)
     : arena_(std::move(arena)),
       page_bytes_(page_bytes),
       pages_total_(pages_total),
@@ -161,13 +172,22 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
       staging_stride_(staging_stride),
       staging_offset_(arena_->bytes() - staging_stride * staging_slots),
       mirrored_(arena_->mirrored()),
-      dirty_begin_(mirrored_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
-      dirty_end_(mirrored_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      checksums_(checksums && !mirrored_),
+      dirty_begin_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      dirty_end_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      page_crc_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      sealed_end_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      tainted_(checksums_ ? new std::atomic<uint8_t>[pages_total] : nullptr),
       page_used_(pages_total, 0),
       slot_used_(staging_slots, 0) {
-  for (uint32_t i = 0; mirrored_ && i < pages_total; ++i) {
+  for (uint32_t i = 0; tracks_writes() && i < pages_total; ++i) {
     dirty_begin_[i].store(static_cast<uint32_t>(page_bytes), std::memory_order_relaxed);
     dirty_end_[i].store(0, std::memory_order_relaxed);
+  }
+  for (uint32_t i = 0; checksums_ && i < pages_total; ++i) {
+    page_crc_[i].store(0, std::memory_order_relaxed);
+    sealed_end_[i].store(0, std::memory_order_relaxed);
+    tainted_[i].store(0, std::memory_order_relaxed);
   }
   // Stacks pop from the back: push in reverse so a fresh pool hands out ids 0, 1, 2, ...
   free_pages_.reserve(pages_total);
@@ -203,7 +223,7 @@ StatusOr<std::unique_ptr<PageAllocator>> PageAllocator::Create(std::unique_ptr<A
   }
   return std::unique_ptr<PageAllocator>(
       new PageAllocator(std::move(arena), p, static_cast<uint32_t>(pages), slots,
-                        staging ? o.staging_slot_bytes : 0, stride));
+                        staging ? o.staging_slot_bytes : 0, stride, o.checksums));
 }
 
 Status PageAllocator::ExhaustedLocked(uint32_t count) {
@@ -251,6 +271,14 @@ Status PageAllocator::Free(uint32_t page) {
                               ", which is not allocated (double free?)");
   }
   page_used_[page] = 0;
+  if (checksums_) {
+    // The next owner starts with nothing sealed (and no marks of this one).
+    dirty_begin_[page].store(static_cast<uint32_t>(page_bytes_), std::memory_order_relaxed);
+    dirty_end_[page].store(0, std::memory_order_relaxed);
+    sealed_end_[page].store(0, std::memory_order_relaxed);
+    page_crc_[page].store(0, std::memory_order_relaxed);
+    tainted_[page].store(0, std::memory_order_relaxed);
+  }
   free_pages_.push_back(page);
   return OkStatus();
 }
@@ -321,8 +349,19 @@ Status Arena::EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8
 }
 
 void PageAllocator::MarkDirty(uint32_t page, uint32_t begin, uint32_t end) {
-  if (!mirrored_) return;
+  if (!tracks_writes()) return;
   KVCTL_CHECK(page < pages_total_ && begin < end && end <= page_bytes_);
+  if (checksums_) {
+    const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    // The first write below the sealed end since the last seal: the page still holds what was
+    // sealed, so check it before it changes.
+    if (begin < sealed && dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
+      verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
+      if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
+        tainted_[page].store(1, std::memory_order_relaxed);
+      }
+    }
+  }
   // Widen the interval; a CAS loop because C++20 has no atomic fetch_min / fetch_max.
   uint32_t lo = dirty_begin_[page].load(std::memory_order_relaxed);
   while (begin < lo && !dirty_begin_[page].compare_exchange_weak(lo, begin)) {
@@ -369,12 +408,107 @@ Status PageAllocator::PublishPages(const std::vector<uint32_t>& pages) {
   return OkStatus();
 }
 
+Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
+  if (!checksums_) return OkStatus();
+  std::string tainted;
+  uint64_t failures = 0;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    if (dirty_end_[page].load(std::memory_order_relaxed) == 0) continue;  // Clean.
+    if (tainted_[page].exchange(0, std::memory_order_relaxed) != 0) {
+      if (++failures <= 4) {
+        tainted += internal::StrCat(tainted.empty() ? "" : ", ", page);
+      }
+    }
+    const uint32_t lo = dirty_begin_[page].exchange(static_cast<uint32_t>(page_bytes_));
+    const uint32_t hi = dirty_end_[page].exchange(0);
+    const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    const uint8_t* base = PagePointer(page);
+    if (lo >= sealed) {
+      // Only bytes past the sealed prefix changed (an appended slot): extend the checksum over
+      // them, and over any never-written gap before them, which the prefix now covers too.
+      page_crc_[page].store(
+          Crc32cExtend(page_crc_[page].load(std::memory_order_relaxed), base + sealed, hi - sealed),
+          std::memory_order_relaxed);
+      sealed_end_[page].store(hi, std::memory_order_relaxed);
+      sealed_bytes_.fetch_add(hi - sealed, std::memory_order_relaxed);
+    } else {
+      const uint32_t end = std::max(sealed, hi);
+      page_crc_[page].store(Crc32c(base, end), std::memory_order_relaxed);
+      sealed_end_[page].store(end, std::memory_order_relaxed);
+      sealed_bytes_.fetch_add(end, std::memory_order_relaxed);
+    }
+  }
+  if (failures == 0) return OkStatus();
+  checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
+  return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages", " (", tainted,
+                  failures > 4 ? ", ..." : "",
+                  ") changed outside the daemon; found when a request rewrote them");
+}
+
+void PageAllocator::TrimSealed(uint32_t page, uint32_t end) {
+  if (!checksums_) return;
+  KVCTL_CHECK(page < pages_total_ && end <= page_bytes_);
+  const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+  if (end >= sealed) return;
+  // No write below `sealed` in this request yet, so the sealed bytes are still what was sealed:
+  // check them now, as MarkDirty would before such a write.
+  if (dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
+    verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
+    if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
+      tainted_[page].store(1, std::memory_order_relaxed);
+    }
+  }
+  // The next seal checksums [0, end) (and whatever this request writes) afresh.
+  sealed_end_[page].store(end, std::memory_order_relaxed);
+  page_crc_[page].store(0, std::memory_order_relaxed);
+  dirty_begin_[page].store(0, std::memory_order_relaxed);
+  if (dirty_end_[page].load(std::memory_order_relaxed) < end) {
+    dirty_end_[page].store(end, std::memory_order_relaxed);
+  }
+}
+
+Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const {
+  if (!checksums_) return OkStatus();
+  std::string bad;
+  uint64_t bytes = 0, failures = 0;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    const uint32_t end = sealed_end_[page].load(std::memory_order_relaxed);
+    if (end == 0) continue;
+    const uint32_t want = page_crc_[page].load(std::memory_order_relaxed);
+    const uint32_t got = Crc32c(PagePointer(page), end);
+    bytes += end;
+    if (got == want) continue;
+    ++failures;
+    if (failures <= 4) {
+      char crcs[64];
+      std::snprintf(crcs, sizeof(crcs), "expected CRC32C %08x, found %08x", want, got);
+      bad += internal::StrCat(bad.empty() ? "" : "; ", "page ", page, " (pool offset ",
+                              PageOffset(page), ", ", end, " bytes): ", crcs);
+    }
+  }
+  (reason == VerifyReason::kScrub ? scrubbed_bytes_ : verified_bytes_)
+      .fetch_add(bytes, std::memory_order_relaxed);
+  if (failures == 0) return OkStatus();
+  checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
+  return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages",
+                  " changed outside the daemon (", bad, failures > 4 ? "; ..." : "", "); found by ",
+                  reason == VerifyReason::kScrub ? "the scrubber" : "FETCH");
+}
+
+uint64_t PageAllocator::SealedBytes(uint32_t page) const {
+  if (!checksums_) return 0;
+  KVCTL_CHECK(page < pages_total_);
+  return sealed_end_[page].load(std::memory_order_relaxed);
+}
+
 Status PageAllocator::PullStaging(uint64_t offset, uint64_t bytes) {
   if (!mirrored_) return OkStatus();
   // The controller checked the span against the session's slot; this guards our own bugs.
-  KVCTL_CHECK(CheckSpanInside("staging", offset, bytes, staging_offset_,
-                              arena_->bytes() - staging_offset_)
-                  .ok());
+  KVCTL_CHECK(
+      CheckSpanInside("staging", offset, bytes, staging_offset_, arena_->bytes() - staging_offset_)
+          .ok());
   return arena_->Pull(offset, bytes);
 }
 
@@ -396,6 +530,10 @@ PoolStats PageAllocator::Stats() const {
   s.alloc_failures_total = alloc_failures_;
   s.publish_ranges_total = publish_ranges_.load(std::memory_order_relaxed);
   s.publish_bytes_total = publish_bytes_.load(std::memory_order_relaxed);
+  s.checksum_failures_total = checksum_failures_.load(std::memory_order_relaxed);
+  s.scrubbed_bytes_total = scrubbed_bytes_.load(std::memory_order_relaxed);
+  s.verified_bytes_total = verified_bytes_.load(std::memory_order_relaxed);
+  s.sealed_bytes_total = sealed_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 

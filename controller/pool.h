@@ -3,8 +3,10 @@
 // File: controller/pool.h
 // The KV pool: one Arena of pool.bytes (POSIX shared memory on a CPU node, so engines map it and
 // the hot path moves no tensor bytes through the socket) and a PageAllocator that hands out
-// fixed-size pages with O(1) allocate/free and exact accounting. The tail of the arena is carved
-// into per-session staging slots, so pages + staging never exceed pool.bytes.
+// fixed-size pages with O(1) allocate/free and exact accounting, and keeps a CRC32C of every
+// page's written bytes in its own memory (page checksums, below). The tail of a device arena is
+// carved into per-session staging slots, so pages + staging never exceed pool.bytes; a cpu pool's
+// staging slots are separate objects (controller/staging_shm.h).
 //
 // Thread safety: Arena and ShmArena are immutable after Create (the memory they map is not
 // synchronized: page owners are). PageAllocator is internally synchronized; every method may be
@@ -123,6 +125,10 @@ class ShmArena final : public Arena {
   uint8_t* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
   const std::string& name() const { return name_; }
+  // Makes the object read-only (mode 0400) for every later open: engines map the pool
+  // PROT_READ, and one that asks for write access (O_RDWR) is refused unless it runs as root or
+  // changes the mode back. Our own mapping stays writable. Internal error naming the call.
+  Status RestrictToReaders();
 
  private:
   ShmArena(std::string name, int fd, uint8_t* base, uint64_t bytes);
@@ -137,6 +143,9 @@ struct PageAllocatorOptions {
   uint64_t page_bytes = 64 << 10;   // Power of two, >= 4KiB.
   uint32_t staging_slots = 0;       // 0 or staging_slot_bytes 0: no staging.
   uint64_t staging_slot_bytes = 0;  // Capacity of one slot; its stride is rounded up to 4KiB.
+  // Keep a CRC32C of every page in daemon memory (see "Page checksums" below). Ignored for
+  // mirrored arenas: the host copy they work on is private to the daemon already.
+  bool checksums = false;
 };
 
 // A staging slot: [offset, offset + bytes) of the arena, owned by one session.
@@ -164,6 +173,12 @@ struct PoolStats {
   // Mirrored arenas: changed byte ranges copied to the device, and their bytes.
   uint64_t publish_ranges_total = 0;
   uint64_t publish_bytes_total = 0;
+  // Page checksums: pages found changed behind the daemon's back, and bytes the scrubber and
+  // FETCH verified.
+  uint64_t checksum_failures_total = 0;
+  uint64_t scrubbed_bytes_total = 0;
+  uint64_t verified_bytes_total = 0;
+  uint64_t sealed_bytes_total = 0;  // Bytes checksummed to seal what requests wrote.
 };
 
 // Fixed-size pages [0, pages_total) at the start of the arena, staging slots at its end.
@@ -199,7 +214,8 @@ class PageAllocator {
   // Mirrored arenas (Arena::mirrored): writers mark the bytes of a page whose host copy they
   // changed (each page keeps one interval covering its marks), and the owner of those pages
   // publishes them before anyone outside may read them (the daemon: before it replies). Both are
-  // no-ops for host arenas. Any thread; a page is marked and published by its owner only.
+  // no-ops for host arenas, except that MarkDirty also feeds the page checksums when they are on.
+  // Any thread; a page is marked and published by its owner only.
   // REQUIRES: page < pages_total(), begin < end <= page_bytes().
   bool mirrored() const { return mirrored_; }
   void MarkDirty(uint32_t page, uint32_t begin, uint32_t end);
@@ -210,6 +226,32 @@ class PageAllocator {
   // Copies [offset, offset + bytes) of a staging slot from the device copy into base().
   // REQUIRES: the range lies inside one staging slot.
   Status PullStaging(uint64_t offset, uint64_t bytes);
+
+  // Page checksums (PageAllocatorOptions::checksums; docs/reliability.md). Each page keeps, in
+  // daemon memory, the CRC32C of its bytes [0, sealed_end), where sealed_end is the furthest byte
+  // its owner ever wrote since it allocated the page. Writers mark what they change (MarkDirty,
+  // as for mirrored arenas) and the owner seals its pages once per request, before it replies
+  // (SealPages: a page whose marks all lie past sealed_end is only extended, others are
+  // checksummed again); VerifyPages recomputes. A page's owner seals and verifies it (holding
+  // whatever serializes its writes), so neither races a write. Free forgets a page's checksum.
+  // MarkDirty of a clean page below its sealed_end first verifies the page (the bytes are about
+  // to change, and a checksum over them would launder a change made behind the daemon's back);
+  // SealPages reports such a page as DATA_LOSS (and seals it all the same, so the daemon's own
+  // state stays consistent: the caller marks the owner lost).
+  bool checksums() const { return checksums_; }
+  Status SealPages(const std::vector<uint32_t>& pages);
+  // The owner declares the bytes of `page` from `end` on dead (an array shrank within the page):
+  // the sealed prefix shrinks to `end` (checked first if nothing verified it in this request), so
+  // slots written there again later only extend the checksum instead of re-checksumming the page.
+  void TrimSealed(uint32_t page, uint32_t end);
+  enum class VerifyReason { kFetch, kScrub };
+  // OK when every page still holds what was sealed; otherwise DATA_LOSS naming each page that
+  // does not (page id, pool offset, expected and found CRC32C), and checksum_failures_total
+  // counts them. Counts the bytes checksummed (verified_ or scrubbed_bytes_total).
+  Status VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const;
+  // Bytes VerifyPages reads of `page` (0 without checksums).
+  uint64_t SealedBytes(uint32_t page) const;
+
   Status EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) const {
     return arena_->EncodeBlocks(spec, batch, records);
   }
@@ -222,7 +264,9 @@ class PageAllocator {
 
  private:
   PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes, uint32_t pages_total,
-                uint32_t staging_slots, uint64_t staging_slot_bytes, uint64_t staging_stride);
+                uint32_t staging_slots, uint64_t staging_slot_bytes, uint64_t staging_stride,
+                bool checksums);
+  bool tracks_writes() const { return mirrored_ || checksums_; }
   Status ExhaustedLocked(uint32_t count) KVCTL_REQUIRES(mu_);
 
   // Constant after construction.
@@ -234,12 +278,22 @@ class PageAllocator {
   const uint64_t staging_stride_;
   const uint64_t staging_offset_;
   const bool mirrored_;
-  // Per page (mirrored arenas only): the marked interval [dirty_begin_, dirty_end_) of its bytes,
-  // empty (page_bytes, 0) when clean. Atomic because a page changes owner when freed.
+  const bool checksums_;  // Never together with mirrored_: the two share the dirty marks.
+  // Per page (mirrored or checksummed arenas): the marked interval [dirty_begin_, dirty_end_) of
+  // its bytes, empty (page_bytes, 0) when clean. Atomic because a page changes owner when freed.
   const std::unique_ptr<std::atomic<uint32_t>[]> dirty_begin_;
   const std::unique_ptr<std::atomic<uint32_t>[]> dirty_end_;
   std::atomic<uint64_t> publish_ranges_{0};
   std::atomic<uint64_t> publish_bytes_{0};
+  // Per page (checksummed arenas): CRC32C of [0, sealed_end_). Atomic for the same reason.
+  const std::unique_ptr<std::atomic<uint32_t>[]> page_crc_;
+  const std::unique_ptr<std::atomic<uint32_t>[]> sealed_end_;
+  // Per page: the check before a rewrite (MarkDirty) found a mismatch; reported by SealPages.
+  const std::unique_ptr<std::atomic<uint8_t>[]> tainted_;
+  mutable std::atomic<uint64_t> checksum_failures_{0};
+  mutable std::atomic<uint64_t> scrubbed_bytes_{0};
+  mutable std::atomic<uint64_t> verified_bytes_{0};
+  std::atomic<uint64_t> sealed_bytes_{0};
 
   mutable Mutex mu_;
   // Invariant: free_pages_ holds exactly the ids with page_used_[id] == 0, each once.

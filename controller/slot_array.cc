@@ -51,6 +51,7 @@ uint8_t* SlotArray::MutableSlot(size_t i) {
 
 void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
   const size_t want = PagesFor(n);
+  const bool shrinking = n < size_;
   while (pages_.size() < want) {
     KVCTL_CHECK(reserved != nullptr && !reserved->empty());
     pages_.push_back(reserved->back());
@@ -65,6 +66,12 @@ void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
     pages_.pop_back();
   }
   size_ = n;
+  // The slots past the new end of the last page are dead: its checksum stops covering them, so
+  // refilling them (a tail after a flush) extends the checksum instead of redoing the page.
+  if (shrinking && want > 0) {
+    const size_t live = n - (want - 1) * per_page_;
+    pool_->TrimSealed(pages_.back(), static_cast<uint32_t>(live * slot_bytes_));
+  }
 }
 
 void SlotArray::Clear() { Resize(0, nullptr); }

@@ -57,7 +57,8 @@ class SlotArray {
   }
 
   // Grows (taking PagesNeeded(n) pages from the back of *reserved) or shrinks (releasing pages
-  // onto *reserved, or to the pool when reserved is null).
+  // onto *reserved, or to the pool when reserved is null; the last page's dead slots leave its
+  // checksum, PageAllocator::TrimSealed).
   // REQUIRES: reserved holds enough pages when growing.
   void Resize(size_t n, std::vector<uint32_t>* reserved);
   void Clear();

@@ -184,6 +184,9 @@ struct HelloReply {
   PoolLocation pool_location = PoolLocation::kHostShm;
   uint32_t cuda_device = 0;
   std::array<uint8_t, kCudaIpcHandleBytes> cuda_ipc_handle{};  // All zero for host memory.
+  // The shm object holding the session's staging slot ([staging_offset, + staging_bytes) of it),
+  // writable by this session only; "" = the slot lies in the pool (a device pool's).
+  std::string staging_shm_name{};
 };
 
 struct OpenReply {};

@@ -16,7 +16,7 @@ namespace kvctl::ipc {
 static_assert(std::endian::native == std::endian::little, "kvctl's wire format is little-endian");
 
 // The last kvctl::StatusCode (common/status.h); error replies carry 1..kLastStatusCode.
-constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kPermissionDenied);
+constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kDataLoss);
 
 std::string TypeName(uint16_t type) {
   static constexpr const char* kNames[] = {"",       "HELLO", "OPEN",  "CLOSE", "PING",
@@ -240,6 +240,7 @@ void WriteBody(WireWriter& w, const HelloReply& m) {
   w.U8(static_cast<uint8_t>(m.pool_location));
   w.U32(m.cuda_device);
   w.Bytes(m.cuda_ipc_handle.data(), m.cuda_ipc_handle.size());
+  w.Str(m.staging_shm_name);
 }
 Status ReadBody(WireReader& r, HelloReply* m) {
   KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
@@ -264,7 +265,9 @@ Status ReadBody(WireReader& r, HelloReply* m) {
   }
   m->pool_location = static_cast<PoolLocation>(location);
   KVCTL_RETURN_IF_ERROR(r.U32("cuda_device", &m->cuda_device));
-  return r.Bytes("cuda_ipc_handle", m->cuda_ipc_handle.size(), m->cuda_ipc_handle.data());
+  KVCTL_RETURN_IF_ERROR(
+      r.Bytes("cuda_ipc_handle", m->cuda_ipc_handle.size(), m->cuda_ipc_handle.data()));
+  return r.Str("staging_shm_name", kMaxShmNameBytes, &m->staging_shm_name);
 }
 Status Validate(const HelloReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
@@ -275,13 +278,20 @@ Status Validate(const HelloReply& m) {
     return InvalidArgument("staging_offset: got ", m.staging_offset,
                            ", expected 0 when staging_bytes is 0");
   }
+  const bool on_device = m.pool_location == PoolLocation::kCudaDevice;
+  KVCTL_RETURN_IF_ERROR(CheckString("staging_shm_name", m.staging_shm_name, 0, kMaxShmNameBytes));
+  const bool own_object = !m.staging_shm_name.empty();
+  if (own_object && (on_device || m.staging_bytes == 0)) {
+    return InvalidArgument("staging_shm_name: got \"", m.staging_shm_name,
+                           "\", expected none for a device pool or a session without staging");
+  }
+  // A slot in its own object is bounded by that object (which the client checks when it maps it).
   uint64_t end;
-  if (m.staging_bytes > 0 &&
-      (AddOverflow(m.staging_offset, m.staging_bytes, &end) || end > m.pool_bytes)) {
+  if (m.staging_bytes > 0 && (AddOverflow(m.staging_offset, m.staging_bytes, &end) ||
+                              (!own_object && end > m.pool_bytes))) {
     return InvalidArgument("staging slot: offset ", m.staging_offset, " + bytes ", m.staging_bytes,
                            " ends past pool_bytes ", m.pool_bytes);
   }
-  const bool on_device = m.pool_location == PoolLocation::kCudaDevice;
   const bool handle_zero = std::all_of(m.cuda_ipc_handle.begin(), m.cuda_ipc_handle.end(),
                                        [](uint8_t byte) { return byte == 0; });
   if (on_device && !m.shm_name.empty()) {

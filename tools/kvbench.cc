@@ -102,6 +102,9 @@ CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& js
                   "Comma-separated subset of ping, append_inline, append_staging, fetch_dense, "
                   "fetch_dense_lossless, fetch_blocks (default: all)")
       ->delimiter(',');
+  cmd->add_option(
+      "--set", options.settings,
+      "KEY=VALUE config setting of the daemons (repeatable), e.g. pool.checksums=false");
   cmd->add_flag("--json", json, "Print one JSON object instead of the table");
   cmd->add_flag("--quick", options.quick,
                 "A CI smoke run: 30 samples after 5 warm-up unless given");

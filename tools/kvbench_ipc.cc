@@ -271,7 +271,8 @@ class DaemonThread {
   int exit_code_ = 0;
 };
 
-// A read-write mapping of a session's shm pool, as an engine makes it for the staging slot.
+// A read-write mapping of a session's staging object (or, from daemons before staging objects,
+// of the pool), as an engine makes it for the staging slot.
 class PoolMapping {
  public:
   static StatusOr<std::unique_ptr<PoolMapping>> Map(const ipc::HelloReply& hello) {
@@ -279,14 +280,17 @@ class PoolMapping {
       return FailedPrecondition("HELLO: staging_bytes ", hello.staging_bytes,
                                 ", expected a staging slot of at least ", 2 * kStepBytes, " bytes");
     }
-    const int fd = shm_open(hello.shm_name.c_str(), O_RDWR, 0);
-    if (fd < 0) return Unavailable("shm_open ", hello.shm_name, ": ", std::strerror(errno));
-    void* p = mmap(nullptr, hello.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const bool own = !hello.staging_shm_name.empty();
+    const std::string& name = own ? hello.staging_shm_name : hello.shm_name;
+    const uint64_t bytes = own ? hello.staging_offset + hello.staging_bytes : hello.pool_bytes;
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) return Unavailable("shm_open ", name, ": ", std::strerror(errno));
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return Unavailable("mmap ", hello.shm_name, ": ", std::strerror(errno));
+    if (p == MAP_FAILED) return Unavailable("mmap ", name, ": ", std::strerror(errno));
     std::unique_ptr<PoolMapping> m(new PoolMapping());
     m->base_ = static_cast<uint8_t*>(p);
-    m->bytes_ = hello.pool_bytes;
+    m->bytes_ = bytes;
     m->slot_ = m->base_ + hello.staging_offset;
     return m;
   }
@@ -301,7 +305,8 @@ class PoolMapping {
 };
 
 StatusOr<Config> MakeConfig(const std::string& endpoint, const std::string& shm_name,
-                            uint64_t pool_bytes, int workers) {
+                            uint64_t pool_bytes, int workers,
+                            const std::vector<std::string>& settings) {
   ConfigLoadOptions load;  // No file and no environment: the built-in quantizer defaults.
   load.cli = {{"server.endpoint", endpoint},
               {"server.log_level", "error"},
@@ -312,6 +317,13 @@ StatusOr<Config> MakeConfig(const std::string& endpoint, const std::string& shm_
               {"server.stats_endpoint", ""},
               {"pool.bytes", std::to_string(pool_bytes)},
               {"pool.shm_name", shm_name}};
+  for (const std::string& s : settings) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgument("--set: got \"", s, "\", expected KEY=VALUE");
+    }
+    load.cli.emplace_back(s.substr(0, eq), s.substr(eq + 1));
+  }
   KVCTL_ASSIGN_OR_RETURN(Config config, LoadConfig(load));
   KVCTL_RETURN_IF_ERROR(ApplyToml(
       config, std::string("[[model]]\nname = \"") + kLosslessModel + "\"\nlossless = true\n",
@@ -702,10 +714,11 @@ StatusOr<IpcBenchReport> RunIpcBench(const IpcBenchOptions& options) {
   const std::string dir = std::filesystem::temp_directory_path().string();
   const std::string endpoint = "ipc://" + dir + "/" + tag + ".sock";
   const std::string raw_endpoint = "ipc://" + dir + "/" + tag + "-raw.sock";
-  KVCTL_ASSIGN_OR_RETURN(Config config,
-                         MakeConfig(endpoint, "/" + tag, report.pool_bytes, options.workers));
-  KVCTL_ASSIGN_OR_RETURN(Config direct_config, MakeConfig(endpoint, "/" + tag + "-direct",
-                                                          report.pool_bytes, options.workers));
+  KVCTL_ASSIGN_OR_RETURN(Config config, MakeConfig(endpoint, "/" + tag, report.pool_bytes,
+                                                   options.workers, options.settings));
+  KVCTL_ASSIGN_OR_RETURN(Config direct_config,
+                         MakeConfig(endpoint, "/" + tag + "-direct", report.pool_bytes,
+                                    options.workers, options.settings));
 
   Bench b(options, &report);
   b.data = MakeKvData();

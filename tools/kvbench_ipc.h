@@ -46,6 +46,8 @@ struct IpcBenchOptions {
   int workers = 2;                                   // The daemon's server.workers.
   std::vector<std::string> rows{};                   // Subset of kIpcRowGroups; empty = all.
   bool quick = false;                                // Recorded in the report only.
+  // KEY=VALUE config settings for both daemons, after the bench's own (e.g. pool.checksums=false).
+  std::vector<std::string> settings{};
 };
 
 // Latency of one side of a row, microseconds, from `n` sorted samples (nearest rank).

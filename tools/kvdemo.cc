@@ -97,14 +97,19 @@ int main(int argc, char** argv) {
   const double prefill_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-  // Decode: through the staging slot of the shared pool when there is one (no tensor bytes on
-  // the socket), inline otherwise.
+  // Decode: through the session's staging slot when there is one (no tensor bytes on the
+  // socket), inline otherwise. The slot lies in the session's own staging object (the pool is
+  // read-only to clients), or in the pool for daemons before that.
   uint8_t* staging = nullptr;
   size_t map_bytes = 0;
-  if (session->staging_bytes > 0 && !session->shm_name.empty()) {
-    const int fd = shm_open(session->shm_name.c_str(), O_RDWR, 0);
+  const std::string& staging_object =
+      session->staging_shm_name.empty() ? session->shm_name : session->staging_shm_name;
+  if (session->staging_bytes > 0 && !staging_object.empty()) {
+    const int fd = shm_open(staging_object.c_str(), O_RDWR, 0);
     if (fd >= 0) {
-      map_bytes = session->pool_bytes;
+      map_bytes = session->staging_shm_name.empty()
+                      ? session->pool_bytes
+                      : session->staging_offset + session->staging_bytes;
       void* p = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       close(fd);
       if (p != MAP_FAILED) staging = static_cast<uint8_t*>(p) + session->staging_offset;

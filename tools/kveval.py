@@ -64,7 +64,7 @@ class Daemon:
         self.settings = {"server.endpoint": self.endpoint, "pool.shm_name": "/kveval-%d-%s"
                          % (os.getpid(), name), "pool.bytes": "256MiB",
                          "server.stats_endpoint": "", "server.lease_ms": "600000",
-                         "server.log_level": "warn", "pool.unlink_stale": "true"}
+                         "server.log_level": "warn"}
         self.settings.update(settings)
         self.proc = None
 

@@ -10,11 +10,11 @@ bash tools/setup.sh
 
 CONFIG=${KVCTL_CONFIG_FILE:-configs/default.toml}
 ENDPOINT=$(sed -n 's/^endpoint *= *"\(.*\)".*/\1/p' "$CONFIG" | head -n1)
-# A pool or socket left by a daemon that was killed must not stop the demo: unlink_stale removes a
-# leftover shm object only when no live daemon holds it, and the wait below accepts only a socket
-# made after this start.
+# A pool or socket left by a daemon that was killed does not stop the demo: the daemon removes a
+# leftover shm object or socket when no live process holds it (pool.unlink_stale, on by default),
+# and the wait below accepts only a socket made after this start.
 STARTED=$(mktemp)
-./build/bin/kvctl --config "$CONFIG" --set pool.unlink_stale=true &
+./build/bin/kvctl --config "$CONFIG" &
 DAEMON=$!
 trap 'kill -TERM $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true; rm -f "$STARTED"' EXIT
 for _ in $(seq 1 100); do

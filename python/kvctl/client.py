@@ -52,8 +52,8 @@ class Session:
     pool_bytes: int
     page_bytes: int
     shm_name: str            # POSIX shm object of the pool ("" = none).
-    staging_offset: int      # This session's staging slot in the pool (0 bytes = none).
-    staging_bytes: int
+    staging_offset: int      # This session's staging slot (0 bytes = none): in the object
+    staging_bytes: int       # staging_shm_name, or in the pool when that is "" (device pools).
     quant: p.QuantInfo
     layers: int
     kv_heads: int
@@ -65,12 +65,14 @@ class Session:
     pool_location: int = 0   # 0 host shm (shm_name), 1 CUDA device memory (cuda_ipc_handle).
     cuda_device: int = 0
     cuda_ipc_handle: bytes = bytes(p.CUDA_IPC_HANDLE_BYTES)
+    staging_shm_name: str = ""  # This session's own staging object (writable by it alone).
 
     @property
     def has_staging(self) -> bool:
-        """A host staging slot this client can map. A device pool's slot is written on the
+        """A host staging slot this client can map (the session's own staging object; the pool
+        itself only from daemons before staging objects). A device pool's slot is written on the
         device by the engine (PROTOCOL.md 4.1); this client then sends tensors inline."""
-        return self.staging_bytes > 0 and bool(self.shm_name)
+        return self.staging_bytes > 0 and bool(self.staging_shm_name or self.shm_name)
 
     @property
     def pool_on_device(self) -> bool:
@@ -178,17 +180,19 @@ def parse_info(text: str) -> Dict[str, Dict[str, Union[int, float, str]]]:
 
 
 class _Staging:
-    """This session's staging slot, mapped read-write from /dev/shm/<shm_name>."""
+    """This session's staging slot, mapped read-write from its own staging object
+    (/dev/shm/<staging_shm_name>). The pool is never mapped writable: it is read-only to clients
+    (only daemons before staging objects put the slot in the pool, /dev/shm/<shm_name>)."""
 
     def __init__(self, session: Session):
-        path = "/dev/shm/" + session.shm_name.lstrip("/")
+        path = "/dev/shm/" + (session.staging_shm_name or session.shm_name).lstrip("/")
         start = session.staging_offset - session.staging_offset % mmap.ALLOCATIONGRANULARITY
         self.skip = session.staging_offset - start
         self.bytes = session.staging_bytes
         try:
             fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
-            raise KvctlError("staging: cannot open the pool %s (%s); send tensors inline"
+            raise KvctlError("staging: cannot open %s (%s); send tensors inline"
                              % (path, e.strerror)) from None
         try:
             size = os.fstat(fd).st_size
@@ -397,7 +401,7 @@ class Client:
                 reply.page_bytes, reply.shm_name, reply.staging_offset, reply.staging_bytes,
                 reply.quant, layers, kv_heads, q_heads, head_dim, p.dtype_name(code),
                 client_name, model_name, reply.pool_location, reply.cuda_device,
-                reply.cuda_ipc_handle)
+                reply.cuda_ipc_handle, reply.staging_shm_name)
         return self._session
 
     def rehello(self) -> Session:

@@ -428,6 +428,7 @@ def _decode_hello(r: _Reader) -> HelloReply:
                       r.u32("quant.flush_tokens"))
     pool_location, cuda_device = r.u8("pool_location"), r.u32("cuda_device")
     cuda_ipc_handle = r._take("cuda_ipc_handle", CUDA_IPC_HANDLE_BYTES)
+    staging_shm_name = r.str("staging_shm_name", MAX_SHM_NAME_BYTES)
     r.finish()
     _in_range("pool_location", pool_location, POOL_HOST_SHM, POOL_CUDA_DEVICE)
     on_device = pool_location == POOL_CUDA_DEVICE
@@ -442,7 +443,12 @@ def _decode_hello(r: _Reader) -> HelloReply:
     _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
     _expect(staging_bytes > 0 or staging_offset == 0,
             "staging_offset: got %d, expected 0 when staging_bytes is 0" % staging_offset)
-    _expect(staging_bytes == 0 or staging_offset + staging_bytes <= pool_bytes,
+    _expect(not staging_shm_name or (not on_device and staging_bytes > 0),
+            'staging_shm_name: got "%s", expected none for a device pool or a session without '
+            'staging' % staging_shm_name)
+    _expect(staging_bytes == 0 or staging_offset + staging_bytes < 2**64,
+            "staging slot: offset %d + bytes %d ends past 2^64" % (staging_offset, staging_bytes))
+    _expect(staging_bytes == 0 or staging_shm_name or staging_offset + staging_bytes <= pool_bytes,
             "staging slot: offset %d + bytes %d ends past pool_bytes %d"
             % (staging_offset, staging_bytes, pool_bytes))
     _expect(staging_bytes == 0 or on_device or shm_name,
@@ -457,7 +463,7 @@ def _decode_hello(r: _Reader) -> HelloReply:
             % (quant.flush_tokens, quant.block_tokens))
     return HelloReply(session_id, lease_ms, server_version, pool_bytes, page_bytes, shm_name,
                       staging_offset, staging_bytes, quant, pool_location, cuda_device,
-                      bytes(cuda_ipc_handle))
+                      bytes(cuda_ipc_handle), staging_shm_name)
 
 
 def _decode_dense(r: _Reader, frames: Sequence) -> Rows:

@@ -25,6 +25,7 @@ STATUS_CODES = {
     8: "UNIMPLEMENTED",
     9: "INTERNAL",
     10: "PERMISSION_DENIED",
+    11: "DATA_LOSS",
 }
 STATUS_CODE_VALUES = {name: value for value, name in STATUS_CODES.items()}
 
@@ -124,6 +125,9 @@ class HelloReply:
     pool_location: int = 0  # 0 host shared memory (shm_name), 1 CUDA device memory.
     cuda_device: int = 0
     cuda_ipc_handle: bytes = bytes(CUDA_IPC_HANDLE_BYTES)  # Of a device pool; zeros otherwise.
+    # The shm object of this session's staging slot (writable by it alone); "" = the slot lies in
+    # the pool (a device pool's) or there is none.
+    staging_shm_name: str = ""
 
     @property
     def pool_on_device(self) -> bool:

@@ -2,6 +2,7 @@
 """Helpers shared by the tests (a plain module: pytest puts python/tests on sys.path): the
 daemon process, synthetic KV data, polling."""
 
+import glob
 import itertools
 import os
 import signal
@@ -127,6 +128,11 @@ class Daemon:
                 "stats socket file left: " + self.stats_socket_path
         shm = "/dev/shm/" + self.shm_name.lstrip("/")
         assert not os.path.exists(shm), "shm object left: " + shm
+        assert not self.staging_objects(), "staging objects left: %s" % self.staging_objects()
+
+    def staging_objects(self):
+        """Paths of the per-session staging objects of this daemon's pool in /dev/shm."""
+        return glob.glob("/dev/shm/" + self.shm_name.lstrip("/") + "-stg-*")
 
     def crash(self) -> None:
         """SIGKILL, leaving what a dead daemon leaves (socket files, the shm object): the next
@@ -145,3 +151,5 @@ class Daemon:
                      "/dev/shm/" + self.shm_name.lstrip("/")):
             if os.path.exists(path):
                 os.unlink(path)
+        for path in self.staging_objects():
+            os.unlink(path)

@@ -37,11 +37,15 @@ HELLO_REPLY_BODY = hexbytes("""
     00 00 10 00 00 00 00 00
     00 10 00 00
     03 00 00 00 2f 6b 76
-    00 10 00 00 00 00 00 00
+    00 00 00 00 00 00 00 00
     00 20 00 00 00 00 00 00
     03 02 02
     20 00 00 00  04 00 00 00  80 00 00 00
-    00  00 00 00 00""") + bytes(64)
+    00  00 00 00 00""") + bytes(64) + hexbytes("""
+    28 00 00 00
+    2f 6b 76 2d 73 74 67 2d  30 30 31 31 32 32 33 33  34 34 35 35 36 36 37 37
+    38 38 39 39 61 61 62 62  63 63 64 64 65 65 66 66""")
+STAGING_NAME = "/kv-stg-00112233445566778899aabbccddeeff"
 
 BLOCKS_BODY = hexbytes("""
     01
@@ -76,11 +80,12 @@ def test_protocol_hello_request_example():
 
 def test_protocol_hello_reply_example():
     frame0 = hdr(0x8001, 1) + HELLO_REPLY_BODY
-    assert len(frame0) == 158
+    assert len(frame0) == 202
     reply = p.decode_reply([frame0])
     assert reply.request_id == 1 and reply.type == 0x8001
-    assert reply.body == p.HelloReply(5, 30000, "0.1.0", 1048576, 4096, "/kv", 4096, 8192,
-                                      p.QuantInfo(3, 2, 2, 32, 4, 128))
+    assert reply.body == p.HelloReply(5, 30000, "0.1.0", 1048576, 4096, "/kv", 0, 8192,
+                                      p.QuantInfo(3, 2, 2, 32, 4, 128),
+                                      staging_shm_name=STAGING_NAME)
     assert reply.body.quant.method_name == "kvarn"
 
 
@@ -196,7 +201,7 @@ def _hello_reply(**changes) -> bytes:
     fields = dict(session_id=5, lease=30000, version=b"0.1.0", pool=1 << 20, page=4096,
                   shm=b"/kv", staging_offset=4096, staging_bytes=8192, method=3, k_bits=2,
                   v_bits=2, block=32, sinks=4, flush=128, location=0, device=0,
-                  handle=bytes(64))
+                  handle=bytes(64), staging_shm=b"")
     fields.update(changes)
     f = fields
     return (hdr(0x8001, 1) + struct.pack("<QI", f["session_id"], f["lease"])
@@ -205,7 +210,8 @@ def _hello_reply(**changes) -> bytes:
             + f["shm"] + struct.pack("<QQBBBIII", f["staging_offset"], f["staging_bytes"],
                                      f["method"], f["k_bits"], f["v_bits"], f["block"],
                                      f["sinks"], f["flush"])
-            + struct.pack("<BI", f["location"], f["device"]) + f["handle"])
+            + struct.pack("<BI", f["location"], f["device"]) + f["handle"]
+            + struct.pack("<I", len(f["staging_shm"])) + f["staging_shm"])
 
 
 @pytest.mark.parametrize("frames, field", [
@@ -235,7 +241,11 @@ def _hello_reply(**changes) -> bytes:
     ([_hello_reply(device=1)], "cuda_ipc_handle/cuda_device"),
     ([_hello_reply(handle=b"\x01" + bytes(63))], "cuda_ipc_handle/cuda_device"),
     ([_hello_reply(location=1)], "shm_name: got \"/kv\""),
-    ([_hello_reply(handle=bytes(63))], "truncated at cuda_ipc_handle"),
+    ([_hello_reply()[:-5]], "truncated at cuda_ipc_handle"),
+    ([_hello_reply()[:-1]], "truncated at staging_shm_name"),
+    ([_hello_reply(staging_shm=b"/kv-stg-1", staging_bytes=0, staging_offset=0)],
+     "staging_shm_name"),
+    ([_hello_reply(staging_shm=b"/kv-stg-1", location=1, shm=b"")], "staging_shm_name"),
     ([hdr(0x8006, 1) + bytes([2])], "mode: got 2"),
     ([hdr(0x8008, 1) + bytes(11)], "truncated at bytes_freed"),
     ([hdr(0x8008, 1) + bytes(13)], "trailing bytes"),

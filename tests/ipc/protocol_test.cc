@@ -127,6 +127,14 @@ TEST_CASE("Protocol: every reply round-trips", "[ipc]") {
   CHECK(device.cuda_ipc_handle == device_want.cuda_ipc_handle);
   CHECK(device.staging_bytes == device_want.staging_bytes);  // Staging without a shm name.
 
+  HelloReply own_want = testing::SampleHelloReply();
+  own_want.staging_shm_name = "/kvctl-pool-stg-0123456789abcdef0123456789abcdef";
+  own_want.staging_offset = 0;
+  own_want.staging_bytes = uint64_t{1} << 40;  // Bounded by its own object, not pool_bytes.
+  const HelloReply own = RoundTripReply(own_want);
+  CHECK(own.staging_shm_name == own_want.staging_shm_name);
+  CHECK(own.staging_bytes == own_want.staging_bytes);
+
   RoundTripReply(OpenReply{});
   CHECK(RoundTripReply(CloseReply{77}).bytes_freed == 77);
   const ByeReply bye = RoundTripReply(ByeReply{0xFFFFFFFFu, 1ull << 40});
@@ -224,6 +232,26 @@ TEST_CASE("Protocol: the HELLO and FETCH blocks examples of PROTOCOL.md are exac
   REQUIRE(hello.ok());
   CHECK(Hex((*hello)[0]) == Spaced("4b564354 0100 0100 0100000000000000 0000 0100 04000000766c6c6d "
                                    "04000000 7177656e 02000000 01000000 02000000 08000000 01"));
+  StatusOr<Frames> hello_reply =
+      Encode(1, HelloReply{.session_id = 5,
+                           .lease_ms = 30000,
+                           .server_version = "0.1.0",
+                           .pool_bytes = 1048576,
+                           .page_bytes = 4096,
+                           .shm_name = "/kv",
+                           .staging_offset = 0,
+                           .staging_bytes = 8192,
+                           .quant = {3, 2, 2, 32, 4, 128},
+                           .staging_shm_name = "/kv-stg-00112233445566778899aabbccddeeff"});
+  REQUIRE(hello_reply.ok());
+  REQUIRE((*hello_reply)[0].size() == 202);
+  CHECK(Hex((*hello_reply)[0]) ==
+        Spaced("4b564354 0100 0180 0100000000000000 0000 0500000000000000 30750000 "
+               "05000000 302e312e30 0000100000000000 00100000 03000000 2f6b76 "
+               "0000000000000000 0020000000000000 030202 20000000 04000000 80000000 00 00000000" +
+               std::string(128, '0') +
+               "28000000 2f6b762d7374672d 3030313132323333 3434353536363737 "
+               "3838393961616262 6363646465656666"));
 
   FetchBlocksReply b{.layer_begin = 0,
                      .n_layers = 1,
@@ -321,6 +349,11 @@ TEST_CASE("Protocol: encoders refuse invalid messages and name the field", "[ipc
   reply.pool_location = PoolLocation::kCudaDevice;  // With a shm name.
   CHECK(Encode(1, reply).status().message().find("shm_name: got \"/kvctl-pool\"") !=
         std::string::npos);
+  reply = testing::SampleHelloReply();
+  reply.staging_shm_name = "/kvctl-pool-stg-1";
+  reply.staging_bytes = 0;
+  reply.staging_offset = 0;
+  CHECK(Encode(1, reply).status().message().find("staging_shm_name: got") != std::string::npos);
   reply = testing::SampleHelloReply();
   reply.quant.flush_tokens = 100;
   CHECK(Encode(1, reply).status().message().find("quant.flush_tokens: got 100") !=
