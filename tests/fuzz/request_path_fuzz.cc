@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -206,13 +207,17 @@ class Harness {
     }
   }
 
-  ~Harness() { DropController(); }
+  ~Harness() {
+    UnmapStaging();
+    DropController();
+  }
 
   void Run(std::span<const uint8_t> input) {
     if (!controller_ || inputs_ % kInputsPerController == 0) NewController();
     ++inputs_;
     Check(controller_->Reload(variants_[0]), "reload of variant 0");
     hellos_.clear();
+    UnmapStaging();
     ScriptReader script(input);
     while (!script.done()) {
       const uint8_t kind = script.U8();
@@ -257,7 +262,7 @@ class Harness {
     controller_ = std::move(controller).value();
     // Variant configs must name the same pool for Reload to accept them.
     for (Config& v : variants_) v.pool.shm_name = config.pool.shm_name;
-    // The client's view of the pool, through which it writes its staging slot.
+    // The client's view of the pool (staging slots of a pool without per-session objects).
     const int fd = shm_open(config.pool.shm_name.c_str(), O_RDWR, 0);
     if (fd < 0) Fail("shm_open " + config.pool.shm_name);
     pool_bytes_ = config.pool.bytes;
@@ -273,6 +278,27 @@ class Harness {
     if (pool_map_ != nullptr) munmap(pool_map_, pool_bytes_);
     pool_map_ = nullptr;
     controller_.reset();
+  }
+
+  // The client's writable view of a session's staging slot: its own shm object (mapped up to the
+  // slot's end), or the pool when the reply names none. {null, 0} when there is no slot.
+  std::pair<uint8_t*, size_t> MapStaging(const ipc::HelloReply& h) {
+    if (h.staging_bytes == 0) return {nullptr, 0};
+    if (h.staging_shm_name.empty()) return {pool_map_, 0};
+    const int fd = shm_open(h.staging_shm_name.c_str(), O_RDWR, 0);
+    if (fd < 0) Fail("shm_open of the staging object " + h.staging_shm_name);
+    const size_t bytes = h.staging_offset + h.staging_bytes;
+    void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) Fail("mmap of the staging object " + h.staging_shm_name);
+    return {static_cast<uint8_t*>(map), bytes};
+  }
+
+  void UnmapStaging() {
+    for (const auto& [base, bytes] : staging_maps_) {
+      if (bytes > 0) munmap(base, bytes);
+    }
+    staging_maps_.clear();
   }
 
   // The script's HELLO that created `session_id`, or null.
@@ -291,7 +317,8 @@ class Harness {
     const ipc::HelloReply& h = hellos_[session % hellos_.size()];
     if (h.staging_bytes == 0 || offset >= h.staging_bytes) return;
     const size_t n = std::min<uint64_t>(bytes.size(), h.staging_bytes - offset);
-    std::memcpy(pool_map_ + h.staging_offset + offset, bytes.data(), n);
+    uint8_t* base = staging_maps_[session % hellos_.size()].first;
+    if (base != nullptr) std::memcpy(base + h.staging_offset + offset, bytes.data(), n);
   }
 
   void Request(ScriptReader& script, bool relative_staging) {
@@ -355,7 +382,10 @@ class Harness {
       CheckReplyRoundTrip(ipc::EncodeError(request_id, reply.status()));
       return;
     }
-    if (const auto* hello = std::get_if<ipc::HelloReply>(&*reply)) hellos_.push_back(*hello);
+    if (const auto* hello = std::get_if<ipc::HelloReply>(&*reply)) {
+      hellos_.push_back(*hello);
+      staging_maps_.push_back(MapStaging(*hello));
+    }
     StatusOr<ipc::Frames> out = ipc::Encode(request_id, std::move(reply).value());
     if (!out.ok()) Fail("the controller built an invalid reply: " + out.status().ToString());
     const ipc::Reply back = CheckReplyRoundTrip(std::move(out).value());
@@ -404,6 +434,8 @@ class Harness {
   // A virtual clock, far from the epoch so that lease arithmetic never goes below it.
   SteadyTime now_ = SteadyTime() + std::chrono::hours(24);
   std::vector<ipc::HelloReply> hellos_;  // This input's successful HELLOs, in order.
+  // Per HELLO: where the client writes its staging slot, and the bytes mapped (0 = the pool's).
+  std::vector<std::pair<uint8_t*, size_t>> staging_maps_;
 };
 
 }  // namespace
