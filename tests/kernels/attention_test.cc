@@ -12,6 +12,7 @@
 #include "common/half.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/attention_cases.h"
+#include "tests/kernels/simd_levels.h"
 #include "tools/synthetic_kv.h"
 
 namespace kvctl {
@@ -19,6 +20,8 @@ namespace {
 
 using testing::HeadCache;
 using testing::MakeHeadCache;
+using testing::SimdLevelsUnderTest;
+using testing::Skip;
 using testing::Spec;
 
 float LoadElement(DType dt, const uint8_t* p) {
@@ -124,8 +127,9 @@ struct Worst {
   double ref = 0, simd_oracle = 0, simd_ref = 0;
 };
 
-// Scalar reference and every SIMD level this CPU has against the oracle, and SIMD against scalar.
-void CheckAgainstOracle(const HeadCache& hc, Worst* worst) {
+// Scalar reference and every level of `levels` (SimdLevelsUnderTest) against the oracle, and SIMD
+// against scalar.
+void CheckAgainstOracle(const HeadCache& hc, const std::vector<SimdLevel>& levels, Worst* worst) {
   const Reference ref = Oracle(hc);
   Result r = Alloc(hc);
   REQUIRE(DecodeAttentionRef(hc.spec, hc.Kv(), hc.Query(), r.View()).ok());
@@ -134,8 +138,7 @@ void CheckAgainstOracle(const HeadCache& hc, Worst* worst) {
   CHECK(er.lse <= kOracleTol);
   worst->ref = std::max({worst->ref, er.out, er.lse});
   const SimdLevel saved = ActiveSimdLevel();
-  for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) continue;
+  for (SimdLevel level : levels) {
     INFO("simd level " << SimdLevelName(level));
     REQUIRE(SetSimdLevel(level).ok());
     Result f = Alloc(hc);
@@ -161,6 +164,8 @@ TEST_CASE("Attention: fused equals dequantize-then-attend for every method, widt
                           {"sinks + one record + tail", 3, 1, 13},
                           {"sinks + many records + tail", 7, -1, 29}};
   const DType dtypes[] = {DType::kF16, DType::kF32, DType::kBF16};
+  // The scalar kernel against the oracle runs on every CPU; the SIMD comparisons where it has them.
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   Worst worst;
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
                         QuantMethod::kKvarn, QuantMethod::kOscar}) {
@@ -179,7 +184,7 @@ TEST_CASE("Attention: fused equals dequantize-then-attend for every method, widt
                                     << group << " window " << DTypeName(dt));
             CheckAgainstOracle(
                 MakeHeadCache(spec, group, sh.sinks, records, sh.tail, dt, 100 + bits * 7 + d + si),
-                &worst);
+                levels, &worst);
           }
           ++si;
         }
@@ -193,14 +198,17 @@ TEST_CASE("Attention: fused equals dequantize-then-attend for every method, widt
 
 TEST_CASE("Attention: mixed widths, odd geometries and larger groups agree with the oracle",
           "[kernels]") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   Worst worst;
   for (QuantMethod m :
        {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
     for (int d : {64, 128}) {
       INFO(QuantMethodName(m) << " k4v2 d " << d << " g 8");
-      CheckAgainstOracle(MakeHeadCache(Spec(m, d, 4, 2), 8, 5, 3, 11, DType::kF16, 7 + d), &worst);
+      CheckAgainstOracle(MakeHeadCache(Spec(m, d, 4, 2), 8, 5, 3, 11, DType::kF16, 7 + d), levels,
+                         &worst);
       INFO(QuantMethodName(m) << " k2v4 d " << d << " g 6");
-      CheckAgainstOracle(MakeHeadCache(Spec(m, d, 2, 4), 6, 0, 2, 0, DType::kF32, 9 + d), &worst);
+      CheckAgainstOracle(MakeHeadCache(Spec(m, d, 2, 4), 6, 0, 2, 0, DType::kF32, 9 + d), levels,
+                         &worst);
     }
   }
   // Widths that are not a multiple of 16 lanes: the AVX-512 primitives' 8-wide tails.
@@ -211,14 +219,14 @@ TEST_CASE("Attention: mixed widths, odd geometries and larger groups agree with 
   kivi.v_bits = 2;
   kivi.k_group_tokens = kivi.v_group_channels = 8;
   REQUIRE(ValidateQuantSpec(kivi).ok());
-  CheckAgainstOracle(MakeHeadCache(kivi, 5, 2, 3, 9, DType::kBF16, 21), &worst);
+  CheckAgainstOracle(MakeHeadCache(kivi, 5, 2, 3, 9, DType::kBF16, 21), levels, &worst);
   QuantSpec quarot = kivi;
   quarot.method = QuantMethod::kQuaRot;
   quarot.head_dim = quarot.block_tokens = 8;
   quarot.k_bits = 8;
   quarot.v_bits = 3;
   REQUIRE(ValidateQuantSpec(quarot).ok());
-  CheckAgainstOracle(MakeHeadCache(quarot, 2, 1, 4, 3, DType::kF32, 22), &worst);
+  CheckAgainstOracle(MakeHeadCache(quarot, 2, 1, 4, 3, DType::kF32, 22), levels, &worst);
 }
 
 TEST_CASE(
@@ -232,6 +240,8 @@ TEST_CASE(
   };
   const Geometry geometries[] = {{128, 32, 16}, {128, 32, 64}, {128, 32, 128}, {128, 32, 8},
                                  {96, 32, 48},  {64, 48, 32},  {64, 16, 16}};
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(testing::kNoSimd);
   Worst worst;
   int seed = 300;
   for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kOscar}) {
@@ -244,7 +254,8 @@ TEST_CASE(
       for (int group = 1; group <= 5; ++group) {
         INFO(QuantMethodName(m) << " d " << spec.head_dim << " G " << spec.block_tokens << " vg "
                                 << spec.v_group_channels << " g " << group);
-        CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), &worst);
+        CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), levels,
+                           &worst);
       }
     }
   }
@@ -261,6 +272,8 @@ TEST_CASE("Attention: QuaRot record geometries of the SIMD record path agree wit
   };
   const Geometry geometries[] = {{128, 32, 2, 3}, {64, 16, 3, 2},   {32, 48, 4, 8},
                                  {256, 32, 8, 4}, {128, 128, 2, 2}, {64, 8, 2, 4}};
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(testing::kNoSimd);
   Worst worst;
   int seed = 400;
   for (const Geometry& geo : geometries) {
@@ -270,7 +283,7 @@ TEST_CASE("Attention: QuaRot record geometries of the SIMD record path agree wit
     for (int group = 1; group <= 6; ++group) {
       INFO("quarot d " << geo.d << " G " << geo.block_tokens << " k" << geo.k_bits << "v"
                        << geo.v_bits << " g " << group);
-      CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), &worst);
+      CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), levels, &worst);
     }
   }
 }

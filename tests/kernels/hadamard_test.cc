@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/quantize.h"
+#include "tests/kernels/simd_levels.h"
 
 namespace kvctl {
 namespace {
@@ -56,6 +57,7 @@ TEST_CASE("Hadamard: self-inverse and norm-preserving", "[kernels]") {
 }
 
 TEST_CASE("Hadamard: SIMD path is bit-identical to the reference", "[kernels]") {
+  if (testing::SimdLevelsUnderTest().empty()) return testing::Skip(testing::kNoSimd);
   std::mt19937 rng(5);
   std::normal_distribution<float> n(0, 1);
   const SimdLevel saved = ActiveSimdLevel();

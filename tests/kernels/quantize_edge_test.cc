@@ -162,15 +162,40 @@ TEST_CASE("Quantize edge: fp16 method is exact for fp16-representable input", "[
   CHECK(vo == tile.v);
 }
 
-TEST_CASE("Quantize edge: garbage records decode without faults", "[kernels]") {
+TEST_CASE("Quantize edge: garbage records decode to every output element and nothing past it",
+          "[kernels]") {
+  // A signalling-NaN pattern with low payload bits set: decoding never produces it (arithmetic
+  // quiets NaNs, an fp16 NaN widens with its low 13 bits zero), so an element still holding it
+  // was not written; behind each output a guard zone of it must stay untouched.
+  constexpr uint32_t kUnwritten = 0x7FA5A5A5u;
+  constexpr size_t kGuard = 64;
+  auto unwritten = [](float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    return bits == kUnwritten;
+  };
+  float sentinel;
+  std::memcpy(&sentinel, &kUnwritten, sizeof(sentinel));
   for (QuantMethod m : kQuantizers) {
     const QuantSpec spec = Spec(m, 64, 3, 2);
     std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
     for (size_t i = 0; i < rec.size(); ++i) rec[i] = static_cast<uint8_t>(i * 131 + 7);
-    std::vector<float> ko(spec.block_tokens * 64), vo(ko.size()), norms(spec.block_tokens, 2.0f);
-    DequantizeBlock(spec, rec.data(), norms.data(), ko.data(), vo.data());
-    DequantizeBlockRef(spec, rec.data(), norms.data(), ko.data(), vo.data());
-    SUCCEED();
+    const size_t n = static_cast<size_t>(spec.block_tokens) * 64;
+    const std::vector<float> norms(spec.block_tokens, 2.0f);
+    for (bool reference : {true, false}) {
+      INFO(QuantMethodName(m) << (reference ? " reference" : " SIMD-dispatched") << " decoder");
+      std::vector<float> ko(n + kGuard, sentinel), vo(n + kGuard, sentinel);
+      (reference ? DequantizeBlockRef : DequantizeBlock)(spec, rec.data(), norms.data(), ko.data(),
+                                                         vo.data());
+      size_t k_unwritten = 0, v_unwritten = 0, guard_written = 0;
+      for (size_t i = 0; i < n; ++i)
+        k_unwritten += unwritten(ko[i]), v_unwritten += unwritten(vo[i]);
+      for (size_t i = n; i < n + kGuard; ++i)
+        guard_written += !unwritten(ko[i]) + !unwritten(vo[i]);
+      CHECK(k_unwritten == 0);
+      CHECK(v_unwritten == 0);
+      CHECK(guard_written == 0);
+    }
   }
 }
 

@@ -5,14 +5,18 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/half.h"
 #include "common/tensor.h"
 #include "kernels/quantize.h"
+#include "tests/kernels/simd_levels.h"
 
 namespace kvctl {
 namespace {
@@ -20,16 +24,13 @@ namespace {
 constexpr size_t kGuard = 64;
 constexpr uint8_t kCanary = 0xA5;
 
-// Restores the process-wide SIMD level when a test ends, even on a failed REQUIRE.
-class SimdLevelGuard {
- public:
-  SimdLevelGuard() : saved_(ActiveSimdLevel()) {}
-  ~SimdLevelGuard() { (void)SetSimdLevel(saved_); }
+using testing::kNoSimd;
+using testing::SimdLevelGuard;
+using testing::SimdLevelsUnderTest;
+using testing::Skip;
 
- private:
-  SimdLevel saved_;
-};
-
+// Scalar and every SIMD level this CPU runs; each test case first skips (loudly) a CPU with no
+// SIMD level, where this would compare the reference with itself.
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> levels;
   for (int l = 0; l <= static_cast<int>(DetectSimdLevel()); ++l) {
@@ -145,6 +146,7 @@ const int kBitPairs[][2] = {{2, 2}, {3, 3}, {4, 4}, {8, 8}, {2, 8}, {4, 3}};
 
 TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, widths and shapes",
           "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   struct Shape {
     int d, g, kg, vg;
   };
@@ -176,6 +178,7 @@ TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, width
 }
 
 TEST_CASE("SIMD codecs: QuaRot matches the reference for every width and head_dim", "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   for (int d : {8, 16, 32, 64, 128, 256}) {
     for (int g : {8, 16, 48, 64}) {
       for (const auto& bits : kBitPairs) {
@@ -192,6 +195,7 @@ TEST_CASE("SIMD codecs: QuaRot matches the reference for every width and head_di
 }
 
 TEST_CASE("SIMD codecs: KVarN matches the reference for every width and tile shape", "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   struct Shape {
     int d, g, iters;
   };
@@ -213,6 +217,7 @@ TEST_CASE("SIMD codecs: KVarN matches the reference for every width and tile sha
 
 TEST_CASE("SIMD codecs: a non-finite element is reported with the reference's message",
           "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
                               std::numeric_limits<float>::infinity(),
                               -std::numeric_limits<float>::infinity()};
@@ -256,6 +261,7 @@ TEST_CASE("SIMD codecs: a non-finite element is reported with the reference's me
 
 TEST_CASE("SIMD codecs: fp16 rows round like FloatToHalf at every boundary and refuse overflow",
           "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   // Every finite fp16 value, the midpoints between neighbours (ties to even) and one float ulp
   // either side of them, both signs: every rounding boundary including subnormals and 65504.
   std::vector<float> values;
@@ -297,6 +303,7 @@ TEST_CASE("SIMD codecs: fp16 rows round like FloatToHalf at every boundary and r
 }
 
 TEST_CASE("SIMD codecs: metadata overflow is refused like the reference", "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   for (QuantMethod m :
        {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
     for (float big : {7e4f, 1e6f, 3e38f}) {
@@ -311,6 +318,7 @@ TEST_CASE("SIMD codecs: metadata overflow is refused like the reference", "[kern
 }
 
 TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   SimdLevelGuard guard;
   std::mt19937 rng(5);
   for (QuantMethod m :
@@ -332,6 +340,36 @@ TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[ker
         REQUIRE(SameFloats(vr, vf, true));
       }
     }
+  }
+}
+
+// What the SIMD tests above compare depends on DetectSimdLevel: if it under-reported the CPU (a
+// wrong CPUID bit), every SIMD test would quietly run a narrower path. Its CPUID reading is
+// checked against the flags Linux lists.
+TEST_CASE("SIMD levels: the kernels run the widest instruction set /proc/cpuinfo lists",
+          "[kernels]") {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  std::set<std::string> flags;
+  while (flags.empty() && std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string word; words >> word;) flags.insert(word);
+  }
+  if (flags.empty()) return Skip("no flags line in /proc/cpuinfo to check DetectSimdLevel with");
+  auto has = [&](const char* flag) { return flags.count(flag) == 1; };
+  SimdLevel expected = SimdLevel::kScalar;
+  if (has("avx512f") && has("avx512bw") && has("avx512vl")) {
+    expected = SimdLevel::kAvx512;
+  } else if (has("avx2") && has("f16c")) {
+    expected = SimdLevel::kAvx2;
+  }
+  INFO("cpuinfo flags: " << line);
+  REQUIRE(DetectSimdLevel() == expected);
+  SimdLevelGuard guard;
+  for (SimdLevel level : Levels()) {
+    REQUIRE(SetSimdLevel(level).ok());
+    CHECK(ActiveSimdLevel() == level);
   }
 }
 

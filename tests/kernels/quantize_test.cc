@@ -7,6 +7,7 @@
 
 #include "common/half.h"
 #include "tests/kernels/quant_test_util.h"
+#include "tests/kernels/simd_levels.h"
 
 namespace kvctl {
 namespace {
@@ -64,6 +65,7 @@ TEST_CASE("Quantize: KIVI 2-bit known answer on an 8x8 tile", "[kernels]") {
 
 TEST_CASE("Quantize: SIMD paths write the reference's bytes and read back its floats",
           "[kernels]") {
+  if (testing::SimdLevelsUnderTest().empty()) return testing::Skip(testing::kNoSimd);
   const SimdLevel saved = ActiveSimdLevel();
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
                         QuantMethod::kKvarn, QuantMethod::kOscar}) {
