@@ -6,9 +6,9 @@
 
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "ipc/transport.h"
 
 namespace kvctl::ipc {
@@ -33,14 +33,14 @@ class ReplyChannel {
     push_.connect(wake_address);
   }
 
-  void BeginRequest() {
-    std::lock_guard lock(mu_);
+  void BeginRequest() KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     ++in_flight_;
   }
 
   // Queues an answer to a request counted by BeginRequest. False once closed.
-  bool Answer(Outgoing out) {
-    std::lock_guard lock(mu_);
+  bool Answer(Outgoing out) KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     --in_flight_;
     if (closed_) return false;
     const bool was_empty = items_.empty();
@@ -50,24 +50,24 @@ class ReplyChannel {
   }
 
   // Everything queued, and the number of requests still unanswered after it.
-  std::vector<Outgoing> TakeAll(int64_t* in_flight) {
-    std::lock_guard lock(mu_);
+  std::vector<Outgoing> TakeAll(int64_t* in_flight) KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     *in_flight = in_flight_;
     return std::exchange(items_, {});
   }
 
-  int64_t in_flight() const {
-    std::lock_guard lock(mu_);
+  int64_t in_flight() const KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return in_flight_;
   }
 
-  void Wake() {
-    std::lock_guard lock(mu_);
+  void Wake() KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (!closed_) WakeLocked();
   }
 
-  void Close() {
-    std::lock_guard lock(mu_);
+  void Close() KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     closed_ = true;
     items_.clear();
     push_.close();
@@ -78,16 +78,16 @@ class ReplyChannel {
       bytes_out{0};
 
  private:
-  void WakeLocked() {
+  void WakeLocked() KVCTL_REQUIRES(mu_) {
     // A full wake pipe already holds a wake-up, so a failed send loses nothing.
     (void)push_.send(zmq::message_t(), zmq::send_flags::dontwait);
   }
 
-  mutable std::mutex mu_;
-  zmq::socket_t push_;           // Guarded by mu_.
-  std::vector<Outgoing> items_;  // Guarded by mu_.
-  int64_t in_flight_ = 0;        // Guarded by mu_.
-  bool closed_ = false;          // Guarded by mu_.
+  mutable Mutex mu_;
+  zmq::socket_t push_ KVCTL_GUARDED_BY(mu_);
+  std::vector<Outgoing> items_ KVCTL_GUARDED_BY(mu_);
+  int64_t in_flight_ KVCTL_GUARDED_BY(mu_) = 0;
+  bool closed_ KVCTL_GUARDED_BY(mu_) = false;
 };
 
 struct PendingRequest {

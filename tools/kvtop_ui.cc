@@ -37,29 +37,34 @@ StatsFeed::~StatsFeed() {
 }
 
 std::optional<StatsFeed::Message> StatsFeed::Newest(uint64_t after) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (newest_.seq <= after) return std::nullopt;
   return newest_;
 }
 
 milliseconds StatsFeed::StaleAfter() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return std::max(milliseconds(3000), 3 * interval_);
 }
 
 std::string StatsFeed::LastError() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_error_;
 }
 
 void StatsFeed::Publish(std::string text, bool from_pub) {
   const Clock::time_point now = Clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (from_pub && newest_.seq > 0 && newest_.from_pub) {
     interval_ = std::chrono::duration_cast<milliseconds>(now - newest_.at);
   }
   newest_ = Message{newest_.seq + 1, std::move(text), now, from_pub};
   if (from_pub) last_error_.clear();
+}
+
+void StatsFeed::SetError(std::string error) {
+  MutexLock lock(&mu_);
+  last_error_ = std::move(error);
 }
 
 void StatsFeed::Loop() {
@@ -72,8 +77,7 @@ void StatsFeed::Loop() {
       sub.set(zmq::sockopt::subscribe, "stats");
       sub.connect(options_.stats_endpoint);
     } catch (const zmq::error_t& e) {
-      std::lock_guard<std::mutex> lock(mu_);
-      last_error_ = "stats endpoint " + options_.stats_endpoint + ": " + e.what();
+      SetError("stats endpoint " + options_.stats_endpoint + ": " + e.what());
       sub = zmq::socket_t();
     }
   }
@@ -109,7 +113,7 @@ void StatsFeed::Loop() {
     // a second, after 1.5 s or 2.5 intervals of silence.
     milliseconds interval;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       interval = interval_;
     }
     if (options_.endpoint.empty() ||
@@ -122,8 +126,7 @@ void StatsFeed::Loop() {
       StatusOr<std::unique_ptr<ipc::Client>> c =
           ipc::Client::Connect(options_.endpoint, options_.request_timeout_ms);
       if (!c.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        last_error_ = c.status().ToString();
+        SetError(c.status().ToString());
         continue;
       }
       client = std::move(c).value();
@@ -132,8 +135,7 @@ void StatsFeed::Loop() {
     if (stats.ok()) {
       Publish(std::move(stats).value(), false);
     } else {
-      std::lock_guard<std::mutex> lock(mu_);
-      last_error_ = stats.status().ToString();
+      SetError(stats.status().ToString());
     }
   }
 }
@@ -248,136 +250,166 @@ int MoveLayer(const Snapshot* s, int selected, int delta, bool wrap) {
   return s->layers[pos].layer;
 }
 
+// The monitor's state between frames: the view the keys change and the snapshots from the feed
+// (what is painted, the newest, and the one before it for rates).
+class Monitor {
+ public:
+  Monitor(const UiOptions& options, Clock::time_point started)
+      : options_(options), started_(started) {
+    view_.unicode = std::strcmp(nl_langinfo(CODESET), "UTF-8") == 0;
+  }
+
+  // Applies one key; any key but q closes the help screen instead.
+  void HandleKey(int ch) {
+    if (view_.help && ch != 'q' && ch != 'Q') {
+      view_.help = false;
+      return;
+    }
+    const Snapshot* s = shown_.get();
+    switch (ch) {
+      case 'q':
+      case 'Q':
+        g_quit = 1;
+        break;
+      case '?':
+      case 'h':
+        view_.help = true;
+        break;
+      case 's':
+      case 'S':
+        view_.sort = NextSortKey(view_.sort);
+        break;
+      case 'p':
+      case 'P':
+        paused_ = !paused_;
+        break;
+      case KEY_UP:
+      case KEY_LEFT:
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, -1, false);
+        break;
+      case KEY_DOWN:
+      case KEY_RIGHT:
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, 1, false);
+        break;
+      case KEY_PPAGE:
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, -10, false);
+        break;
+      case KEY_NPAGE:
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, 10, false);
+        break;
+      case KEY_HOME:
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, -(1 << 20), false);
+        break;
+      case KEY_END:
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, 1 << 20, false);
+        break;
+      case 'l':
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, 1, true);
+        break;
+      case 'L':
+        view_.selected_layer = MoveLayer(s, view_.selected_layer, -1, true);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // Parses the feed's message newer than the last one taken into the latest snapshot and its
+  // rates against the one before; true when that gave a new snapshot.
+  bool TakeNewest(const StatsFeed& feed) {
+    std::optional<StatsFeed::Message> m = feed.Newest(seen_);
+    if (!m) return false;
+    seen_ = m->seq;
+    StatusOr<StatsText> text = ParseStatsText(m->text);
+    if (!text.ok()) return false;
+    previous_ = std::move(latest_);
+    previous_at_ = latest_at_;
+    latest_ = std::make_shared<const Snapshot>(BuildSnapshot(std::move(text).value()));
+    latest_at_ = m->at;
+    latest_wall_ = std::chrono::system_clock::now();
+    latest_from_pub_ = m->from_pub;
+    latest_rates_ = previous_ ? ComputeRates(*previous_, SecondsSinceStart(previous_at_), *latest_,
+                                             SecondsSinceStart(latest_at_))
+                              : Rates{};
+    return true;
+  }
+
+  // Shows the latest snapshot, unless paused.
+  void FollowLatest() {
+    if (!paused_ && latest_ != shown_) {
+      shown_ = latest_;
+      shown_rates_ = latest_rates_;
+    }
+  }
+
+  // Paints the snapshot shown, or why there is none: connecting, or the daemon is down.
+  void Paint(const StatsFeed& feed, Clock::time_point now, Painter* painter) {
+    const bool reachable = latest_ && now - latest_at_ < feed.StaleAfter();
+    int height = 0, width = 0;
+    getmaxyx(stdscr, height, width);
+    const std::string& where =
+        options_.stats_endpoint.empty() ? options_.endpoint : options_.stats_endpoint;
+    view_.source = latest_from_pub_ || options_.stats_endpoint.empty()
+                       ? where
+                       : options_.endpoint + " (STATS requests)";
+    if (paused_ && shown_) {
+      view_.state = "PAUSED";
+      painter->Paint(LayoutScreen(*shown_, shown_rates_, view_, width, height));
+    } else if (reachable) {
+      view_.state = latest_from_pub_ ? "live" : "polling";
+      painter->Paint(LayoutScreen(*shown_, shown_rates_, view_, width, height));
+    } else if (!latest_ && now - started_ < milliseconds(1500)) {
+      view_.state = "";
+      painter->Paint(LayoutMessage("connecting to " + where + " ...", "", view_, width, height));
+    } else {
+      view_.state = "down";
+      std::string detail = latest_ ? "last data at " + ClockTime(latest_wall_) : "no data yet";
+      if (const std::string error = feed.LastError(); !error.empty()) {
+        detail += "; " + options_.endpoint + ": " + error;
+      }
+      painter->Paint(LayoutMessage("kvctl not reachable at " + where + "; retrying", detail, view_,
+                                   width, height));
+    }
+  }
+
+ private:
+  double SecondsSinceStart(Clock::time_point t) const {
+    return std::chrono::duration<double>(t - started_).count();
+  }
+
+  const UiOptions& options_;
+  const Clock::time_point started_;
+  ViewState view_;
+  bool paused_ = false;
+  uint64_t seen_ = 0;  // seq of the last message taken from the feed.
+  std::shared_ptr<const Snapshot> shown_, latest_, previous_;
+  Rates shown_rates_, latest_rates_;
+  Clock::time_point latest_at_{}, previous_at_{};
+  std::chrono::system_clock::time_point latest_wall_{};
+  bool latest_from_pub_ = true;
+};
+
 }  // namespace
 
 int RunUi(const UiOptions& options) {
   std::setlocale(LC_ALL, "");
-  ViewState view;
-  view.unicode = std::strcmp(nl_langinfo(CODESET), "UTF-8") == 0;
   StatsFeed feed(options);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   Painter painter(options.color);
-
-  const Clock::time_point started = Clock::now();
-  // What is painted; the newest; the one before it (for rates).
-  std::shared_ptr<const Snapshot> shown, latest, previous;
-  Rates shown_rates, latest_rates;
-  Clock::time_point latest_at{}, previous_at{};
-  std::chrono::system_clock::time_point latest_wall{};
-  bool latest_from_pub = true, paused = false;
-  uint64_t seen = 0;
+  Monitor monitor(options, Clock::now());
+  // Paints on every key and every new snapshot, else once a second (the age of the data moves).
   Clock::time_point painted{};
   while (!g_quit) {
     const int ch = getch();
     bool dirty = ch != ERR;
-    if (ch != ERR && view.help && ch != 'q' && ch != 'Q') {
-      view.help = false;
-    } else {
-      const Snapshot* s = shown.get();
-      switch (ch) {
-        case 'q':
-        case 'Q':
-          g_quit = 1;
-          break;
-        case '?':
-        case 'h':
-          view.help = true;
-          break;
-        case 's':
-        case 'S':
-          view.sort = NextSortKey(view.sort);
-          break;
-        case 'p':
-        case 'P':
-          paused = !paused;
-          break;
-        case KEY_UP:
-        case KEY_LEFT:
-          view.selected_layer = MoveLayer(s, view.selected_layer, -1, false);
-          break;
-        case KEY_DOWN:
-        case KEY_RIGHT:
-          view.selected_layer = MoveLayer(s, view.selected_layer, 1, false);
-          break;
-        case KEY_PPAGE:
-          view.selected_layer = MoveLayer(s, view.selected_layer, -10, false);
-          break;
-        case KEY_NPAGE:
-          view.selected_layer = MoveLayer(s, view.selected_layer, 10, false);
-          break;
-        case KEY_HOME:
-          view.selected_layer = MoveLayer(s, view.selected_layer, -(1 << 20), false);
-          break;
-        case KEY_END:
-          view.selected_layer = MoveLayer(s, view.selected_layer, 1 << 20, false);
-          break;
-        case 'l':
-          view.selected_layer = MoveLayer(s, view.selected_layer, 1, true);
-          break;
-        case 'L':
-          view.selected_layer = MoveLayer(s, view.selected_layer, -1, true);
-          break;
-        default:
-          break;
-      }
-    }
-
-    if (std::optional<StatsFeed::Message> m = feed.Newest(seen)) {
-      seen = m->seq;
-      StatusOr<StatsText> text = ParseStatsText(m->text);
-      if (text.ok()) {
-        previous = std::move(latest);
-        previous_at = latest_at;
-        latest = std::make_shared<const Snapshot>(BuildSnapshot(std::move(text).value()));
-        latest_at = m->at;
-        latest_wall = std::chrono::system_clock::now();
-        latest_from_pub = m->from_pub;
-        latest_rates =
-            previous ? ComputeRates(
-                           *previous, std::chrono::duration<double>(previous_at - started).count(),
-                           *latest, std::chrono::duration<double>(latest_at - started).count())
-                     : Rates{};
-        dirty = true;
-      }
-    }
+    if (dirty) monitor.HandleKey(ch);
+    dirty |= monitor.TakeNewest(feed);
+    monitor.FollowLatest();
     const Clock::time_point now = Clock::now();
-    const bool reachable = latest && now - latest_at < feed.StaleAfter();
-    if (!paused && latest != shown) {
-      shown = latest;
-      shown_rates = latest_rates;
-    }
     if (!dirty && now - painted < milliseconds(1000)) continue;
     painted = now;
-
-    int height = 0, width = 0;
-    getmaxyx(stdscr, height, width);
-    view.source = latest_from_pub || options.stats_endpoint.empty()
-                      ? (options.stats_endpoint.empty() ? options.endpoint : options.stats_endpoint)
-                      : options.endpoint + " (STATS requests)";
-    if (paused && shown) {
-      view.state = "PAUSED";
-      painter.Paint(LayoutScreen(*shown, shown_rates, view, width, height));
-    } else if (reachable) {
-      view.state = latest_from_pub ? "live" : "polling";
-      painter.Paint(LayoutScreen(*shown, shown_rates, view, width, height));
-    } else if (!latest && now - started < milliseconds(1500)) {
-      view.state = "";
-      painter.Paint(LayoutMessage(
-          "connecting to " +
-              (options.stats_endpoint.empty() ? options.endpoint : options.stats_endpoint) + " ...",
-          "", view, width, height));
-    } else {
-      view.state = "down";
-      std::string where =
-          options.stats_endpoint.empty() ? options.endpoint : options.stats_endpoint;
-      std::string detail = latest ? "last data at " + ClockTime(latest_wall) : "no data yet";
-      if (const std::string error = feed.LastError(); !error.empty()) {
-        detail += "; " + options.endpoint + ": " + error;
-      }
-      painter.Paint(LayoutMessage("kvctl not reachable at " + where + "; retrying", detail, view,
-                                  width, height));
-    }
+    monitor.Paint(feed, now, &painter);
   }
   return 0;
 }

@@ -19,10 +19,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+
+#include "common/thread_annotations.h"
 
 namespace kvctl::kvtop {
 
@@ -51,24 +52,26 @@ class StatsFeed {
   StatsFeed& operator=(const StatsFeed&) = delete;
 
   // The newest message if its seq is above `after`.
-  std::optional<Message> Newest(uint64_t after) const;
+  std::optional<Message> Newest(uint64_t after) const KVCTL_EXCLUDES(mu_);
   // How long to wait without a message before calling the daemon unreachable: 3 s, or 3 observed
   // publish intervals when those are longer.
-  std::chrono::milliseconds StaleAfter() const;
+  std::chrono::milliseconds StaleAfter() const KVCTL_EXCLUDES(mu_);
   // The last failure of a fallback request ("" if none).
-  std::string LastError() const;
+  std::string LastError() const KVCTL_EXCLUDES(mu_);
 
  private:
-  void Loop();
-  void Publish(std::string text, bool from_pub);
+  void Loop() KVCTL_EXCLUDES(mu_);
+  void Publish(std::string text, bool from_pub) KVCTL_EXCLUDES(mu_);
+  void SetError(std::string error) KVCTL_EXCLUDES(mu_);
 
   const UiOptions options_;
   std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
-  Message newest_;                         // Guarded by mu_.
-  std::chrono::milliseconds interval_{0};  // Guarded by mu_: last gap between PUB messages.
-  std::string last_error_;                 // Guarded by mu_.
-  std::thread thread_;                     // Last member: started when the rest is ready.
+  mutable Mutex mu_;
+  Message newest_ KVCTL_GUARDED_BY(mu_);
+  // The last gap between PUB messages.
+  std::chrono::milliseconds interval_ KVCTL_GUARDED_BY(mu_){0};
+  std::string last_error_ KVCTL_GUARDED_BY(mu_);
+  std::thread thread_;  // Last member: started when the rest is ready.
 };
 
 // Runs the full-screen monitor until q (or SIGINT/SIGTERM). Returns the process exit code.

@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -39,6 +38,7 @@
 #include "bindings/torch/kvctl_torch_args.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "common/thread_annotations.h"
 #include "kernels/attention.h"
 #include "kernels/quant_types.h"
 #include "kernels/quantize.h"
@@ -51,16 +51,19 @@ const c10::Device kCpu(at::kCPU);
 // Keeps the first error of a parallel loop; the others are dropped.
 class FirstError {
  public:
-  void Record(Status status) {
+  void Record(Status status) KVCTL_EXCLUDES(mu_) {
     if (status.ok()) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (first_.ok()) first_ = std::move(status);
   }
-  void ThrowIfAny(std::string_view what) const { ThrowIfError(first_, what); }
+  void ThrowIfAny(std::string_view what) const KVCTL_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    ThrowIfError(first_, what);
+  }
 
  private:
-  std::mutex mu_;
-  Status first_;
+  mutable Mutex mu_;
+  Status first_ KVCTL_GUARDED_BY(mu_);
 };
 
 std::vector<int64_t> Layout(c10::string_view method, int64_t head_dim, int64_t k_bits,

@@ -1,6 +1,6 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """python3 -m kvctl.hf: generate with SmolLM2-135M through a kvctl daemon (generate_demo), or time
-decode steps per attention mode (bench_decode). The cache itself is kvctl.hf.KvctlCache.
+decode steps per attention mode (bench_decode). The cache itself is kvctl.hf_cache.KvctlCache.
 
 Thread safety: one call at a time (each loads the model and owns its caches).
 """
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from .hf import KvctlCache
+from .hf_cache import KvctlCache
 from .protocol import KvctlError
 
 

@@ -1,7 +1,7 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""CacheSequence: what kvctl.hf.KvctlCache knows of one batch element's daemon sequence (its
-client, session and sequence id, how the daemon stores its rows, what must be refetched, the
-fused path's page tables). Internal to kvctl.hf.
+"""CacheSequence: what kvctl.hf_cache.KvctlCache knows of one batch element's daemon sequence
+(its client, session and sequence id, how the daemon stores its rows, what must be refetched, the
+fused path's page tables). Internal to kvctl.hf_cache.
 
 Thread safety: used by the cache's one thread.
 """

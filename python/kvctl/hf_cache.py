@@ -1,0 +1,794 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""KvctlCache: a transformers (5.x) Cache whose layers live in the kvctl daemon. Imported as
+kvctl.hf.KvctlCache (kvctl/hf.py, which also runs the demo: kvctl/hf_cli.py).
+
+Each forward step's new K/V (post-RoPE, and Q when asked) of every layer are APPENDed to a
+daemon sequence in one request; attention reads what the daemon holds (dense FETCH,
+dequantized) plus the step's own fresh K/V, so the model attends to the quantized (and, with an
+evicting daemon, evicted) history as a serving engine would. `model.generate(...)` and a plain
+forward loop work unchanged. Batch element b is its own daemon sequence (its own client, so
+its own daemon or [[model]] settings): kveval runs several quantizers in one batched forward.
+
+One step (layer l's update() runs right before layer l's attention):
+- layer 0: the previous step's pending K/V/Q are APPENDed (Q of the last layer is only known
+  after its attention, hence the deferral to the next step or sync()); rows that may have
+  changed beyond the ones appended are FETCHed (dense, all layers, one request per sequence).
+- every layer: the held rows sit in a buffer [batch, kv_heads, capacity, head_dim] indexed by
+  token position; the step's K/V are written after them and a prefix view is returned (no
+  copy of the history per step). Positions a head does not hold (eviction) are masked by the
+  registered attention function "kvctl"; with nothing masked it is transformers' own SDPA path
+  with the model's mask, so compression off reproduces DynamicCache.
+- Not refetching: a token's stored rows change only when a flush quantizes the tail (the APPEND
+  reply's tokens_quantized moves) or eviction drops it. Otherwise an APPEND only adds the new
+  rows, stored exactly (lossless) or rounded to fp16 (sink/tail rows of quantizing layers). The
+  rule is learned on the first fetch by comparing the newest stored row with what was sent;
+  until then, after flushes, and for evicting sequences (budget_mode in STATS, or fewer rows
+  than appended) every step refetches. refetch="always" refetches every step (the reference).
+- attention="fused" (and "auto" from fused_min_tokens on, batch 1, when the extension is
+  built and the daemon quantizes): a decode step (one query token) does not touch the dense
+  mirror. Layer 0
+  APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
+  page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
+  the tokens before this step, and the records stay valid until the next step's APPEND. When an
+  APPEND only added rows (no flush, eviction or width lowering; rows known to be stored as fp16)
+  the cached reply is kept and the rows sent are added to its windows instead. Each
+  layer's attention runs torch.ops.kvctl.paged_decode_attention on those records in place
+  (kvctl.pool_view.PoolView; GQA, per-head layouts, ragged evicted heads), the step's own K/V
+  passed as one more fp32 window row per head. Multi-token steps (prefill) refetch the
+  mirror and stay dense. Lossless daemons are refused (no block records).
+
+A lost session (the daemon restarted, e.g. after kill -9, or the lease expired) is noticed at
+the next request: the cache starts a new session and an empty daemon sequence on each client,
+forgets every row it held, and raises kvctl.SessionLostError saying how many tokens were lost, so
+the current generate()/forward fails cleanly instead of attending to missing or wrong rows. The
+generation must be restarted from its prompt; the next use of the cache works (it is empty). If
+the daemon is still down the cache retries at its next use. close() (and leaving a `with` block)
+ends the sessions with BYE, so the daemon frees them at once.
+
+Thread safety: one cache per batch of sequences, used by one thread (like any transformers
+Cache). Beam search, crop and reset are not supported.
+
+    from kvctl.hf import KvctlCache
+    cache = KvctlCache(model, "ipc:///tmp/kvctl.sock")     # HELLO + OPEN; attention "kvctl"
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64, do_sample=False)
+    cache.sync(); print(cache.stats_text(section="sequences")); cache.close()
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .client import Client
+from .hf_sequence import CacheSequence
+from .protocol import KvctlError, SessionLostError
+
+# A replaced session is ended with BYE waiting at most this long (its daemon may be gone).
+_BYE_TIMEOUT_MS = 2000
+
+ATTN_IMPLEMENTATION = "kvctl"
+# One APPEND carries at most this many payload bytes (the daemon's default max message is
+# 256 MiB); longer prefills are split.
+_MAX_APPEND_BYTES = 64 << 20
+_sequence_ids = itertools.count(1)
+# STATS budget modes under which the daemon keeps every token (anything else may evict).
+_KEEPING_MODES = ("", "none", "quant-only", "quant_only")
+
+
+class _Stash(threading.local):
+    """The cache whose update() ran last in this thread, for the attention call after it."""
+
+    cache: Optional["KvctlCache"] = None
+
+
+_STASH = _Stash()
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+               is_causal=None, **kwargs):
+    """Attention over a KvctlCache layer: masks positions the daemon does not hold and records
+    Q when the cache sends it; otherwise exactly transformers' SDPA path."""
+    cache = _STASH.cache
+    layer = None
+    if cache is not None:
+        idx = getattr(module, "layer_idx", None)
+        if idx is not None and idx < len(cache.layers):
+            candidate = cache.layers[idx]
+            if candidate.returned_keys is key:
+                layer = candidate
+    if layer is not None and cache.send_q:
+        layer.pending_q = query.detach()
+    if layer is not None and cache.fused_step:
+        return cache._fused_attention(layer, query, key, value, attention_mask, scaling)
+    if layer is None or layer.hold_bias is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    # Held positions (all in the past of every query) then the step's n tokens (causal). The
+    # g query heads of a KV head are folded into the query axis ([B, H, g*n, D]), so K and V
+    # are read in place instead of repeated g times.
+    batch, kv_heads, n = key.shape[0], key.shape[1], query.shape[2]
+    held = key.shape[2] - n
+    groups = query.shape[1] // kv_heads
+    q = query.reshape(batch, kv_heads, groups * n, query.shape[3])
+    causal = torch.full((n, n), float("-inf"), dtype=query.dtype).triu(1).repeat(groups, 1)
+    bias = torch.cat([layer.hold_bias[:, :, :, :held].expand(-1, -1, groups * n, -1)
+                      .to(query.dtype), causal.expand(batch, kv_heads, groups * n, n)], dim=-1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=bias,
+                                                           dropout_p=0.0, scale=scaling)
+    out = out.reshape(batch, kv_heads * groups, n, query.shape[3])
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+
+
+class KvctlLayer(CacheLayerMixin):
+    """One decoder layer: rows by position in [batch, kv_heads, capacity, head_dim] buffers;
+    hold_bias [batch, kv_heads, 1, capacity] (0 = held, -inf = not held) or None when every
+    position is held."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, cache: "KvctlCache", index: int):
+        super().__init__()
+        self.cache = cache
+        self.index = index
+        self.seen = 0   # Tokens given to update() so far.
+        self.held = 0   # Positions [0, held) are in the daemon (or masked).
+        self.buf_k: Optional[torch.Tensor] = None
+        self.buf_v: Optional[torch.Tensor] = None
+        self.hold_bias: Optional[torch.Tensor] = None
+        self.pending_k: Optional[torch.Tensor] = None
+        self.pending_v: Optional[torch.Tensor] = None
+        self.pending_q: Optional[torch.Tensor] = None
+        self.returned_keys: Optional[torch.Tensor] = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def _reserve(self, rows: int) -> None:
+        cap = 0 if self.buf_k is None else self.buf_k.shape[2]
+        if rows <= cap:
+            return
+        c = self.cache
+        new_cap = max(rows, 2 * cap, 256)
+        k = torch.zeros(c.batch, c.kv_heads, new_cap, c.head_dim)
+        v = torch.zeros_like(k)
+        if self.held:
+            k[:, :, :self.held] = self.buf_k[:, :, :self.held]
+            v[:, :, :self.held] = self.buf_v[:, :, :self.held]
+        self.buf_k, self.buf_v = k, v
+        if self.hold_bias is not None:
+            bias = torch.zeros(c.batch, c.kv_heads, 1, new_cap)
+            bias[..., :cap] = self.hold_bias
+            self.hold_bias = bias
+
+    def update(self, key_states, value_states, cache_kwargs=None):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cache._before_update(self.index, key_states)
+        n = key_states.shape[2]
+        self._reserve(self.held + n)
+        self.buf_k[:, :, self.held:self.held + n] = key_states
+        self.buf_v[:, :, self.held:self.held + n] = value_states
+        self.pending_k, self.pending_v = key_states.detach(), value_states.detach()
+        self.seen += n
+        keys = self.buf_k[:, :, :self.held + n]
+        values = self.buf_v[:, :, :self.held + n]
+        if self.dtype != torch.float32:
+            keys, values = keys.to(self.dtype), values.to(self.dtype)
+        self.returned_keys = keys
+        _STASH.cache = self.cache
+        return keys, values
+
+    def load(self, b: int, k_rows, v_rows, positions) -> None:
+        """Puts batch element b's rows of one FETCH reply (per head) at their positions."""
+        held = self.held
+        for h, (kr, vr, pos) in enumerate(zip(k_rows, v_rows, positions)):
+            idx = torch.from_numpy(pos.astype(np.int64))
+            if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= held):
+                raise KvctlError("FETCH: layer %d head %d holds positions outside [0, %d)"
+                                 % (self.index, h, held))
+            if len(pos) == held:
+                self.buf_k[b, h, :held] = torch.from_numpy(kr)
+                self.buf_v[b, h, :held] = torch.from_numpy(vr)
+                if self.hold_bias is not None:
+                    self.hold_bias[b, h, 0, :held] = 0
+                continue
+            self.buf_k[b, h].index_copy_(0, idx, torch.from_numpy(kr))
+            self.buf_v[b, h].index_copy_(0, idx, torch.from_numpy(vr))
+            if self.hold_bias is None:
+                self.hold_bias = torch.zeros(self.cache.batch, self.cache.kv_heads, 1,
+                                             self.buf_k.shape[2])
+            self.hold_bias[b, h, 0, :held] = float("-inf")
+            self.hold_bias[b, h, 0].index_fill_(0, idx, 0.0)
+
+    def commit(self, b: int, n: int, rounding: str) -> None:
+        """Batch element b's last n rows are stored as sent (rounded to fp16 for "fp16")."""
+        if rounding == "fp16":
+            rows = slice(self.held - n, self.held)
+            self.buf_k[b, :, rows] = self.buf_k[b, :, rows].half().float()
+            self.buf_v[b, :, rows] = self.buf_v[b, :, rows].half().float()
+
+    def forget(self) -> None:
+        """Drops every row (the daemon lost them): the layer is empty again."""
+        self.seen = self.held = 0
+        self.buf_k = self.buf_v = self.hold_bias = None
+        self.pending_k = self.pending_v = self.pending_q = None
+        self.returned_keys = None
+
+    def get_mask_sizes(self, cache_position) -> Tuple[int, int]:
+        return self.seen + cache_position.shape[0], 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        raise NotImplementedError("KvctlCache cannot be reset; open a new KvctlCache")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("KvctlCache: beam search is not supported")
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("KvctlCache cannot drop tokens from the daemon sequence")
+
+
+def _check_options(refetch: str, attention: str, fused_min_tokens: int) -> None:
+    """KvctlCache's mode arguments, each named with the values it takes."""
+    if refetch not in ("auto", "always"):
+        raise ValueError("refetch: got %r, expected \"auto\" or \"always\"" % (refetch,))
+    if attention not in ("auto", "dense", "fused"):
+        raise ValueError("attention: got %r, expected \"auto\", \"dense\" or \"fused\""
+                         % (attention,))
+    if isinstance(fused_min_tokens, bool) or not isinstance(fused_min_tokens, int) \
+            or fused_min_tokens < 1:
+        raise ValueError("fused_min_tokens: got %r, expected an integer >= 1"
+                         % (fused_min_tokens,))
+
+
+def _fused_available(attention: str, model) -> bool:
+    """Whether decode steps may attend fused: "fused" demands the model and the torch extension
+    (an error saying what is missing), "auto" takes the extension when it loads."""
+    if attention == "fused":
+        if model is None:
+            raise ValueError("attention=\"fused\": needs the model (its attention calls the "
+                             "fused kernel)")
+        from . import torch_ops
+        try:
+            torch_ops.load()
+        except RuntimeError as e:
+            raise RuntimeError("attention=\"fused\": %s" % e) from None
+        return True
+    if attention == "auto" and model is not None:
+        from . import torch_ops
+        return torch_ops.available()
+    return False
+
+
+def _take_attention(model, config):
+    """Sets the model's attention implementation to ours; returns the config to read the
+    geometry from (the model's, else the one given)."""
+    if model is not None:
+        config = model.config
+        if config._attn_implementation != ATTN_IMPLEMENTATION:
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    if config is None:
+        raise ValueError("KvctlCache: give the model (or config=)")
+    return config
+
+
+def _per_element(client, model_name, send_q, model) -> Tuple[list, List[str], List[bool]]:
+    """The client, HELLO model name and send_q flag of each batch element, from arguments that
+    give one for all or one per element."""
+    send_qs = ([bool(send_q)] * len(client) if isinstance(client, (list, tuple))
+               else [bool(send_q)]) if isinstance(send_q, bool) else list(send_q)
+    if any(send_qs) and model is None:
+        raise ValueError("send_q: needs the model (queries come from its attention)")
+    clients = list(client) if isinstance(client, (list, tuple)) else [client]
+    if not clients:
+        raise ValueError("client: got an empty list, expected one per batch element")
+    names = ([model_name] * len(clients) if isinstance(model_name, str)
+             else list(model_name))
+    if len(names) != len(clients):
+        raise ValueError("model_name: got %d names for %d clients" % (len(names),
+                                                                      len(clients)))
+    if len(send_qs) != len(clients):
+        raise ValueError("send_q: got %d flags for %d clients" % (len(send_qs), len(clients)))
+    return clients, names, send_qs
+
+
+class KvctlCache(Cache):
+    """A transformers Cache backed by kvctl daemon sequences, one per batch element.
+
+    model: the causal LM; its config gives the geometry and its attention implementation is
+      set to "kvctl" (SDPA plus masks of positions the daemon does not hold). model=None with
+      config=... leaves attention alone; then eviction and send_q are refused.
+    client: an endpoint string (a Client is made and owned) or a kvctl.Client; a list of them
+      for batch > 1 (element b uses client[b]: each needs its own Client, one session each).
+    model_name: sent in HELLO (selects a daemon [[model]] table); one or one per element.
+    send_q: also APPEND the post-RoPE queries (for eviction scorers); one bool or one per
+      element.
+    dtype: session dtype; "float32" keeps compression-off runs exact.
+    refetch: "auto" (fetch only when rows may have changed, see the module doc) or "always".
+    attention: "auto" (default), "dense" (attend over the fetched dense mirror) or "fused":
+      decode steps (one query token) attend with the kvctl torch extension directly on the
+      daemon's records (blocks FETCH, zero-copy PoolView of the pool) plus its sink/tail rows
+      and the step's own K/V; prefill and multi-token steps stay dense. "fused" needs the model
+      and the extension (RuntimeError saying how to build it otherwise) and a daemon that
+      quantizes. "auto" decodes fused when all of those hold, the batch is one sequence (a
+      padded batch needs masks fused decode does not take) and at least fused_min_tokens
+      tokens are held, else dense.
+    fused_min_tokens: "auto" only: the context length from which decode steps go fused. The
+      default 2048 is where fused stopped losing to dense on SmolLM2 on one CPU thread (measured
+      in docs/attention.md "In the HF adapter").
+    keepalive: PING every lease/3 from a background thread while the cache is open.
+    Raises KvctlError / ServerError / Timeout from the daemon (e.g. Timeout when it is down).
+    """
+
+    def __init__(self, model=None, client: Union[str, Client, Sequence] = "ipc:///tmp/kvctl.sock",
+                 *, config=None, model_name: Union[str, Sequence[str]] =
+                 "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 send_q: Union[bool, Sequence[bool]] = False,
+                 dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
+                 timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True,
+                 attention: str = "auto", fused_min_tokens: int = 2048):
+        _check_options(refetch, attention, fused_min_tokens)
+        # Whether decode steps may attend fused at all; "auto" also needs batch 1 and length.
+        self.fused_ok = _fused_available(attention, model)
+        self.attention = attention
+        self.fused_min_tokens = fused_min_tokens
+        self.fused_step = False  # This forward step attends fused (decode, attention="fused").
+        config = _take_attention(model, config)
+        clients, names, send_qs = _per_element(client, model_name, send_q, model)
+        self.attn_ours = model is not None
+        self._read_geometry(config)
+        self.batch = len(clients)
+        self.send_q = any(send_qs)
+        self.refetch = refetch
+        self.use_staging = use_staging
+        self.dtype = dtype
+        self.client_name = client_name
+        self.seqs: List[CacheSequence] = []
+        self._connect(clients, names, send_qs, timeout_ms)
+        super().__init__(layers=[KvctlLayer(self, i) for i in range(self.n_layers)])
+        self.appended = 0  # Tokens appended to every sequence.
+        self.sessions_lost = 0  # Times a lost session was replaced (SessionLostError raised).
+        self._start_keepalive(keepalive)
+        self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
+                         "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
+                         "fused_steps": 0, "flushes": 0}
+
+    def _read_geometry(self, config) -> None:
+        """Layers, KV and query heads and head_dim of the model's text decoder."""
+        text = config.get_text_config(decoder=True)
+        self.n_layers = text.num_hidden_layers
+        self.kv_heads = text.num_key_value_heads
+        self.q_heads = text.num_attention_heads
+        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.q_heads
+
+    def _connect(self, clients: list, names: List[str], send_qs: List[bool],
+                 timeout_ms: int) -> None:
+        """One CacheSequence per batch element, each attached (a session and an empty daemon
+        sequence); on any failure the ones made so far are disconnected."""
+        try:
+            for c, name, want_q in zip(clients, names, send_qs):
+                own = isinstance(c, str)
+                cl = Client(c, timeout_ms=timeout_ms) if own else c
+                seq = CacheSequence(cl, own)
+                seq.send_q = want_q
+                seq.model_name = name
+                seq.where = c if own else "this client"
+                self.seqs.append(seq)
+                self._attach(seq)
+        except BaseException:
+            self._disconnect()
+            raise
+
+    def _start_keepalive(self, keepalive: bool) -> None:
+        """A long prefill or a slow step can outlast the daemon's lease (10 s by default); a
+        background PING every lease/3 renews it (Client calls are serialised by its lock)."""
+        self._stop = threading.Event()
+        self._keepalive = None
+        leases = [s.session.lease_ms for s in self.seqs if s.session.lease_ms]
+        if keepalive and leases:
+            self._keepalive = threading.Thread(target=self._ping_loop,
+                                               args=(min(leases) / 3000.0,), daemon=True)
+            self._keepalive.start()
+
+    def _attach(self, seq: CacheSequence) -> None:
+        """A new session and an empty daemon sequence for batch element `seq`, and what the
+        daemon's policy means for it (read again: a restarted daemon may have a new config)."""
+        seq.attached = False
+        cl = seq.client
+        if seq.session is not None and cl.session is seq.session:
+            try:
+                cl.bye(timeout_ms=_BYE_TIMEOUT_MS)  # Free the old one now, if it still exists.
+            except KvctlError:
+                pass  # Lost with its daemon, or the daemon is slow: its lease frees it.
+        seq.session = cl.hello(layers=self.n_layers, kv_heads=self.kv_heads,
+                               head_dim=self.head_dim, dtype=self.dtype,
+                               q_heads=self.q_heads if seq.send_q else 0,
+                               client_name=self.client_name, model_name=seq.model_name)
+        seq.sequence_id = next(_sequence_ids)
+        cl.open(seq.sequence_id)
+        policy = cl.stats("policy").get("policy", {})
+        mode = str(policy.get("budget_mode", "none")).lower()
+        seq.always = self.refetch == "always"
+        seq.evicting = mode not in _KEEPING_MODES
+        seq.pressure = str(policy.get("budget_pressure", "fail")).lower() != "fail"
+        lossless = str(policy.get("quant_lossless", "0")) == "1"
+        if self.attention == "auto" and lossless:
+            self.fused_ok = False  # No block records to read: decode stays dense.
+        if self.attention == "fused" and lossless:
+            # Blocks FETCH has no record layout for full-precision rows (the daemon answers
+            # INTERNAL), so there is nothing for the fused kernel to read.
+            raise KvctlError("attention=\"fused\": the daemon at %s is lossless "
+                             "(quant.lossless = true) and serves no block records; use "
+                             "attention=\"dense\"" % seq.where)
+        seq.attached = True
+
+    def _forget(self) -> int:
+        """Empties the cache (every layer's rows, every sequence's state) and detaches the
+        sequences; returns how many tokens it held."""
+        tokens = max([l.seen for l in self.layers] + [self.appended])
+        for layer in self.layers:
+            layer.forget()
+        self.appended = 0
+        self.fused_step = False
+        for seq in self.seqs:
+            seq.forget()
+            seq.attached = False
+        return tokens
+
+    def _session_lost(self, lost: SessionLostError) -> SessionLostError:
+        """After a request found its session gone: empties the cache and starts new sessions,
+        so the next use works; returns the error to raise. A daemon still down leaves the
+        sequences detached, to attach at the next use."""
+        tokens = self._forget()
+        self.sessions_lost += 1
+        retry = ""
+        try:
+            self._attach_detached()
+        except KvctlError as e:
+            retry = (" Starting a new session failed too (%s); the cache tries again at its next "
+                     "use." % e)
+        advice = ("The KvctlCache is empty again: restart the generation from its prompt (the "
+                  "next generate() or forward with this cache starts a new sequence)." + retry)
+        return SessionLostError(lost.code_value, lost.message, lost.request, lost.session_id,
+                                tokens, len(self.seqs), advice)
+
+    def _step_failed(self, e: KvctlError) -> KvctlError:
+        """Any other failed request of a step (a timeout: the daemon is down or stuck): what the
+        daemon holds is unknown (the APPEND may or may not have happened), so the cache empties
+        itself and starts new sessions at its next use; returns `e` saying so."""
+        tokens = self._forget()
+        e.args = ("%s; KvctlCache: %d cached tokens dropped, restart the generation from its "
+                  "prompt (the next use starts a new session)" % (e, tokens),)
+        return e
+
+    def _attach_detached(self) -> None:
+        for seq in self.seqs:
+            if not seq.attached:
+                self._attach(seq)
+
+    @property
+    def client(self) -> Client:
+        """Batch element 0's client."""
+        return self.seqs[0].client
+
+    @property
+    def sequence_id(self) -> int:
+        return self.seqs[0].sequence_id
+
+    # ---- the step protocol ----------------------------------------------------------------
+
+    def _before_update(self, layer_idx: int, key_states) -> None:
+        if key_states.shape[0] != self.batch:
+            raise ValueError("KvctlCache: batch size %d, expected %d (one daemon sequence per "
+                             "element)" % (key_states.shape[0], self.batch))
+        if layer_idx == 0:
+            try:
+                self._start_step(key_states)
+            except SessionLostError as e:
+                raise self._session_lost(e) from None
+            except KvctlError as e:
+                raise self._step_failed(e) from None
+
+    def _start_step(self, key_states) -> None:
+        """Layer 0 of a forward step: sends the previous step, fetches what changed."""
+        self._attach_detached()
+        self._sync()
+        # Fused decode: the daemon now holds exactly the tokens before this step (the
+        # previous step was APPENDed just above, this one is APPENDed at the next step), so
+        # its records, valid until that APPEND, are what this step's query may attend to.
+        # The dense mirror is left stale (dirty) and refetched when a dense step comes.
+        self.fused_step = (self.fused_ok and key_states.shape[2] == 1 and self.appended > 0
+                           and (self.attention == "fused"
+                                or (self.batch == 1
+                                    and self.appended >= self.fused_min_tokens)))
+        if self.fused_step:
+            self._fetch_blocks()
+            return
+        dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
+        if dirty:
+            self._fetch(dirty)
+
+    def sync(self) -> None:
+        """APPENDs the pending step (K/V of every layer, Q if sent) to every sequence. Runs
+        by itself at the next step; call it before reading STATS after the last forward.
+        Raises SessionLostError (the cache is then empty) when the daemon lost the session."""
+        try:
+            self._attach_detached()
+            self._sync()
+        except SessionLostError as e:
+            raise self._session_lost(e) from None
+        except KvctlError as e:
+            raise self._step_failed(e) from None
+
+    def _sync(self) -> None:
+        layers = self.layers
+        if layers[0].pending_k is None:
+            return
+        if any(l.pending_k is None for l in layers):
+            raise KvctlError("KvctlCache: a forward step did not reach every layer")
+        if self.send_q and any(l.pending_q is None for l in layers):
+            raise KvctlError("KvctlCache: send_q needs the \"kvctl\" attention implementation")
+        n = layers[0].pending_k.shape[2]
+        t0 = time.perf_counter()
+        # [layers, batch, n, heads, D] in one contiguous float32 array each.
+        k = torch.stack([l.pending_k.transpose(1, 2) for l in layers]).float().numpy()
+        v = torch.stack([l.pending_v.transpose(1, 2) for l in layers]).float().numpy()
+        q = (torch.stack([l.pending_q.transpose(1, 2) for l in layers]).float().numpy()
+             if self.send_q else None)
+        for l in layers:
+            l.pending_k = l.pending_v = l.pending_q = None
+            l.held += n
+        for b, seq in enumerate(self.seqs):
+            per_token = 2 * k[:, b, :1].nbytes + (q[:, b, :1].nbytes if seq.send_q else 0)
+            step = max(1, _MAX_APPEND_BYTES // per_token)
+            for a in range(0, n, step):
+                e = min(n, a + step)
+                staging = (self.use_staging and seq.session.has_staging
+                           and per_token * (e - a) <= seq.session.staging_bytes)
+                seq.last_append = seq.client.append(
+                    seq.sequence_id, k[:, b, a:e], v[:, b, a:e],
+                    q=q[:, b, a:e] if seq.send_q else None,
+                    first_position=self.appended + a, use_staging=staging)
+                self.counters["appends"] += 1
+            seq.sent_last_row = k[0, b, -1, 0].copy()
+            flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
+            self._advance_blocks(seq, k[:, b], v[:, b], flushed)
+            seq.tokens_quantized = seq.last_append.tokens_quantized
+            self.counters["flushes"] += int(flushed)
+            if seq.always or flushed or seq.rounding is None:
+                seq.mark_dirty(None)
+            else:
+                for l in layers:
+                    l.commit(b, n, seq.rounding)
+                if seq.evicting:
+                    changed = self._changed_layers(seq)
+                    if changed is None or changed:
+                        seq.mark_dirty(changed)
+        self.appended += n
+        self.counters["append_s"] += time.perf_counter() - t0
+
+    def _changed_layers(self, seq: CacheSequence) -> Optional[set]:
+        """Layers whose eviction counter (STATS "layers"; the daemon's sequences together)
+        moved since the last call; None when unknown (then every layer is refetched)."""
+        stats = seq.client.stats("layers").get("layers", {})
+        counts = []
+        for l in range(self.n_layers):
+            fields = dict(kv.split("=", 1) for kv in str(stats.get("layer_%d" % l, "")).split(",")
+                          if "=" in kv)
+            if "evictions" not in fields:
+                seq.layer_evictions = None
+                return None
+            counts.append(int(fields["evictions"]))
+        old, seq.layer_evictions = seq.layer_evictions, counts
+        if old is None:
+            return None
+        return {l for l in range(self.n_layers) if counts[l] != old[l]}
+
+    def _fetch(self, batch_elements: List[int]) -> None:
+        t0 = time.perf_counter()
+        for b in batch_elements:
+            seq = self.seqs[b]
+            if seq.dirty_layers is None:
+                begin, end = 0, self.n_layers
+            else:
+                begin, end = min(seq.dirty_layers), max(seq.dirty_layers) + 1
+            res = seq.client.fetch(seq.sequence_id, layers=(begin, end), dtype="float32")
+            self.counters["fetches"] += 1
+            complete = True
+            for i in range(end - begin):
+                self.layers[begin + i].load(b, res.k[i], res.v[i], res.positions[i])
+                complete = complete and all(len(p) == self.appended for p in res.positions[i])
+            if not complete:
+                seq.evicting = True
+                if not self.attn_ours:
+                    raise KvctlError("KvctlCache: the daemon holds fewer tokens than appended "
+                                     "(eviction); pass the model so attention can mask them")
+            if seq.rounding is None and seq.sent_last_row is not None and begin == 0:
+                pos = res.positions[0][0]
+                if len(pos) and int(pos[-1]) == self.appended - 1:
+                    got, sent = res.k[0][0][-1], seq.sent_last_row
+                    if np.array_equal(got, sent):
+                        seq.rounding = "exact"
+                    elif np.array_equal(got, sent.astype(np.float16).astype(np.float32)):
+                        seq.rounding = "fp16"
+            seq.dirty, seq.dirty_layers = False, None
+            if seq.evicting and seq.layer_evictions is None:
+                self._changed_layers(seq)  # The baseline the next APPENDs are compared with.
+        self.counters["fetch_s"] += time.perf_counter() - t0
+
+    # ---- fused decode attention (attention="fused") ---------------------------------------
+
+    def _advance_blocks(self, seq: CacheSequence, k: np.ndarray, v: np.ndarray,
+                        flushed: bool) -> None:
+        """After an APPEND of k, v ([layers, n, heads, D] float32): the cached blocks FETCH
+        stays valid, with the new rows added to every window, when the APPEND only added rows:
+        no flush, no eviction, no width lowering (pressure), and fp16 rows known to be stored
+        as sent rounded to fp16 (learned from the first blocks FETCH). Else it is refetched."""
+        blocks = seq.blocks
+        if (blocks is None or seq.blocks_stale or flushed or seq.evicting or seq.pressure
+                or seq.always or seq.rounding != "fp16" or blocks["tail_dtype"] != "float16"):
+            seq.blocks_stale = True
+            return
+        n = k.shape[1]
+        positions = np.arange(self.appended, self.appended + n, dtype=np.int64)
+        for l in range(blocks["n_layers"]):
+            for h in range(blocks["kv_heads"]):
+                blocks["tail_k"][l][h] = np.concatenate(
+                    [blocks["tail_k"][l][h], k[l, :, h].astype(np.float16)])
+                blocks["tail_v"][l][h] = np.concatenate(
+                    [blocks["tail_v"][l][h], v[l, :, h].astype(np.float16)])
+                blocks["tail_positions"][l][h] = np.concatenate(
+                    [blocks["tail_positions"][l][h], positions])
+        self.counters["block_reuses"] += 1
+
+    def _fetch_blocks(self) -> None:
+        """Blocks FETCH of every layer of every sequence (page tables into the shm pool; the
+        sink/tail rows inline), unless the cached one is still valid (_advance_blocks). Tail
+        rows come as float32 until the first reply shows no layer stores them wider than fp16
+        (lossless float32 layers), then as float16 (exact)."""
+        from .pool_view import PoolView
+
+        t0 = time.perf_counter()
+        for seq in self.seqs:
+            if seq.view is None:
+                seq.view = PoolView.from_client(seq.client)
+            if not seq.blocks_stale:
+                continue
+            blocks = seq.client.fetch_blocks(seq.sequence_id, dtype=seq.tail_dtype)
+            self.counters["block_fetches"] += 1
+            if seq.tail_dtype == "float32" and all(
+                    max(lay["k_bits"], lay["v_bits"]) <= 16 for lay in blocks["layouts"]):
+                seq.tail_dtype = "float16"
+            seq.blocks = blocks
+            seq.blocks_stale = False
+            self._learn_rounding(seq, blocks)
+        self.counters["fused_steps"] += 1
+        self.counters["block_fetch_s"] += time.perf_counter() - t0
+
+    def _learn_rounding(self, seq: CacheSequence, blocks: dict) -> None:
+        """How the daemon stores window rows, from the newest row of layer 0, head 0 when it
+        is the last token sent (the dense path learns the same from a dense FETCH)."""
+        if seq.rounding is not None or seq.sent_last_row is None or blocks["layer_begin"] != 0:
+            return
+        pos = blocks["tail_positions"][0][0]
+        if len(pos) == 0 or int(pos[-1]) != self.appended - 1:
+            return
+        got = blocks["tail_k"][0][0][-1].astype(np.float32)
+        sent = seq.sent_last_row
+        if np.array_equal(got, sent):
+            seq.rounding = "exact"
+        elif np.array_equal(got, sent.astype(np.float16).astype(np.float32)):
+            seq.rounding = "fp16"
+
+    def _fused_attention(self, layer: "KvctlLayer", query, key, value, attention_mask,
+                         scaling):
+        """One decode step of one layer: the fused kernel over what the daemon holds (records
+        + sink/tail rows of the blocks FETCH) and the step's own K/V (the last row of key/value,
+        one more window row per head). Returns [batch, 1, q_heads, D]."""
+        if attention_mask is not None:
+            allowed = (attention_mask if attention_mask.dtype == torch.bool
+                       else attention_mask == 0)
+            if not bool(allowed.all()):
+                raise KvctlError("attention=\"fused\": the attention mask hides positions "
+                                 "(padding); fused decode attends to every held token, use "
+                                 "attention=\"dense\"")
+        dim = query.shape[3]
+        scale = float(scaling) if scaling is not None else dim ** -0.5
+        k_new = key[:, :, -1].float()     # [B, kv_heads, D]: this step's token.
+        v_new = value[:, :, -1].float()
+        outs = []
+        for b, seq in enumerate(self.seqs):
+            # A device pool (pool.backend = "cuda") attends where its records are.
+            dev = seq.view.tensor.device
+            q = query[b, :, 0].float().to(dev)  # [q_heads, D]; rows h*g.. use KV head h.
+            # The step's own token joins each head's window as one more fp32 row, so the
+            # kernel's softmax covers it (no separate log-sum-exp merge here).
+            out, _ = seq.view.layer_attention(seq.blocks, layer.index, q, scale=scale,
+                                              extra_k=k_new[b].to(dev), extra_v=v_new[b].to(dev))
+            outs.append(out.to(query.device))
+        return torch.stack(outs).unsqueeze(1).to(query.dtype), None
+
+    # ---- Cache API and lifetime -----------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].seen if layer_idx < len(self.layers) else 0
+
+    def crop(self, max_length: int):
+        raise NotImplementedError("KvctlCache cannot drop tokens from the daemon sequence")
+
+    def stats(self, b: int = 0, section: str = ""):
+        """Parsed STATS of batch element b's daemon (after sync())."""
+        self.sync()
+        return self.seqs[b].client.stats(section)
+
+    def stats_text(self, b: int = 0, section: str = "") -> str:
+        self.sync()
+        return self.seqs[b].client.stats_text(section)
+
+    def _ping_loop(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            for seq in self.seqs:
+                try:
+                    seq.client.ping()
+                except KvctlError:
+                    pass  # The next real request reports the problem.
+
+    def _disconnect(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+            if self._keepalive is not None:
+                self._keepalive.join()
+        for seq in self.seqs:
+            seq.blocks = None
+            if seq.view is not None:
+                seq.view.close()
+                seq.view = None
+            if seq.own:
+                seq.client.disconnect()
+
+    def close(self) -> int:
+        """Sends the pending step, then ends every session with BYE (the daemon frees the
+        sequences and staging slots at once); returns the pool bytes freed. A session the
+        daemon already lost has nothing left to free."""
+        freed = 0
+        try:
+            try:
+                self.sync()
+            except SessionLostError:
+                pass  # The cache is closing: nothing to restart.
+            for seq in self.seqs:
+                if not seq.attached or seq.client.session is None:
+                    continue
+                try:
+                    freed += seq.client.bye().bytes_freed
+                except SessionLostError:
+                    pass
+        finally:
+            self._disconnect()
+        return freed
+
+    def __enter__(self) -> "KvctlCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

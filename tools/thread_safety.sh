@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The thread-safety check (common/thread_annotations.h): clang 14 with -Wthread-safety
+# -Werror=thread-safety compiles every library and binary (the daemon, kvtop, kvbench, kvcalib,
+# kvdemo) in build-tsa/, at -O0 and without tests, CUDA or torch: compile only, nothing runs. A
+# member declared KVCTL_GUARDED_BY read or written without its lock, a KVCTL_REQUIRES function
+# called without it, or a lock left held fails the build with clang's message. The kernels' SIMD
+# files go to g++ (tests/fuzz/cxx_launcher.sh; they take no locks).
+#
+# First it proves the flags bite: tests/thread_safety/unguarded_access.cc breaks the rules (each
+# break marked "Breaks:") and must fail with one thread-safety error per mark.
+#
+#   tools/thread_safety.sh          (tools/test.sh runs it before CTest; KVCTL_SKIP_THREAD_SAFETY=1
+#                                    skips it there)
+#   KVCTL_TSA_BUILD=DIR   build dir (default build-tsa); KVCTL_JOBS: build jobs
+# Needs clang-14 (tools/setup.sh installs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD=${KVCTL_TSA_BUILD:-build-tsa}
+JOBS=${KVCTL_JOBS:-$(nproc)}
+FLAGS="-Wthread-safety -Werror=thread-safety"
+start=$(date +%s)
+
+probe=tests/thread_safety/unguarded_access.cc
+expected=$(grep -c '// Breaks:' "$probe")
+# shellcheck disable=SC2086  # FLAGS is a list of flags.
+if out=$(clang++-14 -std=c++20 -fsyntax-only -I"$ROOT" $FLAGS "$probe" 2>&1); then
+  echo "thread-safety: $probe compiled; the analysis is not running"
+  exit 1
+fi
+found=$(grep -c 'error: .*\[-Werror,-Wthread-safety' <<<"$out" || true)
+if [ "$found" != "$expected" ]; then
+  echo "thread-safety: $probe gave $found thread-safety errors, expected $expected:"
+  echo "$out"
+  exit 1
+fi
+
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+  -DCMAKE_CXX_COMPILER_LAUNCHER="$ROOT/tests/fuzz/cxx_launcher.sh" \
+  -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0" -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF \
+  -DKVCTL_BUILD_TESTS=OFF -DKVCTL_WERROR=OFF "-DCMAKE_CXX_FLAGS=$FLAGS" >"$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log"; exit 1; }
+# Other clang warnings (on code written for g++, which -Werror checks in the main build) stay in
+# the log; only the thread-safety ones are errors.
+if ! cmake --build "$BUILD" -j "$JOBS" >"$BUILD/build.log" 2>&1; then
+  grep -A3 -- '-Wthread-safety' "$BUILD/build.log" | head -60 || true
+  tail -20 "$BUILD/build.log"
+  exit 1
+fi
+echo "thread-safety: clean in $(($(date +%s) - start)) s"
