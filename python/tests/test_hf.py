@@ -1,5 +1,5 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""KvctlCache (python/kvctl/hf.py) with SmolLM2-135M against real daemons.
+"""KvctlCache (python/kvctl/hf_cache.py) with SmolLM2-135M against real daemons.
 
 Loads the model once per test session (~20 s). Runs only with KVCTL_HF_TESTS=1 (the CTest
 "pytest: hf cache" sets it) so the client suite stays fast; skipped when the model stack or the
