@@ -13,7 +13,7 @@
 #include "kernels/quantize.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/simd_levels.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {
