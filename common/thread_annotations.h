@@ -68,16 +68,29 @@ class KVCTL_CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
-// Holds `mu` from construction to the end of the scope.
+// Holds `mu` from construction to the end of the scope, except between an Unlock and the next
+// Lock (a scope that lets the mutex go while it waits for another one).
 class KVCTL_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex* mu) KVCTL_ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
-  ~MutexLock() KVCTL_RELEASE() { mu_->Unlock(); }
+  ~MutexLock() KVCTL_RELEASE() {
+    if (held_) mu_->Unlock();
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
+  void Unlock() KVCTL_RELEASE() {
+    mu_->Unlock();
+    held_ = false;
+  }
+  void Lock() KVCTL_ACQUIRE() {
+    mu_->Lock();
+    held_ = true;
+  }
+
  private:
   Mutex* const mu_;
+  bool held_ = true;
 };
 
 // std::condition_variable over a Mutex the caller holds. A wait releases the mutex while it

@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <mutex>
 #include <tuple>
 
+#include "common/thread_annotations.h"
 #include "policies/reasonalloc.h"
 
 namespace kvctl {
@@ -122,22 +122,27 @@ int64_t EffectiveWindow(const EvictConfig& e) {
   return e.window > 0 ? e.window : std::max<int64_t>(8, EffectiveObsWindow(e));
 }
 
+// The last kvcalib profile parsed, keyed by path, size and modification time.
+struct ProfileCache {
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;
+  Mutex mu;
+  Key key KVCTL_GUARDED_BY(mu);
+  CalibProfile profile KVCTL_GUARDED_BY(mu);
+};
+
 // The kvcalib profile, with errors naming the key that pointed at it. One OPEN reads it for the
 // widths, the layer demand and the pressure curves, and every OPEN reads it again, so the last
-// one parsed is kept, keyed by path, size and modification time (an edited file is read again).
+// one parsed is kept (an edited file is read again).
 StatusOr<CalibProfile> LoadBudgetProfile(const std::string& path) {
-  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;
-  static std::mutex mu;
-  static Key cached_key;
-  static CalibProfile cached;
+  static ProfileCache cache;
   struct stat st {};
   const bool have_key = stat(path.c_str(), &st) == 0;
-  Key key;
+  ProfileCache::Key key;
   if (have_key) {
     key = {path, static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
            static_cast<int64_t>(st.st_mtim.tv_nsec)};
-    std::lock_guard<std::mutex> lock(mu);
-    if (key == cached_key) return cached;
+    MutexLock lock(&cache.mu);
+    if (key == cache.key) return cache.profile;
   }
   StatusOr<CalibProfile> profile = ReadCalibProfile(path);
   if (!profile.ok()) {
@@ -145,9 +150,9 @@ StatusOr<CalibProfile> LoadBudgetProfile(const std::string& path) {
                   StrCat("budget.profile: \"", path, "\": ", profile.status().message()));
   }
   if (have_key) {
-    std::lock_guard<std::mutex> lock(mu);
-    cached_key = key;
-    cached = *profile;
+    MutexLock lock(&cache.mu);
+    cache.key = key;
+    cache.profile = *profile;
   }
   return profile;
 }

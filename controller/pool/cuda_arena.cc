@@ -6,10 +6,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/quant_cuda.h"
 #include "kernels/cuda/scatter_cuda.h"
@@ -85,7 +85,7 @@ class CudaArena final : public Arena {
   // slot per layer and head): packed into one pinned buffer with their copy table, one
   // host-to-device copy, one scatter launch, then a stream synchronize. Both paths leave the
   // encode stream alone.
-  Status Publish(const std::vector<ByteRange>& ranges) override {
+  Status Publish(const std::vector<ByteRange>& ranges) override KVCTL_EXCLUDES(publish_mu_) {
     KVCTL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (ranges.size() <= kDirectCopies) {
       for (const ByteRange& r : ranges) {
@@ -94,7 +94,7 @@ class CudaArena final : public Arena {
       }
       return OkStatus();
     }
-    std::lock_guard<std::mutex> lock(publish_mu_);
+    MutexLock lock(&publish_mu_);
     const int n = static_cast<int>(ranges.size());
     std::vector<CopyRange> wanted;  // Same offset in both copies.
     for (const ByteRange& r : ranges) wanted.push_back({r.offset, r.offset, r.bytes});
@@ -121,7 +121,8 @@ class CudaArena final : public Arena {
     return OkStatus();
   }
 
-  Status EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) override {
+  Status EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) override
+      KVCTL_EXCLUDES(mu_) {
     if (batch.n_blocks <= 0) return OkStatus();
     const int g = spec.block_tokens, d = spec.head_dim;
     const int64_t span = (batch.n_blocks - 1) * batch.block_stride + (g - 1) * batch.row_stride + d;
@@ -137,7 +138,7 @@ class CudaArena final : public Arena {
     const size_t out_bytes = record_bytes * batch.n_blocks;
     int overflow = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       KVCTL_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
       KVCTL_CUDA_RETURN_IF_ERROR(k_.Reserve(span));
       KVCTL_CUDA_RETURN_IF_ERROR(v_.Reserve(span));
@@ -187,8 +188,8 @@ class CudaArena final : public Arena {
   const std::string handle_;
   static constexpr size_t kDirectCopies = 4;
 
-  // Grows the pinned pack buffer to at least `bytes` (contents not kept). REQUIRES: publish_mu_.
-  Status ReserveHost(size_t bytes) {
+  // Grows the pinned pack buffer to at least `bytes` (contents not kept).
+  Status ReserveHost(size_t bytes) KVCTL_REQUIRES(publish_mu_) {
     if (bytes <= pack_host_bytes_) return OkStatus();
     if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
     pack_host_ = nullptr;
@@ -199,15 +200,18 @@ class CudaArena final : public Arena {
   }
 
   const cudaStream_t publish_stream_;
-  std::mutex publish_mu_;         // Guards the pack buffers (and orders use of publish_stream_).
-  uint8_t* pack_host_ = nullptr;  // Pinned.
-  size_t pack_host_bytes_ = 0;
-  GrowingBuffer<uint8_t> pack_device_;
+  Mutex publish_mu_;  // Guards the pack buffers (and orders use of publish_stream_).
+  uint8_t* pack_host_ KVCTL_GUARDED_BY(publish_mu_) = nullptr;  // Pinned.
+  size_t pack_host_bytes_ KVCTL_GUARDED_BY(publish_mu_) = 0;
+  GrowingBuffer<uint8_t> pack_device_ KVCTL_GUARDED_BY(publish_mu_);
 
-  std::mutex mu_;  // Guards the encode buffers (and orders use of stream_).
-  GrowingBuffer<float> k_, v_, norms_, scratch_;
-  GrowingBuffer<uint8_t> records_;
-  GrowingBuffer<int> overflow_;
+  Mutex mu_;  // Guards the encode buffers (and orders use of stream_).
+  GrowingBuffer<float> k_ KVCTL_GUARDED_BY(mu_);
+  GrowingBuffer<float> v_ KVCTL_GUARDED_BY(mu_);
+  GrowingBuffer<float> norms_ KVCTL_GUARDED_BY(mu_);
+  GrowingBuffer<float> scratch_ KVCTL_GUARDED_BY(mu_);
+  GrowingBuffer<uint8_t> records_ KVCTL_GUARDED_BY(mu_);
+  GrowingBuffer<int> overflow_ KVCTL_GUARDED_BY(mu_);
 };
 
 }  // namespace

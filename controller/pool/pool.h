@@ -22,50 +22,15 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "kernels/quantize.h"
 
-// Clang thread-safety annotations (-Wthread-safety); no-ops elsewhere.
-#if defined(__clang__)
-#define KVCTL_THREAD_ANNOTATION(x) __attribute__((x))
-#else
-#define KVCTL_THREAD_ANNOTATION(x)
-#endif
-#define KVCTL_CAPABILITY(x) KVCTL_THREAD_ANNOTATION(capability(x))
-#define KVCTL_SCOPED_CAPABILITY KVCTL_THREAD_ANNOTATION(scoped_lockable)
-#define KVCTL_GUARDED_BY(x) KVCTL_THREAD_ANNOTATION(guarded_by(x))
-#define KVCTL_ACQUIRE(...) KVCTL_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
-#define KVCTL_RELEASE(...) KVCTL_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
-#define KVCTL_REQUIRES(...) KVCTL_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
-#define KVCTL_EXCLUDES(...) KVCTL_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
-
 namespace kvctl {
-
-// std::mutex carries no capability annotation in libstdc++, so the analysis needs this wrapper.
-class KVCTL_CAPABILITY("mutex") Mutex {
- public:
-  void Lock() KVCTL_ACQUIRE() { mu_.lock(); }
-  void Unlock() KVCTL_RELEASE() { mu_.unlock(); }
-
- private:
-  std::mutex mu_;
-};
-
-class KVCTL_SCOPED_CAPABILITY MutexLock {
- public:
-  explicit MutexLock(Mutex* mu) KVCTL_ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
-  ~MutexLock() KVCTL_RELEASE() { mu_->Unlock(); }
-  MutexLock(const MutexLock&) = delete;
-  MutexLock& operator=(const MutexLock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
 
 // [offset, offset + bytes) of an arena.
 struct ByteRange {
@@ -74,10 +39,11 @@ struct ByteRange {
 };
 
 // Memory the pool is carved from. base() is the memory the daemon reads and writes. A device
-// arena (controller/pool/cuda_arena.h) is *mirrored*: base() is a host copy the daemon works on, the
-// copy engines read lives in device memory, Publish makes ranges of the device copy equal to the
-// host copy and Pull copies a range the other way (staging slots that engines fill on the device).
-// Records are encoded where the arena lives (EncodeBlocks: the CPU here, the device there).
+// arena (controller/pool/cuda_arena.h) is *mirrored*: base() is a host copy the daemon works on,
+// the copy engines read lives in device memory, Publish makes ranges of the device copy equal to
+// the host copy and Pull copies a range the other way (staging slots that engines fill on the
+// device). Records are encoded where the arena lives (EncodeBlocks: the CPU here, the device
+// there).
 class Arena {
  public:
   virtual ~Arena() = default;

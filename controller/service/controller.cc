@@ -11,10 +11,10 @@
 #include "common/checked_math.h"
 #include "common/half.h"
 #include "common/secure_random.h"
-#include "controller/service/blocks_reply.h"
-#include "controller/sequence/budget_resolve.h"
-#include "controller/service/controller_internal.h"
 #include "controller/pool/cuda_arena.h"
+#include "controller/sequence/budget_resolve.h"
+#include "controller/service/blocks_reply.h"
+#include "controller/service/controller_internal.h"
 #include "ipc/protocol.h"
 
 namespace kvctl {
@@ -114,7 +114,7 @@ Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool
       config_(config) {}
 
 Controller::~Controller() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, session] : sessions_) FreeSessionLocked(*session);
   sessions_.clear();
 }
@@ -169,13 +169,13 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
 }
 
 Config Controller::config() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return config_;
 }
 
 Status Controller::Reload(const Config& config) {
   KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVCTL_RETURN_IF_ERROR(CheckReload(config_, config));
   config_ = config;
   host_memory_.set_limit(EffectiveHostMemoryBytes(config));
@@ -192,7 +192,7 @@ void Controller::RetireSequence(SequenceEntry& entry) {
   entry.host_bytes = 0;
   const HeadUsage q = entry.seq->QualityTotals();
   {
-    std::lock_guard<std::mutex> lock(retired_mu_);
+    MutexLock lock(&retired_mu_);
     retired_quality_.quality_samples += q.quality_samples;
     retired_quality_.k_rel_error_sum += q.k_rel_error_sum;
     retired_quality_.v_rel_error_sum += q.v_rel_error_sum;
@@ -224,7 +224,7 @@ void Controller::ReleaseStaging(Session& session) {
 
 void Controller::FreeSessionLocked(Session& session) {
   for (auto& [id, entry] : session.sequences) {
-    std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an append in flight.
+    MutexLock seq_lock(&entry->mu);  // Waits for an append in flight.
     RetireSequence(*entry);
   }
   session.sequences.clear();
@@ -271,7 +271,7 @@ StatusOr<std::shared_ptr<Controller::Session>> Controller::FindSessionLocked(uin
 StatusOr<std::shared_ptr<Controller::SequenceEntry>> Controller::FindSequence(uint64_t session_id,
                                                                               uint64_t sequence_id,
                                                                               SteadyTime now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, FindSessionLocked(session_id, now));
   auto it = session->sequences.find(sequence_id);
   if (it == session->sequences.end()) {
@@ -294,7 +294,7 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
     StatusOr<std::shared_ptr<StagingObject>> got = staging_->Acquire();
     if (got.ok()) staging_object = std::move(got).value();  // Else the client sends inline.
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (sessions_.size() >= static_cast<size_t>(config_.limits.max_sessions)) {
     return ResourceExhausted(
         "HELLO: ", sessions_.size(), " sessions are open, limits.max_sessions ", "is ",
@@ -374,7 +374,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
   HostShape shape;
   uint64_t open_bytes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                            FindSessionLocked(request.session_id, now));
     if (session->sequences.count(request.sequence_id)) {
@@ -395,11 +395,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     open_bytes = KvSequence::HostBytesAtOpen(shape);
     KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("OPEN", open_bytes));
   }
-  auto entry = std::make_shared<SequenceEntry>();
-  entry->shape = shape;
-  entry->open_host_bytes = open_bytes;
-  entry->host_bytes = open_bytes;  // Released by RetireSequence, or below on failure.
-  Status built = [&]() -> Status {
+  StatusOr<std::unique_ptr<KvSequence>> built = [&]() -> StatusOr<std::unique_ptr<KvSequence>> {
     std::vector<int64_t> head_caps;
     JointPlanInput joint_input;
     KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
@@ -410,8 +406,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     KVCTL_ASSIGN_OR_RETURN(
         PressureSettings pressure,
         ResolvePressure(config, ShapeOf(g, plans[0].rules, plans[0].lossless), &joint_input));
-    entry->opened = now;
-    entry->seq = std::make_unique<KvSequence>(
+    return std::make_unique<KvSequence>(
         pool_.get(),
         SequenceGeometry{.layers = static_cast<int>(g.layers),
                          .kv_heads = static_cast<int>(g.kv_heads),
@@ -420,13 +415,14 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
                          .quality_sample_period = config.server.quality_sample_period,
                          .q_heads = static_cast<int>(g.q_heads)},
         std::move(plans), std::move(eviction), std::move(pressure));
-    return OkStatus();
   }();
   if (!built.ok()) {
     host_memory_.Release(open_bytes);
-    return built;
+    return built.status();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  // Its host_bytes (open_bytes) are released by RetireSequence.
+  auto entry = std::make_shared<SequenceEntry>(now, std::move(built).value(), shape, open_bytes);
+  MutexLock lock(&mu_);
   // The session may have ended, or the same id been opened, while the sequence was built.
   StatusOr<std::shared_ptr<Session>> session = FindSessionLocked(request.session_id, now);
   Status inserted = session.status();
@@ -435,7 +431,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
                              request.session_id);
   }
   if (!inserted.ok()) {
-    std::lock_guard<std::mutex> seq_lock(entry->mu);
+    MutexLock seq_lock(&entry->mu);
     RetireSequence(*entry);
     return inserted;
   }
@@ -446,7 +442,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
 StatusOr<ipc::CloseReply> Controller::Close(const ipc::CloseRequest& request, SteadyTime now) {
   std::shared_ptr<SequenceEntry> entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                            FindSessionLocked(request.session_id, now));
     auto it = session->sequences.find(request.sequence_id);
@@ -457,7 +453,7 @@ StatusOr<ipc::CloseReply> Controller::Close(const ipc::CloseRequest& request, St
     entry = it->second;
     session->sequences.erase(it);
   }
-  std::lock_guard<std::mutex> seq_lock(entry->mu);
+  MutexLock seq_lock(&entry->mu);
   ipc::CloseReply reply;
   if (entry->seq) reply.bytes_freed = entry->seq->Usage().pool_bytes;
   RetireSequence(*entry);
@@ -467,7 +463,7 @@ StatusOr<ipc::CloseReply> Controller::Close(const ipc::CloseRequest& request, St
 StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTime now) {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVCTL_ASSIGN_OR_RETURN(session, FindSessionLocked(request.session_id, now));
     // Out of the table first: from here no request can reach the session's sequences or start
     // using its staging slot, so what follows needs no global lock.
@@ -476,8 +472,8 @@ StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTi
   }
   ipc::ByeReply reply;
   for (auto& [id, entry] : session->sequences) {
-    std::lock_guard<std::mutex> seq_lock(entry->mu);  // Waits for an APPEND or FETCH in flight.
-    if (!entry->seq) continue;                        // Closed meanwhile by its own CLOSE.
+    MutexLock seq_lock(&entry->mu);  // Waits for an APPEND or FETCH in flight.
+    if (!entry->seq) continue;       // Closed meanwhile by its own CLOSE.
     reply.bytes_freed += entry->seq->Usage().pool_bytes;
     ++reply.sequences_closed;
     RetireSequence(*entry);
@@ -493,7 +489,7 @@ StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTi
 
 StatusOr<ipc::PingReply> Controller::Ping(const ipc::PingRequest& request, SteadyTime now) {
   if (request.session_id != 0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
   }
   return ipc::PingReply{static_cast<uint64_t>(Micros(now))};
@@ -506,7 +502,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   uint64_t staged_bytes = 0;
   std::shared_ptr<StagingObject> staging_hold;  // Keeps the mapping while it is read.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                            FindSessionLocked(request.session_id, now));
     g = session->geometry;
@@ -564,7 +560,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
-  std::unique_lock<std::mutex> seq_lock(entry->mu);
+  MutexLock seq_lock(&entry->mu);
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
   if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
@@ -603,9 +599,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     // The failed APPEND changed nothing, so the sequence's lock can go while others are lowered
     // (taking mu_ while holding it would invert the mu_ -> sequence order of STATS and CLOSE).
     const int64_t shortfall = entry->seq->last_shortfall_pages();
-    seq_lock.unlock();
+    seq_lock.Unlock();
     const int64_t freed = LowerOthersForPool(*entry, shortfall);
-    seq_lock.lock();
+    seq_lock.Lock();
     if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
     if (freed > 0) {
       appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
@@ -621,7 +617,7 @@ int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages)
   if (pages < 1) return 0;
   std::vector<std::shared_ptr<SequenceEntry>> others;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (config_.budget.pressure_scope != PressureScope::kPool) return 0;
     for (const auto& [id, session] : sessions_) {
       for (const auto& [seq_id, other] : session->sequences) {
@@ -634,9 +630,9 @@ int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages)
   int64_t freed = 0;
   for (const std::shared_ptr<SequenceEntry>& other : others) {
     if (freed >= pages) break;
-    std::unique_lock<std::mutex> other_lock(other->mu, std::try_to_lock);
-    if (!other_lock.owns_lock() || !other->seq) continue;
-    freed += other->seq->LowerWidthsForOthers(pages - freed);
+    if (!other->mu.TryLock()) continue;
+    if (other->seq) freed += other->seq->LowerWidthsForOthers(pages - freed);
+    other->mu.Unlock();
   }
   return freed;
 }
@@ -644,7 +640,7 @@ int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages)
 StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now) {
   ipc::Geometry g;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                            FindSessionLocked(request.session_id, now));
     g = session->geometry;
@@ -655,7 +651,7 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
-  std::lock_guard<std::mutex> seq_lock(entry->mu);
+  MutexLock seq_lock(&entry->mu);
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
@@ -687,7 +683,7 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
 }
 
 int Controller::ExpireLeases(SteadyTime now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (config_.server.lease_ms <= 0) return 0;
   const auto lease = std::chrono::milliseconds(config_.server.lease_ms);
   int expired = 0;

@@ -2,8 +2,8 @@
 //
 // File: controller/service/controller.h
 // Controller: the daemon's state and request logic, with no sockets, signals or threads of its own
-// (controller/daemon/daemon.h wires it to ZeroMQ and Boost.Asio). It owns the pool, the sessions a HELLO
-// opens, their sequences and their leases, and answers each request with a reply struct or a
+// (controller/daemon/daemon.h wires it to ZeroMQ and Boost.Asio). It owns the pool, the sessions a
+// HELLO opens, their sequences and their leases, and answers each request with a reply struct or a
 // Status whose message names the field, the value and what was expected. A request can never
 // corrupt stored data: KvSequence::Append is all or nothing, and a client only reaches its own
 // session's sequences.
@@ -23,15 +23,15 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "controller/config/config.h"
-#include "controller/sequence/host_memory.h"
-#include "controller/sequence/kv_sequence.h"
 #include "controller/pool/pool.h"
 #include "controller/pool/staging_shm.h"
+#include "controller/sequence/host_memory.h"
+#include "controller/sequence/kv_sequence.h"
 #include "controller/stats/stats.h"
 #include "ipc/messages.h"
 #include "ipc/server.h"
@@ -49,31 +49,37 @@ class Controller {
   static StatusOr<std::unique_ptr<Controller>> Create(const Config& config);
   ~Controller();
 
-  StatusOr<ipc::HelloReply> Hello(const ipc::HelloRequest& request, SteadyTime now);
-  Status Open(const ipc::OpenRequest& request, SteadyTime now);
-  StatusOr<ipc::CloseReply> Close(const ipc::CloseRequest& request, SteadyTime now);
-  StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now);
-  StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now);
-  StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now);
+  StatusOr<ipc::HelloReply> Hello(const ipc::HelloRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  Status Open(const ipc::OpenRequest& request, SteadyTime now) KVCTL_EXCLUDES(mu_);
+  StatusOr<ipc::CloseReply> Close(const ipc::CloseRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
   // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for
   // an unknown session. Waits for requests in flight on its sequences, without holding the
   // session table's lock meanwhile.
-  StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now);
+  StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now) KVCTL_EXCLUDES(mu_);
   // INFO-style text; `section` empty for all.
-  StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now);
+  StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_, retired_mu_);
 
   // Frees every session whose lease ran out by `now`; returns how many.
-  int ExpireLeases(SteadyTime now);
+  int ExpireLeases(SteadyTime now) KVCTL_EXCLUDES(mu_);
 
-  // One pass of the page-checksum scrubber (controller/service/scrubber.cc): verifies about max_bytes of
-  // stored pages, taking the open sequences in turn from where the last pass stopped (each at
-  // most once per pass; a sequence busy with a request is skipped) and marks a sequence whose
-  // pages changed lost. Returns the bytes verified. No-op without pool.checksums.
-  uint64_t Scrub(uint64_t max_bytes);
+  // One pass of the page-checksum scrubber (controller/service/scrubber.cc): verifies about
+  // max_bytes of stored pages, taking the open sequences in turn from where the last pass stopped
+  // (each at most once per pass; a sequence busy with a request is skipped) and marks a sequence
+  // whose pages changed lost. Returns the bytes verified. No-op without pool.checksums.
+  uint64_t Scrub(uint64_t max_bytes) KVCTL_EXCLUDES(mu_, scrub_mu_);
 
   // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
   // Refuses, with a message, changes to keys that are fixed for the daemon's life.
-  Status Reload(const Config& config);
+  Status Reload(const Config& config) KVCTL_EXCLUDES(mu_);
 
   // Records one served request for STATS (type, latency, error or not).
   void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);
@@ -82,33 +88,50 @@ class Controller {
   void SetServerInfo(std::string endpoint, std::function<ipc::ServerCounters()> counters);
   // The HTTP server's bound HOST:PORT (server.http_address may ask for port 0); STATS shows it.
   // Callable while STATS is served.
-  void SetHttpAddress(std::string bound_address);
+  void SetHttpAddress(std::string bound_address) KVCTL_EXCLUDES(http_address_mu_);
 
-  Config config() const;
+  Config config() const KVCTL_EXCLUDES(mu_);
   // The pool's page and staging counters (a cpu pool's staging is its StagingObjects).
   PoolStats pool_stats() const;
   const std::string& shm_name() const { return shm_name_; }
 
  private:
-  struct SequenceEntry;
+  // One open sequence. Requests on it hold its mutex; its table entry (Session::sequences) is
+  // guarded by mu_. Taken in the order mu_, then a sequence's (try-locks may go the other way).
+  struct SequenceEntry {
+    SequenceEntry(SteadyTime opened, std::unique_ptr<KvSequence> seq, const HostShape& shape,
+                  uint64_t open_host_bytes)
+        : opened(opened),
+          shape(shape),
+          open_host_bytes(open_host_bytes),
+          seq(std::move(seq)),
+          host_bytes(open_host_bytes) {}
+
+    const SteadyTime opened;
+    const HostShape shape;
+    const uint64_t open_host_bytes;  // KvSequence::HostBytesAtOpen(shape).
+    Mutex mu;
+    std::unique_ptr<KvSequence> seq KVCTL_GUARDED_BY(mu);  // Null once retired.
+    // Charged to the host budget now (0 once retired).
+    uint64_t host_bytes KVCTL_GUARDED_BY(mu);
+  };
   struct Session;
 
   Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name,
              std::unique_ptr<StagingObjects> staging);
   StatusOr<std::shared_ptr<SequenceEntry>> FindSequence(uint64_t session_id, uint64_t sequence_id,
-                                                        SteadyTime now);
-  StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
-  void FreeSessionLocked(Session& session);
+                                                        SteadyTime now) KVCTL_EXCLUDES(mu_);
+  StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now)
+      KVCTL_REQUIRES(mu_);
+  void FreeSessionLocked(Session& session) KVCTL_REQUIRES(mu_);
   // Gives the session's staging slot back: its own object (cpu pool) or its slot in the pool.
   void ReleaseStaging(Session& session);
   // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
-  // REQUIRES: the entry's mutex is held.
-  void RetireSequence(SequenceEntry& entry);
+  void RetireSequence(SequenceEntry& entry) KVCTL_REQUIRES(entry.mu) KVCTL_EXCLUDES(retired_mu_);
   // budget.pressure_scope = "pool": after `self`'s APPEND lacked `pages` pool pages, lowers the
   // widths of other open sequences (those opened with budget.pressure = "requantize") until
-  // that many are free; returns the pages freed. REQUIRES: neither mu_ nor self's mutex is held
-  // (it takes mu_, then try-locks the others).
-  int64_t LowerOthersForPool(const SequenceEntry& self, int64_t pages);
+  // that many are free; returns the pages freed. It takes mu_, then try-locks the others.
+  int64_t LowerOthersForPool(const SequenceEntry& self, int64_t pages) KVCTL_EXCLUDES(mu_, self.mu);
 
   // The session record's own host memory (controller.cc).
   static uint64_t SessionHostBytes();
@@ -116,7 +139,8 @@ class Controller {
   // pool page of its own, and an empty sequence must fit the host budget.
   Status CheckGeometryFits(const ipc::Geometry& g, const HostShape& shape) const;
   // The STATS sections made of the controller's own state (controller_stats.cc).
-  void WriteServerSection(const Config& config, SteadyTime now, std::ostream& out) const;
+  void WriteServerSection(const Config& config, SteadyTime now, std::ostream& out) const
+      KVCTL_EXCLUDES(http_address_mu_);
   void WritePoolSection(std::ostream& out) const;
 
   const std::unique_ptr<PageAllocator> pool_;
@@ -127,20 +151,21 @@ class Controller {
   const SteadyTime started_;
   ServerStats stats_;     // Internally synchronized.
   std::string endpoint_;  // Set once before serving.
-  mutable std::mutex http_address_mu_;
-  std::string http_address_;  // Bound address; "" = off or not started. Guarded by the above.
+  mutable Mutex http_address_mu_;
+  // Bound address; "" = off or not started.
+  std::string http_address_ KVCTL_GUARDED_BY(http_address_mu_);
   std::function<ipc::ServerCounters()> server_counters_;  // Set once before serving.
 
-  mutable std::mutex mu_;
-  Config config_;                                          // Guarded by mu_.
-  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
-  uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
-  uint64_t sessions_ended_ = 0;                            // By BYE; guarded by mu_.
-  uint64_t next_session_number_ = 1;                       // Guarded by mu_.
-  std::mutex scrub_mu_;                                    // One scrub pass at a time.
-  size_t scrub_next_ = 0;  // Where the next pass starts; guarded by scrub_mu_.
-  std::mutex retired_mu_;
-  HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.
+  mutable Mutex mu_;
+  Config config_ KVCTL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_ KVCTL_GUARDED_BY(mu_);
+  uint64_t sessions_expired_ KVCTL_GUARDED_BY(mu_) = 0;
+  uint64_t sessions_ended_ KVCTL_GUARDED_BY(mu_) = 0;  // By BYE.
+  uint64_t next_session_number_ KVCTL_GUARDED_BY(mu_) = 1;
+  Mutex scrub_mu_;                                     // One scrub pass at a time.
+  size_t scrub_next_ KVCTL_GUARDED_BY(scrub_mu_) = 0;  // Where the next pass starts.
+  Mutex retired_mu_;
+  HeadUsage retired_quality_ KVCTL_GUARDED_BY(retired_mu_);  // Quality of freed sequences.
 };
 
 }  // namespace kvctl

@@ -1,28 +1,21 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: controller/service/controller_internal.h (internal to controller/)
-// The session and sequence records behind Controller, shared by its request logic
-// (controller.cc) and its stats report (controller_stats.cc).
+// The session record behind Controller, shared by its request logic (controller.cc), its stats
+// report (controller_stats.cc) and the scrubber (scrubber.cc). Its fields are written under
+// Controller::mu_ (or before the session is shared, or after it left the table); a nested
+// record's annotation cannot name its owner's mutex, so the rule is checked by reading. The
+// sequence record (Controller::SequenceEntry) is in controller.h, where its annotations are.
 #ifndef KVCTL_CONTROLLER_SERVICE_CONTROLLER_INTERNAL_H_
 #define KVCTL_CONTROLLER_SERVICE_CONTROLLER_INTERNAL_H_
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "controller/service/controller.h"
 
 namespace kvctl {
-
-struct Controller::SequenceEntry {
-  std::mutex mu;
-  SteadyTime opened;
-  std::unique_ptr<KvSequence> seq;  // Guarded by mu.
-  HostShape shape;                  // Set before the entry is shared; read-only after.
-  uint64_t open_host_bytes = 0;     // KvSequence::HostBytesAtOpen(shape).
-  uint64_t host_bytes = 0;  // Charged to the host budget now; guarded by mu (0 once retired).
-};
 
 struct Controller::Session {
   uint64_t id = 0;      // Random: the capability to this session; never shown in stats.

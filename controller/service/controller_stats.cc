@@ -295,7 +295,7 @@ void Controller::SetServerInfo(std::string endpoint,
 }
 
 void Controller::SetHttpAddress(std::string bound_address) {
-  std::lock_guard<std::mutex> lock(http_address_mu_);
+  MutexLock lock(&http_address_mu_);
   http_address_ = std::move(bound_address);
 }
 
@@ -322,7 +322,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   std::vector<SequenceRef> refs;
   Config config;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (request.session_id != 0) {
       KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
     }
@@ -338,7 +338,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   const bool per_head = show("layers") || show("heads") || show("quality");
   SequenceSums sums;
   for (SequenceRef& ref : refs) {
-    std::lock_guard<std::mutex> seq_lock(ref.entry->mu);
+    MutexLock seq_lock(&ref.entry->mu);
     if (!ref.entry->seq) continue;
     ref.label.age_s =
         std::chrono::duration_cast<std::chrono::seconds>(now - ref.entry->opened).count();
@@ -356,7 +356,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   if (show("quality")) {
     HeadUsage retired;
     {
-      std::lock_guard<std::mutex> lock(retired_mu_);
+      MutexLock lock(&retired_mu_);
       retired = retired_quality_;
     }
     WriteQualitySection(sums.heads, retired, config.server.quality_sample_period, out);
@@ -370,7 +370,7 @@ void Controller::WriteServerSection(const Config& config, SteadyTime now,
                                     std::ostream& out) const {
   std::string http_address;
   {
-    std::lock_guard<std::mutex> lock(http_address_mu_);
+    MutexLock lock(&http_address_mu_);
     http_address = http_address_;
   }
   out << "# Server\n"

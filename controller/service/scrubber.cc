@@ -25,11 +25,11 @@ constexpr uint64_t kSliceBytes = 1 << 20;
 
 uint64_t Controller::Scrub(uint64_t max_bytes) {
   if (!pool_->checksums() || max_bytes == 0) return 0;
-  std::lock_guard<std::mutex> pass_lock(scrub_mu_);
+  MutexLock pass_lock(&scrub_mu_);
   // (session number, sequence id, entry): numbers, not session ids, go to the log.
   std::vector<std::tuple<uint64_t, uint64_t, std::shared_ptr<SequenceEntry>>> entries;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [id, session] : sessions_) {
       for (const auto& [seq_id, entry] : session->sequences) {
         entries.emplace_back(session->number, seq_id, entry);
@@ -45,17 +45,19 @@ uint64_t Controller::Scrub(uint64_t max_bytes) {
     if (!done[i]) {
       auto& [number, seq_id, entry] = entries[i];
       bool finished = true;
-      std::unique_lock<std::mutex> seq_lock(entry->mu, std::try_to_lock);
-      if (seq_lock.owns_lock() && entry->seq) {
-        const bool was_lost = !entry->seq->integrity().ok();
-        StatusOr<uint64_t> bytes =
-            entry->seq->Scrub(std::min(kSliceBytes, max_bytes - verified), &finished);
-        if (bytes.ok()) {
-          verified += *bytes;
-        } else if (!was_lost) {
-          spdlog::error("scrubber: sequence {} of session #{} lost: {}", seq_id, number,
-                        bytes.status().message());
+      if (entry->mu.TryLock()) {  // A sequence busy with a request is skipped this time.
+        if (entry->seq) {
+          const bool was_lost = !entry->seq->integrity().ok();
+          StatusOr<uint64_t> bytes =
+              entry->seq->Scrub(std::min(kSliceBytes, max_bytes - verified), &finished);
+          if (bytes.ok()) {
+            verified += *bytes;
+          } else if (!was_lost) {
+            spdlog::error("scrubber: sequence {} of session #{} lost: {}", seq_id, number,
+                          bytes.status().message());
+          }
         }
+        entry->mu.Unlock();
       }
       if (finished) {
         done[i] = true;
@@ -86,22 +88,27 @@ Scrubber::Scrubber(Controller* controller, std::chrono::milliseconds interval,
 
 Scrubber::~Scrubber() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   thread_.join();
 }
 
 void Scrubber::Loop() {
   // Linux nice values are per thread: only this one drops to the lowest priority.
   setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
-    lock.unlock();
-    controller_->Scrub(bytes_per_pass_);
-    lock.lock();
+  while (WaitInterval()) controller_->Scrub(bytes_per_pass_);
+}
+
+bool Scrubber::WaitInterval() {
+  MutexLock lock(&mu_);
+  const std::chrono::steady_clock::time_point deadline =
+      std::chrono::steady_clock::now() + interval_;
+  while (!stop_) {
+    if (!wake_.WaitUntil(&mu_, deadline)) return !stop_;
   }
+  return false;
 }
 
 }  // namespace kvctl

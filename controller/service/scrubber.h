@@ -16,12 +16,11 @@
 #define KVCTL_CONTROLLER_SERVICE_SCRUBBER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "controller/config/config.h"
 #include "controller/service/controller.h"
 
@@ -41,14 +40,16 @@ class Scrubber {
 
  private:
   Scrubber(Controller* controller, std::chrono::milliseconds interval, uint64_t bytes_per_pass);
-  void Loop();
+  void Loop() KVCTL_EXCLUDES(mu_);
+  // Sleeps one interval; false when told to stop meanwhile.
+  bool WaitInterval() KVCTL_EXCLUDES(mu_);
 
   Controller* const controller_;
   const std::chrono::milliseconds interval_;
   const uint64_t bytes_per_pass_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;  // Guarded by mu_.
+  Mutex mu_;
+  CondVar wake_;
+  bool stop_ KVCTL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -21,7 +21,7 @@ uint64_t Percentile(std::vector<uint32_t> v, double p) {
 void ServerStats::Record(uint16_t type, std::chrono::microseconds latency, bool error) {
   const int t = type >= 1 && type <= 7 ? type : 0;
   const uint64_t us = static_cast<uint64_t>(std::max<int64_t>(0, latency.count()));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   PerType& s = types_[t];
   ++s.requests;
   if (error) ++s.errors;
@@ -37,7 +37,7 @@ void ServerStats::Record(uint16_t type, std::chrono::microseconds latency, bool 
 
 std::vector<RequestTypeStats> ServerStats::Snapshot() const {
   std::vector<RequestTypeStats> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (int t = 1; t < 8; ++t) {  // Request types; malformed requests never reach us.
     const PerType& s = types_[t];
     RequestTypeStats r;

@@ -12,9 +12,10 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace kvctl {
 
@@ -30,8 +31,8 @@ class ServerStats {
   static constexpr size_t kSamples = 4096;
 
   // `type` is the wire request type (1..7); others count under "other".
-  void Record(uint16_t type, std::chrono::microseconds latency, bool error);
-  std::vector<RequestTypeStats> Snapshot() const;
+  void Record(uint16_t type, std::chrono::microseconds latency, bool error) KVCTL_EXCLUDES(mu_);
+  std::vector<RequestTypeStats> Snapshot() const KVCTL_EXCLUDES(mu_);
 
  private:
   struct PerType {
@@ -41,8 +42,8 @@ class ServerStats {
   };
   static constexpr int kTypes = 9;  // 0 = other, 1..7 request types, 8 spare.
 
-  mutable std::mutex mu_;
-  std::array<PerType, kTypes> types_;  // Guarded by mu_.
+  mutable Mutex mu_;
+  std::array<PerType, kTypes> types_ KVCTL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvctl

@@ -12,12 +12,12 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
-#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 #include <zmq_addon.hpp>
 
+#include "common/thread_annotations.h"
 #include "ipc/client.h"
 #include "tests/ipc/ipc_test_util.h"
 
@@ -43,7 +43,7 @@ class FakeDaemon {
 
   void Stop() {
     if (server_) server_->Stop();
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (std::thread& t : workers_) t.join();
     workers_.clear();
   }
@@ -63,7 +63,7 @@ class FakeDaemon {
   void On(PingRequest& m, Responder& r) { r.Reply(PingReply{m.session_id}); }
   void On(OpenRequest& m, Responder& r) {
     const uint64_t seq = m.sequence_id;
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     workers_.emplace_back([seq, r]() mutable {
       if (seq >= 1000) std::this_thread::sleep_for(std::chrono::milliseconds(seq - 1000));
       r.Reply(OpenReply{});
@@ -109,8 +109,8 @@ class FakeDaemon {
   }
 
   std::unique_ptr<ZmqServer> server_;
-  std::mutex mu_;
-  std::vector<std::thread> workers_;
+  Mutex mu_;
+  std::vector<std::thread> workers_ KVCTL_GUARDED_BY(mu_);
 };
 
 std::string IpcEndpoint(const TempDir& dir) { return "ipc://" + dir.File("kvctl.sock"); }
