@@ -18,6 +18,12 @@
 //       MutexLock lock(&mu_);
 //       total_ += n;
 //     }
+//     bool TryAdd(int n) KVCTL_EXCLUDES(mu_) {  // Skips when another thread holds it.
+//       if (!mu_.TryLock()) return false;
+//       MutexLock lock(&mu_, AdoptLock{});
+//       total_ += n;
+//       return true;
+//     }
 //    private:
 //     Mutex mu_;
 //     int total_ KVCTL_GUARDED_BY(mu_) = 0;
@@ -68,11 +74,16 @@ class KVCTL_CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
+// MutexLock's tag for a mutex the caller already holds (a TryLock that returned true).
+struct AdoptLock {};
+
 // Holds `mu` from construction to the end of the scope, except between an Unlock and the next
 // Lock (a scope that lets the mutex go while it waits for another one).
 class KVCTL_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex* mu) KVCTL_ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  // Takes over `mu`, held by the caller, and releases it at the end of the scope.
+  MutexLock(Mutex* mu, AdoptLock) KVCTL_REQUIRES(mu) : mu_(mu) {}
   ~MutexLock() KVCTL_RELEASE() {
     if (held_) mu_->Unlock();
   }

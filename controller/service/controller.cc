@@ -631,8 +631,8 @@ int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages)
   for (const std::shared_ptr<SequenceEntry>& other : others) {
     if (freed >= pages) break;
     if (!other->mu.TryLock()) continue;
+    MutexLock other_lock(&other->mu, AdoptLock{});
     if (other->seq) freed += other->seq->LowerWidthsForOthers(pages - freed);
-    other->mu.Unlock();
   }
   return freed;
 }

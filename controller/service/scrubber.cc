@@ -46,6 +46,7 @@ uint64_t Controller::Scrub(uint64_t max_bytes) {
       auto& [number, seq_id, entry] = entries[i];
       bool finished = true;
       if (entry->mu.TryLock()) {  // A sequence busy with a request is skipped this time.
+        MutexLock seq_lock(&entry->mu, AdoptLock{});
         if (entry->seq) {
           const bool was_lost = !entry->seq->integrity().ok();
           StatusOr<uint64_t> bytes =
@@ -57,7 +58,6 @@ uint64_t Controller::Scrub(uint64_t max_bytes) {
                           bytes.status().message());
           }
         }
-        entry->mu.Unlock();
       }
       if (finished) {
         done[i] = true;
