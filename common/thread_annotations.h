@@ -44,9 +44,8 @@
 // A type that is a lock (Mutex), and a type whose objects hold one for their scope (MutexLock).
 #define KVCTL_CAPABILITY(x) KVCTL_THREAD_ANNOTATION(capability(x))
 #define KVCTL_SCOPED_CAPABILITY KVCTL_THREAD_ANNOTATION(scoped_lockable)
-// A member read or written only with the lock held (the pointer itself, or what it points to).
+// A member read or written only with the lock held.
 #define KVCTL_GUARDED_BY(x) KVCTL_THREAD_ANNOTATION(guarded_by(x))
-#define KVCTL_PT_GUARDED_BY(x) KVCTL_THREAD_ANNOTATION(pt_guarded_by(x))
 // Functions that take, release or try to take a lock (true: the return value that means taken).
 #define KVCTL_ACQUIRE(...) KVCTL_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define KVCTL_RELEASE(...) KVCTL_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
@@ -109,7 +108,6 @@ class KVCTL_SCOPED_CAPABILITY MutexLock {
 // they wait for.
 class CondVar {
  public:
-  void NotifyOne() { cv_.notify_one(); }
   void NotifyAll() { cv_.notify_all(); }
 
   // Until notified (or a spurious wake-up) or `deadline`; false once the deadline has passed.
