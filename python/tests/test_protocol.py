@@ -512,14 +512,14 @@ def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(
     try:
         c.hello(layers=1, kv_heads=2, head_dim=8)
         b = c.fetch_blocks(1)
-        assert [lay["records_per_page"] for lay in b["layouts"]] == [16, 32]
+        assert [lay.records_per_page for lay in b.layouts] == [16, 32]
         assert "records_per_page" not in b
         # Pair 0: ids 17, 18 at 16 per page = page 1 slots 1, 2 of 256 bytes. Pair 1: id 33 at
         # 32 per page = page 1 slot 1 of 128 bytes (not page 2, as 16 per page would give), id 70
         # = page 2 slot 6.
-        assert b["record_offsets"].tolist() == [4096 + 256, 4096 + 512, 4096 + 128,
+        assert b.record_offsets.tolist() == [4096 + 256, 4096 + 512, 4096 + 128,
                                                 8192 + 6 * 128]
-        assert b["quantized_counts"].tolist() == [64, 37]
+        assert b.quantized_counts.tolist() == [64, 37]
     finally:
         c.disconnect()
         peer.close()
