@@ -44,7 +44,7 @@ enum class MsgType : uint16_t {
 #define KVCTL_WIRE_DECLARE_TYPE(cpp, NAME, number, Request) cpp = number,
   KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_DECLARE_TYPE)
 #undef KVCTL_WIRE_DECLARE_TYPE
-  kError = KVCTL_WIRE_ERROR_TYPE,
+      kError = KVCTL_WIRE_ERROR_TYPE,
 };
 inline constexpr uint16_t kReplyBit = KVCTL_WIRE_REPLY_BIT;
 #define KVCTL_WIRE_TYPE_NUMBER(cpp, NAME, number, Request) number,

@@ -241,7 +241,6 @@ Status Validate(const HelloReply& m) {
 
 // ---- OPEN / CLOSE / PING ----
 
-
 Status Validate(const OpenRequest& m) { return CheckSession(m.session_id); }
 
 Status Validate(const CloseRequest& m) { return CheckSession(m.session_id); }
@@ -476,9 +475,9 @@ StatusOr<Reply> DecodeReply(Frames frames) {
   return Unimplemented("type: got ", TypeName(h.type), ", expected a known reply");
 }
 
-#define KVCTL_WIRE_ENCODE_REQUEST(cpp, NAME, number, Body)    \
-  StatusOr<Frames> Encode(uint64_t request_id, Body msg) {    \
-    return EncodeAs(static_cast<uint16_t>(MsgType::cpp), request_id, msg);   \
+#define KVCTL_WIRE_ENCODE_REQUEST(cpp, NAME, number, Body)                 \
+  StatusOr<Frames> Encode(uint64_t request_id, Body msg) {                 \
+    return EncodeAs(static_cast<uint16_t>(MsgType::cpp), request_id, msg); \
   }
 KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_ENCODE_REQUEST)
 #undef KVCTL_WIRE_ENCODE_REQUEST
@@ -529,8 +528,8 @@ MsgType TypeOf(const RequestBody& body) {
 
 uint16_t TypeOf(const ReplyBody& body) {
 #define KVCTL_WIRE_REPLY_TYPE(Reply, request) ReplyType(MsgType::request),
-  static constexpr uint16_t kTypes[] = {KVCTL_WIRE_REPLIES(KVCTL_WIRE_REPLY_TYPE)
-                                            static_cast<uint16_t>(MsgType::kError)};
+  static constexpr uint16_t kTypes[] = {
+      KVCTL_WIRE_REPLIES(KVCTL_WIRE_REPLY_TYPE) static_cast<uint16_t>(MsgType::kError)};
 #undef KVCTL_WIRE_REPLY_TYPE
   static_assert(std::size(kTypes) == std::variant_size_v<ReplyBody>);
   return kTypes[body.index()];

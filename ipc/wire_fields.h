@@ -47,15 +47,15 @@ struct WireEnum;
 #define KVCTL_WIRE_ENUM_VALUE(cpp, PY, number) number,
 #define KVCTL_WIRE_ENUM_MATCHES(cpp, PY, number) \
   static_assert(static_cast<uint32_t>(E::cpp) == (number), "messages.def: " #cpp);
-#define KVCTL_WIRE_DEFINE_ENUM(Enum)                                                     \
-  template <>                                                                            \
-  struct WireEnum<Enum> {                                                                \
-    using E = Enum;                                                                      \
-    KVCTL_WIRE_ENUM_##Enum(KVCTL_WIRE_ENUM_MATCHES)                                      \
-    static constexpr uint32_t kValues[] = {KVCTL_WIRE_ENUM_##Enum(KVCTL_WIRE_ENUM_VALUE)}; \
-    static constexpr uint32_t kMin = kValues[0];                                         \
-    static constexpr uint32_t kMax = kValues[std::size(kValues) - 1];                    \
-    static_assert(kMax - kMin + 1 == std::size(kValues), "messages.def: enum has gaps"); \
+#define KVCTL_WIRE_DEFINE_ENUM(Enum)                                                        \
+  template <>                                                                               \
+  struct WireEnum<Enum> {                                                                   \
+    using E = Enum;                                                                         \
+    KVCTL_WIRE_ENUM_##Enum(KVCTL_WIRE_ENUM_MATCHES) static constexpr uint32_t kValues[] = { \
+        KVCTL_WIRE_ENUM_##Enum(KVCTL_WIRE_ENUM_VALUE)};                                     \
+    static constexpr uint32_t kMin = kValues[0];                                            \
+    static constexpr uint32_t kMax = kValues[std::size(kValues) - 1];                       \
+    static_assert(kMax - kMin + 1 == std::size(kValues), "messages.def: enum has gaps");    \
   };
 KVCTL_WIRE_DEFINE_ENUM(StatusCode)
 KVCTL_WIRE_DEFINE_ENUM(DType)
@@ -91,13 +91,14 @@ KVCTL_WIRE_DEFINE_ENUM(FetchMode)
 #define KVCTL_WIRE_VISIT_u32s(n, member, arg) \
   KVCTL_RETURN_IF_ERROR(v.Array(#n, m.member, CountRule::k##arg, m));
 #define KVCTL_WIRE_VISIT_frame(n, member, arg)
-#define KVCTL_WIRE_VISIT_FIELD(kind, n, member, arg, meaning) KVCTL_WIRE_VISIT_##kind(n, member, arg)
+#define KVCTL_WIRE_VISIT_FIELD(kind, n, member, arg, meaning) \
+  KVCTL_WIRE_VISIT_##kind(n, member, arg)
 
-#define KVCTL_WIRE_DEFINE_VISIT(Struct)                                 \
-  template <typename V, typename M>                                     \
-    requires std::is_same_v<std::remove_const_t<M>, Struct>             \
-  Status VisitFields([[maybe_unused]] V& v, [[maybe_unused]] M& m) {    \
-    KVCTL_WIRE_BODY_##Struct(KVCTL_WIRE_VISIT_FIELD) return OkStatus(); \
+#define KVCTL_WIRE_DEFINE_VISIT(Struct)                                       \
+  template <typename V, typename M>                                           \
+  requires std::is_same_v<std::remove_const_t<M>, Struct> Status VisitFields( \
+      [[maybe_unused]] V& v, [[maybe_unused]] M& m) {                         \
+    KVCTL_WIRE_BODY_##Struct(KVCTL_WIRE_VISIT_FIELD) return OkStatus();       \
   }
 KVCTL_WIRE_DEFINE_VISIT(Geometry)
 KVCTL_WIRE_DEFINE_VISIT(QuantInfo)
@@ -187,7 +188,8 @@ class FieldWriter {
 // nested struct ("quant.k_bits", "layouts[1].record_bytes").
 class FieldReader {
  public:
-  explicit FieldReader(WireReader& r, std::string prefix = "") : r_(r), prefix_(std::move(prefix)) {}
+  explicit FieldReader(WireReader& r, std::string prefix = "")
+      : r_(r), prefix_(std::move(prefix)) {}
 
   template <int kBytes, typename T>
   Status Int(std::string_view name, T& out) {

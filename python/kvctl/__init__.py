@@ -21,7 +21,7 @@ from .protocol import (AppendReply, ByeReply, KvctlError, ProtocolError, QuantIn
 __version__ = "0.1.0"
 
 __all__ = [
-    "AppendReply", "BlocksTable", "ByeReply", "Client", "FetchResult", "KvctlError", "ProtocolError",
-    "QuantInfo", "ServerError", "Session", "SessionLostError", "Timeout", "bf16_to_float32",
+    "AppendReply", "BlocksTable", "ByeReply", "Client", "FetchResult", "KvctlError",
+    "ProtocolError", "QuantInfo", "ServerError", "Session", "SessionLostError", "Timeout", "bf16_to_float32",
     "float32_to_bf16", "parse_info", "protocol", "__version__",
 ]

@@ -27,7 +27,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
@@ -116,6 +116,8 @@ class BlocksTable:
     tail_k: List[List[np.ndarray]]
     tail_v: List[List[np.ndarray]]
     tail_positions: List[List[np.ndarray]]
+    # What readers derive from this table once (PoolView keeps its device-side record index here).
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def _parse_endpoint(endpoint: str) -> bool:

@@ -145,10 +145,10 @@ class PoolView:
 
     def _record_index(self, blocks, local_layer, heads):
         """(offsets, indptr, norm offsets or None) of these heads' records, as int64 tensors on
-        the pool's device. A FETCH reply's records never change (a new FETCH is a new BlocksTable), so
-        they are computed once per reply and layer and kept in the reply (decode steps that
-        reuse a reply only add window rows)."""
-        cache = blocks.setdefault("_record_index", {})
+        the pool's device. A FETCH reply's records never change (a new FETCH is a new table), so
+        they are computed once per reply and layer and kept in the table's cache (decode steps
+        that reuse a reply only add window rows)."""
+        cache = blocks.cache.setdefault("record_index", {})
         key = (local_layer, tuple(heads))
         if key in cache:
             return cache[key]

@@ -6,7 +6,7 @@ semantic checks of each message and the tensor frames; nothing here knows a mess
 Thread safety: pure functions; a Reader is one thread's.
 
     body = write_fields("PingRequest", wire_schema.PingRequest(session_id=0))   # 8 zero bytes
-    values = read_fields(Reader(frame0, HEADER_BYTES), "PingReply")            # {"server_time_us": ..}
+    values = read_fields(Reader(frame0, HEADER_BYTES), "PingReply")   # {"server_time_us": ...}
 """
 
 from __future__ import annotations

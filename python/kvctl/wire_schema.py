@@ -248,7 +248,7 @@ BODIES = {
         Field('structs', 'layouts', 'RecordLayout', '56 bytes each'),
         Field('u16s', 'layout_index', 'Pairs', 'per pair: index into layouts'),
         Field('u32s', 'indptr', 'PairsPlusOne', 'indptr[0] = 0, non-decreasing'),
-        Field('u32s', 'indices', 'Nnz', 'record ids, pair i owns indices[indptr[i] .. indptr[i+1])'),
+        Field('u32s', 'indices', 'Nnz', 'record ids; pair i owns indptr[i] .. indptr[i+1]'),
         Field('u32s', 'last_page_len', 'Pairs', "tokens in each pair's last record"),
         Field('u32s', 'side_indices', 'SideNnz', 'per record: side record id or 0xFFFFFFFF'),
         Field('enum8', 'tail_dtype', 'DType', 'of the tail K and V frames'),
@@ -493,7 +493,7 @@ class FetchBlocksReply:
     layouts: Tuple[RecordLayout, ...]  # 56 bytes each
     layout_index: np.ndarray  # per pair: index into layouts
     indptr: np.ndarray  # indptr[0] = 0, non-decreasing
-    indices: np.ndarray  # record ids, pair i owns indices[indptr[i] .. indptr[i+1])
+    indices: np.ndarray  # record ids; pair i owns indptr[i] .. indptr[i+1]
     last_page_len: np.ndarray  # tokens in each pair's last record
     side_indices: np.ndarray  # per record: side record id or 0xFFFFFFFF
     tail_dtype: int  # of the tail K and V frames

@@ -72,8 +72,8 @@ const std::vector<Golden>& Goldens() {
       }
       REQUIRE(!out.empty());
       const size_t eq = line.find(" = ");
-      const std::string key = eq == std::string::npos ? Trim(line.substr(0, line.find('=')))
-                                                      : line.substr(0, eq);
+      const std::string key =
+          eq == std::string::npos ? Trim(line.substr(0, line.find('='))) : line.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : line.substr(eq + 3);
       Golden& g = out.back();
       if (key == "type") {
