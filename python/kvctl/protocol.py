@@ -3,8 +3,10 @@
 
 Encoders build the frames of each request after running the checks a sender must run
 (PROTOCOL.md section 5) and raise ValueError naming the field; ``decode_reply`` parses and
-validates a reply and raises ProtocolError naming the field. Everything is little-endian and
-packed with ``struct``; tensor frames become numpy arrays.
+validates a reply and raises ProtocolError naming the field. The bytes of frame 0 come from the
+field tables of ipc/messages.def (kvctl.wire_schema, generated; kvctl.wire_codec walks them);
+this module adds each message's semantic checks and its tensor frames, which become numpy
+arrays. Replies are the typed dataclasses of wire_schema (see kvctl.protocol_types).
 
 Thread safety: pure functions and immutable values.
 
@@ -15,9 +17,8 @@ Thread safety: pure functions and immutable values.
 
 from __future__ import annotations
 
-import enum
 import struct
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 

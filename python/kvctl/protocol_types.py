@@ -1,6 +1,7 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""The values and errors of the kvctl wire protocol (ipc/PROTOCOL.md): reply bodies as frozen
-dataclasses, the status and quantizer code tables, and the exceptions this package raises.
+"""The values and errors of the kvctl wire protocol (ipc/PROTOCOL.md): the reply bodies (frozen
+dataclasses generated from ipc/messages.def into kvctl.wire_schema, a few with conveniences
+added here), the status and quantizer code tables, and the exceptions this package raises.
 kvctl.protocol re-exports every name here; import them from there.
 
 Thread safety: immutable values.
@@ -9,9 +10,6 @@ Thread safety: immutable values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
-
-import numpy as np
 
 from . import wire_schema as ws
 from .wire_schema import (  # noqa: F401 (re-exported)
