@@ -21,11 +21,11 @@ using testing::Bytes;
 using testing::FrameOf;
 
 struct Golden {
-  std::string name;
-  std::string type;  // As TypeName() writes it.
+  std::string name{};
+  std::string type{};  // As TypeName() writes it.
   uint64_t request_id = 0;
-  std::vector<std::string> frames;  // Raw bytes.
-  std::vector<std::pair<std::string, std::string>> fields;
+  std::vector<std::string> frames{};  // Raw bytes.
+  std::vector<std::pair<std::string, std::string>> fields{};
 };
 
 std::string Trim(std::string s) {
