@@ -565,7 +565,7 @@ def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(
         c.hello(layers=1, kv_heads=2, head_dim=8)
         b = c.fetch_blocks(1)
         assert [lay.records_per_page for lay in b.layouts] == [16, 32]
-        assert "records_per_page" not in b
+        assert not hasattr(b, "records_per_page")  # Per layout, never one per reply.
         # Pair 0: ids 17, 18 at 16 per page = page 1 slots 1, 2 of 256 bytes. Pair 1: id 33 at
         # 32 per page = page 1 slot 1 of 128 bytes (not page 2, as 16 per page would give), id 70
         # = page 2 slot 6.
