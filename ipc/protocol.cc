@@ -62,7 +62,8 @@ Status CheckString(std::string_view field, const std::string& s, size_t min_byte
 }
 
 Status CheckDType(std::string_view field, DType dtype) {
-  return CheckRange(field, static_cast<uint8_t>(dtype), 0, 2);
+  return CheckRange(field, static_cast<uint8_t>(dtype), WireEnum<DType>::kMin,
+                    WireEnum<DType>::kMax);
 }
 
 Status CheckTensorFrame(std::string_view field, const zmq::message_t& frame, uint64_t expected) {
@@ -277,7 +278,8 @@ Status Validate(const AppendRequest& m) {
   KVCTL_RETURN_IF_ERROR(CheckRange("n_tokens", m.n_tokens, 1, kMaxAppendTokens));
   KVCTL_RETURN_IF_ERROR(
       CheckRange("first_position", m.first_position, 0, kMaxPosition - m.n_tokens));
-  KVCTL_RETURN_IF_ERROR(CheckRange("source", static_cast<uint8_t>(m.source), 0, 1));
+  KVCTL_RETURN_IF_ERROR(CheckRange("source", static_cast<uint8_t>(m.source),
+                                   WireEnum<AppendSource>::kMin, WireEnum<AppendSource>::kMax));
   if (m.source == AppendSource::kStaging) {
     if (m.k.size() + m.v.size() + m.q.size() != 0) {
       return InvalidArgument("staging append: carries ", m.k.size() + m.v.size() + m.q.size(),
@@ -320,7 +322,8 @@ Status Validate(const FetchRequest& m) {
   KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
   KVCTL_RETURN_IF_ERROR(CheckRange("layer_end", m.layer_end, 1, kMaxLayers));
   KVCTL_RETURN_IF_ERROR(CheckRange("layer_begin", m.layer_begin, 0, m.layer_end - 1));
-  KVCTL_RETURN_IF_ERROR(CheckRange("mode", static_cast<uint8_t>(m.mode), 0, 1));
+  KVCTL_RETURN_IF_ERROR(CheckRange("mode", static_cast<uint8_t>(m.mode), WireEnum<FetchMode>::kMin,
+                                   WireEnum<FetchMode>::kMax));
   return CheckDType("out_dtype", m.out_dtype);
 }
 size_t TensorFrameCount(const FetchDenseReply&) { return 3; }

@@ -13,7 +13,7 @@
 // Thread safety: free functions over values.
 //
 //   WireWriter w;
-//   WriteBody(w, fetch_dense_reply);
+//   KVCTL_RETURN_IF_ERROR(Validate(fetch_dense_reply));
 #ifndef KVCTL_IPC_PROTOCOL_INTERNAL_H_
 #define KVCTL_IPC_PROTOCOL_INTERNAL_H_
 

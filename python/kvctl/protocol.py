@@ -199,7 +199,7 @@ def encode_append(request_id: int, session_id: int, sequence_id: int, first_posi
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
     _check_range("n_tokens", n_tokens, 1, MAX_APPEND_TOKENS)
     _check_range("first_position", first_position, 0, MAX_POSITION - n_tokens)
-    _check_range("source", source, 0, 1)
+    _check_range("source", source, *wc.enum_range("AppendSource"))
     _check_range("staging_offset", staging_offset, 0, 2**64 - 1)
     tensors = list(tensors)
     if source == SOURCE_STAGING:
@@ -238,7 +238,7 @@ def encode_fetch(request_id: int, session_id: int, sequence_id: int, layer_begin
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
     _check_range("layer_end", layer_end, 1, MAX_LAYERS)
     _check_range("layer_begin", layer_begin, 0, layer_end - 1)
-    _check_range("mode", mode, 0, 1)
+    _check_range("mode", mode, *wc.enum_range("FetchMode"))
     return encode_message(MsgType.FETCH, request_id, ws.FetchRequest(
         session_id, sequence_id, layer_begin, layer_end, int(mode), dtype_code(out_dtype)))
 
