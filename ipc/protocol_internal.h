@@ -12,8 +12,8 @@
 //
 // Thread safety: free functions over values.
 //
-//   WireWriter w;
 //   KVCTL_RETURN_IF_ERROR(Validate(fetch_dense_reply));
+//   WriteFields(writer, fetch_dense_reply);
 #ifndef KVCTL_IPC_PROTOCOL_INTERNAL_H_
 #define KVCTL_IPC_PROTOCOL_INTERNAL_H_
 
