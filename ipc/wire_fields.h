@@ -66,7 +66,8 @@ KVCTL_WIRE_DEFINE_ENUM(FetchMode)
 #undef KVCTL_WIRE_ENUM_MATCHES
 #undef KVCTL_WIRE_ENUM_VALUE
 
-// One visitor call per row kind (messages.def "Field kinds"); `frame` rows are not in frame 0.
+// One visitor call per row kind (messages.def "Field kinds"). `frame` rows are not in frame 0 (the
+// frames are each message's TakeTensorFrames/PutTensorFrames); the row must still name a member.
 #define KVCTL_WIRE_VISIT_u8(n, member, arg) KVCTL_RETURN_IF_ERROR(v.template Int<1>(#n, m.member));
 #define KVCTL_WIRE_VISIT_u16(n, member, arg) KVCTL_RETURN_IF_ERROR(v.template Int<2>(#n, m.member));
 #define KVCTL_WIRE_VISIT_u32(n, member, arg) KVCTL_RETURN_IF_ERROR(v.template Int<4>(#n, m.member));
@@ -90,7 +91,8 @@ KVCTL_WIRE_DEFINE_ENUM(FetchMode)
   KVCTL_RETURN_IF_ERROR(v.Array(#n, m.member, CountRule::k##arg, m));
 #define KVCTL_WIRE_VISIT_u32s(n, member, arg) \
   KVCTL_RETURN_IF_ERROR(v.Array(#n, m.member, CountRule::k##arg, m));
-#define KVCTL_WIRE_VISIT_frame(n, member, arg)
+#define KVCTL_WIRE_VISIT_frame(n, member, arg) \
+  static_assert(sizeof(m.member) > 0, "messages.def: frame " #n);
 #define KVCTL_WIRE_VISIT_FIELD(kind, n, member, arg, meaning) \
   KVCTL_WIRE_VISIT_##kind(n, member, arg)
 
