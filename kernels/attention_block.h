@@ -290,8 +290,9 @@ KVCTL_HOST_DEVICE inline void RowDots(const float* a, int n, const float* x, int
 
 // Scores of one record for the g prepared query rows (w.qr: rotated and scaled), into w.scores.
 // KIVI / OScaR: per K group j, coef = q ⊙ scale[., j], consts = q · zero[., j]; OScaR then
-// multiplies by the stored token norm. KVarN (§1.1 item 6): q' = q ⊙ sK, c0 = q · zK,
+// multiplies by the stored token norm. KVarN: q' = q ⊙ sK, c0 = q · zK,
 // score = tK ⊙ (q'·codes + c0). QuaRot: score = scale_t (q · codes_t) + min_t sum(q).
+// The derivation of each: docs/algorithms.md §9.2.
 template <class Ops>
 KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout& l,
                                            const uint8_t* rec, const float* norms, int g,
@@ -370,7 +371,7 @@ KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout
 
 // acc[i] += sum_t p[i][t] * V_hat[t] (rotated frame for rotating methods), p = w.scores.
 // KIVI / QuaRot / OScaR: per V group j, weights p ⊙ scale[., j] over the codes plus
-// sum_t p_t zero[t, j] on the group's channels. KVarN (§1.1 item 6):
+// sum_t p_t zero[t, j] on the group's channels. KVarN (docs/algorithms.md §9.3):
 // out_d += uV[d] (sum_t (p_t sV[t]) code[t, d] + sum_t p_t zV[t]).
 template <class Ops>
 KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockLayout& l,

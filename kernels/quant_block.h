@@ -90,7 +90,7 @@ struct Affine {
   float zero;
 };
 
-// KIVI / QuaRot RTN (ALGORITHMS.md §0.1, KIVI variant) over [lo, hi] with fp16 parameters. A
+// KIVI / QuaRot RTN (docs/algorithms.md §2.2) over [lo, hi] with fp16 parameters. A
 // constant group (range rounds to a zero scale) gets scale 0: every code 0, x_hat = zero.
 // Returns false when a parameter overflows fp16.
 KVCTL_HOST_DEVICE inline bool MinMaxAffine(float lo, float hi, int bits, Affine* p) {
@@ -108,7 +108,7 @@ KVCTL_HOST_DEVICE inline uint32_t MinMaxCode(float x, const Affine& p, float inv
   return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), levels));
 }
 
-// OScaR RTN (§0.1, OScaR variant): integer zero point zq = round(-lo / scale),
+// OScaR RTN (docs/algorithms.md §2.3): integer zero point zq = round(-lo / scale),
 // code = clamp(round(x / scale + zq)), x_hat = code * scale + zero with zero = -zq * scale.
 // lo = hi = 0 widens to [-1, 1]; a zero scale gives every code 0 and x_hat = lo.
 struct OscarAffine {
@@ -143,8 +143,8 @@ KVCTL_HOST_DEVICE inline uint32_t OscarCode(float x, const OscarAffine& p, float
   return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), levels));
 }
 
-// KVarN's Sinkhorn-style variance normalisation (§1.1 item 3) of a rows x cols fp32 matrix x
-// (row-major). Outputs the best-iterate axis scales r[rows], c[cols] (x_bal = x / (r c)).
+// KVarN's Sinkhorn-style variance normalisation (docs/algorithms.md §6.2) of a rows x cols fp32
+// matrix x (row-major). Outputs the best-iterate axis scales r[rows], c[cols] (x_bal = x / (r c)).
 // Scratch: SinkhornScratch (y[rows*cols] and six vectors per axis).
 // Sample standard deviations (n - 1), clamped to [1e-3, 1e3]; log scales clipped to [-0.3, 10];
 // imbalance = max/min of column stds + max/min of row stds, on the clamped stds [ours: the clamp
@@ -268,7 +268,8 @@ KVCTL_HOST_DEVICE inline void Sinkhorn(const float* x, int rows, int cols, int i
   sync();
 }
 
-// KVarN RTN of one balanced row (fp32 parameters, §0.1 KVarN variant): delta = max(range/L, 1e-10).
+// KVarN RTN of one balanced row (fp32 parameters, docs/algorithms.md §2.4):
+// delta = max(range/L, 1e-10).
 struct KvarnRow {
   float lo;
   float delta;

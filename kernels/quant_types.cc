@@ -14,9 +14,9 @@ constexpr uint32_t Bits(std::initializer_list<int> widths) {
 
 constexpr uint32_t kLowBits = Bits({2, 3, 4, 8});
 
-// Defaults follow ALGORITHMS.md: KIVI G=32 R=128 (§5.1); QuaRot under KIVI-style residual (§5.2);
-// KVarN G=128, 128 sinks, 16 iterations (§1.1, §1.3); OScaR groups of 32, flush at 256 (§2.2,
-// §2.4).
+// Defaults (docs/algorithms.md): KIVI groups of 32, flush at 128 (§4); QuaRot under KIVI's flush
+// rule (§5); KVarN G=128, 128 sinks, 16 iterations (§6.1); OScaR groups of 32, flush at 256
+// (§7.4). Streaming rules: §8.4.
 const MethodTraits kTraits[kNumQuantMethods] = {
     {QuantMethod::kFp16, "fp16", "uncompressed fp16 rows", Bits({16}), false, false,
      QuantSpec{QuantMethod::kFp16, 128, 16, 16, 32, 32, 128, 0}, StreamingRules{0, 32}},

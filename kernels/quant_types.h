@@ -52,7 +52,7 @@ struct QuantSpec {
   bool operator==(const QuantSpec&) const = default;
 };
 
-// How a method consumes a stream of tokens (ALGORITHMS.md §0.3): the first `sink_tokens` of a
+// How a method consumes a stream of tokens (docs/algorithms.md §8.4): the first `sink_tokens` of a
 // sequence stay fp16 forever; later tokens collect in an fp16 tail; when the tail holds
 // `flush_tokens` tokens, all of them are quantized as flush_tokens / block_tokens records and the
 // tail empties. So between 0 and flush_tokens - 1 tokens are fp16 at any time, besides the sinks.

@@ -354,7 +354,8 @@ StatusOr<CalibProfile> ParseWholeProfile(std::string_view text, std::string_view
 
 // The RateQuant reader refuses foreign root keys, so it must get the [ratequant] part alone. The
 // usual file (ours) has a plain [reasonalloc] header: cut the text there and parse each part
-// once, which halves the time of a full parse plus a re-serialisation on big profiles.
+// once, instead of a full parse plus a re-serialisation of the [ratequant] part (docs/kvcalib.md,
+// "Timings").
 StatusOr<CalibProfile> ParseCalibProfile(std::string_view text, std::string_view name) {
   std::string rq, ra;
   if (!SplitAtDemandTable(text, &rq, &ra)) {

@@ -7,7 +7,7 @@
 // that fills the second table from calibration queries and keys. It lives in policies/ (not in
 // tools/) so the daemon loads profiles with the same parser kvcalib uses.
 //
-// Layer demand [ours, ALGORITHMS.md §4.2]: for every sequence, layer and KV head, at
+// Layer demand [ours, docs/algorithms.md §13.1]: for every sequence, layer and KV head, at
 // `queries` positions p evenly spaced over the second half of the sequence, the causal softmax
 // attention softmax(q_p k_j / sqrt(D)), j <= p, of each query head of the KV head's GQA group;
 // the group is reduced to one distribution by the element-wise max (default: the tokens any head

@@ -7,7 +7,7 @@
 // Notation: keys k_j in R^D, j < T, oldest first; the observation queries are the query rows of
 // the last m resident tokens, query token i sitting at position p_i = T - m + i; the KV head is
 // read by g query heads (GQA). Logits are q.k / sqrt(D). Tags: [paper] = the method's paper or
-// reference code as summarised in design/ALGORITHMS.md section 5; [ours] = a choice made here.
+// reference code as summarised in docs/algorithms.md §12; [ours] = a choice made here.
 //
 // StreamingLLM [paper: keep 4 sinks + the recent W, evict FIFO]. Candidate j scores j, so any
 // budget keeps the sinks, the window and then the newest candidates. Positions are not re-indexed:
@@ -21,24 +21,24 @@
 // R-KV [paper, code rkv/compression/r1_kv.py and rkv/utils.py]. Importance: for each observation
 // query, the group's logits are reduced by a max over the g heads FIRST, then a softmax runs over
 // the non-window keys [0, T - r) only; a_j is the mean over the m queries, then a 1-D max pool of
-// kernel 7 with padding 3. (ALGORITHMS.md 5.3 leaves the order of "softmax" and "max over the
+// kernel 7 with padding 3. (R-KV's description leaves the order of "softmax" and "max over the
 // group" open; the code takes the max of the logits, and so do we. A test pins it.) Redundancy:
 // unit keys u_j = k_j / (|k_j| + 1e-8), S = U U^T over ALL T keys with a zero diagonal; in each
 // row i the largest j with S_ij > 0.5 (the most recent near-duplicate) has S_ij set to 0, which
 // spares that copy; r = softmax_j(mean_i S_ij) over all T columns, and only then are the window
 // columns dropped. Score s_j = lambda a_j - (1 - lambda) r_j, lambda = 0.07.
-//   Departures, all [ours]: (1) the reference zeroes S_i0 when row i has no near-duplicate (its
-//   max over an all-zero index row is 0); we zero nothing in that case, as ALGORITHMS.md states
-//   it. Column 0 is a sink in practice, so only the shared softmax normaliser moves. (2) R-KV
-//   ties the protected window to the observation window (both w = 8). Here the window r comes
+//   Departures, all [ours]: (1) the reference zeroes S_i0 when row i has no near-duplicate (its max
+//   over an all-zero index row is 0); we zero nothing in that case, as docs/algorithms.md §12.4
+//   states it. Column 0 is a sink in practice, so only the shared softmax normaliser moves. (2)
+//   R-KV ties the protected window to the observation window (both w = 8). Here the window r comes
 //   from the daemon and m from the policy; when r >= m every observation query follows every
-//   importance key and the math is the reference's; when r < m we apply the causal mask
-//   (query i sees keys j <= p_i), which the reference never needs. (3) The reference has no
-//   sinks; ours sit inside the softmax and the pooling like any key, and only SelectKeep treats
-//   them differently. With s = 0 and r = m the scores are the reference's.
+//   importance key and the math is the reference's; when r < m we apply the causal mask (query i
+//   sees keys j <= p_i), which the reference never needs. (3) The reference has no sinks; ours sit
+//   inside the softmax and the pooling like any key, and only SelectKeep treats them differently.
+//   With s = 0 and r = m the scores are the reference's.
 //
 // SnapKV [paper: prefill-only, w = 32, kernel 5, avg pool]. Used at decode time as R-KV with
-// lambda = 1 (ALGORITHMS.md 5.4, [ours]), with SnapKV's own window and pooling. Versus the
+// lambda = 1 (docs/algorithms.md §12.5, [ours]), with SnapKV's own window and pooling. Versus the
 // original this sums -> means the queries (same ranking), leaves the window out of the softmax
 // denominator (the original includes it under a causal mask) and reduces the group by a max of
 // logits (the original scores each query head on its own). lambda = 1 makes the redundancy term

@@ -305,8 +305,8 @@ struct ModeResult {
 };
 
 // PlanJoint's arrays, kept per thread between calls: for 80 x 8 heads they reach megabytes, and
-// fresh ones cost a page fault every 4 KB (a third of the planning time when measured) besides
-// thousands of small allocations.
+// fresh ones cost a page fault every 4 KB besides thousands of small allocations, a large share of
+// the planning time (docs/joint_planner.md, "Timings").
 struct Scratch {
   std::vector<HeadModel> joint, evict;  // Quant-only plans with the joint models.
   std::vector<GridCache> grids;

@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: policies/ratequant.h
-// RateQuant per-head bit allocation (arXiv 2605.06675; ALGORITHMS.md §3): given a fitted
+// RateQuant per-head bit allocation (arXiv 2605.06675; docs/algorithms.md §11): given a fitted
 // distortion model D_i(b) = alpha_i * beta^-b for every unit i = (layer, KV head, K or V) and an
 // importance w_i, choose each unit's code width so the average bits per element, metadata
 // included, stays within a budget and sum_i w_i D_i(b_i) is as small as possible.
@@ -11,10 +11,10 @@
 //    property of the quantizer (3.6 to 5.3), alpha_i is per unit; allocating with another
 //    quantizer's model ("distortion-model mismatch") can invert the allocation and do worse than
 //    uniform. Units are attention heads, K and V separately [2nd, VeloxQuant].
-//  * [ours, ALGORITHMS.md §3.2] The objective min sum w_i alpha_i beta^-b_i s.t. sum cost_i(b_i)
-//    <= N * budget. The cost of a width is NOT b: it is the registry's BitsPerElement of the spec
-//    at that width (K part or V part), so metadata and OScaR's side record are paid for. The paper
-//    appears to count code bits only.
+//  * [ours, docs/algorithms.md §11.2] The objective min sum w_i alpha_i beta^-b_i s.t. sum
+//    cost_i(b_i) <= N * budget. The cost of a width is NOT b: it is the registry's BitsPerElement
+//    of the spec at that width (K part or V part), so metadata and OScaR's side record are paid
+//    for. The paper appears to count code bits only.
 //  * Continuous relaxation (reverse water-filling): with cost b + m_i (m_i = metadata, which the
 //    registry keeps independent of b), stationarity gives w_i alpha_i ln(beta_i) beta_i^-b_i =
 //    lambda for every unclamped unit; we bisect on ln(lambda) with b clamped to [min, max]. Exact

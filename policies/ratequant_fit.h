@@ -16,15 +16,16 @@
 //    group), with only that unit quantized, averaged over probe positions. Probes are
 //    `probe_queries` positions evenly spaced over the second half of each sequence, causal
 //    softmax(q k^T / sqrt(D)) [ours; the paper's exact metric was not retrieved].
-//  * [ours, ALGORITHMS.md §3.3] One pooled slope per quantizer: least squares on
+//  * [ours, docs/algorithms.md §11.5] One pooled slope per quantizer: least squares on
 //    ln D_ij = ln alpha_i - b_j ln beta with a free intercept per unit, which has the closed form
 //    ln beta = -sum (b - mean_i b)(ln D - mean_i ln D) / sum (b - mean_i b)^2. Zero measurements
 //    (an exactly representable head) are left out of the regression; a unit with none left gets
 //    alpha = 0. Slopes pooled over K units only and V units only are reported as diagnostics, and
 //    `per_kind_beta` makes the model use them.
-//  * Importance [ours]. The brief's proxy for K, E_t[sum_j a_tj ||q_t||^2], collapses to E||q||^2
-//    because attention weights sum to one, so we use the first-order attention-output error
-//    instead. For iid noise of variance s^2 per element on the quantized tokens Q of a unit:
+//  * Importance [ours, docs/algorithms.md §11.6]. An attention-weighted proxy for K,
+//    E_t[sum_j a_tj ||q_t||^2], collapses to E||q||^2 because attention weights sum to one, so
+//    we use the first-order attention-output error instead. For iid noise of variance s^2 per
+//    element on the quantized tokens Q of a unit:
 //      V:  E||do_t||^2 = s^2 * D * sum_{j in Q} a_tj^2                      -> w_V = E[D sum a^2]
 //      K:  do_t = sum_j a_tj ds_tj (v_j - o_t), Var ds_tj = ||q_t||^2 s^2 / D
 //          E||do_t||^2 = s^2 * (||q_t||^2 / D) sum_{j in Q} a_tj^2 ||v_j - o_t||^2  -> w_K

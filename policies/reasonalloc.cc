@@ -9,7 +9,7 @@
 // whose tokens have high "utility", with a guard against starvation loops (a head that loses
 // budget sees less, scores lower and shrinks further). Token scoring is plugged in (R-KV, SnapKV).
 // The utility, the refresh interval, the floor and the demand measurement were not published; all
-// of what follows is ours (design/ALGORITHMS.md 4.2) and must be validated by experiment.
+// of what follows is ours (docs/algorithms.md §13) and must be validated by experiment.
 //
 // Layer demand [ours]. For sampled decode steps t of calibration traces run with the full cache,
 // and each KV head h of layer l, take the attention distribution a over cached tokens (the caller
@@ -19,32 +19,33 @@
 // size is a property of the distribution only, so traces of different lengths mix: a long trace
 // can need more tokens, which is the point.
 //
-// Layer budgets [ours]. The pool holds L*H*B tokens (B = average per head). Layer l gets
-// H*B_l with B_l proportional to d_l and at least the floor. ALGORITHMS.md writes this as
+// Layer budgets [ours]. The pool holds L*H*B tokens (B = average per head). Layer l gets H*B_l with
+// B_l proportional to d_l and at least the floor (docs/algorithms.md §13.2). A simple reading is
 // "max(floor, proportional), then renormalise"; we make it exact with water-filling: give every
 // layer its proportional share of what is left, pin the layers below the floor to the floor,
 // re-share the rest among the others, and repeat until no share is below the floor (at most L
 // rounds). Shares are then rounded by largest remainder (ties to the lower layer), so the total is
-// exactly L*H*B and no layer falls below H*floor, because an integer floor is kept by rounding
-// down a share at or above it. Budgets are kept at token granularity per layer, not per head: the
-// head reallocator splits a layer total that need not be a multiple of H.
+// exactly L*H*B and no layer falls below H*floor, because an integer floor is kept by rounding down
+// a share at or above it. Budgets are kept at token granularity per layer, not per head: the head
+// reallocator splits a layer total that need not be a multiple of H.
 //
-// Baselines [paper: PyramidKV code as summarised in ALGORITHMS.md 4.3]: uniform, and PyramidKV's
-// linear schedule from 2*base - base/beta (bottom) to base/beta (top), base = C - w. Published
-// versions of that code divide the span by L - 1 or by L; ALGORITHMS.md fixes L - 1 and we follow
-// it. Its integer division makes the sum drift above L*C by up to (L - 1) * L / 2 tokens per
-// head; we return the formula's numbers rather than correcting them, since it is a baseline.
+// Baselines [paper: PyramidKV code, docs/algorithms.md §13.4]: uniform, and PyramidKV's linear
+// schedule from 2*base - base/beta (bottom) to base/beta (top), base = C - w. Published versions of
+// that code divide the span by L - 1 or by L; we use L - 1. Its integer division makes the sum
+// drift above L*C by up to (L - 1) * L / 2 tokens per head; we return the formula's numbers rather
+// than correcting them, since it is a baseline.
 //
-// Head reallocation [ours]. Every P = 128 decode steps (R-KV's buffer, so reallocation lands on
-// the step where eviction runs), each head reports a utility u_h >= 0. The one we provide,
-// HeadUtility, is the attention mass of the observation queries that the head would win back by
-// keeping Delta = B/4 more tokens in its own score order: a difference on the retained-mass curve.
-// u is smoothed by an EMA (weight 0.5 on the newest) so one noisy window cannot swing a budget.
-// Budgets are b_h = b_min + (H*B_l - H*b_min) * u_h / sum u, rounded by largest remainder to sum
-// exactly to the layer budget; sum u = 0 splits the excess evenly. The starvation floor
-// b_min = max(window + 8, B/4) is the guard: a head always keeps its window plus 8 scored tokens
-// (so it can still observe and earn utility back) and at least a quarter of the average. Shrinking
-// takes effect at the next eviction; growth only as new tokens arrive (the daemon's business).
+// Head reallocation [ours, docs/algorithms.md §13.3]. Every P = 128 decode steps (R-KV's buffer, so
+// reallocation lands on the step where eviction runs), each head reports a utility u_h >= 0. The
+// one we provide, HeadUtility, is the attention mass of the observation queries that the head would
+// win back by keeping Delta = B/4 more tokens in its own score order: a difference on the
+// retained-mass curve. u is smoothed by an EMA (weight 0.5 on the newest) so one noisy window
+// cannot swing a budget. Budgets are b_h = b_min + (H*B_l - H*b_min) * u_h / sum u, rounded by
+// largest remainder to sum exactly to the layer budget; sum u = 0 splits the excess evenly. The
+// starvation floor b_min = max(window + 8, B/4) is the guard: a head always keeps its window plus 8
+// scored tokens (so it can still observe and earn utility back) and at least a quarter of the
+// average. Shrinking takes effect at the next eviction; growth only as new tokens arrive (the
+// daemon's business).
 #include "policies/reasonalloc.h"
 
 #include <algorithm>

@@ -4,13 +4,13 @@
 // ReasonAlloc-like token budgets: how many tokens each (layer, KV head) may keep, as pure
 // functions. "-like" because ReasonAlloc (arXiv 2606.11164) publishes no code and we could read
 // only its abstract: the hierarchy (total -> layers offline -> heads online, with a starvation
-// guard) is the paper's; every formula here is ours (design/ALGORITHMS.md 4.2), spelled out at
+// guard) is the paper's; every formula here is ours (docs/algorithms.md §13), spelled out at
 // the top of reasonalloc.cc and in docs/eviction.md.
 //
 //  1. Offline: LayerDemandCalibrator turns calibration attention into a demand per layer (mean
 //     coverage size at tau = 0.9), and DemandLayerBudgets splits L*H*B_avg tokens over the layers
 //     in proportion to it, above a floor, summing exactly. Uniform and Pyramid (PyramidKV's
-//     schedule, ALGORITHMS.md 4.3) are the baselines.
+//     schedule, docs/algorithms.md §13.4) are the baselines.
 //  2. Online: a HeadReallocator per layer splits the layer's budget over its H heads from a
 //     per-head utility smoothed by an EMA, never below the starvation floor, summing exactly.
 //
@@ -84,7 +84,7 @@ StatusOr<std::vector<int64_t>> DemandLayerBudgets(std::span<const double> demand
 StatusOr<std::vector<int64_t>> UniformLayerBudgets(int64_t layers, int64_t heads,
                                                    int64_t avg_budget);
 
-// PyramidKV's schedule (ALGORITHMS.md 4.3), per head: base = C - w, min = base / beta,
+// PyramidKV's schedule (docs/algorithms.md §13.4), per head: base = C - w, min = base / beta,
 // max = 2 base - min, clamped when max >= T - w; step = (max - min) / (L - 1);
 // cap_l = max - l * step (l = 0 the bottom layer); the layer budget is heads * (cap_l + w).
 // Integer division as in the reference, so the sum can exceed L * heads * C slightly. When
@@ -99,12 +99,12 @@ struct PyramidParams {
 };
 StatusOr<std::vector<int64_t>> PyramidLayerBudgets(const PyramidParams& params);
 
-// b_min = max(window + 8, avg_budget / 4) [ours, ALGORITHMS.md 4.2].
+// b_min = max(window + 8, avg_budget / 4) [ours, docs/algorithms.md §13.3].
 int64_t StarvationFloor(int64_t window, int64_t avg_budget);
 
 // A head's utility for the reallocator [ours]: the attention mass it would win back with
 // `delta` more tokens, curve.At(budget + delta) - curve.At(budget). Delta = avg_budget / 4 in
-// ALGORITHMS.md 4.2. REQUIRES: curve.retained is not empty.
+// docs/algorithms.md §13.3. REQUIRES: curve.retained is not empty.
 double HeadUtility(const RetainedMassCurve& curve, int64_t budget, int64_t delta);
 
 struct HeadReallocParams {

@@ -6,12 +6,12 @@
 // their stored records to narrower code widths (e.g. K4V4 -> K2V2) so that at least `shortfall`
 // pages come free, adding the least predicted distortion?
 //
-// Model (RateQuant's, ALGORITHMS.md §3): one element of K at b bits costs scale_k * beta_k^-b
-// (scale = importance x alpha of the head's fitted curve), V likewise; lowering a head from
-// (bk, bv) to (bk', bv') adds tokens x head_dim x [scale_k (beta_k^-bk' - beta_k^-bk) + scale_v
-// (...)] and frees the pages its records no longer need (records are packed per page at their own
-// size). Without a fitted curve every head gets scale 1, beta 4 (6 dB per bit), so the widest,
-// largest heads go first.
+// Model (RateQuant's, docs/algorithms.md §11.1; this planner: §15): one element of K at b bits
+// costs scale_k * beta_k^-b (scale = importance x alpha of the head's fitted curve), V likewise;
+// lowering a head from (bk, bv) to (bk', bv') adds tokens x head_dim x [scale_k (beta_k^-bk' -
+// beta_k^-bk) + scale_v (...)] and frees the pages its records no longer need (records are packed
+// per page at their own size). Without a fitted curve every head gets scale 1, beta 4 (6 dB per
+// bit), so the widest, largest heads go first.
 //
 // Algorithm: greedy over single width steps (K or V one allowed width down, never below
 // min_bits), cheapest distortion per byte freed first, until the pages freed reach the shortfall.

@@ -8,7 +8,7 @@
 #   4. kvbench_cuda: copy bandwidth, quantize throughput, fused attention at 8K/32K/128K;
 #   5. torch SDPA bf16 baseline at the same shapes (skipped with a reason if torch has no CUDA);
 #   6. with the time left: build the torch extension and run its CUDA-vs-CPU tests (pytest -k cuda),
-#      then the device pool: controller_test "CUDA pool*" and python/tests/test_cuda_pool.py;
+#      then the device pool: sequence_test "CUDA pool*" and python/tests/test_cuda_pool.py;
 #   7. merge everything into one JSON: $OUT/gpu_check.json (or results/gpu_check.json).
 # A failing step is recorded and the later steps that do not depend on it still run; the JSON is
 # always written. Exit status: 0 when the tests passed and the benchmark ran, 1 otherwise (targets
@@ -132,9 +132,9 @@ if [ "$CONFIGURED" = full ] && [ "$(step_rc build)" = 0 ]; then
   fi
   # The device pool (pool.backend = "cuda") end to end: the arena's round trip, then a real daemon
   # whose pool engines open by CUDA IPC and attend on the device.
-  run build_pool 120 cmake --build "$BUILD" -j "$JOBS" --target kvctl controller_test
+  run build_pool 120 cmake --build "$BUILD" -j "$JOBS" --target kvctl sequence_test
   if [ "$(step_rc build_pool)" = 0 ]; then
-    run test_cuda_pool_arena 30 "$BUILD/tests/controller_test" "CUDA pool*"
+    run test_cuda_pool_arena 30 "$BUILD/tests/sequence_test" "CUDA pool*"
     if [ "$(step_rc build_torch)" = 0 ]; then
       run test_cuda_pool_daemon 60 env KVCTL_BIN="$BUILD/bin/kvctl" \
         KVCTL_TORCH_LIB="$BUILD/lib/libkvctl_torch.so" python3 -m pytest -q -p no:cacheprovider \

@@ -19,7 +19,7 @@
 #include "kernels/quant_types.h"
 #include "kernels/quantize.h"
 #include "tools/kvbench_command.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

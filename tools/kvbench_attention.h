@@ -10,7 +10,7 @@
 //
 // The cache at T tokens is what the daemon holds after streaming T tokens: the method's sinks and
 // fp16 tail as the window, everything else as records (QuantizedTokenCount). Synthetic K/V
-// (tools/synthetic_kv.h) of `base_tokens` tokens are tiled along the sequence, so long contexts
+// (tests/support/synthetic_kv.h) of `base_tokens` tokens are tiled along the sequence, so long contexts
 // cost no generation or quantization time; every record and row still has its own memory.
 //
 // Thread safety: RunAttentionBench sets process-wide thread counts (OpenMP, torch); one at a time.

@@ -35,7 +35,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/quant_cuda.h"
 #include "kernels/quantize.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

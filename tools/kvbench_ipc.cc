@@ -21,14 +21,14 @@
 #include <zmq.hpp>
 
 #include "common/half.h"
-#include "controller/config.h"
-#include "controller/controller.h"
-#include "controller/daemon.h"
+#include "controller/config/config.h"
+#include "controller/service/controller.h"
+#include "controller/daemon/daemon.h"
 #include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "ipc/transport.h"
 #include "kernels/quant_types.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

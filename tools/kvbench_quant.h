@@ -29,7 +29,7 @@
 
 #include "common/status.h"
 #include "kernels/quant_types.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 

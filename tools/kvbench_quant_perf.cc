@@ -140,8 +140,8 @@ double MeasureMemcpyGbps(size_t bytes, int reps) {
   std::vector<uint8_t> src(bytes), dst(bytes);
   for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131u + 7u);
   std::memset(dst.data(), 0, bytes);
-  // A copy takes ~1 ms at these sizes, so more repetitions than the quantizers cost little and
-  // steady the median.
+  // A copy is far cheaper than a quantize call of the same data, so more repetitions than the
+  // quantizers get cost little and steady the median (docs/kvbench_quant.md).
   const double s =
       MedianSeconds(std::max(reps, 25), [&] { std::memcpy(dst.data(), src.data(), bytes); });
   // Reading the copy keeps the compiler from treating the memcpy as dead.

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "common/half.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

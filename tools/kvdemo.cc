@@ -17,7 +17,7 @@
 
 #include "common/half.h"
 #include "ipc/client.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace {
 

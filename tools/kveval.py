@@ -1,8 +1,8 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """kveval: pseudo-decode quality of KV-cache compression on SmolLM2-135M through the real daemon.
 
-Protocol (ALGORITHMS.md 0.4, issue 5): a prefix of the evaluation text is prefilled, then every
-following token is fed one at a time through the same cache path as decoding (teacher-forced),
+Protocol (docs/algorithms.md §10, issue 5): a prefix of the evaluation text is prefilled, then
+every following token is fed one at a time through the same cache path as decoding (teacher-forced),
 so later tokens attend to the quantized/evicted cache of earlier ones. Per row: next-token NLL
 (PPL), KL(uncompressed || row) of the next-token distributions, top-1 agreement with the
 uncompressed run, and free greedy generation from a prompt compared token by token with the

@@ -136,9 +136,8 @@ def all_rows() -> Dict[str, Row]:
 PRESSURE_ROWS = [(8, 0.55), (4, 0.70)]
 # A joint sequence's pool is sized against its byte budget instead (budget.fp16_fraction of the
 # fp16 bytes of budget.plan_tokens): page granularity makes the plan hold more pages than that.
-# For joint_1of8 here (budget 180 pages) a replay with synthetic K/V/Q held 216 pages after the
-# prefill, 210-224 for most of the decoding and 278-279 for three tokens (1135-1137), so 130 %
-# (234 pages) fits the prefill and needs relief only in decoding.
+# 130 % of the budget fits the prefill of joint_1of8 and needs relief only in decoding (the replay
+# that sized it: docs/quality.md, "Under pool pressure").
 PRESSURE_JOINT_FRACTION = 1.3
 PRESSURE_PAGE_BYTES = 32 << 10  # 8-bit records (4608 B) pack 7 to a page, 4-bit 12, 2-bit 21.
 PRESSURE_STAGING_SLOTS = 2      # The teacher-forced session and the greedy one.

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The sanitizer checks, each in its own build dir with only the targets it needs:
-#   asan  ASan + UBSan over kernels_test, controller_test and ipc_test. They share build-fuzz/ with
+#   asan  ASan + UBSan over kernels_test, the controller's pool_test, config_test and service_test,
+#         and ipc_test. They share build-fuzz/ with
 #         the request-path fuzzer (tools/fuzz.sh: clang 14 at -O1, every library instrumented once
 #         for both; the kernels' SIMD files are compiled by g++ with the same sanitizers).
 #   tsan  TSan (g++ -O1) over the concurrency tests in build-tsan/: the daemon (integration_test
 #         runs a TSan kvctl: 8 clients at once, leases, SIGHUP, hostile clients), ipc_test's server
-#         tests (I/O thread and responders on other threads) and controller_test's pool,
-#         pool-pressure and hostile-client tests.
+#         tests (I/O thread and responders on other threads), pool_test, service_test's
+#         hostile-client tests and sequence_test's pool-pressure tests.
 # Sanitizer reports of child processes (the daemon) go to files under <build>/sanitizer-logs/;
 # any file there fails the check.
 #
@@ -25,16 +26,16 @@ TSAN_BUILD=${KVCTL_TSAN_BUILD:-build-tsan}
 JOBS=${KVCTL_JOBS:-$(nproc)}
 # It measures heap growth with mallinfo2(), which a sanitizer's allocator does not report.
 NOT_UNDER_SANITIZERS='~"Hostile: the OPEN estimate covers what an OPEN really allocates"'
-# controller_test under coverage + ASan + UBSan at -O1 runs only its pool, hostile-client and
-# config cases: the sequence, eviction and pressure cases decode long sequences through the
-# scorers and ran for minutes of CPU each without finishing. The fuzzer drives those paths under
+# The controller under coverage + ASan + UBSan at -O1 runs its pool, config and service (hostile
+# clients, checksums, staging) tests but not sequence_test: its eviction and pressure cases decode
+# long sequences through the scorers and ran for minutes of CPU each without finishing. The fuzzer drives those paths under
 # ASan instead (its quantizer models and streaming, h2o, snapkv, rkv and requantize variants).
 TOO_SLOW_INSTRUMENTED='~[evict]'
 CHECKS=(asan-kernels asan-controller asan-ipc tsan-integration tsan-ipc tsan-controller fuzz)
 
 build_asan() {
   KVCTL_FUZZ_BUILD=$ASAN_BUILD bash tools/fuzz.sh --build-only
-  build_targets "$ASAN_BUILD" kernels_test controller_test ipc_test
+  build_targets "$ASAN_BUILD" kernels_test pool_test config_test service_test ipc_test
 }
 
 # Build output goes to <build>/build.log, shown on failure.
@@ -52,7 +53,7 @@ build_tsan() {
   cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF \
     -DKVCTL_WERROR=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" >/dev/null
-  build_targets "$TSAN_BUILD" kvctl integration_test ipc_test controller_test
+  build_targets "$TSAN_BUILD" kvctl integration_test ipc_test pool_test service_test sequence_test
 }
 
 # Runs a test binary with the sanitizer's reports (its own and its children's) logged to files;
@@ -86,12 +87,18 @@ run_check() {
   local tsan_opts="halt_on_error=0:second_deadlock_stack=1"
   tsan_opts+=":suppressions=$ROOT/tests/fuzz/tsan_suppressions.txt"
   case $1 in
-    asan-kernels | asan-controller | asan-ipc)
-      local bin="$ASAN_BUILD/tests/${1#asan-}_test" filter=()
+    asan-kernels | asan-ipc)
+      local bin="$ASAN_BUILD/tests/${1#asan-}_test"
       need "$bin"
+      run_logged "$ASAN_BUILD" ASAN_OPTIONS "$asan_opts" env "$ubsan" "$bin"
+      ;;
+    asan-controller)
       local skip="$NOT_UNDER_SANITIZERS $TOO_SLOW_INSTRUMENTED"  # "," binds looser than " ".
-      [ "$1" = asan-controller ] && filter=("[pool] $skip,[hostile] $skip,[config] $skip")
-      run_logged "$ASAN_BUILD" ASAN_OPTIONS "$asan_opts" env "$ubsan" "$bin" "${filter[@]}"
+      for bin in pool_test config_test service_test; do
+        need "$ASAN_BUILD/tests/$bin"
+        run_logged "$ASAN_BUILD" ASAN_OPTIONS "$asan_opts" env "$ubsan" "$ASAN_BUILD/tests/$bin" \
+          "$skip"
+      done
       ;;
     tsan-integration)
       need "$TSAN_BUILD/tests/integration_test"
@@ -103,9 +110,12 @@ run_check() {
         "ZmqServer*,Client*"
       ;;
     tsan-controller)
-      need "$TSAN_BUILD/tests/controller_test"
-      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/controller_test" \
-        "[pool],[hostile]$NOT_UNDER_SANITIZERS,KvSequence: under pool pressure*,KvSequence: pressure relief*"
+      for bin in pool_test service_test sequence_test; do need "$TSAN_BUILD/tests/$bin"; done
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/pool_test"
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/service_test" \
+        "[hostile]$NOT_UNDER_SANITIZERS"
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/sequence_test" \
+        "KvSequence: under pool pressure*,KvSequence: pressure relief*"
       ;;
     fuzz)
       need "$ASAN_BUILD/bin/kvctl_request_fuzz"

@@ -40,7 +40,7 @@ void ThrowIfError(const Status& status, std::string_view what);
 DType DTypeOf(const Tensor& t, const char* name);
 
 // The QuantSpec of a method at head_dim and bit widths, with optional overrides (<= 0: the
-// registry default), canonicalised like the daemon's config (controller/config.cc).
+// registry default), canonicalised like the daemon's config (controller/config/config.cc).
 QuantSpec SpecFrom(std::string_view method, int64_t head_dim, int64_t k_bits, int64_t v_bits,
                    int64_t block_tokens, int64_t k_group_tokens, int64_t v_group_channels);
 

@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "controller/config.h"
-#include "controller/controller.h"
-#include "controller/dispatch.h"
+#include "controller/config/config.h"
+#include "controller/service/controller.h"
+#include "controller/service/dispatch.h"
 #include "ipc/protocol.h"
 #include "tests/fuzz/fuzz_input.h"
 

@@ -13,7 +13,7 @@
 #include "common/half.h"
 #include "kernels/quantize.h"
 #include "tests/integration/daemon_process.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

@@ -15,7 +15,7 @@
 #include "kernels/quant_types.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
-#include "tests/controller/evict_test_util.h"
+#include "tests/controller/sequence/evict_test_util.h"
 #include "tests/integration/daemon_process.h"
 
 namespace kvctl {

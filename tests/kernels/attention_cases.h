@@ -19,7 +19,7 @@
 #include "common/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/quantize.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl::testing {
 

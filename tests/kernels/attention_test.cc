@@ -12,7 +12,7 @@
 #include "common/half.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/attention_cases.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

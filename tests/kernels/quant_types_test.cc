@@ -11,22 +11,23 @@ QuantSpec Spec(QuantMethod m, int d, int kb, int vb) {
   return *s;
 }
 
-TEST_CASE("QuantTypes: bits per element match ALGORITHMS.md", "[kernels]") {
-  // KVarN k2v2 G=128 D=128: 2 + 16*(2*128+128)/(128*128) = 2.375 for K and V (§1.2).
+TEST_CASE("QuantTypes: bits per element match docs/algorithms.md", "[kernels]") {
+  // KVarN k2v2 G=128 D=128: 2 + 16*(2*128+128)/(128*128) = 2.375 for K and V
+  // (docs/algorithms.md §6.4).
   auto b = BitsPerElement(Spec(QuantMethod::kKvarn, 128, 2, 2), 8);
   CHECK(b.k == Approx(2.375).epsilon(1e-12));
   CHECK(b.v == Approx(2.375).epsilon(1e-12));
   // KVarN k4v2 G=128: 4.375 / 2.375 / 3.375.
   b = BitsPerElement(Spec(QuantMethod::kKvarn, 128, 4, 2), 8);
   CHECK(b.average == Approx(3.375));
-  // KIVI 2-bit G=32: b + 32/G = 3.0 (§5.1).
+  // KIVI 2-bit G=32: b + 32/G = 3.0 (docs/algorithms.md §4).
   b = BitsPerElement(Spec(QuantMethod::kKivi, 128, 2, 2), 8);
   CHECK(b.k == Approx(3.0));
   CHECK(b.v == Approx(3.0));
-  // QuaRot 2-bit: b + 32/D = 2.25 (§5.2).
+  // QuaRot 2-bit: b + 32/D = 2.25 (docs/algorithms.md §5).
   b = BitsPerElement(Spec(QuantMethod::kQuaRot, 128, 2, 2), 8);
   CHECK(b.average == Approx(2.25));
-  // OScaR INT2 G=32 H=8 D=128: K = 2 + 1 + 32/1024 = 3.03125, V = 3.0 (§2.3).
+  // OScaR INT2 G=32 H=8 D=128: K = 2 + 1 + 32/1024 = 3.03125, V = 3.0 (docs/algorithms.md §7.5).
   b = BitsPerElement(Spec(QuantMethod::kOscar, 128, 2, 2), 8);
   CHECK(b.k == Approx(3.03125));
   CHECK(b.v == Approx(3.0));

@@ -61,7 +61,7 @@ TEST_CASE("Quantize edge: constant and all-zero groups reconstruct (exactly with
 
 TEST_CASE("Quantize edge: a tiny-norm sink token next to large tokens", "[kernels]") {
   // OScaR's token scaling keeps the sink's relative error small; KIVI's per-channel groups crush
-  // it (ALGORITHMS.md §2.1). Both must stay finite and exact in shape.
+  // it (docs/algorithms.md §7.1). Both must stay finite and exact in shape.
   const int g = 32, d = 64;
   Tile tile(g, d, 0.0f);
   for (int t = 0; t < g; ++t) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/quantize.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

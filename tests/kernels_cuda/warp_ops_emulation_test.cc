@@ -19,7 +19,7 @@
 #include "kernels/cuda/attention_warp_ops.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/attention_cases.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace {

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "common/half.h"
-#include "controller/controller.h"
+#include "controller/service/controller.h"
 #include "kernels/quant_types.h"
 #include "kernels/quantize.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace {
 

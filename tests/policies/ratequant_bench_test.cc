@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // RateQuant benchmarks, hidden from the default run ([.bench]); docs/ratequant.md quotes them:
-//   build/tests/ratequant_test "[.bench]"
+//   build/tests/policies_test "RateQuant bench*"
 // Plan time for 80 layers x 8 KV heads, fit time for the SmolLM2-135M geometry on 32 x 256
 // synthetic tokens, and the quality table (uniform vs RateQuant vs mismatched models).
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <random>
 
 #include "policies/ratequant_fit.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace ratequant_testing {

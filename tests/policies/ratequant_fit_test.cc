@@ -13,7 +13,7 @@
 #include <random>
 
 #include "common/half.h"
-#include "tools/synthetic_kv.h"
+#include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
 namespace ratequant_testing {

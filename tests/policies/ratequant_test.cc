@@ -211,7 +211,7 @@ TEST_CASE("RateQuant: more budget never raises the distortion", "[policies]") {
 }
 
 TEST_CASE("RateQuant: water-filling matches the closed form without active bounds", "[policies]") {
-  // b_i = b_mean + log_beta(s_i / GM(s)) when no bound binds (ALGORITHMS.md §3.2).
+  // b_i = b_mean + log_beta(s_i / GM(s)) when no bound binds (docs/algorithms.md §11.3).
   const std::vector<double> scales = {1.0, 3.0, 0.2, 10.0, 0.7};
   const double beta = 4.0, mean = 5.0;
   std::vector<ContinuousUnit> units;
@@ -380,7 +380,7 @@ TEST_CASE("RateQuant: plan gives more bits to larger alpha and stays within budg
 
 TEST_CASE("RateQuant: at 2.5 bits with {2, 3} the larger half of w*alpha gets 3 bits",
           "[policies]") {
-  // ALGORITHMS.md §3.2's example, with metadata: kivi costs b + 1, so 3.5 b/e.
+  // docs/algorithms.md §11.4's example, with metadata: kivi costs b + 1, so 3.5 b/e.
   const RateQuantFit fit = HandFit(2, 2, {5, 1, 7, 2, 8, 3, 6, 4}, 4.0);
   StatusOr<RateQuantPlan> plan = PlanRateQuant(fit, {.budget_bpe = 3.5, .max_bits = 3});
   REQUIRE(plan.ok());

@@ -49,7 +49,7 @@ TEST_CASE("KvbenchQuant: rows on a tiny input have the expected bits and errors"
   CHECK(rows["fp16"].pure.attn_rel_err < 1e-2);
   CHECK(rows["fp16"].pure.bits_per_element == 16.0);
 
-  // KVarN k2v2, G = D = 128: 2 + 16 * (2*128 + 128) / (128*128) = 2.375 (ALGORITHMS.md §1.2).
+  // KVarN k2v2, G = D = 128: 2 + 16 * (2*128 + 128) / (128*128) = 2.375 (docs/algorithms.md §6.4).
   const QuantRowAccuracy& kvarn = rows["kvarn 2"];
   CHECK(kvarn.spec.block_tokens == 128);
   CHECK(kvarn.pure.bits_per_element == Approx(2.375).epsilon(1e-12));

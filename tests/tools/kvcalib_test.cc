@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "controller/config.h"
+#include "controller/config/config.h"
 #include "policies/calib_profile.h"
 #include "policies/eviction.h"
 #include "policies/joint_planner.h"

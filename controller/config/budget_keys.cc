@@ -1,0 +1,215 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/config/budget_keys.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <mutex>
+#include <tuple>
+
+#include "policies/reasonalloc.h"
+
+namespace kvctl {
+namespace {
+
+using internal::StrCat;
+
+// [evict] keys and the quantizers eviction runs with: shared by evict-only and joint.
+Status ValidateEvictKeys(const Config& c) {
+  const EvictConfig& e = c.evict;
+  const int64_t obs = EffectiveObsWindow(e), window = EffectiveWindow(e);
+  if ((e.policy == EvictPolicy::kSnapKV || e.policy == EvictPolicy::kRKV) && obs > window) {
+    return InvalidArgument("evict.obs_window: got ", obs, ", expected at most evict.window ",
+                           window, " (observing queries must belong to never-evicted tokens)");
+  }
+  if (e.kernel != 0 && e.kernel % 2 == 0) {
+    return InvalidArgument("evict.kernel: got ", e.kernel,
+                           ", expected an odd number (0 = the "
+                           "policy's default)");
+  }
+  // OScaR divides each token's K by one norm taken over every head of the layer, stored once per
+  // token: heads that keep different tokens cannot share it.
+  const char* mode = c.budget.mode == BudgetMode::kJoint ? "joint" : "evict-only";
+  auto refuse_oscar = [&](const QuantSettings& q, std::string_view where) -> Status {
+    if (q.lossless || q.method != QuantMethod::kOscar) return OkStatus();
+    return InvalidArgument(
+        "evict.policy: budget.mode = \"", mode, "\" cannot run with quant.method = \"oscar\"",
+        where,
+        ": OScaR's token norm spans every KV head of a layer, so one head cannot drop a token "
+        "alone; expected kivi, quarot, kvarn, fp16, quant.lossless = true, or budget.mode = "
+        "\"none\"");
+  };
+  KVCTL_RETURN_IF_ERROR(refuse_oscar(c.quant, ""));
+  for (const ModelConfig& m : c.models) {
+    KVCTL_RETURN_IF_ERROR(
+        refuse_oscar(EffectiveQuantSettings(c, &m), StrCat(" (model \"", m.name, "\")")));
+  }
+  return OkStatus();
+}
+
+Status ValidateJoint(const Config& c) {
+  const BudgetConfig& b = c.budget;
+  if ((b.bytes > 0) == (b.fp16_fraction > 0)) {
+    return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),
+                           " and budget.fp16_fraction ", b.fp16_fraction,
+                           ", expected exactly one of them > 0 with budget.mode = \"joint\"");
+  }
+  if (b.plan_tokens == 0) {
+    return InvalidArgument(
+        "budget.plan_tokens: got 0, expected the sequence length (tokens per head) the joint "
+        "plan is made for, > 0");
+  }
+  if (b.realloc_period != 0) {
+    return InvalidArgument("budget.realloc_period: got ", b.realloc_period,
+                           ", expected 0 with budget.mode = \"joint\" (the joint plan fixes "
+                           "every head's budget)");
+  }
+  if (b.profile.empty()) {
+    return InvalidArgument(
+        "budget.profile: got \"\", expected a kvcalib profile for budget.mode = "
+        "\"joint\"");
+  }
+  KVCTL_RETURN_IF_ERROR(LoadBudgetProfile(b.profile).status());
+  return ValidateEvictKeys(c);
+}
+
+Status ValidateEvictOnly(const Config& c) {
+  const BudgetConfig& b = c.budget;
+  const EvictConfig& e = c.evict;
+  if (b.tokens_per_head == 0 && b.token_fraction == 0) {
+    return InvalidArgument(
+        "budget.tokens_per_head: got 0 and budget.token_fraction 0, expected one of them > 0 "
+        "with budget.mode = \"evict-only\"");
+  }
+  if (b.tokens_per_head > 0 && b.token_fraction > 0) {
+    return InvalidArgument("budget.token_fraction: got ", b.token_fraction,
+                           " with budget.tokens_per_head ", b.tokens_per_head,
+                           " also set, expected only one of them");
+  }
+  const int64_t window = EffectiveWindow(e);
+  if (b.tokens_per_head > 0 && b.tokens_per_head < e.sinks + window) {
+    return InvalidArgument("budget.tokens_per_head: got ", b.tokens_per_head,
+                           ", expected at least evict.sinks + evict.window = ", e.sinks + window);
+  }
+  if (b.floor > 0 && b.tokens_per_head > 0 && b.floor > b.tokens_per_head) {
+    return InvalidArgument("budget.floor: got ", b.floor,
+                           ", expected at most budget.tokens_per_head ", b.tokens_per_head);
+  }
+  if (b.realloc_period > 0 && e.policy == EvictPolicy::kStreaming) {
+    return InvalidArgument("budget.realloc_period: got ", b.realloc_period,
+                           ", expected 0 with evict.policy = \"streaming\" (it has no attention "
+                           "scores to re-allocate by; use h2o, snapkv or rkv)");
+  }
+  if (b.layer_profile == LayerProfile::kDemand) {
+    if (b.profile.empty()) {
+      return InvalidArgument(
+          "budget.layer_profile: got \"demand\", expected budget.profile to "
+          "name a kvcalib profile with a [reasonalloc] table");
+    }
+    KVCTL_RETURN_IF_ERROR(LoadLayerDemand(b.profile).status());
+  }
+  return ValidateEvictKeys(c);
+}
+
+}  // namespace
+
+int64_t EffectiveObsWindow(const EvictConfig& e) {
+  if (e.obs_window > 0) return e.obs_window;
+  return e.policy == EvictPolicy::kSnapKV ? 32 : 8;
+}
+
+int64_t EffectiveWindow(const EvictConfig& e) {
+  return e.window > 0 ? e.window : std::max<int64_t>(8, EffectiveObsWindow(e));
+}
+
+// The kvcalib profile, with errors naming the key that pointed at it. One OPEN reads it for the
+// widths, the layer demand and the pressure curves, and every OPEN reads it again, so the last
+// one parsed is kept, keyed by path, size and modification time (an edited file is read again).
+StatusOr<CalibProfile> LoadBudgetProfile(const std::string& path) {
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static Key cached_key;
+  static CalibProfile cached;
+  struct stat st {};
+  const bool have_key = stat(path.c_str(), &st) == 0;
+  Key key;
+  if (have_key) {
+    key = {path, static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+           static_cast<int64_t>(st.st_mtim.tv_nsec)};
+    std::lock_guard<std::mutex> lock(mu);
+    if (key == cached_key) return cached;
+  }
+  StatusOr<CalibProfile> profile = ReadCalibProfile(path);
+  if (!profile.ok()) {
+    return Status(profile.status().code(),
+                  StrCat("budget.profile: \"", path, "\": ", profile.status().message()));
+  }
+  if (have_key) {
+    std::lock_guard<std::mutex> lock(mu);
+    cached_key = key;
+    cached = *profile;
+  }
+  return profile;
+}
+
+double QuantOnlyBits(const BudgetConfig& b) {
+  return b.avg_bits > 0 ? b.avg_bits : 16.0 * b.fp16_fraction;
+}
+
+// Per-head minimum kept tokens: budget.floor or the starvation floor, never below the protected
+// sinks + window. The joint planner plans with the same floor, so no cap is raised after planning.
+int64_t EvictionFloor(const Config& c, int64_t sinks) {
+  const int64_t window = EffectiveWindow(c.evict);
+  const int64_t floor =
+      c.budget.floor > 0 ? c.budget.floor : StarvationFloor(window, c.budget.tokens_per_head);
+  return std::max<int64_t>(floor, sinks + window);
+}
+
+StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path) {
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadBudgetProfile(path));
+  if (!profile.demand) {
+    return InvalidArgument("budget.profile: \"", path,
+                           "\" has no [reasonalloc] table, expected a kvcalib fit profile made "
+                           "with queries (not --no-demand)");
+  }
+  return profile.demand->demand;
+}
+
+Status ValidateBudgetConfig(const Config& c) {
+  const BudgetConfig& b = c.budget;
+  if (b.pressure == PressurePolicy::kRequantize && c.quant.lossless) {
+    return InvalidArgument(
+        "budget.pressure: got \"requantize\", expected \"fail\" with quant.lossless = true "
+        "(lossless layers store rows, there are no code widths to lower)");
+  }
+  if (b.pressure_scope == PressureScope::kPool && b.pressure != PressurePolicy::kRequantize) {
+    return InvalidArgument(
+        "budget.pressure_scope: got \"pool\", expected \"sequence\" unless budget.pressure = "
+        "\"requantize\" (nothing is lowered with \"fail\")");
+  }
+  if (b.mode == BudgetMode::kJoint) return ValidateJoint(c);
+  if (b.bytes != 0) {
+    return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),
+                           ", expected 0 unless budget.mode = \"joint\" (evict-only budgets "
+                           "tokens: budget.tokens_per_head or budget.token_fraction; quant-only "
+                           "budgets bits: budget.avg_bits or budget.fp16_fraction)");
+  }
+  if (b.mode == BudgetMode::kEvictOnly) return ValidateEvictOnly(c);
+  if (b.mode == BudgetMode::kQuantOnly) {
+    if ((b.avg_bits > 0) == (b.fp16_fraction > 0)) {
+      return InvalidArgument("budget.avg_bits: got ", b.avg_bits, " and budget.fp16_fraction ",
+                             b.fp16_fraction,
+                             ", expected exactly one of them > 0 with budget.mode = "
+                             "\"quant-only\"");
+    }
+    if (b.profile.empty()) {
+      return InvalidArgument(
+          "budget.profile: got \"\", expected a kvcalib profile with a "
+          "[ratequant] table for budget.mode = \"quant-only\"");
+    }
+    KVCTL_RETURN_IF_ERROR(LoadBudgetProfile(b.profile).status());
+  }
+  return OkStatus();
+}
+
+}  // namespace kvctl

@@ -1,0 +1,307 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <zmq.hpp>
+
+#include "controller/service/dispatch.h"
+#include "controller/daemon/http_server.h"
+#include "controller/stats/metrics.h"
+#include "controller/service/scrubber.h"
+#include "ipc/transport.h"
+
+namespace kvctl {
+
+struct Daemon::Impl {
+  boost::asio::io_context io;
+  boost::asio::signal_set signals{io, SIGINT, SIGTERM, SIGHUP};
+  boost::asio::steady_timer lease_timer{io};
+  boost::asio::steady_timer stats_timer{io};
+  std::unique_ptr<boost::asio::thread_pool> workers;
+  // STATS (request, PUB feed and /metrics alike) on a thread of its own: however long a report
+  // of a big daemon takes, it delays neither the socket nor APPEND/FETCH.
+  std::unique_ptr<boost::asio::thread_pool> stats_worker;
+  // The stats publisher: the socket is used only from stats_worker.
+  zmq::context_t zmq_ctx;
+  zmq::socket_t pub;
+  std::atomic<bool> publishing{false};
+  std::string pub_path;  // ipc:// socket file to remove at stop, if it is still ours:
+  ino_t pub_inode = 0;   // a later daemon may have replaced a file this one left.
+  std::unique_ptr<HttpServer> http;
+
+  ~Impl() {
+    if (stats_worker) stats_worker->join();  // The PUB socket's only user.
+    RemoveStatsSocket();
+  }
+  // Closes the publisher and removes its socket file, only if the file is still the one it
+  // bound (never another daemon's). REQUIRES: stats_worker joined.
+  void RemoveStatsSocket() {
+    if (pub) pub.close();
+    struct stat st;
+    if (!pub_path.empty() && lstat(pub_path.c_str(), &st) == 0 && st.st_ino == pub_inode) {
+      unlink(pub_path.c_str());
+    }
+    pub_path.clear();
+  }
+};
+
+namespace {
+
+spdlog::level::level_enum SpdLevel(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
+std::chrono::milliseconds LeaseTick(const Config& config) {
+  const int lease = config.server.lease_ms > 0 ? config.server.lease_ms : 1000;
+  return std::chrono::milliseconds(std::clamp(lease / 4, 20, 1000));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, ConfigLoadOptions reload) {
+  spdlog::set_level(SpdLevel(config.server.log_level));
+  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(config));
+  ipc::ServerOptions options;
+  options.endpoint = config.server.endpoint;
+  options.max_frame_bytes = static_cast<int64_t>(config.server.max_message_bytes);
+  options.max_request_bytes = config.server.max_message_bytes;
+  KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<ipc::ZmqServer> server,
+                         ipc::ZmqServer::Bind(std::move(options)));
+  return std::unique_ptr<Daemon>(
+      new Daemon(std::move(controller), std::move(server), std::move(reload)));
+}
+
+Daemon::Daemon(std::unique_ptr<Controller> controller, std::unique_ptr<ipc::ZmqServer> server,
+               ConfigLoadOptions reload)
+    : controller_(std::move(controller)),
+      server_(std::move(server)),
+      reload_(std::move(reload)),
+      impl_(std::make_unique<Impl>()) {}
+
+Daemon::~Daemon() = default;
+
+void Daemon::RequestStop() {
+  boost::asio::post(impl_->io, [this] { impl_->io.stop(); });
+}
+
+void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
+  const auto start = std::chrono::steady_clock::now();
+  const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request.body));
+  StatusOr<ipc::ReplyBody> reply = Dispatch(*controller_, request.body, start);
+  if (const auto* hello = std::get_if<ipc::HelloRequest>(&request.body); hello && reply.ok()) {
+    spdlog::info("hello from \"{}\" (model \"{}\")", hello->client_name, hello->model_name);
+  }
+  if (const auto* bye = reply.ok() ? std::get_if<ipc::ByeReply>(&*reply) : nullptr) {
+    spdlog::info("bye: session ended, {} sequence(s) and {} bytes freed", bye->sequences_closed,
+                 bye->bytes_freed);
+  }
+  // The request is counted before its reply leaves, so a STATS sent right after a reply always
+  // sees it.
+  controller_->RecordRequest(type,
+                             std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::steady_clock::now() - start),
+                             !reply.ok());
+  reply.ok() ? (void)responder.Reply(std::move(reply).value())
+             : (void)responder.Error(reply.status());
+}
+
+void Daemon::Handle(ipc::Request request, ipc::Responder responder) {
+  // Only PING is answered on the socket's I/O thread: everything else may allocate, wait for a
+  // sequence's lock (CLOSE behind an APPEND) or walk every sequence (STATS), and must not stall
+  // other clients' requests.
+  if (std::holds_alternative<ipc::PingRequest>(request.body)) {
+    Serve(request, responder);
+    return;
+  }
+  const bool stats = std::holds_alternative<ipc::StatsRequest>(request.body);
+  auto shared = std::make_shared<std::pair<ipc::Request, ipc::Responder>>(std::move(request),
+                                                                          std::move(responder));
+  boost::asio::post(stats ? *impl_->stats_worker : *impl_->workers,
+                    [this, shared] { Serve(shared->first, shared->second); });
+}
+
+void Daemon::Reload() {
+  StatusOr<Config> config = LoadConfig(reload_);
+  if (!config.ok()) {
+    spdlog::error("SIGHUP: config not reloaded: {}", config.status().message());
+    return;
+  }
+  Status s = controller_->Reload(*config);
+  if (!s.ok()) {
+    spdlog::error("SIGHUP: config not reloaded: {}", s.message());
+    return;
+  }
+  spdlog::set_level(SpdLevel(config->server.log_level));
+  spdlog::info("SIGHUP: config reloaded; quantizer settings apply to sequences opened from now on");
+}
+
+Status Daemon::StartStatsPublisher(const Config& config) {
+  Impl& impl = *impl_;
+  const std::string& endpoint = config.server.stats_endpoint;
+  if (endpoint.empty()) return OkStatus();
+  // The request endpoint's rules: loopback TCP only (parsed exactly, not by substring), and a
+  // socket file another live daemon publishes on is never taken over.
+  const auto named = [](const Status& s) {
+    return Status(s.code(), "server.stats_endpoint: " + s.message());
+  };
+  StatusOr<ipc::Endpoint> parsed = ipc::ParseBindEndpoint(endpoint);
+  if (!parsed.ok()) return named(parsed.status());
+  if (parsed->kind == ipc::Endpoint::Kind::kIpc) {
+    if (Status claimed = ipc::ClaimIpcPath(parsed->ipc_path); !claimed.ok()) return named(claimed);
+  }
+  impl.pub = zmq::socket_t(impl.zmq_ctx, zmq::socket_type::pub);
+  impl.pub.set(zmq::sockopt::linger, 0);
+  impl.pub.set(zmq::sockopt::sndhwm, 16);
+  if (parsed->ipv6) impl.pub.set(zmq::sockopt::ipv6, 1);
+  try {
+    impl.pub.bind(parsed->address);
+  } catch (const zmq::error_t& e) {
+    return Unavailable("server.stats_endpoint: cannot bind ", endpoint, ": ", e.what());
+  }
+  if (parsed->kind == ipc::Endpoint::Kind::kIpc) {
+    struct stat st;
+    if (lstat(parsed->ipc_path.c_str(), &st) != 0) {
+      return Unavailable("server.stats_endpoint: ", parsed->ipc_path,
+                         " missing after bind: ", std::strerror(errno));
+    }
+    impl.pub_path = parsed->ipc_path;
+    impl.pub_inode = st.st_ino;  // Recorded first, so that a failed chmod still removes it.
+    if (chmod(parsed->ipc_path.c_str(), 0600) != 0) {
+      return FailedPrecondition("server.stats_endpoint: cannot set mode 0600 on ", parsed->ipc_path,
+                                ": ", std::strerror(errno));
+    }
+  }
+  const auto period = std::chrono::milliseconds(config.server.stats_interval_ms);
+  auto publish = std::make_shared<std::function<void(const boost::system::error_code&)>>();
+  *publish = [this, period, publish](const boost::system::error_code& ec) {
+    if (ec) return;
+    // Built and sent on the stats thread (the only user of the PUB socket), so neither the signal
+    // and lease loop nor the request socket waits for it; a report still being built when the
+    // next period starts is not doubled.
+    if (!impl_->publishing.exchange(true)) {
+      boost::asio::post(*impl_->stats_worker, [this] {
+        StatusOr<std::string> text =
+            controller_->Stats(ipc::StatsRequest{}, std::chrono::steady_clock::now());
+        if (text.ok()) {
+          impl_->pub.send(zmq::str_buffer("stats"),
+                          zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          impl_->pub.send(zmq::buffer(*text), zmq::send_flags::dontwait);
+        }
+        impl_->publishing.store(false);
+      });
+    }
+    impl_->stats_timer.expires_after(period);
+    impl_->stats_timer.async_wait(*publish);
+  };
+  impl.stats_timer.expires_after(std::chrono::milliseconds(0));
+  impl.stats_timer.async_wait(*publish);
+  spdlog::info("stats published on {} every {} ms", endpoint, period.count());
+  return OkStatus();
+}
+
+int Daemon::Run() {
+  Impl& impl = *impl_;
+  const Config config = controller_->config();
+  impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
+  impl.stats_worker = std::make_unique<boost::asio::thread_pool>(1);
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int signo) {
+        if (ec) return;
+        if (signo == SIGHUP) {
+          Reload();
+          impl.signals.async_wait(on_signal);
+          return;
+        }
+        spdlog::info("signal {}: stopping", signo);
+        impl.io.stop();
+      };
+  impl.signals.async_wait(on_signal);
+  const auto tick = LeaseTick(config);
+  std::function<void(const boost::system::error_code&)> on_tick =
+      [&](const boost::system::error_code& ec) {
+        if (ec) return;
+        const int expired = controller_->ExpireLeases(std::chrono::steady_clock::now());
+        if (expired > 0) spdlog::info("lease expired: freed {} session(s)", expired);
+        impl.lease_timer.expires_after(tick);
+        impl.lease_timer.async_wait(on_tick);
+      };
+  impl.lease_timer.expires_after(tick);
+  impl.lease_timer.async_wait(on_tick);
+
+  controller_->SetServerInfo(server_->endpoint(),
+                             [server = server_.get()] { return server->counters(); });
+  if (Status s = StartStatsPublisher(config); !s.ok()) {
+    spdlog::error("cannot start the stats publisher: {}", s.ToString());
+    return 1;
+  }
+  if (!config.server.http_address.empty()) {
+    StatusOr<std::unique_ptr<HttpServer>> http =
+        HttpServer::Start(config.server.http_address, [this] {
+          StatusOr<std::string> text =
+              controller_->Stats(ipc::StatsRequest{}, std::chrono::steady_clock::now());
+          return text.ok() ? RenderPrometheus(*text) : std::string();
+        });
+    if (!http.ok()) {
+      spdlog::error("cannot start the HTTP server: {}", http.status().ToString());
+      return 1;
+    }
+    impl.http = std::move(http).value();
+    controller_->SetHttpAddress(impl.http->address());
+    spdlog::info("metrics on http://{}/metrics", impl.http->address());
+  }
+
+  Status started = server_->Start([this](ipc::Request request, ipc::Responder responder) {
+    Handle(std::move(request), std::move(responder));
+  });
+  if (!started.ok()) {
+    spdlog::error("cannot start the server: {}", started.ToString());
+    return 1;
+  }
+  if (controller_->shm_name().empty()) {
+    spdlog::info("kvctl {} serving on {} (pool {} bytes on CUDA device {}, with a host copy)",
+                 kKvctlVersion, server_->endpoint(), config.pool.bytes, config.pool.cuda_device);
+  } else {
+    spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
+                 server_->endpoint(), config.pool.bytes, controller_->shm_name());
+  }
+  std::unique_ptr<Scrubber> scrubber = Scrubber::Start(config.pool, controller_.get());
+  impl.io.run();
+
+  scrubber.reset();
+  impl.http.reset();
+  server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.
+  impl.workers->join();
+  impl.stats_worker->join();
+  impl.RemoveStatsSocket();
+  server_.reset();
+  controller_.reset();  // Frees sequences, staging slots and the shm pool.
+  spdlog::info("stopped cleanly");
+  return 0;
+}
+
+}  // namespace kvctl

@@ -1,0 +1,540 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/pool/pool.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "common/checked_math.h"
+#include "common/crc32c.h"
+
+namespace kvctl {
+namespace {
+
+constexpr uint64_t kStagingAlign = 4096;  // Slots start on OS page boundaries.
+
+uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Opens an existing object without creating it and probes its flock. Returns true if no process
+// holds it (a leftover of a crash), false if a live daemon does; errors if it cannot be opened.
+StatusOr<bool> ProbeStale(const std::string& name) {
+  // Read-only: a live daemon's pool is mode 0400 (ShmArena::RestrictToReaders); flock needs no
+  // write access.
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return true;  // Vanished meanwhile: as good as stale.
+    return AlreadyExists("pool.shm_name: ", name, " already exists and cannot be opened (",
+                         ErrnoText(err), "); it belongs to another user or daemon");
+  }
+  const bool stale = flock(fd, LOCK_EX | LOCK_NB) == 0;
+  close(fd);  // Releases the probe's lock, if it got one.
+  return stale;
+}
+
+// Whether `name` still refers to the object open as `fd` (another process may have removed it
+// as stale and created its own under the same name).
+bool NameIsOurs(const std::string& name, int fd) {
+  const int named_fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (named_fd < 0) return false;
+  struct stat mine {
+  }, named{};
+  const bool ours = fstat(fd, &mine) == 0 && fstat(named_fd, &named) == 0 &&
+                    mine.st_dev == named.st_dev && mine.st_ino == named.st_ino;
+  close(named_fd);
+  return ours;
+}
+
+void UnlinkIfOurs(const std::string& name, int fd) {
+  if (NameIsOurs(name, fd)) shm_unlink(name.c_str());
+}
+
+}  // namespace
+
+Status ValidateShmName(std::string_view name) {
+  if (name.size() < 2 || name.size() > 255 || name.front() != '/' ||
+      name.find('/', 1) != std::string_view::npos || name == "/." || name == "/..") {
+    return InvalidArgument("shm name: got \"", name,
+                           "\", expected '/' then 1..254 characters, none of them '/'");
+  }
+  return OkStatus();
+}
+
+// ---- ShmArena ---------------------------------------------------------------------------------
+
+ShmArena::ShmArena(std::string name, int fd, uint8_t* base, uint64_t bytes)
+    : name_(std::move(name)), fd_(fd), base_(base), bytes_(bytes) {}
+
+StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, uint64_t bytes,
+                                                     StaleShm stale) {
+  KVCTL_RETURN_IF_ERROR(ValidateShmName(name));
+  if (bytes == 0) return InvalidArgument("pool.bytes: got 0, expected at least 1 byte");
+
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    KVCTL_ASSIGN_OR_RETURN(const bool is_stale, ProbeStale(name));
+    if (!is_stale) {
+      return AlreadyExists("pool.shm_name: ", name, " (/dev/shm", name,
+                           ") is in use by a running kvctl daemon (it holds the object's lock); "
+                           "stop it or choose another pool.shm_name");
+    }
+    // No process holds the object's lock, and every daemon holds it for the pool's life: the
+    // object is a dead daemon's leftover (kill -9, a crash). Removed by default so the same
+    // start command works again; pool.unlink_stale = false keeps it for inspection.
+    if (stale == StaleShm::kRefuse) {
+      return AlreadyExists("pool.shm_name: ", name, " (/dev/shm", name,
+                           ") already exists but no process holds it: left by a daemon that "
+                           "died. pool.unlink_stale = false keeps such objects; remove it (rm "
+                           "/dev/shm",
+                           name, ") or set pool.unlink_stale = true (the default)");
+    }
+    if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+      return Internal("pool.shm_name: cannot remove stale ", name, ": ", ErrnoText(errno));
+    }
+    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  }
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      return AlreadyExists("pool.shm_name: ", name, " was created by another process meanwhile");
+    }
+    return Unavailable("pool.shm_name: shm_open(", name, ") failed: ", ErrnoText(err));
+  }
+
+  // From here on a failure must not leave the object behind, nor remove one that replaced it.
+  const auto fail = [&](Status s) {
+    UnlinkIfOurs(name, fd);
+    close(fd);
+    return s;
+  };
+  // The umask may have narrowed the mode; it must be exactly owner read/write.
+  if (fchmod(fd, 0600) != 0) {
+    return fail(Internal("pool.shm_name: fchmod(", name, ", 0600): ", ErrnoText(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    return fail(AlreadyExists("pool.shm_name: ", name, " was locked by another process meanwhile"));
+  }
+  // Between O_EXCL and the lock, a daemon starting at the same moment saw an unlocked object
+  // and may have removed it as stale: then the name is that daemon's now, and this one yields.
+  if (!NameIsOurs(name, fd)) {
+    close(fd);
+    return AlreadyExists("pool.shm_name: ", name,
+                         " was taken over by another daemon starting at the same time");
+  }
+  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    return fail(ResourceExhausted("pool.bytes: cannot reserve ", bytes, " bytes in /dev/shm for ",
+                                  name, ": ", ErrnoText(err),
+                                  "; lower pool.bytes or enlarge /dev/shm (docker: --shm-size)"));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    return fail(
+        ResourceExhausted("pool.bytes: mmap of ", bytes, " bytes failed: ", ErrnoText(errno)));
+  }
+  return std::unique_ptr<ShmArena>(new ShmArena(name, fd, static_cast<uint8_t*>(base), bytes));
+}
+
+Status ShmArena::RestrictToReaders() {
+  if (fchmod(fd_, 0400) != 0) {
+    return Internal("pool.shm_name: fchmod(", name_, ", 0400): ", ErrnoText(errno));
+  }
+  return OkStatus();
+}
+
+ShmArena::~ShmArena() {
+  munmap(base_, bytes_);
+  // Unlink only our own object: if the name was replaced (another daemon removed ours as stale),
+  // the new object is not ours to remove.
+  UnlinkIfOurs(name_, fd_);
+  close(fd_);
+}
+
+// ---- PageAllocator ----------------------------------------------------------------------------
+
+PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
+                             uint32_t pages_total, uint32_t staging_slots,
+                             uint64_t staging_slot_bytes, uint64_t staging_stride, bool checksums)
+    : arena_(std::move(arena)),
+      page_bytes_(page_bytes),
+      pages_total_(pages_total),
+      staging_slots_(staging_slots),
+      staging_slot_bytes_(staging_slot_bytes),
+      staging_stride_(staging_stride),
+      staging_offset_(arena_->bytes() - staging_stride * staging_slots),
+      mirrored_(arena_->mirrored()),
+      checksums_(checksums && !mirrored_),
+      dirty_begin_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      dirty_end_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      page_crc_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      sealed_end_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      tainted_(checksums_ ? new std::atomic<uint8_t>[pages_total] : nullptr),
+      page_used_(pages_total, 0),
+      slot_used_(staging_slots, 0) {
+  for (uint32_t i = 0; tracks_writes() && i < pages_total; ++i) {
+    dirty_begin_[i].store(static_cast<uint32_t>(page_bytes), std::memory_order_relaxed);
+    dirty_end_[i].store(0, std::memory_order_relaxed);
+  }
+  for (uint32_t i = 0; checksums_ && i < pages_total; ++i) {
+    page_crc_[i].store(0, std::memory_order_relaxed);
+    sealed_end_[i].store(0, std::memory_order_relaxed);
+    tainted_[i].store(0, std::memory_order_relaxed);
+  }
+  // Stacks pop from the back: push in reverse so a fresh pool hands out ids 0, 1, 2, ...
+  free_pages_.reserve(pages_total);
+  for (uint32_t i = pages_total; i > 0; --i) free_pages_.push_back(i - 1);
+  free_slots_.reserve(staging_slots);
+  for (uint32_t i = staging_slots; i > 0; --i) free_slots_.push_back(i - 1);
+}
+
+StatusOr<std::unique_ptr<PageAllocator>> PageAllocator::Create(std::unique_ptr<Arena> arena,
+                                                               const PageAllocatorOptions& o) {
+  if (arena == nullptr) return InvalidArgument("pool: arena is null");
+  const uint64_t p = o.page_bytes;
+  if (p < 4096 || (p & (p - 1)) != 0) {
+    return InvalidArgument("pool.page_bytes: got ", p, ", expected a power of two >= 4096");
+  }
+  const bool staging = o.staging_slots > 0 && o.staging_slot_bytes > 0;
+  const uint32_t slots = staging ? o.staging_slots : 0;
+  const uint64_t stride = staging ? AlignUp(o.staging_slot_bytes, kStagingAlign) : 0;
+  const uint64_t total = arena->bytes();
+  if (staging && (stride > total || slots > total / stride)) {
+    return InvalidArgument("pool.staging_slots: ", slots, " slots of ", o.staging_slot_bytes,
+                           " bytes do not fit in the pool's ", total, " bytes");
+  }
+  const uint64_t pages = (total - stride * slots) / p;
+  if (pages == 0) {
+    return InvalidArgument("pool.bytes: got ", total,
+                           " bytes, expected room for at least one page of ", p, " bytes besides ",
+                           stride * slots, " bytes of staging");
+  }
+  if (pages > UINT32_MAX) {
+    return InvalidArgument("pool.page_bytes: got ", p, ", expected at most 2^32 - 1 pages in ",
+                           total, " bytes");
+  }
+  return std::unique_ptr<PageAllocator>(
+      new PageAllocator(std::move(arena), p, static_cast<uint32_t>(pages), slots,
+                        staging ? o.staging_slot_bytes : 0, stride, o.checksums));
+}
+
+Status PageAllocator::ExhaustedLocked(uint32_t count) {
+  ++alloc_failures_;
+  return ResourceExhausted(
+      "pool: requested ", uint64_t{count} * page_bytes_, " bytes (", count,
+      count == 1 ? " page" : " pages", "), free ", uint64_t{free_pages_.size()} * page_bytes_,
+      " bytes (", free_pages_.size(), " of ", pages_total_, " pages of ", page_bytes_, " bytes)");
+}
+
+StatusOr<uint32_t> PageAllocator::Allocate() {
+  MutexLock lock(&mu_);
+  if (free_pages_.empty()) return ExhaustedLocked(1);
+  const uint32_t page = free_pages_.back();
+  free_pages_.pop_back();
+  KVCTL_CHECK(page_used_[page] == 0);
+  page_used_[page] = 1;
+  const uint32_t used = pages_total_ - static_cast<uint32_t>(free_pages_.size());
+  if (used > pages_high_water_) pages_high_water_ = used;
+  return page;
+}
+
+StatusOr<std::vector<uint32_t>> PageAllocator::AllocateMany(uint32_t count) {
+  MutexLock lock(&mu_);
+  if (count > free_pages_.size()) return ExhaustedLocked(count);
+  std::vector<uint32_t> pages(free_pages_.end() - count, free_pages_.end());
+  free_pages_.resize(free_pages_.size() - count);
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page_used_[page] == 0);
+    page_used_[page] = 1;
+  }
+  const uint32_t used = pages_total_ - static_cast<uint32_t>(free_pages_.size());
+  if (used > pages_high_water_) pages_high_water_ = used;
+  return pages;
+}
+
+Status PageAllocator::Free(uint32_t page) {
+  MutexLock lock(&mu_);
+  if (page >= pages_total_) {
+    return FailedPrecondition("pool: free of page ", page, ", expected a page id below ",
+                              pages_total_);
+  }
+  if (page_used_[page] == 0) {
+    return FailedPrecondition("pool: free of page ", page,
+                              ", which is not allocated (double free?)");
+  }
+  page_used_[page] = 0;
+  if (checksums_) {
+    // The next owner starts with nothing sealed (and no marks of this one).
+    dirty_begin_[page].store(static_cast<uint32_t>(page_bytes_), std::memory_order_relaxed);
+    dirty_end_[page].store(0, std::memory_order_relaxed);
+    sealed_end_[page].store(0, std::memory_order_relaxed);
+    page_crc_[page].store(0, std::memory_order_relaxed);
+    tainted_[page].store(0, std::memory_order_relaxed);
+  }
+  free_pages_.push_back(page);
+  return OkStatus();
+}
+
+bool PageAllocator::IsAllocated(uint32_t page) const {
+  MutexLock lock(&mu_);
+  return page < pages_total_ && page_used_[page] != 0;
+}
+
+StatusOr<StagingSlot> PageAllocator::AllocateStaging(uint64_t bytes) {
+  if (staging_slots_ == 0) {
+    return FailedPrecondition(
+        "staging: disabled (pool.staging_slots or "
+        "pool.staging_bytes_per_session is 0); send K/V inline");
+  }
+  if (bytes == 0 || bytes > staging_slot_bytes_) {
+    return InvalidArgument("staging: requested ", bytes, " bytes, expected 1..",
+                           staging_slot_bytes_, " (pool.staging_bytes_per_session)");
+  }
+  MutexLock lock(&mu_);
+  if (free_slots_.empty()) {
+    ++alloc_failures_;
+    return ResourceExhausted("staging: requested ", bytes, " bytes, but all ", staging_slots_,
+                             " slots of ", staging_slot_bytes_, " bytes are in use");
+  }
+  const uint32_t id = free_slots_.back();
+  free_slots_.pop_back();
+  KVCTL_CHECK(slot_used_[id] == 0);
+  slot_used_[id] = 1;
+  return StagingSlot{id, StagingOffset(id), staging_slot_bytes_};
+}
+
+Status PageAllocator::FreeStaging(uint32_t slot_id) {
+  MutexLock lock(&mu_);
+  if (slot_id >= staging_slots_) {
+    return FailedPrecondition("staging: free of slot ", slot_id, ", expected a slot id below ",
+                              staging_slots_);
+  }
+  if (slot_used_[slot_id] == 0) {
+    return FailedPrecondition("staging: free of slot ", slot_id,
+                              ", which is not allocated (double free?)");
+  }
+  slot_used_[slot_id] = 0;
+  free_slots_.push_back(slot_id);
+  return OkStatus();
+}
+
+uint64_t PageAllocator::PageOffset(uint32_t page) const {
+  KVCTL_CHECK(page < pages_total_);
+  return uint64_t{page} * page_bytes_;
+}
+
+uint8_t* PageAllocator::PagePointer(uint32_t page) const {
+  return arena_->base() + PageOffset(page);
+}
+
+uint64_t PageAllocator::StagingOffset(uint32_t slot_id) const {
+  KVCTL_CHECK(slot_id < staging_slots_);
+  return staging_offset_ + uint64_t{slot_id} * staging_stride_;
+}
+
+uint8_t* PageAllocator::StagingPointer(uint32_t slot_id) const {
+  return arena_->base() + StagingOffset(slot_id);
+}
+
+Status Arena::EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
+  return QuantizeBlocks(spec, batch, records);
+}
+
+void PageAllocator::MarkDirty(uint32_t page, uint32_t begin, uint32_t end) {
+  if (!tracks_writes()) return;
+  KVCTL_CHECK(page < pages_total_ && begin < end && end <= page_bytes_);
+  if (checksums_) {
+    const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    // The first write below the sealed end since the last seal: the page still holds what was
+    // sealed, so check it before it changes.
+    if (begin < sealed && dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
+      verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
+      if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
+        tainted_[page].store(1, std::memory_order_relaxed);
+      }
+    }
+  }
+  // Widen the interval; a CAS loop because C++20 has no atomic fetch_min / fetch_max.
+  uint32_t lo = dirty_begin_[page].load(std::memory_order_relaxed);
+  while (begin < lo && !dirty_begin_[page].compare_exchange_weak(lo, begin)) {
+  }
+  uint32_t hi = dirty_end_[page].load(std::memory_order_relaxed);
+  while (end > hi && !dirty_end_[page].compare_exchange_weak(hi, end)) {
+  }
+}
+
+Status PageAllocator::PublishPages(const std::vector<uint32_t>& pages) {
+  if (!mirrored_) return OkStatus();
+  std::vector<ByteRange> ranges;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    const uint32_t lo = dirty_begin_[page].exchange(static_cast<uint32_t>(page_bytes_));
+    const uint32_t hi = dirty_end_[page].exchange(0);
+    if (lo < hi) ranges.push_back({PageOffset(page) + lo, uint64_t{hi} - lo});
+  }
+  if (ranges.empty()) return OkStatus();
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+  std::vector<ByteRange> merged{ranges[0]};
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    ByteRange& last = merged.back();
+    if (ranges[i].offset <= last.offset + last.bytes) {
+      last.bytes = std::max(last.bytes, ranges[i].offset + ranges[i].bytes - last.offset);
+    } else {
+      merged.push_back(ranges[i]);
+    }
+  }
+  Status copied = arena_->Publish(merged);
+  if (!copied.ok()) {
+    for (const ByteRange& r : ranges) {
+      const auto page = static_cast<uint32_t>(r.offset / page_bytes_);
+      const auto begin = static_cast<uint32_t>(r.offset % page_bytes_);
+      MarkDirty(page, begin, static_cast<uint32_t>(begin + r.bytes));
+    }
+    return copied;
+  }
+  uint64_t bytes = 0;
+  for (const ByteRange& r : merged) bytes += r.bytes;
+  publish_ranges_.fetch_add(merged.size(), std::memory_order_relaxed);
+  publish_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return OkStatus();
+}
+
+Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
+  if (!checksums_) return OkStatus();
+  std::string tainted;
+  uint64_t failures = 0;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    if (dirty_end_[page].load(std::memory_order_relaxed) == 0) continue;  // Clean.
+    if (tainted_[page].exchange(0, std::memory_order_relaxed) != 0) {
+      if (++failures <= 4) {
+        tainted += internal::StrCat(tainted.empty() ? "" : ", ", page);
+      }
+    }
+    const uint32_t lo = dirty_begin_[page].exchange(static_cast<uint32_t>(page_bytes_));
+    const uint32_t hi = dirty_end_[page].exchange(0);
+    const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    const uint8_t* base = PagePointer(page);
+    if (lo >= sealed) {
+      // Only bytes past the sealed prefix changed (an appended slot): extend the checksum over
+      // them, and over any never-written gap before them, which the prefix now covers too.
+      page_crc_[page].store(
+          Crc32cExtend(page_crc_[page].load(std::memory_order_relaxed), base + sealed, hi - sealed),
+          std::memory_order_relaxed);
+      sealed_end_[page].store(hi, std::memory_order_relaxed);
+      sealed_bytes_.fetch_add(hi - sealed, std::memory_order_relaxed);
+    } else {
+      const uint32_t end = std::max(sealed, hi);
+      page_crc_[page].store(Crc32c(base, end), std::memory_order_relaxed);
+      sealed_end_[page].store(end, std::memory_order_relaxed);
+      sealed_bytes_.fetch_add(end, std::memory_order_relaxed);
+    }
+  }
+  if (failures == 0) return OkStatus();
+  checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
+  return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages", " (", tainted,
+                  failures > 4 ? ", ..." : "",
+                  ") changed outside the daemon; found when a request rewrote them");
+}
+
+void PageAllocator::TrimSealed(uint32_t page, uint32_t end) {
+  if (!checksums_) return;
+  KVCTL_CHECK(page < pages_total_ && end <= page_bytes_);
+  const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+  if (end >= sealed) return;
+  // No write below `sealed` in this request yet, so the sealed bytes are still what was sealed:
+  // check them now, as MarkDirty would before such a write.
+  if (dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
+    verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
+    if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
+      tainted_[page].store(1, std::memory_order_relaxed);
+    }
+  }
+  // The next seal checksums [0, end) (and whatever this request writes) afresh.
+  sealed_end_[page].store(end, std::memory_order_relaxed);
+  page_crc_[page].store(0, std::memory_order_relaxed);
+  dirty_begin_[page].store(0, std::memory_order_relaxed);
+  if (dirty_end_[page].load(std::memory_order_relaxed) < end) {
+    dirty_end_[page].store(end, std::memory_order_relaxed);
+  }
+}
+
+Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const {
+  if (!checksums_) return OkStatus();
+  std::string bad;
+  uint64_t bytes = 0, failures = 0;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    const uint32_t end = sealed_end_[page].load(std::memory_order_relaxed);
+    if (end == 0) continue;
+    const uint32_t want = page_crc_[page].load(std::memory_order_relaxed);
+    const uint32_t got = Crc32c(PagePointer(page), end);
+    bytes += end;
+    if (got == want) continue;
+    ++failures;
+    if (failures <= 4) {
+      char crcs[64];
+      std::snprintf(crcs, sizeof(crcs), "expected CRC32C %08x, found %08x", want, got);
+      bad += internal::StrCat(bad.empty() ? "" : "; ", "page ", page, " (pool offset ",
+                              PageOffset(page), ", ", end, " bytes): ", crcs);
+    }
+  }
+  (reason == VerifyReason::kScrub ? scrubbed_bytes_ : verified_bytes_)
+      .fetch_add(bytes, std::memory_order_relaxed);
+  if (failures == 0) return OkStatus();
+  checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
+  return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages",
+                  " changed outside the daemon (", bad, failures > 4 ? "; ..." : "", "); found by ",
+                  reason == VerifyReason::kScrub ? "the scrubber" : "FETCH");
+}
+
+uint64_t PageAllocator::SealedBytes(uint32_t page) const {
+  if (!checksums_) return 0;
+  KVCTL_CHECK(page < pages_total_);
+  return sealed_end_[page].load(std::memory_order_relaxed);
+}
+
+Status PageAllocator::PullStaging(uint64_t offset, uint64_t bytes) {
+  if (!mirrored_) return OkStatus();
+  // The controller checked the span against the session's slot; this guards our own bugs.
+  KVCTL_CHECK(
+      CheckSpanInside("staging", offset, bytes, staging_offset_, arena_->bytes() - staging_offset_)
+          .ok());
+  return arena_->Pull(offset, bytes);
+}
+
+PoolStats PageAllocator::Stats() const {
+  MutexLock lock(&mu_);
+  PoolStats s;
+  s.arena_bytes = arena_->bytes();
+  s.page_bytes = page_bytes_;
+  s.pages_total = pages_total_;
+  s.pages_used = pages_total_ - static_cast<uint32_t>(free_pages_.size());
+  s.pages_high_water = pages_high_water_;
+  s.bytes_used = uint64_t{s.pages_used} * page_bytes_;
+  s.bytes_free = uint64_t{free_pages_.size()} * page_bytes_;
+  s.bytes_high_water = uint64_t{pages_high_water_} * page_bytes_;
+  s.staging_slots_total = staging_slots_;
+  s.staging_slots_used = staging_slots_ - static_cast<uint32_t>(free_slots_.size());
+  s.staging_slot_bytes = staging_slot_bytes_;
+  s.staging_bytes_total = staging_stride_ * staging_slots_;
+  s.alloc_failures_total = alloc_failures_;
+  s.publish_ranges_total = publish_ranges_.load(std::memory_order_relaxed);
+  s.publish_bytes_total = publish_bytes_.load(std::memory_order_relaxed);
+  s.checksum_failures_total = checksum_failures_.load(std::memory_order_relaxed);
+  s.scrubbed_bytes_total = scrubbed_bytes_.load(std::memory_order_relaxed);
+  s.verified_bytes_total = verified_bytes_.load(std::memory_order_relaxed);
+  s.sealed_bytes_total = sealed_bytes_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace kvctl

@@ -1,0 +1,168 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/sequence/budget_resolve.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "controller/config/budget_keys.h"
+#include "policies/calib_profile.h"
+#include "policies/joint_planner.h"
+#include "policies/ratequant.h"
+#include "policies/reasonalloc.h"
+
+namespace kvctl {
+
+using internal::StrCat;
+
+StatusOr<PressureSettings> ResolvePressure(const Config& c, const SequenceShape& shape,
+                                           const JointPlanInput* joint_input) {
+  PressureSettings s;
+  if (c.budget.pressure != PressurePolicy::kRequantize) return s;
+  s.lower_widths = true;
+  s.min_bits = c.budget.pressure_min_bits;
+  if (c.budget.mode == BudgetMode::kJoint && joint_input != nullptr) {
+    s.joint = std::make_shared<const JointPlanInput>(*joint_input);
+  }
+  if (c.budget.profile.empty()) return s;
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadBudgetProfile(c.budget.profile));
+  const RateQuantFit& fit = profile.fit;
+  // A profile of another geometry (e.g. one made for a different model) leaves the default model.
+  if (fit.layers != shape.layers || fit.kv_heads != shape.kv_heads ||
+      fit.spec.head_dim != shape.head_dim) {
+    return s;
+  }
+  for (int l = 0; l < shape.layers; ++l) {
+    for (int h = 0; h < shape.kv_heads; ++h) {
+      const RateQuantUnit& k = fit.Unit(l, h, UnitKind::kKey);
+      const RateQuantUnit& v = fit.Unit(l, h, UnitKind::kValue);
+      s.curves.push_back({.k_scale = k.importance * k.alpha,
+                          .beta_k = fit.beta_k,
+                          .v_scale = v.importance * v.alpha,
+                          .beta_v = fit.beta_v});
+    }
+  }
+  return s;
+}
+
+StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape& shape,
+                                           const std::vector<int64_t>& head_caps) {
+  EvictionSettings s;
+  if (c.budget.mode != BudgetMode::kEvictOnly && c.budget.mode != BudgetMode::kJoint) return s;
+  const BudgetConfig& b = c.budget;
+  const EvictConfig& e = c.evict;
+  s.enabled = true;
+  s.policy = e.policy;
+  s.obs_window = EffectiveObsWindow(e);
+  s.window = EffectiveWindow(e);
+  s.sinks = std::max<int64_t>(e.sinks, shape.quant_sinks);
+  s.snapkv.obs_window = s.obs_window;
+  s.snapkv.kernel = e.kernel > 0 ? e.kernel : 5;
+  s.snapkv.pool = e.pooling == EvictPooling::kMax ? PoolKind::kMax : PoolKind::kAvg;
+  s.rkv.obs_window = s.obs_window;
+  s.rkv.kernel = e.kernel > 0 ? e.kernel : 7;
+  s.rkv.pool = e.pooling == EvictPooling::kAvg ? PoolKind::kAvg : PoolKind::kMax;
+  s.rkv.lambda = static_cast<float>(e.lambda);
+  KVCTL_RETURN_IF_ERROR(ValidateSnapKvParams(s.snapkv));
+  KVCTL_RETURN_IF_ERROR(ValidateRkvParams(s.rkv));
+  s.compression_period = e.compression_period;
+  s.tokens_per_head = b.tokens_per_head;
+  s.token_fraction = b.token_fraction;
+  s.layer_profile = b.layer_profile;
+  s.realloc_period = b.realloc_period;
+  s.realloc_ema = b.realloc_ema;
+  if (s.layer_profile == LayerProfile::kDemand) {
+    KVCTL_ASSIGN_OR_RETURN(s.demand, LoadLayerDemand(b.profile));
+    if (static_cast<int>(s.demand.size()) != shape.layers) {
+      return InvalidArgument("budget.profile: its [reasonalloc] demand has ", s.demand.size(),
+                             " layers, expected ", shape.layers, " (the session's layers)");
+    }
+  }
+  s.floor = EvictionFloor(c, s.sinks);
+  if (c.budget.mode == BudgetMode::kJoint) {
+    if (head_caps.size() != static_cast<size_t>(shape.layers) * shape.kv_heads) {
+      return Internal("joint: ", head_caps.size(), " head caps for ", shape.layers, " x ",
+                      shape.kv_heads, " heads");
+    }
+    s.head_caps = head_caps;
+    for (int64_t& cap : s.head_caps) cap = std::max(cap, s.floor);
+  } else if (b.tokens_per_head > 0 && b.tokens_per_head < s.floor) {
+    return InvalidArgument("budget.tokens_per_head: got ", b.tokens_per_head,
+                           ", expected at least ", s.floor, " for this session: the floor is max(",
+                           "budget.floor or the starvation floor, sinks ", s.sinks, " + window ",
+                           s.window, "), and quant.sink_tokens keeps ", shape.quant_sinks,
+                           " fp16 sink tokens that are never evicted");
+  }
+  if (s.NeedsQ() && shape.q_heads == 0) {
+    return InvalidArgument("q_heads: got 0 in HELLO, but evict.policy = \"",
+                           EvictPolicyName(s.policy),
+                           "\" scores tokens from the queries sent with APPEND; send q_heads > 0 "
+                           "and Q with every APPEND");
+  }
+  return s;
+}
+
+Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vector<LayerPlan>* plans,
+                         std::vector<int64_t>* head_caps, JointPlanInput* joint_input) {
+  const BudgetMode mode = c.budget.mode;
+  if (mode != BudgetMode::kQuantOnly && mode != BudgetMode::kJoint) return OkStatus();
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadBudgetProfile(c.budget.profile));
+  const RateQuantFit& fit = profile.fit;
+  if (fit.layers != shape.layers || fit.kv_heads != shape.kv_heads ||
+      fit.spec.head_dim != shape.head_dim) {
+    return InvalidArgument("budget.profile: fitted for ", fit.layers, " layers x ", fit.kv_heads,
+                           " KV heads x head_dim ", fit.spec.head_dim, ", expected the session's ",
+                           shape.layers, " x ", shape.kv_heads, " x ", shape.head_dim);
+  }
+  for (const LayerPlan& lp : *plans) {
+    if (!lp.lossless && lp.head_specs[0].method != fit.spec.method) {
+      return InvalidArgument("budget.profile: fitted for ", QuantMethodName(fit.spec.method),
+                             ", expected the session's quantizer ",
+                             QuantMethodName(lp.head_specs[0].method));
+    }
+  }
+  // Widths (and, for joint, kept tokens) per (layer, head), in (layer, head) order.
+  std::vector<std::pair<int, int>> widths;
+  if (mode == BudgetMode::kQuantOnly) {
+    RateQuantPlanOptions options;
+    options.budget_bpe = QuantOnlyBits(c.budget);
+    StatusOr<RateQuantPlan> plan = PlanRateQuant(fit, options);
+    if (!plan.ok()) return InvalidArgument("budget.avg_bits: ", plan.status().message());
+    for (const HeadPlan& hp : plan->heads) widths.emplace_back(hp.k_bits, hp.v_bits);
+  } else {
+    JointProfileOptions o;
+    o.tokens = c.budget.plan_tokens;
+    o.sinks = std::max<int64_t>(c.evict.sinks, shape.quant_sinks);
+    o.window = EffectiveWindow(c.evict);
+    o.budget_bytes = static_cast<int64_t>(c.budget.bytes);
+    o.budget_fraction = c.budget.fp16_fraction;
+    o.min_tokens = EvictionFloor(c, o.sinks);
+    // Every head is charged the worst-case fp16 tail of its layer (flush_tokens - 1 rows).
+    for (const LayerPlan& lp : *plans) {
+      if (!lp.lossless) o.flush_tokens = std::max<int64_t>(o.flush_tokens, lp.rules.flush_tokens);
+    }
+    StatusOr<JointPlanInput> input = MakeJointInput(profile, o);
+    if (!input.ok()) return InvalidArgument("budget (joint): ", input.status().message());
+    StatusOr<JointPlan> plan = PlanJoint(*input, JointMode::kJoint);
+    if (!plan.ok()) {
+      return Status(plan.status().code(),
+                    StrCat("budget.bytes / budget.fp16_fraction (joint plan for ",
+                           c.budget.plan_tokens, " tokens): ", plan.status().message()));
+    }
+    for (const JointHeadPlan& hp : plan->heads) {
+      widths.emplace_back(hp.k_bits, hp.v_bits);
+      if (head_caps != nullptr) head_caps->push_back(hp.kept);
+    }
+    if (joint_input != nullptr) *joint_input = std::move(*input);
+  }
+  for (size_t i = 0; i < widths.size(); ++i) {
+    LayerPlan& lp = (*plans)[i / shape.kv_heads];
+    if (lp.lossless) continue;
+    QuantSpec& spec = lp.head_specs[i % shape.kv_heads];
+    spec.k_bits = widths[i].first;
+    spec.v_bits = widths[i].second;
+    KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  }
+  return OkStatus();
+}
+
+}  // namespace kvctl

@@ -1,0 +1,63 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/sequence/budget_resolve.h
+// The [budget] and [evict] keys (checked by controller/config/budget_keys.h) resolved into what
+// one new sequence runs with: EvictionSettings for evict-only and joint, per-head bit widths for
+// quant-only (a RateQuant allocation of budget.profile at budget.avg_bits) and joint (the joint
+// plan), the pressure settings. docs/budgets.md describes the modes.
+//
+// Thread safety: safe to call from any thread (the profile is read through LoadBudgetProfile's
+// cache).
+//
+//   KVCTL_ASSIGN_OR_RETURN(EvictionSettings s, ResolveEviction(config, model, shape));
+#ifndef KVCTL_CONTROLLER_SEQUENCE_BUDGET_RESOLVE_H_
+#define KVCTL_CONTROLLER_SEQUENCE_BUDGET_RESOLVE_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/config/config.h"
+#include "controller/sequence/eviction_driver.h"
+#include "controller/sequence/kv_sequence.h"
+
+namespace kvctl {
+
+struct SequenceShape {
+  int layers = 0;
+  int kv_heads = 0;
+  int q_heads = 0;
+  int head_dim = 0;
+  int quant_sinks = 0;  // fp16 sink rows of the layers (0 when lossless).
+};
+
+// Eviction settings of a new sequence (enabled in evict-only and joint). `head_caps` (joint only):
+// the per-head kept-token caps ApplyBudgetWidths returned. INVALID_ARGUMENT when the session
+// cannot run them: no q_heads for a scorer that reads Q, a demand profile of another layer count,
+// or a token budget below the floor the fp16 sinks and window impose.
+StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceShape& shape,
+                                           const std::vector<int64_t>& head_caps = {});
+
+// What APPENDs of a new sequence do when the pool is full (budget.pressure): lower widths only
+// with "requantize", pricing each head by the RateQuant curves of budget.profile when it was
+// fitted for this geometry, else by the default model (policies/width_relief.h).
+// joint: `joint_input` (the planner input ApplyBudgetWidths returned) lets the relief compare
+// lowering widths with evicting (AdviseShortfall) and take the cheaper.
+StatusOr<PressureSettings> ResolvePressure(const Config& config, const SequenceShape& shape,
+                                           const JointPlanInput* joint_input = nullptr);
+
+// quant-only: replaces every head's k_bits / v_bits in `plans` with the RateQuant allocation of
+// budget.profile at the configured average bits. joint: with the widths of the joint plan
+// (PlanJoint of budget.profile for budget.plan_tokens tokens at budget.bytes or
+// budget.fp16_fraction), and appends each head's kept-token cap to *head_caps (may be null).
+// No-op in other modes. INVALID_ARGUMENT when the profile's geometry or method differs from the
+// sequence's; RESOURCE_EXHAUSTED when the byte budget is below the cheapest joint plan.
+// joint_input (may be null) receives the planner input of a joint plan.
+Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
+                         std::vector<LayerPlan>* plans, std::vector<int64_t>* head_caps,
+                         JointPlanInput* joint_input = nullptr);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_SEQUENCE_BUDGET_RESOLVE_H_

@@ -1,0 +1,86 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/sequence/eviction_driver.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "policies/reasonalloc.h"
+
+namespace kvctl {
+
+std::string_view EvictPolicyName(EvictPolicy policy) {
+  switch (policy) {
+    case EvictPolicy::kStreaming:
+      return "streaming";
+    case EvictPolicy::kH2O:
+      return "h2o";
+    case EvictPolicy::kSnapKV:
+      return "snapkv";
+    case EvictPolicy::kRKV:
+      return "rkv";
+  }
+  return "unknown";
+}
+
+int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen) {
+  int64_t avg = s.tokens_per_head;
+  if (avg == 0) {
+    avg = static_cast<int64_t>(std::ceil(s.token_fraction * static_cast<double>(tokens_seen)));
+  }
+  return std::max(avg, s.floor);
+}
+
+StatusOr<std::vector<int64_t>> LayerBudgets(const EvictionSettings& s, int64_t layers,
+                                            int64_t heads, int64_t avg, int64_t seq_len) {
+  std::vector<int64_t> out;
+  switch (s.layer_profile) {
+    case LayerProfile::kUniform: {
+      KVCTL_ASSIGN_OR_RETURN(out, UniformLayerBudgets(layers, heads, avg));
+      break;
+    }
+    case LayerProfile::kDemand: {
+      if (static_cast<int64_t>(s.demand.size()) != layers) {
+        return InvalidArgument("budget.profile: the [reasonalloc] demand has ", s.demand.size(),
+                               " layers, expected ", layers, " (the session's layers)");
+      }
+      KVCTL_ASSIGN_OR_RETURN(out, DemandLayerBudgets(s.demand, heads, avg, s.floor));
+      break;
+    }
+    case LayerProfile::kPyramid: {
+      if (avg <= s.window) {
+        // PyramidKV needs room above the window; with none every layer keeps the average.
+        KVCTL_ASSIGN_OR_RETURN(out, UniformLayerBudgets(layers, heads, avg));
+        break;
+      }
+      KVCTL_ASSIGN_OR_RETURN(out, PyramidLayerBudgets({.layers = layers,
+                                                       .heads = heads,
+                                                       .capacity = avg,
+                                                       .window = s.window,
+                                                       .seq_len = std::max<int64_t>(seq_len, 1)}));
+      break;
+    }
+  }
+  for (int64_t& b : out) b = std::max(b, heads * s.floor);
+  return out;
+}
+
+StatusOr<std::vector<float>> ScoreHead(const EvictionSettings& s, const KeyRows& keys,
+                                       const KvTensorView* group_queries, const H2OState* h2o,
+                                       ProtectedRegions regions) {
+  switch (s.policy) {
+    case EvictPolicy::kStreaming:
+      return ScoreStreaming(keys.tokens, regions);
+    case EvictPolicy::kH2O:
+      if (h2o == nullptr) return FailedPrecondition("h2o: no accumulated attention");
+      return ScoreH2O(*h2o, regions);
+    case EvictPolicy::kSnapKV:
+      if (group_queries == nullptr) return InvalidArgument("q: snapkv needs query rows");
+      return ScoreSnapKV(keys, *group_queries, regions, s.snapkv);
+    case EvictPolicy::kRKV:
+      if (group_queries == nullptr) return InvalidArgument("q: rkv needs query rows");
+      return ScoreRKV(keys, *group_queries, regions, s.rkv);
+  }
+  return InvalidArgument("evict.policy: unknown");
+}
+
+}  // namespace kvctl

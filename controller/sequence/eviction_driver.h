@@ -1,0 +1,74 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/sequence/eviction_driver.h
+// The daemon side of token eviction: the settings one sequence was opened with (resolved from
+// [budget] and [evict] by controller/sequence/budget_resolve.h), the per-head token budget schedule
+// (average -> layers -> heads, ReasonAlloc-like) and the scorer dispatch over the pure policies of
+// policies/eviction.h. KvSequence calls these during APPEND; nothing here touches the pool.
+//
+// Thread safety: pure functions over their arguments; EvictionSettings is a value.
+//
+//   const int64_t avg = AverageBudget(settings, tokens_seen);
+//   KVCTL_ASSIGN_OR_RETURN(auto layers, LayerBudgets(settings, L, H, avg, tokens_seen));
+//   KVCTL_ASSIGN_OR_RETURN(auto scores, ScoreHead(settings, keys, &group, &h2o, regions));
+#ifndef KVCTL_CONTROLLER_SEQUENCE_EVICTION_DRIVER_H_
+#define KVCTL_CONTROLLER_SEQUENCE_EVICTION_DRIVER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "controller/config/config.h"
+#include "policies/eviction.h"
+
+namespace kvctl {
+
+// Everything a sequence needs to evict, fixed when it is opened (a SIGHUP reaches new sequences
+// only). `enabled` false = keep every token (budget.mode none or quant-only).
+struct EvictionSettings {
+  bool enabled = false;
+  EvictPolicy policy = EvictPolicy::kStreaming;
+  int64_t sinks = 0;   // Protected first tokens: max(evict.sinks, the layer's fp16 sink count).
+  int64_t window = 8;  // Protected newest tokens.
+  int64_t obs_window = 8;
+  SnapKvParams snapkv;
+  RkvParams rkv;
+  int64_t compression_period = 1;
+  int64_t tokens_per_head = 0;  // Fixed average budget; 0 = token_fraction of the tokens seen.
+  double token_fraction = 0;
+  LayerProfile layer_profile = LayerProfile::kUniform;
+  std::vector<double> demand;  // Per layer, for kDemand.
+  int64_t realloc_period = 0;  // 0 = heads split each layer's budget evenly.
+  double realloc_ema = 0.5;
+  int64_t floor = 0;  // Per-head minimum budget, >= sinks + window.
+  // joint: fixed per-(layer, head) caps from the joint plan, (layer, head) order; when set they
+  // replace the average / layer profile / re-allocation schedule.
+  std::vector<int64_t> head_caps;
+
+  // Scorers that read the queries engines send with APPEND.
+  bool NeedsQ() const { return enabled && policy != EvictPolicy::kStreaming; }
+};
+
+std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "snapkv", "rkv".
+
+// The average per-head budget after `tokens_seen` appended tokens: tokens_per_head, or
+// ceil(token_fraction * tokens_seen), never below the floor.
+int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen);
+
+// Tokens per layer (summed over its `heads` heads) for average `avg`, by the layer profile; every
+// layer gets at least heads * floor. Uniform and demand sum to exactly layers * heads * avg;
+// pyramid follows PyramidKV's integer schedule (then the floor), so it may differ slightly.
+StatusOr<std::vector<int64_t>> LayerBudgets(const EvictionSettings& s, int64_t layers,
+                                            int64_t heads, int64_t avg, int64_t seq_len);
+
+// Scores of every resident token of one head (policies/eviction.h conventions: higher = keep,
+// protected = +inf). `group_queries` ([m, g, D], the last m resident tokens' query rows) is
+// required by snapkv and rkv; `h2o` (already updated with every query so far) by h2o.
+StatusOr<std::vector<float>> ScoreHead(const EvictionSettings& s, const KeyRows& keys,
+                                       const KvTensorView* group_queries, const H2OState* h2o,
+                                       ProtectedRegions regions);
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_SEQUENCE_EVICTION_DRIVER_H_

@@ -1,0 +1,264 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/sequence/kv_sequence.h
+// KvSequence: the stored KV cache of one sequence, per layer and per KV head, in pool pages.
+// Each (layer, head) stream holds full-precision rows (the method's sink tokens, then the tail of
+// not-yet-quantized tokens), a list of quantized block records and the position of every token it
+// keeps; OScaR layers also hold one norm per quantized token. Tokens move from the tail into
+// records per the layer's StreamingRules (kernels/quant_types.h): when the tail holds
+// flush_tokens tokens they are quantized once, as flush_tokens / block_tokens records.
+//
+// Storage is ragged: with eviction on (EvictionSettings), each head keeps its own tokens under its
+// own budget, checked after every append, and the never-evicted first tokens stay fp16 sink rows.
+// Evicting tokens that live in records compacts that head (docs/budgets.md): a record whose tokens
+// all stay keeps its bytes (moved down past dropped records), a record that loses every token is
+// dropped, and the kept tokens of partly evicted records are decoded, rounded to fp16 and
+// re-quantized into fresh full records (a remainder waits in the fp16 tail). Sinks and the
+// protected recent window are never evicted. OScaR's token norm spans the heads of a layer, so
+// eviction with OScaR is refused at config load.
+//
+// Rows of the sink and tail are stored as fp16 when the layer quantizes, so a token's path to its
+// record does not depend on how appends were batched. A lossless layer (quant.method = "none")
+// never flushes and stores rows in the session dtype: reads return exactly what was appended.
+//
+// Append is all or nothing: it validates everything, scores and evicts, quantizes into temporary
+// memory, reserves every page it needs in one allocation, and only then changes stored state. On
+// any error (bad shape, NaN, fp16 overflow, missing Q, RESOURCE_EXHAUSTED) the sequence is
+// unchanged.
+//
+// Integrity: with page checksums on (PageAllocator::checksums) every method that writes seals the
+// pages it changed before it returns, Verify checks the pages a FETCH reads and Scrub walks all
+// of them a slice at a time. The first mismatch found marks the sequence lost: from then on
+// Append, LowerWidth and Verify answer the same DATA_LOSS and nothing rewrites (and so re-seals)
+// its pages.
+//
+// Thread safety: none; callers serialise operations on one sequence (the daemon holds a
+// per-sequence mutex).
+#ifndef KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_H_
+#define KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "controller/sequence/eviction_driver.h"
+#include "controller/sequence/host_memory.h"
+#include "controller/pool/pool.h"
+#include "controller/pool/slot_array.h"
+#include "kernels/quant_types.h"
+#include "policies/joint_planner.h"
+#include "policies/width_relief.h"
+
+namespace kvctl {
+
+// How one layer stores its heads. All heads of a layer share the method, block and rules (OScaR's
+// token norm spans the heads); bit widths may differ per head.
+struct LayerPlan {
+  bool lossless = false;              // Never quantize; rows in the session dtype.
+  StreamingRules rules;               // Ignored when lossless.
+  std::vector<QuantSpec> head_specs;  // One per KV head.
+};
+
+struct SequenceGeometry {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kF32;  // Session dtype: appended data and lossless rows.
+  // Live quality telemetry: every Nth record of a head is decoded right after it is quantized
+  // and its relative reconstruction error recorded. 0 = off.
+  int quality_sample_period = 0;
+  int q_heads = 0;  // Query heads of the Q an append may carry (0 = never).
+};
+
+// What an APPEND does when the pool cannot give it the pages it needs (budget.pressure).
+struct PressureSettings {
+  // false: RESOURCE_EXHAUSTED and nothing changes. true: first lower the code widths of this
+  // sequence's stored records (PlanWidthRelief, LowerWidth) to free the shortfall, then retry once.
+  bool lower_widths = false;
+  int min_bits = 2;                // No head goes below this width.
+  std::vector<WidthCurve> curves;  // Per (layer, head); empty = the default model.
+  // joint sequences: the planner input of their plan. The relief then asks AdviseShortfall
+  // whether lowering widths or evicting (lowering the heads' token caps) adds less predicted
+  // distortion, and does that.
+  std::shared_ptr<const JointPlanInput> joint;
+};
+
+// Per (layer, head) usage and sampled quality, for STATS.
+struct HeadUsage {
+  int64_t tokens = 0;
+  uint64_t elements = 0;       // K and V elements: 2 * tokens * head_dim.
+  uint64_t payload_bytes = 0;  // Rows + records (+ this head's share of OScaR norms).
+  int k_bits = 16, v_bits = 16;
+  uint64_t quality_samples = 0;
+  double k_rel_error_sum = 0, v_rel_error_sum = 0;  // Sum over samples of ||x - x^||^2 / ||x||^2.
+  int64_t budget = 0;           // Token cap after the last append; 0 = no eviction.
+  uint64_t evicted_tokens = 0;  // Tokens evicted so far.
+  uint64_t evicted_bytes = 0;   // Payload bytes those tokens held (fp16 rows for new tokens).
+  uint64_t compressions = 0;    // Appends that evicted from this head.
+  // Kept tokens that compaction decoded out of records: they are quantized again (error compounds).
+  uint64_t requantized_tokens = 0;
+  uint64_t width_lowerings = 0;   // Times LowerWidth re-quantized this head's records narrower.
+  uint64_t retained_samples = 0;  // Evictions with queries, and the sum of the attention mass of
+  double retained_mass_sum = 0;   // the observation queries that the kept tokens hold.
+};
+
+// Dense rows of a layer range, concatenated per (layer, head) in that order.
+struct DenseKv {
+  std::vector<uint32_t> counts;    // [layers * kv_heads] tokens per (layer, head).
+  std::vector<int64_t> positions;  // Per row.
+  std::vector<float> k, v;         // Per row, head_dim floats each.
+};
+
+// Where one (layer, head) keeps its records, for readers that map the pool (blocks-mode FETCH).
+struct HeadBlocks {
+  std::vector<uint32_t> record_pages;  // Page ids in order; slots_per_page records per page.
+  uint32_t records = 0;                // Records in use (the last page may be partly filled).
+  uint32_t records_per_page = 0;
+  uint32_t sink_rows = 0, tail_rows = 0;
+  int64_t first_quantized_position = 0;
+};
+
+struct SequenceUsage {
+  int64_t tokens = 0;           // Appended so far (the next position is first_position + this).
+  int64_t kept_tokens = 0;      // Summed over (layer, head): what the cache holds now.
+  uint64_t evicted_tokens = 0;  // Summed over (layer, head).
+  uint64_t evicted_bytes = 0;
+  int64_t quantized_tokens = 0;     // Per head, in records (layer 0, head 0).
+  uint64_t pool_bytes = 0;          // Whole pages held.
+  uint64_t payload_bytes = 0;       // Bytes of records, rows and norms in use (no page slack).
+  uint64_t elements = 0;            // K and V elements stored (2 * kept_tokens * D).
+  uint64_t pressure_reliefs = 0;    // Reliefs of a full pool: widths lowered or caps cut.
+  uint64_t pressure_cap_cuts = 0;   // Of those, joint reliefs that lowered token caps instead.
+  uint64_t lowered_for_others = 0;  // Times its widths were lowered for another sequence.
+};
+
+class KvSequence {
+ public:
+  // REQUIRES: plans.size() == geometry.layers, every spec valid with head_dim == geometry.head_dim;
+  // no OScaR layer when eviction is enabled.
+  KvSequence(PageAllocator* pool, const SequenceGeometry& geometry, std::vector<LayerPlan> plans,
+             EvictionSettings eviction = {}, PressureSettings pressure = {});
+  ~KvSequence();
+  KvSequence(const KvSequence&) = delete;
+  // Host memory (outside the pool) of an empty sequence of this shape, before it is built
+  // (controller/sequence/host_memory.h).
+  static uint64_t HostBytesAtOpen(const HostShape& shape);
+  KvSequence& operator=(const KvSequence&) = delete;
+
+  // Appends n_tokens tokens at positions first_position... k[l], v[l] are [n_tokens, kv_heads,
+  // head_dim] views of layer l. The first append fixes the sequence's start position; later ones
+  // must continue it (INVALID_ARGUMENT "first_position: got X, expected Y"). q (may be null) holds
+  // [n_tokens, q_heads, head_dim] views per layer; INVALID_ARGUMENT naming "q" when the eviction
+  // policy reads queries and q is null. With eviction on, every head holds at most its budget
+  // when Append returns OK. When the pool lacks pages: RESOURCE_EXHAUSTED with the sequence
+  // unchanged, or, with PressureSettings::lower_widths, the widths of stored records are lowered
+  // first (kept even if the retry still finds no pages, e.g. taken by another sequence meanwhile).
+  Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
+                const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr);
+
+  // Re-quantizes every record of (layer, head) at k_bits / v_bits (each <= the current width, one
+  // of them lower): decoded, rounded to fp16 and quantized again, in place, so the pages the
+  // narrower records no longer need go back to the pool. Later flushes of the head use the new
+  // widths. INVALID_ARGUMENT naming the field for a lossless layer, a width that is not lower or
+  // not allowed; nothing changes then.
+  Status LowerWidth(int layer, int head, int k_bits, int v_bits);
+
+  // For another sequence's APPEND (budget.pressure_scope = "pool"): lowers the widths of this
+  // sequence's stored records (PlanWidthRelief, partial) to free up to `pages` pages; returns the
+  // pages freed (0 when pressure relief is off for this sequence or nothing can be lowered).
+  int64_t LowerWidthsForOthers(int64_t pages);
+  // Pages the last APPEND that failed for want of pool pages lacked (0 if none failed so).
+  int64_t last_shortfall_pages() const { return last_shortfall_pages_; }
+
+  // Dequantized rows of layers [layer_begin, layer_end), in token order per (layer, head), with
+  // the kept tokens' true positions.
+  // REQUIRES: 0 <= layer_begin < layer_end <= layers.
+  DenseKv FetchDense(int layer_begin, int layer_end) const;
+
+  // Record locations of one (layer, head).
+  HeadBlocks Blocks(int layer, int head) const;
+  const QuantSpec& HeadSpec(int layer, int head) const;
+  bool Lossless(int layer) const;
+  // OScaR layers: pages of the per-record norm slots (block_tokens fp32 each), in record order.
+  const SlotArray* Norms(int layer) const;
+  // Only the full-precision rows (sinks, then tail) of layers [layer_begin, layer_end).
+  DenseKv FetchWindow(int layer_begin, int layer_end) const;
+
+  // Page checksums of layers [layer_begin, layer_end) (rows, records, norms): OK, or the DATA_LOSS
+  // that marks the sequence lost (also when it was lost before).
+  // REQUIRES: 0 <= layer_begin < layer_end <= layers.
+  Status Verify(int layer_begin, int layer_end);
+  // Verifies the sequence's next pages, from where the last call stopped, until about max_bytes
+  // were checksummed or every page was; *wrapped says the walk reached the end (and starts over
+  // next time). Returns the bytes checksummed, or the DATA_LOSS that marks the sequence lost.
+  StatusOr<uint64_t> Scrub(uint64_t max_bytes, bool* wrapped);
+  // OK, or the DATA_LOSS that marked the sequence lost.
+  const Status& integrity() const { return integrity_; }
+
+  SequenceUsage Usage() const;
+  HeadUsage HeadUsageOf(int layer, int head) const;
+  // Quality samples and error sums over every (layer, head).
+  HeadUsage QualityTotals() const;
+  int64_t tokens() const { return tokens_; }
+  // Tokens the layer's heads may hold together after the last append (0 = no eviction).
+  int64_t LayerBudget(int layer) const;
+  const EvictionSettings& eviction() const { return eviction_; }
+  int64_t first_position() const { return first_position_; }
+
+ private:
+  struct HeadStream;
+  struct LayerState;
+
+  struct AppendContext;
+  // relief_rounds: how many more times a full pool may be relieved before failing.
+  Status AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
+                    const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
+                    int relief_rounds);
+  // Frees `shortfall_pages`: lowers widths (PlanWidthRelief over every quantized head), or for a
+  // joint sequence whichever of lowering widths and lowering token caps AdviseShortfall prices
+  // lower (the caps take effect when the APPEND is prepared again).
+  Status RelievePressure(int64_t shortfall_pages);
+  // PlanWidthRelief over every quantized head, then LowerWidth; returns the pages freed.
+  StatusOr<int64_t> LowerWidthsToFree(int64_t pages, bool partial);
+  Status RelieveJoint(int64_t shortfall_pages);
+  // LowerWidth without the publish: the relief paths lower several heads, then publish once.
+  Status LowerWidthInPlace(int layer, int head, int k_bits, int v_bits);
+  // Mirrored pools (PageAllocator::mirrored): copies the bytes this sequence changed to the
+  // device, so engines reading the device copy see every completed request. UNAVAILABLE on a
+  // device copy error. Every public method that writes calls it once before returning.
+  Status Publish();
+  DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
+  // Every pool page of layers [layer_begin, layer_end), appended to *pages.
+  void CollectPages(int layer_begin, int layer_end, std::vector<uint32_t>* pages) const;
+  // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
+  Status MarkLost(const Status& loss);
+  // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
+  // then the new tokens (rounded to fp16 unless the layer is lossless).
+  void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
+                   const KvTensorView& v, std::vector<float>* out_k,
+                   std::vector<float>* out_v) const;
+  Status AppendLayerPrepare(int layer, const AppendContext& ctx, const KvTensorView& k,
+                            const KvTensorView& v, const KvTensorView* q,
+                            struct PreparedLayer* out) const;
+
+  PageAllocator* pool_;
+  SequenceGeometry geometry_;
+  std::vector<std::unique_ptr<LayerState>> layers_;
+  EvictionSettings eviction_;
+  PressureSettings pressure_;
+  uint64_t pressure_reliefs_ = 0;
+  uint64_t pressure_cap_cuts_ = 0;
+  uint64_t lowered_for_others_ = 0;
+  int64_t last_shortfall_pages_ = 0;
+  int64_t tokens_ = 0;
+  int64_t first_position_ = 0;
+  int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.
+  Status integrity_;           // DATA_LOSS once a page checksum mismatched.
+  size_t scrub_cursor_ = 0;    // Index into CollectPages(0, layers) where Scrub goes on.
+};
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_H_

@@ -1,0 +1,128 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/sequence/kv_sequence_internal.h (internal to controller/kv_sequence*.cc)
+// The stored state of a KvSequence and the plan of one append, shared by the storage and commit
+// code (kv_sequence.cc) and the scoring, eviction and compaction that prepare an append
+// (kv_sequence_append.cc).
+#ifndef KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_
+#define KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_
+
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "common/half.h"
+#include "controller/sequence/kv_sequence.h"
+#include "policies/reasonalloc.h"
+
+namespace kvctl {
+
+struct KvSequence::HeadStream {
+  QuantSpec spec;
+  SlotArray rows;     // Sinks, then tail: K row then V row per slot.
+  SlotArray records;  // Quantized block records.
+  int sink_rows = 0;
+  int tail_rows = 0;
+  std::vector<int64_t> positions;  // Of every kept token: sinks, record tokens, tail.
+  H2OState h2o;                    // h2o policy: accumulated attention, one entry per kept token.
+  HeadUsage usage;                 // Quality and eviction counters (tokens etc. computed on read).
+
+  HeadStream(QuantSpec s, SlotArray r, SlotArray rec)
+      : spec(s), rows(std::move(r)), records(std::move(rec)) {}
+  int64_t count() const {
+    return sink_rows + static_cast<int64_t>(records.size()) * spec.block_tokens + tail_rows;
+  }
+};
+
+// What eviction scoring keeps per layer between appends. An append prepares a copy and commits it
+// only when everything else succeeded (all or nothing).
+struct LayerScoring {
+  // Newest query rows, fp32 [q_count, q_heads, head_dim]: the observation window, plus for h2o the
+  // rows not yet folded into the accumulated attention.
+  std::vector<float> q_rows;
+  int64_t q_count = 0;
+  int64_t h2o_pending = 0;
+  std::optional<HeadReallocator> realloc;
+  bool has_utility = false;
+  int64_t layer_budget = 0;
+};
+
+struct KvSequence::LayerState {
+  LayerPlan plan;
+  DType row_dtype = DType::kF16;
+  size_t row_bytes = 0;  // One K or V row.
+  std::vector<HeadStream> heads;
+  SlotArray norms;  // OScaR: block_tokens fp32 norms per slot, one slot per record index.
+  LayerScoring scoring;
+
+  LayerState(PageAllocator* pool, size_t norm_slot) : norms(pool, norm_slot) {}
+};
+
+// Per append, shared by the layers: the budget schedule of this append.
+struct KvSequence::AppendContext {
+  int64_t n = 0;
+  int64_t avg_budget = 0;
+  std::vector<int64_t> layer_budgets;
+  bool realloc_due = false;
+};
+
+// Everything an append will write into one head, computed before any stored state changes.
+struct PreparedHead {
+  int new_sinks = 0;
+  // The head's records after the append, in order: an old record index (kept byte for byte,
+  // maybe moved down) or -1 for the next record of `records`.
+  std::vector<int> record_plan;
+  std::vector<uint8_t> records;  // New records (re-packed kept tokens, then flushed) back to back.
+  std::vector<float> qk, qv;     // The fp32 rows those records were quantized from.
+  int write_start = 0;
+  int rows_after = 0;
+  int tail_after = 0;
+  std::vector<uint8_t> rows;  // Converted rows written from slot write_start.
+  bool evicted = false;
+  std::vector<int64_t> kept;  // Indices into the old tokens + new ones, when evicted.
+  bool h2o_changed = false;
+  H2OState h2o;
+  int64_t budget = 0;
+  uint64_t evicted_tokens = 0, evicted_bytes = 0;
+  uint64_t decoded_tokens = 0;  // Kept tokens taken out of records to be quantized again.
+  double retained = -1;         // Attention mass kept, when queries were there to measure it.
+};
+
+struct PreparedLayer {
+  std::vector<PreparedHead> heads;
+  std::vector<float> norms;  // OScaR norms of the flushed tokens.
+  struct Sample {
+    int head;
+    double k_rel_error, v_rel_error;
+  };
+  std::vector<Sample> samples;  // Quality telemetry of sampled new records.
+  LayerScoring scoring;         // The layer's scoring state after the append.
+};
+
+inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(d) * 4);
+      return;
+    case DType::kF16:
+      for (int i = 0; i < d; ++i) {
+        const uint16_t h = FloatToHalf(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case DType::kBF16:
+      for (int i = 0; i < d; ++i) {
+        const uint16_t b = FloatToBf16(src[i]);
+        std::memcpy(dst + 2 * i, &b, 2);
+      }
+      return;
+  }
+}
+
+inline void LoadRow(const uint8_t* src, int d, DType dtype, float* dst) {
+  KvTensorView::Contiguous(src, dtype, 1, 1, d).LoadRow(0, 0, dst);
+}
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_

@@ -1,0 +1,148 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: controller/service/controller.h
+// Controller: the daemon's state and request logic, with no sockets, signals or threads of its own
+// (controller/daemon/daemon.h wires it to ZeroMQ and Boost.Asio). It owns the pool, the sessions a HELLO
+// opens, their sequences and their leases, and answers each request with a reply struct or a
+// Status whose message names the field, the value and what was expected. A request can never
+// corrupt stored data: KvSequence::Append is all or nothing, and a client only reaches its own
+// session's sequences.
+//
+// Thread safety: every method may be called from any thread. The session table is guarded by one
+// mutex held only for lookups; work on a sequence holds that sequence's own mutex, so appends and
+// fetches of different sequences run in parallel and a small request never waits for a big one.
+//
+//   KVCTL_ASSIGN_OR_RETURN(auto controller, Controller::Create(config));
+//   StatusOr<ipc::HelloReply> hello = controller->Hello(request, Now());
+#ifndef KVCTL_CONTROLLER_SERVICE_CONTROLLER_H_
+#define KVCTL_CONTROLLER_SERVICE_CONTROLLER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "controller/config/config.h"
+#include "controller/sequence/host_memory.h"
+#include "controller/sequence/kv_sequence.h"
+#include "controller/pool/pool.h"
+#include "controller/pool/staging_shm.h"
+#include "controller/stats/stats.h"
+#include "ipc/messages.h"
+#include "ipc/server.h"
+
+namespace kvctl {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+inline constexpr const char* kKvctlVersion = "0.1.0";
+
+class Controller {
+ public:
+  // Creates the shm pool (pool.bytes, pool.page_bytes, staging slots). FAILED_PRECONDITION for
+  // pool.backend = "cuda" when the build or the machine has no CUDA device.
+  static StatusOr<std::unique_ptr<Controller>> Create(const Config& config);
+  ~Controller();
+
+  StatusOr<ipc::HelloReply> Hello(const ipc::HelloRequest& request, SteadyTime now);
+  Status Open(const ipc::OpenRequest& request, SteadyTime now);
+  StatusOr<ipc::CloseReply> Close(const ipc::CloseRequest& request, SteadyTime now);
+  StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now);
+  StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now);
+  StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now);
+  // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for
+  // an unknown session. Waits for requests in flight on its sequences, without holding the
+  // session table's lock meanwhile.
+  StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now);
+  // INFO-style text; `section` empty for all.
+  StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now);
+
+  // Frees every session whose lease ran out by `now`; returns how many.
+  int ExpireLeases(SteadyTime now);
+
+  // One pass of the page-checksum scrubber (controller/service/scrubber.cc): verifies about max_bytes of
+  // stored pages, taking the open sequences in turn from where the last pass stopped (each at
+  // most once per pass; a sequence busy with a request is skipped) and marks a sequence whose
+  // pages changed lost. Returns the bytes verified. No-op without pool.checksums.
+  uint64_t Scrub(uint64_t max_bytes);
+
+  // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
+  // Refuses, with a message, changes to keys that are fixed for the daemon's life.
+  Status Reload(const Config& config);
+
+  // Records one served request for STATS (type, latency, error or not).
+  void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);
+
+  // What the daemon knows and the controller does not: its endpoints and transport counters.
+  void SetServerInfo(std::string endpoint, std::function<ipc::ServerCounters()> counters);
+  // The HTTP server's bound HOST:PORT (server.http_address may ask for port 0); STATS shows it.
+  // Callable while STATS is served.
+  void SetHttpAddress(std::string bound_address);
+
+  Config config() const;
+  // The pool's page and staging counters (a cpu pool's staging is its StagingObjects).
+  PoolStats pool_stats() const;
+  const std::string& shm_name() const { return shm_name_; }
+
+ private:
+  struct SequenceEntry;
+  struct Session;
+
+  Controller(const Config& config, std::unique_ptr<PageAllocator> pool, std::string shm_name,
+             std::unique_ptr<StagingObjects> staging);
+  StatusOr<std::shared_ptr<SequenceEntry>> FindSequence(uint64_t session_id, uint64_t sequence_id,
+                                                        SteadyTime now);
+  StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now);
+  void FreeSessionLocked(Session& session);
+  // Gives the session's staging slot back: its own object (cpu pool) or its slot in the pool.
+  void ReleaseStaging(Session& session);
+  // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
+  // REQUIRES: the entry's mutex is held.
+  void RetireSequence(SequenceEntry& entry);
+  // budget.pressure_scope = "pool": after `self`'s APPEND lacked `pages` pool pages, lowers the
+  // widths of other open sequences (those opened with budget.pressure = "requantize") until
+  // that many are free; returns the pages freed. REQUIRES: neither mu_ nor self's mutex is held
+  // (it takes mu_, then try-locks the others).
+  int64_t LowerOthersForPool(const SequenceEntry& self, int64_t pages);
+
+  // The session record's own host memory (controller.cc).
+  static uint64_t SessionHostBytes();
+  // HELLO's checks that a geometry can be served at all: each (layer, KV head) stream needs a
+  // pool page of its own, and an empty sequence must fit the host budget.
+  Status CheckGeometryFits(const ipc::Geometry& g, const HostShape& shape) const;
+  // The STATS sections made of the controller's own state (controller_stats.cc).
+  void WriteServerSection(const Config& config, SteadyTime now, std::ostream& out) const;
+  void WritePoolSection(std::ostream& out) const;
+
+  const std::unique_ptr<PageAllocator> pool_;
+  HostMemoryBudget host_memory_;  // limits.host_memory_bytes; internally synchronized.
+  const std::string shm_name_;
+  // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
+  const std::unique_ptr<StagingObjects> staging_;
+  const SteadyTime started_;
+  ServerStats stats_;     // Internally synchronized.
+  std::string endpoint_;  // Set once before serving.
+  mutable std::mutex http_address_mu_;
+  std::string http_address_;  // Bound address; "" = off or not started. Guarded by the above.
+  std::function<ipc::ServerCounters()> server_counters_;  // Set once before serving.
+
+  mutable std::mutex mu_;
+  Config config_;                                          // Guarded by mu_.
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // Guarded by mu_.
+  uint64_t sessions_expired_ = 0;                          // Guarded by mu_.
+  uint64_t sessions_ended_ = 0;                            // By BYE; guarded by mu_.
+  uint64_t next_session_number_ = 1;                       // Guarded by mu_.
+  std::mutex scrub_mu_;                                    // One scrub pass at a time.
+  size_t scrub_next_ = 0;  // Where the next pass starts; guarded by scrub_mu_.
+  std::mutex retired_mu_;
+  HeadUsage retired_quality_;  // Quality of freed sequences; guarded by retired_mu_.
+};
+
+}  // namespace kvctl
+
+#endif  // KVCTL_CONTROLLER_SERVICE_CONTROLLER_H_

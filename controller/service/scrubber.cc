@@ -1,0 +1,107 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// The scrubber thread, and the pass it runs (Controller::Scrub, kept here with it rather than in
+// controller.cc's request logic).
+#include "controller/service/scrubber.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "controller/service/controller_internal.h"
+
+namespace kvctl {
+namespace {
+
+// Most bytes one sequence is verified for while its lock is held: an APPEND that arrives
+// meanwhile waits at most for this much checksumming (well under a millisecond).
+constexpr uint64_t kSliceBytes = 1 << 20;
+
+}  // namespace
+
+uint64_t Controller::Scrub(uint64_t max_bytes) {
+  if (!pool_->checksums() || max_bytes == 0) return 0;
+  std::lock_guard<std::mutex> pass_lock(scrub_mu_);
+  // (session number, sequence id, entry): numbers, not session ids, go to the log.
+  std::vector<std::tuple<uint64_t, uint64_t, std::shared_ptr<SequenceEntry>>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, session] : sessions_) {
+      for (const auto& [seq_id, entry] : session->sequences) {
+        entries.emplace_back(session->number, seq_id, entry);
+      }
+    }
+  }
+  const size_t n = entries.size();
+  if (n == 0) return 0;
+  std::vector<bool> done(n, false);
+  size_t done_count = 0, i = scrub_next_ % n;
+  uint64_t verified = 0;
+  while (verified < max_bytes && done_count < n) {
+    if (!done[i]) {
+      auto& [number, seq_id, entry] = entries[i];
+      bool finished = true;
+      std::unique_lock<std::mutex> seq_lock(entry->mu, std::try_to_lock);
+      if (seq_lock.owns_lock() && entry->seq) {
+        const bool was_lost = !entry->seq->integrity().ok();
+        StatusOr<uint64_t> bytes =
+            entry->seq->Scrub(std::min(kSliceBytes, max_bytes - verified), &finished);
+        if (bytes.ok()) {
+          verified += *bytes;
+        } else if (!was_lost) {
+          spdlog::error("scrubber: sequence {} of session #{} lost: {}", seq_id, number,
+                        bytes.status().message());
+        }
+      }
+      if (finished) {
+        done[i] = true;
+        ++done_count;
+      }
+    }
+    i = (i + 1) % n;
+  }
+  scrub_next_ = i;
+  return verified;
+}
+
+uint64_t Scrubber::BytesPerPass(const PoolConfig& pool) {
+  return pool.scrub_bytes_per_second * static_cast<uint64_t>(pool.scrub_interval_ms) / 1000;
+}
+
+std::unique_ptr<Scrubber> Scrubber::Start(const PoolConfig& pool, Controller* controller) {
+  if (!pool.checksums || pool.scrub_interval_ms <= 0 || BytesPerPass(pool) == 0) return nullptr;
+  return std::unique_ptr<Scrubber>(new Scrubber(
+      controller, std::chrono::milliseconds(pool.scrub_interval_ms), BytesPerPass(pool)));
+}
+
+Scrubber::Scrubber(Controller* controller, std::chrono::milliseconds interval,
+                   uint64_t bytes_per_pass)
+    : controller_(controller), interval_(interval), bytes_per_pass_(bytes_per_pass) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scrubber::~Scrubber() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Scrubber::Loop() {
+  // Linux nice values are per thread: only this one drops to the lowest priority.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
+    lock.unlock();
+    controller_->Scrub(bytes_per_pass_);
+    lock.lock();
+  }
+}
+
+}  // namespace kvctl

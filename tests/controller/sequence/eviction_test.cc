@@ -1,0 +1,655 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// Token eviction inside KvSequence (ragged per-head storage, budgets during APPEND) and the
+// [budget]/[evict] config checks.
+#include "policies/eviction.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+
+#include "controller/sequence/budget_resolve.h"
+#include "controller/config/config.h"
+#include "controller/sequence/kv_sequence.h"
+#include "policies/ratequant.h"
+#include "policies/ratequant_fit.h"
+#include "policies/reasonalloc.h"
+#include "tests/controller/sequence/evict_test_util.h"
+#include "tests/controller/sequence/sequence_test_util.h"
+
+namespace kvctl {
+namespace {
+
+// fp32 rows of `layers` x `kv_heads` x `d`, with Q of `q_heads` heads.
+SequenceGeometry F32Geometry(int layers, int kv_heads, int d, int q_heads) {
+  return {.layers = layers,
+          .kv_heads = kv_heads,
+          .head_dim = d,
+          .dtype = DType::kF32,
+          .q_heads = q_heads};
+}
+
+std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int d, bool lossless,
+                             int block = 0, int flush = 0, int sinks = -1) {
+  std::vector<LayerPlan> plans(static_cast<size_t>(layers));
+  for (LayerPlan& p : plans) {
+    p.lossless = lossless;
+    StatusOr<QuantSpec> spec =
+        MakeQuantSpec(m, d, m == QuantMethod::kFp16 ? 16 : 2, m == QuantMethod::kFp16 ? 16 : 2);
+    REQUIRE(spec.ok());
+    if (block > 0) spec->block_tokens = spec->k_group_tokens = block;
+    REQUIRE(ValidateQuantSpec(*spec).ok());
+    p.head_specs.assign(static_cast<size_t>(heads), *spec);
+    p.rules = TraitsOf(m).streaming;
+    if (flush > 0) p.rules.flush_tokens = flush;
+    if (sinks >= 0) p.rules.sink_tokens = sinks;
+  }
+  return plans;
+}
+
+// Random [tokens, heads, d] fp32 rows per layer, for K, V and Q.
+struct Stream {
+  int layers, tokens, kv_heads, q_heads, d;
+  std::vector<std::vector<float>> k, v, q;
+  Stream(int layers_, int tokens_, int kv_heads_, int q_heads_, int d_, uint64_t seed)
+      : layers(layers_), tokens(tokens_), kv_heads(kv_heads_), q_heads(q_heads_), d(d_) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int l = 0; l < layers; ++l) {
+      k.emplace_back(static_cast<size_t>(tokens) * kv_heads * d);
+      v.emplace_back(k.back().size());
+      q.emplace_back(static_cast<size_t>(tokens) * q_heads * d);
+      for (float& x : k.back()) x = normal(rng);
+      for (float& x : v.back()) x = normal(rng);
+      for (float& x : q.back()) x = 2.0f * normal(rng);
+    }
+  }
+  std::vector<KvTensorView> Views(const std::vector<std::vector<float>>& x, int heads, int first,
+                                  int n) const {
+    std::vector<KvTensorView> out;
+    for (int l = 0; l < layers; ++l) {
+      out.push_back(KvTensorView::Contiguous(x[l].data() + static_cast<size_t>(first) * heads * d,
+                                             DType::kF32, n, heads, d));
+    }
+    return out;
+  }
+  Status Append(KvSequence& seq, int first, int n, bool with_q = true) const {
+    const auto q_views = Views(q, q_heads, first, n);
+    return seq.Append(first, Views(k, kv_heads, first, n), Views(v, kv_heads, first, n),
+                      with_q ? &q_views : nullptr);
+  }
+  // Keys of head h of layer l for tokens [0, n), row-major.
+  std::vector<float> Keys(int l, int h, int n) const {
+    std::vector<float> out;
+    for (int t = 0; t < n; ++t) {
+      const float* row = &k[l][(static_cast<size_t>(t) * kv_heads + h) * d];
+      out.insert(out.end(), row, row + d);
+    }
+    return out;
+  }
+  KvTensorView QueryRows(int l, int first, int n) const {
+    return KvTensorView::Contiguous(q[l].data() + static_cast<size_t>(first) * q_heads * d,
+                                    DType::kF32, n, q_heads, d);
+  }
+};
+
+EvictionSettings Settings(EvictPolicy policy, int64_t budget, int64_t sinks, int64_t window,
+                          int64_t obs) {
+  EvictionSettings s;
+  s.enabled = true;
+  s.policy = policy;
+  s.sinks = sinks;
+  s.window = window;
+  s.obs_window = obs;
+  s.snapkv.obs_window = s.rkv.obs_window = obs;
+  s.tokens_per_head = budget;
+  s.floor = sinks + window;
+  return s;
+}
+
+// Positions of (layer, head) in a dense fetch of every layer.
+std::vector<int64_t> PositionsOf(const DenseKv& dense, int pair) {
+  size_t at = 0;
+  for (int i = 0; i < pair; ++i) at += dense.counts[i];
+  return {dense.positions.begin() + static_cast<std::ptrdiff_t>(at),
+          dense.positions.begin() + static_cast<std::ptrdiff_t>(at + dense.counts[pair])};
+}
+
+TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks",
+          "[controller][evict]") {
+  const int kv_heads = 2, q_heads = 4, d = 8, first = 24, budget = 16;
+  const Stream s(1, first + 1, kv_heads, q_heads, d, 7);
+  for (EvictPolicy policy :
+       {EvictPolicy::kStreaming, EvictPolicy::kH2O, EvictPolicy::kSnapKV, EvictPolicy::kRKV}) {
+    INFO(EvictPolicyName(policy));
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
+    const EvictionSettings settings = Settings(policy, budget, 2, 4, 4);
+    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
+                   Plans(1, kv_heads, QuantMethod::kFp16, d, /*lossless=*/true), settings);
+    // The first append (24 tokens) already passes the budget, and so does the next one.
+    REQUIRE(s.Append(seq, 0, first).ok());
+    std::vector<std::set<int64_t>> after_first(kv_heads);
+    const ProtectedRegions regions{.sinks = 2, .recent = 4};
+    for (int h = 0; h < kv_heads; ++h) {
+      std::vector<float> keys = s.Keys(0, h, first);
+      const KeyRows rows{keys.data(), first, d};
+      StatusOr<KvTensorView> obs = QueryGroup(s.QueryRows(0, first - 4, 4), kv_heads, h);
+      StatusOr<KvTensorView> all_q = QueryGroup(s.QueryRows(0, 0, first), kv_heads, h);
+      REQUIRE((obs.ok() && all_q.ok()));
+      H2OState state;
+      auto score = [&]() -> StatusOr<std::vector<float>> {
+        switch (policy) {
+          case EvictPolicy::kStreaming:
+            return ScoreStreaming(first, regions);
+          case EvictPolicy::kH2O:
+            KVCTL_RETURN_IF_ERROR(UpdateH2O(&state, rows, *all_q));
+            return ScoreH2O(state, regions);
+          case EvictPolicy::kSnapKV:
+            return ScoreSnapKV(rows, *obs, regions, settings.snapkv);
+          case EvictPolicy::kRKV:
+            return ScoreRKV(rows, *obs, regions, settings.rkv);
+        }
+        return InvalidArgument("policy");
+      };
+      StatusOr<std::vector<float>> scores = score();
+      REQUIRE(scores.ok());
+      StatusOr<std::vector<int64_t>> kept =
+          SelectKeep(*scores, budget, ProtectedMask(first, regions));
+      REQUIRE(kept.ok());
+      const DenseKv dense = seq.FetchDense(0, 1);
+      CHECK(PositionsOf(dense, h) == *kept);  // Positions start at 0: index == position.
+      after_first[h] = std::set<int64_t>(kept->begin(), kept->end());
+      // The kept rows are the appended rows, exactly (lossless fp32).
+      size_t at = h == 0 ? 0 : dense.counts[0];
+      for (int64_t j : *kept) {
+        for (int c = 0; c < d; ++c) CHECK(dense.k[at * d + c] == keys[j * d + c]);
+        ++at;
+      }
+      const HeadUsage u = seq.HeadUsageOf(0, h);
+      CHECK(u.tokens == budget);
+      CHECK(u.evicted_tokens == first - budget);
+      CHECK(u.budget == budget);
+      CHECK(u.retained_samples == 1);  // Q came with the append: the mass was measured.
+    }
+    // One more token: 17 > 16, so exactly one token goes, the one the scorer ranks lowest among
+    // the survivors.
+    REQUIRE(s.Append(seq, first, 1).ok());
+    const DenseKv dense = seq.FetchDense(0, 1);
+    for (int h = 0; h < kv_heads; ++h) {
+      const std::vector<int64_t> pos = PositionsOf(dense, h);
+      CHECK(pos.size() == budget);
+      CHECK(pos.back() == first);
+      CHECK(std::is_sorted(pos.begin(), pos.end()));
+      int missing = 0;
+      for (int64_t p : after_first[h]) missing += std::count(pos.begin(), pos.end(), p) == 0;
+      CHECK(missing == 1);
+      if (policy == EvictPolicy::kStreaming) {
+        // FIFO: sinks 0, 1, then the 14 newest.
+        CHECK(pos[0] == 0);
+        CHECK(pos[1] == 1);
+        CHECK(pos[2] == first - 13);
+      }
+    }
+  }
+}
+
+TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
+          "[controller][evict]") {
+  const int kv_heads = 1, q_heads = 2, d = 8, total = 40, budget = 12;
+  const Stream s(1, total, kv_heads, q_heads, d, 11);
+  // Period 4: the daemon folds queries into the accumulators 4 at a time (or before scoring) and
+  // compresses to 12 - 4 + 1 = 9; the reference folds every step.
+  for (int64_t period : {1, 4}) {
+    INFO("compression_period " << period);
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
+    EvictionSettings settings = Settings(EvictPolicy::kH2O, budget, 1, 3, 3);
+    settings.compression_period = period;
+    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
+                   Plans(1, kv_heads, QuantMethod::kFp16, d, true), settings);
+    // Reference: the same stream through the pure functions, one token per step.
+    std::vector<int64_t> ref_pos;
+    std::vector<float> ref_keys;
+    H2OState state;
+    const ProtectedRegions regions{.sinks = 1, .recent = 3};
+    for (int t = 0; t < total; ++t) {
+      REQUIRE(s.Append(seq, t, 1).ok());
+      const std::vector<float> key = s.Keys(0, 0, t + 1);
+      ref_keys.insert(ref_keys.end(), key.end() - d, key.end());
+      ref_pos.push_back(t);
+      const int64_t n = static_cast<int64_t>(ref_pos.size());
+      StatusOr<KvTensorView> g = QueryGroup(s.QueryRows(0, t, 1), kv_heads, 0);
+      REQUIRE(UpdateH2O(&state, {ref_keys.data(), n, d}, *g).ok());
+      if (n > budget) {
+        auto kept =
+            SelectKeep(*ScoreH2O(state, regions), budget - period + 1, ProtectedMask(n, regions));
+        REQUIRE(kept.ok());
+        REQUIRE(CompactH2O(&state, *kept).ok());
+        std::vector<int64_t> pos;
+        std::vector<float> keys;
+        for (int64_t j : *kept) {
+          pos.push_back(ref_pos[j]);
+          keys.insert(keys.end(), &ref_keys[j * d], &ref_keys[(j + 1) * d]);
+        }
+        ref_pos = pos;
+        ref_keys = keys;
+      }
+      INFO("step " << t);
+      REQUIRE(seq.FetchDense(0, 1).positions == ref_pos);
+    }
+  }
+}
+
+// Pages a head should hold for its rows and records.
+size_t ExpectedPages(const KvSequence& seq, int layers, int heads, size_t row_slot,
+                     size_t page_bytes) {
+  size_t pages = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < heads; ++h) {
+      const HeadBlocks b = seq.Blocks(l, h);
+      const size_t rows = b.sink_rows + b.tail_rows, per_page = page_bytes / row_slot;
+      pages += (rows + per_page - 1) / per_page;
+      pages += (b.records + b.records_per_page - 1) / b.records_per_page;
+    }
+  }
+  return pages;
+}
+
+TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; pages are freed",
+          "[controller][evict]") {
+  // KIVI 2-bit records of 8 tokens, flushed at 16: evictions reach into records and compact them.
+  const int layers = 2, kv_heads = 2, q_heads = 4, d = 32, total = 200;
+  const Stream s(layers, total, kv_heads, q_heads, d, 5);
+  const size_t page = 4096;
+  auto pool = testing::MakeTestPool(8 << 20, page);
+  EvictionSettings settings = Settings(EvictPolicy::kSnapKV, 48, 4, 8, 8);
+  settings.realloc_period = 16;
+  settings.floor = StarvationFloor(8, 48);  // 16 >= sinks + window = 12.
+  settings.layer_profile = LayerProfile::kPyramid;
+  settings.compression_period = 4;
+  KvSequence seq(pool.get(), F32Geometry(layers, kv_heads, d, q_heads),
+                 Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 8, 16, 0), settings);
+  const size_t row_slot = 2 * static_cast<size_t>(d) * 2;
+  bool budgets_differ = false;
+  int t = 0;
+  for (int n : {30, 1, 1, 7, 1, 1, 1, 1, 40, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                1,  1, 1, 1, 1, 1, 1, 1, 1,  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                1,  1, 1, 1, 1, 1, 1, 1, 1,  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                1,  1, 1, 1, 1, 1, 1, 1, 1,  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
+    if (t + n > total) break;
+    REQUIRE(s.Append(seq, t, n).ok());
+    t += n;
+    INFO("after token " << t);
+    const DenseKv dense = seq.FetchDense(0, layers);
+    for (int l = 0; l < layers; ++l) {
+      int64_t layer_sum = 0;
+      for (int h = 0; h < kv_heads; ++h) {
+        const HeadUsage u = seq.HeadUsageOf(l, h);
+        CHECK(u.tokens <= u.budget);
+        CHECK(u.budget >= settings.floor);
+        layer_sum += u.budget;
+        budgets_differ |= u.budget != seq.HeadUsageOf(l, 0).budget;
+        const std::vector<int64_t> pos = PositionsOf(dense, l * kv_heads + h);
+        REQUIRE(static_cast<int64_t>(pos.size()) == u.tokens);
+        CHECK(std::is_sorted(pos.begin(), pos.end()));
+        for (int64_t p = 0; p < std::min(4, t); ++p) CHECK(pos[p] == p);  // Sinks.
+        for (int64_t i = 0; i < std::min(8, t); ++i) {
+          CHECK(pos[pos.size() - 1 - i] == t - 1 - i);  // Window.
+        }
+      }
+      CHECK(layer_sum == seq.LayerBudget(l));
+    }
+    CHECK(pool->Stats().pages_used == ExpectedPages(seq, layers, kv_heads, row_slot, page));
+  }
+  CHECK(budgets_differ);  // Re-allocation moved budget between heads.
+  // SnapKV drops tokens from the middle of records: their kept neighbours were re-quantized.
+  CHECK(seq.HeadUsageOf(0, 0).requantized_tokens > 0);
+  CHECK(seq.Usage().evicted_tokens > 0);
+  // Freeing: an unbounded twin of the same stream holds more pages.
+  auto pool2 = testing::MakeTestPool(8 << 20, page);
+  KvSequence twin(pool2.get(), F32Geometry(layers, kv_heads, d, q_heads),
+                  Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 8, 16, 0));
+  REQUIRE(s.Append(twin, 0, t).ok());
+  CHECK(pool->Stats().pages_used < pool2->Stats().pages_used);
+}
+
+TEST_CASE("Eviction: an evicting append frees exactly the pages of the dropped records",
+          "[controller][evict]") {
+  // Lossless rows of 128 bytes, 32 per 4 KiB page: one head, budget 40 with period 25 -> keeps 16.
+  const int d = 16;
+  const Stream s(1, 80, 1, 1, d, 3);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
+  EvictionSettings settings = Settings(EvictPolicy::kStreaming, 40, 4, 4, 4);
+  settings.compression_period = 25;
+  KvSequence seq(pool.get(), {.layers = 1, .kv_heads = 1, .head_dim = d, .dtype = DType::kF32},
+                 Plans(1, 1, QuantMethod::kFp16, d, true), settings);
+  REQUIRE(s.Append(seq, 0, 40, false).ok());
+  CHECK(pool->Stats().pages_used == 2);  // 40 rows of 128 bytes: 2 pages.
+  CHECK(seq.HeadUsageOf(0, 0).evicted_tokens == 0);
+  REQUIRE(s.Append(seq, 40, 1, false).ok());  // 41 > 40: keep 40 - 25 + 1 = 16.
+  CHECK(seq.HeadUsageOf(0, 0).tokens == 16);
+  CHECK(pool->Stats().pages_used == 1);
+  CHECK(seq.HeadUsageOf(0, 0).evicted_tokens == 25);
+  CHECK(seq.HeadUsageOf(0, 0).evicted_bytes == 25 * 2 * d * 4);
+  const DenseKv dense = seq.FetchDense(0, 1);
+  const std::vector<int64_t> want = {0, 1, 2, 3, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40};
+  CHECK(dense.positions == want);
+}
+
+TEST_CASE("Eviction: RESOURCE_EXHAUSTED during an evicting append changes nothing",
+          "[controller][evict]") {
+  // KIVI records of 8 tokens (14 per 4 KiB page); 100 tokens, then 60 more with a budget of 140:
+  // snapkv evicts from the middle of records and the head still needs a second record page. With
+  // the pool full the append fails whole, and succeeds once pages free up.
+  const int d = 32;
+  const Stream s(1, 200, 2, 2, d, 23);
+  auto pool = testing::MakeTestPool(1 << 20, 4096);
+  KvSequence seq(pool.get(),
+                 {.layers = 1, .kv_heads = 2, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
+                 Plans(1, 2, QuantMethod::kKivi, d, false, 8, 16, 0),
+                 Settings(EvictPolicy::kSnapKV, 140, 4, 8, 8));
+  REQUIRE(s.Append(seq, 0, 100).ok());  // Under the budget: 4 sink rows, 12 records: one page.
+  const DenseKv before = seq.FetchDense(0, 1);
+  const HeadUsage usage_before = seq.HeadUsageOf(0, 1);
+  std::vector<uint32_t> filler;
+  while (true) {
+    StatusOr<uint32_t> page = pool->Allocate();
+    if (!page.ok()) break;
+    filler.push_back(*page);
+  }
+  const Status full = s.Append(seq, 100, 60);  // Keeps 140: 17 records, a second page.
+  CHECK(full.code() == StatusCode::kResourceExhausted);
+  const DenseKv after = seq.FetchDense(0, 1);
+  CHECK(after.positions == before.positions);
+  CHECK(after.k == before.k);
+  CHECK(after.counts == before.counts);
+  CHECK(seq.HeadUsageOf(0, 1).evicted_tokens == usage_before.evicted_tokens);
+  CHECK(seq.tokens() == 100);
+  for (uint32_t page : filler) REQUIRE(pool->Free(page).ok());
+  REQUIRE(s.Append(seq, 100, 60).ok());
+  CHECK(seq.HeadUsageOf(0, 1).tokens <= 140);
+  CHECK(seq.HeadUsageOf(0, 1).evicted_tokens > 0);
+  CHECK(seq.FetchDense(0, 1).positions.back() == 159);
+}
+
+TEST_CASE("Eviction: a missing Q is refused and changes nothing", "[controller][evict]") {
+  const int d = 8;
+  const Stream s(2, 40, 1, 2, d, 9);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
+  KvSequence seq(
+      pool.get(), {.layers = 2, .kv_heads = 1, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
+      Plans(2, 1, QuantMethod::kFp16, d, true), Settings(EvictPolicy::kRKV, 16, 2, 8, 8));
+  REQUIRE(s.Append(seq, 0, 20).ok());
+  const DenseKv before = seq.FetchDense(0, 2);
+  const uint64_t pages = pool->Stats().pages_used;
+  const Status st = s.Append(seq, 20, 5, /*with_q=*/false);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("q: missing") != std::string::npos);
+  CHECK(st.message().find("rkv") != std::string::npos);
+  const DenseKv after = seq.FetchDense(0, 2);
+  CHECK(after.positions == before.positions);
+  CHECK(after.k == before.k);
+  CHECK(seq.tokens() == 20);
+  CHECK(pool->Stats().pages_used == pages);
+  CHECK(s.Append(seq, 20, 5).ok());  // The same tokens with Q go in.
+}
+
+Config WithToml(const std::string& toml) {
+  Config c;
+  const Status s = ApplyToml(c, toml, "t.toml");
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return c;
+}
+
+TEST_CASE("Eviction: whole-record evictions move records without re-quantizing them",
+          "[controller][evict]") {
+  // KIVI 2-bit records of 8 tokens flushed at 8; sinks (4, kept as fp16 rows) and window 8;
+  // budget 36 with period 8: every compression drops the 8 oldest candidates = one whole record.
+  const int d = 32, total = 70;
+  const Stream s(1, total, 1, 2, d, 13);
+  const size_t page = 4096;
+  auto pool = testing::MakeTestPool(4 << 20, page);
+  EvictionSettings settings = Settings(EvictPolicy::kStreaming, 36, 4, 8, 8);
+  settings.compression_period = 8;
+  KvSequence seq(pool.get(),
+                 {.layers = 1, .kv_heads = 1, .head_dim = d, .dtype = DType::kF32, .q_heads = 2},
+                 Plans(1, 1, QuantMethod::kKivi, d, false, 8, 8, 0), settings);
+  std::map<int64_t, std::vector<float>> decoded;  // Position -> decoded K row, once quantized.
+  for (int t = 0; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1, false).ok());
+    INFO("token " << t);
+    const HeadBlocks b = seq.Blocks(0, 0);
+    CHECK(b.sink_rows == std::min(4u, static_cast<uint32_t>(t + 1)));
+    const DenseKv dense = seq.FetchDense(0, 1);
+    CHECK(dense.counts[0] <= 36);
+    for (uint32_t i = b.sink_rows; i < b.sink_rows + b.records * 8; ++i) {
+      const std::vector<float> row(dense.k.begin() + i * d, dense.k.begin() + (i + 1) * d);
+      auto [it, inserted] = decoded.emplace(dense.positions[i], row);
+      CHECK(it->second == row);  // A kept record decodes to the same values as before.
+    }
+    CHECK(pool->Stats().pages_used == ExpectedPages(seq, 1, 1, 2 * d * 2, page));
+  }
+  CHECK(seq.HeadUsageOf(0, 0).evicted_tokens > 0);
+  CHECK(seq.HeadUsageOf(0, 0).requantized_tokens == 0);  // Records moved, never decoded.
+  CHECK(seq.HeadUsageOf(0, 0).evicted_bytes % (BlockLayoutOf(seq.HeadSpec(0, 0)).record_bytes) ==
+        0);
+}
+
+TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant profile",
+          "[controller][config][evict]") {
+  const std::string path = testing::WriteTwoHeadProfile(1);
+  Config c = WithToml(
+      "[quant]\nmethod = \"kivi\"\n[budget]\nmode = \"quant-only\"\navg_bits = "
+      "4.0\nprofile = \"" +
+      path + "\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  std::vector<LayerPlan> plans = Plans(1, 2, QuantMethod::kKivi, 32, false);
+  REQUIRE(ApplyBudgetWidths(c, {1, 2, 0, 32, 0}, &plans, nullptr).ok());
+  // kivi at head_dim 32 costs 3 b/e at 2 bits and 5 at 4: a 4.0 budget lifts the head with the
+  // larger alpha only.
+  CHECK(plans[0].head_specs[0].k_bits == 2);
+  CHECK(plans[0].head_specs[0].v_bits == 2);
+  CHECK(plans[0].head_specs[1].k_bits == 4);
+  CHECK(plans[0].head_specs[1].v_bits == 4);
+  const Status wrong = ApplyBudgetWidths(c, {2, 2, 0, 32, 0}, &plans, nullptr);
+  CHECK(wrong.message().find("fitted for 1 layers") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Budget config: joint plans per-head widths and token caps that the sequence enforces",
+          "[controller][config][evict]") {
+  const std::string path = testing::WriteTwoHeadProfile(1);
+  Config c = WithToml(
+      "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[budget]\nmode = "
+      "\"joint\"\nfp16_fraction = 0.15\nplan_tokens = 256\nprofile = \"" +
+      path + "\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  const SequenceShape shape{1, 2, 0, 32, 0};
+  std::vector<LayerPlan> plans = Plans(1, 2, QuantMethod::kKivi, 32, false, 0, 32, 0);
+  std::vector<int64_t> caps;
+  const Status applied = ApplyBudgetWidths(c, shape, &plans, &caps);
+  INFO(applied.ToString());
+  REQUIRE(applied.ok());
+  REQUIRE(caps.size() == 2);
+  StatusOr<EvictionSettings> ev = ResolveEviction(c, shape, caps);
+  REQUIRE(ev.ok());
+  CHECK(ev->head_caps == caps);
+  // 15% of fp16 cannot keep 256 tokens of both heads even at 2 bits (3 b/e = 19%): the plan
+  // evicts, and every cap keeps the protected sinks + window.
+  CHECK(caps[0] + caps[1] < 512);
+  for (int64_t cap : caps) CHECK(cap >= ev->floor);
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
+  KvSequence seq(pool.get(), {.layers = 1, .kv_heads = 2, .head_dim = 32, .dtype = DType::kF32},
+                 plans, *ev);
+  const Stream s(1, 300, 2, 2, 32, 17);
+  for (int t = 0; t < 300; t += 20) REQUIRE(s.Append(seq, t, 20, false).ok());
+  for (int h = 0; h < 2; ++h) {
+    CHECK(seq.HeadUsageOf(0, h).tokens <= caps[h]);
+    CHECK(seq.HeadUsageOf(0, h).budget == caps[h]);
+  }
+  CHECK(seq.LayerBudget(0) == caps[0] + caps[1]);
+  // A budget below the cheapest plan is refused at OPEN time, naming the keys.
+  Config tiny = c;
+  tiny.budget.fp16_fraction = 0.001;
+  std::vector<LayerPlan> plans2 = Plans(1, 2, QuantMethod::kKivi, 32, false, 0, 32, 0);
+  const Status refused = ApplyBudgetWidths(tiny, shape, &plans2, nullptr);
+  CHECK(!refused.ok());
+  CHECK(refused.message().find("budget.bytes / budget.fp16_fraction") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Budget config: joint payload never exceeds budget.bytes, fp16 tail included",
+          "[controller][config][evict]") {
+  // Flush every 32 tokens, window 8: up to 31 unflushed fp16 rows per head, 23 more than the
+  // window the planner counts at fp16 anyway. The budget is tight enough that the plan spends it.
+  const std::string path = testing::WriteTwoHeadProfile(2);
+  const int64_t budget = 30000;
+  Config c = WithToml(
+      "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n[evict]\nwindow = 8\n[budget]\nmode = "
+      "\"joint\"\nbytes = " +
+      std::to_string(budget) + "\nplan_tokens = 256\nprofile = \"" + path + "\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  const SequenceShape shape{2, 2, 0, 32, 0};
+  std::vector<LayerPlan> plans = Plans(2, 2, QuantMethod::kKivi, 32, false, 0, 32, 0);
+  std::vector<int64_t> caps;
+  const Status applied = ApplyBudgetWidths(c, shape, &plans, &caps);
+  INFO(applied.ToString());
+  REQUIRE(applied.ok());
+  StatusOr<EvictionSettings> ev = ResolveEviction(c, shape, caps);
+  REQUIRE(ev.ok());
+  CHECK(ev->head_caps == caps);  // The planner used the daemon's floor: no cap was raised.
+  auto pool = testing::MakeTestPool(4 << 20, 4096);
+  KvSequence seq(pool.get(), {.layers = 2, .kv_heads = 2, .head_dim = 32, .dtype = DType::kF32},
+                 plans, *ev);
+  const int prefill = 100, total = 520;  // 420 single-token appends: 13 flushes per head.
+  const Stream s(2, total, 2, 2, 32, 23);
+  uint64_t most = 0;
+  int over = 0;
+  for (int t = 0; t < total; t += t == 0 ? prefill : 1) {
+    REQUIRE(s.Append(seq, t, t == 0 ? prefill : 1, false).ok());
+    const uint64_t payload = seq.Usage().payload_bytes;
+    most = std::max(most, payload);
+    if (payload > static_cast<uint64_t>(budget)) {
+      ++over;
+      UNSCOPED_INFO("after token " << t << ": payload " << payload << " > budget " << budget);
+    }
+  }
+  CHECK(over == 0);
+  // Not vacuous: at its fullest the cache uses most of the budget.
+  INFO("largest payload " << most);
+  CHECK(most > static_cast<uint64_t>(budget) * 8 / 10);
+  CHECK(seq.Usage().evicted_tokens > 0);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Budget config: bad combinations name the key, the value and what was expected",
+          "[controller][config][evict]") {
+  for (const auto& [toml, part] : std::vector<std::pair<std::string, std::string>>{
+           {"[budget]\nmode = \"evict-only\"\n", "budget.tokens_per_head: got 0"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\ntoken_fraction = 0.5\n",
+            "budget.token_fraction: got 0.5"},
+           {"[budget]\nmode = \"joint\"\n", "budget.bytes: got 0B and budget.fp16_fraction 0"},
+           {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\n", "budget.plan_tokens: got 0"},
+           {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\nplan_tokens = 512\n",
+            "budget.profile: got \"\""},
+           {"[budget]\nbytes = \"1MiB\"\n", "budget.bytes: got 1MiB, expected 0 unless"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[quant]\nmethod = \"oscar\"\n",
+            "cannot run with quant.method = \"oscar\""},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[evict]\npolicy = "
+            "\"snapkv\"\nwindow = 16\n",
+            "evict.obs_window: got 32, expected at most evict.window 16"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[evict]\nkernel = 4\n",
+            "evict.kernel: got 4, expected an odd number"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 10\n",
+            "budget.tokens_per_head: got 10, expected at least evict.sinks + evict.window = 12"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nrealloc_period = 16\n",
+            "budget.realloc_period: got 16, expected 0 with evict.policy = \"streaming\""},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nlayer_profile = \"demand\"\n",
+            "budget.layer_profile: got \"demand\", expected budget.profile"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nlayer_profile = "
+            "\"demand\"\nprofile = \"/nonexistent/p.toml\"\n",
+            "/nonexistent/p.toml"},
+           {"[budget]\nmode = \"quant-only\"\n", "budget.avg_bits: got 0"},
+           {"[budget]\nmode = \"quant-only\"\navg_bits = 3.0\n", "budget.profile: got \"\""},
+           {"[evict]\npolicy = \"lru\"\n", "evict.policy: got \"lru\", expected one of streaming"},
+       }) {
+    INFO(toml);
+    Config c;
+    Status s = ApplyToml(c, toml, "t.toml");
+    if (s.ok()) s = ValidateConfig(c);
+    CHECK(!s.ok());  // INVALID_ARGUMENT, or NOT_FOUND for a profile file that is not there.
+    CHECK(s.message().find(part) != std::string::npos);
+  }
+  // A good evict-only config resolves against a session; kvarn's 128 fp16 sinks raise the floor.
+  Config c = WithToml(
+      "[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[evict]\npolicy = "
+      "\"h2o\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  StatusOr<EvictionSettings> s = ResolveEviction(c, {2, 2, 4, 64, 0});
+  REQUIRE(s.ok());
+  CHECK(s->enabled);
+  CHECK(s->sinks == 4);
+  CHECK(s->window == 8);
+  CHECK(s->floor == 16);  // max(window + 8, 64 / 4).
+  const Status kvarn = ResolveEviction(c, {2, 2, 4, 64, 128}).status();
+  CHECK(kvarn.message().find("budget.tokens_per_head: got 64, expected at least 136") !=
+        std::string::npos);
+  const Status no_q = ResolveEviction(c, {2, 2, 0, 64, 0}).status();
+  CHECK(no_q.message().find("q_heads: got 0") != std::string::npos);
+  // Defaults keep today's behaviour: nothing evicts.
+  StatusOr<EvictionSettings> none = ResolveEviction(Config(), {2, 2, 0, 64, 0});
+  REQUIRE(none.ok());
+  CHECK(!none->enabled);
+}
+
+}  // namespace
+}  // namespace kvctl
+
+namespace kvctl {
+namespace {
+
+// Not a test: `controller_test "[.bench]"` prints the mean decode APPEND time per policy for a
+// SmolLM2-135M-like geometry (docs/budgets.md quotes it).
+TEST_CASE("Eviction bench: decode APPEND time per policy", "[.bench]") {
+  const int layers = 30, kv_heads = 3, q_heads = 9, d = 64, prefill = 1024, decode = 128;
+  const Stream s(layers, prefill + decode, kv_heads, q_heads, d, 21);
+  struct Case {
+    const char* name;
+    bool evict;
+    EvictPolicy policy;
+    int64_t period;
+  };
+  for (const Case& c :
+       {Case{"none", false, EvictPolicy::kStreaming, 1},
+        Case{"streaming", true, EvictPolicy::kStreaming, 1},
+        Case{"streaming/32", true, EvictPolicy::kStreaming, 32},
+        Case{"h2o", true, EvictPolicy::kH2O, 1}, Case{"h2o/32", true, EvictPolicy::kH2O, 32},
+        Case{"snapkv/32", true, EvictPolicy::kSnapKV, 32},
+        Case{"rkv/32", true, EvictPolicy::kRKV, 32}}) {
+    auto pool = testing::MakeTestPool(512 << 20, 64 << 10);
+    EvictionSettings settings = Settings(c.policy, 512, 4, 32, 8);
+    settings.enabled = c.evict;
+    settings.compression_period = c.period;
+    KvSequence seq(pool.get(), F32Geometry(layers, kv_heads, d, q_heads),
+                   Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 0, 128, 0), settings);
+    REQUIRE(s.Append(seq, 0, prefill).ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = prefill; t < prefill + decode; ++t) REQUIRE(s.Append(seq, t, 1).ok());
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        decode;
+    std::printf("%-14s %9.1f us per decode append (budget 512, %d tokens, requantized %llu)\n",
+                c.name, us, prefill + decode,
+                static_cast<unsigned long long>(seq.HeadUsageOf(0, 0).requantized_tokens));
+  }
+}
+
+}  // namespace
+}  // namespace kvctl

@@ -1,0 +1,206 @@
+#include "controller/sequence/kv_sequence.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "common/half.h"
+#include "kernels/quantize.h"
+#include "tests/controller/sequence/sequence_test_util.h"
+#include "tests/support/synthetic_kv.h"
+
+namespace kvctl {
+namespace {
+
+std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int head_dim, bool lossless) {
+  std::vector<LayerPlan> plans(static_cast<size_t>(layers));
+  for (LayerPlan& p : plans) {
+    p.lossless = lossless;
+    StatusOr<QuantSpec> spec = MakeQuantSpec(m, head_dim, m == QuantMethod::kFp16 ? 16 : 2,
+                                             m == QuantMethod::kFp16 ? 16 : 2);
+    REQUIRE(spec.ok());
+    p.head_specs.assign(static_cast<size_t>(heads), *spec);
+    p.rules = TraitsOf(m).streaming;
+  }
+  return plans;
+}
+
+// Layer views of a synthetic [tokens, heads, D] tensor, the same data for every layer but scaled.
+struct LayerData {
+  std::vector<std::vector<float>> k, v;
+  std::vector<KvTensorView> kv_k, kv_v;
+};
+
+LayerData MakeData(int layers, int64_t tokens, int heads, int d, uint64_t seed) {
+  LayerData out;
+  SyntheticKv kv =
+      GenerateSyntheticKv({.tokens = tokens, .heads = heads, .head_dim = d, .seed = seed});
+  for (int l = 0; l < layers; ++l) {
+    out.k.push_back(kv.k);
+    out.v.push_back(kv.v);
+    for (float& x : out.k.back()) x *= 1.0f + 0.1f * l;
+  }
+  for (int l = 0; l < layers; ++l) {
+    out.kv_k.push_back(KvTensorView::Contiguous(out.k[l].data(), DType::kF32, tokens, heads, d));
+    out.kv_v.push_back(KvTensorView::Contiguous(out.v[l].data(), DType::kF32, tokens, heads, d));
+  }
+  return out;
+}
+
+std::vector<KvTensorView> Slice(const std::vector<KvTensorView>& views, int64_t first,
+                                int64_t count) {
+  std::vector<KvTensorView> out;
+  for (const KvTensorView& v : views) out.push_back(v.Tokens(first, count));
+  return out;
+}
+
+TEST_CASE("KvSequence: lossless layers return exactly what was appended", "[controller]") {
+  auto pool = testing::MakeTestPool(8 << 20);
+  const int layers = 2, heads = 3, d = 64;
+  KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
+                 Plans(layers, heads, QuantMethod::kFp16, d, /*lossless=*/true));
+  LayerData data = MakeData(layers, 100, heads, d, 3);
+  REQUIRE(seq.Append(7, Slice(data.kv_k, 0, 60), Slice(data.kv_v, 0, 60)).ok());
+  REQUIRE(seq.Append(67, Slice(data.kv_k, 60, 40), Slice(data.kv_v, 60, 40)).ok());
+  DenseKv dense = seq.FetchDense(0, layers);
+  REQUIRE(dense.counts.size() == layers * heads);
+  size_t row = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < heads; ++h) {
+      REQUIRE(dense.counts[l * heads + h] == 100);
+      for (int t = 0; t < 100; ++t, ++row) {
+        REQUIRE(dense.positions[row] == 7 + t);
+        REQUIRE(std::memcmp(&dense.k[row * d], &data.k[l][(t * heads + h) * d], d * 4) == 0);
+        REQUIRE(std::memcmp(&dense.v[row * d], &data.v[l][(t * heads + h) * d], d * 4) == 0);
+      }
+    }
+  }
+}
+
+// The dense view the streaming rules promise: fp16 sinks, records made by the quantizer library
+// from fp16-rounded tokens, fp16 tail.
+void CheckAgainstLibrary(const KvSequence& seq, const LayerData& data, int layers, int heads, int d,
+                         QuantMethod m, int64_t tokens) {
+  StatusOr<QuantSpec> spec = MakeQuantSpec(m, d, 2, 2);
+  const StreamingRules rules = TraitsOf(m).streaming;
+  const int g = spec->block_tokens;
+  const int64_t sinks = std::min<int64_t>(tokens, rules.sink_tokens);
+  const int64_t quantized = QuantizedTokenCount(*spec, rules, tokens);
+  DenseKv dense = seq.FetchDense(0, layers);
+  size_t row = 0;
+  for (int l = 0; l < layers; ++l) {
+    std::vector<float> fk(data.k[l].size()), fv(fk.size());
+    for (size_t i = 0; i < fk.size(); ++i)
+      fk[i] = RoundToHalf(data.k[l][i]), fv[i] = RoundToHalf(data.v[l][i]);
+    std::vector<float> norms(static_cast<size_t>(tokens));
+    ComputeTokenNorms(KvTensorView::Contiguous(fk.data(), DType::kF32, tokens, heads, d),
+                      norms.data());
+    for (int h = 0; h < heads; ++h) {
+      REQUIRE(dense.counts[l * heads + h] == tokens);
+      std::vector<float> expect_k(static_cast<size_t>(tokens) * d), expect_v(expect_k.size());
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::memcpy(&expect_k[t * d], &fk[(t * heads + h) * d], d * 4);
+        std::memcpy(&expect_v[t * d], &fv[(t * heads + h) * d], d * 4);
+      }
+      std::vector<uint8_t> rec(BlockLayoutOf(*spec).record_bytes);
+      for (int64_t t0 = sinks; t0 < sinks + quantized; t0 += g) {
+        BlockInput in{&fk[(t0 * heads + h) * d], &fv[(t0 * heads + h) * d],
+                      static_cast<int64_t>(heads) * d, &norms[t0]};
+        REQUIRE(QuantizeBlockRef(*spec, in, rec.data()).ok());
+        DequantizeBlockRef(*spec, rec.data(), &norms[t0], &expect_k[t0 * d], &expect_v[t0 * d]);
+      }
+      REQUIRE(std::memcmp(&dense.k[row * d], expect_k.data(), expect_k.size() * 4) == 0);
+      REQUIRE(std::memcmp(&dense.v[row * d], expect_v.data(), expect_v.size() * 4) == 0);
+      row += static_cast<size_t>(tokens);
+    }
+  }
+}
+
+TEST_CASE("KvSequence: quantized streams equal the quantizer library run directly",
+          "[controller]") {
+  const int layers = 2, heads = 3, d = 64;
+  for (QuantMethod m :
+       {QuantMethod::kKvarn, QuantMethod::kKivi, QuantMethod::kOscar, QuantMethod::kQuaRot}) {
+    INFO(QuantMethodName(m));
+    auto pool = testing::MakeTestPool(32 << 20);
+    KvSequence prefill(pool.get(), {layers, heads, d, DType::kF32},
+                       Plans(layers, heads, m, d, false));
+    KvSequence decode(pool.get(), {layers, heads, d, DType::kF32},
+                      Plans(layers, heads, m, d, false));
+    const int64_t tokens = 700;
+    LayerData data = MakeData(layers, tokens, heads, d, 11);
+    // Prefill 500 tokens at once, then decode token by token; the other sequence does it all
+    // one token at a time. Both must hold the same bytes.
+    REQUIRE(prefill.Append(0, Slice(data.kv_k, 0, 500), Slice(data.kv_v, 0, 500)).ok());
+    for (int64_t t = 500; t < tokens; ++t) {
+      REQUIRE(prefill.Append(t, Slice(data.kv_k, t, 1), Slice(data.kv_v, t, 1)).ok());
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      REQUIRE(decode.Append(t, Slice(data.kv_k, t, 1), Slice(data.kv_v, t, 1)).ok());
+    }
+    CheckAgainstLibrary(prefill, data, layers, heads, d, m, tokens);
+    CheckAgainstLibrary(decode, data, layers, heads, d, m, tokens);
+    CHECK(prefill.Usage().payload_bytes == decode.Usage().payload_bytes);
+  }
+}
+
+TEST_CASE("KvSequence: a failed append changes nothing", "[controller]") {
+  const int layers = 2, heads = 3, d = 64;
+  auto pool = testing::MakeTestPool(1 << 20, 16 << 10);  // 64 pages of 16 KiB.
+  KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
+                 Plans(layers, heads, QuantMethod::kKivi, d, false));
+  LayerData data = MakeData(layers, 4000, heads, d, 5);
+  REQUIRE(seq.Append(0, Slice(data.kv_k, 0, 200), Slice(data.kv_v, 0, 200)).ok());
+  const DenseKv before = seq.FetchDense(0, layers);
+  const PoolStats stats = pool->Stats();
+
+  // Too big for the pool.
+  Status s = seq.Append(200, Slice(data.kv_k, 200, 3800), Slice(data.kv_v, 200, 3800));
+  CHECK(s.code() == StatusCode::kResourceExhausted);
+  // Wrong position, wrong shape, NaN.
+  CHECK(seq.Append(300, Slice(data.kv_k, 200, 5), Slice(data.kv_v, 200, 5)).message() ==
+        "first_position: got 300, expected 200 (the sequence's next position)");
+  std::vector<KvTensorView> short_v = Slice(data.kv_v, 200, 4);
+  CHECK(seq.Append(200, Slice(data.kv_k, 200, 5), short_v).code() == StatusCode::kInvalidArgument);
+  data.k[1][(201 * heads + 2) * d + 5] = std::nanf("");
+  s = seq.Append(200, Slice(data.kv_k, 200, 5), Slice(data.kv_v, 200, 5));
+  CHECK(s.message().find("layer 1") != std::string::npos);
+  CHECK(s.message().find("token 1, head 2, channel 5") != std::string::npos);
+  data.k[1][(201 * heads + 2) * d + 5] = 1e6f;
+  s = seq.Append(200, Slice(data.kv_k, 200, 5), Slice(data.kv_v, 200, 5));
+  CHECK(s.message().find("fp16 range") != std::string::npos);
+
+  const DenseKv after = seq.FetchDense(0, layers);
+  CHECK(after.counts == before.counts);
+  CHECK(after.k == before.k);
+  CHECK(after.v == before.v);
+  CHECK(pool->Stats().pages_used == stats.pages_used);
+  CHECK(seq.tokens() == 200);
+}
+
+TEST_CASE("KvSequence: pages are accounted and all come back", "[controller]") {
+  const int layers = 3, heads = 2, d = 64;
+  auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
+  {
+    KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
+                   Plans(layers, heads, QuantMethod::kKvarn, d, false));
+    LayerData data = MakeData(layers, 1000, heads, d, 9);
+    REQUIRE(seq.Append(0, data.kv_k, data.kv_v).ok());
+    const SequenceUsage u = seq.Usage();
+    CHECK(u.tokens == 1000);
+    CHECK(u.quantized_tokens == 768);  // 128 sinks, 6 flushes of 128, 104 in the tail.
+    CHECK(u.pool_bytes == pool->Stats().bytes_used);
+    CHECK(u.payload_bytes <= u.pool_bytes);
+    const HeadBlocks b = seq.Blocks(2, 1);
+    CHECK(b.records == 6);
+    CHECK(b.sink_rows == 128);
+    CHECK(b.tail_rows == 104);
+    CHECK(b.record_pages.size() == (6 + b.records_per_page - 1) / b.records_per_page);
+  }
+  CHECK(pool->Stats().pages_used == 0);
+}
+
+}  // namespace
+}  // namespace kvctl

@@ -1,0 +1,57 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: tests/controller/sequence/sequence_test_util.h
+// Shared by the KvSequence tests: a fresh shm-backed page pool per call, a KIVI spec and per-layer
+// plans of one quantizer at chosen widths.
+//
+// Thread safety: MakeTestPool keeps a process-wide counter; call it from the test thread.
+//
+//   auto pool = testing::MakeTestPool(8 << 20, 4096);
+//   KvSequence seq(pool.get(), {2, 3, 64, DType::kF32}, testing::UniformPlans(2, 3, spec));
+#ifndef KVCTL_TESTS_CONTROLLER_SEQUENCE_TEST_UTIL_H_
+#define KVCTL_TESTS_CONTROLLER_SEQUENCE_TEST_UTIL_H_
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "controller/sequence/kv_sequence.h"
+#include "controller/pool/pool.h"
+
+namespace kvctl::testing {
+
+// A pool of `bytes` in a new POSIX shm object (unlinked when the pool goes), no staging.
+inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page_bytes = 64 << 10) {
+  static int counter = 0;
+  const std::string name =
+      "/kvctl-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  auto arena = ShmArena::Create(name, bytes);
+  REQUIRE(arena.ok());
+  auto pool = PageAllocator::Create(std::move(*arena), {page_bytes, 0, 0});
+  REQUIRE(pool.ok());
+  return std::move(pool).value();
+}
+
+// The KIVI spec at these widths (the registry's defaults otherwise).
+inline QuantSpec KiviSpec(int head_dim, int k_bits, int v_bits) {
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, head_dim, k_bits, v_bits);
+  REQUIRE(spec.ok());
+  return *spec;
+}
+
+// `layers` quantized layers of `heads` heads, every head at `spec`, the method's streaming rules.
+inline std::vector<LayerPlan> UniformPlans(int layers, int heads, const QuantSpec& spec) {
+  std::vector<LayerPlan> plans(static_cast<size_t>(layers));
+  for (LayerPlan& p : plans) {
+    p.head_specs.assign(static_cast<size_t>(heads), spec);
+    p.rules = TraitsOf(spec.method).streaming;
+  }
+  return plans;
+}
+
+}  // namespace kvctl::testing
+
+#endif  // KVCTL_TESTS_CONTROLLER_SEQUENCE_TEST_UTIL_H_

@@ -1,0 +1,150 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// Per-session staging objects of a cpu pool (controller/pool/staging_shm.h): the pool object is
+// read-only to clients, each session with staging gets its own 0600 object named in HELLO, APPEND
+// reads it, the name goes when the session does, and a dead daemon's leftovers are removed.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "controller/service/controller.h"
+
+namespace kvctl {
+namespace {
+
+bool ShmExists(const std::string& name, mode_t* mode = nullptr) {
+  struct stat st {};
+  if (stat(("/dev/shm" + name).c_str(), &st) != 0) return false;
+  if (mode != nullptr) *mode = st.st_mode & 07777;
+  return true;
+}
+
+Config StagingConfig() {
+  static int counter = 0;
+  Config config;
+  config.pool.bytes = 16 << 20;
+  config.pool.page_bytes = 4096;
+  config.pool.shm_name =
+      "/kvctl-stg-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  config.pool.staging_slots = 2;
+  config.pool.staging_bytes_per_session = 64 << 10;
+  config.server.lease_ms = 1000;
+  config.quant.lossless = true;
+  return config;
+}
+
+ipc::HelloRequest Hello() {
+  ipc::HelloRequest hello;
+  hello.client_name = "staging_test";
+  hello.geometry = {1, 1, 0, 8, DType::kF16};
+  return hello;
+}
+
+TEST_CASE("Staging objects: one private object per session, the pool read-only",
+          "[controller][staging]") {
+  const Config config = StagingConfig();
+  StatusOr<std::unique_ptr<Controller>> created = Controller::Create(config);
+  REQUIRE(created.ok());
+  Controller& c = **created;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  mode_t mode = 0;
+  REQUIRE(ShmExists(config.pool.shm_name, &mode));
+  CHECK(mode == 0400);
+
+  StatusOr<ipc::HelloReply> a = c.Hello(Hello(), now);
+  StatusOr<ipc::HelloReply> b = c.Hello(Hello(), now);
+  StatusOr<ipc::HelloReply> third = c.Hello(Hello(), now);
+  REQUIRE((a.ok() && b.ok() && third.ok()));
+  // The pool object holds pages only: pool.bytes less the two 64 KiB slots.
+  CHECK(a->pool_bytes == (16 << 20) - 2 * (64 << 10));
+  for (const ipc::HelloReply* r : {&*a, &*b}) {
+    INFO(r->staging_shm_name);
+    CHECK(r->staging_shm_name.rfind(config.pool.shm_name + "-stg-", 0) == 0);
+    CHECK(r->staging_shm_name.size() == config.pool.shm_name.size() + 5 + 32);
+    CHECK(r->staging_offset == 0);
+    CHECK(r->staging_bytes == 64 << 10);
+    REQUIRE(ShmExists(r->staging_shm_name, &mode));
+    CHECK(mode == 0600);
+  }
+  CHECK(a->staging_shm_name != b->staging_shm_name);
+  // Every slot taken: the third session sends inline.
+  CHECK(third->staging_bytes == 0);
+  CHECK(third->staging_shm_name.empty());
+  CHECK(c.pool_stats().staging_slots_used == 2);
+  CHECK(c.pool_stats().alloc_failures_total == 1);
+
+  // The engine's side: map its own object read-write, write K and V, APPEND from offset 0.
+  REQUIRE(c.Open({a->session_id, 1}, now).ok());
+  const int fd = shm_open(a->staging_shm_name.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  void* map = mmap(nullptr, a->staging_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  REQUIRE(map != MAP_FAILED);
+  std::vector<uint16_t> rows(2 * 8);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = FloatToHalf(static_cast<float>(i));
+  std::memcpy(map, rows.data(), rows.size() * 2);
+  ipc::AppendRequest append{.session_id = a->session_id, .sequence_id = 1, .n_tokens = 1};
+  append.source = ipc::AppendSource::kStaging;
+  StatusOr<ipc::AppendReply> appended = c.Append(append, now);
+  REQUIRE(appended.ok());
+  CHECK(appended->tokens_total == 1);
+  StatusOr<ipc::ReplyBody> fetched =
+      c.Fetch({a->session_id, 1, 0, 1, ipc::FetchMode::kDense, DType::kF32}, now);
+  REQUIRE(fetched.ok());
+  const auto& dense = std::get<ipc::FetchDenseReply>(*fetched);
+  std::vector<float> k(8);
+  std::memcpy(k.data(), dense.k.data(), 32);
+  CHECK(k[7] == 7.0f);
+  // Past the end of the session's own object.
+  append.first_position = 1;
+  append.staging_offset = a->staging_bytes - 8;
+  CHECK(c.Append(append, now).status().code() == StatusCode::kInvalidArgument);
+  munmap(map, a->staging_bytes);
+
+  // A session ends by BYE or by its lease: its object's name goes and the slot is free again.
+  REQUIRE(c.Bye({b->session_id}, now).ok());
+  CHECK_FALSE(ShmExists(b->staging_shm_name));
+  CHECK(c.pool_stats().staging_slots_used == 1);
+  CHECK(c.ExpireLeases(now + std::chrono::seconds(5)) == 2);
+  CHECK_FALSE(ShmExists(a->staging_shm_name));
+  CHECK(c.pool_stats().staging_slots_used == 0);
+  StatusOr<ipc::HelloReply> again = c.Hello(Hello(), now);
+  REQUIRE(again.ok());
+  CHECK(again->staging_bytes == 64 << 10);
+}
+
+TEST_CASE("Staging objects: a dead daemon's leftovers are removed at the next start",
+          "[controller][staging]") {
+  const Config config = StagingConfig();
+  const std::string leftover = config.pool.shm_name + "-stg-0123456789abcdef0123456789abcdef";
+  const std::string unrelated = config.pool.shm_name + "-stg-short";
+  for (const std::string& name : {leftover, unrelated}) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    close(fd);
+  }
+  StatusOr<std::unique_ptr<Controller>> created = Controller::Create(config);
+  REQUIRE(created.ok());
+  CHECK_FALSE(ShmExists(leftover));
+  CHECK(ShmExists(unrelated));  // Not a name the daemon makes: not its to remove.
+  shm_unlink(unrelated.c_str());
+}
+
+TEST_CASE("Staging objects: a pool name too long for the suffix is refused by name",
+          "[controller][staging]") {
+  Config config = StagingConfig();
+  config.pool.shm_name = "/" + std::string(230, 'k');
+  StatusOr<std::unique_ptr<Controller>> created = Controller::Create(config);
+  CHECK(created.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(created.status().message(), Catch::Contains("pool.shm_name"));
+}
+
+}  // namespace
+}  // namespace kvctl
