@@ -146,7 +146,7 @@ def encode_message(msg_type: int, request_id: int, body) -> list:
     """The frames of a message whose body is the messages.def dataclass `body`: frame 0 from the
     field table, then its frame fields that are set (str as UTF-8, buffers as they are). No
     checks: the encode_* functions run them first."""
-    name = next(c.__name__ for c in type(body).__mro__ if c.__name__ in ws.BODIES)
+    name = wc.body_name(type(body))
     frames = [header(msg_type, request_id) + wc.write_fields(name, body)]
     for f in wc.frame_fields(name):
         value = getattr(body, f.name)
@@ -493,6 +493,10 @@ def decode_reply(frames: Sequence) -> Reply:
     return Reply(request_id, msg_type, body)
 
 
+# The reply body of each request type but FETCH (whose two replies the mode byte tells apart).
+_REPLY_BODY_OF = {t: name for name, t in ws.REPLY_BODIES.items() if t != MsgType.FETCH}
+
+
 def _reply_body_name(msg_type: int, frame0: bytes) -> str:
     if msg_type == MsgType.ERROR:
         return "ErrorReply"
@@ -501,7 +505,7 @@ def _reply_body_name(msg_type: int, frame0: bytes) -> str:
         mode = wc.Reader(frame0, HEADER_BYTES).int("mode", "<B")
         _expect(mode in (MODE_DENSE, MODE_BLOCKS), "mode: got %d, expected 0..1" % mode)
         return "FetchDenseReply" if mode == MODE_DENSE else "FetchBlocksReply"
-    return next(name for name, t in ws.REPLY_BODIES.items() if t == base)
+    return _REPLY_BODY_OF[base]
 
 
 def _decode_body(name: str, r: wc.Reader, tensors: Sequence):

@@ -11,9 +11,11 @@ Thread safety: pure functions; a Reader is one thread's.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import struct
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -25,14 +27,40 @@ _INT_FORMATS = {"u8": "<B", "u16": "<H", "u32": "<I", "u64": "<Q", "bool": "<B",
 _ARRAY_DTYPES = {"u16s": np.dtype("<u2"), "u32s": np.dtype("<u4")}
 
 
+@functools.lru_cache(maxsize=None)
 def enum_range(name: str) -> Tuple[int, int]:
     values = [e.value for e in getattr(ws, name)]
     return min(values), max(values)
 
 
-def frame_fields(body: str) -> List[ws.Field]:
+@functools.lru_cache(maxsize=None)
+def frame_fields(body: str) -> Tuple[ws.Field, ...]:
     """The tensor frames of a body, in frame order (frame 1 first)."""
-    return [f for f in ws.BODIES[body] if f.kind == "frame"]
+    return tuple(f for f in ws.BODIES[body] if f.kind == "frame")
+
+
+@functools.lru_cache(maxsize=None)
+def body_name(cls: type) -> str:
+    """The messages.def body a dataclass (or a subclass of one) stands for."""
+    return next(c.__name__ for c in cls.__mro__ if c.__name__ in ws.BODIES)
+
+
+@functools.lru_cache(maxsize=None)
+def _fixed(body: str) -> Optional[Tuple[struct.Struct, Tuple[ws.Field, ...], Callable]]:
+    """For a body whose frame-0 fields are all fixed-width integers (most requests and replies):
+    one struct.Struct, its rows, and a function from the dataclass to the values to pack, so the
+    hot path packs and unpacks in one call. None for other bodies."""
+    rows = tuple(f for f in ws.BODIES[body] if f.kind != "frame")
+    if not all(f.kind in _INT_FORMATS and f.kind != "count16" for f in rows):
+        return None
+    names = [f.name for f in rows]
+    if any(f.kind in ("tag", "reserved8") for f in rows) or len(names) < 2:
+        def values(obj, rows=rows):
+            return [f.arg if f.kind == "tag" else 0 if f.kind == "reserved8"
+                    else getattr(obj, f.name) for f in rows]
+    else:
+        values = operator.attrgetter(*names)  # A tuple in row order.
+    return struct.Struct("<" + "".join(_INT_FORMATS[f.kind][1] for f in rows)), rows, values
 
 
 class Reader:
@@ -84,6 +112,12 @@ class Reader:
                                 % (self.frames, 1 + tensor_frames))
 
 
+def _range(f: ws.Field) -> Tuple[int, int]:
+    """The values a bool, enum, tag or reserved field may hold."""
+    return {"bool": (0, 1), "tag": (f.arg, f.arg), "reserved8": (0, 0)}.get(
+        f.kind) or enum_range(f.arg)
+
+
 def in_range(name: str, value: int, lo: int, hi: int) -> None:
     if not lo <= value <= hi:
         raise ProtocolError("%s: got %d, expected %d..%d" % (name, value, lo, hi))
@@ -100,6 +134,21 @@ def read_fields(r: Reader, body: str, rules: CountRules = None, prefix: str = ""
     become their dataclasses), checking lengths, string limits and UTF-8, enum and bool ranges,
     tags and array counts. Frame rows are left to the caller."""
     values = {} if values is None else values
+    fixed = _fixed(body)
+    if fixed is not None and fixed[0].size <= len(r.buf) - r.pos:
+        for f, v in zip(fixed[1], fixed[0].unpack_from(r.buf, r.pos)):
+            if f.kind not in ("u8", "u16", "u32", "u64"):
+                lo, hi = _range(f)
+                if not lo <= v <= hi:
+                    break  # The field loop below names the field and the value.
+                if f.kind == "bool":
+                    v = bool(v)
+                elif f.kind in ("tag", "reserved8"):
+                    continue
+            values[f.name] = v
+        else:
+            r.pos += fixed[0].size
+            return values
     count = 0
     for f in ws.BODIES[body]:
         name = prefix + f.name
@@ -108,9 +157,7 @@ def read_fields(r: Reader, body: str, rules: CountRules = None, prefix: str = ""
             values[f.name] = r.int(name, _INT_FORMATS[kind])
         elif kind in ("bool", "enum8", "enum32", "tag", "reserved8"):
             v = r.int(name, _INT_FORMATS[kind])
-            lo, hi = {"bool": (0, 1), "tag": (f.arg, f.arg), "reserved8": (0, 0)}.get(
-                kind) or enum_range(f.arg)
-            in_range(name, v, lo, hi)
+            in_range(name, v, *_range(f))
             if kind == "bool":
                 values[f.name] = bool(v)
             elif kind in ("enum8", "enum32"):
@@ -137,6 +184,9 @@ def read_fields(r: Reader, body: str, rules: CountRules = None, prefix: str = ""
 
 def write_fields(body: str, obj) -> bytes:
     """The frame-0 bytes of `obj`, a dataclass of `body` (no checks: the caller validated it)."""
+    fixed = _fixed(body)
+    if fixed is not None:
+        return fixed[0].pack(*fixed[2](obj))
     out = []
     for f in ws.BODIES[body]:
         kind = f.kind
