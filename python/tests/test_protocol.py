@@ -36,6 +36,7 @@ class Golden:
 
     def __init__(self, name: str):
         self.name, self.type, self.request_id, self.frames, self.fields = name, "", 0, [], []
+        self.error = ""  # invalid_* entries: the decoder must refuse with this text.
 
     @property
     def body(self) -> bytes:
@@ -59,6 +60,8 @@ def load_goldens() -> dict:
                 g.type = value
             elif key == "request_id":
                 g.request_id = int(value)
+            elif key == "error":
+                g.error = value
             elif key.startswith("frame"):
                 assert key == "frame%d" % len(g.frames), (g.name, key)
                 g.frames.append(hexbytes(value))
@@ -68,6 +71,8 @@ def load_goldens() -> dict:
 
 
 GOLDEN = load_goldens()
+VALID = sorted(name for name, g in GOLDEN.items() if not g.error)
+INVALID = sorted(name for name, g in GOLDEN.items() if g.error)
 STAGING_NAME = "/kv-stg-00112233445566778899aabbccddeeff"
 BLOCKS_BODY = GOLDEN["fetch_blocks_reply"].body
 
@@ -77,13 +82,13 @@ def _body_name(body) -> str:
 
 
 def _is_reply(g: Golden) -> bool:
-    return g.type == "ERROR" or g.type.endswith("_REPLY")
+    return bool(struct.unpack_from("<H", g.frames[0], 6)[0] & p.REPLY_BIT)
 
 
 # ---- The golden messages (shared with tests/ipc/protocol_golden_test.cc) ---------------------
 
 
-@pytest.mark.parametrize("name", sorted(GOLDEN))
+@pytest.mark.parametrize("name", VALID)
 def test_golden_message_decodes_to_its_fields(name):
     g = GOLDEN[name]
     if _is_reply(g):
@@ -95,7 +100,7 @@ def test_golden_message_decodes_to_its_fields(name):
     assert wc.describe(_body_name(body), body) == g.fields
 
 
-@pytest.mark.parametrize("name", sorted(GOLDEN))
+@pytest.mark.parametrize("name", VALID)
 def test_golden_message_encodes_back_to_its_frames(name):
     g = GOLDEN[name]
     if _is_reply(g):
@@ -107,8 +112,17 @@ def test_golden_message_encodes_back_to_its_frames(name):
     assert [bytes(memoryview(f).cast("B")) for f in frames] == g.frames
 
 
+@pytest.mark.parametrize("name", INVALID)
+def test_golden_invalid_reply_is_refused_with_its_error(name):
+    g = GOLDEN[name]
+    with pytest.raises(kvctl.ProtocolError) as e:
+        p.decode_reply(g.frames)
+    assert g.error in str(e.value)
+
+
 def test_golden_messages_cover_every_message_type():
-    types = {g.type for g in GOLDEN.values()}
+    assert len(INVALID) >= 10
+    types = {GOLDEN[name].type for name in VALID}
     for t in ws.REQUEST_BODIES:
         assert p.type_name(t) in types and p.type_name(t | p.REPLY_BIT) in types
     assert "ERROR" in types
