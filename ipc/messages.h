@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,58 +27,49 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "ipc/messages.def"
 
 namespace kvctl::ipc {
 
-inline constexpr uint32_t kMagic = 0x5443564B;  // Bytes "KVCT" on the wire.
-inline constexpr uint16_t kProtocolVersion = 1;
-inline constexpr size_t kHeaderBytes = 18;
+// Limits (PROTOCOL.md "Limits") and the header constants, from ipc/messages.def. Decoders reject
+// anything outside the limits.
+#define KVCTL_WIRE_DECLARE_LIMIT(cpp, PY, type, value) inline constexpr type cpp = value;
+KVCTL_WIRE_LIMITS(KVCTL_WIRE_DECLARE_LIMIT)
+#undef KVCTL_WIRE_DECLARE_LIMIT
 
-// Message types. Values are on the wire: never renumber, never reuse a retired number (leave a
-// tombstone comment). Replies are `request | kReplyBit`; kError answers any request.
+// Message types (messages.def). Values are on the wire: never renumber, never reuse a retired
+// number (leave a tombstone comment there). Replies are `request | kReplyBit`; kError answers any
+// request.
 enum class MsgType : uint16_t {
-  kHello = 1,
-  kOpen = 2,
-  kClose = 3,
-  kPing = 4,
-  kAppend = 5,
-  kFetch = 6,
-  kStats = 7,
-  kBye = 8,
-  // 9..0x7FFF: unassigned; new requests take the next free number.
-  kError = 0xFFFF,
+#define KVCTL_WIRE_DECLARE_TYPE(cpp, NAME, number, Request) cpp = number,
+  KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_DECLARE_TYPE)
+#undef KVCTL_WIRE_DECLARE_TYPE
+      kError = KVCTL_WIRE_ERROR_TYPE,
 };
-inline constexpr uint16_t kReplyBit = 0x8000;
-inline constexpr uint16_t kFirstRequestType = 1;
-inline constexpr uint16_t kLastRequestType = 8;
+inline constexpr uint16_t kReplyBit = KVCTL_WIRE_REPLY_BIT;
+#define KVCTL_WIRE_TYPE_NUMBER(cpp, NAME, number, Request) number,
+inline constexpr uint16_t kRequestTypes[] = {KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_TYPE_NUMBER)};
+#undef KVCTL_WIRE_TYPE_NUMBER
+inline constexpr uint16_t kFirstRequestType = kRequestTypes[0];
+inline constexpr uint16_t kLastRequestType = kRequestTypes[std::size(kRequestTypes) - 1];
+static_assert(kLastRequestType - kFirstRequestType + 1 == std::size(kRequestTypes),
+              "messages.def: request types are numbered without gaps");
 
 // "HELLO", "FETCH", "ERROR"; replies read "HELLO_REPLY"; unknown numbers read "0x0042".
 std::string TypeName(uint16_t type);
 
-// Limits (PROTOCOL.md "Limits"). Decoders reject anything outside them.
-inline constexpr uint32_t kMaxLayers = 1024;
-inline constexpr uint32_t kMaxHeads = 1024;                     // kv_heads and q_heads.
-inline constexpr uint32_t kMinHeadDim = 8, kMaxHeadDim = 1024;  // And a multiple of 8.
-inline constexpr uint32_t kMaxAppendTokens = 1u << 20;
-inline constexpr uint32_t kMaxBlockTokens = 1u << 16;
-inline constexpr uint32_t kMaxLayouts = 1024;
-inline constexpr size_t kMaxNameBytes = 256;       // client_name, model_name, server_version.
-inline constexpr size_t kMaxShmNameBytes = 255;    // NAME_MAX.
-inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t).
+#define KVCTL_WIRE_DECLARE_ENUMERATOR(cpp, PY, number) cpp = number,
+enum class PoolLocation : uint8_t { KVCTL_WIRE_ENUM_PoolLocation(KVCTL_WIRE_DECLARE_ENUMERATOR) };
+enum class AppendSource : uint8_t { KVCTL_WIRE_ENUM_AppendSource(KVCTL_WIRE_DECLARE_ENUMERATOR) };
+enum class FetchMode : uint8_t { KVCTL_WIRE_ENUM_FetchMode(KVCTL_WIRE_DECLARE_ENUMERATOR) };
+#undef KVCTL_WIRE_DECLARE_ENUMERATOR
 
-enum class PoolLocation : uint8_t { kHostShm = 0, kCudaDevice = 1 };
-inline constexpr size_t kMaxSectionBytes = 256;  // STATS section filter.
-inline constexpr size_t kMaxErrorMessageBytes = 4096;
-inline constexpr size_t kMaxStatsTextBytes = 1u << 20;
-inline constexpr size_t kMaxHeaderFrameBytes = 16u << 20;    // Frame 0 (header + body).
-inline constexpr size_t kMaxTensorFrameBytes = 1u << 30;     // Each later frame.
-inline constexpr size_t kMaxFrames = 4;                      // Frame 0 + at most 3 tensor frames.
-inline constexpr int64_t kMaxPosition = (int64_t{1} << 62);  // Positions are < 2^62.
-inline constexpr uint32_t kNoPage = 0xFFFFFFFF;
-// Quantizer methods are kvctl::QuantMethod values (kernels/quant_types.h): 0 fp16, 1 kivi,
-// 2 quarot, 3 kvarn, 4 oscar. ipc may not include kernels/, so the controller static_asserts that
+// Quantizer methods are kvctl::QuantMethod values (kernels/quant_types.h, listed in
+// messages.def). ipc may not include kernels/, so the controller static_asserts that
 // kNumQuantMethods matches.
-inline constexpr uint8_t kNumWireQuantMethods = 5;
+#define KVCTL_WIRE_COUNT_ONE(cpp, PY, number) +1
+inline constexpr uint8_t kNumWireQuantMethods = 0 KVCTL_WIRE_ENUM_QuantMethod(KVCTL_WIRE_COUNT_ONE);
+#undef KVCTL_WIRE_COUNT_ONE
 
 // The bytes of a frame, for reading tensor payloads.
 inline std::span<const std::byte> FrameBytes(const zmq::message_t& frame) {
@@ -117,8 +109,6 @@ struct PingRequest {
   uint64_t session_id = 0;  // 0 = no session (monitoring); otherwise also renews its lease.
 };
 
-enum class AppendSource : uint8_t { kInline = 0, kStaging = 1 };
-
 // Inline: k, v (and q when has_q) hold [layers, n_tokens, heads, head_dim] in the session dtype.
 // Staging: the same tensors lie back to back (K, V, Q) at staging_offset of the shm pool and the
 // frames are empty. Decoding can only check the tensors against the session geometry once the
@@ -133,8 +123,6 @@ struct AppendRequest {
   uint64_t staging_offset = 0;  // Byte offset in the shm pool; 0 for inline.
   zmq::message_t k{}, v{}, q{};
 };
-
-enum class FetchMode : uint8_t { kDense = 0, kBlocks = 1 };
 
 struct FetchRequest {
   uint64_t session_id = 0;

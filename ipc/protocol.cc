@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "ipc/protocol_internal.h"
+#include "ipc/wire_fields.h"
 
 namespace kvctl::ipc {
 
@@ -16,16 +17,16 @@ namespace kvctl::ipc {
 static_assert(std::endian::native == std::endian::little, "kvctl's wire format is little-endian");
 
 // The last kvctl::StatusCode (common/status.h); error replies carry 1..kLastStatusCode.
-constexpr uint32_t kLastStatusCode = static_cast<uint32_t>(StatusCode::kDataLoss);
+constexpr uint32_t kLastStatusCode = WireEnum<StatusCode>::kMax;
 
 std::string TypeName(uint16_t type) {
-  static constexpr const char* kNames[] = {"",       "HELLO", "OPEN",  "CLOSE", "PING",
-                                           "APPEND", "FETCH", "STATS", "BYE"};
-  static_assert(std::size(kNames) == kLastRequestType + 1);
+#define KVCTL_WIRE_TYPE_NAME(cpp, NAME, number, Request) #NAME,
+  static constexpr const char* kNames[] = {KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_TYPE_NAME)};
+#undef KVCTL_WIRE_TYPE_NAME
   if (type == static_cast<uint16_t>(MsgType::kError)) return "ERROR";
   const uint16_t base = type & ~kReplyBit;
   if (base >= kFirstRequestType && base <= kLastRequestType) {
-    return std::string(kNames[base]) + ((type & kReplyBit) ? "_REPLY" : "");
+    return std::string(kNames[base - kFirstRequestType]) + ((type & kReplyBit) ? "_REPLY" : "");
   }
   char hex[8];
   std::snprintf(hex, sizeof(hex), "0x%04X", type);
@@ -61,15 +62,8 @@ Status CheckString(std::string_view field, const std::string& s, size_t min_byte
 }
 
 Status CheckDType(std::string_view field, DType dtype) {
-  return CheckRange(field, static_cast<uint8_t>(dtype), 0, 2);
-}
-
-Status ReadDType(WireReader& r, std::string_view field, DType* out) {
-  uint8_t v;
-  KVCTL_RETURN_IF_ERROR(r.U8(field, &v));
-  KVCTL_RETURN_IF_ERROR(CheckRange(field, v, 0, 2));
-  *out = static_cast<DType>(v);
-  return OkStatus();
+  return CheckRange(field, static_cast<uint8_t>(dtype), WireEnum<DType>::kMin,
+                    WireEnum<DType>::kMax);
 }
 
 Status CheckTensorFrame(std::string_view field, const zmq::message_t& frame, uint64_t expected) {
@@ -174,14 +168,6 @@ Status CheckSession(uint64_t session_id) {
   return OkStatus();
 }
 
-Status ReadBool(WireReader& r, std::string_view field, bool* out) {
-  uint8_t v;
-  KVCTL_RETURN_IF_ERROR(r.U8(field, &v));
-  KVCTL_RETURN_IF_ERROR(CheckRange(field, v, 0, 1));
-  *out = v != 0;
-  return OkStatus();
-}
-
 // Defaults for messages without tensor frames.
 template <typename M>
 size_t TensorFrameCount(const M&) {
@@ -196,25 +182,6 @@ Status PutTensorFrames(Frames&, M*) {
 
 // ---- HELLO ----
 
-void WriteBody(WireWriter& w, const HelloRequest& m) {
-  w.U16(m.client_max_version);
-  w.Str(m.client_name);
-  w.Str(m.model_name);
-  const Geometry& g = m.geometry;
-  for (uint32_t v : {g.layers, g.kv_heads, g.q_heads, g.head_dim}) w.U32(v);
-  w.U8(static_cast<uint8_t>(g.dtype));
-}
-Status ReadBody(WireReader& r, HelloRequest* m) {
-  Geometry& g = m->geometry;
-  KVCTL_RETURN_IF_ERROR(r.U16("client_max_version", &m->client_max_version));
-  KVCTL_RETURN_IF_ERROR(r.Str("client_name", kMaxNameBytes, &m->client_name));
-  KVCTL_RETURN_IF_ERROR(r.Str("model_name", kMaxNameBytes, &m->model_name));
-  KVCTL_RETURN_IF_ERROR(r.U32("layers", &g.layers));
-  KVCTL_RETURN_IF_ERROR(r.U32("kv_heads", &g.kv_heads));
-  KVCTL_RETURN_IF_ERROR(r.U32("q_heads", &g.q_heads));
-  KVCTL_RETURN_IF_ERROR(r.U32("head_dim", &g.head_dim));
-  return ReadDType(r, "dtype", &g.dtype);
-}
 Status Validate(const HelloRequest& m) {
   KVCTL_RETURN_IF_ERROR(CheckRange("client_max_version", m.client_max_version, 1, UINT16_MAX));
   KVCTL_RETURN_IF_ERROR(CheckString("client_name", m.client_name, 1, kMaxNameBytes));
@@ -222,53 +189,6 @@ Status Validate(const HelloRequest& m) {
   return ValidateGeometry(m.geometry);
 }
 
-void WriteBody(WireWriter& w, const HelloReply& m) {
-  w.U64(m.session_id);
-  w.U32(m.lease_ms);
-  w.Str(m.server_version);
-  w.U64(m.pool_bytes);
-  w.U32(m.page_bytes);
-  w.Str(m.shm_name);
-  w.U64(m.staging_offset);
-  w.U64(m.staging_bytes);
-  w.U8(m.quant.method);
-  w.U8(m.quant.k_bits);
-  w.U8(m.quant.v_bits);
-  w.U32(m.quant.block_tokens);
-  w.U32(m.quant.sink_tokens);
-  w.U32(m.quant.flush_tokens);
-  w.U8(static_cast<uint8_t>(m.pool_location));
-  w.U32(m.cuda_device);
-  w.Bytes(m.cuda_ipc_handle.data(), m.cuda_ipc_handle.size());
-  w.Str(m.staging_shm_name);
-}
-Status ReadBody(WireReader& r, HelloReply* m) {
-  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
-  KVCTL_RETURN_IF_ERROR(r.U32("lease_ms", &m->lease_ms));
-  KVCTL_RETURN_IF_ERROR(r.Str("server_version", kMaxNameBytes, &m->server_version));
-  KVCTL_RETURN_IF_ERROR(r.U64("pool_bytes", &m->pool_bytes));
-  KVCTL_RETURN_IF_ERROR(r.U32("page_bytes", &m->page_bytes));
-  KVCTL_RETURN_IF_ERROR(r.Str("shm_name", kMaxShmNameBytes, &m->shm_name));
-  KVCTL_RETURN_IF_ERROR(r.U64("staging_offset", &m->staging_offset));
-  KVCTL_RETURN_IF_ERROR(r.U64("staging_bytes", &m->staging_bytes));
-  KVCTL_RETURN_IF_ERROR(r.U8("quant.method", &m->quant.method));
-  KVCTL_RETURN_IF_ERROR(r.U8("quant.k_bits", &m->quant.k_bits));
-  KVCTL_RETURN_IF_ERROR(r.U8("quant.v_bits", &m->quant.v_bits));
-  KVCTL_RETURN_IF_ERROR(r.U32("quant.block_tokens", &m->quant.block_tokens));
-  KVCTL_RETURN_IF_ERROR(r.U32("quant.sink_tokens", &m->quant.sink_tokens));
-  KVCTL_RETURN_IF_ERROR(r.U32("quant.flush_tokens", &m->quant.flush_tokens));
-  uint8_t location;
-  KVCTL_RETURN_IF_ERROR(r.U8("pool_location", &location));
-  if (location > static_cast<uint8_t>(PoolLocation::kCudaDevice)) {
-    return InvalidArgument("pool_location: got ", int{location},
-                           ", expected 0 (host shm) or 1 (cuda device)");
-  }
-  m->pool_location = static_cast<PoolLocation>(location);
-  KVCTL_RETURN_IF_ERROR(r.U32("cuda_device", &m->cuda_device));
-  KVCTL_RETURN_IF_ERROR(
-      r.Bytes("cuda_ipc_handle", m->cuda_ipc_handle.size(), m->cuda_ipc_handle.data()));
-  return r.Str("staging_shm_name", kMaxShmNameBytes, &m->staging_shm_name);
-}
 Status Validate(const HelloReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
   KVCTL_RETURN_IF_ERROR(CheckString("server_version", m.server_version, 1, kMaxNameBytes));
@@ -322,64 +242,20 @@ Status Validate(const HelloReply& m) {
 
 // ---- OPEN / CLOSE / PING ----
 
-template <typename M>
-void WriteSessionSequence(WireWriter& w, const M& m) {
-  w.U64(m.session_id);
-  w.U64(m.sequence_id);
-}
-template <typename M>
-Status ReadSessionSequence(WireReader& r, M* m) {
-  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
-  return r.U64("sequence_id", &m->sequence_id);
-}
-
-void WriteBody(WireWriter& w, const OpenRequest& m) { WriteSessionSequence(w, m); }
-Status ReadBody(WireReader& r, OpenRequest* m) { return ReadSessionSequence(r, m); }
 Status Validate(const OpenRequest& m) { return CheckSession(m.session_id); }
 
-void WriteBody(WireWriter& w, const CloseRequest& m) { WriteSessionSequence(w, m); }
-Status ReadBody(WireReader& r, CloseRequest* m) { return ReadSessionSequence(r, m); }
 Status Validate(const CloseRequest& m) { return CheckSession(m.session_id); }
 
-void WriteBody(WireWriter& w, const PingRequest& m) { w.U64(m.session_id); }
-Status ReadBody(WireReader& r, PingRequest* m) { return r.U64("session_id", &m->session_id); }
 Status Validate(const PingRequest&) { return OkStatus(); }
 
-void WriteBody(WireWriter&, const OpenReply&) {}
-Status ReadBody(WireReader&, OpenReply*) { return OkStatus(); }
 Status Validate(const OpenReply&) { return OkStatus(); }
 
-void WriteBody(WireWriter& w, const CloseReply& m) { w.U64(m.bytes_freed); }
-Status ReadBody(WireReader& r, CloseReply* m) { return r.U64("bytes_freed", &m->bytes_freed); }
 Status Validate(const CloseReply&) { return OkStatus(); }
 
-void WriteBody(WireWriter& w, const PingReply& m) { w.U64(m.server_time_us); }
-Status ReadBody(WireReader& r, PingReply* m) { return r.U64("server_time_us", &m->server_time_us); }
 Status Validate(const PingReply&) { return OkStatus(); }
 
 // ---- APPEND ----
 
-void WriteBody(WireWriter& w, const AppendRequest& m) {
-  w.U64(m.session_id);
-  w.U64(m.sequence_id);
-  w.U64(m.first_position);
-  w.U32(m.n_tokens);
-  w.U8(static_cast<uint8_t>(m.source));
-  w.U8(m.has_q ? 1 : 0);
-  w.U64(m.staging_offset);
-}
-Status ReadBody(WireReader& r, AppendRequest* m) {
-  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
-  KVCTL_RETURN_IF_ERROR(r.U64("sequence_id", &m->sequence_id));
-  KVCTL_RETURN_IF_ERROR(r.U64("first_position", &m->first_position));
-  KVCTL_RETURN_IF_ERROR(r.U32("n_tokens", &m->n_tokens));
-  uint8_t source;
-  KVCTL_RETURN_IF_ERROR(r.U8("source", &source));
-  KVCTL_RETURN_IF_ERROR(CheckRange("source", source, 0, 1));
-  m->source = static_cast<AppendSource>(source);
-  KVCTL_RETURN_IF_ERROR(ReadBool(r, "has_q", &m->has_q));
-  return r.U64("staging_offset", &m->staging_offset);
-}
 size_t TensorFrameCount(const AppendRequest& m) {
   if (m.source == AppendSource::kStaging) return 0;
   return m.has_q ? 3 : 2;
@@ -402,7 +278,8 @@ Status Validate(const AppendRequest& m) {
   KVCTL_RETURN_IF_ERROR(CheckRange("n_tokens", m.n_tokens, 1, kMaxAppendTokens));
   KVCTL_RETURN_IF_ERROR(
       CheckRange("first_position", m.first_position, 0, kMaxPosition - m.n_tokens));
-  KVCTL_RETURN_IF_ERROR(CheckRange("source", static_cast<uint8_t>(m.source), 0, 1));
+  KVCTL_RETURN_IF_ERROR(CheckRange("source", static_cast<uint8_t>(m.source),
+                                   WireEnum<AppendSource>::kMin, WireEnum<AppendSource>::kMax));
   if (m.source == AppendSource::kStaging) {
     if (m.k.size() + m.v.size() + m.q.size() != 0) {
       return InvalidArgument("staging append: carries ", m.k.size() + m.v.size() + m.q.size(),
@@ -435,44 +312,18 @@ Status Validate(const AppendRequest& m) {
   return OkStatus();
 }
 
-void WriteBody(WireWriter& w, const AppendReply& m) {
-  w.U64(m.tokens_total);
-  w.U64(m.tokens_quantized);
-  w.U64(m.pool_bytes_used);
-}
-Status ReadBody(WireReader& r, AppendReply* m) {
-  KVCTL_RETURN_IF_ERROR(r.U64("tokens_total", &m->tokens_total));
-  KVCTL_RETURN_IF_ERROR(r.U64("tokens_quantized", &m->tokens_quantized));
-  return r.U64("pool_bytes_used", &m->pool_bytes_used);
-}
 Status Validate(const AppendReply& m) {
   return CheckRange("tokens_quantized", m.tokens_quantized, 0, m.tokens_total);
 }
 
 // ---- FETCH (replies in protocol_fetch.cc) ----
 
-void WriteBody(WireWriter& w, const FetchRequest& m) {
-  WriteSessionSequence(w, m);
-  w.U32(m.layer_begin);
-  w.U32(m.layer_end);
-  w.U8(static_cast<uint8_t>(m.mode));
-  w.U8(static_cast<uint8_t>(m.out_dtype));
-}
-Status ReadBody(WireReader& r, FetchRequest* m) {
-  KVCTL_RETURN_IF_ERROR(ReadSessionSequence(r, m));
-  KVCTL_RETURN_IF_ERROR(r.U32("layer_begin", &m->layer_begin));
-  KVCTL_RETURN_IF_ERROR(r.U32("layer_end", &m->layer_end));
-  uint8_t mode;
-  KVCTL_RETURN_IF_ERROR(r.U8("mode", &mode));
-  KVCTL_RETURN_IF_ERROR(CheckRange("mode", mode, 0, 1));
-  m->mode = static_cast<FetchMode>(mode);
-  return ReadDType(r, "out_dtype", &m->out_dtype);
-}
 Status Validate(const FetchRequest& m) {
   KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
   KVCTL_RETURN_IF_ERROR(CheckRange("layer_end", m.layer_end, 1, kMaxLayers));
   KVCTL_RETURN_IF_ERROR(CheckRange("layer_begin", m.layer_begin, 0, m.layer_end - 1));
-  KVCTL_RETURN_IF_ERROR(CheckRange("mode", static_cast<uint8_t>(m.mode), 0, 1));
+  KVCTL_RETURN_IF_ERROR(CheckRange("mode", static_cast<uint8_t>(m.mode), WireEnum<FetchMode>::kMin,
+                                   WireEnum<FetchMode>::kMax));
   return CheckDType("out_dtype", m.out_dtype);
 }
 size_t TensorFrameCount(const FetchDenseReply&) { return 3; }
@@ -480,20 +331,10 @@ size_t TensorFrameCount(const FetchBlocksReply&) { return 3; }
 
 // ---- STATS ----
 
-void WriteBody(WireWriter& w, const StatsRequest& m) {
-  w.U64(m.session_id);
-  w.Str(m.section);
-}
-Status ReadBody(WireReader& r, StatsRequest* m) {
-  KVCTL_RETURN_IF_ERROR(r.U64("session_id", &m->session_id));
-  return r.Str("section", kMaxSectionBytes, &m->section);
-}
 Status Validate(const StatsRequest& m) {
   return CheckString("section", m.section, 0, kMaxSectionBytes);
 }
 
-void WriteBody(WireWriter&, const StatsReply&) {}
-Status ReadBody(WireReader&, StatsReply*) { return OkStatus(); }
 size_t TensorFrameCount(const StatsReply&) { return 1; }
 void TakeTensorFrames(StatsReply& m, Frames* out) {
   out->emplace_back(m.text.data(), m.text.size());
@@ -506,33 +347,12 @@ Status Validate(const StatsReply& m) { return CheckString("text", m.text, 0, kMa
 
 // ---- BYE ----
 
-void WriteBody(WireWriter& w, const ByeRequest& m) { w.U64(m.session_id); }
-Status ReadBody(WireReader& r, ByeRequest* m) { return r.U64("session_id", &m->session_id); }
 Status Validate(const ByeRequest& m) { return CheckSession(m.session_id); }
 
-void WriteBody(WireWriter& w, const ByeReply& m) {
-  w.U32(m.sequences_closed);
-  w.U64(m.bytes_freed);
-}
-Status ReadBody(WireReader& r, ByeReply* m) {
-  KVCTL_RETURN_IF_ERROR(r.U32("sequences_closed", &m->sequences_closed));
-  return r.U64("bytes_freed", &m->bytes_freed);
-}
 Status Validate(const ByeReply&) { return OkStatus(); }
 
 // ---- ERROR ----
 
-void WriteBody(WireWriter& w, const ErrorReply& m) {
-  w.U32(static_cast<uint32_t>(m.code));
-  w.Str(m.message);
-}
-Status ReadBody(WireReader& r, ErrorReply* m) {
-  uint32_t code;
-  KVCTL_RETURN_IF_ERROR(r.U32("code", &code));
-  KVCTL_RETURN_IF_ERROR(CheckRange("code", code, 1, kLastStatusCode));
-  m->code = static_cast<StatusCode>(code);
-  return r.Str("message", kMaxErrorMessageBytes, &m->message);
-}
 Status Validate(const ErrorReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckRange("code", static_cast<uint32_t>(m.code), 1, kLastStatusCode));
   return CheckString("message", m.message, 0, kMaxErrorMessageBytes);
@@ -552,7 +372,7 @@ StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
   KVCTL_RETURN_IF_ERROR(Prefixed(what, Validate(msg)));
   WireWriter w;
   WriteHeader(w, type, request_id);
-  WriteBody(w, msg);
+  WriteFields(w, msg);
   if (w.size() > kMaxHeaderFrameBytes) {
     return InvalidArgument(what, ": frame 0 would be ", w.size(), " bytes, limit ",
                            kMaxHeaderFrameBytes);
@@ -563,13 +383,13 @@ StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
   return frames;
 }
 
-// `frames[0]` has passed DecodeHeader. Body starts at `body_offset` (after FETCH's mode byte).
+// `frames[0]` has passed DecodeHeader.
 template <typename M>
-StatusOr<M> DecodeAs(uint16_t type, Frames& frames, size_t body_offset) {
+StatusOr<M> DecodeAs(uint16_t type, Frames& frames) {
   const std::string what = TypeName(type);
   M msg;
-  WireReader r(frames[0].data(), frames[0].size(), body_offset);
-  KVCTL_RETURN_IF_ERROR(Prefixed(what, ReadBody(r, &msg)));
+  WireReader r(frames[0].data(), frames[0].size(), kHeaderBytes);
+  KVCTL_RETURN_IF_ERROR(Prefixed(what, ReadFields(r, &msg)));
   KVCTL_RETURN_IF_ERROR(Prefixed(what, r.Finish()));
   const size_t want = 1 + TensorFrameCount(msg);
   if (frames.size() != want) {
@@ -587,9 +407,8 @@ StatusOr<M> DecodeAs(uint16_t type, Frames& frames, size_t body_offset) {
 }
 
 template <typename M, typename Out>
-StatusOr<Out> DecodeInto(uint16_t type, uint64_t request_id, Frames& frames,
-                         size_t body_offset = kHeaderBytes) {
-  KVCTL_ASSIGN_OR_RETURN(M msg, DecodeAs<M>(type, frames, body_offset));
+StatusOr<Out> DecodeInto(uint16_t type, uint64_t request_id, Frames& frames) {
+  KVCTL_ASSIGN_OR_RETURN(M msg, DecodeAs<M>(type, frames));
   return Out{request_id, std::move(msg)};
 }
 
@@ -601,22 +420,11 @@ StatusOr<Request> DecodeRequest(Frames frames) {
   if (frames.empty()) return InvalidArgument("message: no frames, expected a header frame");
   KVCTL_ASSIGN_OR_RETURN(Header h, DecodeHeader(frames[0]));
   switch (static_cast<MsgType>(h.type)) {
-    case MsgType::kHello:
-      return DecodeInto<HelloRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kOpen:
-      return DecodeInto<OpenRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kClose:
-      return DecodeInto<CloseRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kPing:
-      return DecodeInto<PingRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kAppend:
-      return DecodeInto<AppendRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kFetch:
-      return DecodeInto<FetchRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kStats:
-      return DecodeInto<StatsRequest, Request>(h.type, h.request_id, frames);
-    case MsgType::kBye:
-      return DecodeInto<ByeRequest, Request>(h.type, h.request_id, frames);
+#define KVCTL_WIRE_DECODE_REQUEST(cpp, NAME, number, Body) \
+  case MsgType::cpp:                                       \
+    return DecodeInto<Body, Request>(h.type, h.request_id, frames);
+    KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_DECODE_REQUEST)
+#undef KVCTL_WIRE_DECODE_REQUEST
     default:
       break;
   }
@@ -654,10 +462,10 @@ StatusOr<Reply> DecodeReply(Frames frames) {
       uint8_t mode;
       KVCTL_RETURN_IF_ERROR(Prefixed("FETCH_REPLY", r.U8("mode", &mode)));
       if (mode == static_cast<uint8_t>(FetchMode::kDense)) {
-        return DecodeInto<FetchDenseReply, Reply>(h.type, id, frames, kHeaderBytes + 1);
+        return DecodeInto<FetchDenseReply, Reply>(h.type, id, frames);
       }
       if (mode == static_cast<uint8_t>(FetchMode::kBlocks)) {
-        return DecodeInto<FetchBlocksReply, Reply>(h.type, id, frames, kHeaderBytes + 1);
+        return DecodeInto<FetchBlocksReply, Reply>(h.type, id, frames);
       }
       return InvalidArgument("FETCH_REPLY: mode: got ", int{mode}, ", expected 0..1");
     }
@@ -670,28 +478,18 @@ StatusOr<Reply> DecodeReply(Frames frames) {
   return Unimplemented("type: got ", TypeName(h.type), ", expected a known reply");
 }
 
-#define KVCTL_IPC_ENCODE(Msg, type)                                \
-  StatusOr<Frames> Encode(uint64_t request_id, Msg msg) {          \
-    return EncodeAs(static_cast<uint16_t>(type), request_id, msg); \
+#define KVCTL_WIRE_ENCODE_REQUEST(cpp, NAME, number, Body)                 \
+  StatusOr<Frames> Encode(uint64_t request_id, Body msg) {                 \
+    return EncodeAs(static_cast<uint16_t>(MsgType::cpp), request_id, msg); \
   }
-KVCTL_IPC_ENCODE(HelloRequest, MsgType::kHello)
-KVCTL_IPC_ENCODE(OpenRequest, MsgType::kOpen)
-KVCTL_IPC_ENCODE(CloseRequest, MsgType::kClose)
-KVCTL_IPC_ENCODE(PingRequest, MsgType::kPing)
-KVCTL_IPC_ENCODE(AppendRequest, MsgType::kAppend)
-KVCTL_IPC_ENCODE(FetchRequest, MsgType::kFetch)
-KVCTL_IPC_ENCODE(StatsRequest, MsgType::kStats)
-KVCTL_IPC_ENCODE(ByeRequest, MsgType::kBye)
-KVCTL_IPC_ENCODE(HelloReply, ReplyType(MsgType::kHello))
-KVCTL_IPC_ENCODE(OpenReply, ReplyType(MsgType::kOpen))
-KVCTL_IPC_ENCODE(CloseReply, ReplyType(MsgType::kClose))
-KVCTL_IPC_ENCODE(PingReply, ReplyType(MsgType::kPing))
-KVCTL_IPC_ENCODE(AppendReply, ReplyType(MsgType::kAppend))
-KVCTL_IPC_ENCODE(FetchDenseReply, ReplyType(MsgType::kFetch))
-KVCTL_IPC_ENCODE(FetchBlocksReply, ReplyType(MsgType::kFetch))
-KVCTL_IPC_ENCODE(StatsReply, ReplyType(MsgType::kStats))
-KVCTL_IPC_ENCODE(ByeReply, ReplyType(MsgType::kBye))
-#undef KVCTL_IPC_ENCODE
+KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_ENCODE_REQUEST)
+#undef KVCTL_WIRE_ENCODE_REQUEST
+#define KVCTL_WIRE_ENCODE_REPLY(Body, request)                     \
+  StatusOr<Frames> Encode(uint64_t request_id, Body msg) {         \
+    return EncodeAs(ReplyType(MsgType::request), request_id, msg); \
+  }
+KVCTL_WIRE_REPLIES(KVCTL_WIRE_ENCODE_REPLY)
+#undef KVCTL_WIRE_ENCODE_REPLY
 
 StatusOr<Frames> Encode(uint64_t request_id, RequestBody msg) {
   return std::visit([&](auto& m) { return Encode(request_id, std::move(m)); }, msg);
@@ -732,12 +530,10 @@ MsgType TypeOf(const RequestBody& body) {
 }
 
 uint16_t TypeOf(const ReplyBody& body) {
+#define KVCTL_WIRE_REPLY_TYPE(Reply, request) ReplyType(MsgType::request),
   static constexpr uint16_t kTypes[] = {
-      ReplyType(MsgType::kHello),  ReplyType(MsgType::kOpen),
-      ReplyType(MsgType::kClose),  ReplyType(MsgType::kPing),
-      ReplyType(MsgType::kAppend), ReplyType(MsgType::kFetch),
-      ReplyType(MsgType::kFetch),  ReplyType(MsgType::kStats),
-      ReplyType(MsgType::kBye),    static_cast<uint16_t>(MsgType::kError)};
+      KVCTL_WIRE_REPLIES(KVCTL_WIRE_REPLY_TYPE) static_cast<uint16_t>(MsgType::kError)};
+#undef KVCTL_WIRE_REPLY_TYPE
   static_assert(std::size(kTypes) == std::variant_size_v<ReplyBody>);
   return kTypes[body.index()];
 }

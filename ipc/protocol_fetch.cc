@@ -20,22 +20,6 @@ Status CheckPairShape(const PairShape& s) {
   return CheckHeadDim("head_dim", s.head_dim);
 }
 
-Status ReadPairShape(WireReader& r, PairShape* s) {
-  KVCTL_RETURN_IF_ERROR(r.U32("layer_begin", &s->layer_begin));
-  KVCTL_RETURN_IF_ERROR(r.U32("n_layers", &s->n_layers));
-  KVCTL_RETURN_IF_ERROR(r.U32("kv_heads", &s->kv_heads));
-  KVCTL_RETURN_IF_ERROR(r.U32("head_dim", &s->head_dim));
-  // Checked before any array is sized from these fields.
-  return CheckPairShape(*s);
-}
-
-void WritePairShape(WireWriter& w, const PairShape& s) {
-  w.U32(s.layer_begin);
-  w.U32(s.n_layers);
-  w.U32(s.kv_heads);
-  w.U32(s.head_dim);
-}
-
 uint64_t Sum(const std::vector<uint32_t>& v) {
   uint64_t total = 0;  // <= 2^20 pairs * 2^32: cannot overflow.
   for (uint32_t x : v) total += x;
@@ -107,26 +91,34 @@ Status CheckLayout(size_t index, const RecordLayout& l, const FetchBlocksReply& 
 
 }  // namespace
 
+// Arrays are sized from the fields before them; the pair shape is checked first, so a hostile
+// n_layers or kv_heads is named as such rather than as a truncated array.
+StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchDenseReply& m) {
+  KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
+  KVCTL_CHECK(rule == CountRule::kPairs);  // messages.def gives the dense reply one array.
+  return uint64_t{m.n_layers} * m.kv_heads;
+}
+
+StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchBlocksReply& m) {
+  KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
+  const uint64_t pairs = uint64_t{m.n_layers} * m.kv_heads;
+  bool any_side = false;
+  for (const RecordLayout& l : m.layouts) any_side = any_side || l.side_bytes_per_token > 0;
+  switch (rule) {
+    case CountRule::kPairs:
+      return pairs;
+    case CountRule::kPairsPlusOne:
+      return pairs + 1;
+    case CountRule::kNnz:
+      return uint64_t{m.indptr.back()};  // indptr (pairs + 1 >= 2 entries) is read before.
+    case CountRule::kSideNnz:
+      return any_side ? uint64_t{m.indptr.back()} : 0;
+  }
+  return pairs;
+}
+
 // ---- Dense
 // ---------------------------------------------------------------------------------------
-
-void WriteBody(WireWriter& w, const FetchDenseReply& m) {
-  w.U8(static_cast<uint8_t>(FetchMode::kDense));
-  WritePairShape(w, {m.layer_begin, m.n_layers, m.kv_heads, m.head_dim});
-  w.U8(static_cast<uint8_t>(m.dtype));
-  w.U32Array(m.counts);
-}
-
-Status ReadBody(WireReader& r, FetchDenseReply* m) {
-  PairShape s;
-  KVCTL_RETURN_IF_ERROR(ReadPairShape(r, &s));
-  m->layer_begin = s.layer_begin;
-  m->n_layers = s.n_layers;
-  m->kv_heads = s.kv_heads;
-  m->head_dim = s.head_dim;
-  KVCTL_RETURN_IF_ERROR(ReadDType(r, "dtype", &m->dtype));
-  return r.U32Array("counts", uint64_t{s.n_layers} * s.kv_heads, &m->counts);
-}
 
 Status Validate(const FetchDenseReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
@@ -154,75 +146,6 @@ Status PutTensorFrames(Frames& in, FetchDenseReply* m) {
 
 // ---- Blocks
 // --------------------------------------------------------------------------------------
-
-void WriteBody(WireWriter& w, const FetchBlocksReply& m) {
-  w.U8(static_cast<uint8_t>(FetchMode::kBlocks));
-  WritePairShape(w, {m.layer_begin, m.n_layers, m.kv_heads, m.head_dim});
-  w.U32(m.page_bytes);
-  w.U32(m.block_tokens);
-  w.U32(m.side_records_per_page);
-  w.U16(static_cast<uint16_t>(m.layouts.size()));
-  for (const RecordLayout& l : m.layouts) {
-    w.U8(l.method);
-    w.U8(l.k_bits);
-    w.U8(l.v_bits);
-    w.U8(0);  // Reserved.
-    for (uint32_t v :
-         {l.k_group_tokens, l.v_group_channels, l.record_bytes, l.k_codes_offset, l.k_codes_bytes,
-          l.k_meta_offset, l.k_meta_bytes, l.v_codes_offset, l.v_codes_bytes, l.v_meta_offset,
-          l.v_meta_bytes, l.side_bytes_per_token, l.records_per_page}) {
-      w.U32(v);
-    }
-  }
-  w.U16Array(m.layout_index);
-  w.U32Array(m.indptr);
-  w.U32Array(m.indices);
-  w.U32Array(m.last_page_len);
-  w.U32Array(m.side_indices);
-  w.U8(static_cast<uint8_t>(m.tail_dtype));
-  w.U32Array(m.tail_counts);
-}
-
-Status ReadBody(WireReader& r, FetchBlocksReply* m) {
-  PairShape s;
-  KVCTL_RETURN_IF_ERROR(ReadPairShape(r, &s));
-  m->layer_begin = s.layer_begin;
-  m->n_layers = s.n_layers;
-  m->kv_heads = s.kv_heads;
-  m->head_dim = s.head_dim;
-  const uint64_t pairs = uint64_t{s.n_layers} * s.kv_heads;
-  KVCTL_RETURN_IF_ERROR(r.U32("page_bytes", &m->page_bytes));
-  KVCTL_RETURN_IF_ERROR(r.U32("block_tokens", &m->block_tokens));
-  KVCTL_RETURN_IF_ERROR(r.U32("side_records_per_page", &m->side_records_per_page));
-  uint16_t n_layouts;
-  KVCTL_RETURN_IF_ERROR(r.U16("n_layouts", &n_layouts));
-  KVCTL_RETURN_IF_ERROR(CheckRange("n_layouts", n_layouts, 1, kMaxLayouts));
-  m->layouts.resize(n_layouts);
-  bool any_side = false;
-  for (RecordLayout& l : m->layouts) {
-    uint8_t reserved;
-    KVCTL_RETURN_IF_ERROR(r.U8("layout.method", &l.method));
-    KVCTL_RETURN_IF_ERROR(r.U8("layout.k_bits", &l.k_bits));
-    KVCTL_RETURN_IF_ERROR(r.U8("layout.v_bits", &l.v_bits));
-    KVCTL_RETURN_IF_ERROR(r.U8("layout.reserved", &reserved));
-    KVCTL_RETURN_IF_ERROR(CheckRange("layout.reserved", reserved, 0, 0));
-    for (uint32_t* f :
-         {&l.k_group_tokens, &l.v_group_channels, &l.record_bytes, &l.k_codes_offset,
-          &l.k_codes_bytes, &l.k_meta_offset, &l.k_meta_bytes, &l.v_codes_offset, &l.v_codes_bytes,
-          &l.v_meta_offset, &l.v_meta_bytes, &l.side_bytes_per_token, &l.records_per_page}) {
-      KVCTL_RETURN_IF_ERROR(r.U32("layout", f));
-    }
-    any_side = any_side || l.side_bytes_per_token > 0;
-  }
-  KVCTL_RETURN_IF_ERROR(r.U16Array("layout_index", pairs, &m->layout_index));
-  KVCTL_RETURN_IF_ERROR(r.U32Array("indptr", pairs + 1, &m->indptr));
-  KVCTL_RETURN_IF_ERROR(r.U32Array("indices", m->indptr.back(), &m->indices));
-  KVCTL_RETURN_IF_ERROR(r.U32Array("last_page_len", pairs, &m->last_page_len));
-  KVCTL_RETURN_IF_ERROR(
-      r.U32Array("side_indices", any_side ? m->indptr.back() : 0, &m->side_indices));
-  KVCTL_RETURN_IF_ERROR(ReadDType(r, "tail_dtype", &m->tail_dtype));
-  return r.U32Array("tail_counts", pairs, &m->tail_counts);
-}
 
 Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));

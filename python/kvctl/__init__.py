@@ -14,14 +14,14 @@ tensors) to a bfloat16 session, and convert fetched bits with bf16_to_float32().
 """
 
 from . import protocol
-from .client import Client, FetchResult, Session, parse_info
+from .client import BlocksTable, Client, FetchResult, Session, parse_info
 from .protocol import (AppendReply, ByeReply, KvctlError, ProtocolError, QuantInfo, ServerError,
                        SessionLostError, Timeout, bf16_to_float32, float32_to_bf16)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AppendReply", "ByeReply", "Client", "FetchResult", "KvctlError", "ProtocolError",
-    "QuantInfo", "ServerError", "Session", "SessionLostError", "Timeout", "bf16_to_float32",
+    "AppendReply", "BlocksTable", "ByeReply", "Client", "FetchResult", "KvctlError",
+    "ProtocolError", "QuantInfo", "ServerError", "Session", "SessionLostError", "Timeout", "bf16_to_float32",
     "float32_to_bf16", "parse_info", "protocol", "__version__",
 ]

@@ -27,7 +27,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
@@ -87,6 +87,37 @@ class FetchResult(NamedTuple):
     k: Union[List[List[np.ndarray]], np.ndarray]
     v: Union[List[List[np.ndarray]], np.ndarray]
     positions: Union[List[List[np.ndarray]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class BlocksTable:
+    """The blocks-mode page table of a sequence (Client.fetch_blocks, PROTOCOL.md 4.5): the
+    FETCH blocks reply's fields, plus what follows from them. Pairs i = (layer - layer_begin) *
+    kv_heads + head. Records stay valid until the next APPEND or CLOSE of the sequence."""
+
+    layer_begin: int
+    n_layers: int
+    kv_heads: int
+    head_dim: int
+    page_bytes: int
+    block_tokens: int
+    side_records_per_page: int
+    layouts: Tuple[p.RecordLayout, ...]  # Each with its own records_per_page and method_name.
+    layout_index: np.ndarray  # uint16 [pairs]: index into layouts.
+    indptr: np.ndarray  # uint32 [pairs + 1]: pair i owns indices[indptr[i] .. indptr[i+1]).
+    indices: np.ndarray  # uint32 [nnz]: record ids.
+    last_page_len: np.ndarray  # uint32 [pairs]: tokens in the pair's last record.
+    side_indices: Optional[np.ndarray]  # uint32 [nnz], or None without side records.
+    record_offsets: np.ndarray  # uint64 [nnz]: byte offset in the pool of every record.
+    quantized_counts: np.ndarray  # int64 [pairs]: tokens in records.
+    tail_dtype: str  # "float16", "float32" or "bfloat16".
+    tail_counts: np.ndarray  # uint32 [pairs]: fp16-window tokens.
+    # The window rows per layer per head, as FetchResult's unstacked lists.
+    tail_k: List[List[np.ndarray]]
+    tail_v: List[List[np.ndarray]]
+    tail_positions: List[List[np.ndarray]]
+    # What readers derive from this table once (PoolView keeps its device-side record index here).
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def _parse_endpoint(endpoint: str) -> bool:
@@ -462,13 +493,13 @@ class Client:
         case: "server", "pool", "sequences", "layers", "heads", "policy", "ipc",
         "quality"); "" = every section."""
         sid = self._session.session_id if self._session else 0
-        text: str = self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
-        return parse_info(text)
+        reply: p.StatsReply = self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
+        return parse_info(reply.text)
 
     def stats_text(self, section: str = "") -> str:
         """The daemon's INFO text as sent."""
         sid = self._session.session_id if self._session else 0
-        return self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
+        return self._call(p.MsgType.STATS, p.encode_stats(0, sid, section)).text
 
     def _tensor(self, name: str, x, heads: int, heads_name: str, tokens: Optional[int],
                 s: Session) -> np.ndarray:
@@ -624,25 +655,17 @@ class Client:
             raise ProtocolError("FETCH_REPLY: dtype %s, expected %s"
                                 % (p.dtype_name(rows.dtype), p.dtype_name(p.dtype_code(dtype))))
 
-    def fetch_blocks(self, seq: int, layers=None, dtype="float16") -> dict:
-        """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5) as a dict.
-
-        Keys: layer_begin, n_layers, kv_heads, head_dim, page_bytes, block_tokens,
-        side_records_per_page, layouts (list of dicts, with method_name; each has its own
-        records_per_page), layout_index, indptr, indices, last_page_len, side_indices (None
-        without side records), record_offsets (uint64 byte offset in the pool of every record,
-        from the records_per_page and record_bytes of its pair's layout), quantized_counts
-        (tokens in records per pair), tail_dtype, tail_counts, and tail_k, tail_v,
-        tail_positions per layer per head as in fetch(). Records stay valid until the next
-        APPEND or CLOSE of the sequence."""
+    def fetch_blocks(self, seq: int, layers=None, dtype="float16") -> BlocksTable:
+        """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5): record ids and their
+        byte offsets in the pool, each pair's layout, and the fp16 window rows (see
+        BlocksTable). Records stay valid until the next APPEND or CLOSE of the sequence."""
         s = self._require_session()
         begin, end = self._layer_range(layers)
         body: p.BlocksReply = self._call(
             p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end, p.MODE_BLOCKS,
                                             dtype))
         self._check_fetch(body, p.MODE_BLOCKS, begin, end, dtype)
-        tail = body.tail
-        pairs = tail.n_layers * tail.kv_heads
+        pairs = body.n_layers * body.kv_heads
         record_offsets = np.zeros(len(body.indices), dtype=np.uint64)
         quantized = np.zeros(pairs, dtype=np.int64)
         for i in range(pairs):
@@ -653,20 +676,10 @@ class Client:
                                    + (ids % lay.records_per_page) * lay.record_bytes)
             if b > a:
                 quantized[i] = (b - a - 1) * body.block_tokens + int(body.last_page_len[i])
-        k, v, positions = self._split(tail, stacked=False)
-        layouts = []
-        for lay in body.layouts:
-            d = dict(lay.__dict__)
-            d["method_name"] = p.QUANT_METHODS[lay.method]
-            layouts.append(d)
-        return {
-            "layer_begin": tail.layer_begin, "n_layers": tail.n_layers,
-            "kv_heads": tail.kv_heads, "head_dim": tail.head_dim,
-            "page_bytes": body.page_bytes, "block_tokens": body.block_tokens,
-            "side_records_per_page": body.side_records_per_page,
-            "layouts": layouts, "layout_index": body.layout_index, "indptr": body.indptr,
-            "indices": body.indices, "last_page_len": body.last_page_len,
-            "side_indices": body.side_indices, "record_offsets": record_offsets,
-            "quantized_counts": quantized, "tail_dtype": p.dtype_name(tail.dtype),
-            "tail_counts": tail.counts, "tail_k": k, "tail_v": v, "tail_positions": positions,
-        }
+        k, v, positions = self._split(body.tail, stacked=False)
+        return BlocksTable(
+            body.layer_begin, body.n_layers, body.kv_heads, body.head_dim, body.page_bytes,
+            body.block_tokens, body.side_records_per_page, body.layouts, body.layout_index,
+            body.indptr, body.indices, body.last_page_len,
+            body.side_indices if len(body.side_indices) else None, record_offsets, quantized,
+            p.dtype_name(body.tail_dtype), body.tail_counts, k, v, positions)

@@ -67,7 +67,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .client import Client
+from .client import BlocksTable, Client
 from .hf_sequence import CacheSequence
 from .protocol import KvctlError, SessionLostError
 
@@ -644,19 +644,19 @@ class KvctlCache(Cache):
         as sent rounded to fp16 (learned from the first blocks FETCH). Else it is refetched."""
         blocks = seq.blocks
         if (blocks is None or seq.blocks_stale or flushed or seq.evicting or seq.pressure
-                or seq.always or seq.rounding != "fp16" or blocks["tail_dtype"] != "float16"):
+                or seq.always or seq.rounding != "fp16" or blocks.tail_dtype != "float16"):
             seq.blocks_stale = True
             return
         n = k.shape[1]
         positions = np.arange(self.appended, self.appended + n, dtype=np.int64)
-        for l in range(blocks["n_layers"]):
-            for h in range(blocks["kv_heads"]):
-                blocks["tail_k"][l][h] = np.concatenate(
-                    [blocks["tail_k"][l][h], k[l, :, h].astype(np.float16)])
-                blocks["tail_v"][l][h] = np.concatenate(
-                    [blocks["tail_v"][l][h], v[l, :, h].astype(np.float16)])
-                blocks["tail_positions"][l][h] = np.concatenate(
-                    [blocks["tail_positions"][l][h], positions])
+        for l in range(blocks.n_layers):
+            for h in range(blocks.kv_heads):
+                blocks.tail_k[l][h] = np.concatenate(
+                    [blocks.tail_k[l][h], k[l, :, h].astype(np.float16)])
+                blocks.tail_v[l][h] = np.concatenate(
+                    [blocks.tail_v[l][h], v[l, :, h].astype(np.float16)])
+                blocks.tail_positions[l][h] = np.concatenate(
+                    [blocks.tail_positions[l][h], positions])
         self.counters["block_reuses"] += 1
 
     def _fetch_blocks(self) -> None:
@@ -675,7 +675,7 @@ class KvctlCache(Cache):
             blocks = seq.client.fetch_blocks(seq.sequence_id, dtype=seq.tail_dtype)
             self.counters["block_fetches"] += 1
             if seq.tail_dtype == "float32" and all(
-                    max(lay["k_bits"], lay["v_bits"]) <= 16 for lay in blocks["layouts"]):
+                    max(lay.k_bits, lay.v_bits) <= 16 for lay in blocks.layouts):
                 seq.tail_dtype = "float16"
             seq.blocks = blocks
             seq.blocks_stale = False
@@ -683,15 +683,15 @@ class KvctlCache(Cache):
         self.counters["fused_steps"] += 1
         self.counters["block_fetch_s"] += time.perf_counter() - t0
 
-    def _learn_rounding(self, seq: CacheSequence, blocks: dict) -> None:
+    def _learn_rounding(self, seq: CacheSequence, blocks: BlocksTable) -> None:
         """How the daemon stores window rows, from the newest row of layer 0, head 0 when it
         is the last token sent (the dense path learns the same from a dense FETCH)."""
-        if seq.rounding is not None or seq.sent_last_row is None or blocks["layer_begin"] != 0:
+        if seq.rounding is not None or seq.sent_last_row is None or blocks.layer_begin != 0:
             return
-        pos = blocks["tail_positions"][0][0]
+        pos = blocks.tail_positions[0][0]
         if len(pos) == 0 or int(pos[-1]) != self.appended - 1:
             return
-        got = blocks["tail_k"][0][0][-1].astype(np.float32)
+        got = blocks.tail_k[0][0][-1].astype(np.float32)
         sent = seq.sent_last_row
         if np.array_equal(got, sent):
             seq.rounding = "exact"

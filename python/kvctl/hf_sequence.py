@@ -12,6 +12,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from .client import BlocksTable
+
 
 class CacheSequence:
     """One batch element: its client, session and daemon sequence, and what is known of it."""
@@ -43,7 +45,7 @@ class CacheSequence:
         if self.view is not None:  # It maps the pool of the daemon that lost the sequence.
             self.view.close()
             self.view = None
-        self.blocks: Optional[dict] = None  # This step's blocks FETCH (valid until APPEND).
+        self.blocks: Optional[BlocksTable] = None  # This step's blocks FETCH (valid until APPEND).
         # The cached blocks no longer match the daemon (flush, eviction, width lowering, or not
         # learned yet whether an APPEND just adds rows to the window).
         self.blocks_stale = True

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from . import torch_ops
+from .client import BlocksTable
 
 
 class PoolView:
@@ -81,31 +82,31 @@ class PoolView:
                              % (offset, offset + nbytes, self.nbytes))
         return self.tensor[offset:offset + nbytes]
 
-    def pair_records(self, blocks: dict, pair: int) -> List[torch.Tensor]:
+    def pair_records(self, blocks: BlocksTable, pair: int) -> List[torch.Tensor]:
         """Views of the records of pair `pair` (layer-major index into the FETCH), oldest first."""
-        n_pairs = len(blocks["indptr"]) - 1
+        n_pairs = len(blocks.indptr) - 1
         if not 0 <= pair < n_pairs:
             raise ValueError("pair: got %d, expected 0..%d" % (pair, n_pairs - 1))
-        rb = blocks["layouts"][int(blocks["layout_index"][pair])]["record_bytes"]
-        a, b = int(blocks["indptr"][pair]), int(blocks["indptr"][pair + 1])
-        return [self.record(int(o), rb) for o in blocks["record_offsets"][a:b]]
+        rb = blocks.layouts[int(blocks.layout_index[pair])].record_bytes
+        a, b = int(blocks.indptr[pair]), int(blocks.indptr[pair + 1])
+        return [self.record(int(o), rb) for o in blocks.record_offsets[a:b]]
 
-    def side_offsets(self, blocks: dict) -> Optional[np.ndarray]:
+    def side_offsets(self, blocks: BlocksTable) -> Optional[np.ndarray]:
         """Byte offsets (int64) of every record's side record (OScaR norms), or None."""
-        side = blocks["side_indices"]
+        side = blocks.side_indices
         if side is None:
             return None
-        per_page = blocks["side_records_per_page"]
+        per_page = blocks.side_records_per_page
         out = np.full(len(side), -1, dtype=np.int64)
         for i, y in enumerate(side.tolist()):
             if y == 0xFFFFFFFF:
                 continue
-            lay = blocks["layouts"][_layout_of_record(blocks, i)]
-            out[i] = ((y // per_page) * blocks["page_bytes"]
-                      + (y % per_page) * blocks["block_tokens"] * lay["side_bytes_per_token"])
+            lay = blocks.layouts[_layout_of_record(blocks, i)]
+            out[i] = ((y // per_page) * blocks.page_bytes
+                      + (y % per_page) * blocks.block_tokens * lay.side_bytes_per_token)
         return out
 
-    def layer_attention(self, blocks: dict, layer: int, q: torch.Tensor,
+    def layer_attention(self, blocks: BlocksTable, layer: int, q: torch.Tensor,
                         scale: Optional[float] = None, extra_k: Optional[torch.Tensor] = None,
                         extra_v: Optional[torch.Tensor] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -115,17 +116,17 @@ class PoolView:
         (extra_k / extra_v [kv_heads, D], e.g. the step's own token, attended in fp32). Returns
         (out fp32 [q_heads, D], lse fp32 [q_heads]). Heads with different layouts (per-head bit
         widths) are attended separately."""
-        first = blocks["layer_begin"]
-        if not first <= layer < first + blocks["n_layers"]:
+        first = blocks.layer_begin
+        if not first <= layer < first + blocks.n_layers:
             raise ValueError("layer: got %d, the FETCH holds layers %d..%d"
-                             % (layer, first, first + blocks["n_layers"] - 1))
-        heads = blocks["kv_heads"]
+                             % (layer, first, first + blocks.n_layers - 1))
+        heads = blocks.kv_heads
         if q.dim() != 2 or q.shape[0] % heads != 0:
             raise ValueError("q: expected [q_heads, head_dim] with q_heads a multiple of %d, got "
                              "shape %s" % (heads, tuple(q.shape)))
         g = q.shape[0] // heads
         pair0 = (layer - first) * heads
-        li = [int(blocks["layout_index"][pair0 + h]) for h in range(heads)]
+        li = [int(blocks.layout_index[pair0 + h]) for h in range(heads)]
         extra = None
         if extra_k is not None or extra_v is not None:
             if (extra_k is None or extra_v is None or extra_k.shape != (heads, q.shape[1])
@@ -144,23 +145,23 @@ class PoolView:
 
     def _record_index(self, blocks, local_layer, heads):
         """(offsets, indptr, norm offsets or None) of these heads' records, as int64 tensors on
-        the pool's device. A FETCH reply's records never change (a new FETCH is a new dict), so
-        they are computed once per reply and layer and kept in the reply (decode steps that
-        reuse a reply only add window rows)."""
-        cache = blocks.setdefault("_record_index", {})
+        the pool's device. A FETCH reply's records never change (a new FETCH is a new table), so
+        they are computed once per reply and layer and kept in the table's cache (decode steps
+        that reuse a reply only add window rows)."""
+        cache = blocks.cache.setdefault("record_index", {})
         key = (local_layer, tuple(heads))
         if key in cache:
             return cache[key]
-        pairs = [local_layer * blocks["kv_heads"] + h for h in heads]
-        lay = blocks["layouts"][int(blocks["layout_index"][pairs[0]])]
-        indptr = blocks["indptr"].astype(np.int64)
-        offsets = np.concatenate([blocks["record_offsets"][indptr[p]:indptr[p + 1]]
+        pairs = [local_layer * blocks.kv_heads + h for h in heads]
+        lay = blocks.layouts[int(blocks.layout_index[pairs[0]])]
+        indptr = blocks.indptr.astype(np.int64)
+        offsets = np.concatenate([blocks.record_offsets[indptr[p]:indptr[p + 1]]
                                   for p in pairs]).astype(np.int64)
         counts = [int(indptr[p + 1] - indptr[p]) for p in pairs]
         local_indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         dev = self.tensor.device
         norm_offsets = None
-        if lay["side_bytes_per_token"] > 0:
+        if lay.side_bytes_per_token > 0:
             side = self.side_offsets(blocks)
             norm_offsets = torch.from_numpy(np.concatenate(
                 [side[indptr[p]:indptr[p + 1]] for p in pairs]).astype(np.int64)).to(dev)
@@ -169,16 +170,16 @@ class PoolView:
         return cache[key]
 
     def _attend(self, blocks, local_layer, heads, q, scale, extra=None):
-        pairs = [local_layer * blocks["kv_heads"] + h for h in heads]
-        lay = blocks["layouts"][int(blocks["layout_index"][pairs[0]])]
+        pairs = [local_layer * blocks.kv_heads + h for h in heads]
+        lay = blocks.layouts[int(blocks.layout_index[pairs[0]])]
         offsets, local_indptr, norm_offsets = self._record_index(blocks, local_layer, heads)
-        wk = [blocks["tail_k"][local_layer][h] for h in heads]
-        wv = [blocks["tail_v"][local_layer][h] for h in heads]
+        wk = [blocks.tail_k[local_layer][h] for h in heads]
+        wv = [blocks.tail_v[local_layer][h] for h in heads]
         counts = [len(x) for x in wk]
         # A device pool attends on its device: every index and window tensor goes there too.
         dev = self.tensor.device
-        window_k = _rows(np.concatenate(wk), blocks["tail_dtype"]).to(dev)
-        window_v = _rows(np.concatenate(wv), blocks["tail_dtype"]).to(dev)
+        window_k = _rows(np.concatenate(wk), blocks.tail_dtype).to(dev)
+        window_v = _rows(np.concatenate(wv), blocks.tail_dtype).to(dev)
         if extra is not None:
             # Each head's window gets its extra row after its own rows, in fp32.
             ks, vs, at = [], [], 0
@@ -191,9 +192,9 @@ class PoolView:
         window_indptr = torch.tensor([0] + np.cumsum(counts).tolist(), dtype=torch.int64)
         return torch_ops.paged_decode_attention(
             q, self.tensor, offsets, local_indptr, window_k, window_v, window_indptr.to(dev),
-            lay["method_name"], lay["k_bits"], lay["v_bits"], scale=scale,
-            block_tokens=blocks["block_tokens"], k_group_tokens=lay["k_group_tokens"],
-            v_group_channels=lay["v_group_channels"], norm_offsets=norm_offsets)
+            lay.method_name, lay.k_bits, lay.v_bits, scale=scale,
+            block_tokens=blocks.block_tokens, k_group_tokens=lay.k_group_tokens,
+            v_group_channels=lay.v_group_channels, norm_offsets=norm_offsets)
 
     def close(self) -> None:
         """Drops this view's tensor and unmaps when no other view of it is alive (otherwise the
@@ -213,9 +214,9 @@ class PoolView:
         self.close()
 
 
-def _layout_of_record(blocks: dict, record: int) -> int:
-    pair = int(np.searchsorted(blocks["indptr"], record, side="right")) - 1
-    return int(blocks["layout_index"][pair])
+def _layout_of_record(blocks: BlocksTable, record: int) -> int:
+    pair = int(np.searchsorted(blocks.indptr, record, side="right")) - 1
+    return int(blocks.layout_index[pair])
 
 
 def _rows(rows: np.ndarray, dtype: str) -> torch.Tensor:

@@ -3,8 +3,10 @@
 
 Encoders build the frames of each request after running the checks a sender must run
 (PROTOCOL.md section 5) and raise ValueError naming the field; ``decode_reply`` parses and
-validates a reply and raises ProtocolError naming the field. Everything is little-endian and
-packed with ``struct``; tensor frames become numpy arrays.
+validates a reply and raises ProtocolError naming the field. The bytes of frame 0 come from the
+field tables of ipc/messages.def (kvctl.wire_schema, generated; kvctl.wire_codec walks them);
+this module adds each message's semantic checks and its tensor frames, which become numpy
+arrays. Replies are the typed dataclasses of wire_schema (see kvctl.protocol_types).
 
 Thread safety: pure functions and immutable values.
 
@@ -15,60 +17,30 @@ Thread safety: pure functions and immutable values.
 
 from __future__ import annotations
 
-import enum
 import struct
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from . import wire_codec as wc
+from . import wire_schema as ws
 from .protocol_types import (  # noqa: F401 (re-exported)
-    CUDA_IPC_HANDLE_BYTES, POOL_CUDA_DEVICE, POOL_HOST_SHM, QUANT_METHODS, STATUS_CODE_VALUES,
-    STATUS_CODES, AppendReply, BlocksReply, ByeReply, CloseReply, ErrorReply, HelloReply,
-    KvctlError, PingReply, ProtocolError, QuantInfo, RecordLayout, Reply, Rows, ServerError,
-    SessionLostError, Timeout)
+    CLASSES, CUDA_IPC_HANDLE_BYTES, POOL_CUDA_DEVICE, POOL_HOST_SHM, QUANT_METHODS,
+    STATUS_CODE_VALUES, STATUS_CODES, AppendReply, BlocksReply, ByeReply, CloseReply, ErrorReply,
+    FetchDenseReply, HelloReply, KvctlError, OpenReply, PingReply, ProtocolError, QuantInfo,
+    RecordLayout, Reply, Rows, ServerError, SessionLostError, StatsReply, Timeout)
+from .wire_schema import (  # noqa: F401 (re-exported)
+    HEADER_BYTES, LAYOUT_BYTES, MAGIC, MAX_APPEND_TOKENS, MAX_BLOCK_TOKENS,
+    MAX_ERROR_MESSAGE_BYTES, MAX_FRAMES, MAX_HEAD_DIM, MAX_HEADER_FRAME_BYTES, MAX_HEADS,
+    MAX_LAYERS, MAX_LAYOUTS, MAX_NAME_BYTES, MAX_POSITION, MAX_SECTION_BYTES, MAX_SHM_NAME_BYTES,
+    MAX_STATS_TEXT_BYTES, MAX_TENSOR_FRAME_BYTES, MIN_HEAD_DIM, NO_PAGE, REPLY_BIT, VERSION,
+    MsgType)
 
-# ---- Constants (PROTOCOL.md sections 2, 3 and 6) --------------------------------------------
+# ---- Constants (PROTOCOL.md sections 2, 3 and 6; the numbers are ipc/messages.def's) -----------
 
-MAGIC = 0x5443564B  # Bytes "KVCT" on the wire.
-VERSION = 1
 HEADER = struct.Struct("<IHHQH")  # magic, version, type, request_id, flags: 18 bytes.
-HEADER_BYTES = HEADER.size
-REPLY_BIT = 0x8000
-
-MAX_LAYERS = 1024
-MAX_HEADS = 1024
-MIN_HEAD_DIM, MAX_HEAD_DIM = 8, 1024
-MAX_APPEND_TOKENS = 1 << 20
-MAX_BLOCK_TOKENS = 1 << 16
-MAX_LAYOUTS = 1024
-MAX_NAME_BYTES = 256
-MAX_SHM_NAME_BYTES = 255
-MAX_SECTION_BYTES = 256
-MAX_ERROR_MESSAGE_BYTES = 4096
-MAX_STATS_TEXT_BYTES = 1 << 20
-MAX_HEADER_FRAME_BYTES = 16 << 20
-MAX_TENSOR_FRAME_BYTES = 1 << 30
-MAX_FRAMES = 4
-MAX_POSITION = 1 << 62  # Positions are 0 .. 2^62 - 1.
-NO_PAGE = 0xFFFFFFFF
-LAYOUT_BYTES = 56
-
-
-class MsgType(enum.IntEnum):
-    """Message type numbers; never renumbered or reused."""
-
-    HELLO = 1
-    OPEN = 2
-    CLOSE = 3
-    PING = 4
-    APPEND = 5
-    FETCH = 6
-    STATS = 7
-    BYE = 8
-    ERROR = 0xFFFF
-
-
-FIRST_REQUEST_TYPE, LAST_REQUEST_TYPE = 1, 8
+assert HEADER.size == HEADER_BYTES
+FIRST_REQUEST_TYPE, LAST_REQUEST_TYPE = min(ws.REQUEST_BODIES), max(ws.REQUEST_BODIES)
 
 
 def type_name(msg_type: int) -> str:
@@ -83,8 +55,9 @@ def type_name(msg_type: int) -> str:
 
 # kvctl::DType: wire code -> (name, numpy dtype of the raw rows). bfloat16 rows are uint16 bit
 # patterns (numpy has no bfloat16).
-DTYPES = {0: ("float32", np.dtype("<f4")), 1: ("float16", np.dtype("<f2")),
-          2: ("bfloat16", np.dtype("<u2"))}
+DTYPES = {ws.DType.FLOAT32: ("float32", np.dtype("<f4")),
+          ws.DType.FLOAT16: ("float16", np.dtype("<f2")),
+          ws.DType.BFLOAT16: ("bfloat16", np.dtype("<u2"))}
 DTYPE_CODES = {name: code for code, (name, _) in DTYPES.items()}
 _DTYPE_ALIASES = {
     "float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32",
@@ -149,10 +122,6 @@ def _utf8(name: str, text: str, lo: int, hi: int) -> bytes:
     return raw
 
 
-def _str(raw: bytes) -> bytes:
-    return struct.pack("<I", len(raw)) + raw
-
-
 def header(msg_type: int, request_id: int, version: int = VERSION, flags: int = 0) -> bytes:
     """The 18-byte header. version and flags are parameters only so tests can break them."""
     return HEADER.pack(MAGIC, version, msg_type, request_id, flags)
@@ -173,36 +142,49 @@ def validate_geometry(layers: int, kv_heads: int, q_heads: int, head_dim: int) -
     _check_head_dim("head_dim", head_dim)
 
 
+def encode_message(msg_type: int, request_id: int, body) -> list:
+    """The frames of a message whose body is the messages.def dataclass `body`: frame 0 from the
+    field table, then its frame fields that are set (str as UTF-8, buffers as they are). No
+    checks: the encode_* functions run them first."""
+    name = wc.body_name(type(body))
+    frames = [header(msg_type, request_id) + wc.write_fields(name, body)]
+    for f in wc.frame_fields(name):
+        value = getattr(body, f.name)
+        if value is not None:
+            frames.append(value.encode("utf-8") if isinstance(value, str) else value)
+    return frames
+
+
 def encode_hello(request_id: int, client_name: str, model_name: str, layers: int, kv_heads: int,
                  q_heads: int, head_dim: int, dtype, client_max_version: int = VERSION
                  ) -> List[bytes]:
     _check_range("client_max_version", client_max_version, 1, 0xFFFF)
-    name = _utf8("client_name", client_name, 1, MAX_NAME_BYTES)
-    model = _utf8("model_name", model_name, 0, MAX_NAME_BYTES)
+    _utf8("client_name", client_name, 1, MAX_NAME_BYTES)
+    _utf8("model_name", model_name, 0, MAX_NAME_BYTES)
     validate_geometry(layers, kv_heads, q_heads, head_dim)
-    body = (struct.pack("<H", client_max_version) + _str(name) + _str(model)
-            + struct.pack("<IIIIB", layers, kv_heads, q_heads, head_dim, dtype_code(dtype)))
-    return [header(MsgType.HELLO, request_id) + body]
+    return encode_message(MsgType.HELLO, request_id, ws.HelloRequest(
+        client_max_version, client_name, model_name, layers, kv_heads, q_heads, head_dim,
+        dtype_code(dtype)))
 
 
 def encode_open(request_id: int, session_id: int, sequence_id: int) -> List[bytes]:
     _check_session(session_id)
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
-    return [header(MsgType.OPEN, request_id) + struct.pack("<QQ", session_id, sequence_id)]
+    return encode_message(MsgType.OPEN, request_id, ws.OpenRequest(session_id, sequence_id))
 
 
 def encode_close(request_id: int, session_id: int, sequence_id: int) -> List[bytes]:
     _check_session(session_id)
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
-    return [header(MsgType.CLOSE, request_id) + struct.pack("<QQ", session_id, sequence_id)]
+    return encode_message(MsgType.CLOSE, request_id, ws.CloseRequest(session_id, sequence_id))
 
 
 def encode_ping(request_id: int, session_id: int = 0) -> List[bytes]:
     _check_range("session_id", session_id, 0, 2**64 - 1)
-    return [header(MsgType.PING, request_id) + struct.pack("<Q", session_id)]
+    return encode_message(MsgType.PING, request_id, ws.PingRequest(session_id))
 
 
-SOURCE_INLINE, SOURCE_STAGING = 0, 1
+SOURCE_INLINE, SOURCE_STAGING = ws.AppendSource.INLINE, ws.AppendSource.STAGING
 
 
 def encode_append(request_id: int, session_id: int, sequence_id: int, first_position: int,
@@ -217,7 +199,7 @@ def encode_append(request_id: int, session_id: int, sequence_id: int, first_posi
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
     _check_range("n_tokens", n_tokens, 1, MAX_APPEND_TOKENS)
     _check_range("first_position", first_position, 0, MAX_POSITION - n_tokens)
-    _check_range("source", source, 0, 1)
+    _check_range("source", source, *wc.enum_range("AppendSource"))
     _check_range("staging_offset", staging_offset, 0, 2**64 - 1)
     tensors = list(tensors)
     if source == SOURCE_STAGING:
@@ -241,12 +223,13 @@ def encode_append(request_id: int, session_id: int, sequence_id: int, first_posi
         if sizes[1] != sizes[0]:
             raise ValueError("v: frame has %d bytes, expected %d (same as k)"
                              % (sizes[1], sizes[0]))
-    body = struct.pack("<QQQIBBQ", session_id, sequence_id, first_position, n_tokens, source,
-                       1 if has_q else 0, staging_offset)
-    return [header(MsgType.APPEND, request_id) + body] + tensors
+    k, v, q = (tensors + [None, None, None])[:3]
+    return encode_message(MsgType.APPEND, request_id, ws.AppendRequest(
+        session_id, sequence_id, first_position, n_tokens, int(source), bool(has_q),
+        staging_offset, k, v, q))
 
 
-MODE_DENSE, MODE_BLOCKS = 0, 1
+MODE_DENSE, MODE_BLOCKS = ws.FetchMode.DENSE, ws.FetchMode.BLOCKS
 
 
 def encode_fetch(request_id: int, session_id: int, sequence_id: int, layer_begin: int,
@@ -255,21 +238,20 @@ def encode_fetch(request_id: int, session_id: int, sequence_id: int, layer_begin
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
     _check_range("layer_end", layer_end, 1, MAX_LAYERS)
     _check_range("layer_begin", layer_begin, 0, layer_end - 1)
-    _check_range("mode", mode, 0, 1)
-    body = struct.pack("<QQIIBB", session_id, sequence_id, layer_begin, layer_end, mode,
-                       dtype_code(out_dtype))
-    return [header(MsgType.FETCH, request_id) + body]
+    _check_range("mode", mode, *wc.enum_range("FetchMode"))
+    return encode_message(MsgType.FETCH, request_id, ws.FetchRequest(
+        session_id, sequence_id, layer_begin, layer_end, int(mode), dtype_code(out_dtype)))
 
 
 def encode_stats(request_id: int, session_id: int = 0, section: str = "") -> List[bytes]:
     _check_range("session_id", session_id, 0, 2**64 - 1)
-    raw = _utf8("section", section, 0, MAX_SECTION_BYTES)
-    return [header(MsgType.STATS, request_id) + struct.pack("<Q", session_id) + _str(raw)]
+    _utf8("section", section, 0, MAX_SECTION_BYTES)
+    return encode_message(MsgType.STATS, request_id, ws.StatsRequest(session_id, section))
 
 
 def encode_bye(request_id: int, session_id: int) -> List[bytes]:
     _check_session(session_id)
-    return [header(MsgType.BYE, request_id) + struct.pack("<Q", session_id)]
+    return encode_message(MsgType.BYE, request_id, ws.ByeRequest(session_id))
 
 
 def is_session_lost(code_value: int, message: str) -> bool:
@@ -281,72 +263,12 @@ def is_session_lost(code_value: int, message: str) -> bool:
 # ---- Reading ----------------------------------------------------------------------------------
 
 
-class _Reader:
-    """Reads little-endian fields of frame 0; every failure names the field."""
-
-    def __init__(self, buf: bytes, pos: int, frames: int = 1):
-        self.buf, self.pos, self.frames = buf, pos, frames
-
-    def _take(self, name: str, n: int) -> bytes:
-        if n > len(self.buf) - self.pos:
-            raise ProtocolError("truncated at %s: need %d bytes at offset %d, frame has %d left"
-                                % (name, n, self.pos, len(self.buf) - self.pos))
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return out
-
-    def u8(self, name: str) -> int:
-        return self._take(name, 1)[0]
-
-    def u16(self, name: str) -> int:
-        return struct.unpack("<H", self._take(name, 2))[0]
-
-    def u32(self, name: str) -> int:
-        return struct.unpack("<I", self._take(name, 4))[0]
-
-    def u64(self, name: str) -> int:
-        return struct.unpack("<Q", self._take(name, 8))[0]
-
-    def str(self, name: str, max_bytes: int) -> str:
-        n = self.u32(name)
-        if n > max_bytes:
-            raise ProtocolError("%s: length %d bytes, expected at most %d" % (name, n, max_bytes))
-        raw = self._take(name, n)
-        if b"\x00" in raw:
-            raise ProtocolError("%s: not valid UTF-8 (or contains NUL)" % name)
-        try:
-            return raw.decode("utf-8")  # Strict: rejects overlongs, surrogates, > U+10FFFF.
-        except UnicodeDecodeError:
-            raise ProtocolError("%s: not valid UTF-8 (or contains NUL)" % name) from None
-
-    def array(self, name: str, count: int, dtype: str) -> np.ndarray:
-        item = np.dtype(dtype).itemsize
-        if count > (len(self.buf) - self.pos) // item:
-            raise ProtocolError("truncated at %s: %d elements of %d bytes at offset %d, frame "
-                                "has %d bytes left" % (name, count, item, self.pos,
-                                                       len(self.buf) - self.pos))
-        out = np.frombuffer(self._take(name, count * item), dtype=dtype).copy()
-        return out
-
-    def finish(self, tensor_frames: int = 0) -> None:
-        """The body ends exactly at the end of frame 0, and the message has frame 0 plus
-        tensor_frames (checked in this order, as PROTOCOL.md section 5)."""
-        if self.pos != len(self.buf):
-            raise ProtocolError("%d unexpected trailing bytes after the body (body ends at offset "
-                                "%d, frame has %d bytes)" % (len(self.buf) - self.pos, self.pos,
-                                                              len(self.buf)))
-        if self.frames != 1 + tensor_frames:
-            raise ProtocolError("frame count: got %d, expected %d"
-                                % (self.frames, 1 + tensor_frames))
-
-
 def _expect(cond: bool, message: str) -> None:
     if not cond:
         raise ProtocolError(message)
 
 
-def _in_range(name: str, value: int, lo: int, hi: int) -> None:
-    _expect(lo <= value <= hi, "%s: got %d, expected %d..%d" % (name, value, lo, hi))
+_in_range = wc.in_range
 
 
 def peek_request_id(frame0) -> int:
@@ -375,9 +297,9 @@ def _frame_bytes(frame) -> int:
     return memoryview(frame).nbytes
 
 
-def _rows(prefix: str, layer_begin: int, n_layers: int, kv_heads: int, head_dim: int,
-          dtype: int, counts: np.ndarray, frames: Sequence) -> Rows:
-    """Checks and wraps frames 1..3 (positions, k, v) for the given per-pair counts."""
+def _rows(prefix: str, head_dim: int, dtype: int, counts: np.ndarray,
+          frames: Sequence) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checks and reads frames 1..3 (positions, k, v) for the given per-pair counts."""
     n = int(counts.sum(dtype=np.uint64))
     row_dtype = DTYPES[dtype][1]
     want = {"positions": n * 8, "k": n * head_dim * row_dtype.itemsize}
@@ -395,65 +317,63 @@ def _rows(prefix: str, layer_begin: int, n_layers: int, kv_heads: int, head_dim:
                MAX_POSITION - 1))
     k = np.frombuffer(frames[1], dtype=row_dtype).astype(row_dtype.newbyteorder("="))
     v = np.frombuffer(frames[2], dtype=row_dtype).astype(row_dtype.newbyteorder("="))
-    return Rows(layer_begin, n_layers, kv_heads, head_dim, dtype, counts, positions,
-                k.reshape(n, head_dim), v.reshape(n, head_dim))
+    return positions, k.reshape(n, head_dim), v.reshape(n, head_dim)
 
 
-def _pair_shape(r: _Reader) -> Tuple[int, int, int, int]:
-    layer_begin, n_layers = r.u32("layer_begin"), r.u32("n_layers")
-    kv_heads, head_dim = r.u32("kv_heads"), r.u32("head_dim")
-    _in_range("n_layers", n_layers, 1, MAX_LAYERS)
-    _in_range("layer_begin", layer_begin, 0, MAX_LAYERS - n_layers)
-    _in_range("kv_heads", kv_heads, 1, MAX_HEADS)
+def _check_pair_shape(v: dict) -> int:
+    """Checks the fields both FETCH replies start with; returns the number of pairs."""
+    _in_range("n_layers", v["n_layers"], 1, MAX_LAYERS)
+    _in_range("layer_begin", v["layer_begin"], 0, MAX_LAYERS - v["n_layers"])
+    _in_range("kv_heads", v["kv_heads"], 1, MAX_HEADS)
+    head_dim = v["head_dim"]
     _expect(MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0,
             "head_dim: got %d, expected a multiple of 8 in %d..%d"
             % (head_dim, MIN_HEAD_DIM, MAX_HEAD_DIM))
-    return layer_begin, n_layers, kv_heads, head_dim
+    return v["n_layers"] * v["kv_heads"]
 
 
-def _dtype(r: _Reader, name: str) -> int:
-    code = r.u8(name)
-    _in_range(name, code, 0, 2)
-    return code
+def _side_nnz(v: dict) -> int:
+    any_side = any(lay.side_bytes_per_token > 0 for lay in v["layouts"])
+    return int(v["indptr"][-1]) if any_side else 0
 
 
-def _decode_hello(r: _Reader) -> HelloReply:
-    session_id, lease_ms = r.u64("session_id"), r.u32("lease_ms")
-    server_version = r.str("server_version", MAX_NAME_BYTES)
-    pool_bytes, page_bytes = r.u64("pool_bytes"), r.u32("page_bytes")
-    shm_name = r.str("shm_name", MAX_SHM_NAME_BYTES)
-    staging_offset, staging_bytes = r.u64("staging_offset"), r.u64("staging_bytes")
-    quant = QuantInfo(r.u8("quant.method"), r.u8("quant.k_bits"), r.u8("quant.v_bits"),
-                      r.u32("quant.block_tokens"), r.u32("quant.sink_tokens"),
-                      r.u32("quant.flush_tokens"))
-    pool_location, cuda_device = r.u8("pool_location"), r.u32("cuda_device")
-    cuda_ipc_handle = r._take("cuda_ipc_handle", CUDA_IPC_HANDLE_BYTES)
-    staging_shm_name = r.str("staging_shm_name", MAX_SHM_NAME_BYTES)
-    r.finish()
-    _in_range("pool_location", pool_location, POOL_HOST_SHM, POOL_CUDA_DEVICE)
-    on_device = pool_location == POOL_CUDA_DEVICE
-    _expect(not on_device or not shm_name,
+# messages.def count rules: arrays are sized from the fields before them, the pair shape checked
+# first (as ipc's ArrayCount).
+_COUNT_RULES = {
+    "Pairs": _check_pair_shape,
+    "PairsPlusOne": lambda v: _check_pair_shape(v) + 1,
+    "Nnz": lambda v: int(v["indptr"][-1]),
+    "SideNnz": _side_nnz,
+}
+
+
+def _check_hello(h: HelloReply) -> None:
+    on_device = h.pool_location == POOL_CUDA_DEVICE
+    _expect(not on_device or not h.shm_name,
             'shm_name: got "%s", expected none for a pool in device memory (pool_location 1)'
-            % shm_name)
-    _expect(on_device or (cuda_device == 0 and not any(cuda_ipc_handle)),
+            % h.shm_name)
+    _expect(on_device or (h.cuda_device == 0 and not any(h.cuda_ipc_handle)),
             "cuda_ipc_handle/cuda_device: got a handle that is not all zero or device %d, "
-            "expected zeros for a pool in host memory" % cuda_device)
-    _expect(session_id != 0, "session_id: got 0, expected a session from HELLO")
-    _expect(len(server_version) > 0, "server_version: length 0 bytes, expected 1..256")
-    _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
+            "expected zeros for a pool in host memory" % h.cuda_device)
+    _expect(h.session_id != 0, "session_id: got 0, expected a session from HELLO")
+    _expect(len(h.server_version) > 0, "server_version: length 0 bytes, expected 1..256")
+    _in_range("page_bytes", h.page_bytes, 1, 2**32 - 1)
+    staging_offset, staging_bytes = h.staging_offset, h.staging_bytes
     _expect(staging_bytes > 0 or staging_offset == 0,
             "staging_offset: got %d, expected 0 when staging_bytes is 0" % staging_offset)
-    _expect(not staging_shm_name or (not on_device and staging_bytes > 0),
+    _expect(not h.staging_shm_name or (not on_device and staging_bytes > 0),
             'staging_shm_name: got "%s", expected none for a device pool or a session without '
-            'staging' % staging_shm_name)
+            'staging' % h.staging_shm_name)
     _expect(staging_bytes == 0 or staging_offset + staging_bytes < 2**64,
             "staging slot: offset %d + bytes %d ends past 2^64" % (staging_offset, staging_bytes))
-    _expect(staging_bytes == 0 or staging_shm_name or staging_offset + staging_bytes <= pool_bytes,
+    _expect(staging_bytes == 0 or h.staging_shm_name
+            or staging_offset + staging_bytes <= h.pool_bytes,
             "staging slot: offset %d + bytes %d ends past pool_bytes %d"
-            % (staging_offset, staging_bytes, pool_bytes))
-    _expect(staging_bytes == 0 or on_device or shm_name,
+            % (staging_offset, staging_bytes, h.pool_bytes))
+    _expect(staging_bytes == 0 or on_device or h.shm_name,
             "shm_name: empty, expected the pool's shm name when staging_bytes is %d"
             % staging_bytes)
+    quant = h.quant
     _in_range("quant.method", quant.method, 0, len(QUANT_METHODS) - 1)
     _in_range("quant.k_bits", quant.k_bits, 1, 16)
     _in_range("quant.v_bits", quant.v_bits, 1, 16)
@@ -461,17 +381,6 @@ def _decode_hello(r: _Reader) -> HelloReply:
     _expect(quant.flush_tokens > 0 and quant.flush_tokens % quant.block_tokens == 0,
             "quant.flush_tokens: got %d, expected a positive multiple of block_tokens (%d)"
             % (quant.flush_tokens, quant.block_tokens))
-    return HelloReply(session_id, lease_ms, server_version, pool_bytes, page_bytes, shm_name,
-                      staging_offset, staging_bytes, quant, pool_location, cuda_device,
-                      bytes(cuda_ipc_handle), staging_shm_name)
-
-
-def _decode_dense(r: _Reader, frames: Sequence) -> Rows:
-    layer_begin, n_layers, kv_heads, head_dim = _pair_shape(r)
-    dtype = _dtype(r, "dtype")
-    counts = r.array("counts", n_layers * kv_heads, "<u4").astype(np.uint32)
-    r.finish(3)
-    return _rows("", layer_begin, n_layers, kv_heads, head_dim, dtype, counts, frames)
 
 
 def _check_layout(i: int, lay: RecordLayout, page_bytes: int, block_tokens: int,
@@ -507,31 +416,14 @@ def _check_layout(i: int, lay: RecordLayout, page_bytes: int, block_tokens: int,
                                               side_records_per_page, block_tokens, page_bytes))
 
 
-def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
-    layer_begin, n_layers, kv_heads, head_dim = _pair_shape(r)
-    pairs = n_layers * kv_heads
-    page_bytes, block_tokens = r.u32("page_bytes"), r.u32("block_tokens")
-    side_records_per_page = r.u32("side_records_per_page")
-    n_layouts = r.u16("n_layouts")
-    _in_range("n_layouts", n_layouts, 1, MAX_LAYOUTS)
-    layouts = []
-    for _ in range(n_layouts):
-        method, k_bits, v_bits, reserved = (r.u8("layout.method"), r.u8("layout.k_bits"),
-                                            r.u8("layout.v_bits"), r.u8("layout.reserved"))
-        _in_range("layout.reserved", reserved, 0, 0)
-        layouts.append(RecordLayout(method, k_bits, v_bits, *[r.u32("layout")
-                                                               for _ in range(13)]))
+def _check_blocks(v: dict) -> None:
+    """The page-table rules of a blocks reply (PROTOCOL.md 4.5), as ipc's Validate."""
+    pairs = v["n_layers"] * v["kv_heads"]
+    page_bytes, block_tokens = v["page_bytes"], v["block_tokens"]
+    side_records_per_page, layouts = v["side_records_per_page"], v["layouts"]
+    indptr, indices, side_indices = v["indptr"], v["indices"], v["side_indices"]
+    layout_index, last_page_len = v["layout_index"], v["last_page_len"]
     any_side = any(lay.side_bytes_per_token > 0 for lay in layouts)
-    layout_index = r.array("layout_index", pairs, "<u2").astype(np.uint16)
-    indptr = r.array("indptr", pairs + 1, "<u4").astype(np.uint32)
-    nnz = int(indptr[-1])
-    indices = r.array("indices", nnz, "<u4").astype(np.uint32)
-    last_page_len = r.array("last_page_len", pairs, "<u4").astype(np.uint32)
-    side_indices = r.array("side_indices", nnz if any_side else 0, "<u4").astype(np.uint32)
-    tail_dtype = _dtype(r, "tail_dtype")
-    tail_counts = r.array("tail_counts", pairs, "<u4").astype(np.uint32)
-    r.finish(3)
-
     _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
     _in_range("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
     _in_range("side_records_per_page", side_records_per_page, 1 if any_side else 0,
@@ -556,11 +448,17 @@ def _decode_blocks(r: _Reader, frames: Sequence) -> BlocksReply:
                         "side_indices[%d]: got %d, expected %s for the layout of pair %d"
                         % (j, side_indices[j],
                            "a page id" if pair_side else "4294967295 (no side record)", i))
-    tail = _rows("tail_", layer_begin, n_layers, kv_heads, head_dim, tail_dtype, tail_counts,
-                 frames)
-    return BlocksReply(page_bytes, block_tokens, side_records_per_page, tuple(layouts),
-                       layout_index, indptr, indices, last_page_len,
-                       side_indices if any_side else None, tail)
+
+
+def _text(frame) -> str:
+    raw = bytes(frame)
+    _expect(len(raw) <= MAX_STATS_TEXT_BYTES, "text: length %d bytes, expected 0..%d"
+            % (len(raw), MAX_STATS_TEXT_BYTES))
+    _expect(b"\x00" not in raw, "text: not valid UTF-8 (or contains NUL)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("text: not valid UTF-8 (or contains NUL)") from None
 
 
 def decode_reply(frames: Sequence) -> Reply:
@@ -587,62 +485,72 @@ def decode_reply(frames: Sequence) -> Reply:
         if size > MAX_TENSOR_FRAME_BYTES:
             raise ProtocolError("%s: frame %d: %d bytes, expected at most %d"
                                 % (what, i, size, MAX_TENSOR_FRAME_BYTES))
-    r = _Reader(frame0, HEADER_BYTES, len(frames))
+    r = wc.Reader(frame0, HEADER_BYTES, len(frames))
     try:
-        body = _decode_body(msg_type, r, frames[1:])
+        body = _decode_body(_reply_body_name(msg_type, frame0), r, frames[1:])
     except ProtocolError as e:
         raise ProtocolError("%s: %s" % (what, e)) from None
     return Reply(request_id, msg_type, body)
 
 
-def _decode_body(msg_type: int, r: _Reader, tensors: Sequence):
+# The reply body of each request type but FETCH (whose two replies the mode byte tells apart).
+_REPLY_BODY_OF = {t: name for name, t in ws.REPLY_BODIES.items() if t != MsgType.FETCH}
+
+
+def _reply_body_name(msg_type: int, frame0: bytes) -> str:
     if msg_type == MsgType.ERROR:
-        code = r.u32("code")
-        _in_range("code", code, 1, max(STATUS_CODES))
-        message = r.str("message", MAX_ERROR_MESSAGE_BYTES)
-        r.finish()
-        return ErrorReply(code, message)
+        return "ErrorReply"
     base = msg_type & ~REPLY_BIT
-    if base == MsgType.HELLO:
-        return _decode_hello(r)
-    if base == MsgType.OPEN:
-        r.finish()
-        return None
-    if base == MsgType.CLOSE:
-        out = CloseReply(r.u64("bytes_freed"))
-        r.finish()
-        return out
-    if base == MsgType.PING:
-        out = PingReply(r.u64("server_time_us"))
-        r.finish()
-        return out
-    if base == MsgType.BYE:
-        out = ByeReply(r.u32("sequences_closed"), r.u64("bytes_freed"))
-        r.finish()
-        return out
-    if base == MsgType.APPEND:
-        out = AppendReply(r.u64("tokens_total"), r.u64("tokens_quantized"),
-                          r.u64("pool_bytes_used"))
-        r.finish()
-        _in_range("tokens_quantized", out.tokens_quantized, 0, out.tokens_total)
-        return out
-    if base == MsgType.STATS:
-        r.finish(1)
-        raw = bytes(tensors[0])
-        _expect(len(raw) <= MAX_STATS_TEXT_BYTES, "text: length %d bytes, expected 0..%d"
-                % (len(raw), MAX_STATS_TEXT_BYTES))
-        _expect(b"\x00" not in raw, "text: not valid UTF-8 (or contains NUL)")
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError("text: not valid UTF-8 (or contains NUL)") from None
-    # FETCH: the first body byte is the mode.
-    mode = r.u8("mode")
-    if mode == MODE_DENSE:
-        return _decode_dense(r, tensors)
-    if mode == MODE_BLOCKS:
-        return _decode_blocks(r, tensors)
-    raise ProtocolError("mode: got %d, expected 0..1" % mode)
+    if base == MsgType.FETCH:  # The first body byte tells the two FETCH replies apart.
+        mode = wc.Reader(frame0, HEADER_BYTES).int("mode", "<B")
+        _expect(mode in (MODE_DENSE, MODE_BLOCKS), "mode: got %d, expected 0..1" % mode)
+        return "FetchDenseReply" if mode == MODE_DENSE else "FetchBlocksReply"
+    return _REPLY_BODY_OF[base]
+
+
+def _decode_body(name: str, r: wc.Reader, tensors: Sequence):
+    """Reads the fields of reply body `name` by its table, then runs the message's own checks
+    and reads its tensor frames."""
+    v = wc.read_fields(r, name, _COUNT_RULES)
+    r.finish(len(wc.frame_fields(name)))
+    if name == "ErrorReply":
+        pass
+    elif name == "HelloReply":
+        _check_hello(CLASSES[name](**v))
+    elif name == "AppendReply":
+        _in_range("tokens_quantized", v["tokens_quantized"], 0, v["tokens_total"])
+    elif name == "StatsReply":
+        v["text"] = _text(tensors[0])
+    elif name == "FetchDenseReply":
+        rows = _rows("", v["head_dim"], v["dtype"], v["counts"], tensors)
+        v.update(positions=rows[0], k=rows[1], v=rows[2])
+    elif name == "FetchBlocksReply":
+        _check_blocks(v)
+        rows = _rows("tail_", v["head_dim"], v["tail_dtype"], v["tail_counts"], tensors)
+        v.update(tail_positions=rows[0], tail_k=rows[1], tail_v=rows[2])
+    return CLASSES[name](**v)
+
+
+def decode_request(frames: Sequence) -> Tuple[int, int, object]:
+    """(type, request_id, body) of a request, read by the field tables alone: the structure is
+    checked (lengths, strings, enum ranges, frame count for messages with fixed frames), not the
+    semantic rules the daemon applies. For tests and tools that play the server."""
+    _expect(len(frames) > 0, "message: no frames, expected a header frame")
+    frame0 = bytes(frames[0])
+    msg_type, request_id = decode_header(frame0)
+    _expect(msg_type in ws.REQUEST_BODIES, "type: got %s, expected a request" % type_name(msg_type))
+    name = ws.REQUEST_BODIES[msg_type]
+    r = wc.Reader(frame0, HEADER_BYTES, len(frames))
+    v = wc.read_fields(r, name, _COUNT_RULES)
+    tensors = [bytes(f) for f in frames[1:]]
+    slots = wc.frame_fields(name)
+    _expect(len(tensors) <= len(slots), "frame count: got %d, expected at most %d"
+            % (len(frames), 1 + len(slots)))
+    r.frames = 1 + len(tensors)
+    r.finish(len(tensors))
+    for f, tensor in zip(slots, tensors + [None] * (len(slots) - len(tensors))):
+        v[f.name] = tensor
+    return msg_type, request_id, CLASSES[name](**v)
 
 
 # ---- bfloat16 helpers (numpy has no bfloat16; bf16 data travels as uint16 bit patterns) -------

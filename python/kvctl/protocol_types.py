@@ -1,6 +1,7 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""The values and errors of the kvctl wire protocol (ipc/PROTOCOL.md): reply bodies as frozen
-dataclasses, the status and quantizer code tables, and the exceptions this package raises.
+"""The values and errors of the kvctl wire protocol (ipc/PROTOCOL.md): the reply bodies (frozen
+dataclasses generated from ipc/messages.def into kvctl.wire_schema, a few with conveniences
+added here), the status and quantizer code tables, and the exceptions this package raises.
 kvctl.protocol re-exports every name here; import them from there.
 
 Thread safety: immutable values.
@@ -9,32 +10,22 @@ Thread safety: immutable values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
 
-import numpy as np
+from . import wire_schema as ws
+from .wire_schema import (  # noqa: F401 (re-exported)
+    AppendReply, ByeReply, CloseReply, ErrorReply, FetchDenseReply, OpenReply, PingReply,
+    StatsReply)
 
-# kvctl::StatusCode values carried by ERROR replies (common/status.h).
-STATUS_CODES = {
-    1: "INVALID_ARGUMENT",
-    2: "NOT_FOUND",
-    3: "ALREADY_EXISTS",
-    4: "RESOURCE_EXHAUSTED",
-    5: "FAILED_PRECONDITION",
-    6: "UNAVAILABLE",
-    7: "DEADLINE_EXCEEDED",
-    8: "UNIMPLEMENTED",
-    9: "INTERNAL",
-    10: "PERMISSION_DENIED",
-    11: "DATA_LOSS",
-}
+# kvctl::StatusCode values carried by ERROR replies (common/status.h, listed in messages.def).
+STATUS_CODES = {code.value: code.name for code in ws.StatusCode}
 STATUS_CODE_VALUES = {name: value for value, name in STATUS_CODES.items()}
 
 # HELLO reply pool_location values, and the size of its cuda_ipc_handle (cudaIpcMemHandle_t).
-POOL_HOST_SHM, POOL_CUDA_DEVICE = 0, 1
-CUDA_IPC_HANDLE_BYTES = 64
+POOL_HOST_SHM, POOL_CUDA_DEVICE = ws.PoolLocation.HOST_SHM, ws.PoolLocation.CUDA_DEVICE
+CUDA_IPC_HANDLE_BYTES = ws.CUDA_IPC_HANDLE_BYTES
 
-# kvctl::QuantMethod values (kernels/quant_types.h).
-QUANT_METHODS = ("fp16", "kivi", "quarot", "kvarn", "oscar")
+# kvctl::QuantMethod values (kernels/quant_types.h), as names.
+QUANT_METHODS = tuple(method.name.lower() for method in ws.QuantMethod)
 
 # ---- Errors -----------------------------------------------------------------------------------
 
@@ -92,133 +83,52 @@ class ProtocolError(KvctlError):
     """A reply broke the protocol (malformed, wrong type, failed validation); names the field."""
 
 
-# ---- Values -----------------------------------------------------------------------------------
+# ---- Values: the generated body dataclasses (wire_schema), with the conveniences below -----------
 
 
-@dataclass(frozen=True)
-class QuantInfo:
+class QuantInfo(ws.QuantInfo):
     """The quantizer a session gets by default (HELLO reply)."""
-
-    method: int
-    k_bits: int
-    v_bits: int
-    block_tokens: int
-    sink_tokens: int
-    flush_tokens: int
 
     @property
     def method_name(self) -> str:
         return QUANT_METHODS[self.method]
 
 
-@dataclass(frozen=True)
-class HelloReply:
-    session_id: int
-    lease_ms: int
-    server_version: str
-    pool_bytes: int
-    page_bytes: int
-    shm_name: str
-    staging_offset: int
-    staging_bytes: int
-    quant: QuantInfo
-    pool_location: int = 0  # 0 host shared memory (shm_name), 1 CUDA device memory.
-    cuda_device: int = 0
-    cuda_ipc_handle: bytes = bytes(CUDA_IPC_HANDLE_BYTES)  # Of a device pool; zeros otherwise.
-    # The shm object of this session's staging slot (writable by it alone); "" = the slot lies in
-    # the pool (a device pool's) or there is none.
-    staging_shm_name: str = ""
-
+class HelloReply(ws.HelloReply):
     @property
     def pool_on_device(self) -> bool:
         return self.pool_location == POOL_CUDA_DEVICE
 
 
-@dataclass(frozen=True)
-class CloseReply:
-    bytes_freed: int
-
-
-@dataclass(frozen=True)
-class ByeReply:
-    sequences_closed: int   # Sequences of the session that were open.
-    bytes_freed: int        # Pool bytes of their pages.
-
-
-@dataclass(frozen=True)
-class PingReply:
-    server_time_us: int
-
-
-@dataclass(frozen=True)
-class AppendReply:
-    tokens_total: int       # Sequence length after the append.
-    tokens_quantized: int   # <= tokens_total.
-    pool_bytes_used: int    # Daemon-wide.
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Token rows of FETCH: a dense reply's rows or a blocks reply's fp16 tail.
-
-    Pairs i = (layer - layer_begin) * kv_heads + head; counts[i] rows each, concatenated in pair
-    order in positions (int64 [N]), k and v ([N, head_dim] in dtype; bfloat16 as uint16 bits).
-    """
-
-    layer_begin: int
-    n_layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: int
-    counts: np.ndarray
-    positions: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-
-
-@dataclass(frozen=True)
-class RecordLayout:
+class RecordLayout(ws.RecordLayout):
     """Byte layout of one block record (56 bytes on the wire). records_per_page is per layout:
     each (layer, head) packs as many records per pool page as fit its own record size."""
 
-    method: int
-    k_bits: int
-    v_bits: int
-    k_group_tokens: int
-    v_group_channels: int
-    record_bytes: int
-    k_codes_offset: int
-    k_codes_bytes: int
-    k_meta_offset: int
-    k_meta_bytes: int
-    v_codes_offset: int
-    v_codes_bytes: int
-    v_meta_offset: int
-    v_meta_bytes: int
-    side_bytes_per_token: int
-    records_per_page: int
+    @property
+    def method_name(self) -> str:
+        return QUANT_METHODS[self.method]
 
 
-@dataclass(frozen=True)
-class BlocksReply:
-    """FETCH blocks mode: a page table into the shm pool plus the fp16 tail as rows."""
-
-    page_bytes: int
-    block_tokens: int
-    side_records_per_page: int
-    layouts: Tuple[RecordLayout, ...]
-    layout_index: np.ndarray        # uint16 [n_pairs]
-    indptr: np.ndarray              # uint32 [n_pairs + 1]
-    indices: np.ndarray             # uint32 [nnz]
-    last_page_len: np.ndarray       # uint32 [n_pairs]
-    side_indices: Optional[np.ndarray]  # uint32 [nnz], or None when no layout has side records
-    tail: Rows
+# Token rows of FETCH: a dense reply's rows or a blocks reply's fp16 tail. Pairs i = (layer -
+# layer_begin) * kv_heads + head; counts[i] rows each, concatenated in pair order in positions
+# (int64 [N]), k and v ([N, head_dim] in dtype; bfloat16 as uint16 bits).
+Rows = FetchDenseReply
 
 
-@dataclass(frozen=True)
-class ErrorReply:
-    code: int
-    message: str
+class BlocksReply(ws.FetchBlocksReply):
+    """FETCH blocks mode: a page table into the shm pool plus the fp16 tail as rows.
+    side_indices is empty when no layout has side records."""
+
+    @property
+    def tail(self) -> Rows:
+        return Rows(self.layer_begin, self.n_layers, self.kv_heads, self.head_dim,
+                    self.tail_dtype, self.tail_counts, self.tail_positions, self.tail_k,
+                    self.tail_v)
+
+
+# The class the decoder builds for each body of messages.def.
+CLASSES = dict(ws.CLASSES, QuantInfo=QuantInfo, HelloReply=HelloReply, RecordLayout=RecordLayout,
+               FetchBlocksReply=BlocksReply)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def test_cuda_pool_device_views_feed_fused_attention(method, daemon_factory, con
         for h in range(heads):
             kq = torch.from_numpy(k[0, span, h:h + 1].astype(np.float32))
             vq = torch.from_numpy(v[0, span, h:h + 1].astype(np.float32))
-            ours = ops.quantize(kq, vq, method, 2, 2, block_tokens=blocks["block_tokens"])[0]
+            ours = ops.quantize(kq, vq, method, 2, 2, block_tokens=blocks.block_tokens)[0]
             theirs = torch.stack([r.cpu() for r in view.pair_records(blocks, h)])
             assert torch.equal(ours, theirs), h
     c.close(1)

@@ -158,7 +158,7 @@ def test_hf_fused_per_head_widths(smollm2, tokens, daemon_factory, workdir, monk
     with KvctlCache(model, daemon.endpoint, attention="fused") as cache:
         forward_loop(model, cache, tokens, PREFILL)
         blocks = cache.seqs[0].blocks
-        widths = [blocks["layouts"][i]["k_bits"] for i in blocks["layout_index"].tolist()[:4]]
+        widths = [blocks.layouts[i].k_bits for i in blocks.layout_index.tolist()[:4]]
         assert widths == [2, 4, 2, 2], widths
         assert cache.counters["flushes"] >= 2
     assert max(errors) <= ATTENTION_TOLERANCE, max(errors)

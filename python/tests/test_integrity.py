@@ -48,8 +48,8 @@ def store(c, seq: int, seed: int):
 
 def first_record_offset(c, seq: int) -> int:
     blocks = c.fetch_blocks(seq)
-    assert len(blocks["record_offsets"]) > 0
-    return int(blocks["record_offsets"][0])
+    assert len(blocks.record_offsets) > 0
+    return int(blocks.record_offsets[0])
 
 
 def test_pool_is_read_only_to_clients_and_staging_is_private(kvarn_daemon, connect):

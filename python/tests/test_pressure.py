@@ -175,23 +175,23 @@ def test_pressure_lowered_heads_records_decode_to_the_dense_fetch(daemon_factory
         if int(next(iter(seq.values()))["pressure_reliefs"]) >= 1:
             break
     blocks = c.fetch_blocks(1)
-    widths = {(lay["k_bits"], lay["v_bits"]) for lay in blocks["layouts"]}
+    widths = {(lay.k_bits, lay.v_bits) for lay in blocks.layouts}
     assert (8, 8) not in widths or len(widths) > 1, widths  # Some head was lowered.
-    for lay in blocks["layouts"]:  # Each width packs its own records per page (3 at 8 bits).
-        assert lay["records_per_page"] == PAGE // lay["record_bytes"], lay
+    for lay in blocks.layouts:  # Each width packs its own records per page (3 at 8 bits).
+        assert lay.records_per_page == PAGE // lay.record_bytes, lay
     fk, fv, pos = c.fetch(1, dtype="float32", stacked=True)
     lowered = 0
     with PoolView.from_client(c) as view:
         for pair in range(LAYERS * HEADS):
             layer, h = divmod(pair, HEADS)
-            lay = blocks["layouts"][int(blocks["layout_index"][pair])]
-            lowered += (lay["k_bits"], lay["v_bits"]) != (8, 8)
+            lay = blocks.layouts[int(blocks.layout_index[pair])]
+            lowered += (lay.k_bits, lay.v_bits) != (8, 8)
             recs = view.pair_records(blocks, pair)
-            n = len(recs) * blocks["block_tokens"]
-            assert n == blocks["quantized_counts"][pair] > 0
-            kd, vd = ops.dequantize(torch.stack(recs).unsqueeze(0), "kivi", DIM, lay["k_bits"],
-                                    lay["v_bits"], block_tokens=blocks["block_tokens"])
-            what = "pair %d at K%d V%d" % (pair, lay["k_bits"], lay["v_bits"])
+            n = len(recs) * blocks.block_tokens
+            assert n == blocks.quantized_counts[pair] > 0
+            kd, vd = ops.dequantize(torch.stack(recs).unsqueeze(0), "kivi", DIM, lay.k_bits,
+                                    lay.v_bits, block_tokens=blocks.block_tokens)
+            what = "pair %d at K%d V%d" % (pair, lay.k_bits, lay.v_bits)
             # KIVI has no sinks: the records are the first n tokens.
             assert torch.equal(kd[:, 0], torch.from_numpy(fk[layer, :n, h])), what
             assert torch.equal(vd[:, 0], torch.from_numpy(fv[layer, :n, h])), what

@@ -4,6 +4,7 @@ client's argument checks, and the client's socket discipline against a scripted 
 real daemon never sends stale or malformed replies, so a peer that does is the only way to test
 the client's handling of them)."""
 
+import importlib.util
 import os
 import struct
 import threading
@@ -14,6 +15,8 @@ import zmq
 
 import kvctl
 from kvctl import protocol as p
+from kvctl import wire_codec as wc
+from kvctl import wire_schema as ws
 
 
 def hexbytes(text: str) -> bytes:
@@ -24,69 +27,145 @@ def hdr(msg_type: int, request_id: int) -> bytes:
     return struct.pack("<IHHQH", p.MAGIC, 1, msg_type, request_id, 0)
 
 
-HELLO_BODY = hexbytes("""
-    01 00
-    04 00 00 00 76 6c 6c 6d
-    04 00 00 00 71 77 65 6e
-    02 00 00 00  01 00 00 00  02 00 00 00  08 00 00 00  01""")
+GOLDEN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                           "golden", "wire_messages.txt")
 
-HELLO_REPLY_BODY = hexbytes("""
-    05 00 00 00 00 00 00 00
-    30 75 00 00
-    05 00 00 00 30 2e 31 2e 30
-    00 00 10 00 00 00 00 00
-    00 10 00 00
-    03 00 00 00 2f 6b 76
-    00 00 00 00 00 00 00 00
-    00 20 00 00 00 00 00 00
-    03 02 02
-    20 00 00 00  04 00 00 00  80 00 00 00
-    00  00 00 00 00""") + bytes(64) + hexbytes("""
-    28 00 00 00
-    2f 6b 76 2d 73 74 67 2d  30 30 31 31 32 32 33 33  34 34 35 35 36 36 37 37
-    38 38 39 39 61 61 62 62  63 63 64 64 65 65 66 66""")
+
+class Golden:
+    """One entry of tests/golden/wire_messages.txt, the golden messages both codecs share."""
+
+    def __init__(self, name: str):
+        self.name, self.type, self.request_id, self.frames, self.fields = name, "", 0, [], []
+        self.error = ""  # invalid_* entries: the decoder must refuse with this text.
+
+    @property
+    def body(self) -> bytes:
+        return self.frames[0][p.HEADER_BYTES:]
+
+
+def load_goldens() -> dict:
+    goldens = {}
+    g = None
+    with open(GOLDEN_PATH, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("["):
+                g = goldens[line[1:-1]] = Golden(line[1:-1])
+                continue
+            key, _, value = line.partition("=")
+            key, value = key.strip(), value.strip()
+            if key == "type":
+                g.type = value
+            elif key == "request_id":
+                g.request_id = int(value)
+            elif key == "error":
+                g.error = value
+            elif key.startswith("frame"):
+                assert key == "frame%d" % len(g.frames), (g.name, key)
+                g.frames.append(hexbytes(value))
+            else:
+                g.fields.append((key, value))
+    return goldens
+
+
+GOLDEN = load_goldens()
+VALID = sorted(name for name, g in GOLDEN.items() if not g.error)
+INVALID = sorted(name for name, g in GOLDEN.items() if g.error)
 STAGING_NAME = "/kv-stg-00112233445566778899aabbccddeeff"
-
-BLOCKS_BODY = hexbytes("""
-    01
-    00 00 00 00  01 00 00 00  01 00 00 00  08 00 00 00
-    00 10 00 00  20 00 00 00  00 00 00 00
-    01 00
-    03 02 02 00  20 00 00 00  08 00 00 00  00 01 00 00
-    00 00 00 00  40 00 00 00  40 00 00 00  40 00 00 00
-    80 00 00 00  40 00 00 00  c0 00 00 00  40 00 00 00
-    00 00 00 00  10 00 00 00
-    00 00
-    00 00 00 00  02 00 00 00
-    11 00 00 00  12 00 00 00
-    20 00 00 00
-    01
-    01 00 00 00""")
+BLOCKS_BODY = GOLDEN["fetch_blocks_reply"].body
 
 
-# ---- PROTOCOL.md examples -------------------------------------------------------------------
+def _body_name(body) -> str:
+    return next(c.__name__ for c in type(body).__mro__ if c.__name__ in ws.BODIES)
+
+
+def _is_reply(g: Golden) -> bool:
+    return bool(struct.unpack_from("<H", g.frames[0], 6)[0] & p.REPLY_BIT)
+
+
+# ---- The golden messages (shared with tests/ipc/protocol_golden_test.cc) ---------------------
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_golden_message_decodes_to_its_fields(name):
+    g = GOLDEN[name]
+    if _is_reply(g):
+        reply = p.decode_reply(g.frames)
+        msg_type, request_id, body = reply.type, reply.request_id, reply.body
+    else:
+        msg_type, request_id, body = p.decode_request(g.frames)
+    assert (p.type_name(msg_type), request_id) == (g.type, g.request_id)
+    assert wc.describe(_body_name(body), body) == g.fields
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_golden_message_encodes_back_to_its_frames(name):
+    g = GOLDEN[name]
+    if _is_reply(g):
+        reply = p.decode_reply(g.frames)
+        msg_type, body = reply.type, reply.body
+    else:
+        msg_type, _, body = p.decode_request(g.frames)
+    frames = p.encode_message(msg_type, g.request_id, body)
+    assert [bytes(memoryview(f).cast("B")) for f in frames] == g.frames
+
+
+@pytest.mark.parametrize("name", INVALID)
+def test_golden_invalid_reply_is_refused_with_its_error(name):
+    g = GOLDEN[name]
+    with pytest.raises(kvctl.ProtocolError) as e:
+        p.decode_reply(g.frames)
+    assert g.error in str(e.value)
+
+
+def test_golden_messages_cover_every_message_type():
+    assert len(INVALID) >= 10
+    types = {GOLDEN[name].type for name in VALID}
+    for t in ws.REQUEST_BODIES:
+        assert p.type_name(t) in types and p.type_name(t | p.REPLY_BIT) in types
+    assert "ERROR" in types
+
+
+def test_wire_schema_is_generated_from_messages_def():
+    """python/kvctl/wire_schema.py is what ipc/gen_python_schema.py writes from ipc/messages.def
+    (skipped where the package runs without its repository)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    script = os.path.join(root, "ipc", "gen_python_schema.py")
+    if not os.path.exists(script):
+        pytest.skip("no repository checkout next to the tests")
+    spec = importlib.util.spec_from_file_location("gen_python_schema", script)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    with open(gen.DEF_PATH, encoding="utf-8") as f:
+        want = gen.generate(f.read())
+    with open(os.path.join(os.path.dirname(p.__file__), "wire_schema.py"), encoding="utf-8") as f:
+        assert f.read() == want, "run python3 ipc/gen_python_schema.py"
+
+
+# ---- PROTOCOL.md examples through the public encoders and the typed replies -----------------
 
 
 def test_protocol_header_example_is_the_documented_bytes():
-    assert p.header(p.MsgType.HELLO, 1) == hexbytes(
-        "4b 56 43 54  01 00  01 00  01 00 00 00 00 00 00 00  00 00")
+    assert p.header(p.MsgType.HELLO, 1) == GOLDEN["hello_request"].frames[0][:18]
 
 
 def test_protocol_hello_request_example():
     frames = p.encode_hello(1, "vllm", "qwen", 2, 1, 2, 8, "float16")
-    assert frames == [hdr(1, 1) + HELLO_BODY]
+    assert frames == GOLDEN["hello_request"].frames
     assert len(frames[0]) == 53
 
 
 def test_protocol_hello_reply_example():
-    frame0 = hdr(0x8001, 1) + HELLO_REPLY_BODY
-    assert len(frame0) == 202
-    reply = p.decode_reply([frame0])
+    frames = GOLDEN["hello_reply"].frames
+    assert len(frames[0]) == 202
+    reply = p.decode_reply(frames)
     assert reply.request_id == 1 and reply.type == 0x8001
     assert reply.body == p.HelloReply(5, 30000, "0.1.0", 1048576, 4096, "/kv", 0, 8192,
-                                      p.QuantInfo(3, 2, 2, 32, 4, 128),
-                                      staging_shm_name=STAGING_NAME)
-    assert reply.body.quant.method_name == "kvarn"
+                                      p.QuantInfo(3, 2, 2, 32, 4, 128), 0, 0, bytes(64),
+                                      STAGING_NAME)
+    assert reply.body.quant.method_name == "kvarn" and not reply.body.pool_on_device
 
 
 def test_protocol_hello_reply_of_a_device_pool():
@@ -98,43 +177,34 @@ def test_protocol_hello_reply_of_a_device_pool():
 
 
 def test_protocol_open_close_ping_examples():
-    body = hexbytes("05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00")
-    assert p.encode_open(2, 5, 9) == [hdr(2, 2) + body]
-    assert p.encode_close(2, 5, 9) == [hdr(3, 2) + body]
-    assert p.decode_reply([hdr(0x8002, 2)]).body is None
-    closed = p.decode_reply([hdr(0x8003, 2) + hexbytes("00 10 00 00 00 00 00 00")])
-    assert closed.body == p.CloseReply(4096)
-    assert p.encode_ping(3, 0) == [hdr(4, 3) + bytes(8)]
-    pong = p.decode_reply([hdr(0x8004, 3) + hexbytes("40 42 0f 00 00 00 00 00")])
-    assert pong.body == p.PingReply(1000000)
+    assert p.encode_open(2, 5, 9) == GOLDEN["open_request"].frames
+    assert p.encode_close(2, 5, 9) == GOLDEN["close_request"].frames
+    assert p.decode_reply(GOLDEN["open_reply"].frames).body == p.OpenReply()
+    assert p.decode_reply(GOLDEN["close_reply"].frames).body == p.CloseReply(4096)
+    assert p.encode_ping(3, 0) == GOLDEN["ping_request"].frames
+    assert p.encode_ping(7, 42) == GOLDEN["ping_request_session"].frames
+    assert p.decode_reply(GOLDEN["ping_reply"].frames).body == p.PingReply(1000000)
 
 
 def test_protocol_append_examples():
     k = np.arange(16, dtype="<f2").reshape(2, 1, 1, 8)
     v = -k
     frames = p.encode_append(5, 5, 9, 0, 1, [k, v])
-    assert frames[0] == hdr(5, 5) + hexbytes("""
-        05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00
-        01 00 00 00  00  00  00 00 00 00 00 00 00 00""")
+    assert frames[0] == GOLDEN["append_inline_request"].frames[0]
     assert len(frames[0]) == 18 + 38 and frames[1] is k and frames[2] is v
+    assert [k.tobytes(), v.tobytes()] == GOLDEN["append_inline_request"].frames[1:]
     staged = p.encode_append(6, 5, 9, 1, 1, (), p.SOURCE_STAGING, True, 4096)
-    assert staged == [hdr(5, 6) + hexbytes("""
-        05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00  01 00 00 00 00 00 00 00
-        01 00 00 00  01  01  00 10 00 00 00 00 00 00""")]
-    reply = p.decode_reply([hdr(0x8005, 6) + hexbytes(
-        "02 00 00 00 00 00 00 00  00 00 00 00 00 00 00 00  00 20 00 00 00 00 00 00")])
+    assert staged == GOLDEN["append_staging_request"].frames
+    reply = p.decode_reply(GOLDEN["append_reply"].frames)
     assert reply.body == p.AppendReply(2, 0, 8192)
 
 
 def test_protocol_fetch_request_and_dense_reply_examples():
-    assert p.encode_fetch(7, 5, 9, 0, 1, p.MODE_DENSE, "float16") == [hdr(6, 7) + hexbytes(
-        "05 00 00 00 00 00 00 00  09 00 00 00 00 00 00 00  00 00 00 00  01 00 00 00  00 01")]
-    body = hexbytes("00  00 00 00 00  01 00 00 00  01 00 00 00  08 00 00 00  01  02 00 00 00")
-    assert len(body) == 22
+    assert p.encode_fetch(7, 5, 9, 0, 1, p.MODE_DENSE, "float16") == GOLDEN["fetch_request"].frames
+    g = GOLDEN["fetch_dense_reply"]
+    assert len(g.body) == 22
     rows_k = np.arange(16, dtype="<f2")
-    reply = p.decode_reply([hdr(0x8006, 7) + body, struct.pack("<qq", 0, 1), rows_k.tobytes(),
-                            (-rows_k).tobytes()])
-    rows = reply.body
+    rows = p.decode_reply(g.frames).body
     assert isinstance(rows, p.Rows)
     assert (rows.layer_begin, rows.n_layers, rows.kv_heads, rows.head_dim) == (0, 1, 1, 8)
     assert rows.dtype == 1 and rows.counts.tolist() == [2]
@@ -145,38 +215,34 @@ def test_protocol_fetch_request_and_dense_reply_examples():
 
 def test_protocol_blocks_reply_example():
     assert len(BLOCKS_BODY) == 114
-    tail_k = np.arange(8, dtype="<f2")
-    reply = p.decode_reply([hdr(0x8006, 8) + BLOCKS_BODY, struct.pack("<q", 64),
-                            tail_k.tobytes(), tail_k.tobytes()])
-    b = reply.body
+    b = p.decode_reply(GOLDEN["fetch_blocks_reply"].frames).body
     assert isinstance(b, p.BlocksReply)
     assert (b.page_bytes, b.block_tokens, b.side_records_per_page) == (4096, 32, 0)
     assert b.layouts == (p.RecordLayout(3, 2, 2, 32, 8, 256, 0, 64, 64, 64, 128, 64, 192, 64,
                                         0, 16),)
+    assert b.layouts[0].method_name == "kvarn"
     assert b.layout_index.tolist() == [0] and b.indptr.tolist() == [0, 2]
     assert b.indices.tolist() == [17, 18] and b.last_page_len.tolist() == [32]
-    assert b.side_indices is None
+    assert b.side_indices.tolist() == []
     assert b.tail.counts.tolist() == [1] and b.tail.positions.tolist() == [64]
+    side = p.decode_reply(GOLDEN["fetch_blocks_reply_side_records"].frames).body
+    assert side.side_indices.tolist() == [1, 2, p.NO_PAGE] and side.tail.dtype == 2
 
 
 def test_protocol_stats_and_error_examples():
-    assert p.encode_stats(9, 0, "pool") == [hdr(7, 9) + hexbytes(
-        "00 00 00 00 00 00 00 00  04 00 00 00 70 6f 6f 6c")]
-    text = b"# Pool\npool_bytes:1048576\n"
-    assert p.decode_reply([hdr(0x8007, 9), text]).body == text.decode()
+    assert p.encode_stats(9, 0, "pool") == GOLDEN["stats_request"].frames
+    text = GOLDEN["stats_reply"].frames[1]
+    assert p.decode_reply(GOLDEN["stats_reply"].frames).body == p.StatsReply(text.decode())
     assert kvctl.parse_info(text.decode()) == {"pool": {"pool_bytes": 1048576}}
-    body = hexbytes("02 00 00 00  17 00 00 00") + b"sequence_id: 9 not open"
-    assert len(body) == 31
-    err = p.decode_reply([hdr(0xFFFF, 10) + body]).body
-    assert err == p.ErrorReply(2, "sequence_id: 9 not open")
+    g = GOLDEN["error_reply"]
+    assert len(g.body) == 31
+    assert p.decode_reply(g.frames).body == p.ErrorReply(2, "sequence_id: 9 not open")
 
 
 def test_protocol_bye_example():
-    assert p.encode_bye(11, 5) == [hdr(8, 11) + hexbytes("05 00 00 00 00 00 00 00")]
-    assert hdr(8, 11) == hexbytes("4b 56 43 54  01 00  08 00  0b 00 00 00 00 00 00 00  00 00")
-    body = hexbytes("02 00 00 00  00 20 00 00 00 00 00 00")
-    assert len(body) == 12
-    reply = p.decode_reply([hdr(0x8008, 11) + body])
+    assert p.encode_bye(11, 5) == GOLDEN["bye_request"].frames
+    reply = p.decode_reply(GOLDEN["bye_reply"].frames)
+    assert len(GOLDEN["bye_reply"].body) == 12
     assert reply.type == 0x8008 and reply.body == p.ByeReply(2, 8192)
     assert p.type_name(8) == "BYE" and p.type_name(0x8008) == "BYE_REPLY"
     with pytest.raises(ValueError, match="session_id: got 0"):
@@ -512,14 +578,14 @@ def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(
     try:
         c.hello(layers=1, kv_heads=2, head_dim=8)
         b = c.fetch_blocks(1)
-        assert [lay["records_per_page"] for lay in b["layouts"]] == [16, 32]
-        assert "records_per_page" not in b
+        assert [lay.records_per_page for lay in b.layouts] == [16, 32]
+        assert not hasattr(b, "records_per_page")  # Per layout, never one per reply.
         # Pair 0: ids 17, 18 at 16 per page = page 1 slots 1, 2 of 256 bytes. Pair 1: id 33 at
         # 32 per page = page 1 slot 1 of 128 bytes (not page 2, as 16 per page would give), id 70
         # = page 2 slot 6.
-        assert b["record_offsets"].tolist() == [4096 + 256, 4096 + 512, 4096 + 128,
+        assert b.record_offsets.tolist() == [4096 + 256, 4096 + 512, 4096 + 128,
                                                 8192 + 6 * 128]
-        assert b["quantized_counts"].tolist() == [64, 37]
+        assert b.quantized_counts.tolist() == [64, 37]
     finally:
         c.disconnect()
         peer.close()

@@ -57,15 +57,15 @@ def test_lossless_blocks_fetch_has_no_records_and_every_row_in_the_window(lossle
     c.append(1, k, v)
     b = c.fetch_blocks(1, dtype="float32")
     pairs = LAYERS * HEADS
-    assert b["indptr"].tolist() == [0] * (pairs + 1)
-    assert b["quantized_counts"].tolist() == [0] * pairs
-    assert b["tail_counts"].tolist() == [41] * pairs
-    assert b["layouts"][0]["method_name"] == "fp16"
+    assert b.indptr.tolist() == [0] * (pairs + 1)
+    assert b.quantized_counts.tolist() == [0] * pairs
+    assert b.tail_counts.tolist() == [41] * pairs
+    assert b.layouts[0].method_name == "fp16"
     for layer in range(LAYERS):
         for head in range(HEADS):
-            assert np.array_equal(b["tail_k"][layer][head], k[layer, :, head])
-            assert np.array_equal(b["tail_v"][layer][head], v[layer, :, head])
-            assert b["tail_positions"][layer][head].tolist() == list(range(41))
+            assert np.array_equal(b.tail_k[layer][head], k[layer, :, head])
+            assert np.array_equal(b.tail_v[layer][head], v[layer, :, head])
+            assert b.tail_positions[layer][head].tolist() == list(range(41))
     assert c.close(1) > 0
 
 
@@ -155,25 +155,25 @@ def test_kvarn_float16_prefill_then_decode(kvarn_daemon, connect):
     # Blocks mode: records cover 128..255 of every pair; sinks and tail come as rows.
     b = c.fetch_blocks(1)
     pairs = LAYERS * HEADS
-    assert b["n_layers"] == LAYERS and b["kv_heads"] == HEADS and b["block_tokens"] == 128
-    assert b["quantized_counts"].tolist() == [128] * pairs
-    assert b["tail_counts"].tolist() == [total - 128] * pairs
-    assert b["indptr"].tolist() == list(range(pairs + 1))
-    lay = b["layouts"][0]
-    assert lay["method_name"] == "kvarn" and (lay["k_bits"], lay["v_bits"]) == (2, 2)
-    assert np.all(b["record_offsets"] + lay["record_bytes"] <= s.pool_bytes)
-    assert len(set(b["record_offsets"].tolist())) == pairs
+    assert b.n_layers == LAYERS and b.kv_heads == HEADS and b.block_tokens == 128
+    assert b.quantized_counts.tolist() == [128] * pairs
+    assert b.tail_counts.tolist() == [total - 128] * pairs
+    assert b.indptr.tolist() == list(range(pairs + 1))
+    lay = b.layouts[0]
+    assert lay.method_name == "kvarn" and (lay.k_bits, lay.v_bits) == (2, 2)
+    assert np.all(b.record_offsets + lay.record_bytes <= s.pool_bytes)
+    assert len(set(b.record_offsets.tolist())) == pairs
     for layer in range(LAYERS):
         for head in range(HEADS):
-            rows_pos = b["tail_positions"][layer][head]
+            rows_pos = b.tail_positions[layer][head]
             assert rows_pos.tolist() == list(range(128)) + list(range(256, total))
             want = np.concatenate([k[layer, :128, head], k[layer, 256:, head]])
-            assert b["tail_k"][layer][head].dtype == np.float16
-            assert np.array_equal(b["tail_k"][layer][head], want)
+            assert b.tail_k[layer][head].dtype == np.float16
+            assert np.array_equal(b.tail_k[layer][head], want)
     # fetch(mode="blocks") returns the same rows.
     bk, _, bpos = c.fetch(1, mode="blocks", dtype="float16")
-    assert np.array_equal(bk[1][0], b["tail_k"][1][0]) and np.array_equal(bpos[0][1],
-                                                                          b["tail_positions"][0][1])
+    assert np.array_equal(bk[1][0], b.tail_k[1][0]) and np.array_equal(bpos[0][1],
+                                                                          b.tail_positions[0][1])
     for seq in (1, 2, 3):
         c.close(seq)
 

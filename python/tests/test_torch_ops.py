@@ -373,14 +373,14 @@ def test_torch_ops_records_and_dequantize_equal_the_daemons(method, daemon_facto
             vq = torch.from_numpy(v[layer, span].astype(np.float32))
             norms = ops.token_norms(kq) if method == "oscar" else None
             ours = ops.quantize(kq, vq, method, bits, bits, token_norms=norms,
-                                block_tokens=blocks["block_tokens"])
+                                block_tokens=blocks.block_tokens)
             theirs = torch.stack([torch.stack(view.pair_records(blocks, layer * heads + h))
                                   for h in range(heads)])
             assert torch.equal(ours, theirs), (method, layer)
             if method == "oscar":
                 pair = layer * heads
-                a = int(blocks["indptr"][pair])
-                G = blocks["block_tokens"]
+                a = int(blocks.indptr[pair])
+                G = blocks.block_tokens
                 stored = torch.cat([view.record(int(side[a + b]), G * 4).view(torch.float32)
                                     for b in range(ours.shape[1])])
                 assert torch.equal(stored, norms)
@@ -485,13 +485,13 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
     c.open(1)
     c.append(1, k, v)
     blocks = c.fetch_blocks(1)
-    widths = [(blocks["layouts"][i]["k_bits"], blocks["layouts"][i]["v_bits"])
-              for i in blocks["layout_index"].tolist()]
+    widths = [(blocks.layouts[i].k_bits, blocks.layouts[i].v_bits)
+              for i in blocks.layout_index.tolist()]
     assert widths == [(2, 2), (4, 4), (2, 2), (2, 2)], widths
-    page, widest = blocks["page_bytes"], max(lay["record_bytes"] for lay in blocks["layouts"])
-    for lay in blocks["layouts"]:
+    page, widest = blocks.page_bytes, max(lay.record_bytes for lay in blocks.layouts)
+    for lay in blocks.layouts:
         # Packed by the layout's own record size, or (one value for all) by the widest record.
-        assert lay["records_per_page"] in (page // lay["record_bytes"], page // widest), lay
+        assert lay.records_per_page in (page // lay.record_bytes, page // widest), lay
     fk, fv, pos = c.fetch(1, dtype="float32", stacked=True)
     q = torch.randn(heads * g, dim)
     with PoolView.from_client(c) as view:
@@ -502,16 +502,16 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
             assert_close(out, lse, *ref, what="layer %d" % layer)
             for h in range(heads):
                 pair = layer * heads + h
-                lay = blocks["layouts"][int(blocks["layout_index"][pair])]
+                lay = blocks.layouts[int(blocks.layout_index[pair])]
                 recs = view.pair_records(blocks, pair)
-                assert len(recs) * blocks["block_tokens"] == blocks["quantized_counts"][pair] > 0
-                window = set(blocks["tail_positions"][layer][h].tolist())
+                assert len(recs) * blocks.block_tokens == blocks.quantized_counts[pair] > 0
+                window = set(blocks.tail_positions[layer][h].tolist())
                 quantized = [i for i, x in enumerate(pos.tolist()) if x not in window]
                 kd, vd = ops.dequantize(torch.stack(recs).unsqueeze(0), "kvarn", dim,
-                                        lay["k_bits"], lay["v_bits"],
-                                        block_tokens=blocks["block_tokens"])
+                                        lay.k_bits, lay.v_bits,
+                                        block_tokens=blocks.block_tokens)
                 what = "layer %d head %d (records_per_page %d)" % (layer, h,
-                                                                  lay["records_per_page"])
+                                                                  lay.records_per_page)
                 assert torch.equal(kd[:, 0], torch.from_numpy(fk[layer, quantized, h])), what
                 assert torch.equal(vd[:, 0], torch.from_numpy(fv[layer, quantized, h])), what
     c.close(1)
