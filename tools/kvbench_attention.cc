@@ -18,8 +18,8 @@
 #include "kernels/attention.h"
 #include "kernels/quant_types.h"
 #include "kernels/quantize.h"
-#include "tools/kvbench_command.h"
 #include "tests/support/synthetic_kv.h"
+#include "tools/kvbench_command.h"
 
 namespace kvctl {
 namespace {

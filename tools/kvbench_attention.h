@@ -10,8 +10,8 @@
 //
 // The cache at T tokens is what the daemon holds after streaming T tokens: the method's sinks and
 // fp16 tail as the window, everything else as records (QuantizedTokenCount). Synthetic K/V
-// (tests/support/synthetic_kv.h) of `base_tokens` tokens are tiled along the sequence, so long contexts
-// cost no generation or quantization time; every record and row still has its own memory.
+// (tests/support/synthetic_kv.h) of `base_tokens` tokens are tiled along the sequence, so long
+// contexts cost no generation or quantization time; every record and row still has its own memory.
 //
 // Thread safety: RunAttentionBench sets process-wide thread counts (OpenMP, torch); one at a time.
 //

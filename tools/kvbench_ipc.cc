@@ -22,8 +22,8 @@
 
 #include "common/half.h"
 #include "controller/config/config.h"
-#include "controller/service/controller.h"
 #include "controller/daemon/daemon.h"
+#include "controller/service/controller.h"
 #include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "ipc/transport.h"

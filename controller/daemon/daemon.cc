@@ -15,10 +15,10 @@
 #include <cstring>
 #include <zmq.hpp>
 
-#include "controller/service/dispatch.h"
 #include "controller/daemon/http_server.h"
-#include "controller/stats/metrics.h"
+#include "controller/service/dispatch.h"
 #include "controller/service/scrubber.h"
+#include "controller/stats/metrics.h"
 #include "ipc/transport.h"
 
 namespace kvctl {

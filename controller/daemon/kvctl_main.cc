@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "controller/config/config.h"
-#include "controller/service/controller.h"
 #include "controller/daemon/daemon.h"
+#include "controller/service/controller.h"
 
 namespace {
 

@@ -43,10 +43,10 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
-#include "controller/sequence/eviction_driver.h"
-#include "controller/sequence/host_memory.h"
 #include "controller/pool/pool.h"
 #include "controller/pool/slot_array.h"
+#include "controller/sequence/eviction_driver.h"
+#include "controller/sequence/host_memory.h"
 #include "kernels/quant_types.h"
 #include "policies/joint_planner.h"
 #include "policies/width_relief.h"

@@ -13,9 +13,9 @@
 #include <sstream>
 #include <vector>
 
+#include "controller/sequence/eviction_driver.h"
 #include "controller/service/controller.h"
 #include "controller/service/controller_internal.h"
-#include "controller/sequence/eviction_driver.h"
 #include "ipc/protocol.h"
 
 namespace kvctl {
@@ -366,8 +366,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   return text;
 }
 
-void Controller::WriteServerSection(const Config& config, SteadyTime now,
-                                    std::ostream& out) const {
+void Controller::WriteServerSection(const Config& config, SteadyTime now, std::ostream& out) const {
   std::string http_address;
   {
     MutexLock lock(&http_address_mu_);

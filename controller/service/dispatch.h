@@ -2,9 +2,9 @@
 //
 // File: controller/service/dispatch.h
 // Dispatch: hands one decoded request to the Controller call that answers it and returns the reply
-// as a ReplyBody (or the call's error Status). The daemon (controller/daemon/daemon.cc) serves every
-// request through it, and so does the request-path fuzzer (tests/fuzz/), so what is fuzzed is what
-// is served. Every request type has its branch: a type added to ipc::RequestBody without one
+// as a ReplyBody (or the call's error Status). The daemon (controller/daemon/daemon.cc) serves
+// every request through it, and so does the request-path fuzzer (tests/fuzz/), so what is fuzzed is
+// what is served. Every request type has its branch: a type added to ipc::RequestBody without one
 // fails to compile here.
 //
 // Thread safety: as the Controller (any thread).

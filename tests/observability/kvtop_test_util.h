@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// STATS text in the daemon's format (controller/service/controller_stats.cc) for kvtop's unit tests, with
-// the shape and counters each test needs.
+// STATS text in the daemon's format (controller/service/controller_stats.cc) for kvtop's unit
+// tests, with the shape and counters each test needs.
 #ifndef KVCTL_TESTS_OBSERVABILITY_KVTOP_TEST_UTIL_H_
 #define KVCTL_TESTS_OBSERVABILITY_KVTOP_TEST_UTIL_H_
 

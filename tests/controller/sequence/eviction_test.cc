@@ -15,8 +15,8 @@
 #include <set>
 #include <string>
 
-#include "controller/sequence/budget_resolve.h"
 #include "controller/config/config.h"
+#include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/kv_sequence.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"

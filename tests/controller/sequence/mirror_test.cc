@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "controller/pool/cuda_arena.h"
-#include "controller/sequence/kv_sequence.h"
 #include "controller/pool/pool.h"
+#include "controller/sequence/kv_sequence.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 #include "tests/support/synthetic_kv.h"
 

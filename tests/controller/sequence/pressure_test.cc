@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "common/half.h"
-#include "controller/sequence/budget_resolve.h"
 #include "controller/config/config.h"
+#include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/kv_sequence.h"
 #include "kernels/quantize.h"
 #include "tests/controller/sequence/evict_test_util.h"

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "controller/sequence/kv_sequence.h"
 #include "controller/pool/pool.h"
+#include "controller/sequence/kv_sequence.h"
 
 namespace kvctl::testing {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "common/half.h"
-#include "controller/service/controller.h"
 #include "controller/pool/pool.h"
+#include "controller/service/controller.h"
 #include "controller/service/scrubber.h"
 
 namespace kvctl {
