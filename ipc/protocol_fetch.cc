@@ -110,9 +110,10 @@ StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchBlocksReply& m) {
     case CountRule::kPairsPlusOne:
       return pairs + 1;
     case CountRule::kNnz:
-      return uint64_t{m.indptr.back()};  // indptr (pairs + 1 >= 2 entries) is read before.
     case CountRule::kSideNnz:
-      return any_side ? uint64_t{m.indptr.back()} : 0;
+      // messages.def puts indptr (pairs + 1 >= 2 entries) before the arrays it sizes.
+      KVCTL_CHECK(!m.indptr.empty());
+      return rule == CountRule::kSideNnz && !any_side ? 0 : uint64_t{m.indptr.back()};
   }
   return pairs;
 }

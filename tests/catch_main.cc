@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,8 @@ namespace kvctl::testing {
 namespace {
 
 int g_cases_run = 0;
-std::vector<std::string> g_skipped;  // "test case name: reason", in the order they ran.
+std::vector<std::string> g_skipped;     // "test case name: reason", in the order they ran.
+std::set<std::string> g_skipped_cases;  // A case with sections may call Skip once per section.
 
 struct CaseCounter : Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
@@ -28,7 +30,8 @@ CATCH_REGISTER_LISTENER(CaseCounter)
 
 void Skip(const std::string& reason) {
   WARN("SKIPPED: " << reason);
-  g_skipped.push_back(Catch::getResultCapture().getCurrentTestName() + ": " + reason);
+  const std::string name = Catch::getResultCapture().getCurrentTestName();
+  if (g_skipped_cases.insert(name).second) g_skipped.push_back(name + ": " + reason);
 }
 
 }  // namespace kvctl::testing

@@ -2,7 +2,6 @@
 #include "controller/sequence/budget_resolve.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "controller/config/budget_keys.h"
 #include "policies/calib_profile.h"

@@ -11,7 +11,10 @@
 #ifndef KVCTL_TESTS_KERNELS_SIMD_LEVELS_H_
 #define KVCTL_TESTS_KERNELS_SIMD_LEVELS_H_
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/quantize.h"
@@ -22,11 +25,22 @@ namespace kvctl::testing {
 inline constexpr const char* kNoSimd =
     "this CPU has neither AVX2 (with F16C) nor AVX-512 (F, BW, VL): no SIMD path to compare";
 
-// kAvx2 and kAvx512 where this CPU runs them, WARNing the ones it does not.
+// The best level these tests may use: DetectSimdLevel(), or lower when the environment variable
+// KVCTL_TEST_SIMD_CEILING names a level ("scalar", "avx2"), so a CPU with AVX-512 can run the
+// skip path a CPU without it takes (tests/kernels/CMakeLists.txt does).
+inline SimdLevel SimdCeiling() {
+  const char* env = std::getenv("KVCTL_TEST_SIMD_CEILING");
+  const std::string ceiling = env ? env : "";
+  if (ceiling == "scalar") return SimdLevel::kScalar;
+  if (ceiling == "avx2") return std::min(SimdLevel::kAvx2, DetectSimdLevel());
+  return DetectSimdLevel();
+}
+
+// kAvx2 and kAvx512 where this CPU runs them (up to SimdCeiling), WARNing the ones it does not.
 inline std::vector<SimdLevel> SimdLevelsUnderTest() {
   std::vector<SimdLevel> levels;
   for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (level <= DetectSimdLevel()) {
+    if (level <= SimdCeiling()) {
       levels.push_back(level);
     } else {
       WARN("not tested: the " << SimdLevelName(level) << " path (this CPU lacks it)");
