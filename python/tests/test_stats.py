@@ -127,3 +127,32 @@ def test_stats_of_a_real_daemon_parse_to_nested_typed_dicts(daemon_factory, conn
     seqs = a.stats("sequences")["sequences"]
     assert "seq_1_1" not in seqs and seqs["seq_1_2"]["tokens"] == 5, seqs
     assert a.stats("layers")["layers"]["layer_0"]["tokens"] == 6 * HEADS
+
+
+def test_kvctl_cache_reads_the_layer_eviction_counters(daemon_factory):
+    """KvctlCache refetches only the layers whose STATS eviction counter moved: it reads them
+    from the parsed layer dicts (unreadable counters would mean refetching every layer)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from kvctl.hf import KvctlCache
+
+    config = transformers.LlamaConfig(num_hidden_layers=LAYERS, num_attention_heads=2 * HEADS,
+                                      num_key_value_heads=HEADS, hidden_size=2 * HEADS * DIM,
+                                      vocab_size=32)
+    daemon = daemon_factory(quant__lossless=True, budget__mode="evict-only",
+                            evict__policy="streaming", evict__sinks=4,
+                            budget__tokens_per_head=16, evict__compression_period=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()  # Random weights: masking is ours.
+    ids = torch.randint(0, 32, (1, 24))
+    with KvctlCache(model, daemon.endpoint, keepalive=False) as cache, torch.no_grad():
+        model(ids[:, :20], past_key_values=cache)
+        for i in range(20, 24):  # Each step sends the one before it.
+            model(ids[:, i:i + 1], past_key_values=cache)
+        counts = cache.seqs[0].layer_evictions
+        layers = cache.stats(section="layers")["layers"]
+    assert cache.seqs[0].evicting
+    # Known after the first FETCH and every APPEND since: the counters before the last sync().
+    assert counts is not None and len(counts) == LAYERS, counts
+    assert all(0 < c <= layers["layer_%d" % l]["evictions"] for l, c in enumerate(counts)), \
+        (counts, layers)
