@@ -18,7 +18,6 @@ from typing import List, NamedTuple
 
 import pytest
 
-import kvctl
 import kvctl.model
 from helpers import PYTHON_DIR
 
@@ -36,8 +35,10 @@ class Block(NamedTuple):
 
 
 def daemon_settings(command_block: str, where: str) -> dict:
-    """The --set KEY=VALUE pairs of the `build/bin/kvctl` line in an sh block."""
-    line = next(l for l in command_block.splitlines() if l.startswith(DAEMON_COMMAND))
+    """The --set KEY=VALUE pairs of the `build/bin/kvctl` command (continued lines joined) in an
+    sh block."""
+    joined = command_block.replace("\\\n", " ")
+    line = next(l for l in joined.splitlines() if l.startswith(DAEMON_COMMAND))
     args = shlex.split(line)[1:]
     if len(args) % 2 or any(flag != "--set" for flag in args[::2]):
         raise AssertionError("%s: %r: this test only knows `--set KEY=VALUE` arguments"
