@@ -18,6 +18,8 @@ use one Client per thread for parallelism. Not fork-safe: create Clients after f
     session = client.hello(layers=30, kv_heads=3, head_dim=64, dtype="float16")
     client.open(1); client.append(1, k, v)          # k, v: [layers, tokens, kv_heads, head_dim]
     k_rows, v_rows, positions = client.fetch(1)     # per layer, per head: [count, head_dim]
+
+A complete example that runs (and CI runs): python/README.md.
 """
 
 from __future__ import annotations
