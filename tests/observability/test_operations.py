@@ -298,3 +298,47 @@ def test_the_systemd_unit_verifies_and_its_command_line_is_accepted(workdir):
     out = subprocess.run(["systemd-analyze", "verify", copy], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stderr == "" and out.stdout == "", out.stderr + out.stdout
+
+
+def test_configs_readme_lists_the_short_flags_kvctl_has():
+    out = subprocess.run([kvctl_bin(), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+    flags = set(re.findall(r"^\s+(--[a-z-]+) \S+\s+Sets [a-z_]+\.[a-z_]+ ", out.stdout, re.M))
+    with open(os.path.join(ROOT, "configs", "README.md")) as f:
+        readme = f.read()
+    bullet = re.search(r"have short flags too\s+\((.*?)\)", readme, re.S).group(1)
+    listed = set(re.findall(r"`(--[a-z-]+)`", bullet))
+    assert len(flags) == 9 and flags == listed, (flags, listed)
+
+
+def test_under_the_journal_lines_carry_a_priority_instead_of_a_time(workdir):
+    d = Daemon(workdir, http=False)
+    err_path = os.path.join(workdir, "journal.log")
+    with open(err_path, "w") as err:
+        st = os.fstat(err.fileno())
+        env = dict(os.environ, JOURNAL_STREAM="%d:%d" % (st.st_dev, st.st_ino))
+        proc = subprocess.Popen([kvctl_bin(), "--config", d.config], stdout=subprocess.DEVNULL,
+                                stderr=err, env=env)
+
+    def read():
+        with open(err_path) as f:
+            return f.read()
+    try:
+        wait_until(lambda: "serving on" in read() or proc.poll() is not None, 30, "kvctl to serve")
+        assert re.search(r"^<6>\[info\] kvctl \S+ serving on %s " % re.escape(d.endpoint), read(),
+                         re.M)
+        with open(d.config) as f:
+            text = f.read()
+        with open(d.config, "w") as f:
+            f.write(text.replace('bytes = "64MiB"', 'bytes = "1GiB"'))
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "<3>[error] reload: refused; still serving with the previous config\n"
+                   in read(), 30, "the refused reload")
+        assert '<3>[error] reload: refused: pool.bytes "64MiB" -> "1GiB"' in read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        d.close()
