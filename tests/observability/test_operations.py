@@ -56,8 +56,8 @@ def append_config(daemon, text):
 
 
 def policy(daemon):
-    out = subprocess.run([kvtop_bin(), "--config", daemon.config, "--once", "--json"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run([kvtop_bin(), "--config", daemon.config, "--once", "--json",
+                          "--timeout-ms", "20000"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["policy"]
 
@@ -169,8 +169,9 @@ def test_dump_stats_shows_the_daemons_own_config_and_one_snapshot(workdir):
         # own resolution of the file.
         d.start(env={"KVCTL_QUANT_K_BITS": "4"})
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVCTL_")}
-        out = subprocess.run([kvctl_bin(), "--dump-stats", "--config", d.config],
-                             capture_output=True, text=True, timeout=60, env=env)
+        out = subprocess.run([kvctl_bin(), "--dump-stats", "--config", d.config,
+                              "--timeout-ms", "20000"], capture_output=True, text=True, timeout=60,
+                             env=env)
         assert out.returncode == 0, out.stderr
         assert out.stderr == ""
         head, config_part = out.stdout.split(
@@ -217,8 +218,8 @@ def test_dump_stats_without_a_daemon_names_the_endpoint_and_what_to_check(workdi
 
 
 def test_kvtop_config_reads_both_endpoints_from_the_daemons_file(daemon, workdir):
-    out = subprocess.run([kvtop_bin(), "--config", daemon.config, "--once", "--json"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run([kvtop_bin(), "--config", daemon.config, "--once", "--json",
+                          "--timeout-ms", "20000"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["server"]["pid"] == daemon.pid
 
