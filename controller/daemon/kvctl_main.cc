@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
                "exit (for support)");
   app.add_option("--timeout-ms", timeout_ms, "How long --dump-stats waits for the daemon")
       ->check(CLI::Range(1, 600000))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(app.get_option("--dump-stats"));
   for (size_t i = 0; i < std::size(kFlags); ++i) {
     const kvctl::ConfigOption* option = kvctl::FindConfigOption(kFlags[i].key);
     std::string help = std::string("Sets ") + kFlags[i].key;
