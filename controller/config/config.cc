@@ -484,7 +484,9 @@ Status ValidateConfig(const Config& c) {
 StatusOr<std::string> GetConfigValueText(const Config& config, std::string_view key) {
   const ConfigOption* o = FindConfigOption(key);
   if (o == nullptr || (o->scope != ConfigScope::kGlobal && o->scope != ConfigScope::kQuant)) {
-    return NotFound(key, ": not a key of [server], [pool], [quant], [budget], [evict] or [limits]");
+    return NotFound(key,
+                    ": not a key of [server], [pool], [quant], [budget], [evict] or "
+                    "[limits]");
   }
   const void* obj =
       o->scope == ConfigScope::kGlobal ? static_cast<const void*>(&config) : &config.quant;
