@@ -61,7 +61,7 @@ Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
 // Whether a new sequence's settings can compress at all: a head's rows stay fp16 until it holds
 // sinks + flush rows (quant.sink_tokens fp16 sinks, then quant.flush_tokens of fp16 tail), so an
 // eviction budget at or below that keeps every row fp16 (16 b/e) however long the sequence.
-// docs/budgets.md "When nothing is quantized".
+// configs/README.md "When nothing is quantized".
 struct CompressionWarning {
   std::string cause;    // "never_quantized" or "late_quantization" (the STATS value).
   std::string message;  // One log line naming the keys, their values and a fix.
