@@ -224,7 +224,9 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
                                      rows, ": no row is ever quantized (16 b/e); ", fix)});
       return out;
     }
-    if (below > 0) {
+    // Joint plans price a head's fp16 rows themselves (a head capped below sinks + flush is a
+    // deliberate choice that stays within the byte budget), so only evict-only warns for some.
+    if (below > 0 && c.budget.mode != BudgetMode::kJoint) {
       out.warnings.push_back(
           {"never_quantized", StrCat(what, ": ", below, " of ", caps.size(),
                                      " heads keep fewer tokens than the ", need, " rows (", rows,

@@ -80,8 +80,9 @@ inline constexpr int64_t kShortSequenceTokens = 512;
 // The outlook of a new sequence from its plans (after ApplyBudgetWidths) and eviction settings
 // (ResolveEviction). Warns never_quantized when every head (evict-only with
 // budget.tokens_per_head: every layer's even per-head share; joint: every head's cap, or
-// budget.plan_tokens itself) stays below sinks + flush, or when only some do (the message counts
-// them); late_quantization when the onset passes kShortSequenceTokens.
+// budget.plan_tokens itself) stays below sinks + flush, or in evict-only when some do (the
+// message counts them; a joint plan prices such heads' fp16 rows itself, so that is no warning);
+// late_quantization when the onset passes kShortSequenceTokens.
 CompressionOutlook CompressionOutlookOf(const Config& config, const SequenceShape& shape,
                                         const std::vector<LayerPlan>& plans,
                                         const EvictionSettings& eviction);
