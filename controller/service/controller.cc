@@ -429,7 +429,8 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
   MutexLock lock(&mu_);
   for (const CompressionWarning& w : entry->outlook.warnings) {
     if (compression_warnings_logged_.insert(w.message).second) {
-      spdlog::warn("OPEN (model \"{}\"): this configuration cannot compress: {}", model_name,
+      spdlog::warn("OPEN{}: this configuration cannot compress ({}): {}",
+                   model_name.empty() ? "" : " (model \"" + model_name + "\")", w.cause,
                    w.message);
     }
   }
