@@ -66,7 +66,7 @@ using CalibrationSet = std::vector<std::vector<CalibrationLayer>>;
 // after the sinks), one attention-error softmax per (sequence, layer, width, probe, query head)),
 // so a fit that repeats work, or a planner loop inside it, fails a test instead of a stopwatch.
 struct RateQuantFitWork {
-  int64_t blocks_quantized = 0;   // QuantizeBlock + DequantizeBlock pairs (K and V of one block).
+  int64_t blocks_quantized = 0;     // QuantizeBlock + DequantizeBlock pairs (K and V of one block).
   int64_t attention_softmaxes = 0;  // Softmaxes of the K-quantized attention error.
 };
 
@@ -81,8 +81,8 @@ struct RateQuantFitOptions {
   DistortionTarget target = DistortionTarget::kMse;      // kAttention needs queries.
   ImportanceMode importance = ImportanceMode::kUniform;  // kAttention needs queries.
   bool per_kind_beta = false;
-  bool measure_attention = true;  // With queries, also record attention errors (for scoring).
-  int probe_queries = 8;          // Probe positions per sequence for attention and importance.
+  bool measure_attention = true;     // With queries, also record attention errors (for scoring).
+  int probe_queries = 8;             // Probe positions per sequence for attention and importance.
   RateQuantFitWork* work = nullptr;  // When set, receives the work counts (added to it).
 };
 

@@ -20,7 +20,9 @@ namespace {
 // `need` rows (f > 0); never below `need` itself.
 int64_t FractionOnset(double f, int64_t floor, int64_t need) {
   if (floor >= need) return need;
-  auto kept = [f](int64_t t) { return static_cast<int64_t>(std::ceil(f * static_cast<double>(t))); };
+  auto kept = [f](int64_t t) {
+    return static_cast<int64_t>(std::ceil(f * static_cast<double>(t)));
+  };
   int64_t t = static_cast<int64_t>(std::ceil(static_cast<double>(need) / f));
   while (t > need && kept(t - 1) >= need) --t;
   while (kept(t) < need) ++t;
@@ -219,8 +221,8 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
     const int64_t largest = *std::max_element(caps.begin(), caps.end());
     if (below == static_cast<std::ptrdiff_t>(caps.size())) {
       out.onset_tokens = -1;
-      out.warnings.push_back({"never_quantized",
-                              StrCat(what, " keeps at most ", largest, " tokens per head, but ",
+      out.warnings.push_back(
+          {"never_quantized", StrCat(what, " keeps at most ", largest, " tokens per head, but ",
                                      rows, ": no row is ever quantized (16 b/e); ", fix)});
       return out;
     }
@@ -228,21 +230,21 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
     // deliberate choice that stays within the byte budget), so only evict-only warns for some.
     if (below > 0 && c.budget.mode != BudgetMode::kJoint) {
       out.warnings.push_back(
-          {"never_quantized", StrCat(what, ": ", below, " of ", caps.size(),
-                                     " heads keep fewer tokens than the ", need, " rows (", rows,
-                                     "), so those heads are never quantized; ", fix)});
+          {"never_quantized",
+           StrCat(what, ": ", below, " of ", caps.size(), " heads keep fewer tokens than the ",
+                  need, " rows (", rows, "), so those heads are never quantized; ", fix)});
     }
   } else if (ev.enabled && ev.token_fraction > 0) {
     out.onset_tokens = FractionOnset(ev.token_fraction, ev.floor, need);
-    source = StrCat("budget.token_fraction ", ev.token_fraction, " keeps that share of the tokens (",
-                    "at least ", ev.floor, " per head) and ", rows);
+    source =
+        StrCat("budget.token_fraction ", ev.token_fraction, " keeps that share of the tokens (",
+               "at least ", ev.floor, " per head) and ", rows);
   }
   if (c.budget.mode == BudgetMode::kJoint && c.budget.plan_tokens < out.onset_tokens) {
     out.warnings.push_back(
         {"never_quantized", StrCat("budget.plan_tokens ", c.budget.plan_tokens, " is below the ",
                                    out.onset_tokens, " tokens before the first quantization (",
-                                   rows, "): a sequence of the planned length stays fp16; ",
-                                   fix)});
+                                   rows, "): a sequence of the planned length stays fp16; ", fix)});
   } else if (out.onset_tokens > kShortSequenceTokens) {
     out.warnings.push_back(
         {"late_quantization",

@@ -430,8 +430,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
   for (const CompressionWarning& w : entry->outlook.warnings) {
     if (compression_warnings_logged_.insert(w.message).second) {
       spdlog::warn("OPEN{}: this configuration cannot compress ({}): {}",
-                   model_name.empty() ? "" : " (model \"" + model_name + "\")", w.cause,
-                   w.message);
+                   model_name.empty() ? "" : " (model \"" + model_name + "\")", w.cause, w.message);
     }
   }
   // The session may have ended, or the same id been opened, while the sequence was built.

@@ -112,7 +112,7 @@ class Controller {
 
     const SteadyTime opened;
     const HostShape shape;
-    const uint64_t open_host_bytes;  // KvSequence::HostBytesAtOpen(shape).
+    const uint64_t open_host_bytes;    // KvSequence::HostBytesAtOpen(shape).
     const CompressionOutlook outlook;  // Whether its settings can compress (STATS, the log).
     Mutex mu;
     std::unique_ptr<KvSequence> seq KVCTL_GUARDED_BY(mu);  // Null once retired.

@@ -71,7 +71,8 @@ double RetainedMass(const HeadTotals& t) {
 struct SequenceSums {
   SequenceUsage total;
   uint64_t sequences = 0;
-  uint64_t compression_warnings = 0;  // Sequences whose settings cannot compress (budget_resolve.h).
+  uint64_t compression_warnings =
+      0;  // Sequences whose settings cannot compress (budget_resolve.h).
   std::vector<std::string> sequence_lines;
   std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
   std::map<int, int64_t> layer_budgets;             // Summed over open sequences.

@@ -163,8 +163,8 @@ TEST_CASE("RateQuant fit: work is exactly one quantization per block and width (
     INFO(QuantMethodName(m));
     RateQuantFitWork work;
     StatusOr<RateQuantFit> fit = FitRateQuant(
-        calib.set, {.method = m, .importance = ImportanceMode::kAttention, .probe_queries = 5,
-                    .work = &work});
+        calib.set,
+        {.method = m, .importance = ImportanceMode::kAttention, .probe_queries = 5, .work = &work});
     REQUIRE(fit.ok());
     const int64_t sinks = TraitsOf(m).streaming.sink_tokens, g = fit->spec.block_tokens;
     const int64_t blocks_per_head = (300 - sinks) / g;  // KIVI 9 of 32, KVarN 1 of 128.

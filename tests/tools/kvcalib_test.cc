@@ -113,11 +113,13 @@ TEST_CASE("kvcalib: fit reports its work, and KVarN does no more of it per token
     REQUIRE(r.ok());
     CHECK(r->work.blocks_quantized == blocks);
     CHECK(r->work.attention_softmaxes == 2 * 3 * 4 * 4 * 4);
-    const Captured run = Capture([&](auto out, auto err) { return RunFitCommand(TinyFit(method), out, err); });
+    const Captured run =
+        Capture([&](auto out, auto err) { return RunFitCommand(TinyFit(method), out, err); });
     REQUIRE(run.rc == 0);
-    CHECK_THAT(run.out, Contains("work: " + std::to_string(blocks) +
-                                 " blocks quantized and dequantized (4 widths), 384 attention-error "
-                                 "softmaxes"));
+    CHECK_THAT(run.out,
+               Contains("work: " + std::to_string(blocks) +
+                        " blocks quantized and dequantized (4 widths), 384 attention-error "
+                        "softmaxes"));
   }
 }
 

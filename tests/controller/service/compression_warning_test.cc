@@ -68,28 +68,27 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
     REQUIRE(Causes(o) == "late_quantization;");
     CHECK(o.warnings[0].message.find("quant.sink_tokens 128 + quant.flush_tokens 128 = 256") !=
           std::string::npos);
-    CHECK(o.warnings[0].message.find("before a sequence reaches 1021 tokens") !=
-          std::string::npos);
+    CHECK(o.warnings[0].message.find("before a sequence reaches 1021 tokens") != std::string::npos);
   }
   SECTION("the same eviction with KIVI flushing every 32 tokens compresses") {
-    const CompressionOutlook o = OutlookOf(WithToml(
-        std::string(kRkv25Kvarn) + "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"));
+    const CompressionOutlook o = OutlookOf(
+        WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"));
     CHECK(o.onset_tokens == 125);  // ceil(0.25 T) >= 0 sinks + 32 flush.
     CHECK(o.warnings.empty());
   }
   SECTION("a tokens_per_head cap below sinks + flush never quantizes") {
-    const CompressionOutlook o = OutlookOf(WithToml(
-        "[budget]\nmode = \"evict-only\"\ntokens_per_head = 200\n[evict]\npolicy = "
-        "\"streaming\"\n"));
+    const CompressionOutlook o = OutlookOf(
+        WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 200\n[evict]\npolicy = "
+                 "\"streaming\"\n"));
     CHECK(o.onset_tokens == -1);
     REQUIRE(Causes(o) == "never_quantized;");
     CHECK(o.warnings[0].message.find("budget.tokens_per_head 200 keeps at most 200 tokens") !=
           std::string::npos);
   }
   SECTION("a cap above sinks + flush compresses") {
-    const CompressionOutlook o = OutlookOf(WithToml(
-        "[budget]\nmode = \"evict-only\"\ntokens_per_head = 300\n[evict]\npolicy = "
-        "\"streaming\"\n"));
+    const CompressionOutlook o = OutlookOf(
+        WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 300\n[evict]\npolicy = "
+                 "\"streaming\"\n"));
     CHECK(o.onset_tokens == 256);
     CHECK(o.warnings.empty());
   }
@@ -102,8 +101,8 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
     CHECK(OutlookOf(Config()).warnings.empty());
     CHECK(OutlookOf(Config()).onset_tokens == 256);
     CHECK(OutlookOf(WithToml("[quant]\nlossless = true\n")).onset_tokens == 0);
-    const CompressionOutlook fp16 = OutlookOf(
-        WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"fp16\"\n"));
+    const CompressionOutlook fp16 =
+        OutlookOf(WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"fp16\"\n"));
     CHECK(fp16.warnings.empty());
     CHECK(fp16.onset_tokens == 0);
   }
@@ -130,7 +129,8 @@ std::string OpenAndStats(const std::string& toml, int opens) {
   hello.geometry = {kLayers, kKvHeads, kQHeads, kHeadDim, DType::kF16};
   StatusOr<ipc::HelloReply> reply = controller.Hello(hello, now);
   REQUIRE(reply.ok());
-  for (int i = 1; i <= opens; ++i) REQUIRE(controller.Open({reply->session_id, uint64_t(i)}, now).ok());
+  for (int i = 1; i <= opens; ++i)
+    REQUIRE(controller.Open({reply->session_id, uint64_t(i)}, now).ok());
   StatusOr<std::string> text = controller.Stats({0, "sequences"}, now);
   REQUIRE(text.ok());
   return *text;
