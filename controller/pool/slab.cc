@@ -100,7 +100,7 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
   }
   std::vector<uint32_t> victims = PickVictims();
   if (verify == Verify::kCheck && pool_->checksums()) {
-    KVCTL_RETURN_IF_ERROR(pool_->VerifyPages(victims, PageAllocator::VerifyReason::kFetch));
+    KVCTL_RETURN_IF_ERROR(pool_->VerifyPages(victims, PageAllocator::VerifyReason::kCopy));
   }
   std::sort(victims.begin(), victims.end());
   auto is_victim = [&victims, this](uint32_t id) {

@@ -272,7 +272,7 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   if (!got.ok() && slab_plan.PagesCompacting() < pages) {
     if (pool_->checksums()) {
       Status verified =
-          pool_->VerifyPages(slab_plan.ShrunkPages(), PageAllocator::VerifyReason::kFetch);
+          pool_->VerifyPages(slab_plan.ShrunkPages(), PageAllocator::VerifyReason::kCopy);
       if (!verified.ok()) return MarkLost(verified);
     }
     const size_t compacting = slab_plan.PagesCompacting();

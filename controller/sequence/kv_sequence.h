@@ -202,6 +202,8 @@ class KvSequence {
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;
   int64_t tokens() const { return tokens_; }
+  // Slots compaction has moved between pages so far (docs/algorithms.md §16).
+  uint64_t slots_moved() const { return slabs_.slots_moved(); }
   // Tokens the layer's heads may hold together after the last append (0 = no eviction).
   int64_t LayerBudget(int layer) const;
   const EvictionSettings& eviction() const { return eviction_; }

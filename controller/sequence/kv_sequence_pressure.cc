@@ -116,7 +116,7 @@ Status KvSequence::MoveRecords(SlotArray* records, size_t record_bytes) {
   if (pool_->checksums()) {
     std::vector<uint32_t> pages;
     source->CollectPages(&pages);
-    Status verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kFetch);
+    Status verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kCopy);
     if (!verified.ok()) {
       for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());
       return MarkLost(verified);

@@ -173,9 +173,10 @@ Config Controller::config() const {
   return config_;
 }
 
-Status Controller::Reload(const Config& config) {
+Status Controller::Reload(const Config& config, std::vector<ConfigChange>* changes) {
   KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
   MutexLock lock(&mu_);
+  if (changes != nullptr) *changes = DiffConfig(config_, config);
   KVCTL_RETURN_IF_ERROR(CheckReload(config_, config));
   config_ = config;
   host_memory_.set_limit(EffectiveHostMemoryBytes(config));

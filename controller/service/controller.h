@@ -25,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -80,8 +81,10 @@ class Controller {
   uint64_t Scrub(uint64_t max_bytes) KVCTL_EXCLUDES(mu_, scrub_mu_);
 
   // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
-  // Refuses, with a message, changes to keys that are fixed for the daemon's life.
-  Status Reload(const Config& config) KVCTL_EXCLUDES(mu_);
+  // Refuses, with a message, changes to keys that are fixed for the daemon's life. `changes`, if
+  // not null, receives every difference from the config it replaces (or would have replaced).
+  Status Reload(const Config& config, std::vector<ConfigChange>* changes = nullptr)
+      KVCTL_EXCLUDES(mu_);
 
   // Records one served request for STATS (type, latency, error or not).
   void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);

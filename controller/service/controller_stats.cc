@@ -315,11 +315,14 @@ void Controller::SetHttpAddress(std::string bound_address) {
 StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, SteadyTime now) {
   std::string want = request.section;
   std::transform(want.begin(), want.end(), want.begin(), ::tolower);
-  if (!want.empty() &&
+  // "config" is never part of the full report: only a request for it gets the effective config
+  // (kvctl --dump-stats), so the PUB stream, /metrics and kvtop see the same text as before.
+  const bool config_only = want == "config";
+  if (!want.empty() && !config_only &&
       std::find(std::begin(kSections), std::end(kSections), want) == std::end(kSections)) {
     return InvalidArgument("section: got \"", request.section,
                            "\", expected empty or one of server, pool, sequences, layers, heads, "
-                           "policy, ipc, quality");
+                           "policy, ipc, quality, config");
   }
   auto show = [&](const char* s) { return want.empty() || want == s; };
 
@@ -343,10 +346,15 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     counts = {sessions_.size(), sessions_expired_, sessions_ended_};
     for (auto& [sid, session] : sessions_) {
       for (auto& [qid, entry] : session->sequences) {
-        refs.push_back({{session->number, qid, session->client_name, 0}, session->geometry, entry});
+        if (!config_only) {
+          refs.push_back(
+              {{session->number, qid, session->client_name, 0}, session->geometry, entry});
+        }
       }
     }
   }
+  // A loadable TOML document: the header is a comment, each value names its source.
+  if (config_only) return "# Config\n" + PrintConfig(config);
   const size_t max_lines = static_cast<size_t>(config.limits.stats_max_lines);
   const bool per_head = show("layers") || show("heads") || show("quality");
   SequenceSums sums;
