@@ -71,6 +71,8 @@ double RetainedMass(const HeadTotals& t) {
 struct SequenceSums {
   SequenceUsage total;
   uint64_t sequences = 0;
+  uint64_t compression_warnings =
+      0;  // Sequences whose settings cannot compress (budget_resolve.h).
   std::vector<std::string> sequence_lines;
   std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
   std::map<int, int64_t> layer_budgets;             // Summed over open sequences.
@@ -85,9 +87,11 @@ struct SequenceLabel {
 
 // Adds one sequence to `sums`. REQUIRES: the sequence's lock is held.
 void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::Geometry& geometry,
-                 bool per_head, size_t max_lines, SequenceSums* sums) {
+                 const CompressionOutlook& outlook, bool per_head, size_t max_lines,
+                 SequenceSums* sums) {
   const SequenceUsage u = seq.Usage();
   ++sums->sequences;
+  if (!outlook.warnings.empty()) ++sums->compression_warnings;
   SequenceUsage& total = sums->total;
   total.tokens += u.tokens;
   total.quantized_tokens += u.quantized_tokens;
@@ -106,7 +110,9 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
          << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
          << ",pressure_reliefs=" << u.pressure_reliefs
          << ",pressure_cap_cuts=" << u.pressure_cap_cuts
-         << ",lowered_for_others=" << u.lowered_for_others;
+         << ",lowered_for_others=" << u.lowered_for_others
+         << ",quant_onset_tokens=" << outlook.onset_tokens << ",compression_warning="
+         << (outlook.warnings.empty() ? "none" : outlook.warnings[0].cause);
     sums->sequence_lines.push_back(line.str());
   }
   if (!per_head) return;
@@ -180,6 +186,7 @@ void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts
       << "payload_compression_vs_fp16:"
       << Num(total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
       << "\n";
+  out << "sequences_compression_warning:" << sums.compression_warnings << "\n";
   out << "sequences_omitted:" << sums.sequences - sums.sequence_lines.size() << "\n";
   for (const std::string& line : sums.sequence_lines) out << line << "\n";
 }
@@ -356,7 +363,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     if (!ref.entry->seq) continue;
     ref.label.age_s =
         std::chrono::duration_cast<std::chrono::seconds>(now - ref.entry->opened).count();
-    AddSequence(*ref.entry->seq, ref.label, ref.geometry, per_head, max_lines, &sums);
+    AddSequence(*ref.entry->seq, ref.label, ref.geometry, ref.entry->outlook, per_head, max_lines,
+                &sums);
   }
 
   std::ostringstream out;

@@ -61,6 +61,8 @@ constexpr Help kHelp[] = {
     {"kvctl_sessions_ended_total", "Sessions ended by their client's BYE since start."},
     {"kvctl_sequences", "Open sequences now, over all sessions."},
     {"kvctl_sequences_omitted", "Open sequences without a per-sequence series (over the cap)."},
+    {"kvctl_sequences_compression_warning",
+     "Open sequences whose settings cannot compress what they are asked to (see the log)."},
     {"kvctl_tokens", "Tokens appended to the open sequences, each counted once, in tokens."},
     {"kvctl_tokens_quantized", "Tokens of the open sequences held in quantized records."},
     {"kvctl_tokens_kept",
@@ -92,6 +94,8 @@ constexpr Help kHelp[] = {
      "Pressure reliefs of this sequence that cut token caps instead of widths."},
     {"kvctl_sequence_lowered_for_others",
      "Times this sequence's widths were lowered for another sequence's APPEND."},
+    {"kvctl_sequence_quant_onset_tokens",
+     "Tokens this sequence must reach before a row is quantized; 0 none asked, -1 never."},
     // # Layers
     {"kvctl_layers", "Layers of any open sequence, in layers."},
     {"kvctl_layers_omitted", "Layers without a per-layer series (over the cap)."},
