@@ -73,6 +73,10 @@ for _ in $(seq 1 300); do
 done
 
 stage "demo: python3 -m kvctl.hf (model load, generation through kvctl, baseline)"
+# torch's OpenMP threads spin at every barrier by default: on a machine whose cores are busy with
+# other work, a spinning thread waits for one that is not scheduled, and a 2-thread SDPA decode
+# step got several times slower than 1 thread here. Passive waiting costs nothing when idle.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m kvctl.hf --endpoint "$ENDPOINT" "$@"
 kill -TERM $DAEMON
 wait $DAEMON

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -134,15 +134,29 @@ def compare(model, prompt_len: int, kv_sequence, kv_logits, base_sequence) -> Di
     }
 
 
-def run_demo(model, tok, endpoint: str, prompt: str = DEFAULT_PROMPT,
-             max_new_tokens: int = 320, send_queries: bool = False, baseline: bool = True,
-             echo: bool = True, progress: Callable[[str], None] = log) -> Dict[str, object]:
-    """The demo on a loaded model: returns its figures (see format_summary) and the raw STATS
-    text under "stats_text". send_queries: APPEND the query rows too (eviction policies that
-    score with Q: h2o, snapkv, rkv)."""
+def prompt_ids(tok, prompt: str) -> torch.Tensor:
+    """The prompt as one chat turn of the user, with the assistant's turn opened: [1, P]."""
     chat = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                    add_generation_prompt=True)
-    ids = tok(chat, return_tensors="pt").input_ids
+    return tok(chat, return_tensors="pt").input_ids
+
+
+def baseline_generate(model, tok, ids, max_new_tokens: int):
+    """The uncompressed run: (sequences, logits, seconds) with transformers' DynamicCache."""
+    from transformers import DynamicCache
+    return _generate(model, tok, ids, max_new_tokens, DynamicCache(config=model.config))
+
+
+def run_demo(model, tok, endpoint: str, prompt: str = DEFAULT_PROMPT,
+             max_new_tokens: int = 320, send_queries: bool = False,
+             baseline: Union[bool, torch.Tensor] = True, echo: bool = True,
+             progress: Callable[[str], None] = log) -> Dict[str, object]:
+    """The demo on a loaded model: returns its figures (see format_summary) and the raw STATS
+    text under "stats_text". send_queries: APPEND the query rows too (eviction policies that
+    score with Q: h2o, snapkv, rkv). baseline: True runs it, False skips it and the quality
+    figures, a tensor is a baseline_generate() sequence already made (one baseline for several
+    daemons)."""
+    ids = prompt_ids(tok, prompt)
     prompt_len = ids.shape[1]
     attn = model.config._attn_implementation
     client_name = "kvctl.hf-%d" % os.getpid()
@@ -153,8 +167,9 @@ def run_demo(model, tok, endpoint: str, prompt: str = DEFAULT_PROMPT,
     try:
         with KvctlCache(model, endpoint, timeout_ms=60000, send_q=send_queries,
                         client_name=client_name) as cache:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             seq, logits, seconds = _generate(model, tok, ids, max_new_tokens, cache, streamer)
+            r["kv_cpu_seconds"] = time.process_time() - cpu0
             cache.sync()
             text = cache.stats_text()
             r["stats_text"] = "\n".join(cache.stats_text(section=s).rstrip()
@@ -174,13 +189,16 @@ def run_demo(model, tok, endpoint: str, prompt: str = DEFAULT_PROMPT,
              flush_tokens=quant.flush_tokens, geometry=geometry)
     r["text"] = tok.decode(seq[0, prompt_len:], skip_special_tokens=True)
     _memory(r, int(seq.shape[1]))
-    progress("kvctl: %d new tokens in %.1f s" % (seq.shape[1] - prompt_len, seconds))
-    if baseline:
-        progress("baseline: the same prompt and greedy settings with DynamicCache (uncompressed)")
-        from transformers import DynamicCache
-        base_seq, _, base_seconds = _generate(model, tok, ids, max_new_tokens,
-                                              DynamicCache(config=model.config))
-        r["baseline_seconds"] = base_seconds
+    progress("kvctl: %d new tokens in %.1f s (%.1f s of CPU in this process)" % (
+        seq.shape[1] - prompt_len, seconds, r["kv_cpu_seconds"]))
+    if baseline is not False:
+        if isinstance(baseline, torch.Tensor):
+            base_seq, r["baseline_seconds"] = baseline, 0.0
+        else:
+            progress("baseline: the same prompt and greedy settings with DynamicCache "
+                     "(uncompressed)")
+            base_seq, _, r["baseline_seconds"] = baseline_generate(model, tok, ids,
+                                                                   max_new_tokens)
         r["baseline_text"] = tok.decode(base_seq[0, prompt_len:], skip_special_tokens=True)
         progress("quality: scoring kvctl's continuation with the uncompressed model")
         r.update(compare(model, prompt_len, seq, logits, base_seq))
@@ -322,12 +340,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(bench_decode(a.endpoint, a.bench_decode[0], a.bench_decode[1], a.threads))
             return 0
         torch.set_num_threads(a.threads)
+        log("python: torch and transformers imported (%.1f s of CPU)" % time.process_time())
         log("model: loading SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to float32), %d "
             "torch threads" % a.threads)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         model, tok = load_smollm2()
         load_s = time.perf_counter() - t0
-        log("model: loaded in %.1f s" % load_s)
+        log("model: loaded from %s in %.1f s (%.1f s of CPU)" % (
+            "the GGUF file" if getattr(model, "kvctl_loaded_from", "") == "gguf"
+            else "the converted copy in the cache folder", load_s, time.process_time() - cpu0))
         r = run_demo(model, tok, a.endpoint, a.prompt, a.max_new_tokens, a.send_queries,
                      baseline=not a.no_baseline)
         r["load_s"] = load_s
