@@ -187,6 +187,7 @@ def run_demo(model, tok, endpoint: str, prompt: str = DEFAULT_PROMPT,
              method=quant.method_name, k_bits=quant.k_bits, v_bits=quant.v_bits,
              block_tokens=quant.block_tokens, sink_tokens=quant.sink_tokens,
              flush_tokens=quant.flush_tokens, geometry=geometry)
+    r["generated"] = int(seq.shape[1] - prompt_len)
     r["text"] = tok.decode(seq[0, prompt_len:], skip_special_tokens=True)
     _memory(r, int(seq.shape[1]))
     progress("kvctl: %d new tokens in %.1f s (%.1f s of CPU in this process)" % (
@@ -232,11 +233,12 @@ def _mb(n: Optional[int]) -> str:
 def format_summary(r: Dict[str, object]) -> str:
     """A few lines: what kvctl held, its memory against fp16, the baseline comparison, timings."""
     fp16 = r["fp16_bytes"]
-    new = r["tokens"] - r["prompt_tokens"]
+    new = r["generated"]
     quant = "%s k%d v%d, %d-token blocks, %d fp16 sinks, flush every %d" % (
         r["method"], r["k_bits"], r["v_bits"], r["block_tokens"], r["sink_tokens"],
         r["flush_tokens"])
-    held = "%d tokens (%d prompt + %d new)" % (r["tokens"], r["prompt_tokens"], new)
+    held = "%d tokens held (%d prompt, %d generated)" % (r["tokens"], r["prompt_tokens"],
+                                                          r["tokens"] - r["prompt_tokens"])
     if r["tokens_quantized"] is not None:
         held += ", %d quantized, %.2f bits/element" % (r["tokens_quantized"],
                                                         r["bits_per_element"])

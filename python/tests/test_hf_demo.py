@@ -94,3 +94,21 @@ def test_default_config_quantizes_most_of_a_demo_sized_sequence(smollm2, _shared
         seq = cache.stats(section="sequences")["sequences"]
     assert int(seq["tokens_quantized"]) >= 0.75 * 380, seq
     assert float(seq["bits_per_element"]) < 6.0, seq
+
+
+def test_model_cache_holds_the_gguf_weights_bit_for_bit(smollm2, tmp_path, monkeypatch):
+    """load_smollm2's converted copy (the fast path of every load after the first) is the model
+    the GGUF file gives: same weights, same tokens, same logits."""
+    from kvctl.model import load_smollm2
+
+    monkeypatch.setenv("KVCTL_MODEL_CACHE", str(tmp_path))
+    converted, tok_a = load_smollm2()
+    cached, tok_b = load_smollm2()
+    assert (converted.kvctl_loaded_from, cached.kvctl_loaded_from) == ("gguf", "cache")
+    a, b = converted.state_dict(), cached.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ids = tok_a(PROMPT + " " + hf_common.TEXT, return_tensors="pt").input_ids
+    assert torch.equal(ids, tok_b(PROMPT + " " + hf_common.TEXT, return_tensors="pt").input_ids)
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, cached(ids).logits)
