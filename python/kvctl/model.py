@@ -12,13 +12,15 @@ torch module (one forward at a time per model).
     from kvctl.model import load_smollm2
     model, tokenizer = load_smollm2()
 
-Loading from the GGUF file is slow in transformers 5.2 (not the dequantization: the file's
-metadata, a 49K-token vocabulary, is parsed four times and the tensor-name map is rebuilt for each
-of its ~270 tensors): 137 s of a 271 s profiled load on a busy 2-core machine. So the first load
-also saves the model and tokenizer as safetensors + tokenizer.json into a cache folder
-($KVCTL_MODEL_CACHE, default ~/.cache/kvctl/models; KVCTL_MODEL_CACHE=off disables it), keyed by
-the GGUF file, dtype and the torch and transformers versions; later loads read that (same
-weights bit for bit, a test checks it). A cache that cannot be written is skipped silently.
+Loading from the GGUF file is slow in transformers 5.2, and not because of the dequantization:
+the file's metadata (a 49K-token vocabulary) is parsed by four GGUFReader constructions and the
+tensor-name map is rebuilt for every tensor. Under cProfile on a busy 2-core machine those took
+146 s and 51 s of a 271 s load; unprofiled the load costs ~27 s of CPU, which a shared machine
+stretches to 80-160 s of wall time. So the first load also saves the model and tokenizer as
+safetensors + tokenizer.json (517 MB) into a cache folder ($KVCTL_MODEL_CACHE, default
+~/.cache/kvctl/models; KVCTL_MODEL_CACHE=off disables it), keyed by the GGUF file, dtype and the
+torch and transformers versions; later loads read that in ~1 s of CPU (same weights bit for bit,
+a test checks it). A cache that cannot be written is skipped silently.
 """
 
 from __future__ import annotations
