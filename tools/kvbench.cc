@@ -7,6 +7,8 @@
 //   kvbench attention [--tokens 4096,32768,131072] [--geometries smollm2,llama3-8b]
 //                     [--methods kivi,kvarn,quarot,oscar] [--bits 2] [--threads N] [--reps N]
 //                     [--json] [--quick]
+//   kvbench pool [--geometries smollm2,llama3-8b] [--methods kvarn2,kivi2,kivi4,quarot4]
+//                [--tokens 256,512,...] [--prefill N] [--page-bytes B] [--json] [--quick]
 // Exit status: 0 on success, 1 on any error (bad flags, bad input), with one message on stderr.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -15,6 +17,7 @@
 
 #include "tools/kvbench_attention.h"
 #include "tools/kvbench_ipc.h"
+#include "tools/kvbench_pool.h"
 #include "tools/kvbench_quant.h"
 
 namespace {
@@ -148,6 +151,30 @@ CLI::App* AddAttentionCommand(CLI::App& app, kvctl::AttentionBenchOptions& optio
   return cmd;
 }
 
+// The pool subcommand's flags, bound into `options`. Returns the subcommand.
+CLI::App* AddPoolCommand(CLI::App& app, kvctl::PoolBenchOptions& options, bool& json) {
+  CLI::App* cmd = app.add_subcommand(
+      "pool",
+      "Pool bytes one sequence reserves (its slabs) against its payload, an fp16 cache and the "
+      "pages of one page set per stream, after a prefill and single-token decode steps");
+  cmd->add_option("--geometries", options.geometries,
+                  "Comma-separated subset of smollm2 (30 layers x 3 KV heads x D64), llama3-8b "
+                  "(32 x 8 x D128)")
+      ->delimiter(',');
+  cmd->add_option("--methods", options.methods,
+                  "Comma-separated subset of kvarn2, kivi2, kivi4, quarot4 (default: all)")
+      ->delimiter(',');
+  cmd->add_option("--tokens", options.tokens,
+                  "Comma-separated checkpoints (default: 256,512,1024,2048)")
+      ->delimiter(',');
+  cmd->add_option("--prefill", options.prefill, "Tokens of the first APPEND")
+      ->capture_default_str();
+  cmd->add_option("--page-bytes", options.page_bytes, "Pool page size")->capture_default_str();
+  cmd->add_flag("--json", json, "Print one JSON object instead of the table");
+  cmd->add_flag("--quick", options.quick, "A CI smoke run: smollm2, kvarn2 and kivi2, 256,512");
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +194,9 @@ int main(int argc, char** argv) {
     kvctl::AttentionBenchOptions attention;
     bool attention_json = false;
     CLI::App* attention_cmd = AddAttentionCommand(app, attention, attention_json);
+    kvctl::PoolBenchOptions pool;
+    bool pool_json = false;
+    CLI::App* pool_cmd = AddPoolCommand(app, pool, pool_json);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -174,6 +204,7 @@ int main(int argc, char** argv) {
     }
     if (quant_cmd->parsed()) return kvctl::RunQuantCommand(quant, quant_json, stdout, stderr);
     if (ipc_cmd->parsed()) return kvctl::RunIpcCommand(ipc, ipc_json, stdout, stderr);
+    if (pool_cmd->parsed()) return kvctl::RunPoolCommand(pool, pool_json, stdout, stderr);
     if (attention_cmd->parsed()) {
       return kvctl::RunAttentionCommand(attention, attention_json, stdout, stderr);
     }

@@ -21,7 +21,7 @@ from kveval_rows import EvalError
 COLUMNS = ["row", "kind", "bits_per_element", "memory_vs_fp16", "ppl", "dppl_pct", "kl_mean",
            "top1_agree", "greedy_agree", "greedy_first_div", "wall_s", "batch", "tokens_eval",
            "tokens_kept", "note", "pressure_reliefs", "k_bits_mean", "v_bits_mean",
-           "pressure_cap_cuts"]
+           "pressure_cap_cuts", "payload_vs_fp16"]
 
 
 def fmt(v) -> str:
@@ -37,8 +37,10 @@ def write_outputs(results: List[dict], out_dir: str, meta: dict) -> None:
         w.writeheader()
         for r in results:
             w.writerow({k: fmt(r.get(k, "")) for k in COLUMNS})
-    md = ["| row | kind | b/e | mem vs fp16 | PPL | dPPL % | KL | top-1 | greedy | first div "
-          "| wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    # b/e counts the payload (codes, scales, fp16 rows); "mem vs fp16" what the pool reserves
+    # (whole pages, slack included; a peer's cache tensors for peer rows).
+    md = ["| row | kind | payload b/e | reserved mem vs fp16 | PPL | dPPL % | KL | top-1 | greedy "
+          "| first div | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     md += [md_line(r) for r in results]
     with open(os.path.join(out_dir, "quality.md"), "w") as f:
         f.write("<!-- %s -->\n" % json.dumps(meta))

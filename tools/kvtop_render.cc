@@ -130,8 +130,12 @@ std::vector<Item> PoolItems(const Snapshot& s) {
 }
 
 std::vector<Item> KvItems(const Snapshot& s) {
-  char bits[32], ratio[32];
-  std::snprintf(bits, sizeof(bits), "%.2f", s.Num("sequences", "bits_per_element"));
+  char bits[64], ratio[32];
+  // Payload bits and, from daemons that report it, what the pool reserves per element; the
+  // ratio is memory saved by reserved bytes (docs/stats.md).
+  const double reserved = s.Num("sequences", "reserved_bits_per_element");
+  std::snprintf(bits, sizeof(bits), reserved > 0 ? "%.2f (%.2f reserved)" : "%.2f",
+                s.Num("sequences", "bits_per_element"), reserved);
   std::snprintf(ratio, sizeof(ratio), "x%.2f", s.Num("sequences", "compression_vs_fp16"));
   std::string quant = s.Str("policy", "quant_method");
   if (quant != "none" && quant != "fp16") {

@@ -210,7 +210,12 @@ class PageAllocator {
   // the sealed prefix shrinks to `end` (checked first if nothing verified it in this request), so
   // slots written there again later only extend the checksum instead of re-checksumming the page.
   void TrimSealed(uint32_t page, uint32_t end);
-  enum class VerifyReason { kFetch, kScrub };
+  // kCopy: the owner is about to copy bytes of the pages to another place in the middle of a
+  // request (slab compaction), where they would be sealed afresh. A page its owner already wrote
+  // below the sealed end in this request was checked by that first write (MarkDirty; a mismatch
+  // then is reported by SealPages and marks the owner lost) and is skipped; the others are
+  // checked now, their sealed bytes being untouched by the request so far.
+  enum class VerifyReason { kFetch, kScrub, kCopy };
   // OK when every page still holds what was sealed; otherwise DATA_LOSS naming each page that
   // does not (page id, pool offset, expected and found CRC32C), and checksum_failures_total
   // counts them. Counts the bytes checksummed (verified_ or scrubbed_bytes_total).

@@ -29,9 +29,11 @@ struct HostShape {
 
 // An empty sequence costs KvSequence::HostBytesAtOpen(shape) (kv_sequence.h; defined in
 // host_memory.cc beside these, since it sizes KvSequence's private structures).
-inline constexpr uint64_t kHostBytesPerStreamToken = 2 * (sizeof(int64_t) + sizeof(double));
-// Each token kept by every (layer, KV head) stream: its position (int64) and scorer state (the
-// H2O accumulator, a double), counted at twice their size for vector growth.
+inline constexpr uint64_t kHostBytesPerStreamToken =
+    2 * (sizeof(int64_t) + sizeof(double) + sizeof(uint32_t));
+// Each token kept by every (layer, KV head) stream: its position (int64), scorer state (the
+// H2O accumulator, a double) and at most one slot id (uint32: a row, or a record's share),
+// counted at twice their size for vector growth.
 uint64_t HostBytesPerKeptToken(const HostShape& shape);
 
 // limits.host_memory_bytes, or its default from the pool size when 0.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "common/half.h"
 #include "controller/sequence/kv_sequence_internal.h"
@@ -16,13 +17,15 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
                        PressureSettings pressure)
     : pool_(pool),
       geometry_(geometry),
+      slabs_(pool),
       eviction_(std::move(eviction)),
       pressure_(std::move(pressure)) {
   KVCTL_CHECK(static_cast<int>(plans.size()) == geometry.layers);
   KVCTL_CHECK(pressure_.curves.empty() ||
               pressure_.curves.size() == static_cast<size_t>(geometry.layers) * geometry.kv_heads);
-  // Each record array packs as many records per page as its own record size allows, so narrower
-  // heads hold fewer pages. Lossless layers never write records: their arrays stay empty.
+  // Streams with the same slot size share one slab's pages (controller/pool/slab.h), so the
+  // sequence holds about one partly filled page per slot size, not one per stream. Lossless
+  // layers never write records: their arrays stay empty.
   auto record_bytes = [](const LayerPlan& plan, const QuantSpec& spec) {
     return plan.lossless ? size_t{8} : BlockLayoutOf(spec).record_bytes;
   };
@@ -37,12 +40,12 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
       plan.rules.sink_tokens = std::max<int>(plan.rules.sink_tokens, eviction_.sinks);
     }
     const size_t norm_slot = norms ? static_cast<size_t>(first.block_tokens) * 4 : 4;
-    auto layer = std::make_unique<LayerState>(pool, norm_slot);
+    auto layer = std::make_unique<LayerState>(slabs_.Get(norm_slot));
     layer->row_dtype = plan.lossless ? geometry.dtype : DType::kF16;
     layer->row_bytes = static_cast<size_t>(geometry.head_dim) * DTypeSize(layer->row_dtype);
     for (const QuantSpec& spec : plan.head_specs) {
-      layer->heads.emplace_back(spec, SlotArray(pool, 2 * layer->row_bytes),
-                                SlotArray(pool, record_bytes(plan, spec)));
+      layer->heads.emplace_back(spec, SlotArray(slabs_.Get(2 * layer->row_bytes)),
+                                SlotArray(slabs_.Get(record_bytes(plan, spec))));
     }
     layer->plan = std::move(plan);
     layers_.push_back(std::move(layer));
@@ -63,14 +66,28 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
 }
 
 void KvSequence::CollectPages(int layer_begin, int layer_end, std::vector<uint32_t>* pages) const {
+  if (layer_begin == 0 && layer_end == geometry_.layers) {
+    slabs_.CollectPages(pages);
+    return;
+  }
+  // Pages are shared between layers: the distinct pages the range's slots lie in.
+  const size_t first = pages->size();
+  auto add = [pages](const SlotArray& array) {
+    for (uint32_t id : array.ids()) {
+      pages->push_back(static_cast<uint32_t>(id / array.slots_per_page()));
+    }
+  };
   for (int l = layer_begin; l < layer_end; ++l) {
     const LayerState& layer = *layers_[l];
-    layer.norms.CollectPages(pages);
+    add(layer.norms);
     for (const HeadStream& head : layer.heads) {
-      head.rows.CollectPages(pages);
-      head.records.CollectPages(pages);
+      add(head.rows);
+      add(head.records);
     }
   }
+  std::sort(pages->begin() + static_cast<std::ptrdiff_t>(first), pages->end());
+  pages->erase(std::unique(pages->begin() + static_cast<std::ptrdiff_t>(first), pages->end()),
+               pages->end());
 }
 
 Status KvSequence::MarkLost(const Status& loss) {
@@ -204,10 +221,10 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   }
 
   std::vector<PreparedLayer> prepared(static_cast<size_t>(layers));
-  // Pages the append takes net of what its shrinking arrays release: those pages go straight to
-  // the growing arrays of the same append (never back to the shared pool in between, where
-  // another sequence could take them), so an evicting append needs only its net growth.
-  size_t grow = 0, release = 0;
+  // Slots the append takes per slab, net of what its shrinking arrays give back: those slots go
+  // straight to the growing arrays of the same slab (shrinks commit first), so an evicting append
+  // needs pages only for its net growth.
+  SlabPlan slab_plan;
   for (int l = 0; l < layers; ++l) {
     if (!layers_[l]->plan.lossless) {
       // Rows are stored as fp16 before they are quantized: refuse what fp16 cannot hold.
@@ -236,42 +253,56 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
     for (int h = 0; h < geometry_.kv_heads; ++h) {
       const HeadStream& head = layer.heads[h];
       const PreparedHead& ph = p.heads[h];
-      grow +=
-          head.rows.PagesNeeded(ph.rows_after) + head.records.PagesNeeded(ph.record_plan.size());
-      release += head.rows.PagesReleased(ph.rows_after) +
-                 head.records.PagesReleased(ph.record_plan.size());
+      slab_plan.Count(head.rows, static_cast<size_t>(ph.rows_after));
+      slab_plan.Count(head.records, ph.record_plan.size());
     }
     if (!p.norms.empty()) {
       const size_t per_slot = layer.norms.slot_bytes() / 4;
-      grow += layer.norms.PagesNeeded(layer.norms.size() + p.norms.size() / per_slot);
+      slab_plan.Count(layer.norms, layer.norms.size() + p.norms.size() / per_slot);
     }
   }
-  const size_t pages = grow > release ? grow - release : 0;
-
-  std::vector<uint32_t> reserved;
-  if (pages > 0) {
-    StatusOr<std::vector<uint32_t>> got = pool_->AllocateMany(static_cast<uint32_t>(pages));
-    if (!got.ok()) {
-      Status exhausted =
-          ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
-                            pool_->page_bytes(), " bytes: ", got.status().message());
-      const PoolStats stats = pool_->Stats();
-      const int64_t shortfall =
-          static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
-      last_shortfall_pages_ = std::max<int64_t>(1, shortfall);
-      if (relief_rounds <= 0) return exhausted;
-      Status relieved = RelievePressure(std::max<int64_t>(1, shortfall));
-      if (!relieved.ok()) {
-        return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
-      }
-      // Widths or caps changed: prepare again (narrower new records, or more evicted).
-      return AppendOnce(first_position, k, v, q, relief_rounds - 1);
+  const size_t pages = slab_plan.Pages();
+  StatusOr<std::vector<uint32_t>> got = std::vector<uint32_t>{};
+  if (pages > 0) got = pool_->AllocateMany(static_cast<uint32_t>(pages));
+  // A full pool: slots given back serve only their own slab unless the slabs that shrink are
+  // compacted before the growth, which frees their emptied pages for any slab. Worth the copies
+  // only when the pool cannot give the pages otherwise; their pages are checked first, since
+  // compaction copies what they hold.
+  bool compact_between = false;
+  if (!got.ok() && slab_plan.PagesCompacting() < pages) {
+    if (pool_->checksums()) {
+      Status verified =
+          pool_->VerifyPages(slab_plan.ShrunkPages(), PageAllocator::VerifyReason::kCopy);
+      if (!verified.ok()) return MarkLost(verified);
     }
-    reserved = std::move(got).value();
+    const size_t compacting = slab_plan.PagesCompacting();
+    StatusOr<std::vector<uint32_t>> tight = std::vector<uint32_t>{};
+    if (compacting > 0) tight = pool_->AllocateMany(static_cast<uint32_t>(compacting));
+    if (tight.ok()) {
+      got = std::move(tight);
+      compact_between = true;
+    }
   }
+  if (!got.ok()) {
+    Status exhausted =
+        ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
+                          pool_->page_bytes(), " bytes: ", got.status().message());
+    const PoolStats stats = pool_->Stats();
+    const int64_t shortfall =
+        static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
+    last_shortfall_pages_ = std::max<int64_t>(1, shortfall);
+    if (relief_rounds <= 0) return exhausted;
+    Status relieved = RelievePressure(std::max<int64_t>(1, shortfall));
+    if (!relieved.ok()) {
+      return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
+    }
+    // Widths or caps changed: prepare again (narrower new records, or more evicted).
+    return AppendOnce(first_position, k, v, q, relief_rounds - 1);
+  }
+  std::vector<uint32_t> reserved = std::move(got).value();
 
-  // Commit: nothing below can fail. Arrays that shrink go first, so the pages they release (onto
-  // `reserved`) are there for the arrays that grow.
+  // Commit: nothing below can fail. Arrays that shrink go first, so the slots they give back are
+  // there for the arrays that grow.
   auto commit_records = [&reserved](HeadStream& head, const PreparedHead& ph) {
     // Records move only down (a kept record lands at or before its old slot), so in order every
     // source is read before its slot is overwritten; shrink only after moving.
@@ -312,6 +343,7 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
       if (!rows_grow(head, ph)) commit_rows(head, ph);
     }
   }
+  if (compact_between) slab_plan.CompactShrunk(&reserved);
   for (int l = 0; l < layers; ++l) {
     LayerState& layer = *layers_[l];
     PreparedLayer& p = prepared[l];
@@ -362,7 +394,10 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   if (tokens_ == 0) first_position_ = first_position;
   tokens_ += n;
   since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + n;
-  return OkStatus();
+  // What shrank (flushed tails, evicted tokens) leaves free slots: from a page's worth per slab
+  // on they are packed and the emptied pages go back to the pool.
+  Status compacted = slabs_.Compact();
+  return compacted.ok() ? compacted : MarkLost(compacted);
 }
 
 DenseKv KvSequence::FetchDense(int layer_begin, int layer_end) const {
@@ -417,7 +452,7 @@ HeadBlocks KvSequence::Blocks(int layer, int head) const {
   const LayerState& l = *layers_[layer];
   const HeadStream& h = l.heads[head];
   HeadBlocks b;
-  b.record_pages = h.records.pages();
+  b.record_ids = h.records.ids();
   b.records = static_cast<uint32_t>(h.records.size());
   b.records_per_page = static_cast<uint32_t>(h.records.slots_per_page());
   b.sink_rows = static_cast<uint32_t>(h.sink_rows);
@@ -469,11 +504,10 @@ HeadUsage KvSequence::QualityTotals() const {
 SequenceUsage KvSequence::Usage() const {
   SequenceUsage u;
   u.tokens = tokens_;
+  u.pool_bytes = slabs_.bytes_held();
   for (const auto& layer : layers_) {
-    u.pool_bytes += layer->norms.bytes_held();
     u.payload_bytes += layer->norms.size() * layer->norms.slot_bytes();
     for (const HeadStream& head : layer->heads) {
-      u.pool_bytes += head.rows.bytes_held() + head.records.bytes_held();
       u.payload_bytes += head.rows.size() * head.rows.slot_bytes() +
                          head.records.size() * head.records.slot_bytes();
       u.kept_tokens += head.count();

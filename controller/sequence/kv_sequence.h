@@ -113,8 +113,8 @@ struct DenseKv {
 
 // Where one (layer, head) keeps its records, for readers that map the pool (blocks-mode FETCH).
 struct HeadBlocks {
-  std::vector<uint32_t> record_pages;  // Page ids in order; slots_per_page records per page.
-  uint32_t records = 0;                // Records in use (the last page may be partly filled).
+  std::vector<uint32_t> record_ids;  // Slot ids in order: page * records_per_page + slot.
+  uint32_t records = 0;              // Records in use.
   uint32_t records_per_page = 0;
   uint32_t sink_rows = 0, tail_rows = 0;
   int64_t first_quantized_position = 0;
@@ -126,7 +126,7 @@ struct SequenceUsage {
   uint64_t evicted_tokens = 0;  // Summed over (layer, head).
   uint64_t evicted_bytes = 0;
   int64_t quantized_tokens = 0;     // Per head, in records (layer 0, head 0).
-  uint64_t pool_bytes = 0;          // Whole pages held.
+  uint64_t pool_bytes = 0;          // Whole pages held (reserved): every slab's pages.
   uint64_t payload_bytes = 0;       // Bytes of records, rows and norms in use (no page slack).
   uint64_t elements = 0;            // K and V elements stored (2 * kept_tokens * D).
   uint64_t pressure_reliefs = 0;    // Reliefs of a full pool: widths lowered or caps cut.
@@ -202,6 +202,8 @@ class KvSequence {
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;
   int64_t tokens() const { return tokens_; }
+  // Slots compaction has moved between pages so far (docs/algorithms.md §16).
+  uint64_t slots_moved() const { return slabs_.slots_moved(); }
   // Tokens the layer's heads may hold together after the last append (0 = no eviction).
   int64_t LayerBudget(int layer) const;
   const EvictionSettings& eviction() const { return eviction_; }
@@ -223,6 +225,10 @@ class KvSequence {
   // PlanWidthRelief over every quantized head, then LowerWidth; returns the pages freed.
   StatusOr<int64_t> LowerWidthsToFree(int64_t pages, bool partial);
   Status RelieveJoint(int64_t shortfall_pages);
+  // Moves a head's records into the slab of `record_bytes` slots (contents undefined after it),
+  // returning the pages the old slab no longer needs. RESOURCE_EXHAUSTED with nothing changed
+  // when the pool lacks pages for it, DATA_LOSS when the old slab's pages fail their checksums.
+  Status MoveRecords(SlotArray* records, size_t record_bytes);
   // LowerWidth without the publish: the relief paths lower several heads, then publish once.
   Status LowerWidthInPlace(int layer, int head, int k_bits, int v_bits);
   // Mirrored pools (PageAllocator::mirrored): copies the bytes this sequence changed to the
@@ -245,6 +251,9 @@ class KvSequence {
 
   PageAllocator* pool_;
   SequenceGeometry geometry_;
+  // The pages every stream's slots live in, one slab per slot size. Declared before layers_ so
+  // the streams give their slots back before the slabs return the pages.
+  SlabSet slabs_;
   std::vector<std::unique_ptr<LayerState>> layers_;
   EvictionSettings eviction_;
   PressureSettings pressure_;

@@ -55,7 +55,7 @@ struct KvSequence::LayerState {
   SlotArray norms;  // OScaR: block_tokens fp32 norms per slot, one slot per record index.
   LayerScoring scoring;
 
-  LayerState(PageAllocator* pool, size_t norm_slot) : norms(pool, norm_slot) {}
+  explicit LayerState(Slab* norm_slab) : norms(norm_slab) {}
 };
 
 // Per append, shared by the layers: the budget schedule of this append.

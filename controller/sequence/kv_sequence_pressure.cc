@@ -83,7 +83,7 @@ Status KvSequence::LowerWidthInPlace(int layer, int head, int k_bits, int v_bits
                     internal::StrCat("layer ", layer, ", head ", head, ": ", s.message()));
     }
   }
-  h.records.Reslot(rb);
+  KVCTL_RETURN_IF_ERROR(MoveRecords(&h.records, rb));
   for (size_t r = 0; r < records; ++r) {
     std::memcpy(h.records.MutableSlot(r), packed.data() + r * rb, rb);
   }
@@ -91,6 +91,42 @@ Status KvSequence::LowerWidthInPlace(int layer, int head, int k_bits, int v_bits
   l.plan.head_specs[head] = next;
   h.usage.requantized_tokens += records * g;
   ++h.usage.width_lowerings;
+  return OkStatus();
+}
+
+Status KvSequence::MoveRecords(SlotArray* records, size_t record_bytes) {
+  Slab* source = records->slab();
+  Slab* target = slabs_.Get(record_bytes);
+  // The pages the narrower records need come first from what the old ones leave (their slab
+  // compacted once they are given back), then from the pool; if the pool lacks them nothing has
+  // changed yet.
+  const size_t need = target->PagesFor(records->size());
+  const size_t freed = source->pages_held() - source->PagesAfterCompaction(records->size());
+  std::vector<uint32_t> reserved;
+  if (need > freed) {
+    StatusOr<std::vector<uint32_t>> got = pool_->AllocateMany(static_cast<uint32_t>(need - freed));
+    if (!got.ok()) {
+      return ResourceExhausted("narrower records need ", need - freed,
+                               " more pool pages: ", got.status().message());
+    }
+    reserved = std::move(got).value();
+  }
+  // Compaction copies other heads' records: check the pages first, as a FETCH would, so nothing
+  // changed behind the daemon's back is sealed at its new place.
+  if (pool_->checksums()) {
+    std::vector<uint32_t> pages;
+    source->CollectPages(&pages);
+    Status verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kCopy);
+    if (!verified.ok()) {
+      for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());
+      return MarkLost(verified);
+    }
+  }
+  const size_t count = records->size();
+  records->Rehome(target);
+  KVCTL_CHECK(source->Compact(&reserved, Slab::Verify::kSkip).ok());
+  records->Resize(count, &reserved);
+  for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());
   return OkStatus();
 }
 

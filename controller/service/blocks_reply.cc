@@ -94,15 +94,9 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);
       reply.layout_index.push_back(static_cast<uint16_t>(index));
       for (uint32_t r = 0; r < b.records; ++r) {
-        reply.indices.push_back(b.record_pages[r / b.records_per_page] * b.records_per_page +
-                                r % b.records_per_page);
-        if (any_side) {
-          reply.side_indices.push_back(
-              norms == nullptr ? ipc::kNoPage
-                               : norms->pages()[r / norms->slots_per_page()] *
-                                         static_cast<uint32_t>(norms->slots_per_page()) +
-                                     static_cast<uint32_t>(r % norms->slots_per_page()));
-        }
+        reply.indices.push_back(b.record_ids[r]);
+        if (any_side)
+          reply.side_indices.push_back(norms == nullptr ? ipc::kNoPage : norms->ids()[r]);
       }
       reply.indptr.push_back(static_cast<uint32_t>(reply.indices.size()));
       reply.last_page_len.push_back(b.records > 0 ? reply.block_tokens : 0);

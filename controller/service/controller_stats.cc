@@ -101,9 +101,10 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
     std::ostringstream line;
     line << "seq_" << label.session_number << "_" << label.sequence_id
          << ":client=" << SafeName(label.client_name) << ",tokens=" << u.tokens
-         << ",bytes=" << u.pool_bytes << ",evictions=" << u.evicted_tokens
-         << ",age_s=" << label.age_s << ",kept_tokens=" << u.kept_tokens
-         << ",evicted_bytes=" << u.evicted_bytes << ",pressure_reliefs=" << u.pressure_reliefs
+         << ",bytes=" << u.pool_bytes << ",payload_bytes=" << u.payload_bytes
+         << ",evictions=" << u.evicted_tokens << ",age_s=" << label.age_s
+         << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
+         << ",pressure_reliefs=" << u.pressure_reliefs
          << ",pressure_cap_cuts=" << u.pressure_cap_cuts
          << ",lowered_for_others=" << u.lowered_for_others;
     sums->sequence_lines.push_back(line.str());
@@ -171,7 +172,12 @@ void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts
       << "kv_pool_bytes:" << total.pool_bytes << "\n"
       << "kv_fp16_equivalent_bytes:" << static_cast<uint64_t>(fp16_bytes) << "\n"
       << "bits_per_element:" << Bpe(total.payload_bytes, total.elements) << "\n"
+      << "reserved_bits_per_element:" << Bpe(total.pool_bytes, total.elements)
+      << "\n"
+      // Memory is what the pool reserves: whole pages, slack included.
       << "compression_vs_fp16:"
+      << Num(total.pool_bytes ? fp16_bytes / static_cast<double>(total.pool_bytes) : 0.0) << "\n"
+      << "payload_compression_vs_fp16:"
       << Num(total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
       << "\n";
   out << "sequences_omitted:" << sums.sequences - sums.sequence_lines.size() << "\n";

@@ -31,7 +31,9 @@ inline std::string MakeStats(const FakeStats& f) {
     << "staging_bytes:33554432\nalloc_failures_total:0\n";
   o << "# Sequences\nsessions:1\nsessions_expired_total:0\nsequences:" << f.sequences
     << "\ntokens:700\ntokens_quantized:256\nkv_payload_bytes:5587200\nkv_pool_bytes:11796480\n"
-    << "kv_fp16_equivalent_bytes:8064000\nbits_per_element:11.0857\ncompression_vs_fp16:1.4433\n";
+    << "kv_fp16_equivalent_bytes:8064000\nbits_per_element:11.0857\n"
+    << "reserved_bits_per_element:23.4057\ncompression_vs_fp16:0.6836\n"
+    << "payload_compression_vs_fp16:1.4433\n";
   for (int s = 0; s < f.sequences; ++s) {
     o << "seq_" << f.session << "_" << s + 1 << ":client=" << f.client
       << ",tokens=" << 100 * (s + 1) << ",bytes=" << 1000 * (f.sequences - s)

@@ -219,11 +219,11 @@ TEST_CASE("KvSequence: records a mirrored pool encodes equal a host pool's", "[c
   REQUIRE(a.records > 0);
   const size_t rb = BlockLayoutOf(Kivi(2)).record_bytes;
   for (uint32_t r = 0; r < a.records; ++r) {
-    const uint8_t* ra = m.arena->mirror() +
-                        m.pool->PageOffset(a.record_pages[r / a.records_per_page]) +
-                        (r % a.records_per_page) * rb;
+    const uint32_t ia = a.record_ids[r], ib = b.record_ids[r];
+    const uint8_t* ra = m.arena->mirror() + m.pool->PageOffset(ia / a.records_per_page) +
+                        (ia % a.records_per_page) * rb;
     const uint8_t* rb_ptr =
-        host->PagePointer(b.record_pages[r / b.records_per_page]) + (r % b.records_per_page) * rb;
+        host->PagePointer(ib / b.records_per_page) + (ib % b.records_per_page) * rb;
     INFO("record " << r);
     CHECK(std::memcmp(ra, rb_ptr, rb) == 0);  // Read from the published copy.
   }

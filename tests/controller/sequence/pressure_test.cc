@@ -339,7 +339,10 @@ TEST_CASE("KvSequence: a joint sequence under pressure lowers widths when that i
   // Later, with the cheap head at 2 bits, reliefs cut the cheap head's cap instead of lowering
   // the sensitive head (alpha 100x): every APPEND still succeeds.
   for (; t + 16 <= kv.tokens; t += 16) {
-    REQUIRE(relieved.seq->Append(t, {kv.KView().Tokens(t, 16)}, {kv.VView().Tokens(t, 16)}).ok());
+    const Status s =
+        relieved.seq->Append(t, {kv.KView().Tokens(t, 16)}, {kv.VView().Tokens(t, 16)});
+    INFO("t " << t << ": " << s.ToString());
+    REQUIRE(s.ok());
   }
   CHECK(relieved.seq->Usage().pressure_cap_cuts >= 1);
   CHECK(relieved.seq->HeadSpec(0, 0).k_bits == 2);

@@ -231,12 +231,12 @@ TEST_CASE("Hostile: the host-memory budget refuses OPEN and APPEND and is given 
   Status fourth = c->Open({h->session_id, 4}, Clock::now());
   CHECK(fourth.code() == StatusCode::kResourceExhausted);
   CHECK(Has(fourth, "limits.host_memory_bytes"));
-  // Tokens cost host memory too: 16 tokens x 32 streams x 32 bytes = 16 KiB does not fit.
+  // Tokens cost host memory too: 16 tokens x 32 streams x 40 bytes = 20 KiB does not fit.
   const size_t n = 16 * 4 * 64 * 8;
   const std::vector<uint16_t> k = Rows(n, 1.f), v = Rows(n, -1.f);
   StatusOr<ipc::AppendReply> big = c->Append(Inline(h->session_id, 1, 0, 16, k, v), Clock::now());
   CHECK(big.status().code() == StatusCode::kResourceExhausted);
-  CHECK(Has(big.status(), "APPEND: needs 16384 bytes of host memory"));
+  CHECK(Has(big.status(), "APPEND: needs 20480 bytes of host memory"));
   // Closing gives the memory back, after which the same APPEND fits.
   REQUIRE(c->Close({h->session_id, 2}, Clock::now()).ok());
   REQUIRE(c->Close({h->session_id, 3}, Clock::now()).ok());

@@ -1,0 +1,219 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "controller/pool/slab.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "controller/pool/slot_array.h"
+
+namespace kvctl {
+
+Slab::Slab(PageAllocator* pool, size_t slot_bytes)
+    : pool_(pool),
+      slot_bytes_(slot_bytes),
+      per_page_(slot_bytes > 0 ? pool->page_bytes() / slot_bytes : 0),
+      page_bytes_(pool->page_bytes()) {
+  KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0);
+}
+
+Slab::~Slab() {
+  KVCTL_CHECK(arrays_.empty());
+  for (const auto& [page, live] : live_) KVCTL_CHECK(pool_->Free(page).ok());
+}
+
+uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
+  if (free_.empty()) {
+    KVCTL_CHECK(reserved != nullptr && !reserved->empty());
+    const uint32_t page = reserved->back();
+    reserved->pop_back();
+    // Slot ids are uint32 on the wire; pool.bytes / page_bytes and the slot sizes keep them so.
+    KVCTL_CHECK((uint64_t{page} + 1) * per_page_ <= uint64_t{UINT32_MAX} + 1);
+    live_.emplace(page, 0);
+    const uint32_t first = page * static_cast<uint32_t>(per_page_);
+    for (uint32_t i = 0; i < per_page_; ++i) free_.insert(free_.end(), first + i);
+  }
+  const uint32_t id = *free_.begin();
+  free_.erase(free_.begin());
+  ++live_.at(id / per_page_);
+  return id;
+}
+
+void Slab::Give(uint32_t id) {
+  auto page = live_.find(static_cast<uint32_t>(id / per_page_));
+  KVCTL_CHECK(page != live_.end() && page->second > 0);
+  KVCTL_CHECK(free_.insert(id).second);
+  --page->second;
+}
+
+uint8_t* Slab::MutableSlot(uint32_t id) {
+  const uint32_t page = static_cast<uint32_t>(id / per_page_);
+  const size_t begin = (id % per_page_) * slot_bytes_;
+  pool_->MarkDirty(page, static_cast<uint32_t>(begin), static_cast<uint32_t>(begin + slot_bytes_));
+  return pool_->PagePointer(page) + begin;
+}
+
+void Slab::ReleaseEmptyPages(std::vector<uint32_t>* released) {
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->second > 0) {
+      ++it;
+      continue;
+    }
+    const uint32_t first = it->first * static_cast<uint32_t>(per_page_);
+    free_.erase(free_.lower_bound(first), free_.lower_bound(first + per_page_));
+    if (released != nullptr) {
+      released->push_back(it->first);
+    } else {
+      KVCTL_CHECK(pool_->Free(it->first).ok());
+    }
+    it = live_.erase(it);
+  }
+}
+
+size_t Slab::PagesAfterCompaction(size_t extra_free) const {
+  const size_t live = live_slots() - std::min(extra_free, live_slots());
+  return (live + per_page_ - 1) / per_page_;
+}
+
+std::vector<uint32_t> Slab::PickVictims() const {
+  std::vector<std::pair<uint32_t, uint32_t>> by_live;  // (live slots, page)
+  by_live.reserve(live_.size());
+  for (const auto& [page, live] : live_) by_live.emplace_back(live, page);
+  std::sort(by_live.begin(), by_live.end());
+  std::vector<uint32_t> victims;
+  size_t free_outside = free_.size(), moving = 0;
+  for (const auto& [live, page] : by_live) {
+    if (free_outside - moving < per_page_) break;  // Nothing more to win.
+    const size_t free_after = free_outside - (per_page_ - live);
+    if (moving + live > free_after) break;
+    victims.push_back(page);
+    free_outside = free_after;
+    moving += live;
+  }
+  return victims;
+}
+
+Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
+  if (free_.size() < per_page_) {
+    ReleaseEmptyPages(released);
+    return OkStatus();
+  }
+  std::vector<uint32_t> victims = PickVictims();
+  if (verify == Verify::kCheck && pool_->checksums()) {
+    KVCTL_RETURN_IF_ERROR(pool_->VerifyPages(victims, PageAllocator::VerifyReason::kCopy));
+  }
+  std::sort(victims.begin(), victims.end());
+  auto is_victim = [&victims, this](uint32_t id) {
+    return std::binary_search(victims.begin(), victims.end(),
+                              static_cast<uint32_t>(id / per_page_));
+  };
+  // Destinations are the lowest free slots outside the victims.
+  for (uint32_t page : victims) {
+    const uint32_t first = page * static_cast<uint32_t>(per_page_);
+    free_.erase(free_.lower_bound(first), free_.lower_bound(first + per_page_));
+  }
+  for (SlotArray* array : arrays_) {
+    for (uint32_t& id : array->ids_) {
+      if (!is_victim(id)) continue;
+      KVCTL_CHECK(!free_.empty());
+      const uint32_t to = *free_.begin();
+      free_.erase(free_.begin());
+      std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
+      ++live_.at(to / per_page_);
+      --live_.at(id / per_page_);
+      id = to;
+      ++slots_moved_;
+    }
+  }
+  ReleaseEmptyPages(released);
+  return OkStatus();
+}
+
+void Slab::CollectPages(std::vector<uint32_t>* pages) const {
+  for (const auto& [page, live] : live_) pages->push_back(page);
+}
+
+Slab* SlabSet::Get(size_t slot_bytes) {
+  std::unique_ptr<Slab>& slab = slabs_[slot_bytes];
+  if (slab == nullptr) slab = std::make_unique<Slab>(pool_, slot_bytes);
+  return slab.get();
+}
+
+std::vector<Slab*> SlabSet::All() const {
+  std::vector<Slab*> all;
+  for (const auto& [bytes, slab] : slabs_) all.push_back(slab.get());
+  return all;
+}
+
+uint64_t SlabSet::bytes_held() const {
+  uint64_t bytes = 0;
+  for (const auto& [size, slab] : slabs_) bytes += slab->bytes_held();
+  return bytes;
+}
+
+uint64_t SlabSet::slots_moved() const {
+  uint64_t moved = 0;
+  for (const auto& [size, slab] : slabs_) moved += slab->slots_moved();
+  return moved;
+}
+
+Status SlabSet::Compact() {
+  Status first;
+  for (const auto& [size, slab] : slabs_) {
+    Status s = slab->Compact(nullptr);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+void SlabSet::CollectPages(std::vector<uint32_t>* pages) const {
+  for (const auto& [size, slab] : slabs_) slab->CollectPages(pages);
+}
+
+void SlabPlan::Count(const SlotArray& array, size_t size_after) {
+  Growth& g = slabs_[array.slab()];
+  g.give += array.SlotsReleased(size_after);
+  g.take += array.SlotsNeeded(size_after);
+}
+
+size_t SlabPlan::Pages() const {
+  size_t pages = 0;
+  for (const auto& [slab, g] : slabs_) {
+    if (g.take > g.give) pages += slab->PagesFor(g.take - g.give);
+  }
+  return pages;
+}
+
+size_t SlabPlan::PagesCompacting() const {
+  size_t need = 0, released = 0;
+  for (const auto& [slab, g] : slabs_) {
+    if (g.give == 0) {
+      need += slab->PagesFor(g.take);
+      continue;
+    }
+    // Compacted with `give` slots back, the slab holds ceil(live / per_page) pages and fewer
+    // than a page's worth of free slots.
+    const size_t per_page = slab->slots_per_page();
+    const size_t held = slab->PagesAfterCompaction(g.give);
+    const size_t free = held * per_page - (slab->live_slots() - g.give);
+    released += slab->pages_held() - held;
+    if (g.take > free) need += (g.take - free + per_page - 1) / per_page;
+  }
+  return need > released ? need - released : 0;
+}
+
+std::vector<uint32_t> SlabPlan::ShrunkPages() const {
+  std::vector<uint32_t> pages;
+  for (const auto& [slab, g] : slabs_) {
+    if (g.give > 0) slab->CollectPages(&pages);
+  }
+  return pages;
+}
+
+void SlabPlan::CompactShrunk(std::vector<uint32_t>* reserved) const {
+  for (const auto& [slab, g] : slabs_) {
+    if (g.give > 0) KVCTL_CHECK(slab->Compact(reserved, Slab::Verify::kSkip).ok());
+  }
+}
+
+}  // namespace kvctl

@@ -1,0 +1,205 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// Slabs and slot arrays: streams of one size share pages, freed slots are packed away by
+// Compact with every array's contents intact, and the pool's accounting and checksums follow.
+#include "controller/pool/slab.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "controller/pool/slot_array.h"
+
+namespace kvctl {
+namespace {
+
+constexpr uint64_t kPage = 64 << 10;
+
+std::unique_ptr<PageAllocator> MakePool(uint64_t bytes, bool checksums) {
+  static std::atomic<int> n{0};
+  const std::string name = "/kvctl-slab-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+  StatusOr<std::unique_ptr<ShmArena>> arena = ShmArena::Create(name, bytes);
+  REQUIRE(arena.ok());
+  StatusOr<std::unique_ptr<PageAllocator>> pool =
+      PageAllocator::Create(std::move(*arena), {.page_bytes = kPage, .checksums = checksums});
+  REQUIRE(pool.ok());
+  return std::move(*pool);
+}
+
+// Grows `array` to n slots with pages from the pool, writing byte (tag, index) into each new one.
+void Grow(PageAllocator* pool, SlotArray* array, size_t n, uint8_t tag) {
+  const size_t before = array->size();
+  std::vector<uint32_t> reserved;
+  const size_t pages = array->slab()->PagesFor(n - before);
+  if (pages > 0) {
+    StatusOr<std::vector<uint32_t>> got = pool->AllocateMany(static_cast<uint32_t>(pages));
+    REQUIRE(got.ok());
+    reserved = std::move(*got);
+  }
+  array->Resize(n, &reserved);
+  CHECK(reserved.empty());  // PagesFor is exact.
+  for (size_t i = before; i < n; ++i) {
+    std::memset(array->MutableSlot(i), static_cast<uint8_t>(tag * 31 + i), array->slot_bytes());
+  }
+}
+
+bool Intact(const SlotArray& array, uint8_t tag) {
+  for (size_t i = 0; i < array.size(); ++i) {
+    const uint8_t want = static_cast<uint8_t>(tag * 31 + i);
+    const uint8_t* slot = array.Slot(i);
+    for (size_t b = 0; b < array.slot_bytes(); ++b) {
+      if (slot[b] != want) return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("Slab: streams of one slot size share pages instead of a page each", "[pool][slab]") {
+  auto pool = MakePool(64 << 20, false);
+  {
+    Slab rows(pool.get(), 256);  // 256 slots per 64 KiB page.
+    std::vector<std::unique_ptr<SlotArray>> streams;
+    for (int s = 0; s < 90; ++s) {
+      streams.push_back(std::make_unique<SlotArray>(&rows));
+      Grow(pool.get(), streams.back().get(), 144, static_cast<uint8_t>(s));
+    }
+    // 90 * 144 slots = 50.6 pages: 51 pages, where a page per stream would hold 90.
+    CHECK(rows.pages_held() == 51);
+    CHECK(pool->Stats().pages_used == 51);
+    CHECK(rows.free_slots() == 51 * 256 - 90 * 144);
+    for (int s = 0; s < 90; ++s) CHECK(Intact(*streams[s], static_cast<uint8_t>(s)));
+    // Every id is distinct: no two streams alias a slot.
+    std::set<uint32_t> ids;
+    for (const auto& a : streams) ids.insert(a->ids().begin(), a->ids().end());
+    CHECK(ids.size() == 90 * 144);
+  }
+  CHECK(pool->Stats().pages_used == 0);
+}
+
+TEST_CASE("Slab: Take hands out the lowest free slot; empty pages go back", "[pool][slab]") {
+  auto pool = MakePool(8 << 20, false);
+  Slab slab(pool.get(), 1024);  // 64 per page.
+  SlotArray a(&slab), b(&slab);
+  Grow(pool.get(), &a, 64, 1);
+  Grow(pool.get(), &b, 64, 2);
+  REQUIRE(slab.pages_held() == 2);
+  const uint32_t first_of_b = b.ids()[0];
+  b.Resize(0, nullptr);
+  // b's page is empty but held until released; a new slot reuses it, lowest id first.
+  CHECK(slab.pages_held() == 2);
+  b.Resize(1, nullptr);  // No reservation needed: free slots exist.
+  CHECK(b.ids()[0] == first_of_b);
+  b.Resize(0, nullptr);
+  slab.ReleaseEmptyPages(nullptr);
+  CHECK(slab.pages_held() == 1);
+  CHECK(pool->Stats().pages_used == 1);
+  CHECK(Intact(a, 1));
+}
+
+TEST_CASE("Slab: Compact packs freed slots away, contents and checksums intact", "[pool][slab]") {
+  auto pool = MakePool(64 << 20, true);
+  Slab slab(pool.get(), 4160);  // A KVarN-sized record: 15 per page, 64 bytes of slack.
+  std::vector<std::unique_ptr<SlotArray>> heads;
+  for (int h = 0; h < 30; ++h) {
+    heads.push_back(std::make_unique<SlotArray>(&slab));
+    Grow(pool.get(), heads.back().get(), 10, static_cast<uint8_t>(h));
+  }
+  std::vector<uint32_t> pages;
+  slab.CollectPages(&pages);
+  REQUIRE(pool->SealPages(pages).ok());
+  // Evict: every other head keeps 2 of its 10 records; the holes span many pages.
+  for (int h = 0; h < 30; h += 2) heads[h]->Resize(2, nullptr);
+  REQUIRE(slab.free_slots() >= slab.slots_per_page());
+  const size_t live = slab.live_slots();
+  REQUIRE(slab.Compact(nullptr).ok());
+  CHECK(slab.free_slots() < slab.slots_per_page());
+  CHECK(slab.pages_held() == (live + 14) / 15);
+  CHECK(pool->Stats().pages_used == slab.pages_held());
+  CHECK(slab.slots_moved() > 0);
+  for (int h = 0; h < 30; ++h) {
+    INFO("head " << h);
+    CHECK(Intact(*heads[h], static_cast<uint8_t>(h)));
+  }
+  pages.clear();
+  slab.CollectPages(&pages);
+  CHECK(pool->SealPages(pages).ok());
+  CHECK(pool->VerifyPages(pages, PageAllocator::VerifyReason::kFetch).ok());
+  // Below a page's worth of free slots Compact moves nothing.
+  const uint64_t moved = slab.slots_moved();
+  heads[1]->Resize(slab.free_slots() + 1 < slab.slots_per_page() ? 9 : 10, nullptr);
+  REQUIRE(slab.free_slots() < slab.slots_per_page());
+  REQUIRE(slab.Compact(nullptr).ok());
+  CHECK(slab.slots_moved() == moved);
+}
+
+TEST_CASE("Slab: Compact refuses to move slots out of a page changed behind its back",
+          "[pool][slab]") {
+  auto pool = MakePool(16 << 20, true);
+  Slab slab(pool.get(), 4096);  // 16 per page.
+  std::vector<std::unique_ptr<SlotArray>> heads;
+  for (int h = 0; h < 8; ++h) {
+    heads.push_back(std::make_unique<SlotArray>(&slab));
+    Grow(pool.get(), heads.back().get(), 8, static_cast<uint8_t>(h));
+  }
+  std::vector<uint32_t> pages;
+  slab.CollectPages(&pages);
+  REQUIRE(pool->SealPages(pages).ok());
+  for (int h = 0; h < 8; h += 2) heads[h]->Resize(0, nullptr);  // 32 free slots: two pages.
+  // The pages left emptiest hold what compaction would move: change a byte in each of them.
+  const std::vector<uint32_t> before = heads[7]->ids();
+  for (uint32_t page : pages) pool->PagePointer(page)[kPage - 1] ^= 0xff;
+  const Status s = slab.Compact(nullptr);
+  CHECK(s.code() == StatusCode::kDataLoss);
+  CHECK(heads[7]->ids() == before);  // Nothing moved.
+  CHECK(slab.slots_moved() == 0);
+}
+
+TEST_CASE("Slab: random growth and shrinking keep contents, ids and the slack bound",
+          "[pool][slab]") {
+  auto pool = MakePool(64 << 20, false);
+  std::mt19937 rng(7);
+  for (size_t slot : {size_t{256}, size_t{1088}, size_t{4160}}) {
+    Slab slab(pool.get(), slot);
+    std::vector<std::unique_ptr<SlotArray>> arrays;
+    std::vector<uint8_t> tags;
+    for (int a = 0; a < 12; ++a) {
+      arrays.push_back(std::make_unique<SlotArray>(&slab));
+      tags.push_back(static_cast<uint8_t>(a));
+    }
+    for (int step = 0; step < 300; ++step) {
+      const size_t a = rng() % arrays.size();
+      const size_t size = arrays[a]->size();
+      if (rng() % 3 == 0 && size > 0) {
+        arrays[a]->Resize(rng() % size, nullptr);
+      } else {
+        Grow(pool.get(), arrays[a].get(), size + 1 + rng() % 40, tags[a]);
+      }
+      REQUIRE(slab.Compact(nullptr).ok());
+      // After Compact fewer than a page's worth of slots are free.
+      REQUIRE(slab.free_slots() < slab.slots_per_page());
+      REQUIRE(pool->Stats().pages_used == slab.pages_held());
+    }
+    std::set<uint32_t> ids;
+    size_t total = 0;
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      INFO("slot " << slot << " array " << a);
+      CHECK(Intact(*arrays[a], tags[a]));
+      ids.insert(arrays[a]->ids().begin(), arrays[a]->ids().end());
+      total += arrays[a]->size();
+    }
+    CHECK(ids.size() == total);
+    CHECK(slab.live_slots() == total);
+    arrays.clear();
+  }
+  CHECK(pool->Stats().pages_used == 0);
+}
+
+}  // namespace
+}  // namespace kvctl
