@@ -190,8 +190,9 @@ def run_demo(model, tok, endpoint: str, prompt: str = DEFAULT_PROMPT,
     r["generated"] = int(seq.shape[1] - prompt_len)
     r["text"] = tok.decode(seq[0, prompt_len:], skip_special_tokens=True)
     _memory(r, int(seq.shape[1]))
-    progress("kvctl: %d new tokens in %.1f s (%.1f s of CPU in this process)" % (
-        seq.shape[1] - prompt_len, seconds, r["kv_cpu_seconds"]))
+    progress("kvctl: %d new tokens in %.1f s, the first after %s (%.1f s of CPU in this "
+             "process)" % (r["generated"], seconds, "?" if first is None
+                           else "%.1f s" % r["first_token_s"], r["kv_cpu_seconds"]))
     if baseline is not False:
         if isinstance(baseline, torch.Tensor):
             base_seq, r["baseline_seconds"] = baseline, 0.0
@@ -244,8 +245,8 @@ def format_summary(r: Dict[str, object]) -> str:
                                                         r["bits_per_element"])
     evict = str(r["policy"].get("evict_policy", "none"))
     if r["kept_rows"] is not None and r["kept_rows"] < r["rows"]:
-        held += "; %s eviction kept %.0f %% of the token rows" % (evict,
-                                                                   100.0 * r["kept_rows"] / r["rows"])
+        kept = 100.0 * r["kept_rows"] / r["rows"]
+        held += "; %s eviction kept %.0f %% of the token rows" % (evict, kept)
 
     def vs(n):
         return "n/a" if n is None else "%s = %.3f x fp16" % (_mb(n), n / fp16)
