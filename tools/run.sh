@@ -64,18 +64,22 @@ stage "daemon: $BUILD/bin/kvctl --config $CONFIG (endpoint $ENDPOINT)"
 STARTED=$(mktemp)
 "$BUILD/bin/kvctl" --config "$CONFIG" &
 DAEMON=$!
-trap 'kill -TERM $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true; rm -f "$STARTED"' EXIT
-for _ in $(seq 1 300); do
-  kill -0 $DAEMON 2>/dev/null || { echo "run.sh: kvctl exited at start (see its message above)" >&2; exit 1; }
+trap 'kill -TERM $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true; rm -f "$STARTED"' \
+  EXIT
+# A tcp endpoint has no file to wait for; ZeroMQ delivers the demo's HELLO once the daemon binds.
+for ((i = 0; i < 600; i++)); do
+  [[ $ENDPOINT == ipc://* ]] || break
+  kill -0 $DAEMON 2>/dev/null ||
+    { echo "run.sh: kvctl exited at start (see its message above)" >&2; exit 1; }
   [ -S "${ENDPOINT#ipc://}" ] && [ "${ENDPOINT#ipc://}" -nt "$STARTED" ] && break
-  [[ $ENDPOINT == ipc://* ]] || { sleep 1; break; }  # tcp: no socket file to wait for.
   sleep 0.1
 done
+[ "$i" -lt 600 ] || { echo "run.sh: no socket at ${ENDPOINT#ipc://} after 60 s" >&2; exit 1; }
 
 stage "demo: python3 -m kvctl.hf (model load, generation through kvctl, baseline)"
 # torch's OpenMP threads spin at every barrier by default: on a machine whose cores are busy with
-# other work, a spinning thread waits for one that is not scheduled, and a 2-thread SDPA decode
-# step got several times slower than 1 thread here. Passive waiting costs nothing when idle.
+# other work a spinning thread waits for one that is not scheduled (the baseline's 2-thread SDPA
+# sat in barrier waits for minutes here, seen with gdb). Passive waiting costs little when idle.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m kvctl.hf --endpoint "$ENDPOINT" "$@"
 kill -TERM $DAEMON

@@ -112,3 +112,27 @@ def test_model_cache_holds_the_gguf_weights_bit_for_bit(smollm2, tmp_path, monke
     assert torch.equal(ids, tok_b(PROMPT + " " + hf_common.TEXT, return_tensors="pt").input_ids)
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, cached(ids).logits)
+
+
+def test_command_line_send_queries_runs_an_rkv_daemon_and_explains_the_refusal(_shared_factory):
+    """`python3 -m kvctl.hf` as the README runs it: without --send-queries an R-KV daemon refuses
+    the sequence and the demo says which flag to add (exit 2); with it the demo runs and prints
+    its summary (exit 0)."""
+    import subprocess
+    import sys
+
+    daemon = _shared_factory(quant__method="fp16", budget__mode="evict-only",
+                             budget__token_fraction=0.5, evict__policy="rkv", evict__sinks=4,
+                             evict__window=8, evict__compression_period=8,
+                             pool__bytes="64MiB")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), OMP_WAIT_POLICY="PASSIVE")
+    cmd = [sys.executable, "-m", "kvctl.hf", "--endpoint", daemon.endpoint, "--prompt", PROMPT,
+           "--max-new-tokens", "3", "--no-baseline", "--threads", "1"]
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "q_heads" in refused.stderr and "--send-queries" in refused.stderr, refused.stderr
+    ran = subprocess.run(cmd + ["--send-queries"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "summary:" in ran.stdout and "pool pages reserved" in ran.stdout, ran.stdout
+    assert "queries sent" in ran.stdout
