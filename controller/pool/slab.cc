@@ -30,12 +30,13 @@ uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
     // Slot ids are uint32 on the wire; pool.bytes / page_bytes and the slot sizes keep them so.
     KVCTL_CHECK((uint64_t{page} + 1) * per_page_ <= uint64_t{UINT32_MAX} + 1);
     live_.emplace(page, 0);
+    ++empty_pages_;
     const uint32_t first = page * static_cast<uint32_t>(per_page_);
     for (uint32_t i = 0; i < per_page_; ++i) free_.insert(free_.end(), first + i);
   }
   const uint32_t id = *free_.begin();
   free_.erase(free_.begin());
-  ++live_.at(id / per_page_);
+  if (live_.at(id / per_page_)++ == 0) --empty_pages_;
   return id;
 }
 
@@ -43,7 +44,7 @@ void Slab::Give(uint32_t id) {
   auto page = live_.find(static_cast<uint32_t>(id / per_page_));
   KVCTL_CHECK(page != live_.end() && page->second > 0);
   KVCTL_CHECK(free_.insert(id).second);
-  --page->second;
+  if (--page->second == 0) ++empty_pages_;
 }
 
 uint8_t* Slab::MutableSlot(uint32_t id) {
@@ -54,6 +55,7 @@ uint8_t* Slab::MutableSlot(uint32_t id) {
 }
 
 void Slab::ReleaseEmptyPages(std::vector<uint32_t>* released) {
+  if (empty_pages_ == 0) return;  // The common case after a decode step: nothing to scan.
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->second > 0) {
       ++it;
@@ -67,7 +69,9 @@ void Slab::ReleaseEmptyPages(std::vector<uint32_t>* released) {
       KVCTL_CHECK(pool_->Free(it->first).ok());
     }
     it = live_.erase(it);
+    --empty_pages_;
   }
+  KVCTL_CHECK(empty_pages_ == 0);
 }
 
 size_t Slab::PagesAfterCompaction(size_t extra_free) const {
@@ -119,8 +123,8 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
       const uint32_t to = *free_.begin();
       free_.erase(free_.begin());
       std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
-      ++live_.at(to / per_page_);
-      --live_.at(id / per_page_);
+      if (live_.at(to / per_page_)++ == 0) --empty_pages_;
+      if (--live_.at(id / per_page_) == 0) ++empty_pages_;
       id = to;
       ++slots_moved_;
     }

@@ -101,6 +101,7 @@ class Slab {
   const size_t per_page_;
   const uint64_t page_bytes_;
   std::map<uint32_t, uint32_t> live_;  // Held page -> its live slots.
+  size_t empty_pages_ = 0;             // Held pages with no live slot (ReleaseEmptyPages' work).
   std::set<uint32_t> free_;            // Free slot ids of held pages; Take pops the lowest.
   std::set<SlotArray*> arrays_;        // Who holds ids (Compact rewrites them).
   uint64_t slots_moved_ = 0;

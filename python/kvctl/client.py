@@ -522,7 +522,11 @@ class Client:
         names in lower case ("server", "pool", "sequences", "layers", "heads", "policy", "ipc",
         "quality"; `section` "" = every section, else that one, case-insensitive). Values are
         ints, floats or strs; per-sequence, per-layer and per-head lines are dicts:
-        stats()["heads"]["head_3_1"]["k_bits"] is an int."""
+        stats()["heads"]["head_3_1"]["k_bits"] is an int. The "config" section is the daemon's
+        effective config as TOML, not fields: read it with stats_text("config")."""
+        if section.lower() == "config":
+            raise ValueError('stats: section "config" is TOML text, not fields; use '
+                             'stats_text("config") (and tomllib.loads) instead')
         sid = self._session.session_id if self._session else 0
         reply: p.StatsReply = self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
         return parse_info(reply.text)
