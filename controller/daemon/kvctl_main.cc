@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   std::vector<std::string> values(std::size(kFlags));
   app.add_option("--config", config_file,
-                 "TOML config file (default: the built-in defaults, identical to "
-                 "configs/default.toml)")
+                 "TOML config file (default: the built-in defaults; configs/default.toml "
+                 "differs from them only in the quantizer: KIVI 4-bit instead of KVarN 2-bit)")
       ->envname("KVCTL_CONFIG");
   app.add_option("--check-config", check_file,
                  "Validate FILE, print the effective config and exit 0 (valid) or 1");
