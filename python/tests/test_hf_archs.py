@@ -151,3 +151,36 @@ def test_lossless_teacher_forced_chunks_equal_dynamic_cache(name, archs_daemon):
     for pos in range(ids.shape[1]):
         assert torch.equal(got[pos], ref[pos]), \
             "position %d: max |diff| %g" % (pos, (got[pos] - ref[pos]).abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["llama-gqa8-d128", "gemma3-gqa2-d256-sliding"])
+def test_masked_path_with_nothing_visible_masked_matches_dynamic_cache(name, archs_daemon):
+    """The attention path for heads that miss positions (evicting daemons: hold_bias, GQA
+    folded into the query axis) under the model's masks. Every layer gets a hold bias after
+    the prefill (all held: the chunk step combines it with the causal and window masks); after
+    the chunk, sliding layers' biases also mask the rows their window has left (a wrong window
+    offset would hide visible rows). The logits must stay DynamicCache's, to rounding (SDPA
+    called in another shape)."""
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    model = build_model(name)
+    steps = [24, 12] + [1] * 8
+    ids = token_ids(sum(steps), seed=13)
+    ref = teacher_forced(model, DynamicCache(config=model.config), ids, steps)
+    got, at = [], 0
+    with KvctlCache(model, archs_daemon.endpoint) as cache, torch.no_grad():
+        for i, n in enumerate(steps):
+            got.append(model(ids[:, at:at + n], past_key_values=cache).logits[0])
+            at += n
+            if i == 0:
+                for layer in cache.layers:
+                    layer.hold_bias = torch.zeros(1, cache.kv_heads, 1, layer.buf_k.shape[2])
+            if i == 1:
+                # Lossless: no FETCH after the first one (step 1), which reset the biases.
+                assert cache.counters["fetches"] == 1
+                for layer in cache.layers:
+                    if layer.is_sliding:
+                        layer.hold_bias[..., :at - WINDOW + 1] = float("-inf")
+        assert cache.counters["fetches"] == 1
+    got = torch.cat(got)
+    assert (got - ref).abs().max().item() <= 1e-4
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
