@@ -193,6 +193,12 @@ class KvctlLayer(CacheLayerMixin):
             self.hold_bias = bias
 
     def update(self, key_states, value_states, cache_kwargs=None):
+        c = self.cache
+        if key_states.shape[1] != c.kv_heads or key_states.shape[3] != c.head_dim:
+            raise ValueError("KvctlCache: layer %d gave K/V with %d heads of head_dim %d, expected "
+                             "%d and %d (the config's; the daemon sequence has one geometry for "
+                             "every layer)" % (self.index, key_states.shape[1],
+                                               key_states.shape[3], c.kv_heads, c.head_dim))
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cache._before_update(self.index, key_states)

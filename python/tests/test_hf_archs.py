@@ -184,3 +184,20 @@ def test_masked_path_with_nothing_visible_masked_matches_dynamic_cache(name, arc
     got = torch.cat(got)
     assert (got - ref).abs().max().item() <= 1e-4
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_layers_of_another_geometry_or_type_are_refused(archs_daemon):
+    """One geometry per daemon sequence: K/V of another shape than the config says are refused
+    before anything is sent; so are layer types the cache cannot stand in for."""
+    model = build_model("llama-gqa8-d128")
+    wrong = transformers.LlamaConfig(**{**model.config.to_dict(), "head_dim": 64})
+    with KvctlCache(config=wrong, client=archs_daemon.endpoint) as cache:
+        with pytest.raises(ValueError, match="layer 0 gave K/V with 1 heads of head_dim 128, "
+                                             "expected 1 and 64"):
+            with torch.no_grad():
+                model(token_ids(8, seed=3), past_key_values=cache)
+        assert cache.appended == 0
+    hybrid = transformers.LlamaConfig(**model.config.to_dict())
+    hybrid.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(ValueError, match=r"layer_types\[1\] is 'linear_attention'"):
+        KvctlCache(config=hybrid, client=archs_daemon.endpoint)
