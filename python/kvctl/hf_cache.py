@@ -14,10 +14,14 @@ One step (layer l's update() runs right before layer l's attention):
   after its attention, hence the deferral to the next step or sync()); rows that may have
   changed beyond the ones appended are FETCHed (dense, all layers, one request per sequence).
 - every layer: the held rows sit in a buffer [batch, kv_heads, capacity, head_dim] indexed by
-  token position; the step's K/V are written after them and a prefix view is returned (no
-  copy of the history per step). Positions a head does not hold (eviction) are masked by the
-  registered attention function "kvctl"; with nothing masked it is transformers' own SDPA path
-  with the model's mask, so compression off reproduces DynamicCache.
+  token position; the step's K/V are written after them and a view is returned (no copy of
+  the history per step): every row, or for a sliding-window layer (layer_types, as
+  DynamicCache(config=...) builds them) the rows DynamicSlidingWindowLayer would return; the
+  daemon still holds every row of every layer. Positions a head does not hold (eviction) are
+  masked by the registered attention function "kvctl"; with nothing masked it is transformers'
+  own SDPA path with the masks SDPA would get (its mask function is registered for "kvctl"
+  too), so compression off reproduces DynamicCache (checked on Llama, Qwen2 and Gemma3 shapes:
+  python/tests/test_hf_archs.py).
 - Not refetching: a token's stored rows change only when a flush quantizes the tail (the APPEND
   reply's tokens_quantized moves) or eviction drops it. Otherwise an APPEND only adds the new
   rows, stored exactly (lossless) or rounded to fp16 (sink/tail rows of quantizing layers). The
@@ -25,7 +29,7 @@ One step (layer l's update() runs right before layer l's attention):
   until then, after flushes, and for evicting sequences (budget_mode in STATS, or fewer rows
   than appended) every step refetches. refetch="always" refetches every step (the reference).
 - attention="fused" (and "auto" from fused_min_tokens on, batch 1, when the extension is
-  built and the daemon quantizes): a decode step (one query token) does not touch the dense
+  built, the daemon quantizes and no layer slides): a decode step (one query token) does not touch the dense
   mirror. Layer 0
   APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
   page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
@@ -312,22 +316,15 @@ class KvctlCache(Cache):
                  timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True,
                  attention: str = "auto", fused_min_tokens: int = 2048):
         check_options(refetch, attention, fused_min_tokens)
+        config = take_attention(model, config)
+        self._read_geometry(config)
         # Whether decode steps may attend fused at all; "auto" also needs batch 1 and length.
-        self.fused_ok = fused_available(attention, model)
+        self.fused_ok = fused_available(attention, model, self.windows)
         self.attention = attention
         self.fused_min_tokens = fused_min_tokens
         self.fused_step = False  # This forward step attends fused (decode, attention="fused").
-        config = take_attention(model, config)
         clients, names, send_qs = per_element(client, model_name, send_q, model)
         self.attn_ours = model is not None
-        self._read_geometry(config)
-        if any(self.windows):
-            # The fused kernel attends to every held row; a sliding layer sees only its window.
-            if attention == "fused":
-                raise ValueError("attention=\"fused\": layers %s are sliding-window layers, "
-                                 "which fused decode does not restrict; use attention=\"dense\""
-                                 % [i for i, w in enumerate(self.windows) if w])
-            self.fused_ok = False
         self.batch = len(clients)
         self.send_q = any(send_qs)
         self.refetch = refetch

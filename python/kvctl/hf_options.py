@@ -68,9 +68,16 @@ def check_options(refetch: str, attention: str, fused_min_tokens: int) -> None:
                          % (fused_min_tokens,))
 
 
-def fused_available(attention: str, model) -> bool:
-    """Whether decode steps may attend fused: "fused" demands the model and the torch extension
-    (an error saying what is missing), "auto" takes the extension when it loads."""
+def fused_available(attention: str, model, windows: List[Optional[int]]) -> bool:
+    """Whether decode steps may attend fused: "fused" demands the model, the torch extension
+    and no sliding layers (an error saying what is missing), "auto" takes the extension when it
+    loads and no layer slides (the fused kernel attends to every held row, not a window)."""
+    sliding = [i for i, w in enumerate(windows) if w]
+    if sliding:
+        if attention == "fused":
+            raise ValueError("attention=\"fused\": layers %s are sliding-window layers, which "
+                             "fused decode does not restrict; use attention=\"dense\"" % sliding)
+        return False
     if attention == "fused":
         if model is None:
             raise ValueError("attention=\"fused\": needs the model (its attention calls the "

@@ -201,3 +201,6 @@ def test_layers_of_another_geometry_or_type_are_refused(archs_daemon):
     hybrid.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(ValueError, match=r"layer_types\[1\] is 'linear_attention'"):
         KvctlCache(config=hybrid, client=archs_daemon.endpoint)
+    gemma = build_model("gemma3-gqa8-d256-sliding")
+    with pytest.raises(ValueError, match=r"fused.*layers \[0\] are sliding-window layers"):
+        KvctlCache(gemma, archs_daemon.endpoint, attention="fused")
