@@ -297,8 +297,8 @@ class KvctlCache(Cache):
       decode steps (one query token) attend with the kvctl torch extension directly on the
       daemon's records (blocks FETCH, zero-copy PoolView of the pool) plus its sink/tail rows
       and the step's own K/V; prefill and multi-token steps stay dense. "fused" needs the model
-      and the extension (RuntimeError saying how to build it otherwise) and a daemon that
-      quantizes. "auto" decodes fused when all of those hold, the batch is one sequence (a
+      and the extension (RuntimeError saying how to build it otherwise), a daemon that
+      quantizes and a model without sliding-window layers. "auto" decodes fused when all of those hold, the batch is one sequence (a
       padded batch needs masks fused decode does not take) and at least fused_min_tokens
       tokens are held, else dense.
     fused_min_tokens: "auto" only: the context length from which decode steps go fused. The
