@@ -303,6 +303,7 @@ Status LayerMeasurer::MeasureWidth(size_t j, LayerSums& sums) {
       float* kh = &khat_[(b0 - q0_) * d_];
       float* vh = &vhat_[(b0 - q0_) * d_];
       DequantizeBlock(spec, record_.data(), norms, kh, vh);
+      if (o_.work != nullptr) ++o_.work->blocks_quantized;
       sse_k += SquaredDistance(in.k, kh, g * d_);
       sse_v += SquaredDistance(in.v, vh, g * d_);
     }
@@ -321,6 +322,7 @@ Status LayerMeasurer::MeasureWidth(size_t j, LayerSums& sums) {
         std::copy_n(&scores_[row * t_], n, s_hat.begin());
         for (int64_t t = q0_; t < qend; ++t) s_hat[t] = Dot(q, &khat_[(t - q0_) * d_], d_) * scale_;
         Softmax(s_hat.data(), n, w_hat_.data());
+        if (o_.work != nullptr) ++o_.work->attention_softmaxes;
         std::fill(delta_.begin(), delta_.end(), 0.0f);
         for (int64_t t = 0; t < n; ++t) {
           const float da = static_cast<float>(w_hat_[t] - w[t]);

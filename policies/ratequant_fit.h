@@ -61,6 +61,15 @@ struct CalibrationLayer {
 // differ. Queries are given for every (s, l) or for none.
 using CalibrationSet = std::vector<std::vector<CalibrationLayer>>;
 
+// What one FitRateQuant did, counted as it runs: the fit's cost is linear in these, and a test
+// bounds them exactly (one quantize + dequantize per (sequence, layer, head, width, full block
+// after the sinks), one attention-error softmax per (sequence, layer, width, probe, query head)),
+// so a fit that repeats work, or a planner loop inside it, fails a test instead of a stopwatch.
+struct RateQuantFitWork {
+  int64_t blocks_quantized = 0;     // QuantizeBlock + DequantizeBlock pairs (K and V of one block).
+  int64_t attention_softmaxes = 0;  // Softmaxes of the K-quantized attention error.
+};
+
 struct RateQuantFitOptions {
   QuantMethod method = QuantMethod::kKivi;
   std::vector<int> bits = {2, 3, 4, 8};  // Ascending, each allowed by the method.
@@ -72,8 +81,9 @@ struct RateQuantFitOptions {
   DistortionTarget target = DistortionTarget::kMse;      // kAttention needs queries.
   ImportanceMode importance = ImportanceMode::kUniform;  // kAttention needs queries.
   bool per_kind_beta = false;
-  bool measure_attention = true;  // With queries, also record attention errors (for scoring).
-  int probe_queries = 8;          // Probe positions per sequence for attention and importance.
+  bool measure_attention = true;     // With queries, also record attention errors (for scoring).
+  int probe_queries = 8;             // Probe positions per sequence for attention and importance.
+  RateQuantFitWork* work = nullptr;  // When set, receives the work counts (added to it).
 };
 
 // Runs the quantizer at every width on every unit and fits the model. INVALID_ARGUMENT naming

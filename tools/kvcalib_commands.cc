@@ -153,6 +153,7 @@ StatusOr<FitResult> RunFit(const FitCommandOptions& o) {
                            "/layer_0, expected queries for the layer demand (or pass --no-demand)");
   }
   KVCTL_ASSIGN_OR_RETURN(RateQuantFitOptions fit_options, MakeFitOptions(o, data.has_queries()));
+  fit_options.work = &r.work;
   t0 = Clock::now();
   StatusOr<RateQuantFit> fit = FitRateQuant(data.set, fit_options);
   if (!fit.ok()) return AnnotateSequence(fit.status(), data.sources);
@@ -206,6 +207,9 @@ int RunFitCommand(const FitCommandOptions& o, std::FILE* out, std::FILE* err) {
   } else {
     s << "reasonalloc: skipped (--no-demand)\n";
   }
+  s << "work: " << r->work.blocks_quantized << " blocks quantized and dequantized ("
+    << f.bits.size() << " widths), " << r->work.attention_softmaxes
+    << " attention-error softmaxes\n";
   if (!o.out.empty()) s << "wrote " << o.out << "\n";
   const FitTimings& t = r->timings;
   std::snprintf(line, sizeof line,

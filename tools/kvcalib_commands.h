@@ -60,6 +60,7 @@ struct FitResult {
   FitTimings timings;
   std::string source;  // What the data was, for the report.
   int q_heads = 0;
+  RateQuantFitWork work;  // What FitRateQuant did (blocks quantized, softmaxes).
 };
 
 // Loads or generates the data, fits, computes the demand. Errors name the flag or file; errors

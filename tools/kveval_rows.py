@@ -202,23 +202,18 @@ def pressure_settings(row: Row, tokens: int, layers: int, kv_heads: int,
                        PRESSURE_STAGING_SLOTS, PRESSURE_STAGING_BYTES >> 10)}
 
 
-def stats_entity(value) -> Dict[str, str]:
-    """One STATS entity line's value ("tokens=350,k_bits=2,...") as a dict of strings."""
-    return dict(item.split("=", 1) for item in str(value).split(",") if "=" in item)
-
-
 def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> Dict[str, float]:
     """Mean K and V code widths over heads, head width lowerings, the reliefs (APPENDs relieved)
-    and the reliefs that cut token caps (joint sequences), from the STATS heads and sequences sections of a daemon holding one
+    and the reliefs that cut token caps (joint sequences), from the STATS heads and sequences
+    sections (as kvctl.parse_info gives them: entity lines are dicts) of a daemon holding one
     sequence."""
     k_bits, v_bits, lowerings = [], [], 0
-    for name, value in heads.items():
+    for name, entry in heads.items():
         if name.startswith("head_"):
-            entry = stats_entity(value)
             k_bits.append(float(entry["k_bits"]))
             v_bits.append(float(entry["v_bits"]))
             lowerings += int(entry.get("width_lowerings", 0))
-    seqs = [stats_entity(value) for name, value in sequences.items() if name.startswith("seq_")]
+    seqs = [entry for name, entry in sequences.items() if name.startswith("seq_")]
     reliefs = sum(int(s.get("pressure_reliefs", 0)) for s in seqs)
     cap_cuts = sum(int(s.get("pressure_cap_cuts", 0)) for s in seqs)
     if not k_bits:

@@ -2,7 +2,8 @@
 //
 // kvtop: live terminal monitor of a kvctl daemon (docs/stats.md). Full screen, it follows the
 // daemon's stats PUB stream; `--once` prints one snapshot fetched with a STATS request (plain text,
-// or JSON with --json) and exits, for scripts.
+// or JSON with --json) and exits, for scripts. `--config FILE` reads both endpoints from the
+// daemon's own config file.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <string>
 
+#include "common/file_util.h"
+#include "controller/config/config.h"
 #include "ipc/client.h"
 #include "tools/kvtop_render.h"
 #include "tools/kvtop_stats.h"
@@ -43,6 +46,17 @@ int Once(const std::string& endpoint, int timeout_ms, bool json, int width) {
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
+// The [server] endpoints of the daemon's config `file`, with the KVCTL_* environment applied on
+// top as the daemon applies it. Only the keys are checked, not the cross-key rules, so a relative
+// budget.profile path does not stop kvtop from starting in another directory.
+kvctl::StatusOr<kvctl::ServerConfig> ServerOf(const std::string& file) {
+  KVCTL_ASSIGN_OR_RETURN(std::string text, kvctl::ReadWholeFile(file, "the config file"));
+  kvctl::Config config;
+  KVCTL_RETURN_IF_ERROR(kvctl::ApplyToml(config, text, file));
+  KVCTL_RETURN_IF_ERROR(kvctl::ApplyEnvOverrides(config, kvctl::SystemEnv));
+  return config.server;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,6 +66,7 @@ int main(int argc, char** argv) {
       "arrows or l layer, p pause."};
   std::string stats_endpoint = "ipc:///tmp/kvctl-stats.sock";
   std::string endpoint = "ipc:///tmp/kvctl.sock";
+  std::string config_file;
   bool once = false, json = false, no_color = false;
   int timeout_ms = 2000, width = 100;
   app.add_option("--stats-endpoint", stats_endpoint,
@@ -64,6 +79,10 @@ int main(int argc, char** argv) {
                  "when the stats stream is silent")
       ->envname("KVCTL_SERVER_ENDPOINT")
       ->capture_default_str();
+  app.add_option("--config", config_file,
+                 "The daemon's TOML config file: --stats-endpoint and --endpoint default to its "
+                 "server.stats_endpoint and server.endpoint (KVCTL_* applied as the daemon does)")
+      ->envname("KVCTL_CONFIG");
   app.add_flag("--once", once, "Print one snapshot (a STATS request on --endpoint) and exit");
   app.add_flag("--json", json, "With --once: print the stats as JSON (sections -> fields)")
       ->needs(app.get_option("--once"));
@@ -75,6 +94,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(40, 1000))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!config_file.empty()) {
+    // An endpoint flag on the command line wins; one CLI11 took from KVCTL_* equals the config's.
+    kvctl::StatusOr<kvctl::ServerConfig> server = ServerOf(config_file);
+    if (!server.ok()) {
+      std::fprintf(stderr, "kvtop: --config: %s\n", server.status().message().c_str());
+      return 1;
+    }
+    if (app.get_option("--endpoint")->count() == 0) endpoint = server->endpoint;
+    if (app.get_option("--stats-endpoint")->count() == 0) stats_endpoint = server->stats_endpoint;
+  }
 
   if (once) return Once(endpoint, timeout_ms, json, width);
   if (!isatty(STDOUT_FILENO) || !isatty(STDIN_FILENO)) {

@@ -209,7 +209,7 @@ StatusOr<ModelConfig> ParseModel(const toml::table& t, std::string_view origin) 
   return m;
 }
 
-// [server], [pool] or [quant] (whose "override" key holds [[quant.override]]).
+// One of kSections ([quant]'s "override" key holds [[quant.override]]).
 Status ApplySection(Config& c, std::string_view section, const toml::table& t,
                     std::string_view origin) {
   const ConfigScope scope = section == "quant" ? ConfigScope::kQuant : ConfigScope::kGlobal;
@@ -291,20 +291,34 @@ std::string ModelLabel(const ModelConfig* m) {
 }
 
 // Load-time check of one scope. head_dim is not known until HELLO, so the spec is built at a
-// head_dim every group setting divides (v_group_channels itself when set, else 128); HELLO
+// head_dim every group setting divides (v_group_channels itself when set, else 128), once
+// v_group_channels has been checked on its own: no error names a head_dim nobody gave. HELLO
 // re-checks with the real one.
 Status ValidateQuantScope(const Config& c, const ModelConfig* m) {
   const QuantSettings s = EffectiveQuantSettings(c, m);
-  const int probe = UsesGroups(s.method) && s.v_group_channels != 0 ? s.v_group_channels : 128;
   const std::string label = ModelLabel(m);
-  const std::string probe_note = probe == 128
-                                     ? " (checked at load with head_dim 128)"
-                                     : StrCat(" (checked at load with head_dim ", probe,
-                                              ", the smallest one v_group_channels divides)");
   const auto fail = [&](std::string_view where, const Status& st) {
-    // INVALID_ARGUMENT whatever the registry said: it is the file that is wrong.
-    return InvalidArgument(label, where, ": ", st.message(), probe_note);
+    // INVALID_ARGUMENT whatever the registry said: it is the file that is wrong. [quant]'s own
+    // keys read as written ("quant.k_bits: got 5, ..."); a model or override says which one.
+    const bool key = m == nullptr && where.empty();
+    return InvalidArgument(label, where, key ? "." : ": ", st.message());
   };
+  int probe = 128;
+  if (UsesGroups(s.method) && s.v_group_channels != 0) {
+    const int vg = s.v_group_channels;
+    const MethodTraits& traits = TraitsOf(s.method);
+    if (traits.rotates && (!std::has_single_bit(static_cast<unsigned>(vg)) || vg < 8 || vg > 256)) {
+      return fail("", InvalidArgument("v_group_channels: got ", vg,
+                                      ", expected a power of two in 8..256 for ", traits.name,
+                                      " (it divides head_dim, which the Hadamard rotation needs "
+                                      "to be a power of two <= 256)"));
+    }
+    if (vg < 8 || vg % 8 != 0) {
+      return fail("", InvalidArgument("v_group_channels: got ", vg,
+                                      ", expected a multiple of 8 (it divides head_dim)"));
+    }
+    probe = vg;
+  }
   StatusOr<QuantSpec> spec = BuildSpec(s, nullptr, probe);
   if (!spec.ok()) return fail("", spec.status());
   StatusOr<StreamingRules> rules = BuildRules(s, *spec);
@@ -387,7 +401,8 @@ Status ApplyOverride(Config& config, std::string_view key, std::string_view valu
   if (o->scope != ConfigScope::kGlobal && o->scope != ConfigScope::kQuant) {
     return InvalidArgument(key,
                            ": a key of an array of tables; set it in the config file "
-                           "(only [server], [pool] and [quant] keys can be overridden)");
+                           "(only keys of [server], [pool], [quant], [budget], [evict] and "
+                           "[limits] can be overridden)");
   }
   KVCTL_ASSIGN_OR_RETURN(ConfigValue v, ParseConfigValue(*o, value));
   SetGlobal(config, *o, v, source);
@@ -469,7 +484,9 @@ Status ValidateConfig(const Config& c) {
 StatusOr<std::string> GetConfigValueText(const Config& config, std::string_view key) {
   const ConfigOption* o = FindConfigOption(key);
   if (o == nullptr || (o->scope != ConfigScope::kGlobal && o->scope != ConfigScope::kQuant)) {
-    return NotFound(key, ": not a [server], [pool] or [quant] key");
+    return NotFound(key,
+                    ": not a key of [server], [pool], [quant], [budget], [evict] or "
+                    "[limits]");
   }
   const void* obj =
       o->scope == ConfigScope::kGlobal ? static_cast<const void*>(&config) : &config.quant;
@@ -525,14 +542,96 @@ std::string PrintConfig(const Config& c) {
   return out.str();
 }
 
+namespace {
+
+std::string InlineOverrides(const std::vector<QuantOverride>& list) {
+  std::string out = "[";
+  for (const QuantOverride& ov : list) {
+    out += out.size() > 1 ? ", {" : "{";
+    bool first = true;
+    for (const ConfigOption& o : ConfigSchema()) {
+      if (o.scope != ConfigScope::kOverride) continue;
+      out += StrCat(first ? "" : ", ", o.short_key(), " = ", FormatConfigValue(o, o.get(&ov)));
+      first = false;
+    }
+    out += "}";
+  }
+  return out + "]";
+}
+
+// A [[model]] table as one line of inline TOML: its name, the [quant] keys it sets, its overrides.
+std::string InlineModel(const ModelConfig& m) {
+  const ConfigOption* name = FindConfigOption("model.name");
+  std::string out = StrCat("{name = ", FormatConfigValue(*name, name->get(&m)));
+  for (const std::string& key : m.quant_keys) {
+    const ConfigOption* o = FindConfigOption("quant." + key);
+    out += StrCat(", ", key, " = ", FormatConfigValue(*o, o->get(&m.quant)));
+  }
+  if (m.overrides) out += StrCat(", override = ", InlineOverrides(*m.overrides));
+  return out + "}";
+}
+
+const ModelConfig* ModelNamed(const std::vector<ModelConfig>& models, const std::string& name) {
+  for (const ModelConfig& m : models) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view ReloadTiming(std::string_view key) {
+  const ConfigOption* o = FindConfigOption(key);
+  if (o != nullptr && (o->flags & kImmutable)) return "";
+  if (key == "server.log_level") return "applies now";
+  if (key == "server.lease_ms") return "applies now to every session's lease";
+  if (key == "server.stats_interval_ms") return "applies from the next publish";
+  if (key.starts_with("limits.")) return "applies to requests from now";
+  // [quant], [budget], [evict], quality sampling, overrides and models shape a sequence when it
+  // is opened; stored records keep what they were written with.
+  return "applies to sequences opened from now";
+}
+
+std::vector<ConfigChange> DiffConfig(const Config& old, const Config& neu) {
+  std::vector<ConfigChange> changes;
+  const auto add = [&](std::string key, std::string a, std::string b, bool restart) {
+    std::string_view applies = ReloadTiming(key);
+    changes.push_back({std::move(key), std::move(a), std::move(b), restart, applies});
+  };
+  for (const ConfigOption& o : ConfigSchema()) {
+    if (o.scope != ConfigScope::kGlobal && o.scope != ConfigScope::kQuant) continue;
+    const ConfigValue a =
+        o.get(o.scope == ConfigScope::kGlobal ? static_cast<const void*>(&old) : &old.quant);
+    const ConfigValue b =
+        o.get(o.scope == ConfigScope::kGlobal ? static_cast<const void*>(&neu) : &neu.quant);
+    if (a == b) continue;
+    add(o.key, FormatConfigValue(o, a), FormatConfigValue(o, b), (o.flags & kImmutable) != 0);
+  }
+  if (old.quant_overrides != neu.quant_overrides) {
+    add("quant.override", InlineOverrides(old.quant_overrides),
+        InlineOverrides(neu.quant_overrides), false);
+  }
+  std::vector<std::string> names;
+  for (const ModelConfig& m : old.models) names.push_back(m.name);
+  for (const ModelConfig& m : neu.models) {
+    if (ModelNamed(old.models, m.name) == nullptr) names.push_back(m.name);
+  }
+  for (const std::string& name : names) {
+    const ModelConfig* a = ModelNamed(old.models, name);
+    const ModelConfig* b = ModelNamed(neu.models, name);
+    if (a != nullptr && b != nullptr && *a == *b) continue;
+    add(StrCat("model \"", name, "\""), a ? InlineModel(*a) : "none", b ? InlineModel(*b) : "none",
+        false);
+  }
+  return changes;
+}
+
 Status CheckReload(const Config& old, const Config& neu) {
   std::string refused;
-  for (const ConfigOption& o : ConfigSchema()) {
-    if (!(o.flags & kImmutable)) continue;
-    const ConfigValue a = o.get(&old), b = o.get(&neu);
-    if (a == b) continue;
-    refused += StrCat(refused.empty() ? "" : "; ", o.key, ": cannot change on reload (",
-                      FormatConfigValue(o, a), " -> ", FormatConfigValue(o, b), ")");
+  for (const ConfigChange& c : DiffConfig(old, neu)) {
+    if (!c.needs_restart) continue;
+    refused += StrCat(refused.empty() ? "" : "; ", c.key, ": cannot change on reload (",
+                      c.old_value, " -> ", c.new_value, ")");
   }
   if (refused.empty()) return OkStatus();
   return FailedPrecondition(refused, "; restart the daemon to change it");

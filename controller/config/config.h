@@ -247,10 +247,11 @@ StatusOr<Config> LoadConfig(const ConfigLoadOptions& options);
 // Applies a TOML document on top of `config` (source kFile). `origin` names it in errors
 // ("configs/x.toml:3:9: pool.bytes: got ..."). Unknown keys and bad values are errors.
 Status ApplyToml(Config& config, std::string_view toml_text, std::string_view origin);
-// Applies the env mirror of every [server]/[pool]/[quant] key that `env` reports set and non-empty.
+// Applies the env mirror of every [server] ... [limits] key that `env` reports set and non-empty.
 Status ApplyEnvOverrides(Config& config, const EnvLookup& env);
-// Sets [server]/[pool]/[quant] `key` from text. Validated even when `source` is below the key's
-// current source, in which case the value is left alone (precedence CLI > env > file > default).
+// Sets a [server], [pool], [quant], [budget], [evict] or [limits] `key` from text. Validated even
+// when `source` is below the key's current source, in which case the value is left alone
+// (precedence CLI > env > file > default).
 Status ApplyOverride(Config& config, std::string_view key, std::string_view value,
                      ConfigSource source);
 
@@ -259,7 +260,7 @@ Status ApplyOverride(Config& config, std::string_view key, std::string_view valu
 // by ResolveQuantSpec, when a client names its model).
 Status ValidateConfig(const Config& config);
 
-// The current value of a [server]/[pool]/[quant] key as TOML text ("\"256MiB\"", "2").
+// The current value of a [server] ... [limits] key as TOML text ("\"256MiB\"", "2").
 StatusOr<std::string> GetConfigValueText(const Config& config, std::string_view key);
 // The effective config as a loadable TOML document; each value ends with "# <source>".
 std::string PrintConfig(const Config& config);
@@ -267,6 +268,22 @@ std::string PrintConfig(const Config& config);
 // OK if `neu` may replace `old` on SIGHUP; FAILED_PRECONDITION naming every immutable key that
 // differs ("pool.bytes: cannot change on reload (256MiB -> 1GiB); restart the daemon").
 Status CheckReload(const Config& old, const Config& neu);
+
+// One value a reload would change, for the daemon's log ("reload: quant.k_bits 2 -> 4 (applies
+// to sequences opened from now)").
+struct ConfigChange {
+  std::string key;        // "quant.k_bits"; "quant.override" (the whole list); "model \"m\"".
+  std::string old_value;  // TOML text ("2", "\"kivi\"", an inline table or array); "none".
+  std::string new_value;
+  bool needs_restart = false;  // A kImmutable key: a reload that changes it is refused.
+  std::string_view applies;    // When the new value takes effect ("applies now", ...).
+  bool operator==(const ConfigChange&) const = default;
+};
+// Every difference between `old` and `neu`: the keys of [server] ... [limits] in schema order,
+// then the [[quant.override]] list, then each [[model]] table by name (added, removed or changed).
+std::vector<ConfigChange> DiffConfig(const Config& old, const Config& neu);
+// When a reloaded value of `key` takes effect; "" for keys that cannot change on reload.
+std::string_view ReloadTiming(std::string_view key);
 
 // ---- Quantizer resolution ---------------------------------------------------------------------
 

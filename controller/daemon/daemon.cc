@@ -1,10 +1,13 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/daemon/daemon.h"
 
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -12,10 +15,13 @@
 #include <boost/asio/thread_pool.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <zmq.hpp>
 
 #include "controller/daemon/http_server.h"
+#include "controller/daemon/sd_notify.h"
 #include "controller/service/dispatch.h"
 #include "controller/service/scrubber.h"
 #include "controller/stats/metrics.h"
@@ -76,6 +82,52 @@ spdlog::level::level_enum SpdLevel(LogLevel level) {
   return spdlog::level::info;
 }
 
+// journald's priority prefix (sd-daemon(3): "<6>" = info), so `journalctl -p warning` works.
+class SyslogPriorityFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    std::string_view prefix = "<6>";
+    if (msg.level <= spdlog::level::debug) prefix = "<7>";
+    if (msg.level == spdlog::level::warn) prefix = "<4>";
+    if (msg.level == spdlog::level::err) prefix = "<3>";
+    if (msg.level == spdlog::level::critical) prefix = "<2>";
+    dest.append(prefix.data(), prefix.data() + prefix.size());
+  }
+  std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
+    return std::make_unique<SyslogPriorityFlag>();
+  }
+};
+
+// Whether stderr is the journal's stream: systemd sets JOURNAL_STREAM to its "device:inode".
+bool StderrIsJournal() {
+  const char* stream = std::getenv("JOURNAL_STREAM");
+  struct stat st;
+  if (stream == nullptr || fstat(STDERR_FILENO, &st) != 0) return false;
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) == stream;
+}
+
+// One line per event on stderr, never stdout (which --print-config and --dump-stats own). Under
+// systemd the journal adds the time, so lines carry only a priority prefix and the level.
+void LogToStderr() {
+  auto logger =
+      std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  if (StderrIsJournal()) {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<SyslogPriorityFlag>('*').set_pattern("%*[%l] %v");
+    logger->set_formatter(std::move(formatter));
+  }
+  spdlog::set_default_logger(std::move(logger));
+}
+
+// Tells the service manager (if any) about a state change; a manager that cannot be told is
+// logged once, and the daemon goes on serving.
+void Notify(const std::string& state) {
+  static std::atomic<bool> warned{false};
+  const Status s = SdNotify(state);
+  if (!s.ok() && !warned.exchange(true)) spdlog::warn("sd_notify: {}", s.message());
+}
+
 std::chrono::milliseconds LeaseTick(const Config& config) {
   const int lease = config.server.lease_ms > 0 ? config.server.lease_ms : 1000;
   return std::chrono::milliseconds(std::clamp(lease / 4, 20, 1000));
@@ -84,6 +136,7 @@ std::chrono::milliseconds LeaseTick(const Config& config) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config, ConfigLoadOptions reload) {
+  LogToStderr();
   spdlog::set_level(SpdLevel(config.server.log_level));
   KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(config));
   ipc::ServerOptions options;
@@ -146,18 +199,38 @@ void Daemon::Handle(ipc::Request request, ipc::Responder responder) {
 }
 
 void Daemon::Reload() {
+  Notify(SdReloadingState());
+  std::vector<ConfigChange> changes;
   StatusOr<Config> config = LoadConfig(reload_);
-  if (!config.ok()) {
-    spdlog::error("SIGHUP: config not reloaded: {}", config.status().message());
-    return;
+  const Status s = config.ok() ? controller_->Reload(*config, &changes) : config.status();
+  const bool restart_needed = std::any_of(changes.begin(), changes.end(),
+                                          [](const ConfigChange& c) { return c.needs_restart; });
+  // One line per changed key, with its old and new value and when it takes effect.
+  if (s.ok()) {
+    if (changes.empty()) spdlog::info("reload: no change");
+    for (const ConfigChange& c : changes) {
+      spdlog::info("reload: {} {} -> {} ({})", c.key, c.old_value, c.new_value, c.applies);
+    }
+    spdlog::set_level(SpdLevel(config->server.log_level));
+  } else if (restart_needed) {
+    for (const ConfigChange& c : changes) {
+      if (c.needs_restart) {
+        spdlog::error(
+            "reload: refused: {} {} -> {} (fixed while the daemon runs; restart it to "
+            "change this key)",
+            c.key, c.old_value, c.new_value);
+      } else {
+        spdlog::warn("reload: not applied: {} {} -> {} (the reload was refused)", c.key,
+                     c.old_value, c.new_value);
+      }
+    }
+    spdlog::error("reload: refused; still serving with the previous config");
+  } else {
+    spdlog::error("reload: refused; still serving with the previous config: {}", s.message());
   }
-  Status s = controller_->Reload(*config);
-  if (!s.ok()) {
-    spdlog::error("SIGHUP: config not reloaded: {}", s.message());
-    return;
-  }
-  spdlog::set_level(SpdLevel(config->server.log_level));
-  spdlog::info("SIGHUP: config reloaded; quantizer settings apply to sequences opened from now on");
+  Notify(internal::StrCat(
+      "READY=1\nSTATUS=serving on ", server_->endpoint(), "; last reload ",
+      s.ok() ? internal::StrCat(changes.size(), " key(s) changed") : std::string("refused")));
 }
 
 Status Daemon::StartStatsPublisher(const Config& config) {
@@ -196,9 +269,8 @@ Status Daemon::StartStatsPublisher(const Config& config) {
                                 ": ", std::strerror(errno));
     }
   }
-  const auto period = std::chrono::milliseconds(config.server.stats_interval_ms);
   auto publish = std::make_shared<std::function<void(const boost::system::error_code&)>>();
-  *publish = [this, period, publish](const boost::system::error_code& ec) {
+  *publish = [this, publish](const boost::system::error_code& ec) {
     if (ec) return;
     // Built and sent on the stats thread (the only user of the PUB socket), so neither the signal
     // and lease loop nor the request socket waits for it; a report still being built when the
@@ -215,12 +287,14 @@ Status Daemon::StartStatsPublisher(const Config& config) {
         impl_->publishing.store(false);
       });
     }
-    impl_->stats_timer.expires_after(period);
+    // Read every period, so a reloaded server.stats_interval_ms applies from the next publish.
+    impl_->stats_timer.expires_after(
+        std::chrono::milliseconds(controller_->config().server.stats_interval_ms));
     impl_->stats_timer.async_wait(*publish);
   };
   impl.stats_timer.expires_after(std::chrono::milliseconds(0));
   impl.stats_timer.async_wait(*publish);
-  spdlog::info("stats published on {} every {} ms", endpoint, period.count());
+  spdlog::info("stats published on {} every {} ms", endpoint, config.server.stats_interval_ms);
   return OkStatus();
 }
 
@@ -290,7 +364,9 @@ int Daemon::Run() {
                  server_->endpoint(), config.pool.bytes, controller_->shm_name());
   }
   std::unique_ptr<Scrubber> scrubber = Scrubber::Start(config.pool, controller_.get());
+  Notify("READY=1\nSTATUS=serving on " + server_->endpoint());
   impl.io.run();
+  Notify("STOPPING=1");
 
   scrubber.reset();
   impl.http.reset();

@@ -9,7 +9,9 @@
 //
 // Operators see the same stats three ways: the STATS request, a ZeroMQ PUB stream
 // (server.stats_endpoint, topic "stats", one frame of INFO text) and, when server.http_address is
-// set, Prometheus /metrics and /healthz over loopback HTTP.
+// set, Prometheus /metrics and /healthz over loopback HTTP. The daemon logs one line per event on
+// stderr (a SIGHUP logs each changed key with its old and new value) and tells a service manager
+// READY=1, RELOADING=1 / READY=1 around a reload and STOPPING=1 (sd_notify.h); docs/operations.md.
 //
 // Stop order: stop reading requests, answer those in flight, join the workers, free every
 // sequence and the shm pool, remove the socket file.

@@ -1,7 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// kvctl: the KV-cache memory daemon. Flags override the TOML file; each flag has a KVCTL_*
-// environment mirror (configs/README.md lists every key); precedence CLI > env > file > default.
+// kvctl: the KV-cache memory daemon, in the foreground, logging one line per event on stderr
+// (docs/operations.md). Flags override the TOML file; each flag has a KVCTL_* environment mirror
+// (configs/README.md lists every key); precedence CLI > env > file > default.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -10,6 +11,7 @@
 
 #include "controller/config/config.h"
 #include "controller/daemon/daemon.h"
+#include "controller/daemon/dump_stats.h"
 #include "controller/service/controller.h"
 
 namespace {
@@ -34,7 +36,8 @@ int main(int argc, char** argv) {
       "kvctl: keeps the KV cache of LLM engines inside a byte budget (quantization and "
       "eviction per layer and KV head), served over ZeroMQ."};
   std::string config_file, check_file;
-  bool print_config = false, version = false;
+  bool print_config = false, version = false, dump_stats = false;
+  int timeout_ms = 5000;
   std::vector<std::string> sets;
   std::vector<std::string> values(std::size(kFlags));
   app.add_option("--config", config_file,
@@ -45,6 +48,14 @@ int main(int argc, char** argv) {
                  "Validate FILE, print the effective config and exit 0 (valid) or 1");
   app.add_flag("--print-config", print_config, "Print the effective config and exit");
   app.add_flag("--version", version, "Print the version and exit");
+  app.add_flag("--dump-stats", dump_stats,
+               "Ask the running daemon on server.endpoint (as --config, --set and KVCTL_* give "
+               "it) for its version, effective config and one STATS snapshot, print them and "
+               "exit (for support)");
+  app.add_option("--timeout-ms", timeout_ms, "How long --dump-stats waits for the daemon")
+      ->check(CLI::Range(1, 600000))
+      ->capture_default_str()
+      ->needs(app.get_option("--dump-stats"));
   for (size_t i = 0; i < std::size(kFlags); ++i) {
     const kvctl::ConfigOption* option = kvctl::FindConfigOption(kFlags[i].key);
     std::string help = std::string("Sets ") + kFlags[i].key;
@@ -78,6 +89,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvctl: %s\n", config.status().message().c_str());
     return 1;
   }
+  if (dump_stats) return kvctl::DumpStats(*config, timeout_ms, stdout, stderr);
   if (!check_file.empty() || print_config) {
     std::cout << kvctl::PrintConfig(*config);
     if (!check_file.empty()) std::fprintf(stderr, "kvctl: %s is valid\n", check_file.c_str());

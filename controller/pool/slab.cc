@@ -19,31 +19,51 @@ Slab::Slab(PageAllocator* pool, size_t slot_bytes)
 
 Slab::~Slab() {
   KVCTL_CHECK(arrays_.empty());
-  for (const auto& [page, live] : live_) KVCTL_CHECK(pool_->Free(page).ok());
+  for (const auto& [page, slots] : pages_) KVCTL_CHECK(pool_->Free(page).ok());
+}
+
+uint32_t Slab::TakeFrom(uint32_t page) {
+  PageSlots& p = pages_.at(page);
+  size_t word = 0;
+  while (p.free_bits[word] == 0) ++word;
+  const size_t index = word * 64 + static_cast<size_t>(__builtin_ctzll(p.free_bits[word]));
+  p.free_bits[word] &= p.free_bits[word] - 1;
+  if (p.live++ == 0) --empty_pages_;
+  --free_count_;
+  if (p.live == per_page_) with_free_.erase(page);
+  return page * static_cast<uint32_t>(per_page_) + static_cast<uint32_t>(index);
 }
 
 uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
-  if (free_.empty()) {
+  if (with_free_.empty()) {
     KVCTL_CHECK(reserved != nullptr && !reserved->empty());
     const uint32_t page = reserved->back();
     reserved->pop_back();
     // Slot ids are uint32 on the wire; pool.bytes / page_bytes and the slot sizes keep them so.
     KVCTL_CHECK((uint64_t{page} + 1) * per_page_ <= uint64_t{UINT32_MAX} + 1);
-    live_.emplace(page, 0);
-    const uint32_t first = page * static_cast<uint32_t>(per_page_);
-    for (uint32_t i = 0; i < per_page_; ++i) free_.insert(free_.end(), first + i);
+    PageSlots slots;
+    slots.free_bits.assign((per_page_ + 63) / 64, ~uint64_t{0});
+    if (per_page_ % 64 != 0) slots.free_bits.back() = (uint64_t{1} << (per_page_ % 64)) - 1;
+    pages_.emplace(page, std::move(slots));
+    with_free_.insert(page);
+    free_count_ += per_page_;
+    ++empty_pages_;
   }
-  const uint32_t id = *free_.begin();
-  free_.erase(free_.begin());
-  ++live_.at(id / per_page_);
-  return id;
+  return TakeFrom(*with_free_.begin());
 }
 
 void Slab::Give(uint32_t id) {
-  auto page = live_.find(static_cast<uint32_t>(id / per_page_));
-  KVCTL_CHECK(page != live_.end() && page->second > 0);
-  KVCTL_CHECK(free_.insert(id).second);
-  --page->second;
+  const uint32_t page = static_cast<uint32_t>(id / per_page_);
+  const size_t index = id % per_page_;
+  auto it = pages_.find(page);
+  KVCTL_CHECK(it != pages_.end() && it->second.live > 0);
+  uint64_t& word = it->second.free_bits[index / 64];
+  const uint64_t bit = uint64_t{1} << (index % 64);
+  KVCTL_CHECK((word & bit) == 0);
+  word |= bit;
+  if (--it->second.live == 0) ++empty_pages_;
+  ++free_count_;
+  with_free_.insert(page);
 }
 
 uint8_t* Slab::MutableSlot(uint32_t id) {
@@ -54,20 +74,23 @@ uint8_t* Slab::MutableSlot(uint32_t id) {
 }
 
 void Slab::ReleaseEmptyPages(std::vector<uint32_t>* released) {
-  for (auto it = live_.begin(); it != live_.end();) {
-    if (it->second > 0) {
+  if (empty_pages_ == 0) return;  // The common case after a decode step: nothing to scan.
+  for (auto it = pages_.begin(); it != pages_.end();) {
+    if (it->second.live > 0) {
       ++it;
       continue;
     }
-    const uint32_t first = it->first * static_cast<uint32_t>(per_page_);
-    free_.erase(free_.lower_bound(first), free_.lower_bound(first + per_page_));
+    with_free_.erase(it->first);
+    free_count_ -= per_page_;
     if (released != nullptr) {
       released->push_back(it->first);
     } else {
       KVCTL_CHECK(pool_->Free(it->first).ok());
     }
-    it = live_.erase(it);
+    it = pages_.erase(it);
+    --empty_pages_;
   }
+  KVCTL_CHECK(empty_pages_ == 0);
 }
 
 size_t Slab::PagesAfterCompaction(size_t extra_free) const {
@@ -77,11 +100,11 @@ size_t Slab::PagesAfterCompaction(size_t extra_free) const {
 
 std::vector<uint32_t> Slab::PickVictims() const {
   std::vector<std::pair<uint32_t, uint32_t>> by_live;  // (live slots, page)
-  by_live.reserve(live_.size());
-  for (const auto& [page, live] : live_) by_live.emplace_back(live, page);
+  by_live.reserve(pages_.size());
+  for (const auto& [page, slots] : pages_) by_live.emplace_back(slots.live, page);
   std::sort(by_live.begin(), by_live.end());
   std::vector<uint32_t> victims;
-  size_t free_outside = free_.size(), moving = 0;
+  size_t free_outside = free_count_, moving = 0;
   for (const auto& [live, page] : by_live) {
     if (free_outside - moving < per_page_) break;  // Nothing more to win.
     const size_t free_after = free_outside - (per_page_ - live);
@@ -94,7 +117,7 @@ std::vector<uint32_t> Slab::PickVictims() const {
 }
 
 Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
-  if (free_.size() < per_page_) {
+  if (free_count_ < per_page_) {
     ReleaseEmptyPages(released);
     return OkStatus();
   }
@@ -107,22 +130,31 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
     return std::binary_search(victims.begin(), victims.end(),
                               static_cast<uint32_t>(id / per_page_));
   };
-  // Destinations are the lowest free slots outside the victims.
+  // Destinations are the lowest free slots outside the victims: their free slots leave the
+  // count and the victims leave the candidates.
   for (uint32_t page : victims) {
-    const uint32_t first = page * static_cast<uint32_t>(per_page_);
-    free_.erase(free_.lower_bound(first), free_.lower_bound(first + per_page_));
+    with_free_.erase(page);
+    free_count_ -= per_page_ - pages_.at(page).live;
   }
   for (SlotArray* array : arrays_) {
     for (uint32_t& id : array->ids_) {
       if (!is_victim(id)) continue;
-      KVCTL_CHECK(!free_.empty());
-      const uint32_t to = *free_.begin();
-      free_.erase(free_.begin());
+      KVCTL_CHECK(!with_free_.empty());
+      const uint32_t to = TakeFrom(*with_free_.begin());
       std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
-      ++live_.at(to / per_page_);
-      --live_.at(id / per_page_);
+      if (--pages_.at(static_cast<uint32_t>(id / per_page_)).live == 0) ++empty_pages_;
       id = to;
       ++slots_moved_;
+    }
+  }
+  for (uint32_t page : victims) {
+    KVCTL_CHECK(pages_.at(page).live == 0);
+    pages_.erase(page);
+    --empty_pages_;
+    if (released != nullptr) {
+      released->push_back(page);
+    } else {
+      KVCTL_CHECK(pool_->Free(page).ok());
     }
   }
   ReleaseEmptyPages(released);
@@ -130,7 +162,7 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
 }
 
 void Slab::CollectPages(std::vector<uint32_t>* pages) const {
-  for (const auto& [page, live] : live_) pages->push_back(page);
+  for (const auto& [page, slots] : pages_) pages->push_back(page);
 }
 
 Slab* SlabSet::Get(size_t slot_bytes) {

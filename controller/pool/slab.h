@@ -46,14 +46,14 @@ class Slab {
 
   size_t slot_bytes() const { return slot_bytes_; }
   size_t slots_per_page() const { return per_page_; }
-  size_t free_slots() const { return free_.size(); }
-  size_t live_slots() const { return pages_held() * per_page_ - free_.size(); }
-  size_t pages_held() const { return live_.size(); }
+  size_t free_slots() const { return free_count_; }
+  size_t live_slots() const { return pages_held() * per_page_ - free_count_; }
+  size_t pages_held() const { return pages_.size(); }
   uint64_t bytes_held() const { return pages_held() * page_bytes_; }
 
   // Pages taking `more` slots (after the frees already done) draws from a reservation.
   size_t PagesFor(size_t more) const {
-    return more > free_.size() ? (more - free_.size() + per_page_ - 1) / per_page_ : 0;
+    return more > free_count_ ? (more - free_count_ + per_page_ - 1) / per_page_ : 0;
   }
 
   // The lowest free slot id, taking a page from the back of *reserved when none is free.
@@ -95,14 +95,25 @@ class Slab {
   // The pages (emptiest first) whose live slots fit the free slots of the others, chosen until
   // fewer than a page's worth of free slots would be left.
   std::vector<uint32_t> PickVictims() const;
+  // Takes the lowest free slot of `page`. REQUIRES: the page has one.
+  uint32_t TakeFrom(uint32_t page);
+
+  struct PageSlots {
+    uint32_t live = 0;
+    std::vector<uint64_t> free_bits;  // Bit i set: slot i of the page is free.
+  };
 
   PageAllocator* const pool_;
   const size_t slot_bytes_;
   const size_t per_page_;
   const uint64_t page_bytes_;
-  std::map<uint32_t, uint32_t> live_;  // Held page -> its live slots.
-  std::set<uint32_t> free_;            // Free slot ids of held pages; Take pops the lowest.
-  std::set<SlotArray*> arrays_;        // Who holds ids (Compact rewrites them).
+  // Held pages. Take takes the lowest free id: the lowest page with a free slot, its lowest
+  // free bit (O(log pages) per slot, no allocation per slot).
+  std::map<uint32_t, PageSlots> pages_;
+  std::set<uint32_t> with_free_;  // Held pages with at least one free slot.
+  size_t free_count_ = 0;         // Free slots of held pages (victims excluded during Compact).
+  size_t empty_pages_ = 0;        // Held pages with no live slot (ReleaseEmptyPages' work).
+  std::set<SlotArray*> arrays_;   // Who holds ids (Compact rewrites them).
   uint64_t slots_moved_ = 0;
 };
 

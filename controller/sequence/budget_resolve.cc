@@ -2,6 +2,7 @@
 #include "controller/sequence/budget_resolve.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "controller/config/budget_keys.h"
 #include "policies/calib_profile.h"
@@ -12,6 +13,23 @@
 namespace kvctl {
 
 using internal::StrCat;
+
+namespace {
+
+// Smallest sequence length T at which a head at the average budget max(ceil(f T), floor) holds
+// `need` rows (f > 0); never below `need` itself.
+int64_t FractionOnset(double f, int64_t floor, int64_t need) {
+  if (floor >= need) return need;
+  auto kept = [f](int64_t t) {
+    return static_cast<int64_t>(std::ceil(f * static_cast<double>(t)));
+  };
+  int64_t t = static_cast<int64_t>(std::ceil(static_cast<double>(need) / f));
+  while (t > need && kept(t - 1) >= need) --t;
+  while (kept(t) < need) ++t;
+  return std::max(t, need);
+}
+
+}  // namespace
 
 StatusOr<PressureSettings> ResolvePressure(const Config& c, const SequenceShape& shape,
                                            const JointPlanInput* joint_input) {
@@ -162,6 +180,78 @@ Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vecto
     KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
   }
   return OkStatus();
+}
+
+CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& shape,
+                                        const std::vector<LayerPlan>& plans,
+                                        const EvictionSettings& ev) {
+  CompressionOutlook out;
+  bool quantizes = false;
+  for (const LayerPlan& lp : plans) {
+    for (const QuantSpec& spec : lp.head_specs) {
+      quantizes |= !lp.lossless && spec.method != QuantMethod::kFp16;
+    }
+  }
+  if (!quantizes) return out;  // Lossless or fp16 rows: nothing was asked to be quantized.
+  const StreamingRules& r = plans[0].rules;
+  const int64_t need = static_cast<int64_t>(r.sink_tokens) + r.flush_tokens;
+  const std::string rows =
+      StrCat("a head holds quant.sink_tokens ", r.sink_tokens, " + quant.flush_tokens ",
+             r.flush_tokens, " = ", need, " rows in fp16 before it quantizes any");
+  const std::string fix = "lower quant.sink_tokens / quant.flush_tokens or raise the budget";
+  out.onset_tokens = need;
+  std::string source = rows;
+  // Per-head caps that do not grow with the sequence: joint's plan, evict-only's tokens_per_head
+  // (each layer's budget split evenly over its heads).
+  std::vector<int64_t> caps;
+  std::string what;
+  if (ev.enabled && c.budget.mode == BudgetMode::kJoint) {
+    caps = ev.head_caps;
+    what = StrCat("budget (joint plan for budget.plan_tokens ", c.budget.plan_tokens, ")");
+  } else if (ev.enabled && ev.tokens_per_head > 0) {
+    StatusOr<std::vector<int64_t>> layers =
+        LayerBudgets(ev, shape.layers, shape.kv_heads, AverageBudget(ev, 0), 0);
+    if (layers.ok()) {
+      for (int64_t b : *layers) caps.insert(caps.end(), shape.kv_heads, b / shape.kv_heads);
+    }
+    what = StrCat("budget.tokens_per_head ", ev.tokens_per_head);
+  }
+  if (!caps.empty()) {
+    const auto below = std::count_if(caps.begin(), caps.end(), [&](int64_t t) { return t < need; });
+    const int64_t largest = *std::max_element(caps.begin(), caps.end());
+    if (below == static_cast<std::ptrdiff_t>(caps.size())) {
+      out.onset_tokens = -1;
+      out.warnings.push_back(
+          {"never_quantized", StrCat(what, " keeps at most ", largest, " tokens per head, but ",
+                                     rows, ": no row is ever quantized (16 b/e); ", fix)});
+      return out;
+    }
+    // Joint plans price a head's fp16 rows themselves (a head capped below sinks + flush is a
+    // deliberate choice that stays within the byte budget), so only evict-only warns for some.
+    if (below > 0 && c.budget.mode != BudgetMode::kJoint) {
+      out.warnings.push_back(
+          {"never_quantized",
+           StrCat(what, ": ", below, " of ", caps.size(), " heads keep fewer tokens than the ",
+                  need, " rows (", rows, "), so those heads are never quantized; ", fix)});
+    }
+  } else if (ev.enabled && ev.token_fraction > 0) {
+    out.onset_tokens = FractionOnset(ev.token_fraction, ev.floor, need);
+    source =
+        StrCat("budget.token_fraction ", ev.token_fraction, " keeps that share of the tokens (",
+               "at least ", ev.floor, " per head) and ", rows);
+  }
+  if (c.budget.mode == BudgetMode::kJoint && c.budget.plan_tokens < out.onset_tokens) {
+    out.warnings.push_back(
+        {"never_quantized", StrCat("budget.plan_tokens ", c.budget.plan_tokens, " is below the ",
+                                   out.onset_tokens, " tokens before the first quantization (",
+                                   rows, "): a sequence of the planned length stays fp16; ", fix)});
+  } else if (out.onset_tokens > kShortSequenceTokens) {
+    out.warnings.push_back(
+        {"late_quantization",
+         StrCat(source, ": nothing is quantized before a sequence reaches ", out.onset_tokens,
+                " tokens, so sequences shorter than that stay fp16 (16 b/e); ", fix)});
+  }
+  return out;
 }
 
 }  // namespace kvctl

@@ -58,6 +58,35 @@ Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
                          std::vector<LayerPlan>* plans, std::vector<int64_t>* head_caps,
                          JointPlanInput* joint_input = nullptr);
 
+// Whether a new sequence's settings can compress at all: a head's rows stay fp16 until it holds
+// sinks + flush rows (quant.sink_tokens fp16 sinks, then quant.flush_tokens of fp16 tail), so an
+// eviction budget at or below that keeps every row fp16 (16 b/e) however long the sequence.
+// configs/README.md "When nothing is quantized".
+struct CompressionWarning {
+  std::string cause;    // "never_quantized" or "late_quantization" (the STATS value).
+  std::string message;  // One log line naming the keys, their values and a fix.
+};
+struct CompressionOutlook {
+  // Tokens a sequence must reach before any head quantizes a row: sinks + flush without
+  // eviction, later when a token_fraction holds the heads below it; 0 when the settings never
+  // quantize by design (lossless, fp16); -1 when no head ever will.
+  int64_t onset_tokens = 0;
+  std::vector<CompressionWarning> warnings;  // Empty when the settings compress.
+};
+// Sequences shorter than this are "short" (a prompt and an answer: the demo's is 374 tokens);
+// an onset past it warns (late_quantization).
+inline constexpr int64_t kShortSequenceTokens = 512;
+
+// The outlook of a new sequence from its plans (after ApplyBudgetWidths) and eviction settings
+// (ResolveEviction). Warns never_quantized when every head (evict-only with
+// budget.tokens_per_head: every layer's even per-head share; joint: every head's cap, or
+// budget.plan_tokens itself) stays below sinks + flush, or in evict-only when some do (the
+// message counts them; a joint plan prices such heads' fp16 rows itself, so that is no warning);
+// late_quantization when the onset passes kShortSequenceTokens.
+CompressionOutlook CompressionOutlookOf(const Config& config, const SequenceShape& shape,
+                                        const std::vector<LayerPlan>& plans,
+                                        const EvictionSettings& eviction);
+
 }  // namespace kvctl
 
 #endif  // KVCTL_CONTROLLER_SEQUENCE_BUDGET_RESOLVE_H_

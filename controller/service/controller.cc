@@ -173,9 +173,10 @@ Config Controller::config() const {
   return config_;
 }
 
-Status Controller::Reload(const Config& config) {
+Status Controller::Reload(const Config& config, std::vector<ConfigChange>* changes) {
   KVCTL_RETURN_IF_ERROR(ValidateConfig(config));
   MutexLock lock(&mu_);
+  if (changes != nullptr) *changes = DiffConfig(config_, config);
   KVCTL_RETURN_IF_ERROR(CheckReload(config_, config));
   config_ = config;
   host_memory_.set_limit(EffectiveHostMemoryBytes(config));
@@ -395,6 +396,7 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     open_bytes = KvSequence::HostBytesAtOpen(shape);
     KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("OPEN", open_bytes));
   }
+  CompressionOutlook outlook;
   StatusOr<std::unique_ptr<KvSequence>> built = [&]() -> StatusOr<std::unique_ptr<KvSequence>> {
     std::vector<int64_t> head_caps;
     JointPlanInput joint_input;
@@ -406,6 +408,8 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     KVCTL_ASSIGN_OR_RETURN(
         PressureSettings pressure,
         ResolvePressure(config, ShapeOf(g, plans[0].rules, plans[0].lossless), &joint_input));
+    outlook = CompressionOutlookOf(config, ShapeOf(g, plans[0].rules, plans[0].lossless), plans,
+                                   eviction);
     return std::make_unique<KvSequence>(
         pool_.get(),
         SequenceGeometry{.layers = static_cast<int>(g.layers),
@@ -421,8 +425,15 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     return built.status();
   }
   // Its host_bytes (open_bytes) are released by RetireSequence.
-  auto entry = std::make_shared<SequenceEntry>(now, std::move(built).value(), shape, open_bytes);
+  auto entry = std::make_shared<SequenceEntry>(now, std::move(built).value(), shape, open_bytes,
+                                               std::move(outlook));
   MutexLock lock(&mu_);
+  for (const CompressionWarning& w : entry->outlook.warnings) {
+    if (compression_warnings_logged_.insert(w.message).second) {
+      spdlog::warn("OPEN{}: this configuration cannot compress ({}): {}",
+                   model_name.empty() ? "" : " (model \"" + model_name + "\")", w.cause, w.message);
+    }
+  }
   // The session may have ended, or the same id been opened, while the sequence was built.
   StatusOr<std::shared_ptr<Session>> session = FindSessionLocked(request.session_id, now);
   Status inserted = session.status();

@@ -23,13 +23,16 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "controller/config/config.h"
 #include "controller/pool/pool.h"
 #include "controller/pool/staging_shm.h"
+#include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/host_memory.h"
 #include "controller/sequence/kv_sequence.h"
 #include "controller/stats/stats.h"
@@ -78,8 +81,10 @@ class Controller {
   uint64_t Scrub(uint64_t max_bytes) KVCTL_EXCLUDES(mu_, scrub_mu_);
 
   // Applies a reloaded config (quantizer and budget settings reach sequences opened afterwards).
-  // Refuses, with a message, changes to keys that are fixed for the daemon's life.
-  Status Reload(const Config& config) KVCTL_EXCLUDES(mu_);
+  // Refuses, with a message, changes to keys that are fixed for the daemon's life. `changes`, if
+  // not null, receives every difference from the config it replaces (or would have replaced).
+  Status Reload(const Config& config, std::vector<ConfigChange>* changes = nullptr)
+      KVCTL_EXCLUDES(mu_);
 
   // Records one served request for STATS (type, latency, error or not).
   void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);
@@ -100,16 +105,18 @@ class Controller {
   // guarded by mu_. Taken in the order mu_, then a sequence's (try-locks may go the other way).
   struct SequenceEntry {
     SequenceEntry(SteadyTime opened, std::unique_ptr<KvSequence> seq, const HostShape& shape,
-                  uint64_t open_host_bytes)
+                  uint64_t open_host_bytes, CompressionOutlook outlook = {})
         : opened(opened),
           shape(shape),
           open_host_bytes(open_host_bytes),
+          outlook(std::move(outlook)),
           seq(std::move(seq)),
           host_bytes(open_host_bytes) {}
 
     const SteadyTime opened;
     const HostShape shape;
-    const uint64_t open_host_bytes;  // KvSequence::HostBytesAtOpen(shape).
+    const uint64_t open_host_bytes;    // KvSequence::HostBytesAtOpen(shape).
+    const CompressionOutlook outlook;  // Whether its settings can compress (STATS, the log).
     Mutex mu;
     std::unique_ptr<KvSequence> seq KVCTL_GUARDED_BY(mu);  // Null once retired.
     // Charged to the host budget now (0 once retired).
@@ -162,6 +169,9 @@ class Controller {
   uint64_t sessions_expired_ KVCTL_GUARDED_BY(mu_) = 0;
   uint64_t sessions_ended_ KVCTL_GUARDED_BY(mu_) = 0;  // By BYE.
   uint64_t next_session_number_ KVCTL_GUARDED_BY(mu_) = 1;
+  // Compression warnings already logged (each message once; a reload that changes the numbers
+  // logs again).
+  std::set<std::string> compression_warnings_logged_ KVCTL_GUARDED_BY(mu_);
   Mutex scrub_mu_;                                     // One scrub pass at a time.
   size_t scrub_next_ KVCTL_GUARDED_BY(scrub_mu_) = 0;  // Where the next pass starts.
   Mutex retired_mu_;

@@ -71,6 +71,8 @@ double RetainedMass(const HeadTotals& t) {
 struct SequenceSums {
   SequenceUsage total;
   uint64_t sequences = 0;
+  uint64_t compression_warnings =
+      0;  // Sequences whose settings cannot compress (budget_resolve.h).
   std::vector<std::string> sequence_lines;
   std::map<std::pair<int, int>, HeadTotals> heads;  // (layer, head) -> totals.
   std::map<int, int64_t> layer_budgets;             // Summed over open sequences.
@@ -85,9 +87,11 @@ struct SequenceLabel {
 
 // Adds one sequence to `sums`. REQUIRES: the sequence's lock is held.
 void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::Geometry& geometry,
-                 bool per_head, size_t max_lines, SequenceSums* sums) {
+                 const CompressionOutlook& outlook, bool per_head, size_t max_lines,
+                 SequenceSums* sums) {
   const SequenceUsage u = seq.Usage();
   ++sums->sequences;
+  if (!outlook.warnings.empty()) ++sums->compression_warnings;
   SequenceUsage& total = sums->total;
   total.tokens += u.tokens;
   total.quantized_tokens += u.quantized_tokens;
@@ -106,7 +110,9 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
          << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
          << ",pressure_reliefs=" << u.pressure_reliefs
          << ",pressure_cap_cuts=" << u.pressure_cap_cuts
-         << ",lowered_for_others=" << u.lowered_for_others;
+         << ",lowered_for_others=" << u.lowered_for_others
+         << ",quant_onset_tokens=" << outlook.onset_tokens << ",compression_warning="
+         << (outlook.warnings.empty() ? "none" : outlook.warnings[0].cause);
     sums->sequence_lines.push_back(line.str());
   }
   if (!per_head) return;
@@ -180,6 +186,7 @@ void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts
       << "payload_compression_vs_fp16:"
       << Num(total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
       << "\n";
+  out << "sequences_compression_warning:" << sums.compression_warnings << "\n";
   out << "sequences_omitted:" << sums.sequences - sums.sequence_lines.size() << "\n";
   for (const std::string& line : sums.sequence_lines) out << line << "\n";
 }
@@ -308,11 +315,14 @@ void Controller::SetHttpAddress(std::string bound_address) {
 StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, SteadyTime now) {
   std::string want = request.section;
   std::transform(want.begin(), want.end(), want.begin(), ::tolower);
-  if (!want.empty() &&
+  // "config" is never part of the full report: only a request for it gets the effective config
+  // (kvctl --dump-stats), so the PUB stream, /metrics and kvtop see the same text as before.
+  const bool config_only = want == "config";
+  if (!want.empty() && !config_only &&
       std::find(std::begin(kSections), std::end(kSections), want) == std::end(kSections)) {
     return InvalidArgument("section: got \"", request.section,
                            "\", expected empty or one of server, pool, sequences, layers, heads, "
-                           "policy, ipc, quality");
+                           "policy, ipc, quality, config");
   }
   auto show = [&](const char* s) { return want.empty() || want == s; };
 
@@ -336,10 +346,15 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     counts = {sessions_.size(), sessions_expired_, sessions_ended_};
     for (auto& [sid, session] : sessions_) {
       for (auto& [qid, entry] : session->sequences) {
-        refs.push_back({{session->number, qid, session->client_name, 0}, session->geometry, entry});
+        if (!config_only) {
+          refs.push_back(
+              {{session->number, qid, session->client_name, 0}, session->geometry, entry});
+        }
       }
     }
   }
+  // A loadable TOML document: the header is a comment, each value names its source.
+  if (config_only) return "# Config\n" + PrintConfig(config);
   const size_t max_lines = static_cast<size_t>(config.limits.stats_max_lines);
   const bool per_head = show("layers") || show("heads") || show("quality");
   SequenceSums sums;
@@ -348,7 +363,8 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     if (!ref.entry->seq) continue;
     ref.label.age_s =
         std::chrono::duration_cast<std::chrono::seconds>(now - ref.entry->opened).count();
-    AddSequence(*ref.entry->seq, ref.label, ref.geometry, per_head, max_lines, &sums);
+    AddSequence(*ref.entry->seq, ref.label, ref.geometry, ref.entry->outlook, per_head, max_lines,
+                &sums);
   }
 
   std::ostringstream out;

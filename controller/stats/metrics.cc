@@ -84,13 +84,16 @@ bool EntityLabels(std::string_view key, std::string* entity, std::string* labels
 std::string RenderPrometheus(std::string_view text) {
   std::vector<std::string> order;
   std::map<std::string, Family> families;
-  auto add = [&](const std::string& name, const std::string& help, const std::string& sample) {
+  // `placeholder` is the HELP of a family MetricHelp has no sentence for.
+  auto add = [&](const std::string& name, const std::string& placeholder,
+                 const std::string& sample) {
     auto [it, inserted] = families.try_emplace(name);
     if (inserted) {
       order.push_back(name);
       const bool counter = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
       it->second.type = counter ? "counter" : "gauge";
-      it->second.help = help;
+      it->second.help = MetricHelp(name);
+      if (it->second.help.empty()) it->second.help = placeholder;
     }
     it->second.samples.push_back(sample);
   };

@@ -18,7 +18,12 @@
 
 namespace kvctl {
 
+// Every family gets `# HELP` (MetricHelp, or a bare "kvctl <section>: <field>" placeholder for a
+// field without a sentence, which tests refuse) and `# TYPE`.
 std::string RenderPrometheus(std::string_view stats_text);
+
+// The HELP sentence of a family ("kvctl_pages_used": what it counts and its unit); "" if none.
+std::string MetricHelp(std::string_view family);
 
 }  // namespace kvctl
 

@@ -18,6 +18,8 @@ use one Client per thread for parallelism. Not fork-safe: create Clients after f
     session = client.hello(layers=30, kv_heads=3, head_dim=64, dtype="float16")
     client.open(1); client.append(1, k, v)          # k, v: [layers, tokens, kv_heads, head_dim]
     k_rows, v_rows, positions = client.fetch(1)     # per layer, per head: [count, head_dim]
+
+A complete example that runs (and CI runs): python/README.md.
 """
 
 from __future__ import annotations
@@ -181,18 +183,42 @@ def _to_wire(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
         return np.ascontiguousarray(arr, dtype="<f4" if dtype == "float32" else "<f2")
 
 
-def _parse_value(text: str):
+Scalar = Union[int, float, str]
+# parse_info's result: {section: {field: value}}, where an entity line's value is {key: value}.
+StatsValue = Union[Scalar, Dict[str, Scalar]]
+Stats = Dict[str, Dict[str, StatsValue]]
+
+# An entity line (docs/stats.md): "seq_<session>_<sequence>", "layer_<l>", "head_<l>_<h>" (and
+# any later kind named the same way), valued "key=value,key=value".
+_ENTITY_NAME = re.compile(r"[a-z][a-z0-9]*(_\d+)+")
+_ENTITY_ITEMS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^,=]*(,[A-Za-z_][A-Za-z0-9_]*=[^,=]*)*")
+# Entity keys that are text even when they look like numbers (a client may be named "7").
+_TEXT_KEYS = frozenset({"client"})
+
+
+def _parse_value(text: str) -> Scalar:
     if re.fullmatch(r"-?\d+", text):
         return int(text)
-    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-?inf|nan", text):
+    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-?inf|-?nan", text):
         return float(text)
     return text
 
 
-def parse_info(text: str) -> Dict[str, Dict[str, Union[int, float, str]]]:
-    """Parses INFO-style text ("# Section" then "field:value" lines) into
-    {section (lower case): {field: int | float | str}}; fields before any header go to ""."""
-    out: Dict[str, Dict[str, Union[int, float, str]]] = {}
+def _parse_entity(text: str) -> Dict[str, Scalar]:
+    out: Dict[str, Scalar] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        out[key] = value if key in _TEXT_KEYS else _parse_value(value)
+    return out
+
+
+def parse_info(text: str) -> Stats:
+    """Parses the STATS text (INFO style: "# Section" then "field:value" lines, docs/stats.md)
+    into {section (lower case): {field: value}}. A value is an int, a float or a str; an entity
+    line ("seq_1_2", "layer_3", "head_3_1": "key=value,...") becomes a dict {key: int | float |
+    str} ("client" stays a str). Fields before any header go to section "". Raises
+    ProtocolError for a line that is neither a header nor "field:value"."""
+    out: Stats = {}
     section = ""
     for line in text.splitlines():
         line = line.rstrip("\r")
@@ -206,7 +232,10 @@ def parse_info(text: str) -> Dict[str, Dict[str, Union[int, float, str]]]:
         if not sep:
             raise ProtocolError("STATS text: line %r is neither '# Section' nor 'field:value'"
                                 % line)
-        out.setdefault(section, {})[key] = _parse_value(value)
+        if _ENTITY_NAME.fullmatch(key) and _ENTITY_ITEMS.fullmatch(value):
+            out.setdefault(section, {})[key] = _parse_entity(value)
+        else:
+            out.setdefault(section, {})[key] = _parse_value(value)
     return out
 
 
@@ -488,10 +517,16 @@ class Client:
         reply: p.PingReply = self._call(p.MsgType.PING, p.encode_ping(0, sid))
         return reply.server_time_us
 
-    def stats(self, section: str = "") -> Dict[str, Dict[str, Union[int, float, str]]]:
-        """The daemon's INFO text parsed into {section: {field: value}} (section names in lower
-        case: "server", "pool", "sequences", "layers", "heads", "policy", "ipc",
-        "quality"); "" = every section."""
+    def stats(self, section: str = "") -> Stats:
+        """The daemon's STATS text parsed by parse_info: {section: {field: value}}, section
+        names in lower case ("server", "pool", "sequences", "layers", "heads", "policy", "ipc",
+        "quality"; `section` "" = every section, else that one, case-insensitive). Values are
+        ints, floats or strs; per-sequence, per-layer and per-head lines are dicts:
+        stats()["heads"]["head_3_1"]["k_bits"] is an int. The "config" section is the daemon's
+        effective config as TOML, not fields: read it with stats_text("config")."""
+        if section.lower() == "config":
+            raise ValueError('stats: section "config" is TOML text, not fields; use '
+                             'stats_text("config") (and tomllib.loads) instead')
         sid = self._session.session_id if self._session else 0
         reply: p.StatsReply = self._call(p.MsgType.STATS, p.encode_stats(0, sid, section))
         return parse_info(reply.text)

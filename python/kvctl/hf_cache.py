@@ -558,9 +558,8 @@ class KvctlCache(Cache):
         stats = seq.client.stats("layers").get("layers", {})
         counts = []
         for l in range(self.n_layers):
-            fields = dict(kv.split("=", 1) for kv in str(stats.get("layer_%d" % l, "")).split(",")
-                          if "=" in kv)
-            if "evictions" not in fields:
+            fields = stats.get("layer_%d" % l)
+            if not isinstance(fields, dict) or "evictions" not in fields:
                 seq.layer_evictions = None
                 return None
             counts.append(int(fields["evictions"]))

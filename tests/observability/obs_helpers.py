@@ -79,11 +79,13 @@ class Daemon:
             f.write('[pool]\nshm_name = "%s"\nbytes = "%s"\nunlink_stale = true\n%s\n' %
                     (self.shm_name, pool_bytes, pool_extra))
 
-    def start(self, timeout=15):
+    def start(self, timeout=15, env=None):
+        """Starts `kvctl --config FILE` (with `env` added to the environment) and waits until its
+        log says it serves."""
         log = open(self.log_path, "a")
         start = log.tell()
         self.proc = subprocess.Popen([kvctl_bin(), "--config", self.config], stdout=log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
         log.close()
 
         def serving():

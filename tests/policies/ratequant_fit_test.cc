@@ -153,6 +153,28 @@ TEST_CASE("RateQuant fit: synthetic K/V through the real quantizers gives the RT
   }
 }
 
+TEST_CASE("RateQuant fit: work is exactly one quantization per block and width (KVarN as KIVI)",
+          "[policies]") {
+  // Bounds the fit's cost without a clock: 3 sequences x 2 layers x 2 heads x 4 widths x the full
+  // blocks after the sinks, and one K-error softmax per (sequence, layer, width, probe, query
+  // head). KVarN (128 sinks, 128-token blocks) does no more per token than KIVI (no sinks, 32).
+  const auto calib = MakeCalibration(2, 2, 4, 64, 3, 300, true);
+  for (QuantMethod m : kMethods) {
+    INFO(QuantMethodName(m));
+    RateQuantFitWork work;
+    StatusOr<RateQuantFit> fit = FitRateQuant(
+        calib.set,
+        {.method = m, .importance = ImportanceMode::kAttention, .probe_queries = 5, .work = &work});
+    REQUIRE(fit.ok());
+    const int64_t sinks = TraitsOf(m).streaming.sink_tokens, g = fit->spec.block_tokens;
+    const int64_t blocks_per_head = (300 - sinks) / g;  // KIVI 9 of 32, KVarN 1 of 128.
+    CHECK(work.blocks_quantized == 3 * 2 * 2 * 4 * blocks_per_head);
+    CHECK(work.attention_softmaxes == 3 * 2 * 4 * 5 * 4);
+    // Quantized tokens per unit and width: KVarN's fewer blocks cover fewer tokens, never more.
+    CHECK(work.blocks_quantized * g <= 3 * 2 * 2 * 4 * 300);
+  }
+}
+
 TEST_CASE("RateQuant fit: attention proxy tracks the measured attention error", "[policies]") {
   // w_i * MSE_i estimates the attention-output error unit i causes: across units and widths it
   // should follow the measured error within a small factor.

@@ -103,6 +103,26 @@ CalibProfile TinyProfile(const std::string& method) {
   return r->profile;
 }
 
+TEST_CASE("kvcalib: fit reports its work, and KVarN does no more of it per token than KIVI",
+          "[tools]") {
+  // kTiny: 2 sequences x 3 layers x 2 KV heads (4 query heads) x 256 tokens, 4 probes, 4 widths.
+  for (const auto& [method, blocks] : {std::pair{"kivi", 2 * 3 * 2 * 4 * (256 / 32)},
+                                       std::pair{"kvarn", 2 * 3 * 2 * 4 * ((256 - 128) / 128)}}) {
+    INFO(method);
+    StatusOr<FitResult> r = RunFit(TinyFit(method));
+    REQUIRE(r.ok());
+    CHECK(r->work.blocks_quantized == blocks);
+    CHECK(r->work.attention_softmaxes == 2 * 3 * 4 * 4 * 4);
+    const Captured run =
+        Capture([&](auto out, auto err) { return RunFitCommand(TinyFit(method), out, err); });
+    REQUIRE(run.rc == 0);
+    CHECK_THAT(run.out,
+               Contains("work: " + std::to_string(blocks) +
+                        " blocks quantized and dequantized (4 widths), 384 attention-error "
+                        "softmaxes"));
+  }
+}
+
 TEST_CASE("kvcalib: fit via the library and via dump-synthetic + --input give one profile",
           "[tools]") {
   TempDir tmp;

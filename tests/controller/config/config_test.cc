@@ -385,6 +385,89 @@ TEST_CASE("Config: reload refuses changes to immutable keys", "[controller][conf
   CHECK(Has(s.message(), "server.endpoint"));
 }
 
+TEST_CASE("Config: DiffConfig names each changed key with its old and new value",
+          "[controller][config]") {
+  const Config old;
+  CHECK(DiffConfig(old, old).empty());
+  const Config neu = Parsed(R"(
+[server]
+log_level = "debug"
+[pool]
+bytes = "512MiB"
+[limits]
+max_sessions = 8
+[quant]
+method = "kivi"
+k_bits = 4
+[[quant.override]]
+layer = 0
+k_bits = 8
+[[model]]
+name = "m"
+v_bits = 4
+)");
+  const std::vector<ConfigChange> want = {
+      {"server.log_level", "\"info\"", "\"debug\"", false, "applies now"},
+      {"pool.bytes", "\"256MiB\"", "\"512MiB\"", true, ""},
+      {"limits.max_sessions", "1024", "8", false, "applies to requests from now"},
+      {"quant.method", "\"kvarn\"", "\"kivi\"", false, "applies to sequences opened from now"},
+      {"quant.k_bits", "2", "4", false, "applies to sequences opened from now"},
+      {"quant.override", "[]", "[{layer = 0, head = -1, k_bits = 8, v_bits = 0}]", false,
+       "applies to sequences opened from now"},
+      {"model \"m\"", "none", "{name = \"m\", v_bits = 4}", false,
+       "applies to sequences opened from now"},
+  };
+  const std::vector<ConfigChange> got = DiffConfig(old, neu);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(got[i].key << " " << got[i].old_value << " -> " << got[i].new_value);
+    CHECK(got[i] == want[i]);
+  }
+  // A removed model, and the source alone is no change.
+  Config moved = old;
+  moved.sources["quant.k_bits"] = ConfigSource::kCli;
+  CHECK(DiffConfig(old, moved).empty());
+  const std::vector<ConfigChange> removed = DiffConfig(neu, old);
+  CHECK(removed.back() == ConfigChange{"model \"m\"", "{name = \"m\", v_bits = 4}", "none", false,
+                                       "applies to sequences opened from now"});
+}
+
+TEST_CASE("Config: every reloadable key says when it applies, restart keys say nothing",
+          "[controller][config]") {
+  for (const ConfigOption& o : ConfigSchema()) {
+    INFO(o.key);
+    if (o.flags & kImmutable) CHECK(ReloadTiming(o.key).empty());
+    if (o.flags & kReloadable) CHECK(ReloadTiming(o.key).starts_with("applies "));
+  }
+  CHECK(ReloadTiming("server.stats_interval_ms") == "applies from the next publish");
+}
+
+TEST_CASE("Config: a bad width before any model is known names only key, value and expected set",
+          "[controller][config]") {
+  // Both the --k-bits flag and --set reach ApplyOverride as a command-line key.
+  StatusOr<Config> c = LoadConfig({.cli = {{"quant.k_bits", "5"}}});
+  REQUIRE(!c.ok());
+  CHECK(c.status().code() == StatusCode::kInvalidArgument);
+  CHECK(c.status().message() == "quant.k_bits: got 5, expected one of {2, 3, 4, 8} for kvarn");
+  c = LoadConfig({.cli = {{"quant.method", "oscar"}, {"quant.v_group_channels", "96"}}});
+  REQUIRE(!c.ok());
+  CHECK(c.status().message() ==
+        "quant.v_group_channels: got 96, expected a power of two in 8..256 for oscar (it divides "
+        "head_dim, which the Hadamard rotation needs to be a power of two <= 256)");
+  // Keys of every section have command-line and environment forms (configs/README.md).
+  c = LoadConfig({.cli = {{"evict.window", "16"}, {"budget.pressure", "requantize"}},
+                  .env = [](const std::string& name) -> std::optional<std::string> {
+                    if (name == "KVCTL_LIMITS_MAX_SESSIONS") return "7";
+                    return std::nullopt;
+                  }});
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->evict.window == 16);
+  CHECK(c->budget.pressure == PressurePolicy::kRequantize);
+  CHECK(c->limits.max_sessions == 7);
+  CHECK(c->sources.at("limits.max_sessions") == ConfigSource::kEnv);
+}
+
 TEST_CASE("Config: PrintConfig output loads back to the same config", "[controller][config]") {
   Config c = Parsed(R"(
 [server]
@@ -432,15 +515,18 @@ TEST_CASE("Config: cross-key validation", "[controller][config]") {
        "pool.staging_slots: 8 slots of 8MiB take 64MiB, expected at most half of pool.bytes "
        "64MiB (32MiB)"},
       {"[quant]\nmethod = \"kivi\"\nk_bits = 5\n",
-       "quant: k_bits: got 5, expected one of {2, 3, "
+       "quant.k_bits: got 5, expected one of {2, 3, "
        "4, 8} for kivi"},
-      {"[quant]\nblock_tokens = 100\n", "quant: block_tokens: got 100"},
+      {"[quant]\nblock_tokens = 100\n", "quant.block_tokens: got 100"},
       {"[quant]\nflush_tokens = 100\n",
-       "quant: flush_tokens: got 100, expected a multiple of "
+       "quant.flush_tokens: got 100, expected a multiple of "
        "block_tokens 128"},
       {"[quant]\nmethod = \"kivi\"\nblock_tokens = 32\nk_group_tokens = 64\n",
        "k_group_tokens: got 64"},
-      {"[quant]\nmethod = \"oscar\"\nv_group_channels = 24\n", "head_dim 24"},
+      {"[quant]\nmethod = \"oscar\"\nv_group_channels = 24\n",
+       "quant.v_group_channels: got 24, expected a power of two in 8..256 for oscar"},
+      {"[quant]\nmethod = \"kivi\"\nv_group_channels = 12\n",
+       "quant.v_group_channels: got 12, expected a multiple of 8 (it divides head_dim)"},
       {"[[quant.override]]\nlayer = 1\n", "quant override #1 (layer 1, head -1): sets neither"},
       {"[[quant.override]]\nlayer = 1\nk_bits = 4\n[[quant.override]]\nlayer = 1\nv_bits = 4\n",
        "quant override #2 (layer 1, head -1): duplicate"},
@@ -459,6 +545,7 @@ TEST_CASE("Config: cross-key validation", "[controller][config]") {
     const Status s = Load(toml);
     CHECK(s.code() == StatusCode::kInvalidArgument);
     CHECK(Has(s.message(), part));
+    CHECK(!Has(s.message(), "checked at load"));  // No head_dim the user never gave.
   }
   CHECK(Load("[pool]\nbytes = \"64MiB\"\nstaging_slots = 4\n").ok());  // 32MiB: exactly half.
   CHECK(Load("[pool]\nstaging_bytes_per_session = 0\nstaging_slots = 4096\n").ok());

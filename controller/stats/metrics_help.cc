@@ -1,0 +1,202 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// The `# HELP` sentence of every Prometheus family the STATS text renders to: what it counts and
+// in which unit, as docs/stats.md defines the field. A field without a sentence here renders with
+// a bare placeholder, which the tests refuse (tests/controller/service, tests/observability).
+#include <array>
+#include <string>
+#include <string_view>
+
+#include "controller/stats/metrics.h"
+
+namespace kvctl {
+namespace {
+
+struct Help {
+  std::string_view family;
+  std::string_view text;
+};
+
+constexpr Help kHelp[] = {
+    // # Server
+    {"kvctl_protocol_version", "Wire protocol version the daemon speaks (ipc/PROTOCOL.md)."},
+    {"kvctl_pid", "Process id of the daemon; a new value means the daemon restarted."},
+    {"kvctl_uptime_s", "Seconds since the daemon started, in whole seconds."},
+    {"kvctl_server_info",
+     "Always 1; the labels carry the daemon version and its request, stats and HTTP endpoints."},
+    // # Pool
+    {"kvctl_pool_cuda_device", "CUDA device ordinal of a cuda pool, or -1 for a cpu pool."},
+    {"kvctl_pool_bytes", "Bytes of the pool object the daemon reserved at startup."},
+    {"kvctl_page_bytes", "Bytes in one pool page, the allocation unit (pool.page_bytes)."},
+    {"kvctl_pages", "Pages in the pool's page area, staging slots excluded."},
+    {"kvctl_pages_used", "Pool pages allocated to sequences now, in pages."},
+    {"kvctl_pages_high_water", "Most pool pages allocated at once since the daemon started."},
+    {"kvctl_bytes_used", "Bytes of the pool pages allocated now (pages_used times page_bytes)."},
+    {"kvctl_bytes_free", "Bytes of the pool pages free now."},
+    {"kvctl_bytes_high_water", "Most bytes of pool pages allocated at once since start."},
+    {"kvctl_staging_slots", "Staging slots sessions can hold for APPEND input, in slots."},
+    {"kvctl_staging_slots_used", "Staging slots held by sessions now, in slots."},
+    {"kvctl_staging_bytes", "Bytes of all staging slots together."},
+    {"kvctl_alloc_failures_total",
+     "Allocations of pages or staging slots refused for lack of pool space since start."},
+    {"kvctl_host_memory_used_bytes",
+     "Bytes of host memory outside the pool charged to sessions and sequences now."},
+    {"kvctl_host_memory_limit_bytes",
+     "Bytes of host memory sessions and sequences may use (limits.host_memory_bytes)."},
+    {"kvctl_publish_ranges_total",
+     "Changed byte ranges a cuda pool copied to the device since start, in ranges."},
+    {"kvctl_publish_bytes_total", "Bytes a cuda pool copied to the device since start."},
+    {"kvctl_checksums", "1 when page checksums are on (pool.checksums), else 0."},
+    {"kvctl_checksum_failures_total",
+     "Pool pages found changed behind the daemon's back since start, in pages."},
+    {"kvctl_verified_bytes_total",
+     "Page bytes checksummed to verify FETCH replies and rewrites since start."},
+    {"kvctl_sealed_bytes_total", "Page bytes checksummed to seal what requests wrote since start."},
+    {"kvctl_scrubbed_bytes_total", "Page bytes the background scrubber verified since start."},
+    {"kvctl_pool_info", "Always 1; the labels carry the pool backend and its shm name."},
+    // # Sequences
+    {"kvctl_sessions", "Live client sessions now (HELLO done, not ended or expired)."},
+    {"kvctl_sessions_expired_total",
+     "Sessions freed because their lease ran out since start, in sessions."},
+    {"kvctl_sessions_ended_total", "Sessions ended by their client's BYE since start."},
+    {"kvctl_sequences", "Open sequences now, over all sessions."},
+    {"kvctl_sequences_omitted", "Open sequences without a per-sequence series (over the cap)."},
+    {"kvctl_sequences_compression_warning",
+     "Open sequences whose settings cannot compress what they are asked to (see the log)."},
+    {"kvctl_tokens", "Tokens appended to the open sequences, each counted once, in tokens."},
+    {"kvctl_tokens_quantized", "Tokens of the open sequences held in quantized records."},
+    {"kvctl_tokens_kept",
+     "Token rows the open sequences hold now, summed over every layer and KV head."},
+    {"kvctl_tokens_evicted_total",
+     "Token rows evicted from the open sequences, summed over layers and KV heads."},
+    {"kvctl_evicted_bytes_total", "Payload bytes the evicted tokens of open sequences held."},
+    {"kvctl_kv_payload_bytes", "Bytes of stored K/V payload (records and fp16 rows), no slack."},
+    {"kvctl_kv_pool_bytes", "Bytes of pool pages the open sequences take, page slack included."},
+    {"kvctl_kv_fp16_equivalent_bytes", "Bytes the kept K/V elements would take in fp16."},
+    {"kvctl_bits_per_element", "Average stored bits per K or V element, metadata included."},
+    {"kvctl_reserved_bits_per_element",
+     "Average pool bits reserved per stored K or V element, page slack included."},
+    {"kvctl_compression_vs_fp16",
+     "Ratio of fp16-equivalent bytes to the pool bytes the open sequences reserve."},
+    {"kvctl_payload_compression_vs_fp16",
+     "Ratio of fp16-equivalent bytes to stored payload bytes, page slack excluded."},
+    {"kvctl_sequence_tokens", "Tokens appended to this open sequence, in tokens."},
+    {"kvctl_sequence_bytes", "Bytes of pool pages this open sequence reserves."},
+    {"kvctl_sequence_payload_bytes",
+     "Bytes of records and rows this open sequence stores, page slack excluded."},
+    {"kvctl_sequence_evictions", "Token rows evicted from this sequence, over layers and heads."},
+    {"kvctl_sequence_age_s", "Seconds since this sequence was opened."},
+    {"kvctl_sequence_kept_tokens", "Token rows this sequence holds, over layers and KV heads."},
+    {"kvctl_sequence_evicted_bytes", "Payload bytes the tokens evicted from this sequence held."},
+    {"kvctl_sequence_pressure_reliefs",
+     "Times a full pool was relieved for this sequence's APPENDs, in reliefs."},
+    {"kvctl_sequence_pressure_cap_cuts",
+     "Pressure reliefs of this sequence that cut token caps instead of widths."},
+    {"kvctl_sequence_lowered_for_others",
+     "Times this sequence's widths were lowered for another sequence's APPEND."},
+    {"kvctl_sequence_quant_onset_tokens",
+     "Tokens this sequence must reach before a row is quantized; 0 none asked, -1 never."},
+    // # Layers
+    {"kvctl_layers", "Layers of any open sequence, in layers."},
+    {"kvctl_layers_omitted", "Layers without a per-layer series (over the cap)."},
+    {"kvctl_layer_tokens", "Tokens kept in this layer, summed over its KV heads and sequences."},
+    {"kvctl_layer_bytes", "Payload bytes stored for this layer over all open sequences."},
+    {"kvctl_layer_bits_per_element", "Average stored bits per K or V element of this layer."},
+    {"kvctl_layer_budget_tokens", "Token budget of this layer over its heads; 0 = no eviction."},
+    {"kvctl_layer_evictions", "Token rows evicted from this layer, in token rows."},
+    {"kvctl_layer_evicted_bytes", "Payload bytes the tokens evicted from this layer held."},
+    {"kvctl_layer_retained_mass",
+     "Mean attention mass the kept tokens of this layer held at evictions, from 0 to 1."},
+    // # Heads
+    {"kvctl_heads", "Pairs of layer and KV head of any open sequence, in pairs."},
+    {"kvctl_heads_omitted", "Layer and head pairs without a per-head series (over the cap)."},
+    {"kvctl_head_tokens", "Tokens kept for this KV head over all open sequences."},
+    {"kvctl_head_k_bits", "Code width of this head's K records, in bits."},
+    {"kvctl_head_v_bits", "Code width of this head's V records, in bits."},
+    {"kvctl_head_bits_per_element", "Average stored bits per K or V element of this head."},
+    {"kvctl_head_k_rel_error",
+     "Mean sampled relative squared error of this head's decoded K records, a ratio."},
+    {"kvctl_head_v_rel_error",
+     "Mean sampled relative squared error of this head's decoded V records, a ratio."},
+    {"kvctl_head_quality_samples", "Decoded records behind this head's error means, in samples."},
+    {"kvctl_head_budget_tokens", "Token cap of this head after the last append; 0 = no cap."},
+    {"kvctl_head_evictions", "Token rows evicted from this head, in token rows."},
+    {"kvctl_head_evicted_bytes", "Payload bytes the tokens evicted from this head held."},
+    {"kvctl_head_compressions", "Appends that evicted tokens from this head, in appends."},
+    {"kvctl_head_requantized", "Kept tokens of this head decoded and quantized again."},
+    {"kvctl_head_width_lowerings", "Times pool pressure lowered this head's code widths."},
+    {"kvctl_head_retained_mass",
+     "Mean attention mass the kept tokens of this head held at evictions, from 0 to 1."},
+    {"kvctl_head_retained_samples", "Evictions of this head behind its retained mass mean."},
+    // # Policy
+    {"kvctl_quant_k_bits", "K code width new sequences get from [quant], in bits."},
+    {"kvctl_quant_v_bits", "V code width new sequences get from [quant], in bits."},
+    {"kvctl_quant_lossless", "1 when new sequences are stored without compression, else 0."},
+    {"kvctl_policy_info",
+     "Always 1; the labels carry the quantizer, budget mode, eviction policy and pressure policy."},
+    // # Ipc
+    {"kvctl_requests_total", "Well-formed requests handed to the controller since start."},
+    {"kvctl_rejected_total", "Requests the transport answered with ERROR itself since start."},
+    {"kvctl_errors_total", "ERROR replies sent by the transport or the controller since start."},
+    {"kvctl_replies_total", "Replies sent since start, in replies."},
+    {"kvctl_replies_dropped_total", "Replies ZeroMQ refused to queue since start, in replies."},
+    {"kvctl_bytes_in_total", "Bytes of request frames received since start."},
+    {"kvctl_bytes_out_total", "Bytes of reply frames sent since start."},
+    {"kvctl_in_flight", "Requests handed to the controller and not yet answered now."},
+    // # Quality
+    {"kvctl_quality_sample_period",
+     "Every this many quantized records per head one is decoded and checked; 0 = off."},
+    {"kvctl_quality_samples_total", "Records decoded to measure their error since start."},
+    {"kvctl_quality_k_rel_error_mean",
+     "Mean relative squared error of all sampled K records since start, a ratio."},
+    {"kvctl_quality_v_rel_error_mean",
+     "Mean relative squared error of all sampled V records since start, a ratio."},
+    {"kvctl_stats_truncated_bytes", "Bytes of STATS lines dropped to fit one reply."},
+};
+
+// The request types of the per-type families, as the ipc section names them.
+constexpr std::array<std::string_view, 9> kRequestTypes = {
+    "hello", "open", "close", "ping", "append", "fetch", "stats", "bye", "other"};
+
+struct TypeHelp {
+  std::string_view suffix;
+  std::string_view text;  // Follows "<TYPE> ".
+};
+constexpr TypeHelp kTypeHelp[] = {
+    {"_requests_total", "requests handled by the controller since start."},
+    {"_errors_total", "requests answered with ERROR since start."},
+    {"_latency_p50_us", "median handling time over the latest 4096 requests, in microseconds."},
+    {"_latency_p99_us",
+     "99th percentile handling time over the latest 4096 requests, in microseconds."},
+    {"_latency_max_us", "slowest handling time since start, in microseconds."},
+};
+
+std::string Upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  return out;
+}
+
+}  // namespace
+
+std::string MetricHelp(std::string_view family) {
+  for (const Help& h : kHelp) {
+    if (h.family == family) return std::string(h.text);
+  }
+  constexpr std::string_view kPrefix = "kvctl_";
+  if (!family.starts_with(kPrefix)) return "";
+  const std::string_view rest = family.substr(kPrefix.size());
+  for (std::string_view type : kRequestTypes) {
+    if (!rest.starts_with(type) || rest.size() <= type.size() || rest[type.size()] != '_') {
+      continue;
+    }
+    for (const TypeHelp& t : kTypeHelp) {
+      if (rest.substr(type.size()) != t.suffix) continue;
+      return (type == "other" ? std::string("Unknown-type") : Upper(type)) + " " +
+             std::string(t.text);
+    }
+  }
+  return "";
+}
+
+}  // namespace kvctl

@@ -1,0 +1,164 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// The warning a configuration that cannot compress what it is asked to gets at OPEN
+// (controller/sequence/budget_resolve.h CompressionOutlookOf): R-KV keeping 25 % of the tokens
+// with KVarN's 128 fp16 sinks + 128-row flush quantizes nothing before 1021 tokens; a
+// tokens_per_head cap below sinks + flush never quantizes; a config that compresses is silent.
+// The warning is logged once per message and shown on the sequence's STATS line.
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "controller/config/config.h"
+#include "controller/sequence/budget_resolve.h"
+#include "controller/service/controller.h"
+
+namespace kvctl {
+namespace {
+
+constexpr uint32_t kLayers = 2, kKvHeads = 2, kQHeads = 4, kHeadDim = 64;
+
+Config WithToml(const std::string& toml) {
+  Config c;
+  REQUIRE(ApplyToml(c, toml, "t.toml").ok());
+  REQUIRE(ValidateConfig(c).ok());
+  return c;
+}
+
+// The outlook of a new sequence as OPEN computes it, without a pool.
+CompressionOutlook OutlookOf(const Config& c) {
+  StatusOr<StreamingRules> rules = ResolveStreamingRules(c, "m", kHeadDim);
+  REQUIRE(rules.ok());
+  std::vector<LayerPlan> plans(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    plans[l].lossless = c.quant.lossless;
+    plans[l].rules = *rules;
+    for (uint32_t h = 0; h < kKvHeads; ++h) {
+      StatusOr<QuantSpec> spec = ResolveQuantSpec(c, "m", kHeadDim, l, h);
+      REQUIRE(spec.ok());
+      plans[l].head_specs.push_back(*spec);
+    }
+  }
+  const SequenceShape shape{kLayers, kKvHeads, kQHeads, kHeadDim,
+                            c.quant.lossless ? 0 : rules->sink_tokens};
+  StatusOr<EvictionSettings> ev = ResolveEviction(c, shape);
+  REQUIRE(ev.ok());
+  return CompressionOutlookOf(c, shape, plans, *ev);
+}
+
+std::string Causes(const CompressionOutlook& o) {
+  std::string s;
+  for (const CompressionWarning& w : o.warnings) s += w.cause + ";";
+  return s;
+}
+
+const char* kRkv25Kvarn =
+    "[budget]\nmode = \"evict-only\"\ntoken_fraction = 0.25\n[evict]\npolicy = \"rkv\"\n";
+
+TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs do not",
+          "[controller][budget]") {
+  SECTION("R-KV 25 % + default KVarN: nothing quantized before 1021 tokens") {
+    const CompressionOutlook o = OutlookOf(WithToml(kRkv25Kvarn));
+    CHECK(o.onset_tokens == 1021);  // The first T with ceil(0.25 T) >= 128 sinks + 128 flush.
+    REQUIRE(Causes(o) == "late_quantization;");
+    CHECK(o.warnings[0].message.find("quant.sink_tokens 128 + quant.flush_tokens 128 = 256") !=
+          std::string::npos);
+    CHECK(o.warnings[0].message.find("before a sequence reaches 1021 tokens") != std::string::npos);
+  }
+  SECTION("the same eviction with KIVI flushing every 32 tokens compresses") {
+    const CompressionOutlook o = OutlookOf(
+        WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"));
+    CHECK(o.onset_tokens == 125);  // ceil(0.25 T) >= 0 sinks + 32 flush.
+    CHECK(o.warnings.empty());
+  }
+  SECTION("a tokens_per_head cap below sinks + flush never quantizes") {
+    const CompressionOutlook o = OutlookOf(
+        WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 200\n[evict]\npolicy = "
+                 "\"streaming\"\n"));
+    CHECK(o.onset_tokens == -1);
+    REQUIRE(Causes(o) == "never_quantized;");
+    CHECK(o.warnings[0].message.find("budget.tokens_per_head 200 keeps at most 200 tokens") !=
+          std::string::npos);
+  }
+  SECTION("a cap above sinks + flush compresses") {
+    const CompressionOutlook o = OutlookOf(
+        WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 300\n[evict]\npolicy = "
+                 "\"streaming\"\n"));
+    CHECK(o.onset_tokens == 256);
+    CHECK(o.warnings.empty());
+  }
+  SECTION("sinks + flush past a short sequence warns without eviction") {
+    const CompressionOutlook o = OutlookOf(WithToml("[quant]\nsink_tokens = 512\n"));
+    CHECK(o.onset_tokens == 640);
+    CHECK(Causes(o) == "late_quantization;");
+  }
+  SECTION("defaults, lossless and fp16 rows do not warn") {
+    CHECK(OutlookOf(Config()).warnings.empty());
+    CHECK(OutlookOf(Config()).onset_tokens == 256);
+    CHECK(OutlookOf(WithToml("[quant]\nlossless = true\n")).onset_tokens == 0);
+    const CompressionOutlook fp16 =
+        OutlookOf(WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"fp16\"\n"));
+    CHECK(fp16.warnings.empty());
+    CHECK(fp16.onset_tokens == 0);
+  }
+}
+
+std::string UniqueShmName() {
+  static int counter = 0;
+  return "/kvctl-cw-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+}
+
+// A controller on `toml`, one session with queries, `opens` sequences; returns its STATS.
+std::string OpenAndStats(const std::string& toml, int opens) {
+  Config config = WithToml(toml);
+  config.pool.bytes = 8 << 20;
+  config.pool.page_bytes = 64 << 10;
+  config.pool.shm_name = UniqueShmName();
+  config.pool.staging_slots = 0;
+  StatusOr<std::unique_ptr<Controller>> created = Controller::Create(config);
+  REQUIRE(created.ok());
+  Controller& controller = **created;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  ipc::HelloRequest hello;
+  hello.client_name = "cw_test";
+  hello.geometry = {kLayers, kKvHeads, kQHeads, kHeadDim, DType::kF16};
+  StatusOr<ipc::HelloReply> reply = controller.Hello(hello, now);
+  REQUIRE(reply.ok());
+  for (int i = 1; i <= opens; ++i)
+    REQUIRE(controller.Open({reply->session_id, uint64_t(i)}, now).ok());
+  StatusOr<std::string> text = controller.Stats({0, "sequences"}, now);
+  REQUIRE(text.ok());
+  return *text;
+}
+
+TEST_CASE("Compression warning: logged once at OPEN and shown in STATS", "[controller][budget]") {
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("cw_test", ring));
+  const std::string warned = OpenAndStats(kRkv25Kvarn, 2);
+  const std::string quiet =
+      OpenAndStats(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n", 1);
+  spdlog::set_default_logger(previous);
+  std::vector<std::string> lines = ring->last_formatted();
+  int warnings = 0;
+  for (const std::string& line : lines) {
+    if (line.find("cannot compress") != std::string::npos) {
+      ++warnings;
+      CHECK(line.find("before a sequence reaches 1021 tokens") != std::string::npos);
+    }
+  }
+  CHECK(warnings == 1);  // Two OPENs with the same cause: one line.
+  CHECK(warned.find("\nsequences_compression_warning:2\n") != std::string::npos);
+  CHECK(warned.find(",quant_onset_tokens=1021,compression_warning=late_quantization") !=
+        std::string::npos);
+  CHECK(quiet.find("\nsequences_compression_warning:0\n") != std::string::npos);
+  CHECK(quiet.find(",quant_onset_tokens=125,compression_warning=none") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvctl
