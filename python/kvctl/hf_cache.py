@@ -14,10 +14,14 @@ One step (layer l's update() runs right before layer l's attention):
   after its attention, hence the deferral to the next step or sync()); rows that may have
   changed beyond the ones appended are FETCHed (dense, all layers, one request per sequence).
 - every layer: the held rows sit in a buffer [batch, kv_heads, capacity, head_dim] indexed by
-  token position; the step's K/V are written after them and a prefix view is returned (no
-  copy of the history per step). Positions a head does not hold (eviction) are masked by the
-  registered attention function "kvctl"; with nothing masked it is transformers' own SDPA path
-  with the model's mask, so compression off reproduces DynamicCache.
+  token position; the step's K/V are written after them and a view is returned (no copy of
+  the history per step): every row, or for a sliding-window layer (layer_types, as
+  DynamicCache(config=...) builds them) the rows DynamicSlidingWindowLayer would return; the
+  daemon still holds every row of every layer. Positions a head does not hold (eviction) are
+  masked by the registered attention function "kvctl"; with nothing masked it is transformers'
+  own SDPA path with the masks SDPA would get (its mask function is registered for "kvctl"
+  too), so compression off reproduces DynamicCache (checked on Llama, Qwen2 and Gemma3 shapes:
+  python/tests/test_hf_archs.py).
 - Not refetching: a token's stored rows change only when a flush quantizes the tail (the APPEND
   reply's tokens_quantized moves) or eviction drops it. Otherwise an APPEND only adds the new
   rows, stored exactly (lossless) or rounded to fp16 (sink/tail rows of quantizing layers). The
@@ -25,7 +29,7 @@ One step (layer l's update() runs right before layer l's attention):
   until then, after flushes, and for evicting sequences (budget_mode in STATS, or fewer rows
   than appended) every step refetches. refetch="always" refetches every step (the reference).
 - attention="fused" (and "auto" from fused_min_tokens on, batch 1, when the extension is
-  built and the daemon quantizes): a decode step (one query token) does not touch the dense
+  built, the daemon quantizes and no layer slides): a decode step (one query token) does not touch the dense
   mirror. Layer 0
   APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
   page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
@@ -65,16 +69,18 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .client import BlocksTable, Client
+from .hf_options import (ATTN_IMPLEMENTATION, check_options, fused_available, per_element,
+                         read_geometry, take_attention)
 from .hf_sequence import CacheSequence
 from .protocol import KvctlError, SessionLostError
 
 # A replaced session is ended with BYE waiting at most this long (its daemon may be gone).
 _BYE_TIMEOUT_MS = 2000
 
-ATTN_IMPLEMENTATION = "kvctl"
 # One APPEND carries at most this many payload bytes (the daemon's default max message is
 # 256 MiB); longer prefills are split.
 _MAX_APPEND_BYTES = 64 << 20
@@ -111,16 +117,26 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if layer is None or layer.hold_bias is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    # Held positions (all in the past of every query) then the step's n tokens (causal). The
-    # g query heads of a KV head are folded into the query axis ([B, H, g*n, D]), so K and V
-    # are read in place instead of repeated g times.
+    # Held positions (from layer.offset on: a sliding layer's window) then the step's n tokens,
+    # under the model's mask (causal, window, padding), else causal. The g query heads of a KV
+    # head are folded into the query axis ([B, H, g*n, D]), so K and V are read in place
+    # instead of repeated g times.
     batch, kv_heads, n = key.shape[0], key.shape[1], query.shape[2]
     held = key.shape[2] - n
     groups = query.shape[1] // kv_heads
     q = query.reshape(batch, kv_heads, groups * n, query.shape[3])
-    causal = torch.full((n, n), float("-inf"), dtype=query.dtype).triu(1).repeat(groups, 1)
-    bias = torch.cat([layer.hold_bias[:, :, :, :held].expand(-1, -1, groups * n, -1)
-                      .to(query.dtype), causal.expand(batch, kv_heads, groups * n, n)], dim=-1)
+    if attention_mask is None:
+        mask = torch.cat([torch.zeros(n, held, dtype=query.dtype),
+                          torch.full((n, n), float("-inf"), dtype=query.dtype).triu(1)], dim=-1)
+    elif attention_mask.dtype == torch.bool:
+        mask = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill_(
+            ~attention_mask, float("-inf"))
+    else:
+        mask = attention_mask.to(query.dtype)
+    # Query rows are (group, token): the mask of the n tokens repeats for every group.
+    mask = mask.reshape(-1, 1, n, held + n).repeat(1, 1, groups, 1)
+    hold = layer.hold_bias[:, :, :, layer.offset:layer.offset + held].to(query.dtype)
+    bias = torch.cat([hold, torch.zeros(batch, kv_heads, 1, n, dtype=query.dtype)], dim=-1) + mask
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=bias,
                                                            dropout_p=0.0, scale=scaling)
     out = out.reshape(batch, kv_heads * groups, n, query.shape[3])
@@ -128,20 +144,27 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+# The model builds the masks SDPA would get (causal with a past, sliding windows, padding); an
+# attention implementation without a mask function gets none.
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 
 class KvctlLayer(CacheLayerMixin):
     """One decoder layer: rows by position in [batch, kv_heads, capacity, head_dim] buffers;
     hold_bias [batch, kv_heads, 1, capacity] (0 = held, -inf = not held) or None when every
-    position is held."""
+    position is held. A sliding layer (sliding_window = W) attends like transformers'
+    DynamicSlidingWindowLayer: update() returns the last W - 1 held rows and the step's; the
+    daemon and the buffers still hold every row."""
 
-    is_sliding = False
     is_compileable = False
 
-    def __init__(self, cache: "KvctlCache", index: int):
+    def __init__(self, cache: "KvctlCache", index: int, sliding_window: Optional[int] = None):
         super().__init__()
         self.cache = cache
         self.index = index
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None
+        self.offset = 0  # Position of the first row update() returned last.
         self.seen = 0   # Tokens given to update() so far.
         self.held = 0   # Positions [0, held) are in the daemon (or masked).
         self.buf_k: Optional[torch.Tensor] = None
@@ -174,6 +197,12 @@ class KvctlLayer(CacheLayerMixin):
             self.hold_bias = bias
 
     def update(self, key_states, value_states, cache_kwargs=None):
+        c = self.cache
+        if key_states.shape[1] != c.kv_heads or key_states.shape[3] != c.head_dim:
+            raise ValueError("KvctlCache: layer %d gave K/V with %d heads of head_dim %d, expected "
+                             "%d and %d (the config's; the daemon sequence has one geometry for "
+                             "every layer)" % (self.index, key_states.shape[1],
+                                               key_states.shape[3], c.kv_heads, c.head_dim))
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cache._before_update(self.index, key_states)
@@ -183,8 +212,9 @@ class KvctlLayer(CacheLayerMixin):
         self.buf_v[:, :, self.held:self.held + n] = value_states
         self.pending_k, self.pending_v = key_states.detach(), value_states.detach()
         self.seen += n
-        keys = self.buf_k[:, :, :self.held + n]
-        values = self.buf_v[:, :, :self.held + n]
+        self.offset = max(0, self.held - self.sliding_window + 1) if self.is_sliding else 0
+        keys = self.buf_k[:, :, self.offset:self.held + n]
+        values = self.buf_v[:, :, self.offset:self.held + n]
         if self.dtype != torch.float32:
             keys, values = keys.to(self.dtype), values.to(self.dtype)
         self.returned_keys = keys
@@ -222,19 +252,23 @@ class KvctlLayer(CacheLayerMixin):
 
     def forget(self) -> None:
         """Drops every row (the daemon lost them): the layer is empty again."""
-        self.seen = self.held = 0
+        self.seen = self.held = self.offset = 0
         self.buf_k = self.buf_v = self.hold_bias = None
         self.pending_k = self.pending_v = self.pending_q = None
         self.returned_keys = None
 
     def get_mask_sizes(self, cache_position) -> Tuple[int, int]:
-        return self.seen + cache_position.shape[0], 0
+        """(kv_length, kv_offset) of the rows the next update() returns."""
+        if not self.is_sliding:
+            return self.seen + cache_position.shape[0], 0
+        offset = max(0, self.seen - self.sliding_window + 1)
+        return self.seen - offset + cache_position.shape[0], offset
 
     def get_seq_length(self) -> int:
         return self.seen
 
     def get_max_cache_shape(self) -> int:
-        return -1
+        return self.sliding_window if self.is_sliding else -1
 
     def reset(self) -> None:
         raise NotImplementedError("KvctlCache cannot be reset; open a new KvctlCache")
@@ -244,70 +278,6 @@ class KvctlLayer(CacheLayerMixin):
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("KvctlCache cannot drop tokens from the daemon sequence")
-
-
-def _check_options(refetch: str, attention: str, fused_min_tokens: int) -> None:
-    """KvctlCache's mode arguments, each named with the values it takes."""
-    if refetch not in ("auto", "always"):
-        raise ValueError("refetch: got %r, expected \"auto\" or \"always\"" % (refetch,))
-    if attention not in ("auto", "dense", "fused"):
-        raise ValueError("attention: got %r, expected \"auto\", \"dense\" or \"fused\""
-                         % (attention,))
-    if isinstance(fused_min_tokens, bool) or not isinstance(fused_min_tokens, int) \
-            or fused_min_tokens < 1:
-        raise ValueError("fused_min_tokens: got %r, expected an integer >= 1"
-                         % (fused_min_tokens,))
-
-
-def _fused_available(attention: str, model) -> bool:
-    """Whether decode steps may attend fused: "fused" demands the model and the torch extension
-    (an error saying what is missing), "auto" takes the extension when it loads."""
-    if attention == "fused":
-        if model is None:
-            raise ValueError("attention=\"fused\": needs the model (its attention calls the "
-                             "fused kernel)")
-        from . import torch_ops
-        try:
-            torch_ops.load()
-        except RuntimeError as e:
-            raise RuntimeError("attention=\"fused\": %s" % e) from None
-        return True
-    if attention == "auto" and model is not None:
-        from . import torch_ops
-        return torch_ops.available()
-    return False
-
-
-def _take_attention(model, config):
-    """Sets the model's attention implementation to ours; returns the config to read the
-    geometry from (the model's, else the one given)."""
-    if model is not None:
-        config = model.config
-        if config._attn_implementation != ATTN_IMPLEMENTATION:
-            model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    if config is None:
-        raise ValueError("KvctlCache: give the model (or config=)")
-    return config
-
-
-def _per_element(client, model_name, send_q, model) -> Tuple[list, List[str], List[bool]]:
-    """The client, HELLO model name and send_q flag of each batch element, from arguments that
-    give one for all or one per element."""
-    send_qs = ([bool(send_q)] * len(client) if isinstance(client, (list, tuple))
-               else [bool(send_q)]) if isinstance(send_q, bool) else list(send_q)
-    if any(send_qs) and model is None:
-        raise ValueError("send_q: needs the model (queries come from its attention)")
-    clients = list(client) if isinstance(client, (list, tuple)) else [client]
-    if not clients:
-        raise ValueError("client: got an empty list, expected one per batch element")
-    names = ([model_name] * len(clients) if isinstance(model_name, str)
-             else list(model_name))
-    if len(names) != len(clients):
-        raise ValueError("model_name: got %d names for %d clients" % (len(names),
-                                                                      len(clients)))
-    if len(send_qs) != len(clients):
-        raise ValueError("send_q: got %d flags for %d clients" % (len(send_qs), len(clients)))
-    return clients, names, send_qs
 
 
 class KvctlCache(Cache):
@@ -327,8 +297,8 @@ class KvctlCache(Cache):
       decode steps (one query token) attend with the kvctl torch extension directly on the
       daemon's records (blocks FETCH, zero-copy PoolView of the pool) plus its sink/tail rows
       and the step's own K/V; prefill and multi-token steps stay dense. "fused" needs the model
-      and the extension (RuntimeError saying how to build it otherwise) and a daemon that
-      quantizes. "auto" decodes fused when all of those hold, the batch is one sequence (a
+      and the extension (RuntimeError saying how to build it otherwise), a daemon that
+      quantizes and a model without sliding-window layers. "auto" decodes fused when all of those hold, the batch is one sequence (a
       padded batch needs masks fused decode does not take) and at least fused_min_tokens
       tokens are held, else dense.
     fused_min_tokens: "auto" only: the context length from which decode steps go fused. The
@@ -345,16 +315,16 @@ class KvctlCache(Cache):
                  dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
                  timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True,
                  attention: str = "auto", fused_min_tokens: int = 2048):
-        _check_options(refetch, attention, fused_min_tokens)
+        check_options(refetch, attention, fused_min_tokens)
+        config = take_attention(model, config)
+        self._read_geometry(config)
         # Whether decode steps may attend fused at all; "auto" also needs batch 1 and length.
-        self.fused_ok = _fused_available(attention, model)
+        self.fused_ok = fused_available(attention, model, self.windows)
         self.attention = attention
         self.fused_min_tokens = fused_min_tokens
         self.fused_step = False  # This forward step attends fused (decode, attention="fused").
-        config = _take_attention(model, config)
-        clients, names, send_qs = _per_element(client, model_name, send_q, model)
+        clients, names, send_qs = per_element(client, model_name, send_q, model)
         self.attn_ours = model is not None
-        self._read_geometry(config)
         self.batch = len(clients)
         self.send_q = any(send_qs)
         self.refetch = refetch
@@ -363,7 +333,7 @@ class KvctlCache(Cache):
         self.client_name = client_name
         self.seqs: List[CacheSequence] = []
         self._connect(clients, names, send_qs, timeout_ms)
-        super().__init__(layers=[KvctlLayer(self, i) for i in range(self.n_layers)])
+        super().__init__(layers=[KvctlLayer(self, i, w) for i, w in enumerate(self.windows)])
         self.appended = 0  # Tokens appended to every sequence.
         self.sessions_lost = 0  # Times a lost session was replaced (SessionLostError raised).
         self._start_keepalive(keepalive)
@@ -372,12 +342,9 @@ class KvctlCache(Cache):
                          "fused_steps": 0, "flushes": 0}
 
     def _read_geometry(self, config) -> None:
-        """Layers, KV and query heads and head_dim of the model's text decoder."""
-        text = config.get_text_config(decoder=True)
-        self.n_layers = text.num_hidden_layers
-        self.kv_heads = text.num_key_value_heads
-        self.q_heads = text.num_attention_heads
-        self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.q_heads
+        g = read_geometry(config)
+        self.n_layers, self.kv_heads, self.q_heads = g.n_layers, g.kv_heads, g.q_heads
+        self.head_dim, self.windows = g.head_dim, g.windows
 
     def _connect(self, clients: list, names: List[str], send_qs: List[bool],
                  timeout_ms: int) -> None:
