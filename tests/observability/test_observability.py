@@ -15,24 +15,10 @@ import urllib.request
 import pytest
 import zmq
 
-from obs_helpers import (Daemon, Tmux, Traffic, kvtop_bin, kvtop_command, make_workdir,
+from obs_helpers import (Daemon, Tmux, Traffic, kvtop_bin, kvtop_command,
                          parse_stats, wait_until)
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-
-
-@pytest.fixture
-def workdir():
-    d = make_workdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def daemon(workdir):
-    d = Daemon(workdir).start()
-    yield d
-    d.close()
 
 
 @pytest.fixture

@@ -15,24 +15,10 @@ import tomllib
 
 import pytest
 
-from obs_helpers import (ROOT, Daemon, Tmux, Traffic, kvctl_bin, kvtop_bin, make_workdir,
+from obs_helpers import (ROOT, Daemon, Tmux, Traffic, kvctl_bin, kvtop_bin,
                          parse_stats, wait_until)
 
 UNIT = os.path.join(ROOT, "tools", "systemd", "kvctl.service")
-
-
-@pytest.fixture
-def workdir():
-    d = make_workdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def daemon(workdir):
-    d = Daemon(workdir).start()
-    yield d
-    d.close()
 
 
 def reload_lines(daemon, since):
