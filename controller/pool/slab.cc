@@ -5,9 +5,26 @@
 #include <cstring>
 #include <utility>
 
+#include "common/checked_math.h"
 #include "controller/pool/slot_array.h"
 
 namespace kvctl {
+
+Status CheckSlotIdSpace(std::string_view field, uint64_t pool_bytes, uint64_t page_bytes,
+                        uint64_t slot_bytes) {
+  if (page_bytes == 0 || slot_bytes == 0 || slot_bytes > page_bytes) {
+    return InvalidArgument(field, ": a slot of ", slot_bytes, " bytes does not fit a page of ",
+                           page_bytes, " bytes");
+  }
+  Status fits =
+      CheckedProduct(field, {pool_bytes / page_bytes, page_bytes / slot_bytes}, uint64_t{1} << 32)
+          .status();
+  if (fits.ok()) return fits;
+  return InvalidArgument(field, ": slots of ", slot_bytes, " bytes in a pool of ", pool_bytes,
+                         " bytes (pool.bytes) cut into ", page_bytes,
+                         "-byte pages (pool.page_bytes) need slot ids past 2^32, the wire's "
+                         "record ids; lower pool.bytes or raise pool.page_bytes");
+}
 
 Slab::Slab(PageAllocator* pool, size_t slot_bytes)
     : pool_(pool),
@@ -39,7 +56,7 @@ uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
     KVCTL_CHECK(reserved != nullptr && !reserved->empty());
     const uint32_t page = reserved->back();
     reserved->pop_back();
-    // Slot ids are uint32 on the wire; pool.bytes / page_bytes and the slot sizes keep them so.
+    // Slot ids are uint32 on the wire; CheckSlotIdSpace refused slot sizes that could pass it.
     KVCTL_CHECK((uint64_t{page} + 1) * per_page_ <= uint64_t{UINT32_MAX} + 1);
     PageSlots slots;
     slots.free_bits.assign((per_page_ + 63) / 64, ~uint64_t{0});
@@ -169,12 +186,6 @@ Slab* SlabSet::Get(size_t slot_bytes) {
   std::unique_ptr<Slab>& slab = slabs_[slot_bytes];
   if (slab == nullptr) slab = std::make_unique<Slab>(pool_, slot_bytes);
   return slab.get();
-}
-
-std::vector<Slab*> SlabSet::All() const {
-  std::vector<Slab*> all;
-  for (const auto& [bytes, slab] : slabs_) all.push_back(slab.get());
-  return all;
 }
 
 uint64_t SlabSet::bytes_held() const {

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "controller/pool/pool.h"
@@ -34,6 +35,13 @@
 namespace kvctl {
 
 class SlotArray;
+
+// Slot ids are uint32 on the wire (blocks FETCH record ids). OK when every slot of `slot_bytes` in
+// a pool of `pool_bytes` cut into `page_bytes` pages has an id below 2^32; otherwise
+// INVALID_ARGUMENT naming `field` (the setting that chose the slot size) and the pool settings.
+// Callers check each slot size before a sequence uses it, so Slab::Take never meets a larger id.
+Status CheckSlotIdSpace(std::string_view field, uint64_t pool_bytes, uint64_t page_bytes,
+                        uint64_t slot_bytes);
 
 class Slab {
  public:
@@ -123,8 +131,6 @@ class SlabSet {
   explicit SlabSet(PageAllocator* pool) : pool_(pool) {}
 
   Slab* Get(size_t slot_bytes);
-  // Every slab, in slot-size order.
-  std::vector<Slab*> All() const;
   uint64_t bytes_held() const;
   // Compact of every slab (pages back to the pool): the first error, after trying them all.
   Status Compact();

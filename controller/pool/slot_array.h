@@ -47,8 +47,14 @@ class SlotArray {
 
   // REQUIRES: i < size(). MutableSlot marks the slot's bytes changed (PageAllocator::MarkDirty),
   // so every write goes through it and the owner publishes the slab's pages afterwards.
-  const uint8_t* Slot(size_t i) const { return slab_->Slot(ids_.at(i)); }
-  uint8_t* MutableSlot(size_t i) { return slab_->MutableSlot(ids_.at(i)); }
+  const uint8_t* Slot(size_t i) const {
+    KVCTL_CHECK(i < ids_.size());
+    return slab_->Slot(ids_[i]);
+  }
+  uint8_t* MutableSlot(size_t i) {
+    KVCTL_CHECK(i < ids_.size());
+    return slab_->MutableSlot(ids_[i]);
+  }
 
   // Grows (taking slots from the slab, which takes pages from the back of *reserved when it has
   // no free slot) or shrinks (giving the last slots back; the slab keeps their pages until its

@@ -12,6 +12,7 @@
 #include "common/half.h"
 #include "common/secure_random.h"
 #include "controller/pool/cuda_arena.h"
+#include "controller/pool/slab.h"
 #include "controller/sequence/budget_resolve.h"
 #include "controller/service/blocks_reply.h"
 #include "controller/service/controller_internal.h"
@@ -67,6 +68,9 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
                            " bytes, more than pool.page_bytes ", config.pool.page_bytes,
                            "; raise pool.page_bytes");
   }
+  // A small head_dim in a huge pool gives more row slots than uint32 ids can name.
+  KVCTL_RETURN_IF_ERROR(
+      CheckSlotIdSpace("head_dim", config.pool.bytes, config.pool.page_bytes, row_bytes));
   for (uint32_t l = 0; l < g.layers; ++l) {
     plans[l].lossless = lossless;
     plans[l].rules = rules;
@@ -93,6 +97,12 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
                                g.head_dim, " takes ", layout.record_bytes,
                                " bytes, more than pool.page_bytes ", config.pool.page_bytes,
                                "; raise pool.page_bytes or lower quant.block_tokens");
+      }
+      KVCTL_RETURN_IF_ERROR(CheckSlotIdSpace("quant.block_tokens", config.pool.bytes,
+                                             config.pool.page_bytes, layout.record_bytes));
+      if (norm_bytes > 0) {
+        KVCTL_RETURN_IF_ERROR(CheckSlotIdSpace("quant.block_tokens", config.pool.bytes,
+                                               config.pool.page_bytes, norm_bytes));
       }
       plans[l].head_specs.push_back(*spec);
     }

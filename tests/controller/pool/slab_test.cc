@@ -201,5 +201,20 @@ TEST_CASE("Slab: random growth and shrinking keep contents, ids and the slack bo
   CHECK(pool->Stats().pages_used == 0);
 }
 
+TEST_CASE("CheckSlotIdSpace: slot ids must fit the wire's uint32 record ids", "[pool][slab]") {
+  // 256 MiB of 64 KiB pages: 4096 pages; 32-byte rows give 2048 per page, 2^23 ids.
+  CHECK(CheckSlotIdSpace("head_dim", 256 << 20, 64 << 10, 32).ok());
+  // 1 TiB of 64 KiB pages with 32-byte rows (head_dim 8, fp16): 2^34 ids.
+  const Status big = CheckSlotIdSpace("head_dim", uint64_t{1} << 40, 64 << 10, 32);
+  CHECK(big.code() == StatusCode::kInvalidArgument);
+  CHECK(big.message().find("head_dim") != std::string::npos);
+  CHECK(big.message().find("2^32") != std::string::npos);
+  // Exactly 2^32 ids is the last that fits; one page more is not.
+  CHECK(CheckSlotIdSpace("x", uint64_t{1} << 39, 4096, 128).ok());  // 2^27 pages x 32.
+  CHECK(!CheckSlotIdSpace("x", (uint64_t{1} << 39) + 4096, 4096, 128).ok());
+  CHECK(!CheckSlotIdSpace("x", 1 << 20, 4096, 8192).ok());  // A slot larger than a page.
+  CHECK(!CheckSlotIdSpace("x", 1 << 20, 4096, 0).ok());
+}
+
 }  // namespace
 }  // namespace kvctl

@@ -246,26 +246,6 @@ TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
   }
 }
 
-// The pages the sequence's live rows and records fill when packed, per slot size (its slabs):
-// exactly what it holds after an append, which leaves fewer than a page's worth of slots free.
-size_t PackedPages(const KvSequence& seq, int layers, int heads, size_t row_slot,
-                   size_t page_bytes) {
-  std::map<size_t, size_t> live;  // Slot bytes -> live slots.
-  for (int l = 0; l < layers; ++l) {
-    for (int h = 0; h < heads; ++h) {
-      const HeadBlocks b = seq.Blocks(l, h);
-      live[row_slot] += b.sink_rows + b.tail_rows;
-      live[BlockLayoutOf(seq.HeadSpec(l, h)).record_bytes] += b.records;
-    }
-  }
-  size_t pages = 0;
-  for (const auto& [slot, count] : live) {
-    const size_t per_page = page_bytes / slot;
-    pages += (count + per_page - 1) / per_page;
-  }
-  return pages;
-}
-
 TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; pages are freed",
           "[controller][evict]") {
   // KIVI 2-bit records of 8 tokens, flushed at 16: evictions reach into records and compact them.
@@ -310,7 +290,7 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
       }
       CHECK(layer_sum == seq.LayerBudget(l));
     }
-    CHECK(pool->Stats().pages_used == PackedPages(seq, layers, kv_heads, row_slot, page));
+    CHECK(pool->Stats().pages_used == testing::PackedPages(seq, layers, kv_heads, row_slot, page));
   }
   CHECK(budgets_differ);  // Re-allocation moved budget between heads.
   // SnapKV drops tokens from the middle of records: their kept neighbours were re-quantized.
@@ -439,7 +419,7 @@ TEST_CASE("Eviction: whole-record evictions move records without re-quantizing t
       auto [it, inserted] = decoded.emplace(dense.positions[i], row);
       CHECK(it->second == row);  // A kept record decodes to the same values as before.
     }
-    CHECK(pool->Stats().pages_used == PackedPages(seq, 1, 1, 2 * d * 2, page));
+    CHECK(pool->Stats().pages_used == testing::PackedPages(seq, 1, 1, 2 * d * 2, page));
   }
   CHECK(seq.HeadUsageOf(0, 0).evicted_tokens > 0);
   CHECK(seq.HeadUsageOf(0, 0).requantized_tokens == 0);  // Records moved, never decoded.

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -236,17 +235,8 @@ TEST_CASE("KvSequence: reserved pool bytes are the packed pages of the payload (
       REQUIRE(seq.Append(t, Slice(data.kv_k, t, 1), Slice(data.kv_v, t, 1)).ok());
       const SequenceUsage u = seq.Usage();
       INFO("tokens " << t + 1 << ": reserved " << u.pool_bytes << ", payload " << u.payload_bytes);
-      std::map<size_t, size_t> live;  // Slot bytes -> live slots.
-      for (int l = 0; l < layers; ++l) {
-        for (int h = 0; h < heads; ++h) {
-          const HeadBlocks b = seq.Blocks(l, h);
-          live[2 * static_cast<size_t>(d) * (lossless ? 4 : 2)] += b.sink_rows + b.tail_rows;
-          if (!lossless) live[BlockLayoutOf(seq.HeadSpec(l, h)).record_bytes] += b.records;
-        }
-      }
-      uint64_t packed = 0;
-      for (const auto& [slot, count] : live) packed += (count + page / slot - 1) / (page / slot);
-      REQUIRE(u.pool_bytes == packed * page);
+      const size_t row_slot = 2 * static_cast<size_t>(d) * (lossless ? 4 : 2);
+      REQUIRE(u.pool_bytes == testing::PackedPages(seq, layers, heads, row_slot, page) * page);
       REQUIRE(u.pool_bytes == pool->Stats().bytes_used);
       REQUIRE(u.payload_bytes <= u.pool_bytes);
       // Two slot sizes, one partly filled page each: 2 x 64 KiB is under 5 % of the payload from

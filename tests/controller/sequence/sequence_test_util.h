@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,26 @@ inline QuantSpec KiviSpec(int head_dim, int k_bits, int v_bits) {
 }
 
 // `layers` quantized layers of `heads` heads, every head at `spec`, the method's streaming rules.
+// The pages a sequence's live row pairs (`row_slot` bytes each) and records fill when the slots of
+// each size are packed: exactly what its slabs hold after every APPEND (docs/algorithms.md §16).
+inline uint64_t PackedPages(const KvSequence& seq, int layers, int heads, size_t row_slot,
+                            uint64_t page_bytes) {
+  std::map<size_t, uint64_t> live;  // Slot bytes -> live slots.
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < heads; ++h) {
+      const HeadBlocks b = seq.Blocks(l, h);
+      live[row_slot] += b.sink_rows + b.tail_rows;
+      if (!seq.Lossless(l)) live[BlockLayoutOf(seq.HeadSpec(l, h)).record_bytes] += b.records;
+    }
+  }
+  uint64_t pages = 0;
+  for (const auto& [slot, count] : live) {
+    const uint64_t per_page = page_bytes / slot;
+    pages += (count + per_page - 1) / per_page;
+  }
+  return pages;
+}
+
 inline std::vector<LayerPlan> UniformPlans(int layers, int heads, const QuantSpec& spec) {
   std::vector<LayerPlan> plans(static_cast<size_t>(layers));
   for (LayerPlan& p : plans) {
