@@ -85,7 +85,6 @@ struct SimdCodec {
 
 SimdCodec PickCodec(const QuantSpec& spec) {
   const SimdLevel level = g_level.load(std::memory_order_relaxed);
-  if (spec.method == QuantMethod::kTurbo) return {};  // No SIMD codec yet: the reference.
   if (level == SimdLevel::kAvx512 && SimdFits(spec, 16)) {
     return {simd::EncodeRecordAvx512, simd::DecodeRecordAvx512};
   }

@@ -129,6 +129,13 @@ def all_rows() -> Dict[str, Row]:
     return {r.name: r for r in rows}
 
 
+def peer_turbo_rows():
+    """The PyPI TurboQuant peer (tools/kveval_peer_turbo.py runs them; kind "turboquant" is not
+    one run_peer knows, so they are not in all_rows())."""
+    return [Row("peer_turbo%d" % b, "turboquant", nbits=b,
+                note="turboquant 0.2.0 TurboQuantCache, residual 128") for b in (2, 3, 4)]
+
+
 # ---- pool pressure rows -----------------------------------------------------------------------
 
 # (starting KIVI width, pool pages as a fraction of what that width needs for the evaluation).
