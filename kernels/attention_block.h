@@ -557,8 +557,9 @@ KVCTL_HOST_DEVICE inline void AttendWindowChunk(const Problem& p, int64_t r0, in
                   n, 0, d, w.scores, gt, g, w.acc2, d);
 }
 
-// out = (H acc + acc2) / l for rotating methods (s ⊙ H acc for TurboQuant), acc / l otherwise; lse = m + log(l). A row that
-// saw no token gets out = 0 and lse = -inf (an empty split-K part).
+// out = (H acc + acc2) / l for rotating methods (TurboQuant: s ⊙ H acc in place of H acc), acc / l
+// otherwise; lse = m + log(l). A row that saw no token gets out = 0 and lse = -inf (an empty
+// split-K part).
 template <class Ops>
 KVCTL_HOST_DEVICE inline void Finalize(const Problem& p, const Work& w) {
   const int d = p.spec.head_dim;

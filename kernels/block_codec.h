@@ -269,10 +269,10 @@ KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout
       bool ok = true;
       const int k_row = RowBytes(d, s.k_bits), v_row = RowBytes(d, s.v_bits);
       for (int t = ls.lane; t < g; t += ls.lanes) {
-        ok &= TurboEncodeRow(k + t * stride, d, s.k_bits, l.turbo_k, kr + t * d, kc + t * k_row,
-                             km, t);
-        ok &= TurboEncodeRow(v + t * stride, d, s.v_bits, l.turbo_v, vr + t * d, vc + t * v_row,
-                             vm, t);
+        const float* kt = k + t * stride;
+        const float* vt = v + t * stride;
+        ok &= TurboEncodeRow(kt, d, s.k_bits, l.turbo_k, kr + t * d, kc + t * k_row, km, t);
+        ok &= TurboEncodeRow(vt, d, s.v_bits, l.turbo_v, vr + t * d, vc + t * v_row, vm, t);
       }
       return ok;
     }

@@ -98,8 +98,9 @@ struct TurboCodebook {
 
 // Byte layout of one block record. Sections appear in this order, each starting at its offset;
 // record_bytes includes padding to a multiple of 8 bytes. For TurboQuant it also carries the
-// fixed codebooks of K and V (a pure function of head_dim and the widths, kernels/turbo_codebook.h),
-// so that every codec that receives the layout (CPU, SIMD, CUDA, attention) has them.
+// fixed codebooks of K and V (a pure function of head_dim and the widths,
+// kernels/turbo_codebook.h), so that every codec that receives the layout (CPU, SIMD, CUDA,
+// attention) has them.
 struct BlockLayout {
   size_t k_codes_offset = 0, k_codes_bytes = 0;
   size_t k_meta_offset = 0, k_meta_bytes = 0;

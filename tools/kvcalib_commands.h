@@ -37,7 +37,7 @@ struct FitCommandOptions {
   SyntheticCalibOptions synth;      // Sizes and seed of those (sequences is set from synthetic).
   std::string method;               // kivi, quarot, kvarn, oscar or turbo.
   std::vector<int> bits;            // Ascending; empty: every width of the method.
-  std::string target = "mse";            // mse | attention.
+  std::string target = "mse";       // mse | attention.
   std::string importance = "attention";  // attention | uniform.
   bool per_kind_beta = false;
   int probe_queries = 8;
