@@ -10,9 +10,9 @@ The reference is DynamicCache (what kveval's `uncompressed` row reproduces exact
 top-1 are against it, greedy agreement against its generation. Memory is what the package stores:
 b-bit codes are counted at b bits, as if packed (the package holds one uint8 per code: that figure
 is in each row's note and `held_vs_fp16`), plus its fp32 norm per token and head (32 / head_dim
-b/e), plus its fp16 residual window of the last 128 tokens at 16 bits. `run_row(evaluator, row)` runs one such row
-inside kveval's Evaluator, for a harness that wants these rows in its own table (kveval_rows.py:
-`peer_turbo_rows()`). Exit 0 ok; 1 bad input; 77 the package or model is missing.
+b/e), plus its fp16 residual window of the last 128 tokens at 16 bits. `run_row(evaluator, row)`
+runs one such row inside kveval's Evaluator, for a harness that wants these rows in its own table
+(kveval_rows.py: `peer_turbo_rows()`). Exit 0 ok; 1 bad input; 77 the package or model is missing.
 """
 
 from __future__ import annotations
