@@ -77,7 +77,9 @@ def run_row(ev, row: Row) -> dict:
     rec.update(scores.summary())
     rec["_gen"] = gens[0]
     ev.results.append(rec)
-    print("kveval_peer_turbo: %s done in %.0f s" % (row.name, rec["wall_s"]), flush=True)
+    print("kveval_peer_turbo: %s done in %.0f s: %s" % (
+        row.name, rec["wall_s"], {k: rec[k] for k in ("bits_per_element", "ppl", "kl_mean",
+                                                      "top1_agree")}), flush=True)
     return rec
 
 
@@ -96,6 +98,7 @@ def run_reference(ev) -> None:
     rec.update(scores.summary())
     rec["_gen"] = ev.ref_greedy
     ev.results.append(rec)
+    print("kveval_peer_turbo: reference PPL %.3f" % rec["ppl"], flush=True)
 
 
 def main(argv=None) -> int:
