@@ -10,9 +10,9 @@ The reference is DynamicCache (what kveval's `uncompressed` row reproduces exact
 top-1 are against it, greedy agreement against its generation. Memory is what the package stores:
 b-bit codes are counted at b bits, as if packed (the package holds one uint8 per code: that figure
 is in each row's note and `held_vs_fp16`), plus its fp32 norm per token and head (32 / head_dim
-b/e), plus its fp16 residual window of the last 128 tokens at 16 bits. `run_row(evaluator, row)` runs one such row
-inside kveval's Evaluator, for a harness that wants these rows in its own table (kveval_rows.py:
-`peer_turbo_rows()`). Exit 0 ok; 1 bad input; 77 the package or model is missing.
+b/e), plus its fp16 residual window of the last 128 tokens at 16 bits. `run_row(evaluator, row)`
+runs one such row inside kveval's Evaluator, for a harness that wants these rows in its own table
+(kveval_rows.py: `peer_turbo_rows()`). Exit 0 ok; 1 bad input; 77 the package or model is missing.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def run_row(ev, row: Row) -> dict:
     rec.update(scores.summary())
     rec["_gen"] = gens[0]
     ev.results.append(rec)
-    print("kveval_peer_turbo: %s done in %.0f s" % (row.name, rec["wall_s"]), flush=True)
+    print("kveval_peer_turbo: %s done in %.0f s: %s" % (
+        row.name, rec["wall_s"], {k: rec[k] for k in ("bits_per_element", "ppl", "kl_mean",
+                                                      "top1_agree")}), flush=True)
     return rec
 
 
@@ -96,6 +98,7 @@ def run_reference(ev) -> None:
     rec.update(scores.summary())
     rec["_gen"] = ev.ref_greedy
     ev.results.append(rec)
+    print("kveval_peer_turbo: reference PPL %.3f" % rec["ppl"], flush=True)
 
 
 def main(argv=None) -> int:
