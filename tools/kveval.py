@@ -1,20 +1,29 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """kveval: pseudo-decode quality of KV-cache compression on SmolLM2-135M through the real daemon.
 
-Protocol (docs/algorithms.md §10, issue 5): a prefix of the evaluation text is prefilled, then
-every following token is fed one at a time through the same cache path as decoding (teacher-forced),
-so later tokens attend to the quantized/evicted cache of earlier ones. Per row: next-token NLL
-(PPL), KL(uncompressed || row) of the next-token distributions, top-1 agreement with the
-uncompressed run, and free greedy generation from a prompt compared token by token with the
-uncompressed generation. kvctl rows run batched (batch element b = its own daemon, started here
-with the row's config), so they share one forward per step; peers (transformers' quanto
-QuantizedCache, kvpress presses) run one by one on DynamicCache.
+Protocol (docs/quality.md, docs/algorithms.md §10): the text is tokenised and cut into
+`--segments` non-overlapping windows of `--tokens` (the context length), spread evenly over it.
+In each, all but the last `--scored` + 1 tokens are prefilled, then the rest are fed one token
+at a time through the same cache path as decoding (teacher-forced), so every scored token
+attends to the quantized/evicted cache of the earlier ones. Per row: next-token NLL (PPL),
+KL(uncompressed || row) and top-1 agreement per scored position; dPPL and KL with a 95 %
+paired block-bootstrap interval over the positions of all segments (kveval_stats.py says why).
+Free generation: greedy continuation of `--prompt-tokens` tokens of the text (the first
+segment's start), compared with the uncompressed continuation from the first generated token
+predicted over a quantized row (the daemon's STATS quant_onset_tokens). Memory: reserved pool
+bytes (whole pages) against an fp16 cache of every token seen; the payload beside it.
 
-    python3 tools/kveval.py --quick                   # CI subset with assertions, < 5 min
-    python3 tools/kveval.py --out results             # every row (long: see docs/quality.md)
-    python3 tools/kveval.py --rows uncompressed,kivi2 --text FILE --tokens 2048
-    python3 tools/kveval.py --rows kivi8,pressure_kivi8 --out /tmp/sub   # a subset, then into
-    python3 tools/kveval.py --merge-from /tmp/sub --rows pressure_kivi8  # the results/ table
+kvctl rows run batched (batch element b = its own daemon, started here with the row's config):
+one forward per step for all of them, the prefill once at batch 1 (kveval_prefill.py). Peers
+(transformers' quanto QuantizedCache, kvpress presses) run one by one on DynamicCache.
+
+    python3 tools/kveval.py --quick                   # CI subset with assertions
+    python3 tools/kveval.py --text prose --out results/prose-2k     # every row, 4 x 2048
+    python3 tools/kveval.py --text code --tokens 8192 --segments 2 --scored 64 \
+        --rows kivi4,kivi2,evict_rkv_25 --out results/code-8k
+    python3 tools/kveval.py --rows kivi3 --text prose --out /tmp/sub   # a subset, then into
+    python3 tools/kveval.py --merge-from /tmp/sub --rows kivi3 --out results/prose-2k
+    python3 tools/kveval.py --plot-from results/prose-2k/quality.json  # redraw, no run
 
 Exit status 0 ok, 1 bad input or a failed --quick assertion (one clear message on stderr),
 2 the daemon failed.
@@ -301,7 +310,8 @@ class Evaluator:
         scores = self.teacher_forced(make, len(rows), shared=True, at_end=at_end)
         tf_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        gens = self.greedy(make, len(rows), shared=True)
+        gens = (self.greedy(make, len(rows), shared=True) if self.args.gen_tokens
+                else [[] for _ in rows])
         gen_s = time.perf_counter() - t1
         self.model.set_attn_implementation("sdpa")
         for b, row in enumerate(rows):
@@ -378,7 +388,7 @@ class Evaluator:
 
         t0 = time.perf_counter()
         scores = self.teacher_forced(make, 1, press=press, at_end=at_end)[0]
-        gens = self.greedy(make, 1, press=press)
+        gens = self.greedy(make, 1, press=press) if self.args.gen_tokens else [[]]
         mem = _mean(p[0] for p in per_segment)
         if row.kind == "quanto":
             note = ("bits counted: codes + fp16 scale/zero per 64 elements; residual %.0f tokens"
@@ -490,7 +500,7 @@ def parse_args(argv):
                    help="free-generation prompt: this many tokens of the text, from the first "
                    "segment's start (default 512; --quick 128)")
     p.add_argument("--gen-tokens", type=int, default=None,
-                   help="greedy tokens generated (default 128; --quick 16)")
+                   help="greedy tokens generated (default 128; --quick 16; 0: none)")
     p.add_argument("--label", default=None, help="what the figure title calls the text")
     p.add_argument("--out", default=None, help="output folder (default results/, --quick: a "
                    "temporary folder)")
@@ -513,7 +523,7 @@ def parse_args(argv):
     a.segments = a.segments or (2 if q else 4)
     a.scored = a.scored or (64 if q else 128)
     a.prompt_tokens = a.prompt_tokens or (128 if q else 512)
-    a.gen_tokens = a.gen_tokens or (16 if q else 128)
+    a.gen_tokens = (16 if q else 128) if a.gen_tokens is None else a.gen_tokens
     a.kvctl_bin = a.kvctl_bin or os.environ.get("KVCTL_BIN") or os.path.join(REPO, "build", "bin",
                                                                                "kvctl")
     a.kvcalib_bin = a.kvcalib_bin or os.path.join(os.path.dirname(a.kvctl_bin), "kvcalib")
@@ -534,8 +544,9 @@ def check_args(a) -> List[Row]:
     if not 0 < a.scored < a.tokens - 1:
         raise EvalError("--scored: got %d, expected 1..%d (below --tokens - 1)"
                         % (a.scored, a.tokens - 2))
-    if a.gen_tokens < 2:
-        raise EvalError("--gen-tokens: got %d, expected >= 2" % a.gen_tokens)
+    if a.gen_tokens < 0 or a.gen_tokens == 1:
+        raise EvalError("--gen-tokens: got %d, expected 0 (no free generation) or >= 2"
+                        % a.gen_tokens)
     if not 0 < a.prompt_tokens <= a.tokens:
         raise EvalError("--prompt-tokens: got %d, expected 1..%d (--tokens)" % (a.prompt_tokens,
                                                                               a.tokens))
@@ -572,7 +583,8 @@ def quick_checks(ev: Evaluator, dyn_logprobs) -> List[tuple]:
     out = []
     diff = float((dyn_logprobs - ev.ref_logprobs[0]).abs().max())
     out.append(("compression off (shared batch-1 prefill, batch %d decode): max |log-prob - "
-                "DynamicCache| = %.2e (<= 1e-4)" % (len(ev.results), diff), diff <= 1e-4))
+                "DynamicCache| = %.2e (<= 5e-4: batched float32 matmuls round differently)"
+                % (len(ev.results), diff), diff <= 5e-4))
     res = {r["row"]: r for r in ev.results}
     if "kivi8" in res:
         r = res["kivi8"]
