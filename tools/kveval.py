@@ -81,7 +81,7 @@ class Daemon:
         from kvctl.process import DaemonStartError, spawn_daemon, wait_until_serving
         self.proc = spawn_daemon(self.binary, self.settings, self.log_path, self.config_file)
         try:
-            wait_until_serving(self.proc, self.endpoint, timeout_s=15)
+            wait_until_serving(self.proc, self.endpoint, timeout_s=120)  # A loaded machine.
         except DaemonStartError as e:
             self.stop()
             raise DaemonError("%s (%s): %s" % (e, self.name, self.log_tail()))
@@ -653,8 +653,15 @@ def main(argv=None) -> int:
     ev = Evaluator(args, torch, model, tok, kvctl)
     daemons: List[Daemon] = []
     t_start = time.perf_counter()
-    # A daemon's pool: 256 MiB, or 3x the float32 rows of one segment (the lossless reference).
-    pool_mib = max(256, -(-3 * 2 * ev.fp16_bytes(args.tokens) // (1 << 20)))
+    # A daemon's pool is allocated whole when it starts, so it is sized to one segment: the
+    # lossless reference's float32 rows + 25 %, every other row's fp16 rows + 30 % (quantized
+    # and evicting rows hold less; page slack is within a few %), plus 2 staging slots.
+    mib = 1 << 20
+    pool = {"pool.staging_slots": "2", "pool.staging_bytes_per_session": "8MiB"}
+    pool_lossless = dict(pool, **{"pool.bytes": "%dMiB" % (
+        -(-5 * 2 * ev.fp16_bytes(args.tokens) // (4 * mib)) + 20)})
+    pool_other = dict(pool, **{"pool.bytes": "%dMiB" % (
+        -(-13 * ev.fp16_bytes(args.tokens) // (10 * mib)) + 20)})
     try:
         kv_rows = [r for r in rows if r.kind == "kvctl"]
         profiles, dumps = {}, []
@@ -675,7 +682,8 @@ def main(argv=None) -> int:
                 pool = pressure_settings(r, args.tokens - 1, ev.layers, ev.kv_heads, ev.head_dim)
                 r.note = "; ".join(x for x in (pool.pop("note"), r.note) if x)
                 r.settings.update(pool)
-            settings = dict({"pool.bytes": "%dMiB" % pool_mib}, **r.settings)
+            lossless = r.settings.get("quant.lossless") == "true"
+            settings = dict(pool_lossless if lossless else pool_other, **r.settings)
             daemons.append(Daemon(args.kvctl_bin, workdir, r.name, settings, config))
         for d in daemons:
             d.start()
