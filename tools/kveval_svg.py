@@ -36,7 +36,7 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#7b4173", "#3182bd", "#e6550d", "#31a354"]
 NOT_PLOTTED = ("uncompressed",)  # 2.0 of fp16 (float32 rows): the reference, off the frontier.
 DPPL_FLOOR, KL_FLOOR = 0.01, 1e-5  # Smaller values (and dPPL <= 0) are drawn at the floor.
-W, H = 1100, 460
+W, H = 1180, 460
 PANEL_W, PANEL_H, LEFT, TOP = 380, 340, 70, 40
 
 
