@@ -701,6 +701,9 @@ def main(argv=None) -> int:
             external.endpoint = args.endpoint
             daemons.append(external)  # Not started or stopped here.
         ev.run_kvctl(kv_rows, daemons)
+        for d in daemons:  # Their pools are whole allocations: free them before the peers.
+            if d.name != "external":
+                d.stop()
         dyn_logprobs = exactness_run(ev) if args.quick else None
         for r in rows:
             if r.kind != "kvctl":
