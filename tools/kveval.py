@@ -291,10 +291,10 @@ class Evaluator:
         send_q = [r.send_q for r in rows]
         context = max(int(s.shape[1]) for s in self.args.segments)
 
-        def make():
+        def make(tokens=context):
             cache = KvctlCache(self.model, endpoints, timeout_ms=600000, send_q=send_q)
             for layer in cache.layers:
-                layer._reserve(context)  # One buffer for the whole segment, no doubling.
+                layer._reserve(tokens)  # One buffer for the whole sequence, no doubling.
             return cache
 
         stats: List[List[dict]] = []   # Per segment, per row: STATS at the segment's end.
@@ -310,8 +310,9 @@ class Evaluator:
         scores = self.teacher_forced(make, len(rows), shared=True, at_end=at_end)
         tf_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        gens = (self.greedy(make, len(rows), shared=True) if self.args.gen_tokens
-                else [[] for _ in rows])
+        gen_len = int(self.args.prompt_ids.shape[1]) + self.args.gen_tokens
+        gens = (self.greedy(lambda: make(gen_len), len(rows), shared=True)
+                if self.args.gen_tokens else [[] for _ in rows])
         gen_s = time.perf_counter() - t1
         self.model.set_attn_implementation("sdpa")
         for b, row in enumerate(rows):
