@@ -55,7 +55,8 @@ from kveval_output import merge_outputs, render_from_json, write_outputs  # noqa
 from kveval_stats import (agreement, bootstrap_ci, onset_index,  # noqa: E402
                           segment_dppl)
 from kveval_rows import (FULL_ROWS, QUICK_ROWS, DaemonError, EvalError,  # noqa: E402
-                         MissingStack, Row, all_rows, pressure_settings, pressure_summary)
+                         MissingStack, Row, all_rows, peer_turbo_rows, pressure_settings,
+                         pressure_summary)
 
 
 # ---- daemons ----------------------------------------------------------------------------------
@@ -367,6 +368,9 @@ class Evaluator:
             def make():
                 return QuantizedCache(backend="quanto", config=self.model.config,
                                       nbits=row.nbits)
+        elif row.kind == "turboquant":
+            from kveval_peer_turbo import make_cache_factory
+            make = make_cache_factory(row)
         else:
             press = make_press(row.press, row.keep)
 
@@ -383,6 +387,10 @@ class Evaluator:
                                else 0 for l in cache.layers) / len(cache.layers)
                 bits = ((seen - residual) * (row.nbits + 32.0 / 64) + residual * 16) / seen
                 per_segment.append((bits / 16, bits, seen, residual))
+            elif row.kind == "turboquant":
+                from kveval_peer_turbo import turbo_bits
+                bits = turbo_bits(row.nbits, seen, self.head_dim)
+                per_segment.append((bits / 16, bits, seen, min(seen, 128)))
             else:
                 kept = sum(int(l.keys.shape[-2]) for l in cache.layers) / len(cache.layers)
                 per_segment.append((kept / seen, 16.0, kept, 0))
@@ -391,7 +399,11 @@ class Evaluator:
         scores = self.teacher_forced(make, 1, press=press, at_end=at_end)[0]
         gens = self.greedy(make, 1, press=press) if self.args.gen_tokens else [[]]
         mem = _mean(p[0] for p in per_segment)
-        if row.kind == "quanto":
+        if row.kind == "turboquant":
+            note = ("turboquant TurboQuantCache(bits=%d); bits counted: packed codes + fp32 norm "
+                    "per token and head + fp16 residual of %d tokens (it holds one uint8 per "
+                    "code)" % (row.nbits, per_segment[-1][3]))
+        elif row.kind == "quanto":
             note = ("bits counted: codes + fp16 scale/zero per 64 elements; residual %.0f tokens"
                     % per_segment[-1][3])
         else:
@@ -532,7 +544,8 @@ def parse_args(argv):
 
 
 def check_args(a) -> List[Row]:
-    known = all_rows()
+    # The PyPI TurboQuant peers need their package: known, not in the default list.
+    known = dict(all_rows(), **{r.name: r for r in peer_turbo_rows()})
     names = (a.rows.split(",") if a.rows else (QUICK_ROWS if a.quick else FULL_ROWS))
     names = [n.strip() for n in names if n.strip()]
     bad = [n for n in names if n not in known]

@@ -27,6 +27,7 @@ FAMILIES = [
     ("evict_h2o", "H2O (evict)"), ("evict_snapkv", "SnapKV (evict)"),
     ("evict_rkv", "R-KV (evict)"), ("reasonalloc", "ReasonAlloc"), ("joint", "joint planner"),
     ("pressure", "pool pressure"), ("quanto", "peer: transformers quanto"),
+    ("peer_turbo", "peer: TurboQuant (PyPI turboquant)"),
     ("kvpress_snapkv", "peer: kvpress SnapKV"),
     ("kvpress_streamingllm", "peer: kvpress StreamingLLM"),
     ("kvpress_expected_attention", "peer: kvpress ExpectedAttention"),

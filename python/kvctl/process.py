@@ -33,19 +33,8 @@ def spawn_daemon(binary: str, settings: Mapping[str, object], log_path: str,
         args += ["--set", "%s=%s" % (key, value)]
     with open(log_path, "ab") as log:
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                stdin=subprocess.DEVNULL)
 
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the process that started it dies, so a
-    killed test run or kveval (e.g. by the OOM killer) does not leave daemons holding their
-    whole shm pools; SIGTERM lets the daemon unlink its shm. Elsewhere nothing."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def wait_until_serving(proc: subprocess.Popen, endpoint: str, timeout_s: float) -> None:
