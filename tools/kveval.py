@@ -644,6 +644,10 @@ def main(argv=None) -> int:
         return 0
     rows = check_args(args)
     text = read_text("--text", args.text)
+    # The commit at the start (the tree may move during a long run).
+    args.commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True).stdout.strip()
     try:
         import torch
         from kvctl.model import ModelNotFound, load_smollm2
@@ -769,15 +773,13 @@ def _meta(args, t_start) -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     return {"text": TEXTS.get(args.text, args.text), "label": args.label or args.text,
             "text_tokens": args.text_tokens, "tokens": args.tokens,
             "segments": len(args.segment_starts), "segment_starts": args.segment_starts,
             "scored": args.scored, "prompt_tokens": int(args.prompt_ids.shape[1]),
             "gen_tokens": args.gen_tokens, "calib_text": args.calib_text,
             "command": " ".join(["tools/kveval"] + sys.argv[1:]),
-            "commit": commit.stdout.strip(), "versions": versions,
+            "commit": args.commit, "versions": versions,
             "wall_s": time.perf_counter() - t_start}
 
 
