@@ -673,13 +673,14 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     # A daemon's pool is allocated whole when it starts, so it is sized to one segment: the
     # lossless reference's float32 rows + 25 %, every other row's fp16 rows + 30 % (quantized
-    # and evicting rows hold less; page slack is within a few %), plus 2 staging slots.
+    # and evicting rows hold less; page slack is within a few %), plus 40 MiB: 2 staging slots
+    # of 8 MiB, which the daemon allows in at most half of pool.bytes, and room.
     mib = 1 << 20
     pool = {"pool.staging_slots": "2", "pool.staging_bytes_per_session": "8MiB"}
     pool_lossless = dict(pool, **{"pool.bytes": "%dMiB" % (
-        -(-5 * 2 * ev.fp16_bytes(args.tokens) // (4 * mib)) + 20)})
+        -(-5 * 2 * ev.fp16_bytes(args.tokens) // (4 * mib)) + 40)})
     pool_other = dict(pool, **{"pool.bytes": "%dMiB" % (
-        -(-13 * ev.fp16_bytes(args.tokens) // (10 * mib)) + 20)})
+        -(-13 * ev.fp16_bytes(args.tokens) // (10 * mib)) + 40)})
     try:
         kv_rows = [r for r in rows if r.kind == "kvctl"]
         profiles, dumps = {}, []
