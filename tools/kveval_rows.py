@@ -134,8 +134,9 @@ def all_rows() -> Dict[str, Row]:
 
 
 def peer_turbo_rows():
-    """The PyPI TurboQuant peer (tools/kveval_peer_turbo.py runs them; kind "turboquant" is not
-    one run_peer knows, so they are not in all_rows())."""
+    """The PyPI TurboQuant peer: tools/kveval.py runs them when --rows names them (kind
+    "turboquant" in Evaluator.run_peer), tools/kveval_peer_turbo.py on their own. They are not in
+    all_rows(), so a default kveval run does not need the turboquant package."""
     return [Row("peer_turbo%d" % b, "turboquant", nbits=b,
                 note="turboquant 0.2.0 TurboQuantCache, residual 128") for b in (2, 3, 4)]
 
