@@ -121,6 +121,8 @@ struct BudgetConfig {
 // [evict]: the token scorer of evict-only / joint budgets. 0 = the policy's default.
 enum class EvictPolicy : uint8_t { kStreaming, kH2O, kSnapKV, kRKV };
 enum class EvictPooling : uint8_t { kDefault, kMax, kAvg };
+enum class EvictGroup : uint8_t { kDefault, kMax, kMean };
+enum class EvictSoftmax : uint8_t { kDefault, kCandidates, kCausal };
 struct EvictConfig {
   EvictPolicy policy{};
   int sinks = 0;
@@ -128,6 +130,8 @@ struct EvictConfig {
   int obs_window = 0;
   int kernel = 0;
   EvictPooling pooling{};
+  EvictGroup group{};
+  EvictSoftmax softmax{};
   double lambda = 0;
   int compression_period = 0;
   bool operator==(const EvictConfig&) const = default;

@@ -621,6 +621,24 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_EVICT_POOLING",
            .names = {"default", "max", "avg"},
            .doc = "Pooling of snapkv / rkv importance; default = snapkv avg, rkv max."}),
+      Row<&Config::evict, &EvictConfig::group>(
+          {.key = "evict.group",
+           .default_text = "default",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_GROUP",
+           .names = {"default", "max", "mean"},
+           .doc = "How snapkv / rkv reduce a GQA group's query heads: max = max of the logits, "
+                  "one softmax (R-KV); mean = a softmax per query head, then the mean "
+                  "(SnapKV); default = snapkv mean, rkv max."}),
+      Row<&Config::evict, &EvictConfig::softmax>(
+          {.key = "evict.softmax",
+           .default_text = "default",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_SOFTMAX",
+           .names = {"default", "candidates", "causal"},
+           .doc = "Keys an observation query's softmax normalises over (snapkv / rkv): "
+                  "candidates = those before the recent window (R-KV); causal = every key it "
+                  "sees, window included (SnapKV); default = snapkv causal, rkv candidates."}),
       Row<&Config::evict, &EvictConfig::lambda>(
           {.key = "evict.lambda",
            .default_text = "0.07",

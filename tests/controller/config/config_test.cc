@@ -119,6 +119,8 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"evict.obs_window", "0"},
       {"evict.kernel", "0"},
       {"evict.pooling", "\"default\""},
+      {"evict.group", "\"default\""},
+      {"evict.softmax", "\"default\""},
       {"evict.lambda", "0.07"},
       {"evict.compression_period", "32"},
       {"limits.host_memory_bytes", "\"0B\""},
