@@ -543,6 +543,16 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_REALLOC_EMA",
            .doc = "Weight of the newest head utility in its moving average."}),
+      Row<&Config::budget, &BudgetConfig::realloc_split>(
+          {.key = "budget.realloc_split",
+           .default_text = "greedy",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_REALLOC_SPLIT",
+           .names = {"greedy", "proportional"},
+           .doc = "How head re-allocation splits a layer's budget: greedy = every head its floor, "
+                  "then the rest a few tokens at a time to the head whose next tokens hold the "
+                  "most observed attention mass; proportional = floor + the rest in proportion "
+                  "to each head's utility (the mass budget/4 more tokens would win back)."}),
       Row<&Config::budget, &BudgetConfig::pressure>(
           {.key = "budget.pressure",
            .default_text = "fail",

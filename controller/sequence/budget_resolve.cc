@@ -95,6 +95,7 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   s.layer_profile = b.layer_profile;
   s.realloc_period = b.realloc_period;
   s.realloc_ema = b.realloc_ema;
+  s.realloc_greedy = b.realloc_split == ReallocSplit::kGreedy;
   if (s.layer_profile == LayerProfile::kDemand) {
     KVCTL_ASSIGN_OR_RETURN(s.demand, LoadLayerDemand(b.profile));
     if (static_cast<int>(s.demand.size()) != shape.layers) {
