@@ -297,9 +297,13 @@ double HeadUtility(const RetainedMassCurve& curve, int64_t budget, int64_t delta
 }
 
 StatusOr<std::vector<int64_t>> GreedyHeadBudgets(std::span<const RetainedMassCurve> curves,
-                                                 int64_t layer_budget, int64_t floor,
-                                                 int64_t step) {
+                                                 int64_t layer_budget, int64_t floor, int64_t step,
+                                                 std::span<const int64_t> reach) {
   if (curves.empty()) return InvalidArgument("curves: empty, expected one per head");
+  if (!reach.empty() && reach.size() != curves.size()) {
+    return InvalidArgument("reach: got ", reach.size(), " values, expected ", curves.size(),
+                           " (one per head)");
+  }
   if (floor < 0) return InvalidArgument("floor: got ", floor, ", expected >= 0");
   if (step < 1) return InvalidArgument("step: got ", step, ", expected >= 1");
   const auto heads = static_cast<int64_t>(curves.size());
@@ -329,7 +333,10 @@ StatusOr<std::vector<int64_t>> GreedyHeadBudgets(std::span<const RetainedMassCur
     int64_t best = 0;
     double best_gain = -1;
     for (int64_t h = 0; h < heads; ++h) {
-      const double g = gain(curves[h], budgets[h], s);
+      // Tokens past the head's reach are worth nothing to it.
+      const int64_t usable =
+          reach.empty() ? s : std::clamp<int64_t>(reach[h] - budgets[h], 0, s);
+      const double g = usable > 0 ? gain(curves[h], budgets[h], usable) : 0.0;
       // Equal gains (flat curves) go to the smaller budget, so nothing piles onto one head.
       if (g > best_gain || (g == best_gain && budgets[h] < budgets[best])) best = h, best_gain = g;
     }

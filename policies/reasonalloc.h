@@ -120,12 +120,15 @@ double HeadUtility(const RetainedMassCurve& curve, int64_t budget, int64_t delta
 // time to the head whose next `step` tokens, in its own score order, hold the most mass (ties to
 // the lower head). Past a head's resident tokens (its curve ends there) a step is worth the mass
 // of its last `step` kept tokens: the value of tokens not seen yet is guessed from the head's
-// margin, so a head that holds all it has can still grow. Sums to layer_budget exactly.
-// INVALID_ARGUMENT when curves is empty or has an empty curve, floor < 0, step < 1 or
-// layer_budget < curves.size() * floor.
+// margin, so a head that holds all it has can still grow, but only up to reach[h] (its resident
+// tokens plus those that arrive before the next re-split: evicted tokens never come back, so a
+// budget above that is memory nobody uses while other heads are cut). Once every head is at its
+// reach the rest is split evenly. Sums to layer_budget exactly. `reach` empty = unlimited.
+// INVALID_ARGUMENT when curves is empty or has an empty curve, reach has another size, floor < 0,
+// step < 1 or layer_budget < curves.size() * floor.
 StatusOr<std::vector<int64_t>> GreedyHeadBudgets(std::span<const RetainedMassCurve> curves,
-                                                 int64_t layer_budget, int64_t floor,
-                                                 int64_t step);
+                                                 int64_t layer_budget, int64_t floor, int64_t step,
+                                                 std::span<const int64_t> reach = {});
 
 struct HeadReallocParams {
   int64_t heads = 0;

@@ -101,7 +101,7 @@ enum class PressurePolicy : uint8_t { kFail, kRequantize };
 enum class PressureScope : uint8_t { kSequence, kPool };
 // How head re-allocation splits a layer's budget: proportional to each head's marginal utility,
 // or greedily by retained attention mass (policies/reasonalloc.h GreedyHeadBudgets).
-enum class ReallocSplit : uint8_t { kGreedy, kProportional };
+enum class ReallocSplit : uint8_t { kProportional, kGreedy };
 struct BudgetConfig {
   BudgetMode mode{};
   int tokens_per_head = 0;    // Average kept tokens per (layer, KV head); 0 = use token_fraction.

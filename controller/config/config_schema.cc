@@ -545,10 +545,10 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "Weight of the newest head utility in its moving average."}),
       Row<&Config::budget, &BudgetConfig::realloc_split>(
           {.key = "budget.realloc_split",
-           .default_text = "greedy",
+           .default_text = "proportional",
            .flags = kRel,
            .env = "KVCTL_BUDGET_REALLOC_SPLIT",
-           .names = {"greedy", "proportional"},
+           .names = {"proportional", "greedy"},
            .doc = "How head re-allocation splits a layer's budget: greedy = every head its floor, "
                   "then the rest a few tokens at a time to the head whose next tokens hold the "
                   "most observed attention mass; proportional = floor + the rest in proportion "

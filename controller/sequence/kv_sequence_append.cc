@@ -201,9 +201,13 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
       curves[h] = std::move(curve);
     }
     if (ev.realloc_greedy) {
+      std::vector<int64_t> reach(heads);
+      for (int h = 0; h < heads; ++h) {
+        reach[h] = layer.heads[h].count() + n + std::max<int64_t>(1, ev.realloc_period);
+      }
       KVCTL_ASSIGN_OR_RETURN(std::vector<int64_t> greedy,
                              GreedyHeadBudgets(curves, scoring.layer_budget, ev.floor,
-                                               std::max<int64_t>(1, ctx.avg_budget / 16)));
+                                               std::max<int64_t>(1, ctx.avg_budget / 16), reach));
       for (int h = 0; h < heads; ++h) utility[h] = static_cast<double>(greedy[h] - ev.floor);
     }
     KVCTL_RETURN_IF_ERROR(scoring.realloc->Update(utility));

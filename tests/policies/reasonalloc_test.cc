@@ -138,6 +138,13 @@ TEST_CASE("ReasonAlloc: greedy head budgets follow the retained mass", "[policie
   REQUIRE(far.ok());
   CHECK(Sum(*far) == 30);
   CHECK((*far)[1] > 20);
+  // With a reach (resident tokens + the next period's arrivals) head 1 stops at 12 and the rest
+  // goes to head 0: a budget past what a head can hold would be memory nobody uses.
+  auto reached = GreedyHeadBudgets(curves, 30, 4, 1, std::vector<int64_t>{40, 12});
+  REQUIRE(reached.ok());
+  CHECK(*reached == std::vector<int64_t>{18, 12});
+  CHECK_THAT(GreedyHeadBudgets(curves, 30, 4, 1, std::vector<int64_t>{1}).status().ToString(),
+             Contains("reach: got 1 values, expected 2"));
   // Flat curves (no mass anywhere) split evenly instead of piling onto one head.
   RetainedMassCurve none{.min_budget = 2, .retained = {1.0, 1.0, 1.0}};
   auto even = GreedyHeadBudgets(std::vector<RetainedMassCurve>{none, none, none}, 30, 2, 2);

@@ -110,7 +110,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"budget.realloc_period", "0"},
       {"budget.floor", "0"},
       {"budget.realloc_ema", "0.5"},
-      {"budget.realloc_split", "\"greedy\""},
+      {"budget.realloc_split", "\"proportional\""},
       {"budget.pressure", "\"fail\""},
       {"budget.pressure_min_bits", "2"},
       {"budget.pressure_scope", "\"sequence\""},

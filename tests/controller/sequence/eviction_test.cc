@@ -334,15 +334,15 @@ TEST_CASE("Eviction: snapkv resolves to SnapKV's reduction, rkv to R-KV's, both 
   CHECK(s->snapkv.softmax == SoftmaxScope::kCausal);
   CHECK(s->rkv.group == GqaReduce::kMaxLogit);
   CHECK(s->rkv.softmax == SoftmaxScope::kCandidates);
-  CHECK(s->realloc_greedy);
+  CHECK(!s->realloc_greedy);
   c.evict.group = EvictGroup::kMax;
   c.evict.softmax = EvictSoftmax::kCandidates;
-  c.budget.realloc_split = ReallocSplit::kProportional;
+  c.budget.realloc_split = ReallocSplit::kGreedy;
   s = ResolveEviction(c, shape);
   REQUIRE(s.ok());
   CHECK(s->snapkv.group == GqaReduce::kMaxLogit);
   CHECK(s->snapkv.softmax == SoftmaxScope::kCandidates);
-  CHECK(!s->realloc_greedy);
+  CHECK(s->realloc_greedy);
   c.evict.group = EvictGroup::kMean;
   c.evict.softmax = EvictSoftmax::kCausal;
   s = ResolveEviction(c, shape);
