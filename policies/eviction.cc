@@ -433,8 +433,7 @@ StatusOr<std::vector<float>> ScoreRKV(const KeyRows& keys, const KvTensorView& g
                                       ProtectedRegions regions, const RkvParams& params) {
   KVCTL_RETURN_IF_ERROR(ValidateRkvParams(params));
   return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
-                        params.group, params.softmax, params.lambda,
-                        params.similarity_threshold);
+                        params.group, params.softmax, params.lambda, params.similarity_threshold);
 }
 
 Status UpdateH2O(H2OState* state, const KeyRows& keys, const KvTensorView& group_queries) {

@@ -334,8 +334,7 @@ StatusOr<std::vector<int64_t>> GreedyHeadBudgets(std::span<const RetainedMassCur
     double best_gain = -1;
     for (int64_t h = 0; h < heads; ++h) {
       // Tokens past the head's reach are worth nothing to it.
-      const int64_t usable =
-          reach.empty() ? s : std::clamp<int64_t>(reach[h] - budgets[h], 0, s);
+      const int64_t usable = reach.empty() ? s : std::clamp<int64_t>(reach[h] - budgets[h], 0, s);
       const double g = usable > 0 ? gain(curves[h], budgets[h], usable) : 0.0;
       // Equal gains (flat curves) go to the smaller budget, so nothing piles onto one head.
       if (g > best_gain || (g == best_gain && budgets[h] < budgets[best])) best = h, best_gain = g;

@@ -112,7 +112,8 @@ TEST_CASE("ReasonAlloc: a layer cannot keep more than it holds", "[policies]") {
   std::vector<int64_t> d = {400, 400};
   REQUIRE(CapLayerBudgets(std::vector<double>{1, 1}, 300, &d).ok());
   CHECK(d == std::vector<int64_t>{300, 300});
-  CHECK_THAT(CapLayerBudgets(std::vector<double>{1}, 300, &d).ToString(), Contains("weight: got 1"));
+  CHECK_THAT(CapLayerBudgets(std::vector<double>{1}, 300, &d).ToString(),
+             Contains("weight: got 1"));
   CHECK_THAT(CapLayerBudgets(std::vector<double>{1, -1}, 300, &d).ToString(),
              Contains("weight[1]: got -1"));
 }
