@@ -177,25 +177,41 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
   }
 }
 
-// R-KV importance before pooling over keys [0, n_imp): max of the logits over the group, softmax,
-// mean over the m query tokens.
-std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t n_imp) {
-  std::vector<double> a(static_cast<size_t>(n_imp), 0.0), z(static_cast<size_t>(n_imp));
-  for (int64_t i = 0; i < q.m; ++i) {
-    const int64_t n = std::min(n_imp, keys.tokens - q.m + i + 1);
-    if (n <= 0) continue;
+// Importance before pooling over keys [0, n_imp): per observation query, the group reduced by
+// `group` and a softmax over `scope`'s keys; the mean over the m query tokens.
+std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t n_imp,
+                               GqaReduce group, SoftmaxScope scope) {
+  std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
+  std::vector<double> z(static_cast<size_t>(keys.tokens));
+  // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
+  auto add_softmax = [&](int64_t n, double w) {
     double zmax = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
-      const float* k = keys.data + j * keys.head_dim;
-      float best = Dot(q.Row(i, 0), k, keys.head_dim);
-      for (int64_t h = 1; h < q.g; ++h) best = std::max(best, Dot(q.Row(i, h), k, keys.head_dim));
-      z[j] = best;
-      zmax = std::max(zmax, z[j]);
-    }
+    for (int64_t j = 0; j < n; ++j) zmax = std::max(zmax, z[j]);
     double sum = 0;
     for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
-    const double w = 1.0 / (sum * static_cast<double>(q.m));
-    for (int64_t j = 0; j < n; ++j) a[j] += z[j] * w;
+    const double scale = w / sum;
+    for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += z[j] * scale;
+  };
+  for (int64_t i = 0; i < q.m; ++i) {
+    const int64_t seen = keys.tokens - q.m + i + 1;  // Causal: query i sees keys [0, seen).
+    const int64_t n = scope == SoftmaxScope::kCausal ? seen : std::min(n_imp, seen);
+    if (n <= 0 || std::min(n, n_imp) <= 0) continue;
+    if (group == GqaReduce::kMaxLogit) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float* k = keys.data + j * keys.head_dim;
+        float best = Dot(q.Row(i, 0), k, keys.head_dim);
+        for (int64_t h = 1; h < q.g; ++h) best = std::max(best, Dot(q.Row(i, h), k, keys.head_dim));
+        z[j] = best;
+      }
+      add_softmax(n, 1.0 / static_cast<double>(q.m));
+    } else {
+      for (int64_t h = 0; h < q.g; ++h) {
+        for (int64_t j = 0; j < n; ++j) {
+          z[j] = Dot(q.Row(i, h), keys.data + j * keys.head_dim, keys.head_dim);
+        }
+        add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
+      }
+    }
   }
   return a;
 }
@@ -257,16 +273,16 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
 
 StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorView& group_queries,
                                             ProtectedRegions regions, int64_t obs_window,
-                                            int kernel, PoolKind pool, float lambda,
-                                            float threshold) {
+                                            int kernel, PoolKind pool, GqaReduce group,
+                                            SoftmaxScope scope, float lambda, float threshold) {
   KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
   KVCTL_RETURN_IF_ERROR(CheckRegions(regions));
   KVCTL_ASSIGN_OR_RETURN(ObsQueries q, LoadQueries(group_queries, obs_window, keys));
   std::vector<float> scores(static_cast<size_t>(keys.tokens), kProtectedScore);
   const CandidateRange c = Candidates(keys.tokens, regions);
   if (c.lo >= c.hi) return scores;
-  // The softmax and the pooling run over every non-window key, sinks included, as in R-KV.
-  const std::vector<double> pooled = Pool(Importance(keys, q, c.hi), kernel, pool);
+  // The pooling runs over every non-window key, sinks included, as in R-KV and SnapKV.
+  const std::vector<double> pooled = Pool(Importance(keys, q, c.hi, group, scope), kernel, pool);
   std::vector<double> r;
   if (lambda < 1.0f) r = Redundancy(keys, threshold);
   for (int64_t j = c.lo; j < c.hi; ++j) {
@@ -333,6 +349,14 @@ Status ValidateRkvParams(const RkvParams& params) {
     return InvalidArgument("rkv.pool: got ", static_cast<int>(params.pool),
                            ", expected max or avg");
   }
+  if (params.group != GqaReduce::kMaxLogit && params.group != GqaReduce::kMeanProb) {
+    return InvalidArgument("rkv.group: got ", static_cast<int>(params.group),
+                           ", expected max or mean");
+  }
+  if (params.softmax != SoftmaxScope::kCandidates && params.softmax != SoftmaxScope::kCausal) {
+    return InvalidArgument("rkv.softmax: got ", static_cast<int>(params.softmax),
+                           ", expected candidates or causal");
+  }
   if (!(params.lambda >= 0.0f && params.lambda <= 1.0f)) {
     return InvalidArgument("rkv.lambda: got ", params.lambda, ", expected 0..1");
   }
@@ -351,6 +375,14 @@ Status ValidateSnapKvParams(const SnapKvParams& params) {
   if (params.pool != PoolKind::kMax && params.pool != PoolKind::kAvg) {
     return InvalidArgument("snapkv.pool: got ", static_cast<int>(params.pool),
                            ", expected max or avg");
+  }
+  if (params.group != GqaReduce::kMaxLogit && params.group != GqaReduce::kMeanProb) {
+    return InvalidArgument("snapkv.group: got ", static_cast<int>(params.group),
+                           ", expected max or mean");
+  }
+  if (params.softmax != SoftmaxScope::kCandidates && params.softmax != SoftmaxScope::kCausal) {
+    return InvalidArgument("snapkv.softmax: got ", static_cast<int>(params.softmax),
+                           ", expected candidates or causal");
   }
   return OkStatus();
 }
@@ -394,14 +426,14 @@ StatusOr<std::vector<float>> ScoreSnapKV(const KeyRows& keys, const KvTensorView
                                          ProtectedRegions regions, const SnapKvParams& params) {
   KVCTL_RETURN_IF_ERROR(ValidateSnapKvParams(params));
   return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
-                        1.0f, 0.5f);
+                        params.group, params.softmax, 1.0f, 0.5f);
 }
 
 StatusOr<std::vector<float>> ScoreRKV(const KeyRows& keys, const KvTensorView& group_queries,
                                       ProtectedRegions regions, const RkvParams& params) {
   KVCTL_RETURN_IF_ERROR(ValidateRkvParams(params));
   return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
-                        params.lambda, params.similarity_threshold);
+                        params.group, params.softmax, params.lambda, params.similarity_threshold);
 }
 
 Status UpdateH2O(H2OState* state, const KeyRows& keys, const KvTensorView& group_queries) {

@@ -57,6 +57,17 @@ struct ProtectedRegions {
 // max_pool1d/avg_pool1d with padding = kernel / 2; avg counts the padding, as PyTorch does).
 enum class PoolKind : uint8_t { kMax = 0, kAvg = 1 };
 
+// How the g query heads of a GQA group become one importance curve. kMaxLogit (R-KV's code): the
+// max of the g logits per key, then one softmax. kMeanProb (SnapKV's code and kvpress): a softmax
+// per query head, then the mean of the g probabilities.
+enum class GqaReduce : uint8_t { kMaxLogit = 0, kMeanProb = 1 };
+
+// Which keys an observation query's softmax normalises over. kCandidates (R-KV): the keys before
+// the protected recent window only. kCausal (SnapKV's code and kvpress): every key the query sees,
+// the recent window included; the window's columns are dropped afterwards, so a query that looks
+// mostly at the window adds little to the candidates' importance.
+enum class SoftmaxScope : uint8_t { kCandidates = 0, kCausal = 1 };
+
 // R-KV (arXiv 2505.24133, repo Zefan-Cai/R-KV defaults). score = lambda*a - (1-lambda)*r.
 struct RkvParams {
   int64_t obs_window = 8;  // Observation queries: the last obs_window query tokens given.
@@ -64,6 +75,8 @@ struct RkvParams {
   PoolKind pool = PoolKind::kMax;
   float lambda = 0.07f;               // In [0, 1]. 1 skips the O(T^2 D) redundancy term.
   float similarity_threshold = 0.5f;  // Cosine above which two keys are near-duplicates.
+  GqaReduce group = GqaReduce::kMaxLogit;
+  SoftmaxScope softmax = SoftmaxScope::kCandidates;
 };
 
 // SnapKV (arXiv 2404.14469, repo FasterDecoding/SnapKV defaults), run as R-KV with lambda = 1.
@@ -71,6 +84,8 @@ struct SnapKvParams {
   int64_t obs_window = 32;
   int kernel = 5;
   PoolKind pool = PoolKind::kAvg;
+  GqaReduce group = GqaReduce::kMaxLogit;
+  SoftmaxScope softmax = SoftmaxScope::kCandidates;
 };
 
 Status ValidateRkvParams(const RkvParams& params);

@@ -211,6 +211,44 @@ StatusOr<std::vector<int64_t>> DemandLayerBudgets(std::span<const double> demand
   return LargestRemainder(shares, total);
 }
 
+Status CapLayerBudgets(std::span<const double> weight, int64_t cap, std::vector<int64_t>* budgets) {
+  if (weight.size() != budgets->size()) {
+    return InvalidArgument("weight: got ", weight.size(), " values, expected ", budgets->size(),
+                           " (one per layer)");
+  }
+  if (cap < 0) return InvalidArgument("cap: got ", cap, ", expected >= 0");
+  for (size_t l = 0; l < weight.size(); ++l) {
+    if (!std::isfinite(weight[l]) || weight[l] < 0) {
+      return InvalidArgument("weight[", l, "]: got ", weight[l], ", expected a finite value >= 0");
+    }
+  }
+  std::vector<int64_t>& b = *budgets;
+  // Each round caps at least one more layer or ends, so it stops within L rounds.
+  for (size_t round = 0; round <= b.size(); ++round) {
+    int64_t surplus = 0;
+    double free_weight = 0;
+    std::vector<size_t> free;
+    for (size_t l = 0; l < b.size(); ++l) {
+      if (b[l] >= cap) {
+        surplus += b[l] - cap;
+        b[l] = cap;
+      } else {
+        free.push_back(l);
+        free_weight += weight[l];
+      }
+    }
+    if (surplus == 0 || free.empty()) break;
+    std::vector<double> shares(free.size());
+    for (size_t i = 0; i < free.size(); ++i) {
+      shares[i] = free_weight > 0 ? surplus * weight[free[i]] / free_weight
+                                  : static_cast<double>(surplus) / static_cast<double>(free.size());
+    }
+    const std::vector<int64_t> extra = LargestRemainder(shares, surplus);
+    for (size_t i = 0; i < free.size(); ++i) b[free[i]] += extra[i];
+  }
+  return OkStatus();
+}
+
 StatusOr<std::vector<int64_t>> UniformLayerBudgets(int64_t layers, int64_t heads,
                                                    int64_t avg_budget) {
   if (layers < 1) return InvalidArgument("layers: got ", layers, ", expected >= 1");
@@ -256,6 +294,55 @@ int64_t StarvationFloor(int64_t window, int64_t avg_budget) {
 
 double HeadUtility(const RetainedMassCurve& curve, int64_t budget, int64_t delta) {
   return curve.At(budget + delta) - curve.At(budget);
+}
+
+StatusOr<std::vector<int64_t>> GreedyHeadBudgets(std::span<const RetainedMassCurve> curves,
+                                                 int64_t layer_budget, int64_t floor, int64_t step,
+                                                 std::span<const int64_t> reach) {
+  if (curves.empty()) return InvalidArgument("curves: empty, expected one per head");
+  if (!reach.empty() && reach.size() != curves.size()) {
+    return InvalidArgument("reach: got ", reach.size(), " values, expected ", curves.size(),
+                           " (one per head)");
+  }
+  if (floor < 0) return InvalidArgument("floor: got ", floor, ", expected >= 0");
+  if (step < 1) return InvalidArgument("step: got ", step, ", expected >= 1");
+  const auto heads = static_cast<int64_t>(curves.size());
+  if (layer_budget < heads * floor) {
+    return InvalidArgument("layer_budget: got ", layer_budget, ", expected >= ", heads * floor,
+                           " (heads * floor)");
+  }
+  for (size_t h = 0; h < curves.size(); ++h) {
+    if (curves[h].retained.empty()) {
+      return InvalidArgument("curves[", h, "]: empty, expected a retained-mass curve");
+    }
+  }
+  // Mass of `s` more tokens above budget b: read off the curve while it lasts, then at the rate
+  // of the head's last s kept tokens.
+  auto gain = [](const RetainedMassCurve& c, int64_t b, int64_t s) {
+    const int64_t end = c.min_budget + static_cast<int64_t>(c.retained.size()) - 1;
+    if (b + s <= end) return c.At(b + s) - c.At(b);
+    const double inside = c.At(end) - c.At(b);
+    const int64_t last = std::max(c.min_budget, end - s);
+    const double rate = end > last ? (c.At(end) - c.At(last)) / static_cast<double>(end - last) : 0;
+    return inside + rate * static_cast<double>(b + s - std::max(b, end));
+  };
+  std::vector<int64_t> budgets(curves.size(), floor);
+  int64_t left = layer_budget - heads * floor;
+  while (left > 0) {
+    const int64_t s = std::min(step, left);
+    int64_t best = 0;
+    double best_gain = -1;
+    for (int64_t h = 0; h < heads; ++h) {
+      // Tokens past the head's reach are worth nothing to it.
+      const int64_t usable = reach.empty() ? s : std::clamp<int64_t>(reach[h] - budgets[h], 0, s);
+      const double g = usable > 0 ? gain(curves[h], budgets[h], usable) : 0.0;
+      // Equal gains (flat curves) go to the smaller budget, so nothing piles onto one head.
+      if (g > best_gain || (g == best_gain && budgets[h] < budgets[best])) best = h, best_gain = g;
+    }
+    budgets[best] += s;
+    left -= s;
+  }
+  return budgets;
 }
 
 StatusOr<HeadReallocator> HeadReallocator::Create(const HeadReallocParams& params) {

@@ -80,6 +80,14 @@ class LayerDemandCalibrator {
 StatusOr<std::vector<int64_t>> DemandLayerBudgets(std::span<const double> demand, int64_t heads,
                                                   int64_t avg_budget, int64_t floor);
 
+// Caps every layer at `cap` tokens (what it can hold: heads * tokens seen) and gives what the
+// capped layers could not use to the others in proportion to `weight` (largest remainder, repeated
+// until no layer is over), so a demand split keeps its total whenever the layers can hold it.
+// Without this a layer whose share passes its tokens would keep everything and the surplus would
+// be memory nobody uses. INVALID_ARGUMENT when sizes differ, a weight is negative or non-finite,
+// or cap < 0.
+Status CapLayerBudgets(std::span<const double> weight, int64_t cap, std::vector<int64_t>* budgets);
+
 // Every layer heads * avg_budget. INVALID_ARGUMENT unless all three are >= 1.
 StatusOr<std::vector<int64_t>> UniformLayerBudgets(int64_t layers, int64_t heads,
                                                    int64_t avg_budget);
@@ -106,6 +114,21 @@ int64_t StarvationFloor(int64_t window, int64_t avg_budget);
 // `delta` more tokens, curve.At(budget + delta) - curve.At(budget). Delta = avg_budget / 4 in
 // docs/algorithms.md §13.3. REQUIRES: curve.retained is not empty.
 double HeadUtility(const RetainedMassCurve& curve, int64_t budget, int64_t delta);
+
+// Head budgets of one layer that maximise the observation window's retained attention mass
+// [ours]: every head starts at `floor`, then the rest of `layer_budget` goes `step` tokens at a
+// time to the head whose next `step` tokens, in its own score order, hold the most mass (ties to
+// the lower head). Past a head's resident tokens (its curve ends there) a step is worth the mass
+// of its last `step` kept tokens: the value of tokens not seen yet is guessed from the head's
+// margin, so a head that holds all it has can still grow, but only up to reach[h] (its resident
+// tokens plus those that arrive before the next re-split: evicted tokens never come back, so a
+// budget above that is memory nobody uses while other heads are cut). Once every head is at its
+// reach the rest is split evenly. Sums to layer_budget exactly. `reach` empty = unlimited.
+// INVALID_ARGUMENT when curves is empty or has an empty curve, reach has another size, floor < 0,
+// step < 1 or layer_budget < curves.size() * floor.
+StatusOr<std::vector<int64_t>> GreedyHeadBudgets(std::span<const RetainedMassCurve> curves,
+                                                 int64_t layer_budget, int64_t floor, int64_t step,
+                                                 std::span<const int64_t> reach = {});
 
 struct HeadReallocParams {
   int64_t heads = 0;

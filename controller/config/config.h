@@ -99,6 +99,9 @@ enum class LayerProfile : uint8_t { kUniform, kPyramid, kDemand };
 enum class PressurePolicy : uint8_t { kFail, kRequantize };
 // Whose records a relief may lower: the appending sequence's only, or any open sequence's.
 enum class PressureScope : uint8_t { kSequence, kPool };
+// How head re-allocation splits a layer's budget: proportional to each head's marginal utility,
+// or greedily by retained attention mass (policies/reasonalloc.h GreedyHeadBudgets).
+enum class ReallocSplit : uint8_t { kProportional, kGreedy };
 struct BudgetConfig {
   BudgetMode mode{};
   int tokens_per_head = 0;    // Average kept tokens per (layer, KV head); 0 = use token_fraction.
@@ -112,6 +115,7 @@ struct BudgetConfig {
   int realloc_period = 0;  // Appended tokens between head re-allocations; 0 = off.
   int floor = 0;           // Per-head starvation floor; 0 = StarvationFloor(window, avg).
   double realloc_ema = 0;
+  ReallocSplit realloc_split{};
   PressurePolicy pressure{};
   int pressure_min_bits = 0;  // requantize: no width goes below this.
   PressureScope pressure_scope{};
@@ -121,6 +125,8 @@ struct BudgetConfig {
 // [evict]: the token scorer of evict-only / joint budgets. 0 = the policy's default.
 enum class EvictPolicy : uint8_t { kStreaming, kH2O, kSnapKV, kRKV };
 enum class EvictPooling : uint8_t { kDefault, kMax, kAvg };
+enum class EvictGroup : uint8_t { kDefault, kMax, kMean };
+enum class EvictSoftmax : uint8_t { kDefault, kCandidates, kCausal };
 struct EvictConfig {
   EvictPolicy policy{};
   int sinks = 0;
@@ -128,6 +134,8 @@ struct EvictConfig {
   int obs_window = 0;
   int kernel = 0;
   EvictPooling pooling{};
+  EvictGroup group{};
+  EvictSoftmax softmax{};
   double lambda = 0;
   int compression_period = 0;
   bool operator==(const EvictConfig&) const = default;

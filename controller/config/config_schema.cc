@@ -543,6 +543,16 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_REALLOC_EMA",
            .doc = "Weight of the newest head utility in its moving average."}),
+      Row<&Config::budget, &BudgetConfig::realloc_split>(
+          {.key = "budget.realloc_split",
+           .default_text = "proportional",
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_REALLOC_SPLIT",
+           .names = {"proportional", "greedy"},
+           .doc = "How head re-allocation splits a layer's budget: greedy = every head its floor, "
+                  "then the rest a few tokens at a time to the head whose next tokens hold the "
+                  "most observed attention mass; proportional = floor + the rest in proportion "
+                  "to each head's utility (the mass budget/4 more tokens would win back)."}),
       Row<&Config::budget, &BudgetConfig::pressure>(
           {.key = "budget.pressure",
            .default_text = "fail",
@@ -621,6 +631,24 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_EVICT_POOLING",
            .names = {"default", "max", "avg"},
            .doc = "Pooling of snapkv / rkv importance; default = snapkv avg, rkv max."}),
+      Row<&Config::evict, &EvictConfig::group>(
+          {.key = "evict.group",
+           .default_text = "default",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_GROUP",
+           .names = {"default", "max", "mean"},
+           .doc = "How snapkv / rkv reduce a GQA group's query heads: max = max of the logits, "
+                  "one softmax (R-KV); mean = a softmax per query head, then the mean "
+                  "(SnapKV); default = snapkv mean, rkv max."}),
+      Row<&Config::evict, &EvictConfig::softmax>(
+          {.key = "evict.softmax",
+           .default_text = "default",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_SOFTMAX",
+           .names = {"default", "candidates", "causal"},
+           .doc = "Keys an observation query's softmax normalises over (snapkv / rkv): "
+                  "candidates = those before the recent window (R-KV); causal = every key it "
+                  "sees, window included (SnapKV); default = snapkv causal, rkv candidates."}),
       Row<&Config::evict, &EvictConfig::lambda>(
           {.key = "evict.lambda",
            .default_text = "0.07",

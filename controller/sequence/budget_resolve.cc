@@ -79,6 +79,14 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   s.rkv.kernel = e.kernel > 0 ? e.kernel : 7;
   s.rkv.pool = e.pooling == EvictPooling::kAvg ? PoolKind::kAvg : PoolKind::kMax;
   s.rkv.lambda = static_cast<float>(e.lambda);
+  // SnapKV's code: a softmax per query head over every key a query sees, averaged over the group;
+  // R-KV's code: the max of the group's logits, a softmax over the candidates only.
+  s.snapkv.group = e.group == EvictGroup::kMax ? GqaReduce::kMaxLogit : GqaReduce::kMeanProb;
+  s.snapkv.softmax =
+      e.softmax == EvictSoftmax::kCandidates ? SoftmaxScope::kCandidates : SoftmaxScope::kCausal;
+  s.rkv.group = e.group == EvictGroup::kMean ? GqaReduce::kMeanProb : GqaReduce::kMaxLogit;
+  s.rkv.softmax =
+      e.softmax == EvictSoftmax::kCausal ? SoftmaxScope::kCausal : SoftmaxScope::kCandidates;
   KVCTL_RETURN_IF_ERROR(ValidateSnapKvParams(s.snapkv));
   KVCTL_RETURN_IF_ERROR(ValidateRkvParams(s.rkv));
   s.compression_period = e.compression_period;
@@ -87,6 +95,7 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   s.layer_profile = b.layer_profile;
   s.realloc_period = b.realloc_period;
   s.realloc_ema = b.realloc_ema;
+  s.realloc_greedy = b.realloc_split == ReallocSplit::kGreedy;
   if (s.layer_profile == LayerProfile::kDemand) {
     KVCTL_ASSIGN_OR_RETURN(s.demand, LoadLayerDemand(b.profile));
     if (static_cast<int>(s.demand.size()) != shape.layers) {

@@ -44,6 +44,8 @@ StatusOr<std::vector<int64_t>> LayerBudgets(const EvictionSettings& s, int64_t l
                                " layers, expected ", layers, " (the session's layers)");
       }
       KVCTL_ASSIGN_OR_RETURN(out, DemandLayerBudgets(s.demand, heads, avg, s.floor));
+      // A layer cannot keep more than it holds; what it could not use goes to the others.
+      KVCTL_RETURN_IF_ERROR(CapLayerBudgets(s.demand, heads * std::max<int64_t>(seq_len, 1), &out));
       break;
     }
     case LayerProfile::kPyramid: {

@@ -41,7 +41,8 @@ struct EvictionSettings {
   std::vector<double> demand;  // Per layer, for kDemand.
   int64_t realloc_period = 0;  // 0 = heads split each layer's budget evenly.
   double realloc_ema = 0.5;
-  int64_t floor = 0;  // Per-head minimum budget, >= sinks + window.
+  bool realloc_greedy = false;  // budget.realloc_split: greedy, else proportional.
+  int64_t floor = 0;            // Per-head minimum budget, >= sinks + window.
   // joint: fixed per-(layer, head) caps from the joint plan, (layer, head) order; when set they
   // replace the average / layer profile / re-allocation schedule.
   std::vector<int64_t> head_caps;

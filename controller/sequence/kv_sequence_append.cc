@@ -181,10 +181,12 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   };
   const ProtectedRegions regions{.sinks = ev.sinks, .recent = ev.window};
 
-  // Online head re-allocation: utility = attention mass a head would win back with avg/4 more
-  // tokens, from the retained-mass curve of its own scorer.
+  // Online head re-allocation from the retained-mass curve of each head's own scorer: greedy =
+  // the split that retains the most observed mass (its excess over the floor is the utility, so
+  // the EMA smooths budgets); proportional = utility is the mass avg/4 more tokens would win back.
   if (ev.enabled && ctx.realloc_due && have_q) {
     std::vector<double> utility(heads, 0.0);
+    std::vector<RetainedMassCurve> curves(heads);
     for (int h = 0; h < heads; ++h) {
       const KeyRows keys = full(h);
       KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(obs, h));
@@ -196,6 +198,17 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
       KVCTL_ASSIGN_OR_RETURN(RetainedMassCurve curve,
                              ComputeRetainedMassCurve(*mass, *scores, mask));
       utility[h] = HeadUtility(curve, budget[h], std::max<int64_t>(1, ctx.avg_budget / 4));
+      curves[h] = std::move(curve);
+    }
+    if (ev.realloc_greedy) {
+      std::vector<int64_t> reach(heads);
+      for (int h = 0; h < heads; ++h) {
+        reach[h] = layer.heads[h].count() + n + std::max<int64_t>(1, ev.realloc_period);
+      }
+      KVCTL_ASSIGN_OR_RETURN(std::vector<int64_t> greedy,
+                             GreedyHeadBudgets(curves, scoring.layer_budget, ev.floor,
+                                               std::max<int64_t>(1, ctx.avg_budget / 16), reach));
+      for (int h = 0; h < heads; ++h) utility[h] = static_cast<double>(greedy[h] - ev.floor);
     }
     KVCTL_RETURN_IF_ERROR(scoring.realloc->Update(utility));
     scoring.has_utility = true;

@@ -183,6 +183,42 @@ TEST_CASE("R-KV: GQA takes the max of the logits over the group, then the softma
   for (int j = 0; j < 3; ++j) CHECK((*scores16)[j] == Approx((*scores)[j]).epsilon(2e-3));
 }
 
+TEST_CASE("SnapKV: the mean of per-head softmaxes over the group (SnapKV's code)", "[policies]") {
+  // The keys and queries of the max-of-logits case: head 2 = c(1,0) gives logits/ln2 (1,0,1) ->
+  // (2,1,2)/5; head 3 = c(0,2) gives (0,2,2) -> (1,4,4)/9; a = their mean.
+  const std::vector<float> keys = {1, 0, 0, 1, 1, 1, 5, 5};
+  const std::vector<float> q = {9, 9, -9, 9, kC, 0, 0, 2 * kC};
+  auto group = QueryGroup(Queries(q, 1, 4, 2), 2, 1);
+  REQUIRE(group.ok());
+  auto scores = ScoreSnapKV({keys.data(), 4, 2}, *group, {0, 1},
+                            {.kernel = 1, .group = GqaReduce::kMeanProb});
+  REQUIRE(scores.ok());
+  CHECK((*scores)[0] == Approx((0.4 + 1 / 9.0) / 2).epsilon(1e-5));
+  CHECK((*scores)[1] == Approx((0.2 + 4 / 9.0) / 2).epsilon(1e-5));
+  CHECK((*scores)[2] == Approx((0.4 + 4 / 9.0) / 2).epsilon(1e-5));
+  CHECK((*scores)[3] == kInf);
+  // R-KV's max of logits differs on this case (see the test above), so the switch is live.
+  auto rkv = ScoreRKV({keys.data(), 4, 2}, *group, {0, 1},
+                      {.kernel = 1, .lambda = 1.0f, .group = GqaReduce::kMeanProb});
+  REQUIRE(rkv.ok());
+  for (int j = 0; j < 3; ++j) CHECK((*rkv)[j] == Approx((*scores)[j]).epsilon(1e-6));
+}
+
+TEST_CASE("SnapKV: a causal softmax puts the window in the denominator", "[policies]") {
+  // The main case with the window's keys in each query's softmax: qa at position 4 sees k0..k4,
+  // logits/ln2 = k_x = (2,0,1,3,0) -> (4,1,2,8,1)/16; qb at 5 sees k0..k5, k_y = (0,1,1,0,2,0)
+  // -> (1,2,2,1,4,1)/11. a_j (j < 4) is the mean; the window's own columns are dropped.
+  auto scores = ScoreSnapKV(kRows6, Queries(kObs2, 2, 1, 2), {0, 2},
+                            {.kernel = 1, .softmax = SoftmaxScope::kCausal});
+  REQUIRE(scores.ok());
+  const double expect[4] = {(4 / 16.0 + 1 / 11.0) / 2, (1 / 16.0 + 2 / 11.0) / 2,
+                            (2 / 16.0 + 2 / 11.0) / 2, (8 / 16.0 + 1 / 11.0) / 2};
+  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(1e-5));
+  CHECK((*scores)[4] == kInf);
+  // Candidates-only normalises each query over k0..k3: kA, a different ranking weight.
+  CHECK((*scores)[3] != Approx(kA[3]).epsilon(1e-3));
+}
+
 TEST_CASE("R-KV: observation queries inside the candidates are causal", "[policies]") {
   // recent = 0 and two observation queries c(1,0) at positions 2 and 3 over keys
   // k0=(2,0), k1=(0,0), k2=(1,0), k3=(0,1). Query at 2 sees k0..k2: (4,1,2)/7; query at 3 sees

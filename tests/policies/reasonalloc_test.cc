@@ -95,6 +95,68 @@ TEST_CASE("ReasonAlloc: layer budgets are proportional, floored and sum exactly"
   CHECK_THAT(UniformLayerBudgets(0, 2, 64).status().ToString(), Contains("layers: got 0"));
 }
 
+TEST_CASE("ReasonAlloc: a layer cannot keep more than it holds", "[policies]") {
+  // Demand (1, 1, 8) over 3 layers of 2 heads at 100 tokens each: the last layer's share 480 is
+  // over what 2 heads x 150 tokens seen hold (300); its 180 surplus goes to the others evenly.
+  const std::vector<double> demand = {1, 1, 8};
+  auto b = DemandLayerBudgets(demand, 2, 100, 10);
+  REQUIRE(b.ok());
+  CHECK(*b == std::vector<int64_t>{60, 60, 480});
+  REQUIRE(CapLayerBudgets(demand, 300, &*b).ok());
+  CHECK(*b == std::vector<int64_t>{150, 150, 300});
+  // A cascade: the surplus pushes a second layer over its cap; the total is kept while it fits.
+  std::vector<int64_t> c = {10, 200, 390};
+  REQUIRE(CapLayerBudgets(std::vector<double>{1, 3, 6}, 250, &c).ok());
+  CHECK(c == std::vector<int64_t>{100, 250, 250});
+  // More than every layer can hold: all capped, the rest is not kept anywhere.
+  std::vector<int64_t> d = {400, 400};
+  REQUIRE(CapLayerBudgets(std::vector<double>{1, 1}, 300, &d).ok());
+  CHECK(d == std::vector<int64_t>{300, 300});
+  CHECK_THAT(CapLayerBudgets(std::vector<double>{1}, 300, &d).ToString(),
+             Contains("weight: got 1"));
+  CHECK_THAT(CapLayerBudgets(std::vector<double>{1, -1}, 300, &d).ToString(),
+             Contains("weight[1]: got -1"));
+}
+
+TEST_CASE("ReasonAlloc: greedy head budgets follow the retained mass", "[policies]") {
+  // Two heads, 4 protected tokens each (min_budget 4), masses in 64ths so every gain is exact.
+  // Head 0 holds its mass in few tokens (increments 16, 4, 1, 1, 1, 1), head 1 spreads it (4 each).
+  auto curve = [](std::vector<double> in64) {
+    for (double& v : in64) v /= 64;
+    return RetainedMassCurve{.min_budget = 4, .retained = in64};
+  };
+  const std::vector<RetainedMassCurve> curves = {curve({32, 48, 52, 53, 54, 55, 56}),
+                                                 curve({8, 12, 16, 20, 24, 28, 32})};
+  // Floor 4, layer budget 14: 6 tokens placed one at a time. h0 (16); tie 4/4 to the smaller
+  // budget h1; tie at equal budgets to the lower head h0; then h1 (4 > 1) three times.
+  auto b = GreedyHeadBudgets(curves, 14, 4, 1);
+  REQUIRE(b.ok());
+  CHECK(Sum(*b) == 14);
+  CHECK(*b == std::vector<int64_t>{6, 8});
+  // Past the curve's end (budget 10) a head is worth the rate of its last kept tokens: head 1's
+  // 4/64 beats head 0's 1/64, so the surplus goes to head 1.
+  auto far = GreedyHeadBudgets(curves, 30, 4, 1);
+  REQUIRE(far.ok());
+  CHECK(Sum(*far) == 30);
+  CHECK((*far)[1] > 20);
+  // With a reach (resident tokens + the next period's arrivals) head 1 stops at 12 and the rest
+  // goes to head 0: a budget past what a head can hold would be memory nobody uses.
+  auto reached = GreedyHeadBudgets(curves, 30, 4, 1, std::vector<int64_t>{40, 12});
+  REQUIRE(reached.ok());
+  CHECK(*reached == std::vector<int64_t>{18, 12});
+  CHECK_THAT(GreedyHeadBudgets(curves, 30, 4, 1, std::vector<int64_t>{1}).status().ToString(),
+             Contains("reach: got 1 values, expected 2"));
+  // Flat curves (no mass anywhere) split evenly instead of piling onto one head.
+  RetainedMassCurve none{.min_budget = 2, .retained = {1.0, 1.0, 1.0}};
+  auto even = GreedyHeadBudgets(std::vector<RetainedMassCurve>{none, none, none}, 30, 2, 2);
+  REQUIRE(even.ok());
+  CHECK(*even == std::vector<int64_t>{10, 10, 10});
+  CHECK_THAT(GreedyHeadBudgets(curves, 7, 4, 1).status().ToString(),
+             Contains("layer_budget: got 7, expected >= 8"));
+  CHECK_THAT(GreedyHeadBudgets(curves, 14, 4, 0).status().ToString(), Contains("step: got 0"));
+  CHECK_THAT(GreedyHeadBudgets({}, 14, 4, 1).status().ToString(), Contains("curves: empty"));
+}
+
 TEST_CASE("ReasonAlloc: the Pyramid schedule matches the PyramidKV formula", "[policies]") {
   // C = 64, w = 8, beta = 20, L = 4: base 56, min 56/20 = 2, max 112 - 2 = 110, step 108/3 = 36,
   // caps (110, 74, 38, 2); budgets per head cap + 8, times H = 2.

@@ -304,6 +304,53 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
   CHECK(pool->Stats().pages_used < pool2->Stats().pages_used);
 }
 
+TEST_CASE("Eviction: demand layer budgets never exceed what a layer holds", "[controller][evict]") {
+  // Demand (1, 1, 8), 2 heads, average 100 after 150 tokens: the third layer's proportional 480
+  // passes the 300 its two heads hold; the surplus goes to the others and the total stays 600.
+  EvictionSettings s;
+  s.enabled = true;
+  s.layer_profile = LayerProfile::kDemand;
+  s.demand = {1, 1, 8};
+  s.floor = 10;
+  auto b = LayerBudgets(s, 3, 2, 100, 150);
+  REQUIRE(b.ok());
+  CHECK(*b == std::vector<int64_t>{150, 150, 300});
+  // Early on (30 tokens) every layer is capped at 60: nothing is evicted yet anyway.
+  auto early = LayerBudgets(s, 3, 2, 100, 30);
+  REQUIRE(early.ok());
+  CHECK(*early == std::vector<int64_t>{60, 60, 60});
+}
+
+TEST_CASE("Eviction: snapkv resolves to SnapKV's reduction, rkv to R-KV's, both switchable",
+          "[controller][evict]") {
+  Config c;
+  c.budget.mode = BudgetMode::kEvictOnly;
+  c.budget.tokens_per_head = 256;
+  c.evict.policy = EvictPolicy::kSnapKV;
+  const SequenceShape shape{.layers = 2, .kv_heads = 2, .q_heads = 4, .head_dim = 32};
+  auto s = ResolveEviction(c, shape);
+  REQUIRE(s.ok());
+  CHECK(s->snapkv.group == GqaReduce::kMeanProb);
+  CHECK(s->snapkv.softmax == SoftmaxScope::kCausal);
+  CHECK(s->rkv.group == GqaReduce::kMaxLogit);
+  CHECK(s->rkv.softmax == SoftmaxScope::kCandidates);
+  CHECK(!s->realloc_greedy);
+  c.evict.group = EvictGroup::kMax;
+  c.evict.softmax = EvictSoftmax::kCandidates;
+  c.budget.realloc_split = ReallocSplit::kGreedy;
+  s = ResolveEviction(c, shape);
+  REQUIRE(s.ok());
+  CHECK(s->snapkv.group == GqaReduce::kMaxLogit);
+  CHECK(s->snapkv.softmax == SoftmaxScope::kCandidates);
+  CHECK(s->realloc_greedy);
+  c.evict.group = EvictGroup::kMean;
+  c.evict.softmax = EvictSoftmax::kCausal;
+  s = ResolveEviction(c, shape);
+  REQUIRE(s.ok());
+  CHECK(s->rkv.group == GqaReduce::kMeanProb);
+  CHECK(s->rkv.softmax == SoftmaxScope::kCausal);
+}
+
 TEST_CASE("Eviction: an evicting append frees exactly the pages of the dropped records",
           "[controller][evict]") {
   // Lossless rows of 128 bytes, 32 per 4 KiB page: one head, budget 40 with period 25 -> keeps 16.
