@@ -346,6 +346,14 @@ def parse_args(argv):
     p.add_argument("--text", default=DEFAULT_TEXT, help="evaluation text (UTF-8)")
     p.add_argument("--calib-text", default=DEFAULT_CALIB_TEXT,
                    help="calibration text for RateQuant (must differ from --text)")
+    p.add_argument("--calib-seq-tokens", type=int, default=256,
+                   help="tokens per calibration window (default 256)")
+    p.add_argument("--calib-seqs", type=int, default=8,
+                   help="most calibration windows (default 8)")
+    p.add_argument("--calib-decode-flush", type=int, default=None,
+                   help="kvcalib fit --decode-flush (default: kvcalib's, the method's flush)")
+    p.add_argument("--calib-absolute-errors", action="store_true",
+                   help="kvcalib fit --absolute-errors (importance not relative to the layer)")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens of the text evaluated (default 2048; --quick 384)")
     p.add_argument("--prefix", type=int, default=None,
@@ -492,7 +500,8 @@ def main(argv=None) -> int:
             print("kveval: calibrating on %s ..." % args.calib_text, flush=True)
             dumps = dump_calibration(torch, model, tok, read_text("--calib-text",
                                                                   args.calib_text),
-                                     os.path.join(workdir, "calib"), 256, 8)
+                                     os.path.join(workdir, "calib"), args.calib_seq_tokens,
+                                     args.calib_seqs)
         for r in kv_rows:
             config = ratequant_config(args, r, profiles, dumps, workdir) if r.ratequant else None
             if r.profile:

@@ -71,8 +71,13 @@ def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
     """kvcalib fit of `method` on the calibration dumps (RateQuant units and layer demand)."""
     if method not in profiles:
         path = os.path.join(workdir, "profile-%s.toml" % method)
+        extra = []
+        if getattr(args, "calib_decode_flush", None) is not None:
+            extra = ["--decode-flush", str(args.calib_decode_flush)]
+        if getattr(args, "calib_absolute_errors", False):
+            extra.append("--absolute-errors")
         run_tool([args.kvcalib_bin, "fit", "--input"] + dumps + ["--method", method,
-                                                                  "--out", path])
+                                                                  "--out", path] + extra)
         profiles[method] = path
     return profiles[method]
 

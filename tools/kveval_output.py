@@ -21,7 +21,7 @@ from kveval_rows import EvalError
 COLUMNS = ["row", "kind", "bits_per_element", "memory_vs_fp16", "ppl", "dppl_pct", "kl_mean",
            "top1_agree", "greedy_agree", "greedy_first_div", "wall_s", "batch", "tokens_eval",
            "tokens_kept", "note", "pressure_reliefs", "k_bits_mean", "v_bits_mean",
-           "pressure_cap_cuts", "payload_vs_fp16"]
+           "pressure_cap_cuts", "payload_vs_fp16", "requantized_per_head"]
 
 
 def fmt(v) -> str:
