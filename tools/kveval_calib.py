@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from typing import Dict, List
 
@@ -94,9 +95,14 @@ def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
     rq = row.ratequant
     method = rq["method"]
     profile = fit_profile(args, method, profiles, dumps, workdir, rq.get("bits", ""))
-    probe = json.loads(run_tool([args.kvcalib_bin, "plan", "--profile", profile,
-                                 "--budget-bpe", "8", "--json"]) or "{}")
-    budget = probe["budget"]["min_bpe"] + rq["code_bits"] - 2.0
+    # The method's all-2-bit b/e: kvcalib refuses a budget outside the fitted widths' range and
+    # names the range ("expected 2.5625..4.5625 for kvarn").
+    proc = subprocess.run([args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe", "0.01",
+                           "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    found = re.search(r"expected ([0-9.]+)\.\.([0-9.]+)", proc.stderr)
+    if not found:
+        raise EvalError("kvcalib plan: no b/e range in %r" % proc.stderr.strip())
+    budget = float(found.group(1)) + rq["code_bits"] - 2.0
     overrides = os.path.join(workdir, "overrides-%s.toml" % row.name)
     plan = [args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe",
             "%.6f" % budget, "--json", "--overrides-toml", overrides]

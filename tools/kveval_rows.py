@@ -122,6 +122,19 @@ def all_rows() -> Dict[str, Row]:
                             profile="kivi", send_q=True,
                             note="as joint_1of%s_flush32 with budget.eviction_scale %d"
                             % (label, rho)))
+    # Each compaction of a partly evicted record re-quantizes the kept tokens behind it
+    # (docs/budgets.md); R-KV's scattered evictions every 32 tokens re-quantized each kept token
+    # ~10 times in joint_1of8_flush32 at 1K. Compressing every 128 tokens does it 4x less often.
+    for frac, label in ((1 / 8, "8"), (1 / 16, "16")):
+        for rho in (1, 4):
+            name = "joint_1of%s_flush32%s_p128" % (label, "_rho%d" % rho if rho > 1 else "")
+            rows.append(Row(name, "kvctl",
+                            dict(joint(frac), **{"quant.flush_tokens": "32",
+                                                 "budget.eviction_scale": str(rho),
+                                                 "evict.compression_period": "128"}),
+                            profile="kivi", send_q=True,
+                            note="joint_1of%s_flush32, eviction_scale %d, compression period 128"
+                            % (label, rho)))
     for bits, fraction in PRESSURE_ROWS:
         for mode in ("requantize", "fail"):
             rows.append(Row("pressure_kivi%d%s" % (bits, "_fail" if mode == "fail" else ""),
