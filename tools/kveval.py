@@ -354,6 +354,9 @@ def parse_args(argv):
                    help="kvcalib fit --decode-flush (default: kvcalib's, the method's flush)")
     p.add_argument("--calib-absolute-errors", action="store_true",
                    help="kvcalib fit --absolute-errors (importance not relative to the layer)")
+    p.add_argument("--calib-profiles", default=None, metavar="DIR",
+                   help="reuse the kvcalib profiles (profile-<method>.toml) of an earlier run "
+                   "on the same --calib-text instead of calibrating")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens of the text evaluated (default 2048; --quick 384)")
     p.add_argument("--prefix", type=int, default=None,
@@ -496,7 +499,14 @@ def main(argv=None) -> int:
     try:
         kv_rows = [r for r in rows if r.kind == "kvctl"]
         profiles, dumps = {}, []
-        if any(r.ratequant or r.profile for r in kv_rows):
+        if args.calib_profiles:
+            # Profiles of an earlier run on the same calibration text (its workdir's
+            # profile-<method>[-<bits>].toml): no dumps, no fit.
+            for f in sorted(os.listdir(args.calib_profiles)):
+                if f.startswith("profile-") and f.endswith(".toml"):
+                    key = f[8:-5].replace("-", "/").replace("/234", "/2,3,4")
+                    profiles[key] = os.path.join(args.calib_profiles, f)
+        elif any(r.ratequant or r.profile for r in kv_rows):
             print("kveval: calibrating on %s ..." % args.calib_text, flush=True)
             dumps = dump_calibration(torch, model, tok, read_text("--calib-text",
                                                                   args.calib_text),
