@@ -72,7 +72,8 @@ class Daemon:
         from kvctl.process import DaemonStartError, spawn_daemon, wait_until_serving
         self.proc = spawn_daemon(self.binary, self.settings, self.log_path, self.config_file)
         try:
-            wait_until_serving(self.proc, self.endpoint, timeout_s=15)
+            # Generous: daemons start slowly on a loaded 2-core machine.
+            wait_until_serving(self.proc, self.endpoint, timeout_s=120)
         except DaemonStartError as e:
             self.stop()
             raise DaemonError("%s (%s): %s" % (e, self.name, self.log_tail()))
