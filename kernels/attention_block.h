@@ -239,6 +239,8 @@ KVCTL_HOST_DEVICE inline int64_t MetaFloats(const QuantSpec& s) {
       return 4 * g;
     case QuantMethod::kKvarn:
       return 2 * (g + d);
+    case QuantMethod::kTurbo:
+      return g + g * d;  // Norms [G], then the codebook values of one K or V tile [G][D].
     case QuantMethod::kFp16:
       break;
   }
@@ -288,10 +290,24 @@ KVCTL_HOST_DEVICE inline void RowDots(const float* a, int n, const float* x, int
   Ops::TokenDots(reinterpret_cast<const uint8_t*>(x), 0, kF32, 1, n, a, n, g, out, 1);
 }
 
+// TurboQuant: tile[t][c] = centroid[code(t, c)], the record's K or V rows in the rotated unit-norm
+// frame (docs/algorithms.md §20.5); lanes over tokens.
+template <class Ops>
+KVCTL_HOST_DEVICE inline void TurboTile(const uint8_t* codes, int bits, int gt, int d,
+                                        const TurboCodebook& cb, float* tile) {
+  const int row_bytes = block::RowBytes(d, bits);
+  for (int t = LaneOf<Ops>(); t < gt; t += LanesOf<Ops>()) {
+    const uint8_t* row = codes + t * row_bytes;
+    for (int c = 0; c < d; ++c) tile[t * d + c] = cb.centroid[block::GetCode(row, c, bits)];
+  }
+  SyncLanes<Ops>();
+}
+
 // Scores of one record for the g prepared query rows (w.qr: rotated and scaled), into w.scores.
 // KIVI / OScaR: per K group j, coef = q ⊙ scale[., j], consts = q · zero[., j]; OScaR then
 // multiplies by the stored token norm. KVarN: q' = q ⊙ sK, c0 = q · zK,
 // score = tK ⊙ (q'·codes + c0). QuaRot: score = scale_t (q · codes_t) + min_t sum(q).
+// TurboQuant: score = n_t (q · centroid[codes_t]), q rotated with the random signs (§20.5).
 // The derivation of each: docs/algorithms.md §9.2.
 template <class Ops>
 KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout& l,
@@ -366,13 +382,26 @@ KVCTL_HOST_DEVICE inline void RecordScores(const QuantSpec& s, const BlockLayout
       SyncLanes<Ops>();
       return;
     }
+    case QuantMethod::kTurbo: {
+      float* tile = w.meta + gt;
+      Ops::LoadHalves(km, gt, w.meta);  // n[G].
+      TurboTile<Ops>(kc, s.k_bits, gt, d, l.turbo_k, tile);
+      Ops::TokenDots(reinterpret_cast<const uint8_t*>(tile), 4 * d, kF32, gt, d, w.qr, d, g,
+                     w.scores, gt);
+      for (int i = 0; i < g; ++i) {
+        for (int t = l0; t < gt; t += ln) w.scores[i * gt + t] *= w.meta[t];
+      }
+      SyncLanes<Ops>();
+      return;
+    }
   }
 }
 
 // acc[i] += sum_t p[i][t] * V_hat[t] (rotated frame for rotating methods), p = w.scores.
 // KIVI / QuaRot / OScaR: per V group j, weights p ⊙ scale[., j] over the codes plus
 // sum_t p_t zero[t, j] on the group's channels. KVarN (docs/algorithms.md §9.3):
-// out_d += uV[d] (sum_t (p_t sV[t]) code[t, d] + sum_t p_t zV[t]).
+// out_d += uV[d] (sum_t (p_t sV[t]) code[t, d] + sum_t p_t zV[t]). TurboQuant (§20.5):
+// acc += sum_t (p_t n_t) centroid[codes_t], rotated back once in Finalize.
 template <class Ops>
 KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockLayout& l,
                                                 const uint8_t* rec, int g, const Work& w) {
@@ -432,6 +461,18 @@ KVCTL_HOST_DEVICE inline void RecordAccumulateV(const QuantSpec& s, const BlockL
       SyncLanes<Ops>();
       return;
     }
+    case QuantMethod::kTurbo: {
+      float* tile = w.meta + gt;
+      Ops::LoadHalves(vm, gt, w.meta);  // n[G].
+      TurboTile<Ops>(vc, s.v_bits, gt, d, l.turbo_v, tile);
+      for (int i = 0; i < g; ++i) {
+        for (int t = l0; t < gt; t += ln) w.coef[i * gt + t] = p[i * gt + t] * w.meta[t];
+      }
+      SyncLanes<Ops>();
+      Ops::TokenAxpys(reinterpret_cast<const uint8_t*>(tile), 4 * d, kF32, gt, 0, d, w.coef, gt, g,
+                      w.acc, d);
+      return;
+    }
   }
 }
 
@@ -463,7 +504,8 @@ KVCTL_HOST_DEVICE inline void SoftmaxUpdate(int g, int d, int n, int stride, con
   SyncLanes<Ops>();
 }
 
-// Scales and (for rotating methods) rotates the query rows; zeroes the state.
+// Scales and (for rotating methods) rotates the query rows; zeroes the state. TurboQuant's rotation
+// is H (s ⊙ q) (§20.5).
 template <class Ops>
 KVCTL_HOST_DEVICE inline void Prepare(const Problem& p, const Work& w) {
   const int g = p.group, d = p.spec.head_dim;
@@ -471,7 +513,10 @@ KVCTL_HOST_DEVICE inline void Prepare(const Problem& p, const Work& w) {
   for (int i = l0; i < g * d; i += ln) w.qs[i] = p.q[i] * p.scale;
   SyncLanes<Ops>();
   if (p.rotates) {
-    for (int i = l0; i < g * d; i += ln) w.qr[i] = w.qs[i];
+    const bool signs = p.spec.method == QuantMethod::kTurbo;
+    for (int i = l0; i < g * d; i += ln) {
+      w.qr[i] = signs && block::TurboSignNegative(i % d) ? -w.qs[i] : w.qs[i];
+    }
     SyncLanes<Ops>();
     for (int i = 0; i < g; ++i) Ops::Fwht(w.qr + i * d, d);
   }
@@ -512,8 +557,9 @@ KVCTL_HOST_DEVICE inline void AttendWindowChunk(const Problem& p, int64_t r0, in
                   n, 0, d, w.scores, gt, g, w.acc2, d);
 }
 
-// out = (H acc + acc2) / l for rotating methods, acc / l otherwise; lse = m + log(l). A row that
-// saw no token gets out = 0 and lse = -inf (an empty split-K part).
+// out = (H acc + acc2) / l for rotating methods (TurboQuant: s ⊙ H acc in place of H acc), acc / l
+// otherwise; lse = m + log(l). A row that saw no token gets out = 0 and lse = -inf (an empty
+// split-K part).
 template <class Ops>
 KVCTL_HOST_DEVICE inline void Finalize(const Problem& p, const Work& w) {
   const int d = p.spec.head_dim;
@@ -529,7 +575,10 @@ KVCTL_HOST_DEVICE inline void Finalize(const Problem& p, const Work& w) {
     SyncLanes<Ops>();
     if (p.rotates) {
       Ops::Fwht(out, d);
-      for (int c = l0; c < d; c += ln) out[c] += w.acc2[i * d + c];
+      const bool signs = p.spec.method == QuantMethod::kTurbo;
+      for (int c = l0; c < d; c += ln) {
+        out[c] = (signs && block::TurboSignNegative(c) ? -out[c] : out[c]) + w.acc2[i * d + c];
+      }
     }
     const float inv = 1.0f / w.l[i];
     for (int c = l0; c < d; c += ln) out[c] *= inv;

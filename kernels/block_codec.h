@@ -264,6 +264,18 @@ KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout
                             vm + 2 * d + 2 * g, vm, ls, sync);
       return ok;
     }
+    case QuantMethod::kTurbo: {
+      // Per token row (§20.3); lane l encodes tokens l, l + lanes, ... with its own row of scratch.
+      bool ok = true;
+      const int k_row = RowBytes(d, s.k_bits), v_row = RowBytes(d, s.v_bits);
+      for (int t = ls.lane; t < g; t += ls.lanes) {
+        const float* kt = k + t * stride;
+        const float* vt = v + t * stride;
+        ok &= TurboEncodeRow(kt, d, s.k_bits, l.turbo_k, kr + t * d, kc + t * k_row, km, t);
+        ok &= TurboEncodeRow(vt, d, s.v_bits, l.turbo_v, vr + t * d, vc + t * v_row, vm, t);
+      }
+      return ok;
+    }
   }
   return false;
 }
@@ -295,6 +307,14 @@ KVCTL_HOST_DEVICE inline void DecodeRecord(const QuantSpec& s, const BlockLayout
       }
       DecodeTokenGroups(vc, vm, g, d, s.v_group_channels, s.v_bits, v_out);
       break;
+    case QuantMethod::kTurbo:
+      for (int t = 0; t < g; ++t) {
+        TurboDecodeRow(kc + t * RowBytes(d, s.k_bits), km, t, d, s.k_bits, l.turbo_k,
+                       k_out + t * d);
+        TurboDecodeRow(vc + t * RowBytes(d, s.v_bits), vm, t, d, s.v_bits, l.turbo_v,
+                       v_out + t * d);
+      }
+      return;
     case QuantMethod::kKvarn:
       // K tile [D x G] decodes transposed: write element (c, t) to k_out[t * d + c].
       for (int c = 0; c < d; ++c) {

@@ -290,6 +290,55 @@ KVCTL_HOST_DEVICE inline uint32_t KvarnCode(float y, const KvarnRow& p, float le
   return static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), levels));
 }
 
+// TurboQuant (docs/algorithms.md §20): the fixed random signs of its rotation y = H (s ⊙ x), the
+// same for every head_dim, layer and head: bit 63 of splitmix64(kTurboSeed + c). Decoding applies
+// s ⊙ H (H is self-inverse, s_c^2 = 1).
+inline constexpr uint64_t kTurboSeed = 0x7475726271756174ull;  // "turbquat"
+
+KVCTL_HOST_DEVICE inline bool TurboSignNegative(int c) {
+  uint64_t z = kTurboSeed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(c) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (z >> 63) != 0;
+}
+
+KVCTL_HOST_DEVICE inline float TurboSign(int c) { return TurboSignNegative(c) ? -1.0f : 1.0f; }
+
+// The code of y: how many of the 2^bits - 1 bounds lie strictly below it (ties go down).
+KVCTL_HOST_DEVICE inline uint32_t TurboCode(float y, const TurboCodebook& cb, int bits) {
+  uint32_t code = 0;
+  const int n = (1 << bits) - 1;
+  for (int k = 0; k < n; ++k) code += y > cb.bound[k] ? 1u : 0u;
+  return code;
+}
+
+// One token row x[0..d) into d codes and its fp16 norm at meta[t] (§20.3): n = ||x|| summed in
+// index order; r = H (s ⊙ x) in `work` (d floats); code_c = TurboCode(r_c * (1 / n)), or of 0 when
+// n = 0. Returns false when n does not fit fp16.
+KVCTL_HOST_DEVICE inline bool TurboEncodeRow(const float* x, int d, int bits,
+                                             const TurboCodebook& cb, float* work, uint8_t* codes,
+                                             uint8_t* meta, int t) {
+  float ss = 0.0f;
+  for (int c = 0; c < d; ++c) ss += x[c] * x[c];
+  const float norm = sqrtf(ss);
+  for (int c = 0; c < d; ++c) work[c] = TurboSignNegative(c) ? -x[c] : x[c];
+  FwhtRow(work, d);
+  const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+  for (int c = 0; c < d; ++c) PutCode(codes, c, bits, TurboCode(work[c] * inv, cb, bits));
+  StoreHalf(meta, t, norm);
+  return FitsHalf(norm);
+}
+
+// The inverse: out_c = s_c (H (centroid[code] * n_fp16))_c.
+KVCTL_HOST_DEVICE inline void TurboDecodeRow(const uint8_t* codes, const uint8_t* meta, int t,
+                                             int d, int bits, const TurboCodebook& cb, float* out) {
+  const float norm = LoadHalf(meta, t);
+  for (int c = 0; c < d; ++c) out[c] = cb.centroid[GetCode(codes, c, bits)] * norm;
+  FwhtRow(out, d);
+  for (int c = 0; c < d; ++c) out[c] = TurboSignNegative(c) ? -out[c] : out[c];
+}
+
 }  // namespace kvctl::block
 
 #endif  // KVCTL_KERNELS_QUANT_BLOCK_H_

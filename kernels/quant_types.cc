@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "kernels/turbo_codebook.h"
+
 namespace kvctl {
 namespace {
 
@@ -13,10 +15,13 @@ constexpr uint32_t Bits(std::initializer_list<int> widths) {
 }
 
 constexpr uint32_t kLowBits = Bits({2, 3, 4, 8});
+// TurboQuant: 2^b Lloyd-Max points per coordinate; beyond 4 bits the table is large and a uniform
+// grid does as well (docs/algorithms.md §20.2).
+constexpr uint32_t kTurboBits = Bits({2, 3, 4});
 
 // Defaults (docs/algorithms.md): KIVI groups of 32, flush at 128 (§4); QuaRot under KIVI's flush
 // rule (§5); KVarN G=128, 128 sinks, 16 iterations (§6.1); OScaR groups of 32, flush at 256
-// (§7.4). Streaming rules: §8.4.
+// (§7.4); TurboQuant per token, QuaRot's flush rule (§20.3). Streaming rules: §8.4.
 const MethodTraits kTraits[kNumQuantMethods] = {
     {QuantMethod::kFp16, "fp16", "uncompressed fp16 rows", Bits({16}), false, false,
      QuantSpec{QuantMethod::kFp16, 128, 16, 16, 32, 32, 128, 0}, StreamingRules{0, 32}},
@@ -30,6 +35,9 @@ const MethodTraits kTraits[kNumQuantMethods] = {
      StreamingRules{128, 128}},
     {QuantMethod::kOscar, "oscar", "OScaR: Hadamard, omni-token K scaling, per-channel K", kLowBits,
      true, true, QuantSpec{QuantMethod::kOscar, 128, 2, 2, 32, 32, 32, 0}, StreamingRules{0, 256}},
+    {QuantMethod::kTurbo, "turbo", "TurboQuant: token norm, random-sign Hadamard, Lloyd-Max codes",
+     kTurboBits, true, false, QuantSpec{QuantMethod::kTurbo, 128, 3, 3, 32, 32, 128, 0},
+     StreamingRules{0, 128}},
 };
 
 std::string AllowedBitsText(uint32_t mask) {
@@ -73,7 +81,7 @@ StatusOr<QuantMethod> ParseQuantMethod(std::string_view name) {
     if (name == t.name) return t.method;
   }
   return InvalidArgument("method: got \"", name,
-                         "\", expected one of fp16, kivi, quarot, kvarn, oscar");
+                         "\", expected one of fp16, kivi, quarot, kvarn, oscar, turbo");
 }
 
 StatusOr<QuantSpec> MakeQuantSpec(QuantMethod method, int head_dim, int k_bits, int v_bits) {
@@ -87,7 +95,7 @@ StatusOr<QuantSpec> MakeQuantSpec(QuantMethod method, int head_dim, int k_bits, 
   spec.v_bits = v_bits;
   // Fields a method does not use are pinned to canonical values so equal specs compare equal.
   if (method == QuantMethod::kQuaRot || method == QuantMethod::kKvarn ||
-      method == QuantMethod::kFp16) {
+      method == QuantMethod::kFp16 || method == QuantMethod::kTurbo) {
     spec.v_group_channels = head_dim;
     spec.k_group_tokens = spec.block_tokens;
   }
@@ -179,6 +187,13 @@ BlockLayout BlockLayoutOf(const QuantSpec& spec) {
       v_codes = CodeBytes(g, d, spec.v_bits);
       v_meta = static_cast<size_t>(d + 2 * g) * 2;  // uV[D], sV[G], zV[G].
       break;
+    case QuantMethod::kTurbo:
+      // One row of codes per token; one fp16 L2 norm per token (docs/algorithms.md §20.3).
+      k_codes = CodeBytes(g, d, spec.k_bits);
+      k_meta = static_cast<size_t>(g) * 2;
+      v_codes = CodeBytes(g, d, spec.v_bits);
+      v_meta = static_cast<size_t>(g) * 2;
+      break;
   }
   BlockLayout l;
   l.k_codes_offset = 0;
@@ -191,6 +206,10 @@ BlockLayout BlockLayoutOf(const QuantSpec& spec) {
   l.v_meta_bytes = v_meta;
   l.record_bytes = AlignUp(l.v_meta_offset + v_meta, 8);
   l.side_bytes_per_token = side;
+  if (spec.method == QuantMethod::kTurbo) {
+    l.turbo_k = TurboCodebookFor(d, spec.k_bits);
+    l.turbo_v = TurboCodebookFor(d, spec.v_bits);
+  }
   return l;
 }
 

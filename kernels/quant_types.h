@@ -34,8 +34,9 @@ enum class QuantMethod : uint8_t {
   kQuaRot = 2,  // QuaRot-style: Hadamard on K and V, per-token RTN over head_dim.
   kKvarn = 3,   // KVarN: Hadamard, Sinkhorn variance normalisation per tile, RTN per row.
   kOscar = 4,   // OScaR: Hadamard, per-token L2 norm over the layer, per-channel K, per-token V.
+  kTurbo = 5,   // TurboQuant: per-token norm, random sign + Hadamard, Lloyd-Max codebook.
 };
-inline constexpr int kNumQuantMethods = 5;
+inline constexpr int kNumQuantMethods = 6;
 
 // Everything that determines the bytes of a block record. Build with MakeQuantSpec (defaults from
 // the registry) and ValidateQuantSpec after any change.
@@ -65,7 +66,7 @@ struct StreamingRules {
 
 struct MethodTraits {
   QuantMethod method;
-  const char* name;  // Config and wire name: "kivi", "quarot", "kvarn", "oscar", "fp16".
+  const char* name;  // Config and wire name: "kivi", "quarot", "kvarn", "oscar", "turbo", "fp16".
   const char* description;
   uint32_t allowed_bits;   // Bit mask: bit b set means code width b is allowed.
   bool rotates;            // Applies the orthonormal Hadamard to K and V (and Q at attention).
@@ -87,8 +88,19 @@ StatusOr<QuantSpec> MakeQuantSpec(QuantMethod method, int head_dim, int k_bits, 
 Status ValidateQuantSpec(const QuantSpec& spec);
 Status ValidateStreamingRules(const QuantSpec& spec, const StreamingRules& rules);
 
+// TurboQuant's scalar codebook for one width (docs/algorithms.md §20.2): centroid[code] is the
+// value of a code in the rotated, unit-norm frame; bound[k] = (centroid[k] + centroid[k + 1]) / 2,
+// and the code of y is the number of bounds strictly below y. Entries past 2^bits (- 1) are 0.
+struct TurboCodebook {
+  float centroid[16];
+  float bound[16];
+};
+
 // Byte layout of one block record. Sections appear in this order, each starting at its offset;
-// record_bytes includes padding to a multiple of 8 bytes.
+// record_bytes includes padding to a multiple of 8 bytes. For TurboQuant it also carries the
+// fixed codebooks of K and V (a pure function of head_dim and the widths,
+// kernels/turbo_codebook.h), so that every codec that receives the layout (CPU, SIMD, CUDA,
+// attention) has them.
 struct BlockLayout {
   size_t k_codes_offset = 0, k_codes_bytes = 0;
   size_t k_meta_offset = 0, k_meta_bytes = 0;
@@ -96,6 +108,7 @@ struct BlockLayout {
   size_t v_meta_offset = 0, v_meta_bytes = 0;
   size_t record_bytes = 0;          // Per (head, block), padded.
   size_t side_bytes_per_token = 0;  // Per (layer, token), shared by all heads (OScaR norms).
+  TurboCodebook turbo_k = {}, turbo_v = {};  // kTurbo only; zero otherwise.
 };
 // REQUIRES: ValidateQuantSpec(spec).ok().
 BlockLayout BlockLayoutOf(const QuantSpec& spec);

@@ -45,6 +45,14 @@ inline void StoreHalves(uint8_t* p, VF v) {
 inline VF LoadHalves(const uint8_t* p) {
   return (VF)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// table[code] per lane, code < 16: two 8-entry permutes, picked by bit 3 of the code.
+inline VF Lookup16(const float* table, VU code) {
+  const __m256i idx = (__m256i)code;
+  const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), idx);
+  const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table + 8), idx);
+  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // Bit 3 -> sign bit.
+  return (VF)_mm256_blendv_ps(lo, hi, upper);
+}
 }  // namespace
 
 #define KVCTL_W 8

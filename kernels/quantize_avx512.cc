@@ -46,6 +46,10 @@ inline void StoreHalves(uint8_t* p, VF v) {
 inline VF LoadHalves(const uint8_t* p) {
   return (VF)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// table[code] per lane, code < 16.
+inline VF Lookup16(const float* table, VU code) {
+  return (VF)_mm512_permutexvar_ps((__m512i)code, _mm512_loadu_ps(table));
+}
 }  // namespace
 
 #define KVCTL_W 16

@@ -33,7 +33,8 @@ def main() -> int:
     os.environ["KVCTL_BIN"] = os.path.abspath(args.kvctl_bin)
     workdir = tempfile.mkdtemp(prefix="kvck-", dir="/tmp")
     d = Daemon(workdir, {"pool.bytes": "512MiB", "pool.page_bytes": "64KiB",
-                         "server.max_message_bytes": "1GiB", "pool.scrub_interval_ms": 0}).start()
+                         "server.max_message_bytes": "1GiB", "pool.scrub_interval_ms": 0,
+                         "server.lease_ms": 300000}).start()
 
     def counters(c):
         pool = c.stats("pool")["pool"]

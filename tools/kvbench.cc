@@ -53,7 +53,7 @@ CLI::App* AddQuantCommand(CLI::App& app, kvctl::QuantBenchOptions& options, bool
       ->capture_default_str();
   for (CLI::Option* opt : {tokens, heads, head_dim, q_heads}) input->excludes(opt);
   cmd->add_option("--methods", options.methods,
-                  "Comma-separated subset of fp16,kivi,quarot,kvarn,oscar (default: all)")
+                  "Comma-separated subset of fp16,kivi,quarot,kvarn,oscar,turbo (default: all)")
       ->delimiter(',');
   cmd->add_option(
          "--bits", options.bits,

@@ -282,7 +282,8 @@ std::vector<QuantRowSpec> DefaultQuantRows() {
   return {{M::kFp16, 16, 16}, {M::kKivi, 2, 2},   {M::kKivi, 3, 3},   {M::kKivi, 4, 4},
           {M::kKivi, 8, 8},   {M::kQuaRot, 2, 2}, {M::kQuaRot, 3, 3}, {M::kQuaRot, 4, 4},
           {M::kKvarn, 2, 2},  {M::kKvarn, 3, 3},  {M::kKvarn, 4, 4},  {M::kKvarn, 4, 2},
-          {M::kOscar, 2, 2},  {M::kOscar, 3, 3},  {M::kOscar, 4, 4}};
+          {M::kOscar, 2, 2},  {M::kOscar, 3, 3},  {M::kOscar, 4, 4},  {M::kTurbo, 2, 2},
+          {M::kTurbo, 3, 3},  {M::kTurbo, 4, 4}};
 }
 
 StatusOr<std::vector<QuantRowSpec>> SelectQuantRows(const std::vector<std::string>& methods,

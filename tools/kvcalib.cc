@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // kvcalib: offline calibration for kvctl (docs/kvcalib.md).
 //   kvcalib fit (--input DIR... | --synthetic N [--layers --heads --q-heads --head-dim --tokens])
-//               --method M [--bits 2,3,4,8] [--importance attention|uniform] [--tau 0.9]
+//               --method M [--bits W,W,...] [--importance attention|uniform] [--tau 0.9]
 //               --out profile.toml
 //   kvcalib plan --profile P --budget-bpe X [--min-bits --max-bits --beta-override B
 //                --uniform-importance] [--layer-budget-tokens B --schedule demand|uniform|pyramid]
@@ -57,10 +57,12 @@ CLI::App* AddFitCommand(CLI::App& app, kvctl::FitCommandOptions& o, bool& quick)
   for (CLI::Option* opt : {sf.layers, sf.heads, sf.q_heads, sf.head_dim, sf.tokens}) {
     opt->needs(synthetic);
   }
-  cmd->add_option("--method", o.method, "Quantizer: kivi, quarot, kvarn or oscar")->required();
-  cmd->add_option("--bits", o.bits, "Widths to measure, ascending")
-      ->delimiter(',')
-      ->capture_default_str();
+  cmd->add_option("--method", o.method, "Quantizer: kivi, quarot, kvarn, oscar or turbo")
+      ->required();
+  cmd->add_option("--bits", o.bits,
+                  "Widths to measure, ascending (default: every width of the method: 2,3,4,8; "
+                  "turbo 2,3,4)")
+      ->delimiter(',');
   cmd->add_option("--target", o.target, "Fitted distortion: mse or attention")
       ->capture_default_str();
   cmd->add_option("--importance", o.importance, "Unit importance: attention or uniform")

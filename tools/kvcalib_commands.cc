@@ -63,26 +63,28 @@ StatusOr<RateQuantFitOptions> MakeFitOptions(const FitCommandOptions& o, bool ha
   StatusOr<QuantMethod> method = ParseQuantMethod(o.method);
   if (!method.ok() || *method == QuantMethod::kFp16) {
     return InvalidArgument("--method: got '", o.method,
-                           "', expected kivi, quarot, kvarn or oscar (a quantizer with widths)");
+                           "', expected kivi, quarot, kvarn, oscar or turbo (a quantizer with "
+                           "widths)");
   }
   f.method = *method;
   const uint32_t allowed = TraitsOf(f.method).allowed_bits;
-  if (o.bits.size() < 2) {
-    return InvalidArgument("--bits: got ", o.bits.size(),
+  std::vector<int> widths;
+  for (int w = 1; w < 32; ++w) {
+    if (allowed & (1u << w)) widths.push_back(w);
+  }
+  const std::vector<int>& bits = o.bits.empty() ? widths : o.bits;
+  if (bits.size() < 2) {
+    return InvalidArgument("--bits: got ", bits.size(),
                            " widths, expected at least 2 to fit a slope");
   }
-  for (size_t j = 0; j < o.bits.size(); ++j) {
-    const int b = o.bits[j];
-    if (b < 1 || b > 31 || !(allowed & (1u << b)) || (j > 0 && b <= o.bits[j - 1])) {
-      std::vector<int> widths;
-      for (int w = 1; w < 32; ++w) {
-        if (allowed & (1u << w)) widths.push_back(w);
-      }
-      return InvalidArgument("--bits: got ", FormatBits(o.bits), ", expected ascending widths ",
+  for (size_t j = 0; j < bits.size(); ++j) {
+    const int b = bits[j];
+    if (b < 1 || b > 31 || !(allowed & (1u << b)) || (j > 0 && b <= bits[j - 1])) {
+      return InvalidArgument("--bits: got ", FormatBits(bits), ", expected ascending widths ",
                              "among ", FormatBits(widths), " (", o.method, ")");
     }
   }
-  f.bits = o.bits;
+  f.bits = bits;
   if (o.target == "mse") {
     f.target = DistortionTarget::kMse;
   } else if (o.target == "attention") {

@@ -35,9 +35,9 @@ struct FitCommandOptions {
   std::vector<std::string> inputs;  // One directory per sequence; or:
   int synthetic = 0;                // > 0: this many synthetic sequences instead.
   SyntheticCalibOptions synth;      // Sizes and seed of those (sequences is set from synthetic).
-  std::string method;               // kivi, quarot, kvarn or oscar.
-  std::vector<int> bits = {2, 3, 4, 8};
-  std::string target = "mse";            // mse | attention.
+  std::string method;               // kivi, quarot, kvarn, oscar or turbo.
+  std::vector<int> bits;            // Ascending; empty: every width of the method.
+  std::string target = "mse";       // mse | attention.
   std::string importance = "attention";  // attention | uniform.
   bool per_kind_beta = false;
   int probe_queries = 8;

@@ -76,6 +76,9 @@ def all_rows() -> Dict[str, Row]:
         Row("kvarn2", "kvctl", quant("kvarn", 2, 2)),
         Row("kvarn_k4v2", "kvctl", quant("kvarn", 4, 2)),
         Row("oscar2", "kvctl", quant("oscar", 2, 2)),
+        Row("turbo2", "kvctl", quant("turbo", 2, 2)),
+        Row("turbo3", "kvctl", quant("turbo", 3, 3)),
+        Row("turbo4", "kvctl", quant("turbo", 4, 4)),
         Row("rq_kivi_2.5", "kvctl", quant("kivi", 2, 2),
             ratequant={"method": "kivi", "code_bits": 2.5}),
         Row("rq_kvarn_2.5", "kvctl", quant("kvarn", 2, 2),
@@ -175,6 +178,13 @@ def sink_flush_rows():
                                 note="quant.sink_tokens %d, quant.flush_tokens %d"
                                 % (sinks, flush)))
     return rows
+
+
+def peer_turbo_rows():
+    """The PyPI TurboQuant peer (tools/kveval_peer_turbo.py runs them; kind "turboquant" is not
+    one run_peer knows, so they are not in all_rows())."""
+    return [Row("peer_turbo%d" % b, "turboquant", nbits=b,
+                note="turboquant 0.2.0 TurboQuantCache, residual 128") for b in (2, 3, 4)]
 
 
 # ---- pool pressure rows -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ Status ValidateEvictKeys(const Config& c) {
         "evict.policy: budget.mode = \"", mode, "\" cannot run with quant.method = \"oscar\"",
         where,
         ": OScaR's token norm spans every KV head of a layer, so one head cannot drop a token "
-        "alone; expected kivi, quarot, kvarn, fp16, quant.lossless = true, or budget.mode = "
+        "alone; expected kivi, quarot, kvarn, turbo, fp16, quant.lossless = true, or budget.mode = "
         "\"none\"");
   };
   KVCTL_RETURN_IF_ERROR(refuse_oscar(c.quant, ""));

@@ -175,8 +175,12 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
       checksums_(checksums && !mirrored_),
       dirty_begin_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
       dirty_end_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
-      page_crc_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      chunks_per_page_(static_cast<uint32_t>(page_bytes / kChecksumChunkBytes)),
+      chunk_crc_(checksums_ ? new std::atomic<uint32_t>[uint64_t{pages_total} * chunks_per_page_]
+                            : nullptr),
       sealed_end_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      verified_lo_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      verified_hi_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
       tainted_(checksums_ ? new std::atomic<uint8_t>[pages_total] : nullptr),
       page_used_(pages_total, 0),
       slot_used_(staging_slots, 0) {
@@ -184,9 +188,13 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
     dirty_begin_[i].store(static_cast<uint32_t>(page_bytes), std::memory_order_relaxed);
     dirty_end_[i].store(0, std::memory_order_relaxed);
   }
+  for (uint64_t i = 0; checksums_ && i < uint64_t{pages_total} * chunks_per_page_; ++i) {
+    chunk_crc_[i].store(0, std::memory_order_relaxed);
+  }
   for (uint32_t i = 0; checksums_ && i < pages_total; ++i) {
-    page_crc_[i].store(0, std::memory_order_relaxed);
     sealed_end_[i].store(0, std::memory_order_relaxed);
+    verified_lo_[i].store(chunks_per_page_, std::memory_order_relaxed);
+    verified_hi_[i].store(0, std::memory_order_relaxed);
     tainted_[i].store(0, std::memory_order_relaxed);
   }
   // Stacks pop from the back: push in reverse so a fresh pool hands out ids 0, 1, 2, ...
@@ -276,7 +284,8 @@ Status PageAllocator::Free(uint32_t page) {
     dirty_begin_[page].store(static_cast<uint32_t>(page_bytes_), std::memory_order_relaxed);
     dirty_end_[page].store(0, std::memory_order_relaxed);
     sealed_end_[page].store(0, std::memory_order_relaxed);
-    page_crc_[page].store(0, std::memory_order_relaxed);
+    verified_lo_[page].store(chunks_per_page_, std::memory_order_relaxed);
+    verified_hi_[page].store(0, std::memory_order_relaxed);
     tainted_[page].store(0, std::memory_order_relaxed);
   }
   free_pages_.push_back(page);
@@ -348,18 +357,47 @@ Status Arena::EncodeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8
   return QuantizeBlocks(spec, batch, records);
 }
 
+uint32_t PageAllocator::ChunkCrc(uint32_t page, uint32_t chunk, uint32_t sealed) const {
+  const uint32_t begin = chunk * kChecksumChunkBytes;
+  const uint32_t end = std::min(begin + kChecksumChunkBytes, sealed);
+  return Crc32c(PagePointer(page) + begin, end - begin);
+}
+
+bool PageAllocator::ChunkIntact(uint32_t page, uint32_t chunk, uint32_t sealed,
+                                uint64_t* bytes) const {
+  const uint32_t begin = chunk * kChecksumChunkBytes;
+  *bytes += std::min(begin + kChecksumChunkBytes, sealed) - begin;
+  return ChunkCrc(page, chunk, sealed) ==
+         chunk_crc_[uint64_t{page} * chunks_per_page_ + chunk].load(std::memory_order_relaxed);
+}
+
+void PageAllocator::CoverVerified(uint32_t page, uint32_t lo, uint32_t hi, uint32_t sealed) {
+  uint32_t old_lo = verified_lo_[page].load(std::memory_order_relaxed);
+  uint32_t old_hi = verified_hi_[page].load(std::memory_order_relaxed);
+  if (old_lo >= old_hi) old_lo = old_hi = lo;  // Nothing verified yet in this request.
+  const uint32_t new_lo = std::min(lo, old_lo), new_hi = std::max(hi, old_hi);
+  const uint32_t sealed_chunks = (sealed + kChecksumChunkBytes - 1) / kChecksumChunkBytes;
+  uint64_t bytes = 0;
+  for (uint32_t c = new_lo; c < new_hi && c < sealed_chunks; ++c) {
+    if (c >= old_lo && c < old_hi) continue;  // Checked earlier in this request.
+    if (!ChunkIntact(page, c, sealed, &bytes)) tainted_[page].store(1, std::memory_order_relaxed);
+  }
+  verified_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  verified_lo_[page].store(new_lo, std::memory_order_relaxed);
+  verified_hi_[page].store(new_hi, std::memory_order_relaxed);
+}
+
 void PageAllocator::MarkDirty(uint32_t page, uint32_t begin, uint32_t end) {
   if (!tracks_writes()) return;
   KVCTL_CHECK(page < pages_total_ && begin < end && end <= page_bytes_);
   if (checksums_) {
+    // A write below the sealed end: the chunks it changes still hold what was sealed unless a
+    // write of this request changed them already, so check them before they change.
     const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
-    // The first write below the sealed end since the last seal: the page still holds what was
-    // sealed, so check it before it changes.
-    if (begin < sealed && dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
-      verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
-      if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
-        tainted_[page].store(1, std::memory_order_relaxed);
-      }
+    if (begin < sealed) {
+      CoverVerified(page, begin / kChecksumChunkBytes,
+                    (std::min(end, sealed) + kChecksumChunkBytes - 1) / kChecksumChunkBytes,
+                    sealed);
     }
   }
   // Widen the interval; a CAS loop because C++20 has no atomic fetch_min / fetch_max.
@@ -423,21 +461,31 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
     const uint32_t lo = dirty_begin_[page].exchange(static_cast<uint32_t>(page_bytes_));
     const uint32_t hi = dirty_end_[page].exchange(0);
     const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    const uint32_t new_end = std::max(sealed, hi);
+    const uint32_t verified_lo = verified_lo_[page].exchange(chunks_per_page_);
+    const uint32_t verified_hi = verified_hi_[page].exchange(0);
     const uint8_t* base = PagePointer(page);
-    if (lo >= sealed) {
-      // Only bytes past the sealed prefix changed (an appended slot): extend the checksum over
-      // them, and over any never-written gap before them, which the prefix now covers too.
-      page_crc_[page].store(
-          Crc32cExtend(page_crc_[page].load(std::memory_order_relaxed), base + sealed, hi - sealed),
-          std::memory_order_relaxed);
-      sealed_end_[page].store(hi, std::memory_order_relaxed);
-      sealed_bytes_.fetch_add(hi - sealed, std::memory_order_relaxed);
-    } else {
-      const uint32_t end = std::max(sealed, hi);
-      page_crc_[page].store(Crc32c(base, end), std::memory_order_relaxed);
-      sealed_end_[page].store(end, std::memory_order_relaxed);
-      sealed_bytes_.fetch_add(end, std::memory_order_relaxed);
+    std::atomic<uint32_t>* crcs = &chunk_crc_[uint64_t{page} * chunks_per_page_];
+    // Chunks from the first changed byte (or the old sealed end, when the gap before a write
+    // past it joins the prefix) to the new sealed end.
+    const uint32_t first = std::min(lo, sealed) / kChecksumChunkBytes;
+    const uint32_t last = (new_end + kChecksumChunkBytes - 1) / kChecksumChunkBytes;
+    for (uint32_t c = first; c < last; ++c) {
+      const uint32_t begin = c * kChecksumChunkBytes;
+      const uint32_t top = std::min(begin + kChecksumChunkBytes, new_end);
+      if ((c >= verified_lo && c < verified_hi) || begin >= sealed) {
+        // Checked before this request changed it, or holding nothing sealed: checksum afresh.
+        crcs[c].store(Crc32c(base + begin, top - begin), std::memory_order_relaxed);
+        sealed_bytes_.fetch_add(top - begin, std::memory_order_relaxed);
+      } else if (top > sealed) {
+        // Unchanged below the old sealed end (a write there would have checked it): extend.
+        crcs[c].store(
+            Crc32cExtend(crcs[c].load(std::memory_order_relaxed), base + sealed, top - sealed),
+            std::memory_order_relaxed);
+        sealed_bytes_.fetch_add(top - sealed, std::memory_order_relaxed);
+      }
     }
+    sealed_end_[page].store(new_end, std::memory_order_relaxed);
   }
   if (failures == 0) return OkStatus();
   checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
@@ -446,49 +494,33 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
                   ") changed outside the daemon; found when a request rewrote them");
 }
 
-void PageAllocator::TrimSealed(uint32_t page, uint32_t end) {
-  if (!checksums_) return;
-  KVCTL_CHECK(page < pages_total_ && end <= page_bytes_);
-  const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
-  if (end >= sealed) return;
-  // No write below `sealed` in this request yet, so the sealed bytes are still what was sealed:
-  // check them now, as MarkDirty would before such a write.
-  if (dirty_begin_[page].load(std::memory_order_relaxed) >= sealed) {
-    verified_bytes_.fetch_add(sealed, std::memory_order_relaxed);
-    if (Crc32c(PagePointer(page), sealed) != page_crc_[page].load(std::memory_order_relaxed)) {
-      tainted_[page].store(1, std::memory_order_relaxed);
-    }
-  }
-  // The next seal checksums [0, end) (and whatever this request writes) afresh.
-  sealed_end_[page].store(end, std::memory_order_relaxed);
-  page_crc_[page].store(0, std::memory_order_relaxed);
-  dirty_begin_[page].store(0, std::memory_order_relaxed);
-  if (dirty_end_[page].load(std::memory_order_relaxed) < end) {
-    dirty_end_[page].store(end, std::memory_order_relaxed);
-  }
-}
-
-Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const {
-  if (!checksums_) return OkStatus();
+Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason) const {
   std::string bad;
   uint64_t bytes = 0, failures = 0;
-  for (uint32_t page : pages) {
+  uint32_t last_bad_page = UINT32_MAX;
+  for (uint64_t key : keys) {
+    const auto page = static_cast<uint32_t>(key / chunks_per_page_);
+    const auto chunk = static_cast<uint32_t>(key % chunks_per_page_);
     KVCTL_CHECK(page < pages_total_);
-    const uint32_t end = sealed_end_[page].load(std::memory_order_relaxed);
-    if (end == 0) continue;
-    if (reason == VerifyReason::kCopy && dirty_begin_[page].load(std::memory_order_relaxed) < end) {
+    const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    if (chunk * kChecksumChunkBytes >= sealed || page == last_bad_page) continue;
+    if (reason == VerifyReason::kCopy &&
+        chunk >= verified_lo_[page].load(std::memory_order_relaxed) &&
+        chunk < verified_hi_[page].load(std::memory_order_relaxed)) {
       continue;  // Checked by its first write below the seal in this request.
     }
-    const uint32_t want = page_crc_[page].load(std::memory_order_relaxed);
-    const uint32_t got = Crc32c(PagePointer(page), end);
-    bytes += end;
-    if (got == want) continue;
-    ++failures;
-    if (failures <= 4) {
+    if (ChunkIntact(page, chunk, sealed, &bytes)) continue;
+    last_bad_page = page;  // Keys are sorted: one report per page.
+    if (++failures <= 4) {
+      const uint32_t want =
+          chunk_crc_[uint64_t{page} * chunks_per_page_ + chunk].load(std::memory_order_relaxed);
       char crcs[64];
-      std::snprintf(crcs, sizeof(crcs), "expected CRC32C %08x, found %08x", want, got);
+      std::snprintf(crcs, sizeof(crcs), "expected CRC32C %08x, found %08x", want,
+                    ChunkCrc(page, chunk, sealed));
       bad += internal::StrCat(bad.empty() ? "" : "; ", "page ", page, " (pool offset ",
-                              PageOffset(page), ", ", end, " bytes): ", crcs);
+                              PageOffset(page), ", ", sealed, " bytes sealed; bytes ",
+                              chunk * kChecksumChunkBytes, "..",
+                              std::min((chunk + 1) * kChecksumChunkBytes, sealed), "): ", crcs);
     }
   }
   (reason == VerifyReason::kScrub ? scrubbed_bytes_ : verified_bytes_)
@@ -500,6 +532,36 @@ Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReas
                   reason == VerifyReason::kScrub  ? "the scrubber"
                   : reason == VerifyReason::kCopy ? "a slab compaction"
                                                   : "FETCH");
+}
+
+Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const {
+  if (!checksums_) return OkStatus();
+  std::vector<uint64_t> keys;
+  for (uint32_t page : pages) {
+    KVCTL_CHECK(page < pages_total_);
+    const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+    for (uint32_t c = 0; c * kChecksumChunkBytes < sealed; ++c) {
+      keys.push_back(uint64_t{page} * chunks_per_page_ + c);
+    }
+  }
+  return VerifyChunks(keys, reason);
+}
+
+Status PageAllocator::VerifyRanges(const std::vector<PageRange>& ranges,
+                                   VerifyReason reason) const {
+  if (!checksums_) return OkStatus();
+  std::vector<uint64_t> keys;
+  for (const PageRange& r : ranges) {
+    KVCTL_CHECK(r.page < pages_total_ && r.begin < r.end && r.end <= page_bytes_);
+    const uint64_t first = uint64_t{r.page} * chunks_per_page_;
+    for (uint32_t c = r.begin / kChecksumChunkBytes; c * kChecksumChunkBytes < r.end; ++c) {
+      // Neighbouring slots mostly share chunks: skip the repeat before sorting.
+      if (keys.empty() || keys.back() != first + c) keys.push_back(first + c);
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return VerifyChunks(keys, reason);
 }
 
 uint64_t PageAllocator::SealedBytes(uint32_t page) const {

@@ -193,33 +193,43 @@ class PageAllocator {
   // REQUIRES: the range lies inside one staging slot.
   Status PullStaging(uint64_t offset, uint64_t bytes);
 
-  // Page checksums (PageAllocatorOptions::checksums; docs/reliability.md). Each page keeps, in
-  // daemon memory, the CRC32C of its bytes [0, sealed_end), where sealed_end is the furthest byte
-  // its owner ever wrote since it allocated the page. Writers mark what they change (MarkDirty,
-  // as for mirrored arenas) and the owner seals its pages once per request, before it replies
-  // (SealPages: a page whose marks all lie past sealed_end is only extended, others are
-  // checksummed again); VerifyPages recomputes. A page's owner seals and verifies it (holding
-  // whatever serializes its writes), so neither races a write. Free forgets a page's checksum.
-  // MarkDirty of a clean page below its sealed_end first verifies the page (the bytes are about
-  // to change, and a checksum over them would launder a change made behind the daemon's back);
+  // Page checksums (PageAllocatorOptions::checksums; docs/reliability.md). A page's bytes
+  // [0, sealed_end) are checksummed in chunks of kChecksumChunkBytes (the page for 4 KiB pages),
+  // each chunk's CRC32C over its part of that prefix kept in daemon memory; sealed_end is the
+  // furthest byte its owner ever wrote since it allocated the page. Chunks make a check cost what
+  // it covers: a FETCH of one layer reads the chunks its slots lie in, not the whole pages, which
+  // slabs share between layers. Writers mark what they change (MarkDirty, as for mirrored arenas)
+  // and the owner seals its pages once per request, before it replies (SealPages: a chunk changed
+  // below sealed_end is checksummed again, one only extended past it continues its checksum);
+  // VerifyPages and VerifyRanges recompute. A page's owner seals and verifies it (holding
+  // whatever serializes its writes), so neither races a write. Free forgets a page's checksums.
+  // MarkDirty below a page's sealed_end first verifies the chunks it is about to change, once per
+  // request (a checksum over changed bytes would launder a change made behind the daemon's back);
   // SealPages reports such a page as DATA_LOSS (and seals it all the same, so the daemon's own
   // state stays consistent: the caller marks the owner lost).
+  static constexpr uint32_t kChecksumChunkBytes = 4096;
   bool checksums() const { return checksums_; }
   Status SealPages(const std::vector<uint32_t>& pages);
-  // The owner declares the bytes of `page` from `end` on dead (an array shrank within the page):
-  // the sealed prefix shrinks to `end` (checked first if nothing verified it in this request), so
-  // slots written there again later only extend the checksum instead of re-checksumming the page.
-  void TrimSealed(uint32_t page, uint32_t end);
   // kCopy: the owner is about to copy bytes of the pages to another place in the middle of a
-  // request (slab compaction), where they would be sealed afresh. A page its owner already wrote
-  // below the sealed end in this request was checked by that first write (MarkDirty; a mismatch
+  // request (slab compaction), where they would be sealed afresh. A chunk its owner already
+  // rewrote below the sealed end in this request was checked by that write (MarkDirty; a mismatch
   // then is reported by SealPages and marks the owner lost) and is skipped; the others are
   // checked now, their sealed bytes being untouched by the request so far.
   enum class VerifyReason { kFetch, kScrub, kCopy };
   // OK when every page still holds what was sealed; otherwise DATA_LOSS naming each page that
-  // does not (page id, pool offset, expected and found CRC32C), and checksum_failures_total
-  // counts them. Counts the bytes checksummed (verified_ or scrubbed_bytes_total).
+  // does not (page id, pool offset, expected and found CRC32C of its first bad chunk), and
+  // checksum_failures_total counts them. Counts the bytes checksummed (verified_ or
+  // scrubbed_bytes_total).
   Status VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const;
+  // [begin, end) of one page.
+  struct PageRange {
+    uint32_t page = 0;
+    uint32_t begin = 0;
+    uint32_t end = 0;
+  };
+  // As VerifyPages, for the sealed chunks the ranges touch (each chunk checked once however many
+  // ranges touch it). REQUIRES: every range inside its page, begin < end.
+  Status VerifyRanges(const std::vector<PageRange>& ranges, VerifyReason reason) const;
   // Bytes VerifyPages reads of `page` (0 without checksums).
   uint64_t SealedBytes(uint32_t page) const;
 
@@ -238,6 +248,16 @@ class PageAllocator {
                 uint32_t staging_slots, uint64_t staging_slot_bytes, uint64_t staging_stride,
                 bool checksums);
   bool tracks_writes() const { return mirrored_ || checksums_; }
+  // Checksum helpers (checksummed arenas). The CRC32C of chunk `chunk`'s bytes below `sealed`.
+  uint32_t ChunkCrc(uint32_t page, uint32_t chunk, uint32_t sealed) const;
+  // Whether the chunk still holds what was sealed; adds the bytes read to *bytes.
+  bool ChunkIntact(uint32_t page, uint32_t chunk, uint32_t sealed, uint64_t* bytes) const;
+  // Widens the page's verified chunks to cover [lo, hi), checking the newly covered sealed ones
+  // (a mismatch taints the page).
+  void CoverVerified(uint32_t page, uint32_t lo, uint32_t hi, uint32_t sealed);
+  // VerifyPages/VerifyRanges: checks (page, chunk) keys (page * chunks_per_page_ + chunk,
+  // grouped by page, each once) and reports the pages found changed.
+  Status VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason) const;
   Status ExhaustedLocked(uint32_t count) KVCTL_REQUIRES(mu_);
 
   // Constant after construction.
@@ -256,9 +276,14 @@ class PageAllocator {
   const std::unique_ptr<std::atomic<uint32_t>[]> dirty_end_;
   std::atomic<uint64_t> publish_ranges_{0};
   std::atomic<uint64_t> publish_bytes_{0};
-  // Per page (checksummed arenas): CRC32C of [0, sealed_end_). Atomic for the same reason.
-  const std::unique_ptr<std::atomic<uint32_t>[]> page_crc_;
+  // Checksummed arenas: per chunk (page * chunks_per_page_ + index), the CRC32C of its part of
+  // [0, sealed_end_); per page, sealed_end_, and the chunks [verified_lo_, verified_hi_) checked
+  // by MarkDirty since the last seal (empty: lo >= hi). Atomic for the same reason.
+  const uint32_t chunks_per_page_;
+  const std::unique_ptr<std::atomic<uint32_t>[]> chunk_crc_;
   const std::unique_ptr<std::atomic<uint32_t>[]> sealed_end_;
+  const std::unique_ptr<std::atomic<uint32_t>[]> verified_lo_;
+  const std::unique_ptr<std::atomic<uint32_t>[]> verified_hi_;
   // Per page: the check before a rewrite (MarkDirty) found a mismatch; reported by SealPages.
   const std::unique_ptr<std::atomic<uint8_t>[]> tainted_;
   mutable std::atomic<uint64_t> checksum_failures_{0};

@@ -65,16 +65,14 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
   return appended.ok() ? published : appended;
 }
 
-void KvSequence::CollectPages(int layer_begin, int layer_end, std::vector<uint32_t>* pages) const {
-  if (layer_begin == 0 && layer_end == geometry_.layers) {
-    slabs_.CollectPages(pages);
-    return;
-  }
-  // Pages are shared between layers: the distinct pages the range's slots lie in.
-  const size_t first = pages->size();
-  auto add = [pages](const SlotArray& array) {
+void KvSequence::CollectRanges(int layer_begin, int layer_end,
+                               std::vector<PageAllocator::PageRange>* ranges) const {
+  auto add = [ranges](const SlotArray& array) {
+    const auto slot_bytes = static_cast<uint32_t>(array.slot_bytes());
+    const auto per_page = static_cast<uint32_t>(array.slots_per_page());
     for (uint32_t id : array.ids()) {
-      pages->push_back(static_cast<uint32_t>(id / array.slots_per_page()));
+      const uint32_t begin = id % per_page * slot_bytes;
+      ranges->push_back({id / per_page, begin, begin + slot_bytes});
     }
   };
   for (int l = layer_begin; l < layer_end; ++l) {
@@ -85,9 +83,6 @@ void KvSequence::CollectPages(int layer_begin, int layer_end, std::vector<uint32
       add(head.records);
     }
   }
-  std::sort(pages->begin() + static_cast<std::ptrdiff_t>(first), pages->end());
-  pages->erase(std::unique(pages->begin() + static_cast<std::ptrdiff_t>(first), pages->end()),
-               pages->end());
 }
 
 Status KvSequence::MarkLost(const Status& loss) {
@@ -101,9 +96,17 @@ Status KvSequence::MarkLost(const Status& loss) {
 
 Status KvSequence::Verify(int layer_begin, int layer_end) {
   if (!integrity_.ok() || !pool_->checksums()) return integrity_;
-  std::vector<uint32_t> pages;
-  CollectPages(layer_begin, layer_end, &pages);
-  Status verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kFetch);
+  Status verified;
+  if (layer_begin == 0 && layer_end == geometry_.layers) {
+    std::vector<uint32_t> pages;
+    slabs_.CollectPages(&pages);
+    verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kFetch);
+  } else {
+    // Slabs share pages between layers: check only the chunks this range's slots lie in.
+    std::vector<PageAllocator::PageRange> ranges;
+    CollectRanges(layer_begin, layer_end, &ranges);
+    verified = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kFetch);
+  }
   return verified.ok() ? verified : MarkLost(verified);
 }
 
@@ -112,7 +115,7 @@ StatusOr<uint64_t> KvSequence::Scrub(uint64_t max_bytes, bool* wrapped) {
   if (!integrity_.ok()) return integrity_;
   if (!pool_->checksums()) return uint64_t{0};
   std::vector<uint32_t> pages;
-  CollectPages(0, geometry_.layers, &pages);
+  slabs_.CollectPages(&pages);
   // Appends between calls may move pages in the list: the walk then skips or repeats a few, and
   // the next round covers them.
   if (scrub_cursor_ >= pages.size()) scrub_cursor_ = 0;
@@ -133,7 +136,7 @@ StatusOr<uint64_t> KvSequence::Scrub(uint64_t max_bytes, bool* wrapped) {
 Status KvSequence::Publish() {
   if (!pool_->mirrored() && !pool_->checksums()) return OkStatus();
   std::vector<uint32_t> pages;
-  CollectPages(0, geometry_.layers, &pages);
+  slabs_.CollectPages(&pages);
   if (pool_->checksums()) {
     Status sealed = pool_->SealPages(pages);
     return sealed.ok() ? sealed : MarkLost(sealed);

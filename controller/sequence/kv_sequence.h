@@ -236,8 +236,9 @@ class KvSequence {
   // device copy error. Every public method that writes calls it once before returning.
   Status Publish();
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
-  // Every pool page of layers [layer_begin, layer_end), appended to *pages.
-  void CollectPages(int layer_begin, int layer_end, std::vector<uint32_t>* pages) const;
+  // The byte range of every slot of layers [layer_begin, layer_end), appended to *ranges.
+  void CollectRanges(int layer_begin, int layer_end,
+                     std::vector<PageAllocator::PageRange>* ranges) const;
   // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
   Status MarkLost(const Status& loss);
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
@@ -265,7 +266,7 @@ class KvSequence {
   int64_t first_position_ = 0;
   int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.
   Status integrity_;           // DATA_LOSS once a page checksum mismatched.
-  size_t scrub_cursor_ = 0;    // Index into CollectPages(0, layers) where Scrub goes on.
+  size_t scrub_cursor_ = 0;    // Index into slabs_.CollectPages where Scrub goes on.
 };
 
 }  // namespace kvctl

@@ -6,6 +6,7 @@ for the test fixtures (python/tests/helpers.py) and tools/kveval.
     wait_until_serving(proc, ep, timeout_s=10)   # raises DaemonStartError with the reason
 """
 
+import shutil
 import subprocess
 import time
 from typing import Mapping, Optional
@@ -21,8 +22,11 @@ class DaemonStartError(Exception):
 def spawn_daemon(binary: str, settings: Mapping[str, object], log_path: str,
                  config_file: Optional[str] = None) -> subprocess.Popen:
     """Starts `binary [--config FILE] --set KEY=VALUE...`, stdout and stderr appended to
-    log_path."""
-    args = [binary]
+    log_path. The daemon gets SIGTERM when the thread that started it dies (util-linux `setpriv
+    --pdeathsig`, where present): a killed evaluation or test run leaves no daemon holding its
+    shm pool."""
+    setpriv = shutil.which("setpriv")
+    args = [setpriv, "--pdeathsig", "TERM", "--", binary] if setpriv else [binary]
     if config_file:
         args += ["--config", config_file]
     for key, value in settings.items():

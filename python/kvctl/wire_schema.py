@@ -82,6 +82,7 @@ class QuantMethod(enum.IntEnum):
     QUAROT = 2
     KVARN = 3
     OSCAR = 4
+    TURBO = 5
 
 
 class PoolLocation(enum.IntEnum):

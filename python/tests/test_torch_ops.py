@@ -29,7 +29,8 @@ ATOL_REL = 1e-4
 
 METHOD_BITS = [("fp16", 16, 16)] + [
     (m, kb, vb) for m in ("kivi", "quarot", "kvarn", "oscar")
-    for kb, vb in ((2, 2), (3, 3), (4, 4), (8, 8), (4, 2))]
+    for kb, vb in ((2, 2), (3, 3), (4, 4), (8, 8), (4, 2))] + [
+    ("turbo", kb, vb) for kb, vb in ((2, 2), (3, 3), (4, 4), (4, 2))]
 
 
 def synthetic(tokens, heads, dim, seed):
@@ -229,7 +230,8 @@ def _skip_without_cuda():
         pytest.skip("kvctl_torch was built without the CUDA kernels")
 
 
-CUDA_METHODS = [("fp16", 16, 16)] + [(m, 2, 2) for m in ("kivi", "quarot", "kvarn", "oscar")]
+CUDA_METHODS = [("fp16", 16, 16)] + [(m, 2, 2) for m in ("kivi", "quarot", "kvarn", "oscar",
+                                                          "turbo")]
 # (heads, query rows per KV head, head_dim, records per head, window rows)
 CUDA_SHAPES = [(2, 3, 64, 3, 5), (4, 1, 128, 2, 0), (1, 4, 128, 0, 19)]
 
@@ -347,7 +349,7 @@ def _daemon_for(daemon_factory, method, bits):
                           pool__bytes="64MiB")
 
 
-@pytest.mark.parametrize("method", ["kivi", "quarot", "kvarn", "oscar", "fp16"])
+@pytest.mark.parametrize("method", ["kivi", "quarot", "kvarn", "oscar", "turbo", "fp16"])
 def test_torch_ops_records_and_dequantize_equal_the_daemons(method, daemon_factory, connect):
     bits = 16 if method == "fp16" else 2
     layers, heads, dim = 2, 2, 64

@@ -130,6 +130,28 @@ std::string TwoSessionsAndLease() {
   return w.bytes();
 }
 
+// Two sequences whose records outgrow the harness's 64-page pool under a requantize variant: full
+// pool relief, slab compaction between the shrinking and growing streams, width lowering (the
+// "mixed" model's layer 0 starts at 8/4 bits) and records moved between slabs.
+std::string PoolPressure(uint8_t variant) {
+  const ipc::HelloRequest h = Hello("mixed", 2, 2, 0, 128);
+  ScriptWriter w;
+  w.Reload(variant);
+  w.Request(Msg(h));
+  for (uint64_t seq : {7, 8}) {
+    w.Request(Msg(ipc::OpenRequest{1, seq}));
+    for (uint64_t first = 0; first < 192; first += 32) {
+      ipc::AppendRequest r = InlineAppend(h, 1, first, 32);
+      r.sequence_id = seq;
+      w.Request(Msg(std::move(r)));
+    }
+  }
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 1, ipc::FetchMode::kBlocks, DType::kF16}));
+  w.Request(Msg(ipc::FetchRequest{1, 8, 1, 2, ipc::FetchMode::kDense, DType::kF32}));
+  w.Request(Msg(ipc::StatsRequest{1, ""}));
+  return w.bytes();
+}
+
 // Known bugs, as scripts (tests/fuzz/regressions/README.md).
 // The issue #17 APPEND: staging_offset 2^64 - 2^32 with a 2^32-byte payload wrapped the slot
 // bounds check and read outside the pool (SIGSEGV).
@@ -198,8 +220,10 @@ int Main(int argc, char** argv) {
   }
   Write(dir, "session-noq-kvarn", Session("kvarn", 5, 0, 16));
   Write(dir, "two-sessions-lease", TwoSessionsAndLease());
+  Write(dir, "pool-pressure-pool-scope", PoolPressure(5));
+  Write(dir, "pool-pressure-sequence-scope", PoolPressure(6));
   std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n,
-              std::size(models) + 8, dir.c_str());
+              std::size(models) + 10, dir.c_str());
   return 0;
 }
 

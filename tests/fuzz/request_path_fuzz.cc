@@ -41,18 +41,21 @@ namespace {
 
 constexpr int kLeaseMs = 2000;
 constexpr uint64_t kInputsPerController = 20000;
+constexpr uint64_t kPoolBytes = 256 << 10;
 
-// A small pool (512 pages of 4 KiB, two 64 KiB staging slots) so that pool pressure, staging
-// exhaustion and inline fallbacks are all reachable with short inputs. The [[model]] tables let a
-// HELLO's model_name pick each quantizer with blocks of 8 tokens, so a few tokens quantize. kivi
-// and oscar keep v_group_channels 32: head_dim must be a multiple of 32 for them (the registry
-// defaults are checked at the session's head_dim before the configured values apply).
+// A small pool (64 pages of 4 KiB: kPoolBytes, below the 1 MiB a config accepts, set after
+// validation; two 64 KiB staging slots) so that pool pressure, slab compaction on a full pool,
+// width lowering, staging exhaustion and inline fallbacks are all reachable with short inputs. The
+// [[model]] tables let a HELLO's model_name pick each quantizer with blocks of 8 tokens, so a few
+// tokens quantize. kivi and oscar keep v_group_channels 32: head_dim must be a multiple of 32 for
+// them (the registry defaults are checked at the session's head_dim before the configured values
+// apply).
 constexpr const char* kBaseToml = R"(
 [server]
 lease_ms = 2000
 quality_sample_period = 3
 [pool]
-bytes = "2MiB"
+bytes = "1MiB"
 page_bytes = "4KiB"
 staging_bytes_per_session = "64KiB"
 staging_slots = 2
@@ -203,6 +206,7 @@ class Harness {
       Status s = ApplyToml(config, std::string(kBaseToml) + tomls[i], "request_path_fuzz");
       if (s.ok()) s = ValidateConfig(config);
       if (!s.ok()) Fail("config variant " + std::to_string(i) + ": " + s.ToString());
+      config.pool.bytes = kPoolBytes;
       variants_.push_back(std::move(config));
     }
   }

@@ -118,6 +118,82 @@ TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[inte
   CHECK(daemon.Stop() == 0);
 }
 
+TEST_CASE("Daemon: turbo records fetched from the daemon equal the library's round trip",
+          "[integration]") {
+  // TurboQuant k3v2 (docs/algorithms.md §20): no sinks, flushes of 128 tokens in 32-token records.
+  DaemonProcess daemon(std::string(kSmallPool) +
+                       "[quant]\nmethod = \"turbo\"\nk_bits = 3\nv_bits = 2\n");
+  auto client = daemon.Connect();
+  const int layers = 2, heads = 2, d = 64;
+  const int64_t prefill = 200, decode = 70, total = prefill + decode;
+  auto hello = client->Hello({.client_name = "tq", .geometry = {layers, heads, 0, d, DType::kF16}});
+  REQUIRE(hello.ok());
+  CHECK(hello->quant.method == static_cast<uint8_t>(QuantMethod::kTurbo));
+  const uint64_t sid = hello->session_id;
+  REQUIRE(client->Open(sid, 3).ok());
+  const size_t row = static_cast<size_t>(heads) * d;
+  const auto k = MakeFp16(layers, total, heads, d, 4, false);
+  const auto v = MakeFp16(layers, total, heads, d, 4, true);
+  auto kp = Tokens(k, layers, total, 0, prefill, row),
+       vp = Tokens(v, layers, total, 0, prefill, row);
+  REQUIRE(client
+              ->AppendInline({sid, 3, 0, prefill}, AsBytes(kp.data(), kp.size() * 2),
+                             AsBytes(vp.data(), vp.size() * 2))
+              .ok());
+  for (int64_t t = prefill; t < total; ++t) {
+    auto kt = Tokens(k, layers, total, t, 1, row), vt = Tokens(v, layers, total, t, 1, row);
+    REQUIRE(client
+                ->AppendInline({sid, 3, static_cast<uint64_t>(t), 1},
+                               AsBytes(kt.data(), kt.size() * 2), AsBytes(vt.data(), vt.size() * 2))
+                .ok());
+  }
+  auto fetched = client->FetchDense(sid, 3, 0, layers, DType::kF32);
+  REQUIRE(fetched.ok());
+  const float* fk = static_cast<const float*>(fetched->k.data());
+  const float* fv = static_cast<const float*>(fetched->v.data());
+  // Tokens 0..255 are two flushes of four records each; 256..269 are the fp16 tail.
+  const QuantSpec spec = MakeQuantSpec(QuantMethod::kTurbo, d, 3, 2).value();
+  const int64_t quantized = 256;
+  size_t r = 0;
+  double err = 0, ref = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < heads; ++h) {
+      REQUIRE(fetched->counts[l * heads + h] == total);
+      std::vector<float> ek(total * d), ev(total * d);
+      for (int64_t t = 0; t < total; ++t) {
+        for (int c = 0; c < d; ++c) {
+          const size_t i = ((l * total + t) * heads + h) * d + c;
+          ek[t * d + c] = HalfToFloat(k[i]);
+          ev[t * d + c] = HalfToFloat(v[i]);
+        }
+      }
+      const std::vector<float> original = ek;
+      std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+      for (int64_t t0 = 0; t0 < quantized; t0 += spec.block_tokens) {
+        REQUIRE(QuantizeBlockRef(spec, {&ek[t0 * d], &ev[t0 * d], d, nullptr}, rec.data()).ok());
+        DequantizeBlockRef(spec, rec.data(), nullptr, &ek[t0 * d], &ev[t0 * d]);
+      }
+      REQUIRE(std::memcmp(fk + r * d, ek.data(), ek.size() * 4) == 0);
+      REQUIRE(std::memcmp(fv + r * d, ev.data(), ev.size() * 4) == 0);
+      for (int64_t i = 0; i < quantized * d; ++i) {
+        err += (original[i] - ek[i]) * (original[i] - ek[i]), ref += original[i] * original[i];
+      }
+      r += total;
+    }
+  }
+  // 3-bit K: about the codebook's 0.034 relative error on these rows, and certainly not lossless.
+  CHECK(err / ref > 0.01);
+  CHECK(err / ref < 0.08);
+  auto blocks = client->FetchBlocks(sid, 3, 0, layers);
+  REQUIRE(blocks.ok());
+  CHECK(blocks->indptr.back() == static_cast<uint32_t>(layers * heads * 8));
+  CHECK(blocks->tail_counts[0] == 14);
+  REQUIRE(!blocks->layouts.empty());
+  CHECK(blocks->layouts[0].method == static_cast<uint8_t>(QuantMethod::kTurbo));
+  CHECK(blocks->layouts[0].record_bytes == BlockLayoutOf(spec).record_bytes);
+  CHECK(daemon.Stop() == 0);
+}
+
 TEST_CASE("Daemon: 8 concurrent clients x 2000 decode steps keep every byte", "[integration]") {
   DaemonProcess daemon(
       "bytes = \"128MiB\"\npage_bytes = \"16KiB\"\n"

@@ -168,9 +168,10 @@ TEST_CASE("Attention: fused equals dequantize-then-attend for every method, widt
   const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   Worst worst;
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
-                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
+                        QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (int bits : {2, 3, 4, 8}) {
       if (m == QuantMethod::kFp16 && bits != 2) continue;
+      if (m == QuantMethod::kTurbo && bits == 8) continue;  // Its widths are 2, 3, 4.
       const int b = m == QuantMethod::kFp16 ? 16 : bits;
       for (int d : {64, 128}) {
         const QuantSpec spec = Spec(m, d, b, b);
@@ -200,8 +201,8 @@ TEST_CASE("Attention: mixed widths, odd geometries and larger groups agree with 
           "[kernels]") {
   const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   Worst worst;
-  for (QuantMethod m :
-       {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
+  for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn,
+                        QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (int d : {64, 128}) {
       INFO(QuantMethodName(m) << " k4v2 d " << d << " g 8");
       CheckAgainstOracle(MakeHeadCache(Spec(m, d, 4, 2), 8, 5, 3, 11, DType::kF16, 7 + d), levels,

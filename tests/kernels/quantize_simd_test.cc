@@ -194,6 +194,25 @@ TEST_CASE("SIMD codecs: QuaRot matches the reference for every width and head_di
   }
 }
 
+TEST_CASE("SIMD codecs: TurboQuant matches the reference for every width and head_dim",
+          "[kernels]") {
+  if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
+  const int turbo_bits[][2] = {{2, 2}, {3, 3}, {4, 4}, {2, 4}, {4, 3}, {3, 2}};
+  for (int d : {8, 16, 32, 64, 128, 256}) {
+    for (int g : {16, 48, 64}) {
+      for (const auto& bits : turbo_bits) {
+        for (Fill fill : {Fill::kGaussian, Fill::kGrid, Fill::kConstantGroups}) {
+          const QuantSpec spec = Spec(QuantMethod::kTurbo, d, g, bits[0], bits[1], g, d);
+          const Block blk = MakeBlock(g, d, d + 5, fill, d + g + bits[1]);
+          INFO("turbo d " << d << " g " << g << " bits " << bits[0] << "/" << bits[1] << " fill "
+                          << static_cast<int>(fill));
+          ExpectSameAsReference(spec, blk);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("SIMD codecs: KVarN matches the reference for every width and tile shape", "[kernels]") {
   if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   struct Shape {
@@ -222,7 +241,7 @@ TEST_CASE("SIMD codecs: a non-finite element is reported with the reference's me
                               std::numeric_limits<float>::infinity(),
                               -std::numeric_limits<float>::infinity()};
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
-                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
+                        QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
     const int b = m == QuantMethod::kFp16 ? 16 : 2;
     const int g = 32;
     const QuantSpec spec = Spec(m, 64, g, b, b, 16, 32);
@@ -304,8 +323,8 @@ TEST_CASE("SIMD codecs: fp16 rows round like FloatToHalf at every boundary and r
 
 TEST_CASE("SIMD codecs: metadata overflow is refused like the reference", "[kernels]") {
   if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
-  for (QuantMethod m :
-       {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
+  for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn,
+                        QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (float big : {7e4f, 1e6f, 3e38f}) {
       const QuantSpec spec = Spec(m, 64, 32, 4, 2, 32, 32);
       Block blk = MakeBlock(32, 64, 64, Fill::kGaussian, 3);
@@ -321,9 +340,10 @@ TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[ker
   if (SimdLevelsUnderTest().empty()) return Skip(kNoSimd);
   SimdLevelGuard guard;
   std::mt19937 rng(5);
-  for (QuantMethod m :
-       {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn, QuantMethod::kOscar}) {
+  for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kQuaRot, QuantMethod::kKvarn,
+                        QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (const auto& bits : kBitPairs) {
+      if (m == QuantMethod::kTurbo && (bits[0] == 8 || bits[1] == 8)) continue;
       const QuantSpec spec = Spec(m, 64, 48, bits[0], bits[1], 16, 8);
       std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
       for (uint8_t& byte : rec) byte = static_cast<uint8_t>(rng());

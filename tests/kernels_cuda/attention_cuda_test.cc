@@ -74,9 +74,10 @@ TEST_CASE("AttentionCuda: every method, width, head_dim and shape matches Decode
   double worst = 0;
   int call = 0;
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
-                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
+                        QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (int bits : {2, 3, 4, 8}) {
       if (m == QuantMethod::kFp16 && bits != 2) continue;
+      if (m == QuantMethod::kTurbo && bits == 8) continue;  // Its widths are 2, 3, 4.
       const int b = m == QuantMethod::kFp16 ? 16 : bits;
       for (int d : {64, 128}) {
         for (int g : {1, 3, 4}) {

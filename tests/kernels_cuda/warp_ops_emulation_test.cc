@@ -200,7 +200,8 @@ TEST_CASE("WarpOpsEmulation: 32 threads as one warp match DecodeAttentionRef", "
   const Cfg cfgs[] = {{QuantMethod::kFp16, 16, 64, 3, 2},  {QuantMethod::kKivi, 2, 64, 3, 2},
                       {QuantMethod::kKivi, 3, 64, 5, 3},   {QuantMethod::kQuaRot, 4, 64, 1, 2},
                       {QuantMethod::kKvarn, 2, 64, 3, 2},  {QuantMethod::kOscar, 2, 64, 4, 2},
-                      {QuantMethod::kOscar, 8, 128, 2, 4}, {QuantMethod::kKvarn, 3, 128, 1, 1}};
+                      {QuantMethod::kOscar, 8, 128, 2, 4}, {QuantMethod::kKvarn, 3, 128, 1, 1},
+                      {QuantMethod::kTurbo, 2, 64, 3, 2},  {QuantMethod::kTurbo, 4, 128, 4, 3}};
   for (const Cfg& cfg : cfgs) {
     StatusOr<QuantSpec> spec = MakeQuantSpec(cfg.m, cfg.d, cfg.bits, cfg.bits);
     REQUIRE(spec.ok());
@@ -235,10 +236,11 @@ struct BarrierSync {
 // reference's bytes for every method (KVarN too: here both use glibc logf/expf).
 TEST_CASE("WarpOpsEmulation: 32-lane EncodeRecord writes the reference's bytes", "[kernels]") {
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
-                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
+                        QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (auto [kb, vb] : {std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 2}, std::pair{8, 8}}) {
       for (int d : {64, 128}) {
         if (m == QuantMethod::kFp16 && kb != 2) continue;
+        if (m == QuantMethod::kTurbo && kb == 8) continue;  // Its widths are 2, 3, 4.
         const int fk = m == QuantMethod::kFp16 ? 16 : kb, fv = m == QuantMethod::kFp16 ? 16 : vb;
         StatusOr<QuantSpec> spec = MakeQuantSpec(m, d, fk, fv);
         REQUIRE(spec.ok());

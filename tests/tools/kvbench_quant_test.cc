@@ -75,7 +75,7 @@ TEST_CASE("KvbenchQuant: rows on a tiny input have the expected bits and errors"
   }
 
   // More bits, less error, for every method and every measure.
-  for (const char* m : {"kivi", "quarot", "kvarn", "oscar"}) {
+  for (const char* m : {"kivi", "quarot", "kvarn", "oscar", "turbo"}) {
     const std::string name(m);
     const QuantRowAccuracy& b2 = rows[name + " 2"];
     const QuantRowAccuracy& b3 = rows[name + " 3"];

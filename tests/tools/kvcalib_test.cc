@@ -276,6 +276,39 @@ TEST_CASE("kvcalib: layer demand is the coverage size of the group's causal atte
   CHECK_THAT(bad.status().message(), Contains("data[0][0].q: missing"));
 }
 
+TEST_CASE("kvcalib: fit --method turbo measures its widths and plans over them", "[tools]") {
+  // Default --bits: every width turbo has. Each unit's distortion falls with every extra bit by
+  // about the Lloyd-Max ratio (0.117 -> 0.034 -> 0.0095, docs/algorithms.md §20.2).
+  const CalibProfile p = TinyProfile("turbo");
+  REQUIRE(p.fit.spec.method == QuantMethod::kTurbo);
+  REQUIRE(p.fit.bits == std::vector<int>{2, 3, 4});
+  for (const RateQuantUnit& u : p.fit.units) {
+    REQUIRE(u.mse.size() == 3);
+    CHECK(u.mse[0] > 2.5 * u.mse[1]);
+    CHECK(u.mse[1] > 2.5 * u.mse[2]);
+  }
+  CHECK(p.fit.beta > 2.5);
+  CHECK(p.fit.beta < 5.0);
+  StatusOr<BudgetRange> range = ComputeBudgetRange(p.fit, 0, 0);
+  REQUIRE(range.ok());
+  const double budget = 0.5 * (range->min_bpe + range->max_bpe);
+  StatusOr<KvcalibPlan> plan = BuildKvcalibPlan(p, {.quant = {.budget_bpe = budget}});
+  INFO(plan.status().message());
+  REQUIRE(plan.ok());
+  CHECK(plan->bits.ok);
+  CHECK(plan->bits.achieved_bpe <= budget + 1e-9);
+  for (const HeadPlan& h : plan->quant.heads) {
+    CHECK(h.k_bits >= 2);
+    CHECK(h.v_bits <= 4);
+  }
+  // An explicit width turbo lacks is refused by name.
+  FitCommandOptions o = TinyFit("turbo");
+  o.bits = {2, 8};
+  StatusOr<FitResult> bad = RunFit(o);
+  REQUIRE(!bad.ok());
+  CHECK_THAT(bad.status().message(), Contains("among 2,3,4 (turbo)"));
+}
+
 TEST_CASE("kvcalib: plan totals stay within one allocation unit of the budget", "[tools]") {
   for (const char* method : {"kivi", "quarot", "kvarn", "oscar"}) {
     const CalibProfile p = TinyProfile(method);

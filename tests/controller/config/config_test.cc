@@ -469,6 +469,22 @@ TEST_CASE("Config: a bad width before any model is known names only key, value a
   CHECK(c->sources.at("limits.max_sessions") == ConfigSource::kEnv);
 }
 
+TEST_CASE("Config: quant.method turbo loads, resolves and refuses widths it lacks",
+          "[controller][config]") {
+  StatusOr<Config> c = LoadConfig({.cli = {{"quant.method", "turbo"}, {"quant.k_bits", "3"}}});
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->quant.method == QuantMethod::kTurbo);
+  c = LoadConfig({.cli = {{"quant.method", "turbo"}, {"quant.k_bits", "8"}}});
+  REQUIRE(!c.ok());
+  CHECK(c.status().code() == StatusCode::kInvalidArgument);
+  CHECK(c.status().message() == "quant.k_bits: got 8, expected one of {2, 3, 4} for turbo");
+  c = LoadConfig({.cli = {{"quant.method", "turbo2"}}});
+  REQUIRE(!c.ok());
+  CHECK(c.status().message().find("turbo2") != std::string::npos);
+  CHECK(c.status().message().find("oscar, turbo") != std::string::npos);
+}
+
 TEST_CASE("Config: PrintConfig output loads back to the same config", "[controller][config]") {
   Config c = Parsed(R"(
 [server]
