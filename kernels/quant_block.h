@@ -303,8 +303,6 @@ KVCTL_HOST_DEVICE inline bool TurboSignNegative(int c) {
   return (z >> 63) != 0;
 }
 
-KVCTL_HOST_DEVICE inline float TurboSign(int c) { return TurboSignNegative(c) ? -1.0f : 1.0f; }
-
 // The code of y: how many of the 2^bits - 1 bounds lie strictly below it (ties go down).
 KVCTL_HOST_DEVICE inline uint32_t TurboCode(float y, const TurboCodebook& cb, int bits) {
   uint32_t code = 0;

@@ -1,151 +1,203 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""kveval's outputs: quality.csv (every metric), quality.md (the table), quality.png (dPPL against
-memory), and merging the rows of a subset run into an earlier full table.
+"""kveval's outputs, all rendered from one saved result (quality.json: the run's settings and
+every row with its per-position NLL / KL / top-1 per segment and its generation):
 
-    write_outputs(results, "results", meta)
-    merge_outputs("/tmp/subset", "results", ["pressure_kivi8"], "tools/kveval --rows ...")
+- quality.csv: every metric of every row;
+- quality.md: the table (dPPL and KL with 95 % intervals, reserved and payload memory, greedy
+  agreement counted from the quantization onset), the per-target summary and the figure link;
+- pareto.svg: dPPL and KL against reserved memory (kveval_svg).
+
+    write_outputs(results, "results/prose-2k", meta)      # after a run
+    render_from_json("results/prose-2k/quality.json", out_dir)  # again, without running
+    merge_outputs("/tmp/subset", "results/prose-2k", ["kivi3"], "tools/kveval ...")
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
-import sys
 from typing import Dict, List
 
 from kveval_rows import EvalError
+from kveval_stats import REFERENCE_ROWS, dominated, target_summary
+from kveval_svg import family, pareto_svg
 
-# The pressure columns come last, so the earlier columns keep their positions; peers and rows
-# of older runs leave them empty.
-COLUMNS = ["row", "kind", "bits_per_element", "memory_vs_fp16", "ppl", "dppl_pct", "kl_mean",
-           "top1_agree", "greedy_agree", "greedy_first_div", "wall_s", "batch", "tokens_eval",
-           "tokens_kept", "note", "pressure_reliefs", "k_bits_mean", "v_bits_mean",
-           "pressure_cap_cuts", "payload_vs_fp16", "requantized_per_head"]
+COLUMNS = ["row", "kind", "family", "bits_per_element", "reserved_bits_per_element",
+           "memory_vs_fp16", "payload_vs_fp16", "ppl", "dppl_pct", "dppl_lo", "dppl_hi",
+           "kl_mean", "kl_lo", "kl_hi", "top1_agree", "segment_dppl", "quant_onset_tokens",
+           "greedy_from", "greedy_counted", "greedy_agree", "greedy_first_div", "wall_s",
+           "batch", "tokens_eval", "tokens_seen", "tokens_quantized", "tokens_kept",
+           "pressure_reliefs", "k_bits_mean", "v_bits_mean", "pressure_cap_cuts", "note",
+           "requantized_per_head"]
+ARRAYS = ("nll", "kl", "top1", "gen")  # Per-row raw data kept in quality.json only.
 
 
 def fmt(v) -> str:
     if isinstance(v, float):
         return "%.4g" % v
-    return str(v)
+    if isinstance(v, list):
+        return ";".join(fmt(x) for x in v)
+    return "" if v is None else str(v)
 
 
-def write_outputs(results: List[dict], out_dir: str, meta: dict) -> None:
+def _round(x):
+    if isinstance(x, float):
+        return float("%.6g" % x)
+    if isinstance(x, list):
+        return [_round(y) for y in x]
+    return x
+
+
+def write_outputs(results: List[dict], out_dir: str, meta: dict) -> str:
+    """Saves quality.json and renders everything from it; returns the target summary text."""
     os.makedirs(out_dir, exist_ok=True)
+    rows = [{k: (_round(v) if k in ARRAYS else v) for k, v in r.items()} for r in results]
+    data = {"meta": meta, "rows": rows}
+    with open(os.path.join(out_dir, "quality.json"), "w") as f:
+        json.dump(data, f)
+    return render(data, out_dir)
+
+
+def load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise EvalError("--plot-from: %s: %s" % (path, e)) from None
+    if not isinstance(data, dict) or "rows" not in data or "meta" not in data:
+        raise EvalError("--plot-from: %s: not a kveval quality.json (no meta/rows)" % path)
+    return data
+
+
+def render_from_json(path: str, out_dir: str) -> str:
+    return render(load(path), out_dir)
+
+
+def render(data: dict, out_dir: str) -> str:
+    """quality.csv, quality.md and pareto.svg of a saved result; returns the summary text."""
+    os.makedirs(out_dir, exist_ok=True)
+    meta, results = data["meta"], data["rows"]
+    for r in results:
+        r["family"] = family(r)
     with open(os.path.join(out_dir, "quality.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in results:
-            w.writerow({k: fmt(r.get(k, "")) for k in COLUMNS})
-    # b/e counts the payload (codes, scales, fp16 rows); "mem vs fp16" what the pool reserves
-    # (whole pages, slack included; a peer's cache tensors for peer rows).
-    md = ["| row | kind | payload b/e | reserved mem vs fp16 | PPL | dPPL % | KL | top-1 | greedy "
-          "| first div | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            w.writerow({k: fmt(r.get(k)) for k in COLUMNS})
+    title = describe(meta)
+    with open(os.path.join(out_dir, "pareto.svg"), "w") as f:
+        f.write(pareto_svg(results, "SmolLM2-135M, " + title))
+    summary = summary_md(results)
+    short = {k: v for k, v in meta.items() if k != "segment_starts"}
+    md = ["<!-- %s -->" % json.dumps(short), "", "**%s**" % title, "",
+          "| row | kind | payload b/e | reserved b/e | reserved mem vs fp16 | payload mem vs fp16 "
+          "| PPL | dPPL % [95 % CI] | KL [95 % CI] | top-1 | onset | greedy (from) | first div "
+          "| wall s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     md += [md_line(r) for r in results]
+    md += ["", summary, "", "![Pareto: %s](pareto.svg)" % title]
     with open(os.path.join(out_dir, "quality.md"), "w") as f:
-        f.write("<!-- %s -->\n" % json.dumps(meta))
         f.write("\n".join(md) + "\n")
-    plot(results, out_dir, meta["tokens"])
+    return summary
+
+
+def describe(meta: dict) -> str:
+    return ("%s, %d-token contexts, %d segments x %d scored positions, greedy %d tokens after a "
+            "%d-token prompt" % (meta.get("label") or meta.get("text"), meta["tokens"],
+                                 meta["segments"], meta["scored"], meta["gen_tokens"],
+                                 meta["prompt_tokens"]))
+
+
+def _num(v, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec % v
 
 
 def md_line(r: dict) -> str:
-    return ("| %s | %s | %.3f | %.3f | %.3f | %+.2f | %.4f | %.3f | %.3f | %d | %.0f |"
-            % (r["row"], r["kind"], r["bits_per_element"], r["memory_vs_fp16"], r["ppl"],
-               r["dppl_pct"], r["kl_mean"], r["top1_agree"], r["greedy_agree"],
-               r["greedy_first_div"], r["wall_s"]))
+    greedy = ("-" if r.get("greedy_agree") is None
+              else "%.3f (%d)" % (r["greedy_agree"], r["greedy_from"]))
+    onset = {0: "0", -1: "never"}.get(r.get("quant_onset_tokens"), str(r.get("quant_onset_tokens")))
+    return ("| %s | %s | %s | %s | %.3f | %.3f | %.3f | %+.2f [%+.2f, %+.2f] | %.4f [%.4f, %.4f] "
+            "| %.3f | %s | %s | %s | %.0f |"
+            % (r["row"], r["kind"], _num(r.get("bits_per_element"), "%.3f"),
+               _num(r.get("reserved_bits_per_element"), "%.3f"), r["memory_vs_fp16"],
+               r["payload_vs_fp16"], r["ppl"], r["dppl_pct"], r["dppl_lo"], r["dppl_hi"],
+               r["kl_mean"], r["kl_lo"], r["kl_hi"], r["top1_agree"], onset, greedy,
+               _num(r.get("greedy_first_div"), "%d"), r["wall_s"]))
 
 
-def plot(results: List[dict], out_dir: str, tokens: int) -> None:
-    """quality.png: dPPL against memory of every row (results need row, kind, memory_vs_fp16,
-    dppl_pct as numbers)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("kveval: matplotlib missing, no plot", file=sys.stderr)
-        return
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in results:
-        peer = r["kind"] != "kvctl"
-        ax.scatter(r["memory_vs_fp16"], max(r["dppl_pct"], 1e-3), marker="x" if peer else "o",
-                   color="tab:red" if peer else "tab:blue", s=40)
-        ax.annotate(r["row"], (r["memory_vs_fp16"], max(r["dppl_pct"], 1e-3)), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
-    ax.set_yscale("log")
-    ax.set_xlabel("memory as a fraction of the fp16 cache of all tokens seen")
-    ax.set_ylabel("dPPL % vs uncompressed (log; <=0 drawn at 1e-3)")
-    ax.set_title("SmolLM2-135M pseudo-decode, %d tokens (o kvctl, x peers)" % tokens)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "quality.png"), dpi=110)
-    plt.close(fig)
-
-
-def _read_table(out_dir: str):
-    """(CSV rows as dicts in order, md lines) of a kveval output folder."""
-    paths = [os.path.join(out_dir, "quality." + ext) for ext in ("csv", "md")]
-    for path in paths:
-        if not os.path.isfile(path):
-            raise EvalError("--merge-from: %s: no such file (a kveval --out folder?)" % path)
-    with open(paths[0], newline="") as f:
-        rows = list(csv.DictReader(f))
-    with open(paths[1]) as f:
-        lines = f.read().splitlines()
-    return rows, lines
-
-
-def _md_row_name(line: str) -> str:
-    cells = line.split("|")
-    if not line.startswith("| ") or len(cells) < 3 or cells[1].strip() in ("row", "---"):
-        return ""
-    return cells[1].strip()
+def summary_md(results: List[dict]) -> str:
+    """Issue 18's bands: the best kvctl row under each reserved-memory band against its target,
+    and every peer point with the kvctl point that dominates it (or none)."""
+    lines = ["| reserved mem <= | target dPPL | best kvctl row | its reserved mem | dPPL % "
+             "[95 % CI] | target met (point / whole CI) | peers in band | all dominated |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in target_summary(results):
+        peers = ", ".join("%s%s" % (p["row"], "" if p["dominated_by"] else " (not dominated)")
+                          for p in s["peers"]) or "none"
+        if s["best"] is None:
+            lines.append("| %g | %g %% | none | - | - | no / no | %s | %s |"
+                         % (s["band"], s["target_pct"], peers,
+                            "yes" if s["peers_dominated"] else "no"))
+            continue
+        lines.append("| %g | %g %% | %s | %.3f | %+.2f [%+.2f, %+.2f] | %s / %s | %s | %s |"
+                     % (s["band"], s["target_pct"], s["best"], s["best_memory"], s["best_dppl"],
+                        s["best_lo"], s["best_hi"], "yes" if s["met"] else "no",
+                        "yes" if s["met_with_ci"] else "no", peers,
+                        "yes" if s["peers_dominated"] else "no"))
+    kv = [r for r in results if r["kind"] == "kvctl" and r["row"] not in REFERENCE_ROWS]
+    verdicts = []
+    for p in (r for r in results if r["kind"] != "kvctl"):
+        by = dominated(p, kv)
+        verdicts.append("%s (%.3f, %+.2f %%): %s" % (
+            p["row"], p["memory_vs_fp16"], p["dppl_pct"],
+            "dominated by %s (%.3f, %+.2f %%)" % (by["row"], by["memory_vs_fp16"], by["dppl_pct"])
+            if by else "NOT dominated"))
+    if verdicts:
+        lines += ["", "Peers (reserved mem, dPPL), point estimates: " + "; ".join(verdicts) + "."]
+    return "\n".join(lines)
 
 
 def merge_outputs(src_dir: str, out_dir: str, names: List[str], command: str) -> None:
-    """Copies rows `names` of a subset run (src_dir) into out_dir's table: a row of the same name
-    is replaced in place, a new one appended. The CSV rows and the md lines are copied as written
-    (no rounding again); the md keeps its comments and gains one naming the rows and `command`;
-    the plot is redrawn from the merged CSV. Both runs must share the reference: the subset's
-    uncompressed PPL must equal the table's, else EvalError (dPPL would not compare)."""
-    src_rows, src_md = _read_table(src_dir)
-    dst_rows, dst_md = _read_table(out_dir)
-    src = {r["row"]: r for r in src_rows}
-    missing = [n for n in names if n not in src]
+    """Copies rows `names` of another run (src_dir/quality.json) into out_dir's result: a row of
+    the same name is replaced, a new one appended, and everything is rendered again. Both runs
+    must have scored the same positions of the same text with the same reference: the settings
+    that choose them must match and the uncompressed rows' NLL must be equal (else the dPPL
+    and KL would not compare), else EvalError. The rows' intervals are recomputed against the
+    destination's reference (the same values)."""
+    from kveval_stats import bootstrap_ci, segment_dppl
+    src = load(os.path.join(src_dir, "quality.json"))
+    dst = load(os.path.join(out_dir, "quality.json"))
+    for key in ("text", "tokens", "segments", "segment_starts", "scored", "prompt_tokens",
+                "gen_tokens"):
+        if src["meta"].get(key) != dst["meta"].get(key):
+            raise EvalError("--merge-from: %s differs (%r in %s, %r in %s)"
+                            % (key, src["meta"].get(key), src_dir, dst["meta"].get(key),
+                               out_dir))
+    by_name = {r["row"]: r for r in src["rows"]}
+    missing = [n for n in names if n not in by_name]
     if missing:
-        raise EvalError("--rows: %s not in %s/quality.csv (has %s)"
-                        % (", ".join(missing), src_dir, ", ".join(src)))
-    # The md's PPL cell has more digits than the CSV's 4 significant ones.
-    refs = [next((line.split("|")[5].strip() for line in md
-                  if _md_row_name(line) == "uncompressed"), None) for md in (src_md, dst_md)]
-    if None in refs or refs[0] != refs[1]:
-        raise EvalError("--merge-from: uncompressed PPL %s in %s, %s in %s: not the same "
-                        "reference" % (refs[0], src_dir, refs[1], out_dir))
-    new = {n: src[n] for n in names}
-    merged = [new.pop(r["row"]) if r["row"] in new else r for r in dst_rows]
-    merged += [src[n] for n in names if n in new]
-    with open(os.path.join(out_dir, "quality.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore", restval="")
-        w.writeheader()
-        for r in merged:
-            w.writerow(r)
-    src_lines = {_md_row_name(line): line for line in src_md if _md_row_name(line)}
-    lines, seen = [], set()
-    last_row = max(i for i, line in enumerate(dst_md) if _md_row_name(line))
-    for i, line in enumerate(dst_md):
-        name = _md_row_name(line)
-        lines.append(src_lines[name] if name in names else line)
-        seen.add(name)
-        if i == last_row:
-            lines += [src_lines[n] for n in names if n not in seen]
-    lines.append("<!-- merged %s from %s (reference PPL %s in both): %s -->"
-                 % (",".join(names), src_dir, refs[0], command))
-    with open(os.path.join(out_dir, "quality.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    meta = json.loads(dst_md[0][4:-3]) if dst_md[0].startswith("<!-- {") else {}
-    numbers: List[Dict[str, object]] = []
-    for r in merged:
-        numbers.append({"row": r["row"], "kind": r["kind"],
-                        "memory_vs_fp16": float(r["memory_vs_fp16"]),
-                        "dppl_pct": float(r["dppl_pct"])})
-    plot(numbers, out_dir, int(meta.get("tokens", 0)))
+        raise EvalError("--rows: %s not in %s/quality.json (has %s)"
+                        % (", ".join(missing), src_dir, ", ".join(by_name)))
+    refs = [next((r for r in d["rows"] if r["row"] == "uncompressed"), None) for d in (src, dst)]
+    if None in refs or not _same(refs[0]["nll"], refs[1]["nll"]):
+        raise EvalError("--merge-from: the uncompressed rows of %s and %s scored different NLL: "
+                        "not the same reference" % (src_dir, out_dir))
+    merged: Dict[str, dict] = {r["row"]: r for r in dst["rows"]}
+    for n in names:
+        r = dict(by_name[n])
+        r.update(bootstrap_ci(r["nll"], refs[1]["nll"], r["kl"]))
+        r["segment_dppl"] = segment_dppl(r["nll"], refs[1]["nll"])
+        r["note"] = ("%s; merged from %s" % (r.get("note", ""), src_dir)).strip("; ")
+        merged[n] = r
+    dst["rows"] = list(merged.values())
+    dst["meta"].setdefault("merged", []).append(command)
+    with open(os.path.join(out_dir, "quality.json"), "w") as f:
+        json.dump(dst, f)
+    render(dst, out_dir)
+
+
+def _same(a: List[List[float]], b: List[List[float]]) -> bool:
+    return len(a) == len(b) and all(len(x) == len(y) and all(abs(p - q) <= 1e-5 * max(1, abs(p))
+                                                               for p, q in zip(x, y))
+                                    for x, y in zip(a, b))

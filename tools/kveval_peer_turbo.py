@@ -4,15 +4,16 @@ DynamicCache) on SmolLM2-135M, through kveval's pseudo-decode (tools/kveval.py, 
 as the peer rows `peer_turbo2/3/4` next to kvctl's `turbo2/3/4`.
 
     python3 tools/kveval_peer_turbo.py --tokens 2048 --out /tmp/peer    # b = 2, 3, 4
-    python3 tools/kveval_peer_turbo.py --bits 3 --tokens 512 --gen-tokens 32
+    python3 tools/kveval_peer_turbo.py --bits 3 --tokens 512 --segments 1 --gen-tokens 32
+    tools/kveval --rows kivi2,peer_turbo2 ...     # or as peer rows in kveval's own table
 
 The reference is DynamicCache (what kveval's `uncompressed` row reproduces exactly); dPPL, KL and
 top-1 are against it, greedy agreement against its generation. Memory is what the package stores:
 b-bit codes are counted at b bits, as if packed (the package holds one uint8 per code: that figure
-is in each row's note and `held_vs_fp16`), plus its fp32 norm per token and head (32 / head_dim
-b/e), plus its fp16 residual window of the last 128 tokens at 16 bits. `run_row(evaluator, row)` runs one such row
-inside kveval's Evaluator, for a harness that wants these rows in its own table (kveval_rows.py:
-`peer_turbo_rows()`). Exit 0 ok; 1 bad input; 77 the package or model is missing.
+is in each row's note), plus its fp32 norm per token and head (32 / head_dim b/e), plus its fp16
+residual window of the last 128 tokens at 16 bits. kveval runs the same rows itself (`--rows
+peer_turbo2,...`, kind "turboquant" in Evaluator.run_peer); `run_row(evaluator, row)` does it
+for another harness. Exit 0 ok; 1 bad input; 77 the package or model is missing.
 """
 
 from __future__ import annotations
@@ -53,62 +54,51 @@ def make_cache_factory(row: Row):
     return make
 
 
-def run_row(ev, row: Row) -> dict:
-    """One peer_turbo row in kveval's Evaluator `ev` (teacher-forced, then greedy)."""
-    make = make_cache_factory(row)
-    ev.model.set_attn_implementation("sdpa")
-    t0 = time.perf_counter()
-    cache = make()
-    scores = ev.teacher_forced(cache, 1)[0]
-    seen = ev.args.ids.shape[1] - 1  # The last token is a target, never fed.
+def turbo_bits(nbits: int, seen: int, head_dim: int) -> float:
+    """b/e of TurboQuantCache after `seen` tokens: the last RESIDUAL in fp16, the rest as b-bit
+    codes counted packed plus an fp32 norm per token and head."""
     residual = min(RESIDUAL, seen)
-    quantized = seen - residual
-    bits = (quantized * (row.nbits + 32.0 / ev.head_dim) + residual * 16.0) / seen
-    held = (quantized * (8 + 32.0 / ev.head_dim) + residual * 16.0) / seen  # uint8 per code.
-    gens = ev.greedy(make, 1)
-    rec = {"row": row.name, "kind": row.kind, "batch": 1, "bits_per_element": bits,
-           "memory_vs_fp16": bits / 16, "payload_vs_fp16": bits / 16, "tokens_quantized": quantized,
-           "tokens_kept": seen, "tokens_seen": seen, "wall_s": time.perf_counter() - t0,
-           "held_vs_fp16": held / 16,
-           "note": ("%s %s TurboQuantCache(bits=%d), residual %d fp16 tokens; bits counted: "
-                    "packed codes + fp32 norm per token and head (it holds one uint8 per code: "
-                    "%.3f of fp16)" % (PACKAGE, PACKAGE_VERSION, row.nbits, residual,
-                                       held / 16))}
-    rec.update(scores.summary())
-    rec["_gen"] = gens[0]
-    ev.results.append(rec)
-    print("kveval_peer_turbo: %s done in %.0f s" % (row.name, rec["wall_s"]), flush=True)
-    return rec
+    return ((seen - residual) * (nbits + 32.0 / head_dim) + residual * 16.0) / seen
+
+
+def run_row(ev, row: Row) -> dict:
+    """One peer_turbo row in kveval's Evaluator `ev` (its segments, then greedy): kveval's own
+    peer path (Evaluator.run_peer knows kind "turboquant")."""
+    ev.run_peer(row)
+    return ev.results[-1]
 
 
 def run_reference(ev) -> None:
-    """DynamicCache rows: stores the reference log-probabilities and greedy tokens in `ev`."""
+    """DynamicCache as the reference row: stores its log-probabilities and greedy tokens in `ev`
+    (what kveval's lossless row reproduces)."""
     from transformers import DynamicCache
     ev.model.set_attn_implementation("sdpa")
     t0 = time.perf_counter()
-    scores = ev.teacher_forced(DynamicCache(), 1)[0]
-    ev.ref_greedy = ev.greedy(DynamicCache, 1)[0]
-    seen = ev.args.ids.shape[1] - 1
+    scores = ev.teacher_forced(DynamicCache, 1)[0]
+    ev.ref_greedy = ev.greedy(DynamicCache, 1)[0] if ev.args.gen_tokens else []
+    seen = int(ev.args.segments[-1].shape[1]) - 1
     rec = {"row": "uncompressed", "kind": "dynamic", "batch": 1, "bits_per_element": 16.0,
-           "memory_vs_fp16": 1.0, "payload_vs_fp16": 1.0, "tokens_quantized": 0,
-           "tokens_kept": seen, "tokens_seen": seen, "wall_s": time.perf_counter() - t0,
+           "reserved_bits_per_element": None, "memory_vs_fp16": 1.0, "payload_vs_fp16": 1.0,
+           "tokens_quantized": 0, "tokens_kept": seen, "tokens_seen": seen,
+           "quant_onset_tokens": 0, "wall_s": time.perf_counter() - t0,
            "note": "transformers DynamicCache, the reference"}
-    rec.update(scores.summary())
-    rec["_gen"] = ev.ref_greedy
+    rec.update(scores)
+    rec["gen"] = ev.ref_greedy
     ev.results.append(rec)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bits", default="2,3,4", help="comma-separated widths among 2, 3, 4")
-    p.add_argument("--text", default=kveval.DEFAULT_TEXT)
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--prefix", type=int, default=None, help="default half of --tokens")
-    p.add_argument("--gen-tokens", type=int, default=512)
+    p.add_argument("--text", default=kveval.DEFAULT_TEXT, help="a file or a kveval text label")
+    p.add_argument("--tokens", type=int, default=2048, help="context length of each segment")
+    p.add_argument("--segments", type=int, default=2)
+    p.add_argument("--scored", type=int, default=128, help="scored positions per segment")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="write peer_turbo.json and peer_turbo.md here")
     args = p.parse_args(argv)
-    args.prefix = args.prefix or args.tokens // 2
     known = {r.nbits: r for r in peer_turbo_rows()}
     try:
         widths = [int(b) for b in args.bits.split(",") if b.strip()]
@@ -129,14 +119,7 @@ def main(argv=None) -> int:
         model, tok = load_smollm2()
     except ModelNotFound as e:
         raise MissingStack(str(e)) from None
-    ids = tok(text, return_tensors="pt").input_ids
-    if ids.shape[1] < args.tokens:
-        raise EvalError("--text: %s has %d tokens, expected at least %d (--tokens)"
-                        % (args.text, ids.shape[1], args.tokens))
-    args.ids = ids[:, :args.tokens]
-    chat = tok.apply_chat_template([{"role": "user", "content": kveval.PROMPT}], tokenize=False,
-                                   add_generation_prompt=True)
-    args.prompt_ids = tok(chat, return_tensors="pt").input_ids
+    kveval.prepare_inputs(args, tok, text)
     ev = kveval.Evaluator(args, torch, model, tok, kvctl)
     t0 = time.perf_counter()
     run_reference(ev)
@@ -145,20 +128,25 @@ def main(argv=None) -> int:
     results = ev.finish()
     cmd = " ".join(["python3 tools/kveval_peer_turbo.py"] + (argv if argv is not None
                                                               else sys.argv[1:]))
-    md = ["| row | b/e | mem vs fp16 | PPL | dPPL % | KL | top-1 | greedy | first div |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = ["| row | b/e | mem vs fp16 | PPL | dPPL % [95 % CI] | KL | top-1 | greedy (from) "
+          "| first div |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        md.append("| %s | %.3f | %.3f | %.3f | %+.2f | %.4f | %.3f | %.3f | %d |"
+        greedy = ("-" if r["greedy_agree"] is None
+                  else "%.3f (%d)" % (r["greedy_agree"], r["greedy_from"]))
+        md.append("| %s | %.3f | %.3f | %.3f | %+.2f [%+.2f, %+.2f] | %.4f | %.3f | %s | %s |"
                   % (r["row"], r["bits_per_element"], r["memory_vs_fp16"], r["ppl"],
-                     r["dppl_pct"], r["kl_mean"], r["top1_agree"], r["greedy_agree"],
-                     r["greedy_first_div"]))
+                     r["dppl_pct"], r["dppl_lo"], r["dppl_hi"], r["kl_mean"], r["top1_agree"],
+                     greedy, "-" if r["greedy_first_div"] is None else r["greedy_first_div"]))
     print("\n".join(md))
-    print("kveval_peer_turbo: %d tokens of %s, prefix %d, %d generated, %.0f s; command: %s"
-          % (args.tokens, args.text, args.prefix, args.gen_tokens, time.perf_counter() - t0, cmd))
+    print("kveval_peer_turbo: %d segments of %d tokens of %s, %d scored each, %d generated, "
+          "%.0f s; command: %s" % (len(args.segment_starts), args.tokens, args.text, args.scored,
+                                   args.gen_tokens, time.perf_counter() - t0, cmd))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "peer_turbo.json"), "w") as f:
-            json.dump({"command": cmd, "rows": results}, f, indent=1)
+            json.dump({"command": cmd, "rows": [{k: v for k, v in r.items()
+                                                  if k not in ("nll", "kl", "top1")}
+                                                 for r in results]}, f, indent=1)
         with open(os.path.join(args.out, "peer_turbo.md"), "w") as f:
             f.write("\n".join(md) + "\n\n`%s`\n" % cmd)
     return 0

@@ -151,12 +151,16 @@ def all_rows() -> Dict[str, Row]:
                     dict(joint(1 / 8), **{"budget.pressure": "requantize"}), profile="kivi",
                     send_q=True, pool_fraction=PRESSURE_JOINT_FRACTION,
                     note="as joint_1of8; relief lowers widths or cuts token caps"))
+    # The 1/8 band of issue 18: eviction at 12.5 % (names round 12.5 to 12).
+    for policy in ("snapkv", "rkv"):
+        rows.append(Row("evict_%s_12" % policy, "kvctl", evict(policy, 0.125), send_q=True,
+                        note="fp16 rows, evict-only token_fraction 0.125"))
     rows += [
         Row("quanto2", "quanto", nbits=2, note="transformers QuantizedCache(quanto), residual 128"),
         Row("quanto4", "quanto", nbits=4, note="transformers QuantizedCache(quanto), residual 128"),
     ]
     for press in ("snapkv", "streamingllm", "expected_attention"):
-        for keep in (0.5, 0.25):
+        for keep in (0.5, 0.25, 0.125):
             rows.append(Row("kvpress_%s_%d" % (press, round(keep * 100)), "kvpress",
                             press=press, keep=keep))
     return {r.name: r for r in rows}

@@ -524,20 +524,23 @@ class KvctlCache(Cache):
             l.pending_k = l.pending_v = l.pending_q = None
             l.held += n
         for b, seq in enumerate(self.seqs):
-            per_token = 2 * k[:, b, :1].nbytes + (q[:, b, :1].nbytes if seq.send_q else 0)
+            # Pending rows of batch 1 with a larger batch: one step shared by every sequence
+            # (a prefill the caller ran once for all of them, as kveval does); sent to each.
+            src = b if k.shape[1] == self.batch else 0
+            per_token = 2 * k[:, src, :1].nbytes + (q[:, src, :1].nbytes if seq.send_q else 0)
             step = max(1, _MAX_APPEND_BYTES // per_token)
             for a in range(0, n, step):
                 e = min(n, a + step)
                 staging = (self.use_staging and seq.session.has_staging
                            and per_token * (e - a) <= seq.session.staging_bytes)
                 seq.last_append = seq.client.append(
-                    seq.sequence_id, k[:, b, a:e], v[:, b, a:e],
-                    q=q[:, b, a:e] if seq.send_q else None,
+                    seq.sequence_id, k[:, src, a:e], v[:, src, a:e],
+                    q=q[:, src, a:e] if seq.send_q else None,
                     first_position=self.appended + a, use_staging=staging)
                 self.counters["appends"] += 1
-            seq.sent_last_row = k[0, b, -1, 0].copy()
+            seq.sent_last_row = k[0, src, -1, 0].copy()
             flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
-            self._advance_blocks(seq, k[:, b], v[:, b], flushed)
+            self._advance_blocks(seq, k[:, src], v[:, src], flushed)
             seq.tokens_quantized = seq.last_append.tokens_quantized
             self.counters["flushes"] += int(flushed)
             if seq.always or flushed or seq.rounding is None:

@@ -36,6 +36,7 @@ def spawn_daemon(binary: str, settings: Mapping[str, object], log_path: str,
                                 stdin=subprocess.DEVNULL)
 
 
+
 def wait_until_serving(proc: subprocess.Popen, endpoint: str, timeout_s: float) -> None:
     """Returns once `endpoint` answers PING. Raises DaemonStartError when the process exits first
     or nothing answers within timeout_s (the process is left running: the caller stops it)."""

@@ -300,7 +300,7 @@ def _hello_reply(**changes) -> bytes:
     ([_hello_reply(staging_offset=1 << 20)], "staging slot"),
     ([_hello_reply(staging_bytes=0)], "staging_offset"),
     ([_hello_reply(shm=b"")], "shm_name"),
-    ([_hello_reply(method=5)], "quant.method"),
+    ([_hello_reply(method=6)], "quant.method"),
     ([_hello_reply(flush=100)], "quant.flush_tokens"),
     ([_hello_reply(version=b"")], "server_version"),
     ([_hello_reply(location=2)], "pool_location"),

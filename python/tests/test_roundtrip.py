@@ -249,3 +249,33 @@ def test_tensors_and_lists_are_accepted(lossless_daemon, connect):
     assert np.array_equal(k, np.concatenate([bits, bits], axis=1)) and np.array_equal(k, v)
     with pytest.raises(ValueError, match="dtype <U1"):
         c.append(1, np.full((1, 1, 1, 8), "x"), np.zeros((1, 1, 1, 8)))
+
+
+def test_turbo_float16_round_trip_and_blocks_layout(daemon_factory, connect):
+    # TurboQuant k3v3 (docs/algorithms.md §20): no sinks, 32-token records, flush at 128.
+    d = daemon_factory(quant__method="turbo", quant__k_bits=3, quant__v_bits=3,
+                       pool__bytes="64MiB")
+    c = connect(d)
+    s = c.hello(LAYERS, HEADS, DIM, dtype="float16", model_name="synthetic")
+    q = s.quant
+    assert (q.method_name, q.k_bits, q.v_bits) == ("turbo", 3, 3)
+    assert (q.block_tokens, q.sink_tokens, q.flush_tokens) == (32, 0, 128)
+    total = 300
+    k, v = random_kv(LAYERS, total, HEADS, DIM, seed=9, dtype=np.float16)
+    c.open(1)
+    r = c.append(1, k, v)
+    assert (r.tokens_total, r.tokens_quantized) == (300, 256)
+    fk, fv, _ = c.fetch(1, stacked=True)
+    tail = slice(256, total)
+    assert np.array_equal(fk[:, tail], k[:, tail].astype(np.float32))
+    quantized = slice(0, 256)
+    # 3-bit Lloyd-Max codes of a uniform direction: ~0.034 relative MSE (docs/algorithms.md §20.2).
+    err_k = relative_mse(fk[:, quantized], k[:, quantized])
+    err_v = relative_mse(fv[:, quantized], v[:, quantized])
+    assert 0.02 < err_k < 0.05 and 0.02 < err_v < 0.05, (err_k, err_v)
+    b = c.fetch_blocks(1)
+    lay = b.layouts[0]
+    assert lay.method_name == "turbo" and (lay.k_bits, lay.v_bits) == (3, 3)
+    # Per record: 32 rows of DIM 3-bit codes and 32 fp16 norms, for K and for V.
+    assert lay.record_bytes == 2 * (32 * DIM * 3 // 8 + 64)
+    c.close(1)

@@ -39,7 +39,7 @@ TEST_CASE("KvbenchQuant: rows on a tiny input have the expected bits and errors"
     REQUIRE(a.ok());
     rows[QuantRowLabel(r)] = *a;
   }
-  REQUIRE(rows.size() == 15);
+  REQUIRE(rows.size() == 18);
 
   // 8-bit KIVI is the near-lossless check.
   CHECK(rows["kivi 8"].pure.k_rel_mse < 1e-4);
@@ -54,6 +54,8 @@ TEST_CASE("KvbenchQuant: rows on a tiny input have the expected bits and errors"
   CHECK(kvarn.spec.block_tokens == 128);
   CHECK(kvarn.pure.bits_per_element == Approx(2.375).epsilon(1e-12));
   CHECK(kvarn.registry_bpe.average == Approx(2.375).epsilon(1e-12));
+  // TurboQuant 2-bit, D = 128: 2 + 16 / 128 (an fp16 norm per token, docs/algorithms.md §20.3).
+  CHECK(rows["turbo 2"].pure.bits_per_element == Approx(2.125).epsilon(1e-12));
   CHECK(rows["kvarn k4v2"].pure.bits_per_element == Approx(3.375).epsilon(1e-12));
 
   // Token accounting: pure rounds T down to G; streaming keeps sinks and a partial flush fp16.
@@ -146,11 +148,11 @@ TEST_CASE("KvbenchQuant: row selection by --methods and --bits", "[tools]") {
     for (const QuantRowSpec& r : *rows) out.push_back(QuantRowLabel(r));
     return out;
   };
-  CHECK(labels({}, {}).size() == 15);
+  CHECK(labels({}, {}).size() == 18);
   CHECK(labels({"kvarn"}, {}) ==
         std::vector<std::string>{"kvarn 2", "kvarn 3", "kvarn 4", "kvarn k4v2"});
   CHECK(labels({}, {"4"}) ==
-        std::vector<std::string>{"fp16", "kivi 4", "quarot 4", "kvarn 4", "oscar 4"});
+        std::vector<std::string>{"fp16", "kivi 4", "quarot 4", "kvarn 4", "oscar 4", "turbo 4"});
   CHECK(labels({"fp16", "kivi"}, {"8"}) == std::vector<std::string>{"fp16", "kivi 8"});
   CHECK(labels({"kvarn"}, {"k4v2"}) == std::vector<std::string>{"kvarn k4v2"});
   CHECK(labels({"fp16"}, {}) == std::vector<std::string>{"fp16"});
