@@ -171,17 +171,20 @@ struct LayerSums {
   std::vector<double> sse, attn, importance;  // importance: index h * 2 + kind.
   double elements = 0;                        // Quantized elements per unit.
   double probes = 0;                          // Probe positions (per query head).
+  double output_energy = 0;  // Sum over probes and query heads of the exact ||o||^2.
 };
 
 class LayerMeasurer {
  public:
-  LayerMeasurer(const RateQuantFitOptions& o, const QuantSpec& spec, const Geometry& g, int sinks)
+  LayerMeasurer(const RateQuantFitOptions& o, const QuantSpec& spec, const Geometry& g, int sinks,
+                int64_t flush)
       : o_(o),
         spec_(spec),
         g_(g),
         sinks_(sinks),
         d_(g.head_dim),
-        scale_(1.0f / std::sqrt(static_cast<float>(g.head_dim))) {}
+        scale_(1.0f / std::sqrt(static_cast<float>(g.head_dim))),
+        flush_(flush) {}
 
   Status Add(const CalibrationLayer& cl, LayerSums& sums);
 
@@ -195,7 +198,14 @@ class LayerMeasurer {
   const int sinks_, d_;
   const float scale_;
   bool use_q_ = false, importance_ = false;
-  int64_t t_ = 0, q0_ = 0, q1_ = 0;
+  // Quantized keys [q0_, QuantizedEnd(n)) as a decoding query with n visible tokens sees them.
+  int64_t QuantizedEnd(int64_t n) const {
+    const int64_t end = std::min(n, q1_);
+    if (flush_ <= 0 || end <= q0_) return end;
+    return std::min(end, q0_ + (n - q0_) / flush_ * flush_);
+  }
+
+  int64_t t_ = 0, q0_ = 0, q1_ = 0, flush_ = 0;
   std::vector<float> k_, v_, norms_, khat_, vhat_, q_, scores_, o_exact_, delta_;
   std::vector<double> w_, w_hat_;  // Exact weights [probe][qh][t]; scratch.
   std::vector<int64_t> probe_;
@@ -267,10 +277,11 @@ void LayerMeasurer::ExactAttention(LayerSums& sums) {
         const float* v = &v_[(h * t_ + j) * d_];
         for (int c = 0; c < d_; ++c) o[c] += a * v[c];
       }
+      sums.output_energy += Dot(o, o, d_);
       if (!importance_) continue;
       // w_V += D sum_{j in Q} a^2; w_K += ||q||^2 / D * sum_{j in Q} a^2 ||v_j - o||^2.
       double sum_a2 = 0, sum_k = 0;
-      for (int64_t j = q0_; j < std::min(n, q1_); ++j) {
+      for (int64_t j = q0_; j < QuantizedEnd(n); ++j) {
         const float* v = &v_[(h * t_ + j) * d_];
         double dist = 0;
         for (int c = 0; c < d_; ++c) dist += (v[c] - o[c]) * (v[c] - o[c]);
@@ -313,7 +324,7 @@ Status LayerMeasurer::MeasureWidth(size_t j, LayerSums& sums) {
     if (!use_q_ || !o_.measure_attention) continue;
     double err_k = 0, err_v = 0;
     for (size_t p = 0; p < probe_.size(); ++p) {
-      const int64_t n = probe_[p] + 1, qend = std::min(n, q1_);
+      const int64_t n = probe_[p] + 1, qend = QuantizedEnd(n);
       for (int qh = h * group; qh < (h + 1) * group; ++qh) {
         const size_t row = p * g_.q_heads + qh;
         const float* q = &q_[row * d_];
@@ -442,6 +453,12 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
     return InvalidArgument("measure_attention: got false, expected true for target attention");
   }
   const int sinks = TraitsOf(o.method).streaming.sink_tokens;
+  if (o.decode_flush_tokens < -1) {
+    return InvalidArgument("decode_flush_tokens: got ", o.decode_flush_tokens,
+                           ", expected -1 (the method's flush), 0 or a token count");
+  }
+  const int64_t flush = o.decode_flush_tokens < 0 ? TraitsOf(o.method).streaming.flush_tokens
+                                                  : o.decode_flush_tokens;
   int64_t tokens = 0;
   for (size_t s = 0; s < data.size(); ++s) {
     const int64_t t = data[s][0].k.tokens;
@@ -457,6 +474,14 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
         return InvalidArgument("data[", s, "][", l, "].k: tokens: got ", data[s][l].k.tokens,
                                ", expected ", t, " as data[", s, "][0].k");
       }
+    }
+    const bool weighted = o.importance == ImportanceMode::kAttention ||
+                          o.target == DistortionTarget::kAttention;
+    if (has_q && weighted && flush > 0 && t < sinks + flush) {
+      return InvalidArgument("data[", s, "][0].k: tokens: got ", t, ", expected >= ",
+                             sinks + flush, " (", sinks, " sinks + decode_flush_tokens ", flush,
+                             ": a decoding query sees no key quantized before that; use longer "
+                             "sequences or decode_flush_tokens 0)");
     }
     const int64_t span = t - std::max<int64_t>(sinks, t / 2);
     if (has_q && (o.probe_queries < 1 || o.probe_queries > span)) {
@@ -477,7 +502,7 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
   fit.tokens = tokens;
   const size_t widths = o.bits.size();
   const bool record_attention = has_q && o.measure_attention;
-  LayerMeasurer measurer(o, spec, g, sinks);
+  LayerMeasurer measurer(o, spec, g, sinks, flush);
   for (int l = 0; l < g.layers; ++l) {
     LayerSums sums;
     sums.sse.assign(static_cast<size_t>(g.heads) * 2 * widths, 0);
@@ -487,6 +512,9 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
       Status st = measurer.Add(data[s][static_cast<size_t>(l)], sums);
       if (!st.ok()) return Prefixed(StrCat("data[", s, "][", l, "]: "), st);
     }
+    // Relative to the layer's output: the mean exact ||o||^2 of one GQA group at one probe.
+    const double energy = sums.output_energy / (sums.probes * g.heads);
+    const double per_energy = o.relative_to_output && energy > 0 ? 1.0 / energy : 1.0;
     for (int h = 0; h < g.heads; ++h) {
       for (int kind = 0; kind < 2; ++kind) {
         RateQuantUnit u;
@@ -496,10 +524,13 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
         const size_t base = (static_cast<size_t>(h) * 2 + kind) * widths;
         for (size_t j = 0; j < widths; ++j) {
           u.mse.push_back(sums.sse[base + j] / sums.elements);
-          if (record_attention) u.attention.push_back(sums.attn[base + j] / sums.probes);
+          if (record_attention) {
+            u.attention.push_back(sums.attn[base + j] / sums.probes * per_energy);
+          }
         }
         if (o.importance == ImportanceMode::kAttention) {
-          u.importance = sums.importance[static_cast<size_t>(h) * 2 + kind] / sums.probes;
+          u.importance =
+              sums.importance[static_cast<size_t>(h) * 2 + kind] / sums.probes * per_energy;
         }
         fit.units.push_back(std::move(u));
       }

@@ -29,9 +29,12 @@
 //      V:  E||do_t||^2 = s^2 * D * sum_{j in Q} a_tj^2                      -> w_V = E[D sum a^2]
 //      K:  do_t = sum_j a_tj ds_tj (v_j - o_t), Var ds_tj = ||q_t||^2 s^2 / D
 //          E||do_t||^2 = s^2 * (||q_t||^2 / D) sum_{j in Q} a_tj^2 ||v_j - o_t||^2  -> w_K
-//    summed over the group's query heads and averaged over probes. Then w_i * MSE_i estimates the
+//    summed over the group's query heads and averaged over probes. Q is what a decoding query
+//    at the probe reads quantized (`decode_flush_tokens`): the flushed keys, not its fp16 tail. Then w_i * MSE_i estimates the
 //    attention-output error the unit causes, so K and V units share one scale. With the attention
 //    target the measured error already carries that weight, so importance must be uniform there.
+//    Both are divided by the layer's mean ||o||^2 at the probes (`relative_to_output`), so units of
+//    layers whose activations differ in scale by orders of magnitude compare by relative error.
 //
 // Thread safety: pure functions over their arguments; FitRateQuant uses one thread.
 //
@@ -83,6 +86,18 @@ struct RateQuantFitOptions {
   bool per_kind_beta = false;
   bool measure_attention = true;     // With queries, also record attention errors (for scoring).
   int probe_queries = 8;             // Probe positions per sequence for attention and importance.
+  // Which keys a probe at position t sees quantized. Decode-time (> 0): only those a streaming
+  // head has flushed by then, sinks + whole multiples of this many tokens after them; the newer
+  // ones are still fp16 tail rows when a decoding query reads the cache, and they carry most of a
+  // local head's attention, so counting them overweights local heads. -1: the method's registry
+  // flush (StreamingRules). 0: every key before the probe (prefill-time, the weights before
+  // issue #18).
+  int decode_flush_tokens = -1;
+  // Importance and attention errors divided by their layer's mean exact attention-output energy
+  // (||o||^2 of one GQA group at one probe): relative errors. SmolLM2's V norms grow ~1000x from
+  // layer 0 to 29, so absolute errors rank every early layer as negligible, and a plan starves
+  // it (the joint planner kept 16 of 1024 tokens in layer 0). false: absolute errors.
+  bool relative_to_output = true;
   RateQuantFitWork* work = nullptr;  // When set, receives the work counts (added to it).
 };
 

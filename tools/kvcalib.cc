@@ -71,6 +71,13 @@ CLI::App* AddFitCommand(CLI::App& app, kvctl::FitCommandOptions& o, bool& quick)
   CLI::Option* probes =
       cmd->add_option("--probe-queries", o.probe_queries, "RateQuant attention probes/sequence")
           ->capture_default_str();
+  cmd->add_option("--decode-flush", o.decode_flush_tokens,
+                  "Importance from decode-time queries: keys count as quantized once flushed "
+                  "every N tokens; -1 = the method's flush, 0 = every key before the probe")
+      ->capture_default_str();
+  cmd->add_flag("--absolute-errors", o.absolute_errors,
+                "Importance and attention errors in absolute units, not relative to each "
+                "layer's attention output");
   cmd->add_option("--block-tokens", o.block_tokens, "Spec override; 0 = registry default");
   cmd->add_option("--k-group-tokens", o.k_group_tokens, "Spec override; 0 = registry default");
   cmd->add_option("--v-group-channels", o.v_group_channels, "Spec override; 0 = default");

@@ -112,6 +112,8 @@ StatusOr<RateQuantFitOptions> MakeFitOptions(const FitCommandOptions& o, bool ha
   }
   f.per_kind_beta = o.per_kind_beta;
   f.probe_queries = o.probe_queries;
+  f.decode_flush_tokens = o.decode_flush_tokens;
+  f.relative_to_output = !o.absolute_errors;
   f.block_tokens = o.block_tokens;
   f.k_group_tokens = o.k_group_tokens;
   f.v_group_channels = o.v_group_channels;

@@ -500,6 +500,17 @@ def parse_args(argv):
                    + ", ".join("%s = %s" % kv for kv in TEXTS.items()))
     p.add_argument("--calib-text", default=DEFAULT_CALIB_TEXT,
                    help="calibration text for kvcalib profiles (must differ from --text)")
+    p.add_argument("--calib-seq-tokens", type=int, default=256,
+                   help="tokens per calibration window (default 256)")
+    p.add_argument("--calib-seqs", type=int, default=8,
+                   help="most calibration windows (default 8)")
+    p.add_argument("--calib-decode-flush", type=int, default=None,
+                   help="kvcalib fit --decode-flush (default: kvcalib's, the method's flush)")
+    p.add_argument("--calib-absolute-errors", action="store_true",
+                   help="kvcalib fit --absolute-errors (importance not relative to the layer)")
+    p.add_argument("--calib-profiles", default=None, metavar="DIR",
+                   help="reuse the kvcalib profiles (profile-<method>.toml) of an earlier run "
+                   "on the same --calib-text instead of calibrating")
     p.add_argument("--tokens", type=int, default=None,
                    help="context length of each segment (default 2048; --quick 384; SmolLM2's "
                    "positions allow 8192)")
@@ -684,11 +695,19 @@ def main(argv=None) -> int:
     try:
         kv_rows = [r for r in rows if r.kind == "kvctl"]
         profiles, dumps = {}, []
-        if any(r.ratequant or r.profile for r in kv_rows):
+        if args.calib_profiles:
+            # Profiles of an earlier run on the same calibration text (its workdir's
+            # profile-<method>[-<bits>].toml): no dumps, no fit.
+            for f in sorted(os.listdir(args.calib_profiles)):
+                if f.startswith("profile-") and f.endswith(".toml"):
+                    key = f[8:-5].replace("-", "/").replace("/234", "/2,3,4")
+                    profiles[key] = os.path.join(args.calib_profiles, f)
+        elif any(r.ratequant or r.profile for r in kv_rows):
             print("kveval: calibrating on %s ..." % args.calib_text, flush=True)
             dumps = dump_calibration(torch, model, tok, read_text("--calib-text",
                                                                   args.calib_text),
-                                     os.path.join(workdir, "calib"), 256, 8)
+                                     os.path.join(workdir, "calib"), args.calib_seq_tokens,
+                                     args.calib_seqs)
         for r in kv_rows:
             config = ratequant_config(args, r, profiles, dumps, workdir) if r.ratequant else None
             if r.profile:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from typing import Dict, List
 
@@ -67,14 +68,24 @@ def run_tool(args: List[str]) -> str:
 
 
 def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
-                workdir: str) -> str:
-    """kvcalib fit of `method` on the calibration dumps (RateQuant units and layer demand)."""
-    if method not in profiles:
-        path = os.path.join(workdir, "profile-%s.toml" % method)
+                workdir: str, bits: str = "") -> str:
+    """kvcalib fit of `method` on the calibration dumps (RateQuant units and layer demand), over
+    the widths `bits` ("2,3,4"; "" = kvcalib's default 2,3,4,8)."""
+    key = method + ("/" + bits if bits else "")
+    if key not in profiles:
+        path = os.path.join(workdir, "profile-%s%s.toml" % (method, "-" + bits.replace(",", "")
+                                                             if bits else ""))
+        extra = []
+        if getattr(args, "calib_decode_flush", None) is not None:
+            extra = ["--decode-flush", str(args.calib_decode_flush)]
+        if getattr(args, "calib_absolute_errors", False):
+            extra.append("--absolute-errors")
+        if bits:
+            extra += ["--bits", bits]
         run_tool([args.kvcalib_bin, "fit", "--input"] + dumps + ["--method", method,
-                                                                  "--out", path])
-        profiles[method] = path
-    return profiles[method]
+                                                                  "--out", path] + extra)
+        profiles[key] = path
+    return profiles[key]
 
 
 def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
@@ -83,12 +94,17 @@ def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
     code_bits average code bits (b/e = the method's 2-bit b/e + code_bits - 2)."""
     rq = row.ratequant
     method = rq["method"]
-    fit_profile(args, method, profiles, dumps, workdir)
-    probe = json.loads(run_tool([args.kvcalib_bin, "plan", "--profile", profiles[method],
-                                 "--budget-bpe", "8", "--json"]) or "{}")
-    budget = probe["budget"]["min_bpe"] + rq["code_bits"] - 2.0
+    profile = fit_profile(args, method, profiles, dumps, workdir, rq.get("bits", ""))
+    # The method's all-2-bit b/e: kvcalib refuses a budget outside the fitted widths' range and
+    # names the range ("expected 2.5625..4.5625 for kvarn").
+    proc = subprocess.run([args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe", "0.01",
+                           "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    found = re.search(r"expected ([0-9.]+)\.\.([0-9.]+)", proc.stderr)
+    if not found:
+        raise EvalError("kvcalib plan: no b/e range in %r" % proc.stderr.strip())
+    budget = float(found.group(1)) + rq["code_bits"] - 2.0
     overrides = os.path.join(workdir, "overrides-%s.toml" % row.name)
-    plan = [args.kvcalib_bin, "plan", "--profile", profiles[method], "--budget-bpe",
+    plan = [args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe",
             "%.6f" % budget, "--json", "--overrides-toml", overrides]
     if rq.get("beta"):
         plan += ["--beta-override", str(rq["beta"])]

@@ -29,7 +29,8 @@ COLUMNS = ["row", "kind", "family", "bits_per_element", "reserved_bits_per_eleme
            "kl_mean", "kl_lo", "kl_hi", "top1_agree", "segment_dppl", "quant_onset_tokens",
            "greedy_from", "greedy_counted", "greedy_agree", "greedy_first_div", "wall_s",
            "batch", "tokens_eval", "tokens_seen", "tokens_quantized", "tokens_kept",
-           "pressure_reliefs", "k_bits_mean", "v_bits_mean", "pressure_cap_cuts", "note"]
+           "pressure_reliefs", "k_bits_mean", "v_bits_mean", "pressure_cap_cuts", "note",
+           "requantized_per_head"]
 ARRAYS = ("nll", "kl", "top1", "gen")  # Per-row raw data kept in quality.json only.
 
 

@@ -71,6 +71,7 @@ def all_rows() -> Dict[str, Row]:
         Row("kivi4", "kvctl", quant("kivi", 4, 4)),
         Row("kivi3", "kvctl", quant("kivi", 3, 3)),
         Row("kivi2", "kvctl", quant("kivi", 2, 2)),
+        Row("kvarn3", "kvctl", quant("kvarn", 3, 3)),
         Row("quarot2", "kvctl", quant("quarot", 2, 2)),
         Row("kvarn2", "kvctl", quant("kvarn", 2, 2)),
         Row("kvarn_k4v2", "kvctl", quant("kvarn", 4, 2)),
@@ -82,6 +83,14 @@ def all_rows() -> Dict[str, Row]:
             ratequant={"method": "kivi", "code_bits": 2.5}),
         Row("rq_kvarn_2.5", "kvctl", quant("kvarn", 2, 2),
             ratequant={"method": "kvarn", "code_bits": 2.5}),
+        # The pooled slope over 2..8 bits underestimates the 2 -> 3 bit step (measured 5.5 per
+        # bit vs a fitted 4.3 on SmolLM2); a plan between 2 and 4 bits fits only those widths.
+        Row("rq_kvarn_2.5_b234", "kvctl", quant("kvarn", 2, 2),
+            ratequant={"method": "kvarn", "code_bits": 2.5, "bits": "2,3,4"},
+            note="kvcalib fit --bits 2,3,4"),
+        Row("rq_kivi_2.5_b234", "kvctl", quant("kivi", 2, 2),
+            ratequant={"method": "kivi", "code_bits": 2.5, "bits": "2,3,4"},
+            note="kvcalib fit --bits 2,3,4"),
         Row("rq_kvarn_2.5_beta1.5", "kvctl", quant("kvarn", 2, 2),
             ratequant={"method": "kvarn", "code_bits": 2.5, "beta": 1.5},
             note="mismatched slope: kvcalib plan --beta-override 1.5"),
@@ -96,15 +105,39 @@ def all_rows() -> Dict[str, Row]:
                         dict(evict("rkv", keep), **{"budget.layer_profile": "demand"}),
                         profile="kivi", send_q=True,
                         note="fp16 rows, layer budgets from kvcalib demand (calibration text)"))
-    for frac, label in ((1 / 8, "8"), (1 / 12, "12")):
+    for frac, label in ((1 / 8, "8"), (1 / 12, "12"), (1 / 16, "16")):
         rows.append(Row("joint_1of%s" % label, "kvctl", joint(frac), profile="kivi", send_q=True,
                         note="joint planner over the KIVI profile, R-KV"))
     # The planner reserves each head's worst-case fp16 tail (flush_tokens - 1 rows, 127 with
     # KIVI's default flush of 128); flushing every 32 tokens (KIVI's block) caps it at 31 rows.
-    for frac, label in ((1 / 8, "8"), (1 / 12, "12")):
+    for frac, label in ((1 / 8, "8"), (1 / 12, "12"), (1 / 16, "16")):
         rows.append(Row("joint_1of%s_flush32" % label, "kvctl",
                         dict(joint(frac), **{"quant.flush_tokens": "32"}), profile="kivi",
                         send_q=True, note="as joint_1of%s with quant.flush_tokens 32" % label))
+    rows += sink_flush_rows()
+    # The planner's exchange rate between eviction and quantization (budget.eviction_scale):
+    # nothing backs the default 1; these rows measure it.
+    for frac, label in ((1 / 8, "8"), (1 / 16, "16")):
+        for rho in (4, 16):
+            rows.append(Row("joint_1of%s_flush32_rho%d" % (label, rho), "kvctl",
+                            dict(joint(frac), **{"quant.flush_tokens": "32",
+                                                 "budget.eviction_scale": str(rho)}),
+                            profile="kivi", send_q=True,
+                            note="as joint_1of%s_flush32 with budget.eviction_scale %d"
+                            % (label, rho)))
+    # Each compaction of a partly evicted record re-quantizes the kept tokens behind it
+    # (docs/budgets.md); R-KV's scattered evictions every 32 tokens re-quantized each kept token
+    # ~10 times in joint_1of8_flush32 at 1K. Compressing every 128 tokens does it 4x less often.
+    for frac, label in ((1 / 8, "8"), (1 / 16, "16")):
+        for rho in (1, 4):
+            name = "joint_1of%s_flush32%s_p128" % (label, "_rho%d" % rho if rho > 1 else "")
+            rows.append(Row(name, "kvctl",
+                            dict(joint(frac), **{"quant.flush_tokens": "32",
+                                                 "budget.eviction_scale": str(rho),
+                                                 "evict.compression_period": "128"}),
+                            profile="kivi", send_q=True,
+                            note="joint_1of%s_flush32, eviction_scale %d, compression period 128"
+                            % (label, rho)))
     for bits, fraction in PRESSURE_ROWS:
         for mode in ("requantize", "fail"):
             rows.append(Row("pressure_kivi%d%s" % (bits, "_fail" if mode == "fail" else ""),
@@ -131,6 +164,24 @@ def all_rows() -> Dict[str, Row]:
             rows.append(Row("kvpress_%s_%d" % (press, round(keep * 100)), "kvpress",
                             press=press, keep=keep))
     return {r.name: r for r in rows}
+
+
+# Sinks and flush lengths per method (issue #18: chosen by measurement): quant.sink_tokens
+# 0/4/32/128 x quant.flush_tokens = one or two blocks, 2-bit codes; docs/quality.md.
+SINK_FLUSH_GRID = {"kivi": (32, 64), "kvarn": (128, 256), "quarot": (32, 64), "oscar": (32, 64)}
+
+
+def sink_flush_rows():
+    rows = []
+    for method, flushes in SINK_FLUSH_GRID.items():
+        for sinks in (0, 4, 32, 128):
+            for flush in flushes:
+                rows.append(Row("%s2_s%d_f%d" % (method, sinks, flush), "kvctl",
+                                quant(method, 2, 2, quant__sink_tokens=sinks,
+                                      quant__flush_tokens=flush),
+                                note="quant.sink_tokens %d, quant.flush_tokens %d"
+                                % (sinks, flush)))
+    return rows
 
 
 def peer_turbo_rows():
@@ -222,19 +273,20 @@ def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> 
     and the reliefs that cut token caps (joint sequences), from the STATS heads and sequences
     sections (as kvctl.parse_info gives them: entity lines are dicts) of a daemon holding one
     sequence."""
-    k_bits, v_bits, lowerings = [], [], 0
+    k_bits, v_bits, lowerings, requantized = [], [], 0, 0
     for name, entry in heads.items():
         if name.startswith("head_"):
             k_bits.append(float(entry["k_bits"]))
             v_bits.append(float(entry["v_bits"]))
             lowerings += int(entry.get("width_lowerings", 0))
+            requantized += int(entry.get("requantized", 0))
     seqs = [entry for name, entry in sequences.items() if name.startswith("seq_")]
     reliefs = sum(int(s.get("pressure_reliefs", 0)) for s in seqs)
     cap_cuts = sum(int(s.get("pressure_cap_cuts", 0)) for s in seqs)
     if not k_bits:
         raise EvalError("STATS heads: no head_<l>_<h> entries")
     return {"pressure_reliefs": reliefs, "pressure_cap_cuts": cap_cuts,
-            "width_lowerings": lowerings,
+            "width_lowerings": lowerings, "requantized_per_head": requantized / len(k_bits),
             "k_bits_mean": sum(k_bits) / len(k_bits), "v_bits_mean": sum(v_bits) / len(v_bits)}
 
 

@@ -109,6 +109,7 @@ struct BudgetConfig {
   uint64_t bytes = 0;         // Per-sequence byte budget (joint).
   int plan_tokens = 0;        // joint: tokens per head the plan is made for.
   double fp16_fraction = 0;   // quant-only: average bits = 16 * fp16_fraction.
+  double eviction_scale = 1;  // joint: distortion of a dropped token vs one at "0 bits".
   double avg_bits = 0;        // quant-only: average bits per element, metadata included.
   LayerProfile layer_profile{};
   std::string profile;     // kvcalib profile: [ratequant] for quant-only, [reasonalloc] for demand.

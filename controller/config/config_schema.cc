@@ -491,6 +491,16 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "quant-only: size as a fraction of fp16, i.e. average bits = 16 x this; "
                   "0 = use budget.avg_bits. joint: the byte budget as this fraction of the fp16 "
                   "bytes of budget.plan_tokens tokens."}),
+      Row<&Config::budget, &BudgetConfig::eviction_scale>(
+          {.key = "budget.eviction_scale",
+           .default_text = "1.0",
+           .min = 0.01,
+           .max = 100,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_EVICTION_SCALE",
+           .doc = "joint: the exchange rate between the planner's two levers, the predicted "
+                  "distortion of an evicted token as a multiple of one quantized to 0 bits "
+                  "(docs/joint_planner.md); larger keeps more tokens at lower widths."}),
       Row<&Config::budget, &BudgetConfig::avg_bits>(
           {.key = "budget.avg_bits",
            .default_text = "0.0",

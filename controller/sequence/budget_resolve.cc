@@ -162,6 +162,7 @@ Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vecto
     o.budget_bytes = static_cast<int64_t>(c.budget.bytes);
     o.budget_fraction = c.budget.fp16_fraction;
     o.min_tokens = EvictionFloor(c, o.sinks);
+    o.eviction_scale = c.budget.eviction_scale;
     // Every head is charged the worst-case fp16 tail of its layer (flush_tokens - 1 rows).
     for (const LayerPlan& lp : *plans) {
       if (!lp.lossless) o.flush_tokens = std::max<int64_t>(o.flush_tokens, lp.rules.flush_tokens);

@@ -213,6 +213,89 @@ TEST_CASE("RateQuant fit: attention proxy tracks the measured attention error", 
   CHECK(score->measured == Approx(score->attention).epsilon(1e-12));  // Uniform importance.
 }
 
+TEST_CASE("RateQuant fit: decode-time importance counts only the keys flushed before a probe",
+          "[policies]") {
+  // A decoding query reads its newest keys as fp16 tail rows: with decode_flush_tokens F a probe
+  // seeing n tokens weighs only the first n / F * F of them. Fewer quantized keys can only lower
+  // w_V = D sum a^2 (a subset of the same positive terms), and must for some unit; flush 1 (every
+  // key before the probe is flushed) reproduces the prefill-time weights exactly.
+  const auto calib = MakeCalibration(2, 2, 4, 64, 2, 512, true);
+  RateQuantFitOptions o{.method = QuantMethod::kKivi, .importance = ImportanceMode::kAttention};
+  o.decode_flush_tokens = 0;
+  StatusOr<RateQuantFit> prefill = FitRateQuant(calib.set, o);
+  o.decode_flush_tokens = 1;
+  StatusOr<RateQuantFit> every = FitRateQuant(calib.set, o);
+  o.decode_flush_tokens = 128;
+  StatusOr<RateQuantFit> decode = FitRateQuant(calib.set, o);
+  o.decode_flush_tokens = -1;  // KIVI's registry flush, as given explicitly.
+  StatusOr<RateQuantFit> method_flush = FitRateQuant(calib.set, o);
+  o.decode_flush_tokens = TraitsOf(QuantMethod::kKivi).streaming.flush_tokens;
+  StatusOr<RateQuantFit> explicit_flush = FitRateQuant(calib.set, o);
+  REQUIRE(explicit_flush.ok());
+  REQUIRE(prefill.ok());
+  REQUIRE(every.ok());
+  REQUIRE(decode.ok());
+  REQUIRE(method_flush.ok());
+  int lower = 0;
+  for (size_t i = 0; i < prefill->units.size(); ++i) {
+    INFO("unit " << i);
+    CHECK(every->units[i].importance == prefill->units[i].importance);
+    CHECK(method_flush->units[i].importance == explicit_flush->units[i].importance);
+    if (prefill->units[i].kind == UnitKind::kValue) {
+      CHECK(decode->units[i].importance <= prefill->units[i].importance * (1 + 1e-12));
+      lower += decode->units[i].importance < prefill->units[i].importance * (1 - 1e-6);
+    }
+    CHECK(decode->units[i].importance > 0);
+  }
+  CHECK(lower > 0);
+
+  // Too short to have anything flushed when a probe reads: an error naming the option.
+  const auto shorter = MakeCalibration(1, 2, 4, 64, 1, 96, true);
+  o.decode_flush_tokens = 128;
+  StatusOr<RateQuantFit> bad = FitRateQuant(shorter.set, o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("decode_flush_tokens 128") != std::string::npos);
+  o.decode_flush_tokens = -2;
+  CHECK_FALSE(FitRateQuant(calib.set, o).ok());
+}
+
+TEST_CASE("RateQuant fit: importance relative to the layer output is scale-free across layers",
+          "[policies]") {
+  // Layer 1 is layer 0 with V times 16 (a deeper layer's larger activations). RTN is scale-
+  // equivariant, so V's MSE grows 256x and so does every absolute attention error; relative to
+  // each layer's ||o||^2 the two layers' units are the same, so no plan starves the small layer.
+  SyntheticKv base = GenerateSyntheticKv(
+      {.tokens = 512, .heads = 2, .head_dim = 64, .q_heads = 4, .outlier_scale = 8, .seed = 7});
+  SyntheticKv scaled = base;
+  for (float& x : scaled.v) x *= 16.0f;
+  CalibrationSet set(2);
+  for (int s = 0; s < 2; ++s) {
+    for (const SyntheticKv* kv : {&base, &scaled}) {
+      set[static_cast<size_t>(s)].push_back({kv->KView().Tokens(s * 256, 256),
+                                             kv->VView().Tokens(s * 256, 256),
+                                             kv->QView().Tokens(s * 256, 256)});
+    }
+  }
+  RateQuantFitOptions o{.method = QuantMethod::kKivi, .importance = ImportanceMode::kAttention};
+  StatusOr<RateQuantFit> relative = FitRateQuant(set, o);
+  o.relative_to_output = false;
+  StatusOr<RateQuantFit> absolute = FitRateQuant(set, o);
+  REQUIRE(relative.ok());
+  REQUIRE(absolute.ok());
+  const size_t per_layer = 2 * 2;  // Heads x {K, V}.
+  for (size_t i = 0; i < per_layer; ++i) {
+    const RateQuantUnit& r0 = relative->units[i];
+    const RateQuantUnit& r1 = relative->units[per_layer + i];
+    const RateQuantUnit& a0 = absolute->units[i];
+    const RateQuantUnit& a1 = absolute->units[per_layer + i];
+    INFO("unit " << i);
+    CHECK(r1.importance * r1.mse[0] == Approx(r0.importance * r0.mse[0]).epsilon(1e-3));
+    CHECK(r1.attention[0] == Approx(r0.attention[0]).epsilon(1e-3));
+    CHECK(a1.importance * a1.mse[0] == Approx(256 * a0.importance * a0.mse[0]).epsilon(1e-3));
+    CHECK(a1.attention[0] == Approx(256 * a0.attention[0]).epsilon(1e-3));
+  }
+}
+
 TEST_CASE("RateQuant fit: fp16 views and MSE-only data work", "[policies]") {
   const auto calib = MakeCalibration(1, 2, 2, 64, 2, 256, false);
   std::vector<uint16_t> k16, v16;

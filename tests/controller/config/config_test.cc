@@ -104,6 +104,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"budget.bytes", "\"0B\""},
       {"budget.plan_tokens", "0"},
       {"budget.fp16_fraction", "0.0"},
+      {"budget.eviction_scale", "1.0"},
       {"budget.avg_bits", "0.0"},
       {"budget.layer_profile", "\"uniform\""},
       {"budget.profile", "\"\""},

@@ -1,0 +1,51 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""tools/kveval_rows.py: the rows issue #18's tight-budget measurements added (sinks/flush grid,
+joint planner exchange rate and compression period) configure what their names say, and the
+STATS summary counts re-quantized tokens per head. No daemon, no model."""
+
+import os
+import sys
+
+from helpers import PYTHON_DIR
+
+sys.path.insert(0, os.path.join(os.path.dirname(PYTHON_DIR), "tools"))
+import kveval_rows  # noqa: E402
+
+
+def test_sink_flush_grid_rows_set_sinks_and_a_multiple_of_the_block():
+    rows = kveval_rows.all_rows()
+    blocks = {"kivi": 32, "quarot": 32, "oscar": 32, "kvarn": 128}
+    grid = [r for r in kveval_rows.sink_flush_rows()]
+    assert len(grid) == 4 * 4 * 2
+    for r in grid:
+        method, sinks, flush = r.name.split("_")
+        method = method[:-1]  # "kvarn2" -> "kvarn"
+        assert rows[r.name] is not None
+        assert r.settings["quant.method"] == method
+        assert r.settings["quant.k_bits"] == r.settings["quant.v_bits"] == "2"
+        assert r.settings["quant.sink_tokens"] == sinks[1:]
+        assert int(r.settings["quant.flush_tokens"]) in (blocks[method], 2 * blocks[method])
+        assert r.settings["quant.flush_tokens"] == flush[1:]
+
+
+def test_joint_rows_carry_the_exchange_rate_and_period_they_name():
+    rows = kveval_rows.all_rows()
+    r = rows["joint_1of16_flush32_rho4_p128"]
+    assert r.settings["budget.mode"] == "joint"
+    assert float(r.settings["budget.fp16_fraction"]) == 1 / 16
+    assert r.settings["budget.eviction_scale"] == "4"
+    assert r.settings["evict.compression_period"] == "128"
+    assert r.settings["quant.flush_tokens"] == "32"
+    assert rows["joint_1of8_flush32_p128"].settings["budget.eviction_scale"] == "1"
+    assert rows["joint_1of8_flush32_rho16"].settings.get("evict.compression_period") is None
+    assert rows["rq_kvarn_2.5_b234"].ratequant["bits"] == "2,3,4"
+
+
+def test_pressure_summary_counts_requantized_tokens_per_head():
+    heads = {"head_0_0": {"k_bits": "2", "v_bits": "4", "requantized": "30"},
+             "head_0_1": {"k_bits": "4", "v_bits": "4", "requantized": "10"},
+             "layer_0": {"k_bits": "9"}}
+    got = kveval_rows.pressure_summary(heads, {"seq_1": {"pressure_reliefs": "2"}})
+    assert got["requantized_per_head"] == 20
+    assert got["k_bits_mean"] == 3
+    assert got["pressure_reliefs"] == 2
