@@ -457,8 +457,8 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
     return InvalidArgument("decode_flush_tokens: got ", o.decode_flush_tokens,
                            ", expected -1 (the method's flush), 0 or a token count");
   }
-  const int64_t flush = o.decode_flush_tokens < 0 ? TraitsOf(o.method).streaming.flush_tokens
-                                                  : o.decode_flush_tokens;
+  const int64_t flush =
+      o.decode_flush_tokens < 0 ? TraitsOf(o.method).streaming.flush_tokens : o.decode_flush_tokens;
   int64_t tokens = 0;
   for (size_t s = 0; s < data.size(); ++s) {
     const int64_t t = data[s][0].k.tokens;
@@ -475,11 +475,11 @@ StatusOr<RateQuantFit> FitRateQuant(const CalibrationSet& data, const RateQuantF
                                ", expected ", t, " as data[", s, "][0].k");
       }
     }
-    const bool weighted = o.importance == ImportanceMode::kAttention ||
-                          o.target == DistortionTarget::kAttention;
+    const bool weighted =
+        o.importance == ImportanceMode::kAttention || o.target == DistortionTarget::kAttention;
     if (has_q && weighted && flush > 0 && t < sinks + flush) {
-      return InvalidArgument("data[", s, "][0].k: tokens: got ", t, ", expected >= ",
-                             sinks + flush, " (", sinks, " sinks + decode_flush_tokens ", flush,
+      return InvalidArgument("data[", s, "][0].k: tokens: got ", t, ", expected >= ", sinks + flush,
+                             " (", sinks, " sinks + decode_flush_tokens ", flush,
                              ": a decoding query sees no key quantized before that; use longer "
                              "sequences or decode_flush_tokens 0)");
     }

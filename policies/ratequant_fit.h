@@ -30,11 +30,12 @@
 //      K:  do_t = sum_j a_tj ds_tj (v_j - o_t), Var ds_tj = ||q_t||^2 s^2 / D
 //          E||do_t||^2 = s^2 * (||q_t||^2 / D) sum_{j in Q} a_tj^2 ||v_j - o_t||^2  -> w_K
 //    summed over the group's query heads and averaged over probes. Q is what a decoding query
-//    at the probe reads quantized (`decode_flush_tokens`): the flushed keys, not its fp16 tail. Then w_i * MSE_i estimates the
-//    attention-output error the unit causes, so K and V units share one scale. With the attention
-//    target the measured error already carries that weight, so importance must be uniform there.
-//    Both are divided by the layer's mean ||o||^2 at the probes (`relative_to_output`), so units of
-//    layers whose activations differ in scale by orders of magnitude compare by relative error.
+//    at the probe reads quantized (`decode_flush_tokens`): the flushed keys, not its fp16 tail.
+//    Then w_i * MSE_i estimates the attention-output error the unit causes, so K and V units share
+//    one scale. With the attention target the measured error already carries that weight, so
+//    importance must be uniform there. Both are divided by the layer's mean ||o||^2 at the probes
+//    (`relative_to_output`), so units of layers whose activations differ in scale by orders of
+//    magnitude compare by relative error.
 //
 // Thread safety: pure functions over their arguments; FitRateQuant uses one thread.
 //
@@ -84,8 +85,8 @@ struct RateQuantFitOptions {
   DistortionTarget target = DistortionTarget::kMse;      // kAttention needs queries.
   ImportanceMode importance = ImportanceMode::kUniform;  // kAttention needs queries.
   bool per_kind_beta = false;
-  bool measure_attention = true;     // With queries, also record attention errors (for scoring).
-  int probe_queries = 8;             // Probe positions per sequence for attention and importance.
+  bool measure_attention = true;  // With queries, also record attention errors (for scoring).
+  int probe_queries = 8;          // Probe positions per sequence for attention and importance.
   // Which keys a probe at position t sees quantized. Decode-time (> 0): only those a streaming
   // head has flushed by then, sinks + whole multiples of this many tokens after them; the newer
   // ones are still fp16 tail rows when a decoding query reads the cache, and they carry most of a

@@ -41,9 +41,10 @@ struct FitCommandOptions {
   std::string importance = "attention";  // attention | uniform.
   bool per_kind_beta = false;
   int probe_queries = 8;
-  int decode_flush_tokens = -1;  // Keys a probe sees quantized: -1 method flush, 0 all (fit option).
+  int decode_flush_tokens =
+      -1;  // Keys a probe sees quantized: -1 method flush, 0 all (fit option).
   bool absolute_errors = false;  // Importance not relative to the layer's output (fit option).
-  int block_tokens = 0;  // Spec overrides; 0: the registry's default.
+  int block_tokens = 0;          // Spec overrides; 0: the registry's default.
   int k_group_tokens = 0;
   int v_group_channels = 0;
   int sinkhorn_iters = 0;
