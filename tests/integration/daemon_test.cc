@@ -51,6 +51,39 @@ std::vector<uint16_t> Tokens(const std::vector<uint16_t>& all, int layers, int64
   return out;
 }
 
+// Appends [0, prefill) of k/v in one inline APPEND, then every later token one decode step at a
+// time, as an engine would; checks the daemon's token count after each step.
+void AppendPrefillThenDecode(ipc::Client& client, uint64_t sid, uint64_t seq,
+                             const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                             int layers, int64_t total, int64_t prefill, size_t row) {
+  auto kp = Tokens(k, layers, total, 0, prefill, row),
+       vp = Tokens(v, layers, total, 0, prefill, row);
+  REQUIRE(client
+              .AppendInline({sid, seq, 0, static_cast<uint32_t>(prefill)},
+                            AsBytes(kp.data(), kp.size() * 2), AsBytes(vp.data(), vp.size() * 2))
+              .ok());
+  for (int64_t t = prefill; t < total; ++t) {
+    auto kt = Tokens(k, layers, total, t, 1, row), vt = Tokens(v, layers, total, t, 1, row);
+    auto r =
+        client.AppendInline({sid, seq, static_cast<uint64_t>(t), 1},
+                            AsBytes(kt.data(), kt.size() * 2), AsBytes(vt.data(), vt.size() * 2));
+    REQUIRE(r.ok());
+    CHECK(r->tokens_total == static_cast<uint64_t>(t + 1));
+  }
+}
+
+// Head h of layer l of a [layers, total, heads, d] fp16 buffer as [total, d] floats.
+std::vector<float> HeadRows(const std::vector<uint16_t>& all, int l, int h, int64_t total,
+                            int heads, int d) {
+  std::vector<float> out(static_cast<size_t>(total) * d);
+  for (int64_t t = 0; t < total; ++t) {
+    for (int c = 0; c < d; ++c) {
+      out[t * d + c] = HalfToFloat(all[((l * total + t) * heads + h) * d + c]);
+    }
+  }
+  return out;
+}
+
 TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[integration]") {
   DaemonProcess daemon(kSmallPool);
   auto client = daemon.Connect();
@@ -64,20 +97,7 @@ TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[inte
   const size_t row = static_cast<size_t>(heads) * d;
   const auto k = MakeFp16(layers, total, heads, d, 1, false);
   const auto v = MakeFp16(layers, total, heads, d, 1, true);
-  auto kp = Tokens(k, layers, total, 0, prefill, row),
-       vp = Tokens(v, layers, total, 0, prefill, row);
-  REQUIRE(client
-              ->AppendInline({sid, 5, 0, prefill}, AsBytes(kp.data(), kp.size() * 2),
-                             AsBytes(vp.data(), vp.size() * 2))
-              .ok());
-  for (int64_t t = prefill; t < total; ++t) {
-    auto kt = Tokens(k, layers, total, t, 1, row), vt = Tokens(v, layers, total, t, 1, row);
-    auto r =
-        client->AppendInline({sid, 5, static_cast<uint64_t>(t), 1},
-                             AsBytes(kt.data(), kt.size() * 2), AsBytes(vt.data(), vt.size() * 2));
-    REQUIRE(r.ok());
-    CHECK(r->tokens_total == static_cast<uint64_t>(t + 1));
-  }
+  AppendPrefillThenDecode(*client, sid, 5, k, v, layers, total, prefill, row);
   auto fetched = client->FetchDense(sid, 5, 0, layers, DType::kF32);
   REQUIRE(fetched.ok());
   const float* fk = static_cast<const float*>(fetched->k.data());
@@ -91,14 +111,8 @@ TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[inte
   for (int l = 0; l < layers; ++l) {
     for (int h = 0; h < heads; ++h) {
       REQUIRE(fetched->counts[l * heads + h] == total);
-      std::vector<float> ek(total * d), ev(total * d);
-      for (int64_t t = 0; t < total; ++t) {
-        for (int c = 0; c < d; ++c) {
-          const size_t i = ((l * total + t) * heads + h) * d + c;
-          ek[t * d + c] = HalfToFloat(k[i]);
-          ev[t * d + c] = HalfToFloat(v[i]);
-        }
-      }
+      std::vector<float> ek = HeadRows(k, l, h, total, heads, d);
+      std::vector<float> ev = HeadRows(v, l, h, total, heads, d);
       std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
       for (int64_t t0 = 128; t0 + 128 <= 384; t0 += 128) {
         REQUIRE(QuantizeBlockRef(spec, {&ek[t0 * d], &ev[t0 * d], d, nullptr}, rec.data()).ok());
@@ -134,19 +148,7 @@ TEST_CASE("Daemon: turbo records fetched from the daemon equal the library's rou
   const size_t row = static_cast<size_t>(heads) * d;
   const auto k = MakeFp16(layers, total, heads, d, 4, false);
   const auto v = MakeFp16(layers, total, heads, d, 4, true);
-  auto kp = Tokens(k, layers, total, 0, prefill, row),
-       vp = Tokens(v, layers, total, 0, prefill, row);
-  REQUIRE(client
-              ->AppendInline({sid, 3, 0, prefill}, AsBytes(kp.data(), kp.size() * 2),
-                             AsBytes(vp.data(), vp.size() * 2))
-              .ok());
-  for (int64_t t = prefill; t < total; ++t) {
-    auto kt = Tokens(k, layers, total, t, 1, row), vt = Tokens(v, layers, total, t, 1, row);
-    REQUIRE(client
-                ->AppendInline({sid, 3, static_cast<uint64_t>(t), 1},
-                               AsBytes(kt.data(), kt.size() * 2), AsBytes(vt.data(), vt.size() * 2))
-                .ok());
-  }
+  AppendPrefillThenDecode(*client, sid, 3, k, v, layers, total, prefill, row);
   auto fetched = client->FetchDense(sid, 3, 0, layers, DType::kF32);
   REQUIRE(fetched.ok());
   const float* fk = static_cast<const float*>(fetched->k.data());
@@ -159,14 +161,8 @@ TEST_CASE("Daemon: turbo records fetched from the daemon equal the library's rou
   for (int l = 0; l < layers; ++l) {
     for (int h = 0; h < heads; ++h) {
       REQUIRE(fetched->counts[l * heads + h] == total);
-      std::vector<float> ek(total * d), ev(total * d);
-      for (int64_t t = 0; t < total; ++t) {
-        for (int c = 0; c < d; ++c) {
-          const size_t i = ((l * total + t) * heads + h) * d + c;
-          ek[t * d + c] = HalfToFloat(k[i]);
-          ev[t * d + c] = HalfToFloat(v[i]);
-        }
-      }
+      std::vector<float> ek = HeadRows(k, l, h, total, heads, d);
+      std::vector<float> ev = HeadRows(v, l, h, total, heads, d);
       const std::vector<float> original = ek;
       std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
       for (int64_t t0 = 0; t0 < quantized; t0 += spec.block_tokens) {
