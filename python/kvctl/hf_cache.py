@@ -520,6 +520,10 @@ class KvctlCache(Cache):
         v = torch.stack([l.pending_v.transpose(1, 2) for l in layers]).float().numpy()
         q = (torch.stack([l.pending_q.transpose(1, 2) for l in layers]).float().numpy()
              if self.send_q else None)
+        if k.shape[1] not in (self.batch, 1):
+            raise KvctlError("KvctlCache: a step of batch %d for a cache of batch %d (expected "
+                             "%d, or 1 for a step shared by every sequence)"
+                             % (k.shape[1], self.batch, self.batch))
         for l in layers:
             l.pending_k = l.pending_v = l.pending_q = None
             l.held += n

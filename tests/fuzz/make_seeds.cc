@@ -207,10 +207,11 @@ int Main(int argc, char** argv) {
     w.Request(Strings(sample.make()));
     Write(dir, "golden-" + std::to_string(n++), w.bytes());
   }
-  // kivi (the default), oscar and mixed (kivi) need head_dim 32 (v_group_channels 32).
+  // kivi (the default), oscar and mixed (kivi) need head_dim 32 (v_group_channels 32); turbo a
+  // power of two.
   const std::pair<const char*, uint32_t> models[] = {{"", 32},      {"fp16", 8},   {"lossless", 8},
                                                      {"quarot", 8}, {"kvarn", 16}, {"oscar", 32},
-                                                     {"mixed", 32}};
+                                                     {"mixed", 32}, {"turbo", 16}};
   for (const auto& [model, head_dim] : models) {
     Write(dir, std::string("session-") + (*model ? model : "default"),
           Session(model, 0, 2, head_dim));

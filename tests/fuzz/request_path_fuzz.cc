@@ -88,6 +88,11 @@ k_bits = 4
 v_bits = 2
 sink_tokens = 4
 [[model]]
+name = "turbo"
+method = "turbo"
+k_bits = 3
+v_bits = 2
+[[model]]
 name = "mixed"
 method = "kivi"
 [[model.override]]
