@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "common/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -55,8 +56,7 @@ Status KvTensorView::Validate(std::string_view name) const {
 void KvTensorView::LoadRow(int64_t t, int64_t h, float* out) const {
   // Tensor bytes lie in ZeroMQ frames or at a client-chosen staging offset: nothing guarantees
   // alignment (PROTOCOL.md), so each element is copied out (an unaligned load, not UB).
-  const char* src = static_cast<const char*>(data) +
-                    (t * token_stride + h * head_stride) * static_cast<int64_t>(DTypeSize(dtype));
+  const char* src = RowBytes(t, h);
   switch (dtype) {
     case DType::kF32:
       for (int64_t d = 0; d < head_dim; ++d) std::memcpy(&out[d], src + 4 * d, 4);
@@ -78,21 +78,53 @@ void KvTensorView::LoadRow(int64_t t, int64_t h, float* out) const {
   }
 }
 
-Status KvTensorView::CheckFinite(std::string_view name) const {
-  float row[1024];
-  float* buf = row;
-  std::unique_ptr<float[]> heap;
-  if (head_dim > 1024) {
-    heap.reset(new float[head_dim]);
-    buf = heap.get();
+namespace {
+
+// Bit tests on the raw elements (one OR-reduced pass per row, which compilers vectorise): an
+// element is bad when its magnitude bits reach `limit` (the first non-finite pattern, or for
+// a range check the first pattern above the range).
+template <typename Bits>
+bool RowHasBad(const char* src, int64_t n, Bits magnitude_mask, Bits limit) {
+  Bits worst = 0;
+  for (int64_t d = 0; d < n; ++d) {
+    Bits bits;
+    std::memcpy(&bits, src + d * static_cast<int64_t>(sizeof(Bits)), sizeof(Bits));
+    worst = std::max<Bits>(worst, bits & magnitude_mask);
   }
+  return worst >= limit;
+}
+
+}  // namespace
+
+const char* KvTensorView::RowBytes(int64_t t, int64_t h) const {
+  return static_cast<const char*>(data) +
+         (t * token_stride + h * head_stride) * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+bool KvTensorView::RowOutside(int64_t t, int64_t h, bool half_range) const {
+  const char* src = RowBytes(t, h);
+  switch (dtype) {
+    case DType::kF32:  // 0x477fe000 is 65504 (kHalfMax), 0x7f800000 infinity.
+      return RowHasBad<uint32_t>(src, head_dim, 0x7fffffffu,
+                                 half_range ? 0x477fe001u : 0x7f800000u);
+    case DType::kF16:  // Every finite fp16 value is within the fp16 range.
+      return RowHasBad<uint16_t>(src, head_dim, 0x7fff, 0x7c00);
+    case DType::kBF16:  // 0x4780 is 65536, the first bf16 value above 65504; 0x7f80 infinity.
+      return RowHasBad<uint16_t>(src, head_dim, 0x7fff, half_range ? 0x4780 : 0x7f80);
+  }
+  return false;
+}
+
+Status KvTensorView::CheckFinite(std::string_view name) const {
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
-      LoadRow(t, h, buf);
+      if (!RowOutside(t, h, /*half_range=*/false)) continue;
+      std::unique_ptr<float[]> row(new float[head_dim]);
+      LoadRow(t, h, row.get());
       for (int64_t d = 0; d < head_dim; ++d) {
-        if (!std::isfinite(buf[d])) {
+        if (!std::isfinite(row[d])) {
           return InvalidArgument(name, ": element (token ", t, ", head ", h, ", channel ", d,
-                                 ") is ", buf[d], ", expected a finite value");
+                                 ") is ", row[d], ", expected a finite value");
         }
       }
     }

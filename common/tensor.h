@@ -47,6 +47,12 @@ struct KvTensorView {
   // Checks that every element is finite; the error names the first bad (token, head, channel).
   Status CheckFinite(std::string_view name) const;
 
+  // True when some element of row (t, h) is not finite or, with half_range, has a magnitude
+  // above 65504 (what fp16 cannot hold). Bit tests only: cheap enough for every APPEND.
+  // REQUIRES: valid view, indices in range.
+  bool RowOutside(int64_t t, int64_t h, bool half_range) const;
+  // The first byte of row (t, h). REQUIRES: valid view, indices in range.
+  const char* RowBytes(int64_t t, int64_t h) const;
   // Converts row (t, h) to fp32. REQUIRES: valid view, indices in range, out holds head_dim floats.
   void LoadRow(int64_t t, int64_t h, float* out) const;
 

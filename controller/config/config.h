@@ -43,6 +43,7 @@ struct ServerConfig {
   LogLevel log_level{};
   int lease_ms = 0;
   int workers = 0;
+  int inline_append_tokens = 0;  // Light APPENDs of up to this many tokens skip the workers.
   uint64_t max_message_bytes = 0;
   int stats_interval_ms = 0;
   std::string stats_endpoint;  // ZeroMQ PUB of the stats text; "" = off.

@@ -165,6 +165,17 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kImm,
            .env = "KVCTL_SERVER_WORKERS",
            .doc = "Threads that run quantization and fetches behind the socket."}),
+      Row<&Config::server, &ServerConfig::inline_append_tokens>(
+          {.key = "server.inline_append_tokens",
+           .default_text = "4",
+           .min = 0,
+           .max = 64,
+           .flags = kImm,
+           .env = "KVCTL_SERVER_INLINE_APPEND_TOKENS",
+           .doc = "An APPEND of at most this many tokens that only stores rows (no flush into "
+                  "records, no eviction, no pressure relief, a free sequence lock) is answered on "
+                  "the socket's I/O thread when no other request is on a worker, saving two "
+                  "thread hand-offs per decode step; 0 = every APPEND goes to a worker."}),
       Row<&Config::server, &ServerConfig::max_message_bytes>(
           {.key = "server.max_message_bytes",
            .default_text = "256MiB",

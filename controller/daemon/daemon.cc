@@ -35,6 +35,10 @@ struct Daemon::Impl {
   boost::asio::steady_timer lease_timer{io};
   boost::asio::steady_timer stats_timer{io};
   std::unique_ptr<boost::asio::thread_pool> workers;
+  // Requests posted to `workers` and not finished: a light APPEND is answered on the I/O thread
+  // only when this is 0, so it never overtakes an earlier request.
+  std::atomic<int64_t> on_workers{0};
+  int64_t inline_append_tokens = 0;  // server.inline_append_tokens (restart to change).
   // STATS (request, PUB feed and /metrics alike) on a thread of its own: however long a report
   // of a big daemon takes, it delays neither the socket nor APPEND/FETCH.
   std::unique_ptr<boost::asio::thread_pool> stats_worker;
@@ -191,11 +195,41 @@ void Daemon::Handle(ipc::Request request, ipc::Responder responder) {
     Serve(request, responder);
     return;
   }
+  if (ServeLightAppend(request, responder)) return;
   const bool stats = std::holds_alternative<ipc::StatsRequest>(request.body);
   auto shared = std::make_shared<std::pair<ipc::Request, ipc::Responder>>(std::move(request),
                                                                           std::move(responder));
-  boost::asio::post(stats ? *impl_->stats_worker : *impl_->workers,
-                    [this, shared] { Serve(shared->first, shared->second); });
+  if (stats) {
+    boost::asio::post(*impl_->stats_worker,
+                      [this, shared] { Serve(shared->first, shared->second); });
+    return;
+  }
+  impl_->on_workers.fetch_add(1);
+  boost::asio::post(*impl_->workers, [this, shared] {
+    Serve(shared->first, shared->second);
+    impl_->on_workers.fetch_sub(1);
+  });
+}
+
+bool Daemon::ServeLightAppend(ipc::Request& request, ipc::Responder& responder) {
+  // A decode step's APPEND that only stores rows costs about a copy of its bytes, less than
+  // handing it to a worker and its reply back (two cross-thread wake-ups, docs/kvbench_ipc.md).
+  const auto* append = std::get_if<ipc::AppendRequest>(&request.body);
+  if (append == nullptr || append->n_tokens > impl_->inline_append_tokens ||
+      impl_->on_workers.load() != 0) {
+    return false;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  bool deferred = false;
+  StatusOr<ipc::AppendReply> reply = controller_->Append(*append, start, &deferred);
+  if (deferred) return false;
+  controller_->RecordRequest(static_cast<uint16_t>(ipc::MsgType::kAppend),
+                             std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::steady_clock::now() - start),
+                             !reply.ok());
+  reply.ok() ? (void)responder.Reply(std::move(reply).value())
+             : (void)responder.Error(reply.status());
+  return true;
 }
 
 void Daemon::Reload() {
@@ -302,6 +336,7 @@ int Daemon::Run() {
   Impl& impl = *impl_;
   const Config config = controller_->config();
   impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
+  impl.inline_append_tokens = config.server.inline_append_tokens;
   impl.stats_worker = std::make_unique<boost::asio::thread_pool>(1);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int signo) {

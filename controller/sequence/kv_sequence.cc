@@ -11,7 +11,6 @@
 #include "kernels/quantize.h"
 
 namespace kvctl {
-
 KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
                        std::vector<LayerPlan> plans, EvictionSettings eviction,
                        PressureSettings pressure)
@@ -55,14 +54,34 @@ KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
 KvSequence::~KvSequence() = default;
 
 Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView>& k,
-                          const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q) {
+                          const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
+                          bool allow_relief) {
   if (!integrity_.ok()) return integrity_;
   // A relief frees what the model predicts; the pages may still fall short (page granularity,
   // another sequence taking pages meanwhile), so a few rounds are allowed.
-  Status appended = AppendOnce(first_position, k, v, q, pressure_.lower_widths ? 3 : 0);
+  Status appended =
+      AppendOnce(first_position, k, v, q, allow_relief && pressure_.lower_widths ? 3 : 0);
   // Even a failed APPEND may have lowered widths (a relief) before failing.
   Status published = Publish();
   return appended.ok() ? published : appended;
+}
+
+bool KvSequence::AppendIsLight(int64_t n) const {
+  if (!integrity_.ok() || eviction_.enabled) return false;
+  for (const auto& layer : layers_) {
+    if (layer->plan.lossless) continue;
+    const StreamingRules& rules = layer->plan.rules;
+    for (const HeadStream& head : layer->heads) {
+      // The tail after this append, as AppendLayerPrepare counts it: what follows the sinks and
+      // the records. It flushes when it reaches flush_tokens.
+      const int64_t sinks_after =
+          head.sink_rows + std::clamp<int64_t>(rules.sink_tokens - head.sink_rows, 0, n);
+      const int64_t records_end =
+          sinks_after + static_cast<int64_t>(head.records.size()) * head.spec.block_tokens;
+      if (head.count() + n - records_end >= rules.flush_tokens) return false;
+    }
+  }
+  return true;
 }
 
 void KvSequence::CollectRanges(int layer_begin, int layer_end,
@@ -147,260 +166,6 @@ Status KvSequence::Publish() {
                      published.message(),
                      "); the daemon's copy holds the change, the device copy is stale until the "
                      "next successful request on this sequence");
-}
-
-Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
-                              const std::vector<KvTensorView>& v,
-                              const std::vector<KvTensorView>* q, int relief_rounds) {
-  const int layers = geometry_.layers;
-  if (static_cast<int>(k.size()) != layers || static_cast<int>(v.size()) != layers) {
-    return InvalidArgument("append: got ", k.size(), " K and ", v.size(), " V layers, expected ",
-                           layers);
-  }
-  if (tokens_ > 0 && first_position != first_position_ + tokens_) {
-    return InvalidArgument("first_position: got ", first_position, ", expected ",
-                           first_position_ + tokens_, " (the sequence's next position)");
-  }
-  if (first_position < 0) {
-    return InvalidArgument("first_position: got ", first_position, ", expected >= 0");
-  }
-  const int64_t n = k[0].tokens;
-  for (int l = 0; l < layers; ++l) {
-    for (const KvTensorView* view : {&k[l], &v[l]}) {
-      const char* name = view == &k[l] ? "k" : "v";
-      KVCTL_RETURN_IF_ERROR(view->Validate(name));
-      if (view->tokens != n || view->heads != geometry_.kv_heads ||
-          view->head_dim != geometry_.head_dim) {
-        return InvalidArgument(name, " layer ", l, ": shape [", view->tokens, ", ", view->heads,
-                               ", ", view->head_dim, "], expected [", n, ", ", geometry_.kv_heads,
-                               ", ", geometry_.head_dim, "]");
-      }
-      Status finite = view->CheckFinite(name);
-      if (!finite.ok()) {
-        return InvalidArgument("layer ", l, ": ", finite.message());
-      }
-    }
-  }
-  if (n > (int64_t{1} << 30)) return InvalidArgument("tokens: got ", n, ", expected <= 2^30");
-  if (q == nullptr && eviction_.NeedsQ()) {
-    return InvalidArgument(
-        "q: missing, expected Q ([layers, n_tokens, q_heads, head_dim], has_q = "
-        "1) with every APPEND: evict.policy = \"",
-        EvictPolicyName(eviction_.policy), "\" scores tokens from the engine's queries");
-  }
-  if (q != nullptr) {
-    if (static_cast<int>(q->size()) != layers || geometry_.q_heads == 0) {
-      return InvalidArgument("q: got ", q->size(), " layers with q_heads ", geometry_.q_heads,
-                             ", expected ", layers, " layers and q_heads > 0");
-    }
-    for (int l = 0; l < layers; ++l) {
-      const KvTensorView& view = (*q)[l];
-      KVCTL_RETURN_IF_ERROR(view.Validate("q"));
-      if (view.tokens != n || view.heads != geometry_.q_heads ||
-          view.head_dim != geometry_.head_dim) {
-        return InvalidArgument("q layer ", l, ": shape [", view.tokens, ", ", view.heads, ", ",
-                               view.head_dim, "], expected [", n, ", ", geometry_.q_heads, ", ",
-                               geometry_.head_dim, "]");
-      }
-      Status finite = view.CheckFinite("q");
-      if (!finite.ok()) return InvalidArgument("layer ", l, ": ", finite.message());
-    }
-  }
-
-  AppendContext ctx;
-  ctx.n = n;
-  if (eviction_.enabled && !eviction_.head_caps.empty()) {
-    // Joint: fixed caps per head.
-    ctx.layer_budgets.assign(static_cast<size_t>(layers), 0);
-    for (size_t i = 0; i < eviction_.head_caps.size(); ++i) {
-      ctx.layer_budgets[i / geometry_.kv_heads] += eviction_.head_caps[i];
-    }
-  } else if (eviction_.enabled) {
-    ctx.avg_budget = AverageBudget(eviction_, tokens_ + n);
-    KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets, LayerBudgets(eviction_, layers, geometry_.kv_heads,
-                                                           ctx.avg_budget, tokens_ + n));
-    ctx.realloc_due = eviction_.realloc_period > 0 && q != nullptr &&
-                      since_realloc_ + n >= eviction_.realloc_period;
-  }
-
-  std::vector<PreparedLayer> prepared(static_cast<size_t>(layers));
-  // Slots the append takes per slab, net of what its shrinking arrays give back: those slots go
-  // straight to the growing arrays of the same slab (shrinks commit first), so an evicting append
-  // needs pages only for its net growth.
-  SlabPlan slab_plan;
-  for (int l = 0; l < layers; ++l) {
-    if (!layers_[l]->plan.lossless) {
-      // Rows are stored as fp16 before they are quantized: refuse what fp16 cannot hold.
-      for (const KvTensorView* view : {&k[l], &v[l]}) {
-        std::vector<float> row(static_cast<size_t>(geometry_.head_dim));
-        for (int64_t t = 0; t < n; ++t) {
-          for (int h = 0; h < geometry_.kv_heads; ++h) {
-            view->LoadRow(t, h, row.data());
-            for (int c = 0; c < geometry_.head_dim; ++c) {
-              if (std::fabs(row[c]) > kHalfMax) {
-                return InvalidArgument(view == &k[l] ? "k" : "v", ": element (layer ", l,
-                                       ", token ", t, ", head ", h, ", channel ", c, ") is ",
-                                       row[c],
-                                       ", beyond the fp16 range (65504) of the residual "
-                                       "window; use quant.method = \"none\" for such data");
-              }
-            }
-          }
-        }
-      }
-    }
-    KVCTL_RETURN_IF_ERROR(
-        AppendLayerPrepare(l, ctx, k[l], v[l], q ? &(*q)[l] : nullptr, &prepared[l]));
-    const LayerState& layer = *layers_[l];
-    const PreparedLayer& p = prepared[l];
-    for (int h = 0; h < geometry_.kv_heads; ++h) {
-      const HeadStream& head = layer.heads[h];
-      const PreparedHead& ph = p.heads[h];
-      slab_plan.Count(head.rows, static_cast<size_t>(ph.rows_after));
-      slab_plan.Count(head.records, ph.record_plan.size());
-    }
-    if (!p.norms.empty()) {
-      const size_t per_slot = layer.norms.slot_bytes() / 4;
-      slab_plan.Count(layer.norms, layer.norms.size() + p.norms.size() / per_slot);
-    }
-  }
-  const size_t pages = slab_plan.Pages();
-  StatusOr<std::vector<uint32_t>> got = std::vector<uint32_t>{};
-  if (pages > 0) got = pool_->AllocateMany(static_cast<uint32_t>(pages));
-  // A full pool: slots given back serve only their own slab unless the slabs that shrink are
-  // compacted before the growth, which frees their emptied pages for any slab. Worth the copies
-  // only when the pool cannot give the pages otherwise; their pages are checked first, since
-  // compaction copies what they hold.
-  bool compact_between = false;
-  if (!got.ok() && slab_plan.PagesCompacting() < pages) {
-    if (pool_->checksums()) {
-      Status verified =
-          pool_->VerifyPages(slab_plan.ShrunkPages(), PageAllocator::VerifyReason::kCopy);
-      if (!verified.ok()) return MarkLost(verified);
-    }
-    const size_t compacting = slab_plan.PagesCompacting();
-    StatusOr<std::vector<uint32_t>> tight = std::vector<uint32_t>{};
-    if (compacting > 0) tight = pool_->AllocateMany(static_cast<uint32_t>(compacting));
-    if (tight.ok()) {
-      got = std::move(tight);
-      compact_between = true;
-    }
-  }
-  if (!got.ok()) {
-    Status exhausted =
-        ResourceExhausted("append of ", n, " tokens needs ", pages, " pool pages of ",
-                          pool_->page_bytes(), " bytes: ", got.status().message());
-    const PoolStats stats = pool_->Stats();
-    const int64_t shortfall =
-        static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
-    last_shortfall_pages_ = std::max<int64_t>(1, shortfall);
-    if (relief_rounds <= 0) return exhausted;
-    Status relieved = RelievePressure(std::max<int64_t>(1, shortfall));
-    if (!relieved.ok()) {
-      return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
-    }
-    // Widths or caps changed: prepare again (narrower new records, or more evicted).
-    return AppendOnce(first_position, k, v, q, relief_rounds - 1);
-  }
-  std::vector<uint32_t> reserved = std::move(got).value();
-
-  // Commit: nothing below can fail. Arrays that shrink go first, so the slots they give back are
-  // there for the arrays that grow.
-  auto commit_records = [&reserved](HeadStream& head, const PreparedHead& ph) {
-    // Records move only down (a kept record lands at or before its old slot), so in order every
-    // source is read before its slot is overwritten; shrink only after moving.
-    const size_t rb = head.records.slot_bytes();
-    const size_t final_records = ph.record_plan.size();
-    if (final_records > head.records.size()) head.records.Resize(final_records, &reserved);
-    size_t fresh = 0;
-    for (size_t i = 0; i < final_records; ++i) {
-      const int src = ph.record_plan[i];
-      if (src < 0) {
-        std::memcpy(head.records.MutableSlot(i), ph.records.data() + fresh++ * rb, rb);
-      } else if (static_cast<size_t>(src) != i) {
-        std::memcpy(head.records.MutableSlot(i), head.records.Slot(src), rb);
-      }
-    }
-    if (final_records < head.records.size()) head.records.Resize(final_records, &reserved);
-  };
-  auto commit_rows = [&reserved](HeadStream& head, const PreparedHead& ph) {
-    head.rows.Resize(ph.rows_after, &reserved);
-    const size_t slot = head.rows.slot_bytes();
-    for (size_t i = 0; i < ph.rows.size() / slot; ++i) {
-      std::memcpy(head.rows.MutableSlot(ph.write_start + i), ph.rows.data() + i * slot, slot);
-    }
-  };
-  // After the first pass only the growing arrays still differ from their plan, so the same test
-  // picks exactly them in the second.
-  const auto records_grow = [](const HeadStream& head, const PreparedHead& ph) {
-    return ph.record_plan.size() > head.records.size();
-  };
-  const auto rows_grow = [](const HeadStream& head, const PreparedHead& ph) {
-    return static_cast<size_t>(ph.rows_after) > head.rows.size();
-  };
-  for (int l = 0; l < layers; ++l) {
-    for (int h = 0; h < geometry_.kv_heads; ++h) {
-      HeadStream& head = layers_[l]->heads[h];
-      const PreparedHead& ph = prepared[l].heads[h];
-      if (!records_grow(head, ph)) commit_records(head, ph);
-      if (!rows_grow(head, ph)) commit_rows(head, ph);
-    }
-  }
-  if (compact_between) slab_plan.CompactShrunk(&reserved);
-  for (int l = 0; l < layers; ++l) {
-    LayerState& layer = *layers_[l];
-    PreparedLayer& p = prepared[l];
-    for (int h = 0; h < geometry_.kv_heads; ++h) {
-      HeadStream& head = layer.heads[h];
-      PreparedHead& ph = p.heads[h];
-      if (records_grow(head, ph)) commit_records(head, ph);
-      if (rows_grow(head, ph)) commit_rows(head, ph);
-      head.sink_rows += ph.new_sinks;
-      head.tail_rows = ph.tail_after;
-      for (int64_t t = 0; t < n; ++t) head.positions.push_back(first_position + t);
-      if (ph.evicted) {
-        std::vector<int64_t> kept_positions;
-        kept_positions.reserve(ph.kept.size());
-        for (int64_t j : ph.kept) kept_positions.push_back(head.positions[j]);
-        head.positions = std::move(kept_positions);
-        head.usage.evicted_tokens += ph.evicted_tokens;
-        head.usage.evicted_bytes += ph.evicted_bytes;
-        head.usage.requantized_tokens += ph.decoded_tokens;
-        ++head.usage.compressions;
-        if (ph.retained >= 0) {
-          ++head.usage.retained_samples;
-          head.usage.retained_mass_sum += ph.retained;
-        }
-      }
-      if (ph.h2o_changed) head.h2o = std::move(ph.h2o);
-      head.usage.budget = ph.budget;
-      KVCTL_CHECK(head.count() == static_cast<int64_t>(head.positions.size()));
-      KVCTL_CHECK(!eviction_.enabled || head.count() <= ph.budget);
-    }
-    if (!p.norms.empty()) {
-      const size_t per_slot = layer.norms.slot_bytes() / 4;
-      const size_t before = layer.norms.size();
-      layer.norms.Resize(before + p.norms.size() / per_slot, &reserved);
-      for (size_t i = 0; i < p.norms.size() / per_slot; ++i) {
-        std::memcpy(layer.norms.MutableSlot(before + i), &p.norms[i * per_slot], per_slot * 4);
-      }
-    }
-    for (const PreparedLayer::Sample& sample : p.samples) {
-      HeadUsage& u = layer.heads[sample.head].usage;
-      ++u.quality_samples;
-      u.k_rel_error_sum += sample.k_rel_error;
-      u.v_rel_error_sum += sample.v_rel_error;
-    }
-    layer.scoring = std::move(p.scoring);
-  }
-  for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // Released, not reused.
-  if (tokens_ == 0) first_position_ = first_position;
-  tokens_ += n;
-  since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + n;
-  // What shrank (flushed tails, evicted tokens) leaves free slots: from a page's worth per slab
-  // on they are packed and the emptied pages go back to the pool.
-  Status compacted = slabs_.Compact();
-  return compacted.ok() ? compacted : MarkLost(compacted);
 }
 
 DenseKv KvSequence::FetchDense(int layer_begin, int layer_end) const {

@@ -134,6 +134,9 @@ struct SequenceUsage {
   uint64_t lowered_for_others = 0;  // Times its widths were lowered for another sequence.
 };
 
+struct PreparedHead;   // What an append writes into one head (kv_sequence_internal.h).
+struct PreparedLayer;  // ... and into one layer.
+
 class KvSequence {
  public:
   // REQUIRES: plans.size() == geometry.layers, every spec valid with head_dim == geometry.head_dim;
@@ -155,8 +158,15 @@ class KvSequence {
   // when Append returns OK. When the pool lacks pages: RESOURCE_EXHAUSTED with the sequence
   // unchanged, or, with PressureSettings::lower_widths, the widths of stored records are lowered
   // first (kept even if the retry still finds no pages, e.g. taken by another sequence meanwhile).
+  // allow_relief = false: a full pool answers RESOURCE_EXHAUSTED with nothing changed, even with
+  // lower_widths (callers that must not do slow work, the daemon's I/O thread).
   Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
-                const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr);
+                const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr,
+                bool allow_relief = true);
+  // True when an append of n tokens would only store rows: no flush into records, no eviction
+  // (sequences with eviction are never light), the sequence not lost. Such an append costs about
+  // a copy of its bytes.
+  bool AppendIsLight(int64_t n) const;
 
   // Re-quantizes every record of (layer, head) at k_bits / v_bits (each <= the current width, one
   // of them lower): decoded, rounded to fp16 and quantized again, in place, so the pages the
@@ -214,10 +224,36 @@ class KvSequence {
   struct LayerState;
 
   struct AppendContext;
+  // The pages an append reserved, and whether the slabs that shrink are compacted between its
+  // shrinks and its growth (a full pool).
+  struct Reservation {
+    std::vector<uint32_t> pages;
+    bool compact_between = false;
+  };
+  // The stages of an APPEND (kv_sequence_pipeline.cc; Prepare is AppendLayerPrepare).
   // relief_rounds: how many more times a full pool may be relieved before failing.
   Status AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
                     const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
                     int relief_rounds);
+  // Shapes, position and values of an append; returns its token count.
+  StatusOr<int64_t> ValidateAppend(int64_t first_position, const std::vector<KvTensorView>& k,
+                                   const std::vector<KvTensorView>& v,
+                                   const std::vector<KvTensorView>* q) const;
+  // The token budgets of an append of n tokens.
+  StatusOr<AppendContext> PlanAppend(int64_t n, bool have_q) const;
+  // Adds the slots layer l's prepared append needs to *plan.
+  void CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const;
+  // Every page the plan needs, in one allocation; RESOURCE_EXHAUSTED (with
+  // last_shortfall_pages_ set) or DATA_LOSS with nothing changed.
+  StatusOr<Reservation> ReservePages(const SlabPlan& plan);
+  // Writes every prepared layer into the stored state. Cannot fail.
+  void CommitAppend(int64_t first_position, const AppendContext& ctx,
+                    std::vector<PreparedLayer>* prepared, const SlabPlan& slab_plan,
+                    Reservation reservation);
+  void CommitRecords(HeadStream& head, const PreparedHead& ph, std::vector<uint32_t>* reserved);
+  void CommitRows(HeadStream& head, const PreparedHead& ph, std::vector<uint32_t>* reserved);
+  void CommitHeadState(int64_t first_position, int64_t n, HeadStream& head, PreparedHead& ph);
+  void CommitLayerState(LayerState& layer, PreparedLayer& p, std::vector<uint32_t>* reserved);
   // Frees `shortfall_pages`: lowers widths (PlanWidthRelief over every quantized head), or for a
   // joint sequence whichever of lowering widths and lowering token caps AdviseShortfall prices
   // lower (the caps take effect when the APPEND is prepared again).
@@ -247,8 +283,7 @@ class KvSequence {
                    const KvTensorView& v, std::vector<float>* out_k,
                    std::vector<float>* out_v) const;
   Status AppendLayerPrepare(int layer, const AppendContext& ctx, const KvTensorView& k,
-                            const KvTensorView& v, const KvTensorView* q,
-                            struct PreparedLayer* out) const;
+                            const KvTensorView& v, const KvTensorView* q, PreparedLayer* out) const;
 
   PageAllocator* pool_;
   SequenceGeometry geometry_;

@@ -309,6 +309,24 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     const bool untouched =
         !ph.evicted && (lossless || (total - from) < static_cast<int64_t>(rules.flush_tokens));
     const int64_t read_from = untouched ? std::max(from, old) : from;
+    if (untouched && !have_all[h]) {
+      // The decode-step path: the new sinks and tail tokens are written as they came, in the
+      // stored dtype (a byte copy when it is the session's), with no fp32 detour.
+      ph.tail_after = static_cast<int>(total - from);
+      ph.rows_after = sinks_after + ph.tail_after;
+      ph.write_start = head.sink_rows + head.tail_rows;
+      const size_t slot = 2 * layer.row_bytes;
+      ph.rows.resize((ph.new_sinks + static_cast<size_t>(total - read_from)) * slot);
+      uint8_t* dst = ph.rows.data();
+      auto store = [&](int64_t t) {
+        StoreInputRow(k, t, h, layer.row_dtype, dst);
+        StoreInputRow(v, t, h, layer.row_dtype, dst + layer.row_bytes);
+        dst += slot;
+      };
+      for (int t = 0; t < ph.new_sinks; ++t) store(t);
+      for (int64_t j = read_from; j < total; ++j) store(j - old);
+      continue;
+    }
     std::vector<float> src_k, src_v;
     const float* sk;
     const float* sv;

@@ -119,6 +119,22 @@ inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
   }
 }
 
+// Row (t, h) of an appended view stored as `dtype`: its bytes when the dtypes agree, else
+// converted as StoreRow(LoadRow) would (the same bits: rounding a value to fp16 twice is rounding
+// it once). REQUIRES: valid view, indices in range.
+inline void StoreInputRow(const KvTensorView& view, int64_t t, int64_t h, DType dtype,
+                          uint8_t* dst) {
+  const int d = static_cast<int>(view.head_dim);
+  if (view.dtype == dtype) {
+    std::memcpy(dst, view.RowBytes(t, h), static_cast<size_t>(d) * DTypeSize(dtype));
+    return;
+  }
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(d));
+  view.LoadRow(t, h, row.data());
+  StoreRow(row.data(), d, dtype, dst);
+}
+
 inline void LoadRow(const uint8_t* src, int d, DType dtype, float* dst) {
   KvTensorView::Contiguous(src, dtype, 1, 1, d).LoadRow(0, 0, dst);
 }

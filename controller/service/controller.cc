@@ -516,7 +516,13 @@ StatusOr<ipc::PingReply> Controller::Ping(const ipc::PingRequest& request, Stead
   return ipc::PingReply{static_cast<uint64_t>(Micros(now))};
 }
 
-StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request, SteadyTime now) {
+StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request, SteadyTime now,
+                                              bool* deferred) {
+  // The reply of a deferred append is never sent: the caller runs it again.
+  const auto defer = [deferred] {
+    *deferred = true;
+    return Unavailable("deferred to a worker");
+  };
   ipc::Geometry g;
   const uint8_t* k_bytes = nullptr;
   const uint8_t* v_bytes = nullptr;
@@ -549,6 +555,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   // A device pool's slot was written on the device: bring the bytes to the host copy (outside
   // mu_: a device copy must not stall every other request).
   if (staged_bytes > 0) {
+    if (deferred != nullptr) return defer();  // A device copy is not for the I/O thread.
     KVCTL_RETURN_IF_ERROR(pool_->PullStaging(request.staging_offset, staged_bytes));
   }
   // Bounded by the protocol limits (2^20 tokens x 2^10 heads x 2^10 dims x 4 bytes), checked all
@@ -581,8 +588,14 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
-  MutexLock seq_lock(&entry->mu);
+  if (deferred == nullptr) {
+    entry->mu.Lock();
+  } else if (!entry->mu.TryLock()) {
+    return defer();
+  }
+  MutexLock seq_lock(&entry->mu, AdoptLock{});
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+  if (deferred != nullptr && !entry->seq->AppendIsLight(request.n_tokens)) return defer();
   if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
   }
@@ -612,7 +625,10 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   } settle{host_memory_, *entry, growth};
   const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
   const bool was_lost = !entry->seq->integrity().ok();
-  Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
+  Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views,
+                                       /*allow_relief=*/deferred == nullptr);
+  // A full pool: the append changed nothing; relieving it is a worker's job.
+  if (deferred != nullptr && appended.code() == StatusCode::kResourceExhausted) return defer();
   if (appended.code() == StatusCode::kDataLoss && !was_lost) {
     spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
   }

@@ -59,8 +59,12 @@ class Controller {
       KVCTL_EXCLUDES(mu_);
   StatusOr<ipc::PingReply> Ping(const ipc::PingRequest& request, SteadyTime now)
       KVCTL_EXCLUDES(mu_);
-  StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now)
-      KVCTL_EXCLUDES(mu_);
+  // With `deferred` (the daemon's I/O thread): only an append that is cheap now is done, one
+  // that only stores rows (KvSequence::AppendIsLight), whose sequence lock is free and that
+  // needs no pressure relief. Anything else sets *deferred and returns with nothing changed, for
+  // the caller to run it on a worker without `deferred`.
+  StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now,
+                                    bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
   StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now)
       KVCTL_EXCLUDES(mu_);
   // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for

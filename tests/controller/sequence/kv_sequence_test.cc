@@ -183,6 +183,89 @@ TEST_CASE("KvSequence: a failed append changes nothing", "[controller]") {
   CHECK(seq.tokens() == 200);
 }
 
+TEST_CASE("KvSequence: AppendIsLight is true exactly for appends that add no record",
+          "[controller]") {
+  // KVarN: 128 sinks, then a flush every 128 tail tokens. Token by token, and in steps of 5 that
+  // cross the sink and flush boundaries inside one append.
+  const int layers = 2, heads = 2, d = 64;
+  for (int64_t step : {1, 5}) {
+    INFO("step " << step);
+    auto pool = testing::MakeTestPool(8 << 20, 16 << 10);
+    KvSequence seq(pool.get(), {layers, heads, d, DType::kF32},
+                   Plans(layers, heads, QuantMethod::kKvarn, d, false));
+    LayerData data = MakeData(layers, 700, heads, d, 11);
+    int light = 0, heavy = 0;
+    for (int64_t t = 0; t + step <= 700; t += step) {
+      const bool predicted = seq.AppendIsLight(step);
+      const int64_t records_before = seq.Usage().quantized_tokens;
+      REQUIRE(seq.Append(t, Slice(data.kv_k, t, step), Slice(data.kv_v, t, step)).ok());
+      const bool added_records = seq.Usage().quantized_tokens != records_before;
+      CHECK(predicted == !added_records);
+      (predicted ? light : heavy) += 1;
+    }
+    CHECK(heavy >= 4);  // 128 sinks, then flushes at 256, 384, 512, 640 tokens.
+    CHECK(light > heavy);
+  }
+  // Lossless layers never flush; eviction is never light (scoring may run).
+  auto pool = testing::MakeTestPool(8 << 20, 16 << 10);
+  KvSequence lossless(pool.get(), {1, 1, d, DType::kF32}, Plans(1, 1, QuantMethod::kFp16, d, true));
+  CHECK(lossless.AppendIsLight(1000));
+  EvictionSettings ev;
+  ev.enabled = true;
+  ev.policy = EvictPolicy::kStreaming;
+  ev.sinks = 4;
+  ev.window = 8;
+  ev.tokens_per_head = 64;
+  ev.floor = 12;
+  KvSequence evicting(pool.get(), {1, 1, d, DType::kF32}, Plans(1, 1, QuantMethod::kKivi, d, false),
+                      ev);
+  CHECK_FALSE(evicting.AppendIsLight(1));
+}
+
+TEST_CASE("KvSequence: fp16 rows are stored as the bytes the engine sent", "[controller]") {
+  // Decode-step rows of an fp16 session are copied, not converted: the window of a dense FETCH
+  // gives back every bit, subnormals and negative zero included.
+  const int layers = 2, heads = 3, d = 64, tokens = 40;
+  auto pool = testing::MakeTestPool(4 << 20, 16 << 10);
+  KvSequence seq(pool.get(), {layers, heads, d, DType::kF16},
+                 Plans(layers, heads, QuantMethod::kKivi, d, false));
+  std::mt19937 rng(3);
+  std::vector<std::vector<uint16_t>> k(layers), v(layers);
+  for (int l = 0; l < layers; ++l) {
+    for (auto* x : {&k[l], &v[l]}) {
+      x->resize(static_cast<size_t>(tokens) * heads * d);
+      for (uint16_t& e : *x) {
+        e = static_cast<uint16_t>(rng());
+        if ((e & 0x7c00) == 0x7c00) e &= 0x83ff;  // No inf/NaN: make those subnormals.
+      }
+      (*x)[7] = 0x8000;  // -0.
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<KvTensorView> kv_k, kv_v;
+    for (int l = 0; l < layers; ++l) {
+      const size_t at = static_cast<size_t>(t) * heads * d;
+      kv_k.push_back(KvTensorView::Contiguous(&k[l][at], DType::kF16, 1, heads, d));
+      kv_v.push_back(KvTensorView::Contiguous(&v[l][at], DType::kF16, 1, heads, d));
+    }
+    REQUIRE(seq.Append(t, kv_k, kv_v).ok());
+  }
+  REQUIRE(seq.Usage().quantized_tokens == 0);
+  const DenseKv dense = seq.FetchDense(0, layers);
+  size_t row = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < heads; ++h) {
+      for (int t = 0; t < tokens; ++t, ++row) {
+        for (int c = 0; c < d; ++c) {
+          const size_t in = (static_cast<size_t>(t) * heads + h) * d + c;
+          REQUIRE(FloatToHalf(dense.k[row * d + c]) == k[l][in]);
+          REQUIRE(FloatToHalf(dense.v[row * d + c]) == v[l][in]);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("KvSequence: pages are accounted and all come back", "[controller]") {
   const int layers = 3, heads = 2, d = 64;
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);

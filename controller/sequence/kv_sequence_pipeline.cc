@@ -1,0 +1,323 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// APPEND as a pipeline of stages (docs/algorithms.md §16 has the slab accounting):
+//   1. ValidateAppend: shapes, positions, values (each element read once, as bits), Q.
+//   2. PlanAppend: the token budgets of this append (eviction schedule or joint caps).
+//   3. Prepare (kv_sequence_append.cc, per layer): scoring, eviction, compaction and the new
+//      records encoded into temporary memory; CountSlots sums the slots each slab needs.
+//   4. ReservePages: every page the append needs in one allocation, or compaction of the slabs
+//      that shrink first when the pool is short, or RESOURCE_EXHAUSTED with nothing changed.
+//   5. CommitAppend: cannot fail; writes slots, positions and counters, all or nothing.
+// AppendOnce runs them and retries after a pressure relief when the pool is short.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/half.h"
+#include "controller/sequence/kv_sequence.h"
+#include "controller/sequence/kv_sequence_internal.h"
+
+namespace kvctl {
+namespace {
+
+// Every element finite and, for rows stored as fp16, within fp16's range. The error names the
+// first bad element.
+Status CheckStorable(const KvTensorView& view, const char* name, int layer, bool half_range) {
+  std::vector<float> row;
+  for (int64_t t = 0; t < view.tokens; ++t) {
+    for (int64_t h = 0; h < view.heads; ++h) {
+      if (!view.RowOutside(t, h, half_range)) continue;
+      row.resize(static_cast<size_t>(view.head_dim));
+      view.LoadRow(t, h, row.data());
+      for (int64_t c = 0; c < view.head_dim; ++c) {
+        if (!std::isfinite(row[c])) {
+          return InvalidArgument("layer ", layer, ": ", name, ": element (token ", t, ", head ", h,
+                                 ", channel ", c, ") is ", row[c], ", expected a finite value");
+        }
+        if (std::fabs(row[c]) > kHalfMax) {
+          return InvalidArgument(name, ": element (layer ", layer, ", token ", t, ", head ", h,
+                                 ", channel ", c, ") is ", row[c],
+                                 ", beyond the fp16 range (65504) of the residual window; use "
+                                 "quant.method = \"none\" for such data");
+        }
+      }
+    }
+  }
+  return OkStatus();
+}
+
+// Checks one layer's view against [n, heads, head_dim]; `name` is "k", "v" or "q".
+Status CheckShape(const KvTensorView& view, const char* name, int layer, int64_t n, int heads,
+                  int head_dim) {
+  KVCTL_RETURN_IF_ERROR(view.Validate(name));
+  if (view.tokens != n || view.heads != heads || view.head_dim != head_dim) {
+    return InvalidArgument(name, " layer ", layer, ": shape [", view.tokens, ", ", view.heads, ", ",
+                           view.head_dim, "], expected [", n, ", ", heads, ", ", head_dim, "]");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<int64_t> KvSequence::ValidateAppend(int64_t first_position,
+                                             const std::vector<KvTensorView>& k,
+                                             const std::vector<KvTensorView>& v,
+                                             const std::vector<KvTensorView>* q) const {
+  const int layers = geometry_.layers;
+  if (static_cast<int>(k.size()) != layers || static_cast<int>(v.size()) != layers) {
+    return InvalidArgument("append: got ", k.size(), " K and ", v.size(), " V layers, expected ",
+                           layers);
+  }
+  if (tokens_ > 0 && first_position != first_position_ + tokens_) {
+    return InvalidArgument("first_position: got ", first_position, ", expected ",
+                           first_position_ + tokens_, " (the sequence's next position)");
+  }
+  if (first_position < 0) {
+    return InvalidArgument("first_position: got ", first_position, ", expected >= 0");
+  }
+  const int64_t n = k[0].tokens;
+  for (int l = 0; l < layers; ++l) {
+    for (const KvTensorView* view : {&k[l], &v[l]}) {
+      const char* name = view == &k[l] ? "k" : "v";
+      KVCTL_RETURN_IF_ERROR(CheckShape(*view, name, l, n, geometry_.kv_heads, geometry_.head_dim));
+      // Rows of a quantized layer are stored as fp16 before they are quantized: refuse what
+      // fp16 cannot hold too.
+      KVCTL_RETURN_IF_ERROR(CheckStorable(*view, name, l, !layers_[l]->plan.lossless));
+    }
+  }
+  if (n > (int64_t{1} << 30)) return InvalidArgument("tokens: got ", n, ", expected <= 2^30");
+  if (q == nullptr && eviction_.NeedsQ()) {
+    return InvalidArgument(
+        "q: missing, expected Q ([layers, n_tokens, q_heads, head_dim], has_q = "
+        "1) with every APPEND: evict.policy = \"",
+        EvictPolicyName(eviction_.policy), "\" scores tokens from the engine's queries");
+  }
+  if (q == nullptr) return n;
+  if (static_cast<int>(q->size()) != layers || geometry_.q_heads == 0) {
+    return InvalidArgument("q: got ", q->size(), " layers with q_heads ", geometry_.q_heads,
+                           ", expected ", layers, " layers and q_heads > 0");
+  }
+  for (int l = 0; l < layers; ++l) {
+    const KvTensorView& view = (*q)[l];
+    KVCTL_RETURN_IF_ERROR(CheckShape(view, "q", l, n, geometry_.q_heads, geometry_.head_dim));
+    KVCTL_RETURN_IF_ERROR(CheckStorable(view, "q", l, /*half_range=*/false));
+  }
+  return n;
+}
+
+StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_q) const {
+  AppendContext ctx;
+  ctx.n = n;
+  const int layers = geometry_.layers;
+  if (eviction_.enabled && !eviction_.head_caps.empty()) {
+    // Joint: fixed caps per head.
+    ctx.layer_budgets.assign(static_cast<size_t>(layers), 0);
+    for (size_t i = 0; i < eviction_.head_caps.size(); ++i) {
+      ctx.layer_budgets[i / geometry_.kv_heads] += eviction_.head_caps[i];
+    }
+  } else if (eviction_.enabled) {
+    ctx.avg_budget = AverageBudget(eviction_, tokens_ + n);
+    KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets, LayerBudgets(eviction_, layers, geometry_.kv_heads,
+                                                           ctx.avg_budget, tokens_ + n));
+    ctx.realloc_due =
+        eviction_.realloc_period > 0 && have_q && since_realloc_ + n >= eviction_.realloc_period;
+  }
+  return ctx;
+}
+
+void KvSequence::CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const {
+  // Slots the append takes per slab, net of what its shrinking arrays give back: those slots go
+  // straight to the growing arrays of the same slab (shrinks commit first), so an evicting append
+  // needs pages only for its net growth.
+  const LayerState& layer = *layers_[l];
+  for (int h = 0; h < geometry_.kv_heads; ++h) {
+    const HeadStream& head = layer.heads[h];
+    const PreparedHead& ph = p.heads[h];
+    plan->Count(head.rows, static_cast<size_t>(ph.rows_after));
+    plan->Count(head.records, ph.record_plan.size());
+  }
+  if (!p.norms.empty()) {
+    const size_t per_slot = layer.norms.slot_bytes() / 4;
+    plan->Count(layer.norms, layer.norms.size() + p.norms.size() / per_slot);
+  }
+}
+
+StatusOr<KvSequence::Reservation> KvSequence::ReservePages(const SlabPlan& plan) {
+  const size_t pages = plan.Pages();
+  Reservation out;
+  StatusOr<std::vector<uint32_t>> got = std::vector<uint32_t>{};
+  if (pages > 0) got = pool_->AllocateMany(static_cast<uint32_t>(pages));
+  // A full pool: slots given back serve only their own slab unless the slabs that shrink are
+  // compacted before the growth, which frees their emptied pages for any slab. Worth the copies
+  // only when the pool cannot give the pages otherwise; their pages are checked first, since
+  // compaction copies what they hold.
+  if (!got.ok() && plan.PagesCompacting() < pages) {
+    if (pool_->checksums()) {
+      Status verified = pool_->VerifyPages(plan.ShrunkPages(), PageAllocator::VerifyReason::kCopy);
+      if (!verified.ok()) return MarkLost(verified);
+    }
+    const size_t compacting = plan.PagesCompacting();
+    StatusOr<std::vector<uint32_t>> tight = std::vector<uint32_t>{};
+    if (compacting > 0) tight = pool_->AllocateMany(static_cast<uint32_t>(compacting));
+    if (tight.ok()) {
+      got = std::move(tight);
+      out.compact_between = true;
+    }
+  }
+  if (!got.ok()) {
+    const PoolStats stats = pool_->Stats();
+    const int64_t shortfall =
+        static_cast<int64_t>(pages) - (int64_t{stats.pages_total} - stats.pages_used);
+    last_shortfall_pages_ = std::max<int64_t>(1, shortfall);
+    return ResourceExhausted("needs ", pages, " pool pages of ", pool_->page_bytes(),
+                             " bytes: ", got.status().message());
+  }
+  out.pages = std::move(got).value();
+  return out;
+}
+
+Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
+                              const std::vector<KvTensorView>& v,
+                              const std::vector<KvTensorView>* q, int relief_rounds) {
+  KVCTL_ASSIGN_OR_RETURN(const int64_t n, ValidateAppend(first_position, k, v, q));
+  KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr));
+  std::vector<PreparedLayer> prepared(static_cast<size_t>(geometry_.layers));
+  SlabPlan slab_plan;
+  for (int l = 0; l < geometry_.layers; ++l) {
+    KVCTL_RETURN_IF_ERROR(
+        AppendLayerPrepare(l, ctx, k[l], v[l], q ? &(*q)[l] : nullptr, &prepared[l]));
+    CountSlots(l, prepared[l], &slab_plan);
+  }
+  StatusOr<Reservation> reserved = ReservePages(slab_plan);
+  if (reserved.status().code() == StatusCode::kResourceExhausted) {
+    const Status exhausted(
+        StatusCode::kResourceExhausted,
+        internal::StrCat("append of ", n, " tokens ", reserved.status().message()));
+    if (relief_rounds <= 0) return exhausted;
+    Status relieved = RelievePressure(last_shortfall_pages_);
+    if (!relieved.ok()) {
+      return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
+    }
+    // Widths or caps changed: prepare again (narrower new records, or more evicted).
+    return AppendOnce(first_position, k, v, q, relief_rounds - 1);
+  }
+  KVCTL_RETURN_IF_ERROR(reserved.status());
+  CommitAppend(first_position, ctx, &prepared, slab_plan, std::move(reserved).value());
+  // What shrank (flushed tails, evicted tokens) leaves free slots: from a page's worth per slab
+  // on they are packed and the emptied pages go back to the pool.
+  Status compacted = slabs_.Compact();
+  return compacted.ok() ? compacted : MarkLost(compacted);
+}
+
+void KvSequence::CommitRecords(HeadStream& head, const PreparedHead& ph,
+                               std::vector<uint32_t>* reserved) {
+  // Records move only down (a kept record lands at or before its old slot), so in order every
+  // source is read before its slot is overwritten; shrink only after moving.
+  const size_t rb = head.records.slot_bytes();
+  const size_t final_records = ph.record_plan.size();
+  if (final_records > head.records.size()) head.records.Resize(final_records, reserved);
+  size_t fresh = 0;
+  for (size_t i = 0; i < final_records; ++i) {
+    const int src = ph.record_plan[i];
+    if (src < 0) {
+      std::memcpy(head.records.MutableSlot(i), ph.records.data() + fresh++ * rb, rb);
+    } else if (static_cast<size_t>(src) != i) {
+      std::memcpy(head.records.MutableSlot(i), head.records.Slot(src), rb);
+    }
+  }
+  if (final_records < head.records.size()) head.records.Resize(final_records, reserved);
+}
+
+void KvSequence::CommitRows(HeadStream& head, const PreparedHead& ph,
+                            std::vector<uint32_t>* reserved) {
+  head.rows.Resize(ph.rows_after, reserved);
+  const size_t slot = head.rows.slot_bytes();
+  for (size_t i = 0; i < ph.rows.size() / slot; ++i) {
+    std::memcpy(head.rows.MutableSlot(ph.write_start + i), ph.rows.data() + i * slot, slot);
+  }
+}
+
+void KvSequence::CommitHeadState(int64_t first_position, int64_t n, HeadStream& head,
+                                 PreparedHead& ph) {
+  head.sink_rows += ph.new_sinks;
+  head.tail_rows = ph.tail_after;
+  for (int64_t t = 0; t < n; ++t) head.positions.push_back(first_position + t);
+  if (ph.evicted) {
+    std::vector<int64_t> kept_positions;
+    kept_positions.reserve(ph.kept.size());
+    for (int64_t j : ph.kept) kept_positions.push_back(head.positions[j]);
+    head.positions = std::move(kept_positions);
+    head.usage.evicted_tokens += ph.evicted_tokens;
+    head.usage.evicted_bytes += ph.evicted_bytes;
+    head.usage.requantized_tokens += ph.decoded_tokens;
+    ++head.usage.compressions;
+    if (ph.retained >= 0) {
+      ++head.usage.retained_samples;
+      head.usage.retained_mass_sum += ph.retained;
+    }
+  }
+  if (ph.h2o_changed) head.h2o = std::move(ph.h2o);
+  head.usage.budget = ph.budget;
+  KVCTL_CHECK(head.count() == static_cast<int64_t>(head.positions.size()));
+  KVCTL_CHECK(!eviction_.enabled || head.count() <= ph.budget);
+}
+
+void KvSequence::CommitLayerState(LayerState& layer, PreparedLayer& p,
+                                  std::vector<uint32_t>* reserved) {
+  if (!p.norms.empty()) {
+    const size_t per_slot = layer.norms.slot_bytes() / 4;
+    const size_t before = layer.norms.size();
+    layer.norms.Resize(before + p.norms.size() / per_slot, reserved);
+    for (size_t i = 0; i < p.norms.size() / per_slot; ++i) {
+      std::memcpy(layer.norms.MutableSlot(before + i), &p.norms[i * per_slot], per_slot * 4);
+    }
+  }
+  for (const PreparedLayer::Sample& sample : p.samples) {
+    HeadUsage& u = layer.heads[sample.head].usage;
+    ++u.quality_samples;
+    u.k_rel_error_sum += sample.k_rel_error;
+    u.v_rel_error_sum += sample.v_rel_error;
+  }
+  layer.scoring = std::move(p.scoring);
+}
+
+void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
+                              std::vector<PreparedLayer>* prepared, const SlabPlan& slab_plan,
+                              Reservation reservation) {
+  std::vector<uint32_t>& reserved = reservation.pages;
+  // Arrays that shrink go first, so the slots they give back are there for the arrays that grow.
+  // After the first pass only the growing arrays still differ from their plan, so the same test
+  // picks exactly them in the second.
+  const auto records_grow = [](const HeadStream& head, const PreparedHead& ph) {
+    return ph.record_plan.size() > head.records.size();
+  };
+  const auto rows_grow = [](const HeadStream& head, const PreparedHead& ph) {
+    return static_cast<size_t>(ph.rows_after) > head.rows.size();
+  };
+  for (int l = 0; l < geometry_.layers; ++l) {
+    for (int h = 0; h < geometry_.kv_heads; ++h) {
+      HeadStream& head = layers_[l]->heads[h];
+      const PreparedHead& ph = (*prepared)[l].heads[h];
+      if (!records_grow(head, ph)) CommitRecords(head, ph, &reserved);
+      if (!rows_grow(head, ph)) CommitRows(head, ph, &reserved);
+    }
+  }
+  if (reservation.compact_between) slab_plan.CompactShrunk(&reserved);
+  for (int l = 0; l < geometry_.layers; ++l) {
+    LayerState& layer = *layers_[l];
+    for (int h = 0; h < geometry_.kv_heads; ++h) {
+      HeadStream& head = layer.heads[h];
+      PreparedHead& ph = (*prepared)[l].heads[h];
+      if (records_grow(head, ph)) CommitRecords(head, ph, &reserved);
+      if (rows_grow(head, ph)) CommitRows(head, ph, &reserved);
+      CommitHeadState(first_position, ctx.n, head, ph);
+    }
+    CommitLayerState(layer, (*prepared)[l], &reserved);
+  }
+  for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // Released, not reused.
+  if (tokens_ == 0) first_position_ = first_position;
+  tokens_ += ctx.n;
+  since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + ctx.n;
+}
+
+}  // namespace kvctl

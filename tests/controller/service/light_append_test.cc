@@ -1,0 +1,141 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// Controller::Append with `deferred` (what the daemon's I/O thread calls for small APPENDs): a
+// light append is done exactly as a worker would do it, anything else is handed back with
+// nothing changed.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "controller/service/controller.h"
+
+namespace kvctl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 64;
+
+Config LightConfig(const std::string& tag, uint64_t pool_bytes) {
+  Config c;
+  c.pool.shm_name = "/kvctl-light-" + std::to_string(getpid()) + "-" + tag;
+  c.pool.bytes = pool_bytes;
+  c.pool.page_bytes = 16 << 10;
+  c.pool.staging_slots = 0;
+  c.quant.method = QuantMethod::kKivi;  // No sinks, a flush every 128 tokens.
+  c.server.stats_endpoint = "";
+  return c;
+}
+
+std::unique_ptr<Controller> Make(const Config& c) {
+  StatusOr<std::unique_ptr<Controller>> made = Controller::Create(c);
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  return std::move(made).value();
+}
+
+// One decode step of fp16 rows that differ per position.
+ipc::AppendRequest Step(uint64_t session, uint64_t sequence, uint64_t position, uint32_t n) {
+  std::vector<uint16_t> rows(size_t{kLayers} * n * kHeads * kDim);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = FloatToHalf(static_cast<float>((i * 7 + position * 13) % 101) / 101.f - 0.5f);
+  }
+  ipc::AppendRequest a{.session_id = session, .sequence_id = sequence, .n_tokens = n};
+  a.first_position = position;
+  a.k = zmq::message_t(rows.data(), rows.size() * 2);
+  a.v = zmq::message_t(rows.data(), rows.size() * 2);
+  return a;
+}
+
+std::string DenseBytes(Controller& c, uint64_t session, uint64_t sequence) {
+  StatusOr<ipc::ReplyBody> fetched =
+      c.Fetch({session, sequence, 0, kLayers, ipc::FetchMode::kDense, DType::kF16}, Clock::now());
+  REQUIRE(fetched.ok());
+  const auto& dense = std::get<ipc::FetchDenseReply>(*fetched);
+  return std::string(static_cast<const char*>(dense.k.data()), dense.k.size()) +
+         std::string(static_cast<const char*>(dense.v.data()), dense.v.size());
+}
+
+uint64_t OpenOne(Controller& c, uint64_t sequence) {
+  ipc::HelloRequest hello{.client_name = "light",
+                          .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}};
+  StatusOr<ipc::HelloReply> h = c.Hello(hello, Clock::now());
+  REQUIRE(h.ok());
+  REQUIRE(c.Open({h->session_id, sequence}, Clock::now()).ok());
+  return h->session_id;
+}
+
+TEST_CASE("Light appends: done when they only store rows, handed back when they flush",
+          "[controller][light]") {
+  std::unique_ptr<Controller> inline_c = Make(LightConfig("inline", 16 << 20));
+  std::unique_ptr<Controller> worker_c = Make(LightConfig("worker", 16 << 20));
+  const uint64_t s_inline = OpenOne(*inline_c, 1);
+  const uint64_t s_worker = OpenOne(*worker_c, 1);
+  int done = 0, handed_back = 0;
+  for (uint64_t pos = 0; pos < 300;) {
+    const uint32_t n = pos % 3 == 0 ? 1 : 4;
+    bool deferred = false;
+    StatusOr<ipc::AppendReply> light =
+        inline_c->Append(Step(s_inline, 1, pos, n), Clock::now(), &deferred);
+    if (deferred) {
+      ++handed_back;
+      // Nothing changed: the same request then succeeds on the worker path.
+      StatusOr<ipc::AppendReply> heavy = inline_c->Append(Step(s_inline, 1, pos, n), Clock::now());
+      REQUIRE(heavy.ok());
+      CHECK(heavy->tokens_quantized > 0);  // It flushed: that is why it was handed back.
+    } else {
+      REQUIRE(light.ok());
+      ++done;
+      CHECK(light->tokens_total == pos + n);
+    }
+    REQUIRE(worker_c->Append(Step(s_worker, 1, pos, n), Clock::now()).ok());
+    pos += n;
+  }
+  CHECK(handed_back == 2);  // The flushes at 128 and 256 tokens.
+  CHECK(done > 90);         // About 100 appends of 1 or 4 tokens.
+  // Both paths stored the same bytes.
+  CHECK(DenseBytes(*inline_c, s_inline, 1) == DenseBytes(*worker_c, s_worker, 1));
+  // An error is an answer, not a hand-back.
+  bool deferred = false;
+  StatusOr<ipc::AppendReply> wrong =
+      inline_c->Append(Step(s_inline, 1, 5, 1), Clock::now(), &deferred);
+  CHECK_FALSE(deferred);
+  CHECK(wrong.status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Light appends: a full pool hands the append back unchanged", "[controller][light]") {
+  std::unique_ptr<Controller> c = Make(LightConfig("full", 1 << 20));
+  const uint64_t filler = OpenOne(*c, 1);
+  const uint64_t session = OpenOne(*c, 2);
+  // Fill the pool with the first sequence's tokens.
+  uint64_t pos = 0;
+  for (;; pos += 64) {
+    StatusOr<ipc::AppendReply> a = c->Append(Step(filler, 1, pos, 64), Clock::now());
+    if (!a.ok()) {
+      REQUIRE(a.status().code() == StatusCode::kResourceExhausted);
+      break;
+    }
+  }
+  // Take what is left one token at a time, then the next light append needs a page.
+  uint64_t taken = 0;
+  for (;; ++taken) {
+    bool deferred = false;
+    StatusOr<ipc::AppendReply> a = c->Append(Step(session, 2, taken, 1), Clock::now(), &deferred);
+    if (deferred) break;
+    REQUIRE(a.ok());
+    REQUIRE(taken < 127);  // A flush would hand back first; the pool must run out before.
+  }
+  const std::string before = taken > 0 ? DenseBytes(*c, session, 2) : "";
+  const PoolStats pool = c->pool_stats();
+  StatusOr<ipc::AppendReply> worker = c->Append(Step(session, 2, taken, 1), Clock::now());
+  CHECK(worker.status().code() == StatusCode::kResourceExhausted);
+  CHECK(c->pool_stats().pages_used == pool.pages_used);
+  if (taken > 0) CHECK(DenseBytes(*c, session, 2) == before);
+}
+
+}  // namespace
+}  // namespace kvctl
