@@ -3,9 +3,9 @@
 
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <new>
 
-#include "common/status.h"
 #include "common/thread_annotations.h"
 
 namespace kvctl {
