@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 
 #include "common/half.h"
 #include "controller/sequence/kv_sequence_internal.h"
+#include "kernels/convert.h"
 #include "kernels/quantize.h"
 
 namespace kvctl {
@@ -172,48 +174,100 @@ DenseKv KvSequence::FetchDense(int layer_begin, int layer_end) const {
   return Gather(layer_begin, layer_end, /*with_records=*/true);
 }
 
+std::vector<uint32_t> KvSequence::DenseCounts(int layer_begin, int layer_end) const {
+  return GatherCounts(layer_begin, layer_end, /*with_records=*/true);
+}
+
+void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& out) const {
+  GatherInto(layer_begin, layer_end, /*with_records=*/true, out);
+}
+
 DenseKv KvSequence::FetchWindow(int layer_begin, int layer_end) const {
   return Gather(layer_begin, layer_end, /*with_records=*/false);
 }
 
 DenseKv KvSequence::Gather(int layer_begin, int layer_end, bool with_records) const {
   DenseKv out;
+  out.counts = GatherCounts(layer_begin, layer_end, with_records);
+  size_t rows = 0;
+  for (uint32_t c : out.counts) rows += c;
+  out.positions.resize(rows);
+  out.k.resize(rows * geometry_.head_dim);
+  out.v.resize(rows * geometry_.head_dim);
+  GatherInto(layer_begin, layer_end, with_records,
+             {DType::kF32, out.k.data(), out.v.data(), out.positions.data()});
+  return out;
+}
+
+std::vector<uint32_t> KvSequence::GatherCounts(int layer_begin, int layer_end,
+                                               bool with_records) const {
+  std::vector<uint32_t> counts;
+  for (int l = layer_begin; l < layer_end; ++l) {
+    for (const HeadStream& head : layers_[l]->heads) {
+      const size_t records = with_records ? head.records.size() : 0;
+      counts.push_back(static_cast<uint32_t>(head.sink_rows + records * head.spec.block_tokens +
+                                             head.tail_rows));
+    }
+  }
+  return counts;
+}
+
+void KvSequence::GatherInto(int layer_begin, int layer_end, bool with_records,
+                            const DenseOut& out) const {
   const int d = geometry_.head_dim;
+  const size_t width = DTypeSize(out.dtype);
+  auto* kd = static_cast<uint8_t*>(out.k);
+  auto* vd = static_cast<uint8_t*>(out.v);
+  auto* pd = static_cast<uint8_t*>(out.positions);
+  // One record decodes into fp32 here and is converted into the output from there; fp32 output at
+  // float alignment is decoded in place instead. Per thread and kept: a fresh buffer per request
+  // would be page-faulted in again whenever the allocator hands back trimmed memory.
+  thread_local std::vector<float> scratch;
+  const bool decode_in_place = out.dtype == DType::kF32 &&
+                               reinterpret_cast<uintptr_t>(kd) % alignof(float) == 0 &&
+                               reinterpret_cast<uintptr_t>(vd) % alignof(float) == 0;
   for (int l = layer_begin; l < layer_end; ++l) {
     const LayerState& layer = *layers_[l];
     for (const HeadStream& head : layer.heads) {
       const int g = head.spec.block_tokens;
-      const size_t records = with_records ? head.records.size() : 0;
-      const size_t count = head.sink_rows + records * g + head.tail_rows;
-      out.counts.push_back(static_cast<uint32_t>(count));
-      const size_t at = out.k.size();
-      out.k.resize(at + count * d);
-      out.v.resize(at + count * d);
-      float* kd = out.k.data() + at;
-      float* vd = out.v.data() + at;
+      const size_t row_out = static_cast<size_t>(d) * width;
       auto copy_rows = [&](int first, int rows) {
-        for (int i = 0; i < rows; ++i, kd += d, vd += d) {
+        for (int i = 0; i < rows; ++i, kd += row_out, vd += row_out) {
           const uint8_t* slot = head.rows.Slot(first + i);
-          LoadRow(slot, d, layer.row_dtype, kd);
-          LoadRow(slot + layer.row_bytes, d, layer.row_dtype, vd);
+          ConvertElements(layer.row_dtype, slot, out.dtype, kd, d);
+          ConvertElements(layer.row_dtype, slot + layer.row_bytes, out.dtype, vd, d);
         }
       };
       copy_rows(0, head.sink_rows);
-      for (size_t r = 0; r < records; ++r, kd += g * d, vd += g * d) {
+      const size_t records = with_records ? head.records.size() : 0;
+      const size_t block = static_cast<size_t>(g) * d;
+      if (records > 0 && !decode_in_place && scratch.size() < 2 * block) scratch.resize(2 * block);
+      for (size_t r = 0; r < records; ++r, kd += block * width, vd += block * width) {
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
-        DequantizeBlock(head.spec, head.records.Slot(r), norms, kd, vd);
+        if (decode_in_place) {
+          DequantizeBlock(head.spec, head.records.Slot(r), norms, reinterpret_cast<float*>(kd),
+                          reinterpret_cast<float*>(vd));
+          continue;
+        }
+        DequantizeBlock(head.spec, head.records.Slot(r), norms, scratch.data(),
+                        scratch.data() + block);
+        ConvertElements(DType::kF32, scratch.data(), out.dtype, kd, block);
+        ConvertElements(DType::kF32, scratch.data() + block, out.dtype, vd, block);
       }
       copy_rows(head.sink_rows, head.tail_rows);
-      // Without records the tail rows skip the quantized span of the position list.
-      const size_t quantized = head.records.size() * g;
-      for (size_t i = 0; i < count; ++i) {
-        const bool in_tail = !with_records && i >= static_cast<size_t>(head.sink_rows);
-        out.positions.push_back(head.positions[i + (in_tail ? quantized : 0)]);
+      // Positions: sinks and records are the front of the list; without records the tail rows
+      // skip the quantized span of it.
+      const size_t front = head.sink_rows + records * g;
+      const size_t tail_from = head.sink_rows + head.records.size() * g;
+      if (front > 0) std::memcpy(pd, head.positions.data(), front * sizeof(int64_t));
+      pd += front * sizeof(int64_t);
+      if (head.tail_rows > 0) {
+        std::memcpy(pd, head.positions.data() + tail_from, head.tail_rows * sizeof(int64_t));
       }
+      pd += head.tail_rows * sizeof(int64_t);
     }
   }
-  return out;
 }
 
 HeadBlocks KvSequence::Blocks(int layer, int head) const {

@@ -111,6 +111,14 @@ struct DenseKv {
   std::vector<float> k, v;         // Per row, head_dim floats each.
 };
 
+// Caller-owned destination of KvSequence::FetchDenseInto (e.g. the frames of a FETCH reply).
+struct DenseOut {
+  DType dtype = DType::kF32;
+  void* k = nullptr;          // Per row, head_dim elements of dtype.
+  void* v = nullptr;          // Same.
+  void* positions = nullptr;  // Per row, one int64.
+};
+
 // Where one (layer, head) keeps its records, for readers that map the pool (blocks-mode FETCH).
 struct HeadBlocks {
   std::vector<uint32_t> record_ids;  // Slot ids in order: page * records_per_page + slot.
@@ -186,6 +194,15 @@ class KvSequence {
   // the kept tokens' true positions.
   // REQUIRES: 0 <= layer_begin < layer_end <= layers.
   DenseKv FetchDense(int layer_begin, int layer_end) const;
+  // FetchDense's counts alone: rows per (layer, head), to size FetchDenseInto's buffers.
+  std::vector<uint32_t> DenseCounts(int layer_begin, int layer_end) const;
+  // FetchDense written straight into caller memory as out.dtype, each element exactly as
+  // FetchDense's float converted by FloatToHalf / FloatToBf16 (stored rows already in out.dtype
+  // are copied byte for byte). Decodes one record at a time into a small fp32 scratch, so no fp32
+  // copy of the range is made. REQUIRES: the ranges of FetchDense; out.k and out.v hold
+  // rows * head_dim elements of out.dtype and out.positions rows int64 (rows = the sum of
+  // DenseCounts), at any alignment.
+  void FetchDenseInto(int layer_begin, int layer_end, const DenseOut& out) const;
 
   // Record locations of one (layer, head).
   HeadBlocks Blocks(int layer, int head) const;
@@ -272,6 +289,9 @@ class KvSequence {
   // device copy error. Every public method that writes calls it once before returning.
   Status Publish();
   DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
+  // Rows per (layer, head) of a gather; with_records = false counts only sinks and tail.
+  std::vector<uint32_t> GatherCounts(int layer_begin, int layer_end, bool with_records) const;
+  void GatherInto(int layer_begin, int layer_end, bool with_records, const DenseOut& out) const;
   // The byte range of every slot of layers [layer_begin, layer_end), appended to *ranges.
   void CollectRanges(int layer_begin, int layer_end,
                      std::vector<PageAllocator::PageRange>* ranges) const;

@@ -1,9 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/service/blocks_reply.h"
 
-#include <cstring>
-
-#include "common/half.h"
+#include "controller/service/reply_buffers.h"
+#include "kernels/convert.h"
 
 namespace kvctl {
 namespace {
@@ -49,16 +48,8 @@ ipc::RecordLayout LosslessWireLayout(const QuantSpec& spec, uint32_t page_bytes,
 }  // namespace
 
 zmq::message_t RowsToFrame(const std::vector<float>& rows, DType dtype) {
-  zmq::message_t frame(rows.size() * DTypeSize(dtype));
-  auto* out = static_cast<uint8_t*>(frame.data());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (dtype == DType::kF32) {
-      std::memcpy(out + 4 * i, &rows[i], 4);
-    } else {
-      const uint16_t h = dtype == DType::kF16 ? FloatToHalf(rows[i]) : FloatToBf16(rows[i]);
-      std::memcpy(out + 2 * i, &h, 2);
-    }
-  }
+  zmq::message_t frame = ReplyBufferPool::Default().Frame(rows.size() * DTypeSize(dtype));
+  ConvertElements(DType::kF32, rows.data(), dtype, frame.data(), rows.size());
   return frame;
 }
 
