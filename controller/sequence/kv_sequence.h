@@ -319,9 +319,10 @@ class KvSequence {
   int64_t last_shortfall_pages_ = 0;
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
-  int64_t since_realloc_ = 0;  // Tokens appended since the last head re-allocation.
-  Status integrity_;           // DATA_LOSS once a page checksum mismatched.
-  size_t scrub_cursor_ = 0;    // Index into slabs_.CollectPages where Scrub goes on.
+  int64_t since_realloc_ = 0;            // Tokens appended since the last head re-allocation.
+  Status integrity_;                     // DATA_LOSS once a page checksum mismatched.
+  size_t scrub_cursor_ = 0;              // Index into slabs_.CollectPages where Scrub goes on.
+  std::vector<PreparedLayer> prepared_;  // AppendOnce's plan, kept for its buffers' capacity.
 };
 
 }  // namespace kvctl

@@ -91,7 +91,10 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   const bool lossless = layer.plan.lossless;
   const StreamingRules& rules = layer.plan.rules;
   const EvictionSettings& ev = eviction_;
-  out->heads.assign(heads, {});
+  out->heads.resize(static_cast<size_t>(heads));  // Reused between appends (prepared_).
+  for (PreparedHead& ph : out->heads) ph.Reset();
+  out->norms.clear();
+  out->samples.clear();
 
   // Query rows: the kept ones, then this append's (fp32).
   const int qh = geometry_.q_heads;
@@ -274,16 +277,18 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
       to_k.insert(to_k.end(), kr, kr + row_floats);
       to_v.insert(to_v.end(), vr, vr + row_floats);
     };
-    for (int r = 0; r < records; ++r) {
-      if (!ph.evicted) {
-        ph.record_plan.push_back(r);
-        continue;
-      }
+    if (!ph.evicted) ph.records_in_place = static_cast<size_t>(records);
+    for (int r = 0; ph.evicted && r < records; ++r) {
       const int64_t base = head.sink_rows + static_cast<int64_t>(r) * g;
       const int kept_here =
           static_cast<int>(std::count(keep.begin() + base, keep.begin() + base + g, uint8_t{1}));
       if (kept_here == g && pk.empty()) {
-        ph.record_plan.push_back(r);
+        // Kept whole: in place while nothing before it moved, else moved down.
+        if (ph.record_plan.empty() && static_cast<size_t>(r) == ph.records_in_place) {
+          ++ph.records_in_place;
+        } else {
+          ph.record_plan.push_back(r);
+        }
         continue;
       }
       for (int64_t j = base; j < base + g; ++j) {
@@ -404,9 +409,10 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     Status encoded = pool_->EncodeBlocks(spec, batch, ph.records.data());
     if (!encoded.ok()) return WithLayerHead(l, h, encoded);
     if (geometry_.quality_sample_period == 0) continue;
-    size_t index = 0;  // Position of the next new record in the head's record list.
+    // Position of the next new record in the head's record list (never among those in place).
+    size_t index = ph.records_in_place;
     for (int b = 0; b < blocks; ++b, ++index) {
-      while (ph.record_plan[index] >= 0) ++index;
+      while (ph.record_plan[index - ph.records_in_place] >= 0) ++index;
       if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
       const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride, d,
                           needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};

@@ -69,9 +69,13 @@ struct KvSequence::AppendContext {
 // Everything an append will write into one head, computed before any stored state changes.
 struct PreparedHead {
   int new_sinks = 0;
-  // The head's records after the append, in order: an old record index (kept byte for byte,
-  // maybe moved down) or -1 for the next record of `records`.
+  // The head's records after the append, in order: its first records_in_place records stay
+  // where they are (no per-record work on a decode step however long the sequence), then per
+  // entry of record_plan an old record index (kept byte for byte, moved down) or -1 for the next
+  // record of `records`.
+  size_t records_in_place = 0;
   std::vector<int> record_plan;
+  size_t final_records() const { return records_in_place + record_plan.size(); }
   std::vector<uint8_t> records;  // New records (re-packed kept tokens, then flushed) back to back.
   std::vector<float> qk, qv;     // The fp32 rows those records were quantized from.
   int write_start = 0;
@@ -86,6 +90,19 @@ struct PreparedHead {
   uint64_t evicted_tokens = 0, evicted_bytes = 0;
   uint64_t decoded_tokens = 0;  // Kept tokens taken out of records to be quantized again.
   double retained = -1;         // Attention mass kept, when queries were there to measure it.
+
+  // Back to an empty plan. The row and plan buffers keep their capacity up to a decode step's
+  // size, so a decode step allocates nothing for them; a prefill's big buffers are freed.
+  void Reset() {
+    constexpr size_t kKeepBytes = 16 << 10;
+    std::vector<uint8_t> kept_rows = std::move(rows);
+    std::vector<int> kept_plan = std::move(record_plan);
+    *this = PreparedHead{};
+    if (kept_rows.capacity() <= kKeepBytes) rows = std::move(kept_rows), rows.clear();
+    if (kept_plan.capacity() * sizeof(int) <= kKeepBytes) {
+      record_plan = std::move(kept_plan), record_plan.clear();
+    }
+  }
 };
 
 struct PreparedLayer {

@@ -134,7 +134,7 @@ void KvSequence::CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const
     const HeadStream& head = layer.heads[h];
     const PreparedHead& ph = p.heads[h];
     plan->Count(head.rows, static_cast<size_t>(ph.rows_after));
-    plan->Count(head.records, ph.record_plan.size());
+    plan->Count(head.records, ph.final_records());
   }
   if (!p.norms.empty()) {
     const size_t per_slot = layer.norms.slot_bytes() / 4;
@@ -181,7 +181,9 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
                               const std::vector<KvTensorView>* q, int relief_rounds) {
   KVCTL_ASSIGN_OR_RETURN(const int64_t n, ValidateAppend(first_position, k, v, q));
   KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr));
-  std::vector<PreparedLayer> prepared(static_cast<size_t>(geometry_.layers));
+  // The plan buffers of the previous append are reused: a decode step then allocates little.
+  std::vector<PreparedLayer>& prepared = prepared_;
+  prepared.resize(static_cast<size_t>(geometry_.layers));
   SlabPlan slab_plan;
   for (int l = 0; l < geometry_.layers; ++l) {
     KVCTL_RETURN_IF_ERROR(
@@ -214,11 +216,11 @@ void KvSequence::CommitRecords(HeadStream& head, const PreparedHead& ph,
   // Records move only down (a kept record lands at or before its old slot), so in order every
   // source is read before its slot is overwritten; shrink only after moving.
   const size_t rb = head.records.slot_bytes();
-  const size_t final_records = ph.record_plan.size();
+  const size_t final_records = ph.final_records();
   if (final_records > head.records.size()) head.records.Resize(final_records, reserved);
   size_t fresh = 0;
-  for (size_t i = 0; i < final_records; ++i) {
-    const int src = ph.record_plan[i];
+  for (size_t i = ph.records_in_place; i < final_records; ++i) {
+    const int src = ph.record_plan[i - ph.records_in_place];
     if (src < 0) {
       std::memcpy(head.records.MutableSlot(i), ph.records.data() + fresh++ * rb, rb);
     } else if (static_cast<size_t>(src) != i) {
@@ -289,7 +291,7 @@ void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
   // After the first pass only the growing arrays still differ from their plan, so the same test
   // picks exactly them in the second.
   const auto records_grow = [](const HeadStream& head, const PreparedHead& ph) {
-    return ph.record_plan.size() > head.records.size();
+    return ph.final_records() > head.records.size();
   };
   const auto rows_grow = [](const HeadStream& head, const PreparedHead& ph) {
     return static_cast<size_t>(ph.rows_after) > head.rows.size();
