@@ -141,7 +141,7 @@ KVCTL_HOST_DEVICE inline void DecodeTokenGroups(const uint8_t* codes, const uint
 
 // KVarN tile (rows x cols, row-major in x): Sinkhorn, then RTN per row of the balanced tile with
 // folded fp16 scales: row_scale[i] = r*[i] * delta_i, row_zero[i] = r*[i] * lo_i, col[j] = c*[j].
-// Scratch: y[rows * cols] (must not alias x) and vecs[5 * (rows + cols)]. Lanes: x must be
+// Scratch: y[rows * cols] (must not alias x) and vecs[6 * (rows + cols)]. Lanes: x must be
 // complete (synced) on entry; returns with every lane done (ends with sync).
 template <class Sync = NoSync>
 KVCTL_HOST_DEVICE inline bool EncodeKvarnTile(const float* x, int rows, int cols, int bits,
@@ -150,14 +150,15 @@ KVCTL_HOST_DEVICE inline bool EncodeKvarnTile(const float* x, int rows, int cols
                                               uint8_t* col_scale, LaneSplit ls = {},
                                               Sync sync = {}) {
   SinkhornScratch s;
-  s.y = y;
   s.lr = vecs;
   s.lc = s.lr + rows;
   s.er = s.lc + cols;
   s.ec = s.er + rows;
   s.ir = s.ec + cols;
   s.ic = s.ir + rows;
-  s.rs = s.ic + cols;
+  s.rp = s.ic + cols;
+  s.cp = s.rp + rows;
+  s.rs = s.cp + cols;
   s.cs = s.rs + rows;
   float* r_best = s.cs + cols;
   float* c_best = r_best + rows;
@@ -165,17 +166,17 @@ KVCTL_HOST_DEVICE inline bool EncodeKvarnTile(const float* x, int rows, int cols
   for (int i = ls.lane; i < rows; i += ls.lanes) s.ir[i] = 1.0f / r_best[i];
   for (int j = ls.lane; j < cols; j += ls.lanes) s.ic[j] = 1.0f / c_best[j];
   sync();
-  ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
+  ApplyScales(x, rows, cols, s.ir, s.ic, y, ls);
   const float levels = static_cast<float>((1 << bits) - 1);
   bool ok = true;
   for (int i = ls.lane; i < rows; i += ls.lanes) {  // Row i of y: this lane wrote it.
-    const float* y = s.y + i * cols;
-    float lo = y[0], hi = y[0];
-    for (int j = 1; j < cols; ++j) lo = fminf(lo, y[j]), hi = fmaxf(hi, y[j]);
+    const float* yi = y + i * cols;
+    float lo = yi[0], hi = yi[0];
+    for (int j = 1; j < cols; ++j) lo = fminf(lo, yi[j]), hi = fmaxf(hi, yi[j]);
     lo += 0.0f, hi += 0.0f;
     const KvarnRow p = KvarnRowParams(lo, hi, bits);
     uint8_t* row = codes + i * RowBytes(cols, bits);
-    for (int j = 0; j < cols; ++j) PutCode(row, j, bits, KvarnCode(y[j], p, levels));
+    for (int j = 0; j < cols; ++j) PutCode(row, j, bits, KvarnCode(yi[j], p, levels));
     const float rs = r_best[i] * p.delta;
     const float rz = r_best[i] * p.lo;
     ok &= FitsHalf(rs) && FitsHalf(rz);

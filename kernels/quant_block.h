@@ -145,10 +145,16 @@ KVCTL_HOST_DEVICE inline uint32_t OscarCode(float x, const OscarAffine& p, float
 
 // KVarN's Sinkhorn-style variance normalisation (docs/algorithms.md §6.2) of a rows x cols fp32
 // matrix x (row-major). Outputs the best-iterate axis scales r[rows], c[cols] (x_bal = x / (r c)).
-// Scratch: SinkhornScratch (y[rows*cols] and six vectors per axis).
+// Scratch: SinkhornScratch (eight vectors per axis).
 // Sample standard deviations (n - 1), clamped to [1e-3, 1e3]; log scales clipped to [-0.3, 10];
 // imbalance = max/min of column stds + max/min of row stds, on the clamped stds [ours: the clamp
 // keeps all-zero rows from making it infinite]; ties keep the later iterate.
+//
+// How the stds are formed (the spec every path reproduces bit for bit, docs/algorithms.md §6.2):
+// the std of column j of y = x * ir * ic (ir = 1 / r, ic = 1 / c) is ic[j] times the std of
+// u[i] = x[i][j] * ir[i], and that std is taken in one pass from S = sum u and Q = sum u * u (index
+// order, fp32): SpreadFromSums. Rows likewise with u[j] = x[i][j] * ic[j]. The row spreads depend
+// only on ic, so the row stds after the row update are the same spreads times the new ir.
 //
 // Lanes (the CUDA warp-per-record encoder): every function below takes a LaneSplit; lane l computes
 // rows (or columns) l, l + lanes, ... each exactly as the single-lane loop does, and Sinkhorn calls
@@ -164,33 +170,93 @@ struct NoSync {
 
 KVCTL_HOST_DEVICE inline float ClampStd(float s) { return fminf(fmaxf(s, 1e-3f), 1e3f); }
 
-KVCTL_HOST_DEVICE inline void ColumnStds(const float* y, int rows, int cols, float* out,
-                                         LaneSplit ls = {}) {
+// KVarN's exp and log: polynomial and bit-manipulation functions that define the math (glibc's
+// expf/logf are not correctly rounded and differ from CUDA's and between releases, so a vector
+// version could not match them). Only + - * / and rintf, in this order, no FMA: the SIMD codecs
+// (kernels/quantize_simd_kvarn.inc) and CUDA (--fmad=false) run the same operations per lane.
+// Coefficients: weighted least-squares fits (Lawson iterations on Chebyshev nodes), rounded to
+// fp32. Measured on every float of the domains Sinkhorn uses (docs/algorithms.md §6.2): KvarnExp
+// on [-0.3, 10] and KvarnLog on [1e-3, 1e3] are within 1 ulp of glibc 2.36's expf/logf and of
+// the correctly rounded result (tests/kernels/quantize_test.cc checks a sample of them).
+//
+// KvarnExp: x = n ln2 + r, |r| <= ln2 / 2, exp(r) = 1 + r + r^2 q(r), times 2^n in the exponent
+// bits. REQUIRES |x| <= 87 (a normal result).
+KVCTL_HOST_DEVICE inline float KvarnExp(float x) {
+  constexpr float kLn2Hi = 0.693359375f;     // 355/512: n * kLn2Hi is exact for |n| < 2^15.
+  constexpr float kLn2Lo = -2.12194440e-4f;  // ln 2 - kLn2Hi.
+  const float n = rintf(x * 1.44269504f);
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float q = 1.97892280e-4f;
+  q = q * r + 1.39457530e-3f;
+  q = q * r + 8.33350420e-3f;
+  q = q * r + 4.16662800e-2f;
+  q = q * r + 1.66666660e-1f;
+  q = q * r + 0.5f;
+  float y = (r * r) * q;
+  y = y + r;
+  y = y + 1.0f;
+  return BitsToFloat(FloatBits(y) + (static_cast<uint32_t>(static_cast<int32_t>(n)) << 23));
+}
+
+// KvarnLog: x = 2^e m, m in [sqrt(1/2), sqrt(2)) from the bits, f = m - 1 (exact),
+// log(1 + f) = f - f^2 / 2 + f^3 p(f), plus e ln2. REQUIRES x positive and normal.
+KVCTL_HOST_DEVICE inline float KvarnLog(float x) {
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  const uint32_t b = FloatBits(x);
+  const int32_t e = static_cast<int32_t>(b - 0x3F3504F3u) >> 23;
+  const float f = BitsToFloat(b - (static_cast<uint32_t>(e) << 23)) - 1.0f;
+  float p = 6.74734500e-2f;
+  p = p * f - 1.18357874e-1f;
+  p = p * f + 1.19795114e-1f;
+  p = p * f - 1.23838510e-1f;
+  p = p * f + 1.42029360e-1f;
+  p = p * f - 1.66687070e-1f;
+  p = p * f + 2.00030730e-1f;
+  p = p * f - 2.50000100e-1f;
+  p = p * f + 3.33332960e-1f;
+  const float f2 = f * f;
+  float y = (f2 * f) * p;
+  y = y - 0.5f * f2;
+  y = y + f;
+  const float ef = static_cast<float>(e);
+  y = y + ef * kLn2Lo;
+  return y + ef * kLn2Hi;
+}
+
+// The unclamped sample std of n values from their sum s and sum of squares q (one pass; a
+// negative difference from rounding counts as zero).
+KVCTL_HOST_DEVICE inline float SpreadFromSums(float s, float q, int n) {
+  const float mean = s / static_cast<float>(n);
+  return sqrtf(fmaxf(q - s * mean, 0.0f) / static_cast<float>(n - 1));
+}
+
+// out[j] = spread over i of x[i][j] * ir[i].
+KVCTL_HOST_DEVICE inline void ColumnSpreads(const float* x, int rows, int cols, const float* ir,
+                                            float* out, LaneSplit ls = {}) {
   for (int j = ls.lane; j < cols; j += ls.lanes) {
-    float sum = 0.0f;
-    for (int i = 0; i < rows; ++i) sum += y[i * cols + j];
-    const float mean = sum / static_cast<float>(rows);
-    float ss = 0.0f;
+    float s = 0.0f, q = 0.0f;
     for (int i = 0; i < rows; ++i) {
-      const float dv = y[i * cols + j] - mean;
-      ss += dv * dv;
+      const float u = x[i * cols + j] * ir[i];
+      s += u;
+      q += u * u;
     }
-    out[j] = ClampStd(sqrtf(ss / static_cast<float>(rows - 1)));
+    out[j] = SpreadFromSums(s, q, rows);
   }
 }
 
-KVCTL_HOST_DEVICE inline void RowStds(const float* y, int rows, int cols, float* out,
-                                      LaneSplit ls = {}) {
+// out[i] = spread over j of x[i][j] * ic[j].
+KVCTL_HOST_DEVICE inline void RowSpreads(const float* x, int rows, int cols, const float* ic,
+                                         float* out, LaneSplit ls = {}) {
   for (int i = ls.lane; i < rows; i += ls.lanes) {
-    float sum = 0.0f;
-    for (int j = 0; j < cols; ++j) sum += y[i * cols + j];
-    const float mean = sum / static_cast<float>(cols);
-    float ss = 0.0f;
+    float s = 0.0f, q = 0.0f;
     for (int j = 0; j < cols; ++j) {
-      const float dv = y[i * cols + j] - mean;
-      ss += dv * dv;
+      const float u = x[i * cols + j] * ic[j];
+      s += u;
+      q += u * u;
     }
-    out[i] = ClampStd(sqrtf(ss / static_cast<float>(cols - 1)));
+    out[i] = SpreadFromSums(s, q, cols);
   }
 }
 
@@ -203,6 +269,13 @@ KVCTL_HOST_DEVICE inline float MaxOverMin(const float* v, int n) {
   return hi / lo;
 }
 
+// One axis scale update: l = clip(l + log(std), -0.3, 10), e = exp(l), inv = 1 / e.
+KVCTL_HOST_DEVICE inline void UpdateScale(float std, float* l, float* e, float* inv) {
+  *l = fminf(fmaxf(*l + KvarnLog(std), -0.3f), 10.0f);
+  *e = KvarnExp(*l);
+  *inv = 1.0f / *e;
+}
+
 // y[i][j] = (x[i][j] * ir[i]) * ic[j], with ir = 1 / exp(lr) and ic = 1 / exp(lc): the reciprocals
 // are taken once per axis, so the balanced tile costs two multiplies per element.
 KVCTL_HOST_DEVICE inline void ApplyScales(const float* x, int rows, int cols, const float* ir,
@@ -213,13 +286,14 @@ KVCTL_HOST_DEVICE inline void ApplyScales(const float* x, int rows, int cols, co
 }
 
 struct SinkhornScratch {
-  float* y;   // rows * cols
   float* lr;  // rows: log row scales
   float* lc;  // cols
   float* er;  // rows: exp(lr)
   float* ec;  // cols
   float* ir;  // rows: 1 / er
   float* ic;  // cols: 1 / ec
+  float* rp;  // rows: row spreads under ic
+  float* cp;  // cols: column spreads under ir
   float* rs;  // rows: row stds
   float* cs;  // cols: column stds
 };
@@ -233,30 +307,23 @@ KVCTL_HOST_DEVICE inline void Sinkhorn(const float* x, int rows, int cols, int i
   for (int i = l0; i < rows; i += ln) s.lr[i] = 0.0f, s.er[i] = s.ir[i] = r_best[i] = 1.0f;
   for (int j = l0; j < cols; j += ln) s.lc[j] = 0.0f, s.ec[j] = s.ic[j] = c_best[j] = 1.0f;
   sync();
-  ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
-  sync();
-  ColumnStds(s.y, rows, cols, s.cs, ls);
-  RowStds(s.y, rows, cols, s.rs, ls);
+  ColumnSpreads(x, rows, cols, s.ir, s.cp, ls);
+  RowSpreads(x, rows, cols, s.ic, s.rp, ls);
+  for (int j = l0; j < cols; j += ln) s.cs[j] = ClampStd(s.ic[j] * s.cp[j]);
+  for (int i = l0; i < rows; i += ln) s.rs[i] = ClampStd(s.ir[i] * s.rp[i]);
   sync();
   float best = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);  // The same in every lane.
   for (int it = 0; it < iters; ++it) {
-    for (int j = l0; j < cols; j += ln) {
-      s.lc[j] = fminf(fmaxf(s.lc[j] + logf(s.cs[j]), -0.3f), 10.0f);
-      s.ec[j] = expf(s.lc[j]);
-      s.ic[j] = 1.0f / s.ec[j];
-    }
+    for (int j = l0; j < cols; j += ln) UpdateScale(s.cs[j], &s.lc[j], &s.ec[j], &s.ic[j]);
     sync();  // Also: every lane is done reading cs and rs of the previous step.
-    ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
-    RowStds(s.y, rows, cols, s.rs, ls);  // Row i: written and read by the same lane.
+    RowSpreads(x, rows, cols, s.ic, s.rp, ls);  // Row i: written and read by the same lane.
     for (int i = l0; i < rows; i += ln) {
-      s.lr[i] = fminf(fmaxf(s.lr[i] + logf(s.rs[i]), -0.3f), 10.0f);
-      s.er[i] = expf(s.lr[i]);
-      s.ir[i] = 1.0f / s.er[i];
+      UpdateScale(ClampStd(s.ir[i] * s.rp[i]), &s.lr[i], &s.er[i], &s.ir[i]);
+      s.rs[i] = ClampStd(s.ir[i] * s.rp[i]);  // The row stds of the updated tile.
     }
-    ApplyScales(x, rows, cols, s.ir, s.ic, s.y, ls);
     sync();
-    ColumnStds(s.y, rows, cols, s.cs, ls);  // Also the next iteration's column stds.
-    RowStds(s.y, rows, cols, s.rs, ls);
+    ColumnSpreads(x, rows, cols, s.ir, s.cp, ls);  // Also the next iteration's column stds.
+    for (int j = l0; j < cols; j += ln) s.cs[j] = ClampStd(s.ic[j] * s.cp[j]);
     sync();
     const float imb = MaxOverMin(s.cs, cols) + MaxOverMin(s.rs, rows);
     if (imb <= best) {

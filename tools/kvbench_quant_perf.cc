@@ -154,9 +154,10 @@ double QuantizeTarget(const QuantSpec& spec) {
   switch (spec.method) {
     case QuantMethod::kKivi:
     case QuantMethod::kQuaRot:
-      return 0.25;
+    case QuantMethod::kOscar:
+      return 0.5;
     case QuantMethod::kKvarn:
-      return spec.sinkhorn_iters == 16 ? 0.03 : 0.0;
+      return spec.sinkhorn_iters == 16 ? 0.1 : 0.0;
     default:
       return 0.0;
   }

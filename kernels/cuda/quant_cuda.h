@@ -7,10 +7,9 @@
 // section: block_codec.h's LaneSplit), decode a thread per record. Built only when CUDA is
 // enabled (KVCTL_HAVE_CUDA); callers include this header only under KVCTL_USE_CUDA.
 //
-// Agreement with the CPU reference: bit-identical records for fp16, KIVI, QuaRot and OScaR (the
-// kernels are compiled with --fmad=false and use IEEE division, sqrt and rint); KVarN uses the
-// device logf/expf, which may differ from glibc by an ulp, so its records agree within a stated
-// tolerance (tests/kernels_cuda).
+// Agreement with the CPU reference: bit-identical records for every method (the kernels are
+// compiled with --fmad=false and use IEEE division, sqrt and rint; KVarN's exp and log are
+// block::KvarnExp / KvarnLog, built from those operations, not the device expf/logf).
 //
 // Thread safety: functions are reentrant; each call synchronizes its own stream (the default one).
 //

@@ -233,7 +233,7 @@ struct BarrierSync {
 };
 
 // The CUDA warp-per-record encoder (quant_cuda.cu): block::EncodeRecord on 32 lanes must write the
-// reference's bytes for every method (KVarN too: here both use glibc logf/expf).
+// reference's bytes for every method.
 TEST_CASE("WarpOpsEmulation: 32-lane EncodeRecord writes the reference's bytes", "[kernels]") {
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
                         QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {

@@ -221,7 +221,7 @@ TEST_CASE("KvbenchQuant: the command prints JSON or a table and exits 0", "[tool
                         Contains("\"quantize_vs_memcpy\"") && !Contains("nan") && !Contains("inf"));
   r = Run(o);
   REQUIRE(r.rc == 0);
-  CHECK_THAT(r.out, Contains("kivi 2") && Contains(">=0.25 ") && Contains(">=0.03 ") &&
+  CHECK_THAT(r.out, Contains("kivi 2") && Contains(">=0.50 ") && Contains(">=0.10 ") &&
                         Contains("memcpy of"));
   o.throughput = false;
   r = Run(o);
