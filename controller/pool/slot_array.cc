@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/pool/slot_array.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kvctl {
@@ -25,7 +26,9 @@ void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
     slab_->Give(ids_.back());
     ids_.pop_back();
   }
-  ids_.reserve(n);
+  // Geometric growth: a decode step grows arrays by one slot, and an exact reserve would copy
+  // every id on every step.
+  if (n > ids_.capacity()) ids_.reserve(std::max(n, 2 * ids_.capacity()));
   while (ids_.size() < n) ids_.push_back(slab_->Take(reserved));
 }
 

@@ -16,6 +16,7 @@
 #include "common/half.h"
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/kv_sequence_internal.h"
+#include "kernels/convert.h"
 
 namespace kvctl {
 namespace {
@@ -23,20 +24,30 @@ namespace {
 // Every element finite and, for rows stored as fp16, within fp16's range. The error names the
 // first bad element.
 Status CheckStorable(const KvTensorView& view, const char* name, int layer, bool half_range) {
-  std::vector<float> row;
+  // Bit tests (kernels/convert.h, SIMD): one call over the whole view when its rows are back to
+  // back (what the daemon's APPEND hands us), else one per row.
+  auto outside = [&](const void* src, size_t n) {
+    return half_range ? FirstOutsideHalf(view.dtype, src, n) : FirstNonFinite(view.dtype, src, n);
+  };
+  const size_t row = static_cast<size_t>(view.head_dim);
+  if (view.head_stride == view.head_dim && view.token_stride == view.heads * view.head_dim) {
+    const size_t n = row * static_cast<size_t>(view.heads * view.tokens);
+    if (outside(view.RowBytes(0, 0), n) == n) return OkStatus();
+  }
+  std::vector<float> values;
   for (int64_t t = 0; t < view.tokens; ++t) {
     for (int64_t h = 0; h < view.heads; ++h) {
-      if (!view.RowOutside(t, h, half_range)) continue;
-      row.resize(static_cast<size_t>(view.head_dim));
-      view.LoadRow(t, h, row.data());
+      if (outside(view.RowBytes(t, h), row) == row) continue;
+      values.resize(row);
+      view.LoadRow(t, h, values.data());
       for (int64_t c = 0; c < view.head_dim; ++c) {
-        if (!std::isfinite(row[c])) {
+        if (!std::isfinite(values[c])) {
           return InvalidArgument("layer ", layer, ": ", name, ": element (token ", t, ", head ", h,
-                                 ", channel ", c, ") is ", row[c], ", expected a finite value");
+                                 ", channel ", c, ") is ", values[c], ", expected a finite value");
         }
-        if (std::fabs(row[c]) > kHalfMax) {
+        if (std::fabs(values[c]) > kHalfMax) {
           return InvalidArgument(name, ": element (layer ", layer, ", token ", t, ", head ", h,
-                                 ", channel ", c, ") is ", row[c],
+                                 ", channel ", c, ") is ", values[c],
                                  ", beyond the fp16 range (65504) of the residual window; use "
                                  "quant.method = \"none\" for such data");
         }

@@ -577,6 +577,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     if (request.has_q) q_bytes = static_cast<const uint8_t*>(request.q.data());
   }
   std::vector<KvTensorView> k, v, q;
+  k.reserve(g.layers);
+  v.reserve(g.layers);
+  if (q_bytes != nullptr) q.reserve(g.layers);
   for (uint32_t l = 0; l < g.layers; ++l) {
     k.push_back(KvTensorView::Contiguous(k_bytes + l * layer_bytes, g.dtype, request.n_tokens,
                                          g.kv_heads, g.head_dim));
