@@ -7,6 +7,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "common/checked_math.h"
 #include "ipc/protocol_internal.h"
 #include "ipc/wire_fields.h"
 
@@ -563,12 +564,24 @@ Status CheckAppendShape(const AppendRequest& m, const Geometry& g) {
   return OkStatus();
 }
 
-StatusOr<uint64_t> AppendPayloadBytes(const Geometry& g, uint32_t n_tokens, bool has_q) {
+StatusOr<StagingLayout> AppendStagingLayout(const Geometry& g, uint32_t n_tokens, bool has_q) {
   if (has_q && g.q_heads == 0) {
     return InvalidArgument("has_q: got 1, expected 0: the session declared q_heads = 0");
   }
-  const uint64_t heads = 2 * uint64_t{g.kv_heads} + (has_q ? g.q_heads : 0);
-  return RowBytes("append payload", uint64_t{g.layers} * n_tokens * heads, g.head_dim, g.dtype);
+  const uint64_t element = DTypeSize(g.dtype);
+  StagingLayout out;
+  KVCTL_ASSIGN_OR_RETURN(out.layer_bytes,
+                         CheckedProduct("k", {n_tokens, g.kv_heads, g.head_dim, element}));
+  if (has_q) {
+    KVCTL_ASSIGN_OR_RETURN(out.q_layer_bytes,
+                           CheckedProduct("q", {n_tokens, g.q_heads, g.head_dim, element}));
+  }
+  KVCTL_ASSIGN_OR_RETURN(out.v_offset, CheckedMul("append payload", out.layer_bytes, g.layers));
+  KVCTL_ASSIGN_OR_RETURN(out.q_offset, CheckedMul("append payload", out.v_offset, 2));
+  KVCTL_ASSIGN_OR_RETURN(const uint64_t q_bytes,
+                         CheckedMul("append payload", out.q_layer_bytes, g.layers));
+  KVCTL_ASSIGN_OR_RETURN(out.total_bytes, CheckedAdd("append payload", out.q_offset, q_bytes));
+  return out;
 }
 
 }  // namespace kvctl::ipc

@@ -85,14 +85,28 @@ inline Status ToStatus(const ErrorReply& reply) { return Status(reply.code, repl
 // Checks geometry limits (layers, heads, head_dim, dtype) as HELLO's decoder does.
 Status ValidateGeometry(const Geometry& geometry);
 
-// Bytes of the K, V and Q tensors of an APPEND of n_tokens tokens, back to back (the staging
-// layout). Error: INVALID_ARGUMENT if has_q and the geometry has q_heads == 0, or on overflow.
-StatusOr<uint64_t> AppendPayloadBytes(const Geometry& geometry, uint32_t n_tokens, bool has_q);
+// Where an APPEND's tensors lie in a staging slot, from the request's staging_offset: K of every
+// layer ([layers, n_tokens, kv_heads, head_dim] in the session dtype), then V (same shape), then
+// Q ([layers, n_tokens, q_heads, head_dim]) when has_q, back to back. Inline frames hold the same
+// tensors one per frame. This is the one definition: the server reads by it, and
+// python/kvctl/protocol.py's staging_layout is checked against the same golden table
+// (tests/golden/staging_layouts.txt) as this function is.
+struct StagingLayout {
+  uint64_t layer_bytes = 0;    // K (or V) of one layer.
+  uint64_t q_layer_bytes = 0;  // Q of one layer; 0 without Q.
+  uint64_t v_offset = 0;       // K starts at 0.
+  uint64_t q_offset = 0;       // == total_bytes without Q.
+  uint64_t total_bytes = 0;
+  bool operator==(const StagingLayout&) const = default;
+};
+// Error: INVALID_ARGUMENT if has_q and the geometry has q_heads == 0, or on overflow.
+StatusOr<StagingLayout> AppendStagingLayout(const Geometry& geometry, uint32_t n_tokens,
+                                            bool has_q);
 
 // The decoder cannot know the session geometry; the server calls this once it has found the
 // session. Checks has_q against q_heads and, for inline appends, that every tensor frame holds
 // exactly [layers, n_tokens, heads, head_dim] elements of the session dtype. Staging bounds are
-// the server's to check (it knows the slot): use AppendPayloadBytes().
+// the server's to check (it knows the slot): use AppendStagingLayout().
 Status CheckAppendShape(const AppendRequest& request, const Geometry& geometry);
 
 }  // namespace kvctl::ipc

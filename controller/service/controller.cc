@@ -327,10 +327,10 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
   session->last_seen = now;
   ipc::HelloReply reply;
   if (pool_->staging_slots() > 0) {
-    StatusOr<uint64_t> need =
-        ipc::AppendPayloadBytes(request.geometry, 1, request.geometry.q_heads > 0);
+    StatusOr<ipc::StagingLayout> need =
+        ipc::AppendStagingLayout(request.geometry, 1, request.geometry.q_heads > 0);
     StatusOr<StagingSlot> slot =
-        pool_->AllocateStaging(need.ok() ? std::max<uint64_t>(*need, 1) : 1);
+        pool_->AllocateStaging(need.ok() ? std::max<uint64_t>(need->total_bytes, 1) : 1);
     if (slot.ok()) {  // No free slot: the client sends tensors inline.
       session->has_staging = true;
       session->staging = *slot;
@@ -541,8 +541,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
                                   " has no staging slot (HELLO returned staging_bytes 0); send "
                                   "tensors inline");
       }
-      KVCTL_ASSIGN_OR_RETURN(uint64_t need,
-                             ipc::AppendPayloadBytes(g, request.n_tokens, request.has_q));
+      KVCTL_ASSIGN_OR_RETURN(const ipc::StagingLayout layout,
+                             ipc::AppendStagingLayout(g, request.n_tokens, request.has_q));
+      const uint64_t need = layout.total_bytes;
       const StagingSlot& slot = session->staging;
       KVCTL_RETURN_IF_ERROR(CheckSpanInside("staging_offset (this session's staging slot)",
                                             request.staging_offset, need, slot.offset, slot.bytes));
@@ -560,17 +561,14 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     KVCTL_RETURN_IF_ERROR(pool_->PullStaging(request.staging_offset, staged_bytes));
   }
   // Bounded by the protocol limits (2^20 tokens x 2^10 heads x 2^10 dims x 4 bytes), checked all
-  // the same: these sizes become pointer offsets.
-  KVCTL_ASSIGN_OR_RETURN(
-      const uint64_t layer_bytes,
-      CheckedProduct("k", {request.n_tokens, g.kv_heads, g.head_dim, DTypeSize(g.dtype)}));
-  KVCTL_ASSIGN_OR_RETURN(
-      const uint64_t q_layer_bytes,
-      CheckedProduct("q", {request.n_tokens, g.q_heads, g.head_dim, DTypeSize(g.dtype)}));
+  // the same (AppendStagingLayout): these sizes become pointer offsets.
+  KVCTL_ASSIGN_OR_RETURN(const ipc::StagingLayout layout,
+                         ipc::AppendStagingLayout(g, request.n_tokens, request.has_q));
+  const uint64_t layer_bytes = layout.layer_bytes, q_layer_bytes = layout.q_layer_bytes;
   const uint8_t* q_bytes = nullptr;
   if (k_bytes != nullptr) {
-    v_bytes = k_bytes + layer_bytes * g.layers;
-    if (request.has_q) q_bytes = v_bytes + layer_bytes * g.layers;
+    v_bytes = k_bytes + layout.v_offset;
+    if (request.has_q) q_bytes = k_bytes + layout.q_offset;
   } else {
     k_bytes = static_cast<const uint8_t*>(request.k.data());
     v_bytes = static_cast<const uint8_t*>(request.v.data());

@@ -265,11 +265,11 @@ class _Staging:
         finally:
             os.close(fd)
 
-    def write(self, arrays) -> None:
-        at = self.skip
-        for a in arrays:
+    def write(self, arrays, offsets) -> None:
+        """Each array at its offset in the slot (protocol.staging_layout)."""
+        for a, offset in zip(arrays, offsets):
+            at = self.skip + offset
             self.map[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
-            at += a.nbytes
 
     def close(self) -> None:
         self.map.close()
@@ -583,7 +583,9 @@ class Client:
         pos = self._next_position.get(seq, 0) if first_position is None else first_position
         has_q = q is not None
         if use_staging:
-            payload = sum(t.nbytes for t in tensors)
+            layout = p.staging_layout(s.layers, s.kv_heads, s.q_heads, s.head_dim, s.dtype, n,
+                                      has_q)
+            payload = layout.total_bytes
             with self._lock:
                 if not s.has_staging:
                     raise ValueError("use_staging: this session has no staging slot (HELLO "
@@ -595,7 +597,7 @@ class Client:
                                          has_q, s.staging_offset)
                 if self._staging is None:
                     self._staging = _Staging(s)
-                self._staging.write(tensors)
+                self._staging.write(tensors, (0, layout.v_offset, layout.q_offset))
                 reply = self._call(p.MsgType.APPEND, frames)
         else:
             frames = p.encode_append(0, s.session_id, seq, pos, n, tensors, p.SOURCE_INLINE,

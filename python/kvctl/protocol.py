@@ -18,7 +18,7 @@ Thread safety: pure functions and immutable values.
 from __future__ import annotations
 
 import struct
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -89,6 +89,31 @@ def dtype_code(dtype) -> int:
 
 def dtype_name(code: int) -> str:
     return DTYPES[code][0]
+
+
+class StagingLayout(NamedTuple):
+    """Where an APPEND's tensors lie in the staging slot, from staging_offset (ipc/protocol.h
+    StagingLayout, PROTOCOL.md): K of every layer, then V, then Q when has_q, back to back."""
+    layer_bytes: int    # K (or V) of one layer.
+    q_layer_bytes: int  # Q of one layer; 0 without Q.
+    v_offset: int       # K starts at 0.
+    q_offset: int       # == total_bytes without Q.
+    total_bytes: int
+
+
+def staging_layout(layers: int, kv_heads: int, q_heads: int, head_dim: int, dtype,
+                   n_tokens: int, has_q: bool) -> StagingLayout:
+    """The daemon's staging layout (ipc::AppendStagingLayout; both are checked against
+    tests/golden/staging_layouts.txt). dtype: a name or wire code. ValueError for has_q without
+    query heads."""
+    if has_q and q_heads == 0:
+        raise ValueError("has_q: got 1, expected 0: the session declared q_heads = 0")
+    element = DTYPES[dtype_code(dtype)][1].itemsize
+    layer_bytes = n_tokens * kv_heads * head_dim * element
+    q_layer_bytes = n_tokens * q_heads * head_dim * element if has_q else 0
+    v_offset = layer_bytes * layers
+    return StagingLayout(layer_bytes, q_layer_bytes, v_offset, 2 * v_offset,
+                         2 * v_offset + q_layer_bytes * layers)
 
 
 # ---- Writing ----------------------------------------------------------------------------------

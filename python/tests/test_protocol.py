@@ -589,3 +589,26 @@ def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(
     finally:
         c.disconnect()
         peer.close()
+
+
+STAGING_GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                              "golden", "staging_layouts.txt")
+
+
+def test_staging_layout_matches_the_golden_table_cpp_is_checked_against():
+    rows = 0
+    with open(STAGING_GOLDEN) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            left, _, right = line.partition("|")
+            layers, kv_heads, q_heads, head_dim, dtype, n_tokens, has_q = left.split()
+            want = p.StagingLayout(*map(int, right.split()))
+            got = p.staging_layout(int(layers), int(kv_heads), int(q_heads), int(head_dim), dtype,
+                                   int(n_tokens), has_q == "1")
+            assert got == want, line
+            rows += 1
+    assert rows >= 9
+    with pytest.raises(ValueError, match="q_heads = 0"):
+        p.staging_layout(2, 1, 0, 8, "float16", 3, True)

@@ -378,7 +378,21 @@ class Harness {
     }
 
     const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request->body));
-    StatusOr<ipc::ReplyBody> reply = Dispatch(*controller_, request->body, now_);
+    // As the daemon does: a small APPEND is first offered to the light path (its I/O thread's,
+    // Controller::Append with `deferred`), and goes to Dispatch only when handed back.
+    auto serve = [&]() -> StatusOr<ipc::ReplyBody> {
+      const auto* append = std::get_if<ipc::AppendRequest>(&request->body);
+      if (append != nullptr && append->n_tokens <= 4) {
+        bool deferred = false;
+        StatusOr<ipc::AppendReply> light = controller_->Append(*append, now_, &deferred);
+        if (!deferred) {
+          if (!light.ok()) return light.status();
+          return ipc::ReplyBody(*light);
+        }
+      }
+      return Dispatch(*controller_, request->body, now_);
+    };
+    StatusOr<ipc::ReplyBody> reply = serve();
     controller_->RecordRequest(type, std::chrono::microseconds(1), !reply.ok());
     if (verbose_) {
       std::fprintf(stderr, "%s -> %s\n", ipc::TypeName(type).c_str(),

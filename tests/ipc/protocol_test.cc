@@ -2,6 +2,8 @@
 #include "ipc/protocol.h"
 
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
 
 #include "ipc/wire.h"
 #include "tests/ipc/ipc_test_util.h"
@@ -377,10 +379,44 @@ TEST_CASE("Protocol: APPEND tensors are checked against the session geometry", "
         "x 2 bytes (float16)");
   CHECK(CheckAppendShape(testing::SampleAppendStaging(), g).ok());
 
-  StatusOr<uint64_t> bytes = AppendPayloadBytes(g, 3, true);
-  REQUIRE(bytes.ok());
-  CHECK(*bytes == 2 * 3 * (2 + 2 + 4) * 8 * 2);
-  CHECK(AppendPayloadBytes(no_q, 3, true).status().code() == StatusCode::kInvalidArgument);
+  StatusOr<StagingLayout> layout = AppendStagingLayout(g, 3, true);
+  REQUIRE(layout.ok());
+  CHECK(layout->total_bytes == 2 * 3 * (2 + 2 + 4) * 8 * 2);
+  CHECK(AppendStagingLayout(no_q, 3, true).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Protocol: the staging layout matches the golden table Python is checked against",
+          "[ipc]") {
+  std::ifstream in(KVCTL_STAGING_GOLDEN);  // Set by tests/ipc/CMakeLists.txt.
+  REQUIRE(in.good());
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    INFO(line);
+    std::istringstream fields(line);
+    Geometry g;
+    std::string dtype, bar;
+    uint32_t n_tokens = 0;
+    int has_q = 0;
+    StagingLayout want;
+    fields >> g.layers >> g.kv_heads >> g.q_heads >> g.head_dim >> dtype >> n_tokens >> has_q >>
+        bar >> want.layer_bytes >> want.q_layer_bytes >> want.v_offset >> want.q_offset >>
+        want.total_bytes;
+    REQUIRE((fields && bar == "|"));
+    g.dtype = ParseDType(dtype).value();
+    StatusOr<StagingLayout> got = AppendStagingLayout(g, n_tokens, has_q != 0);
+    REQUIRE(got.ok());
+    CHECK(*got == want);
+    ++rows;
+  }
+  CHECK(rows >= 9);
+  // Past 64 bits: refused, not wrapped.
+  Geometry huge{.layers = 1u << 20,
+                .kv_heads = 1u << 20,
+                .q_heads = 0,
+                .head_dim = 1u << 20,
+                .dtype = DType::kF32};
+  CHECK(AppendStagingLayout(huge, 1u << 20, false).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Protocol: ERROR encoding survives any status", "[ipc]") {
