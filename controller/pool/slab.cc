@@ -214,7 +214,12 @@ void SlabSet::CollectPages(std::vector<uint32_t>* pages) const {
 }
 
 void SlabPlan::Count(const SlotArray& array, size_t size_after) {
-  Growth& g = slabs_[array.slab()];
+  // A sequence has a few slabs (one per slot size): a linear search beats a map's nodes.
+  Slab* slab = array.slab();
+  auto it = std::find_if(slabs_.begin(), slabs_.end(),
+                         [slab](const auto& entry) { return entry.first == slab; });
+  if (it == slabs_.end()) it = slabs_.insert(slabs_.end(), {slab, Growth{}});
+  Growth& g = it->second;
   g.give += array.SlotsReleased(size_after);
   g.take += array.SlotsNeeded(size_after);
 }

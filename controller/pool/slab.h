@@ -28,6 +28,7 @@
 #include <memory>
 #include <set>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "controller/pool/pool.h"
@@ -162,7 +163,7 @@ class SlabPlan {
   struct Growth {
     size_t give = 0, take = 0;
   };
-  std::map<Slab*, Growth> slabs_;
+  std::vector<std::pair<Slab*, Growth>> slabs_;  // In the order first counted.
 };
 
 }  // namespace kvctl

@@ -131,9 +131,14 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   const bool have_q = ev.enabled && scoring.q_count > 0;
   const int64_t obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
 
-  // Each head's tokens in fp32, decoded only when scoring needs them.
-  std::vector<std::vector<float>> all_k(heads), all_v(heads);
-  std::vector<bool> have_all(heads, false);
+  // Each head's tokens in fp32, decoded only when scoring needs them (never without eviction:
+  // a decode step then allocates none of this).
+  std::vector<std::vector<float>> all_k, all_v;
+  std::vector<bool> have_all;
+  if (ev.enabled) {
+    all_k.resize(heads), all_v.resize(heads);
+    have_all.assign(heads, false);
+  }
   auto full = [&](int h) {
     if (!have_all[h]) Materialize(layer, h, 0, k, v, &all_k[h], &all_v[h]);
     have_all[h] = true;
@@ -141,7 +146,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   };
 
   // Budgets of this append: the layer's share, split over heads by the (re)allocator.
-  std::vector<int64_t> budget(heads, 0);
+  std::vector<int64_t> budget(ev.enabled ? heads : 0, 0);
   if (ev.enabled && !ev.head_caps.empty()) {
     scoring.layer_budget = ctx.layer_budgets[l];
     for (int h = 0; h < heads; ++h) budget[h] = ev.head_caps[static_cast<size_t>(l) * heads + h];
@@ -222,7 +227,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   for (int h = 0; h < heads; ++h) {
     const HeadStream& head = layer.heads[h];
     PreparedHead& ph = out->heads[h];
-    ph.budget = budget[h];
+    ph.budget = ev.enabled ? budget[h] : 0;
     const int g = head.spec.block_tokens;
     const int64_t old = head.count(), total = old + n;
     const int records = static_cast<int>(head.records.size());
@@ -314,7 +319,8 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     const bool untouched =
         !ph.evicted && (lossless || (total - from) < static_cast<int64_t>(rules.flush_tokens));
     const int64_t read_from = untouched ? std::max(from, old) : from;
-    if (untouched && !have_all[h]) {
+    const bool decoded = ev.enabled && have_all[h];
+    if (untouched && !decoded) {
       // The decode-step path: the new sinks and tail tokens are written as they came, in the
       // stored dtype (a byte copy when it is the session's), with no fp32 detour.
       ph.tail_after = static_cast<int>(total - from);
@@ -335,7 +341,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     std::vector<float> src_k, src_v;
     const float* sk;
     const float* sv;
-    if (have_all[h]) {
+    if (decoded) {
       sk = all_k[h].data() + read_from * d, sv = all_v[h].data() + read_from * d;
     } else {
       Materialize(layer, h, read_from, k, v, &src_k, &src_v);
