@@ -407,8 +407,19 @@ DenseKv KvSequence::FetchDense(int layer_begin, int layer_end) const {
   return Gather(layer_begin, layer_end, /*with_records=*/true);
 }
 
-DenseKv KvSequence::FetchWindow(int layer_begin, int layer_end) const {
-  return Gather(layer_begin, layer_end, /*with_records=*/false);
+HeadWindow KvSequence::FetchWindow(int layer, int head) const {
+  const LayerState& l = *layers_[layer];
+  const HeadStream& h = l.heads[head];
+  const auto sinks = static_cast<size_t>(h.sink_rows), tail = static_cast<size_t>(h.tail_rows);
+  HeadWindow w;
+  w.ids = std::span<const uint32_t>(h.rows.ids()).first(sinks + tail);
+  const std::span<const int64_t> positions(h.positions);
+  w.sink_positions = positions.first(sinks);
+  w.tail_positions = positions.last(tail);
+  w.dtype = l.row_dtype;
+  w.slot_bytes = static_cast<uint32_t>(h.rows.slot_bytes());
+  w.slots_per_page = static_cast<uint32_t>(h.rows.slots_per_page());
+  return w;
 }
 
 DenseKv KvSequence::Gather(int layer_begin, int layer_end, bool with_records) const {

@@ -415,6 +415,15 @@ def test_torch_ops_pool_views_feed_fused_attention_without_copies(daemon_factory
             assert_close(out, lse, *ref, what="layer %d step %d" % (layer, step))
         recs = view.pair_records(blocks, 0)
         assert len(recs) == (2 if step == 0 else 3)
+        # Window rows come from the pool too: sinks, then tail, as the dense FETCH has them.
+        for pair in range(layers * heads):
+            layer, h = divmod(pair, heads)
+            window = blocks.window_positions[layer][h].tolist()
+            assert int(blocks.window_sinks[pair]) == 128 and window[:128] == list(range(128))
+            wk, wv = view.window_rows(blocks, pair)
+            assert wk.dtype == torch.float16
+            assert torch.equal(wk.float(), torch.from_numpy(fk[layer, window, h]))
+            assert torch.equal(wv.float(), torch.from_numpy(fv[layer, window, h]))
         # Views, not copies: every record tensor shares the pool mapping's storage.
         base = view.tensor.untyped_storage().data_ptr()
         assert all(r.untyped_storage().data_ptr() == base for r in recs)
@@ -507,8 +516,12 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
                 lay = blocks.layouts[int(blocks.layout_index[pair])]
                 recs = view.pair_records(blocks, pair)
                 assert len(recs) * blocks.block_tokens == blocks.quantized_counts[pair] > 0
-                window = set(blocks.tail_positions[layer][h].tolist())
-                quantized = [i for i, x in enumerate(pos.tolist()) if x not in window]
+                window = blocks.window_positions[layer][h].tolist()
+                quantized = [i for i, x in enumerate(pos.tolist()) if x not in set(window)]
+                # The window rows, read from the pool, are the dense rows at their positions.
+                wk, wv = view.window_rows(blocks, pair)
+                assert torch.equal(wk.float(), torch.from_numpy(fk[layer, window, h]))
+                assert torch.equal(wv.float(), torch.from_numpy(fv[layer, window, h]))
                 kd, vd = ops.dequantize(torch.stack(recs).unsqueeze(0), "kvarn", dim,
                                         lay.k_bits, lay.v_bits,
                                         block_tokens=blocks.block_tokens)
