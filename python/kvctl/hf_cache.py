@@ -39,8 +39,9 @@ One step (layer l's update() runs right before layer l's attention):
   slots) and the rows sent are attended as extra window rows. Each layer's attention runs
   torch.ops.kvctl.paged_decode_attention on those records in place and on the window rows
   gathered from the pool once per reply (kvctl.pool_view.PoolView; GQA, per-head layouts,
-  ragged evicted heads), the step's own K/V passed as one more fp32 window row per head. Multi-token steps (prefill) refetch the
-  mirror and stay dense. Lossless daemons are refused (no block records).
+  ragged evicted heads), the step's own K/V passed as one more fp32 window row per head.
+  Multi-token steps (prefill) refetch the mirror and stay dense. Lossless daemons are refused (no
+  block records).
 
 A lost session (the daemon restarted, e.g. after kill -9, or the lease expired) is noticed at
 the next request: the cache starts a new session and an empty daemon sequence on each client,

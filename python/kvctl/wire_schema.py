@@ -126,8 +126,8 @@ REPLY_BODIES = {
 
 class Field(NamedTuple):
     """One row of a body table. kind: messages.def field kind; arg: the limit (str, bytes,
-    count16), enum name (enum8, enum32), count rule (u16s, u32s, u64s), value (tag), body name
-    (struct, structs) or frame content (frame); member: the array a count16 counts."""
+    count16), enum name (enum8, enum32), count rule (u16s, u32s, u64s), value (tag), body
+    name (struct, structs) or frame content (frame); member: the array a count16 counts."""
 
     kind: str
     name: str
