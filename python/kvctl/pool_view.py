@@ -134,10 +134,19 @@ class PoolView:
             raise ValueError("window_offsets: a row slot ends past the pool of %d bytes"
                              % self.nbytes)
         dev = self.tensor.device
-        index = (torch.from_numpy(offsets).to(dev)[:, None]
-                 + torch.arange(2 * row_bytes, dtype=torch.int64, device=dev))
-        slots = self.tensor[index]  # [rows, 2 * row_bytes] uint8: K row, then V row.
-        return slots[:, :row_bytes].view(dtype), slots[:, row_bytes:].view(dtype)
+        if (offsets % row_bytes == 0).all():
+            # Slots start on row boundaries (page_bytes a multiple of the row size, as with the
+            # default 64 KiB pages and power-of-two rows): view the pool as rows and select them.
+            usable = self.nbytes - self.nbytes % row_bytes
+            rows = self.tensor[:usable].view(-1, row_bytes)
+            index = torch.from_numpy(offsets // row_bytes).to(dev)
+            k, v = rows.index_select(0, index), rows.index_select(0, index + 1)
+        else:
+            index = (torch.from_numpy(offsets).to(dev)[:, None]
+                     + torch.arange(2 * row_bytes, dtype=torch.int64, device=dev))
+            slots = self.tensor[index]  # [rows, 2 * row_bytes] uint8: K row, then V row.
+            k, v = slots[:, :row_bytes], slots[:, row_bytes:]
+        return k.view(dtype), v.view(dtype)
 
     def layer_attention(self, blocks: BlocksTable, layer: int, q: torch.Tensor,
                         scale: Optional[float] = None, extra_k: Optional[torch.Tensor] = None,
