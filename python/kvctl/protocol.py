@@ -508,6 +508,9 @@ def _check_blocks(v: dict) -> None:
         _check_layout(i, lay, page_bytes, block_tokens, side_records_per_page, v["head_dim"])
     for name in ("indptr", "window_indptr", "run_indptr"):
         _check_indptr(name, v[name])
+    if _pairs_valid(v, pairs, any_side):
+        return
+    # Something is wrong: find the first problem pair by pair, as ipc's Validate reports it.
     for i in range(pairs):
         _in_range("layout_index[%d]" % i, int(layout_index[i]), 0, len(layouts) - 1)
         lay = layouts[layout_index[i]]
@@ -516,6 +519,53 @@ def _check_blocks(v: dict) -> None:
                   block_tokens if has_pages else 0)
         _check_records(v, i, lay, any_side)
         _check_window(v, i, lay)
+    raise AssertionError("blocks reply: the whole-array checks refused what the per-pair "
+                         "checks accept")  # Our bug: the two must agree.
+
+
+def _pairs_valid(v: dict, pairs: int, any_side: bool) -> bool:
+    """The per-pair rules of _check_blocks over whole arrays at once (numpy, no Python loop per
+    pair): True when every pair passes. The indptr arrays are already checked."""
+    layouts, pool_pages, block_tokens = v["layouts"], v["pool_pages"], v["block_tokens"]
+    li = v["layout_index"].astype(np.int64)
+    if pairs == 0 or (li >= len(layouts)).any():
+        return pairs == 0
+    counts = np.diff(v["indptr"].astype(np.int64))
+    lpl = v["last_page_len"].astype(np.int64)
+    if ((counts > 0) & ((lpl < 1) | (lpl > block_tokens)) | (counts == 0) & (lpl != 0)).any():
+        return False
+    per_layout = lambda name: np.array([getattr(l, name) for l in layouts],  # noqa: E731
+                                       dtype=np.int64)
+    rec_lay = np.repeat(li, counts)
+    ids = v["indices"].astype(np.int64)
+    if ((ids == NO_PAGE) | (ids // per_layout("records_per_page")[rec_lay] >= pool_pages)).any():
+        return False
+    if any_side:
+        side = v["side_indices"].astype(np.int64)
+        has_side = (per_layout("side_bytes_per_token") > 0)[rec_lay]
+        if ((side != NO_PAGE) != has_side).any():
+            return False
+        if (has_side & (side // v["side_records_per_page"] >= pool_pages)).any():
+            return False
+    rows = np.diff(v["window_indptr"].astype(np.int64))
+    win_lay = np.repeat(li, rows)
+    if (v["window_ids"].astype(np.int64) // per_layout("rows_per_page")[win_lay]
+            >= pool_pages).any() or (v["window_sinks"].astype(np.int64) > rows).any():
+        return False
+    runs = np.diff(v["run_indptr"].astype(np.int64))
+    starts = v["run_starts"].astype(np.uint64)
+    lengths = v["run_lengths"].astype(np.int64)
+    if (lengths < 1).any() or (starts > (MAX_POSITION - lengths).astype(np.uint64)).any():
+        return False
+    covered = np.zeros(pairs, dtype=np.int64)
+    np.add.at(covered, np.repeat(np.arange(pairs), runs), lengths)
+    if (covered != rows).any():
+        return False
+    # Runs of one pair increase without overlapping (starts < 2^62 here: no overflow).
+    same_pair = np.repeat(np.arange(pairs), runs)
+    follows = same_pair[1:] == same_pair[:-1]
+    ends = starts[:-1] + lengths[:-1].astype(np.uint64)
+    return not (follows & (starts[1:] < ends)).any()
 
 
 def _text(frame) -> str:
