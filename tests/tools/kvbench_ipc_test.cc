@@ -118,8 +118,8 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
   // Body: mode, 8 u32, n_layouts, one 64-byte layout, 3 layout_index, indptr, 12 indices,
   // last_page_len, window_indptr, 564 window ids, window_sinks, run_indptr, 6 runs.
   REQUIRE(blocks->reply_frames.size() == 1);
-  CHECK(blocks->reply_frames[0] == 18 + 1 + 32 + 2 + 64 + 3 * 2 + 4 * 4 + 12 * 4 + 3 * 4 +
-                                       4 * 4 + 188 * 3 * 4 + 3 * 4 + 4 * 4 + 6 * 12);
+  CHECK(blocks->reply_frames[0] == 18 + 1 + 32 + 2 + 64 + 3 * 2 + 4 * 4 + 12 * 4 + 3 * 4 + 4 * 4 +
+                                       188 * 3 * 4 + 3 * 4 + 4 * 4 + 6 * 12);
   CHECK(rows.count("fetch blocks 300, kvarn k2v2") == 1);
 
   const std::string table = FormatIpcTable(r);
