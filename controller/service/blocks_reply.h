@@ -18,7 +18,7 @@
 
 namespace kvctl {
 
-// fp32 rows converted to `dtype` in a new frame (dense FETCH and the blocks-mode window).
+// fp32 rows converted to `dtype` in a new frame (dense FETCH; the blocks reply has no rows).
 zmq::message_t RowsToFrame(const std::vector<float>& rows, DType dtype);
 
 // The reply of layers [layer_begin, layer_end) of a pool of pool_pages pages of page_bytes.
