@@ -153,10 +153,10 @@ StatusOr<FetchDenseReply> Client::FetchDense(uint64_t session_id, uint64_t seque
 }
 
 StatusOr<FetchBlocksReply> Client::FetchBlocks(uint64_t session_id, uint64_t sequence_id,
-                                               uint32_t layer_begin, uint32_t layer_end,
-                                               DType tail_dtype) {
+                                               uint32_t layer_begin, uint32_t layer_end) {
+  // out_dtype is ignored in blocks mode; fp16 is its default.
   return CallAs<FetchBlocksReply>(FetchRequest{session_id, sequence_id, layer_begin, layer_end,
-                                               FetchMode::kBlocks, tail_dtype});
+                                               FetchMode::kBlocks, DType::kF16});
 }
 
 StatusOr<std::string> Client::Stats(uint64_t session_id, std::string_view section) {

@@ -61,9 +61,9 @@ class Client {
   StatusOr<FetchDenseReply> FetchDense(uint64_t session_id, uint64_t sequence_id,
                                        uint32_t layer_begin, uint32_t layer_end,
                                        DType out_dtype = DType::kF16);
+  // The page table only: records and window rows stay in the pool (PROTOCOL.md 4.5).
   StatusOr<FetchBlocksReply> FetchBlocks(uint64_t session_id, uint64_t sequence_id,
-                                         uint32_t layer_begin, uint32_t layer_end,
-                                         DType tail_dtype = DType::kF16);
+                                         uint32_t layer_begin, uint32_t layer_end);
   // The INFO-style text; `section` "" = all sections.
   StatusOr<std::string> Stats(uint64_t session_id = 0, std::string_view section = "");
   // Ends the session: the daemon frees its sequences and staging slot at once instead of when

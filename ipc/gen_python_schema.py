@@ -22,7 +22,7 @@ OUT_PATH = os.path.join(ROOT, "python", "kvctl", "wire_schema.py")
 
 INT_KINDS = {"u8": 1, "u16": 2, "u32": 4, "u64": 8}
 KINDS = set(INT_KINDS) | {"bool", "enum8", "enum32", "str", "bytes", "tag", "reserved8", "struct",
-                          "count16", "structs", "u16s", "u32s", "frame"}
+                          "count16", "structs", "u16s", "u32s", "u64s", "frame"}
 
 
 def split_args(text):
@@ -155,8 +155,8 @@ def generate(def_text):
     w("")
     w("class Field(NamedTuple):")
     w('    """One row of a body table. kind: messages.def field kind; arg: the limit (str, bytes,')
-    w('    count16), enum name (enum8, enum32), count rule (u16s, u32s), value (tag), body name')
-    w('    (struct, structs) or frame content (frame); member: the array a count16 counts."""')
+    w('    count16), enum name (enum8, enum32), count rule (u16s, u32s, u64s), value (tag), body')
+    w('    name (struct, structs) or frame content (frame); member: the array a count16 counts."""')
     w("")
     w("    kind: str")
     w("    name: str")
@@ -187,7 +187,7 @@ def generate(def_text):
         if kind in INT_KINDS or kind in ("enum8", "enum32"):
             return "int"
         return {"bool": "bool", "str": "str", "bytes": "bytes", "u16s": "np.ndarray",
-                "u32s": "np.ndarray", "structs": "Tuple[%s, ...]" % arg,
+                "u32s": "np.ndarray", "u64s": "np.ndarray", "structs": "Tuple[%s, ...]" % arg,
                 "struct": arg}.get(kind) or (
             "str" if arg == "text" else "object" if in_request else "np.ndarray")
 

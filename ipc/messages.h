@@ -130,7 +130,7 @@ struct FetchRequest {
   uint32_t layer_begin = 0;
   uint32_t layer_end = 0;  // Exclusive.
   FetchMode mode = FetchMode::kDense;
-  DType out_dtype = DType::kF16;  // Dense K/V rows; fp16 tail rows in blocks mode.
+  DType out_dtype = DType::kF16;  // Dense K/V rows; blocks mode ignores it (rows stay in the pool).
 };
 
 struct StatsRequest {
@@ -206,11 +206,13 @@ struct FetchDenseReply {
 };
 
 // Byte layout of one block record: K and V of block_tokens tokens of one (layer, head), quantized.
-// Mirrors kvctl::BlockLayout plus the QuantSpec fields a kernel needs to decode it.
+// Mirrors kvctl::BlockLayout plus the QuantSpec fields a kernel needs to decode it, and how the
+// pair's full-precision window rows (sinks and tail) lie in pool pages.
 struct RecordLayout {
   uint8_t method = 0;
   uint8_t k_bits = 0;
   uint8_t v_bits = 0;
+  DType row_dtype = DType::kF16;  // Window rows: fp16 when the layer quantizes, else session dtype.
   uint32_t k_group_tokens = 0;
   uint32_t v_group_channels = 0;
   uint32_t record_bytes = 0;  // records_per_page * record_bytes <= page_bytes.
@@ -222,6 +224,10 @@ struct RecordLayout {
   // Record slots per pool page of the records with this layout: each (layer, head) packs as many
   // records as fit its own record size, so this is per layout, not one value per reply.
   uint32_t records_per_page = 1;  // records_per_page * record_bytes <= page_bytes.
+  // One window row slot: the K row (head_dim values of row_dtype), then the V row right after it;
+  // row_slot_bytes >= 2 * that row, rows_per_page * row_slot_bytes <= page_bytes.
+  uint32_t row_slot_bytes = 0;
+  uint32_t rows_per_page = 1;
   bool operator==(const RecordLayout&) const = default;
 };
 
@@ -234,13 +240,20 @@ struct RecordLayout {
 // and its side record (if any) id y at
 //   (y / side_records_per_page) * page_bytes + (y % side_records_per_page) * block_tokens *
 //   side_bytes_per_token.
-// The fp16 window (sinks + tail) is not in records: it comes inline in the frames.
+// The full-precision window (sinks + tail) is in the pool too: pair i's window rows are the row
+// slots window_ids[window_indptr[i] .. window_indptr[i+1]) in token order, the first
+// window_sinks[i] of them sinks (before the records), the rest the tail (after them); slot w lives
+// at (w / L.rows_per_page) * page_bytes + (w % L.rows_per_page) * L.row_slot_bytes. Their
+// positions are the runs [run_starts[j], run_starts[j] + run_lengths[j]) for j in
+// run_indptr[i] .. run_indptr[i+1], increasing: one run per stretch of consecutive positions
+// (without eviction, one for the sinks and one for the tail).
 struct FetchBlocksReply {
   uint32_t layer_begin = 0;
   uint32_t n_layers = 0;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t page_bytes = 0;                // Pool page size.
+  uint32_t pool_pages = 0;                // Pages in the pool: every id's page is below it.
   uint32_t block_tokens = 0;              // Tokens per record (FlashInfer page_size).
   uint32_t side_records_per_page = 0;     // Side-record slots per pool page; 0 if no side records.
   std::vector<RecordLayout> layouts{};    // 1..kMaxLayouts distinct layouts.
@@ -251,10 +264,12 @@ struct FetchBlocksReply {
   // Per record: its side record id, or kNoPage if its layout has none. Empty if no layout has
   // side records.
   std::vector<uint32_t> side_indices{};
-  DType tail_dtype = DType::kF16;
-  std::vector<uint32_t> tail_counts{};  // Per pair: fp16-window tokens.
-  zmq::message_t tail_positions{};      // int64 per tail token, pairs concatenated.
-  zmq::message_t tail_k{}, tail_v{};    // [tail_count, head_dim] per pair, in tail_dtype.
+  std::vector<uint32_t> window_indptr{};  // n_pairs + 1 entries, like indptr.
+  std::vector<uint32_t> window_ids{};     // window_indptr[n_pairs] row slot ids.
+  std::vector<uint32_t> window_sinks{};   // Per pair: its leading window rows that are sinks.
+  std::vector<uint32_t> run_indptr{};     // n_pairs + 1 entries, like indptr.
+  std::vector<uint64_t> run_starts{};     // run_indptr[n_pairs] first positions.
+  std::vector<uint32_t> run_lengths{};    // Rows of each run, >= 1.
 };
 
 struct StatsReply {

@@ -328,7 +328,6 @@ Status Validate(const FetchRequest& m) {
   return CheckDType("out_dtype", m.out_dtype);
 }
 size_t TensorFrameCount(const FetchDenseReply&) { return 3; }
-size_t TensorFrameCount(const FetchBlocksReply&) { return 3; }
 
 // ---- STATS ----
 

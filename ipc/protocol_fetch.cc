@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // The two FETCH replies: dense K/V rows, and the block page table (PROTOCOL.md "FETCH").
+#include <algorithm>
 #include <cstring>
 
 #include "ipc/protocol_internal.h"
@@ -78,6 +79,16 @@ Status CheckLayout(size_t index, const RecordLayout& l, const FetchBlocksReply& 
       }
     }
   }
+  // Window rows: K row then V row per slot, head_dim <= 1024 values of <= 4 bytes each.
+  KVCTL_RETURN_IF_ERROR(CheckDType(at + "row_dtype", l.row_dtype));
+  const uint64_t min_slot = 2 * uint64_t{m.head_dim} * DTypeSize(l.row_dtype);
+  if (l.row_slot_bytes < min_slot || l.row_slot_bytes > m.page_bytes) {
+    return InvalidArgument(at, "row_slot_bytes: got ", l.row_slot_bytes, ", expected ", min_slot,
+                           " (K and V rows of head_dim ", m.head_dim, ") .. page_bytes (",
+                           m.page_bytes, ")");
+  }
+  KVCTL_RETURN_IF_ERROR(
+      CheckRange(at + "rows_per_page", l.rows_per_page, 1, m.page_bytes / l.row_slot_bytes));
   // a * b <= p  <=>  a <= p / b for b >= 1, without the product overflowing.
   const uint64_t side_record = uint64_t{l.side_bytes_per_token} * m.block_tokens;
   if (side_record > 0 && side_record > m.page_bytes / m.side_records_per_page) {
@@ -114,6 +125,12 @@ StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchBlocksReply& m) {
       // messages.def puts indptr (pairs + 1 >= 2 entries) before the arrays it sizes.
       KVCTL_CHECK(!m.indptr.empty());
       return rule == CountRule::kSideNnz && !any_side ? 0 : uint64_t{m.indptr.back()};
+    case CountRule::kWindowNnz:
+      KVCTL_CHECK(!m.window_indptr.empty());  // Read before window_ids, like indptr.
+      return uint64_t{m.window_indptr.back()};
+    case CountRule::kRunNnz:
+      KVCTL_CHECK(!m.run_indptr.empty());
+      return uint64_t{m.run_indptr.back()};
   }
   return pairs;
 }
@@ -148,9 +165,66 @@ Status PutTensorFrames(Frames& in, FetchDenseReply* m) {
 // ---- Blocks
 // --------------------------------------------------------------------------------------
 
+// indptr-style arrays: pairs + 1 entries, the first 0, non-decreasing (so every entry is <= the
+// last, which sized the array it indexes).
+Status CheckIndptr(std::string_view name, const std::vector<uint32_t>& indptr) {
+  if (indptr[0] != 0) return InvalidArgument(name, "[0]: got ", indptr[0], ", expected 0");
+  for (size_t i = 1; i < indptr.size(); ++i) {
+    if (indptr[i] < indptr[i - 1]) {
+      return InvalidArgument(name, "[", i, "]: got ", indptr[i], ", expected >= ", name, "[", i - 1,
+                             "] = ", indptr[i - 1]);
+    }
+  }
+  return OkStatus();
+}
+
+// A slot id of a pool with `pool_pages` pages of `per_page` slots.
+Status CheckSlotId(std::string_view name, size_t index, uint32_t id, uint32_t per_page,
+                   uint32_t pool_pages) {
+  if (id / per_page < pool_pages) return OkStatus();
+  return InvalidArgument(name, "[", index, "]: got ", id, " (page ", id / per_page,
+                         "), expected an id on a page below pool_pages (", pool_pages, ") with ",
+                         per_page, " slots per page");
+}
+
+// Pair i's window: its row ids lie in the pool, at most all of them are sinks, and its position
+// runs are non-empty, increasing, cover exactly its rows and stay below kMaxPosition.
+Status CheckWindow(const FetchBlocksReply& m, uint64_t i) {
+  const RecordLayout& l = m.layouts[m.layout_index[i]];
+  const uint32_t rows = m.window_indptr[i + 1] - m.window_indptr[i];
+  for (uint32_t j = m.window_indptr[i]; j < m.window_indptr[i + 1]; ++j) {
+    KVCTL_RETURN_IF_ERROR(
+        CheckSlotId("window_ids", j, m.window_ids[j], l.rows_per_page, m.pool_pages));
+  }
+  KVCTL_RETURN_IF_ERROR(
+      CheckRange("window_sinks[" + std::to_string(i) + "]", m.window_sinks[i], 0, rows));
+  uint64_t covered = 0, next = 0;  // Rows of the runs so far; the least next start.
+  for (uint32_t j = m.run_indptr[i]; j < m.run_indptr[i + 1]; ++j) {
+    const uint64_t start = m.run_starts[j], length = m.run_lengths[j];
+    KVCTL_RETURN_IF_ERROR(CheckRange("run_lengths[" + std::to_string(j) + "]", length, 1,
+                                     uint64_t{rows} - std::min<uint64_t>(covered, rows)));
+    if (start < next) {
+      return InvalidArgument("run_starts[", j, "]: got ", start, ", expected >= ", next,
+                             " (past the previous run of pair ", i, ")");
+    }
+    if (start > uint64_t{kMaxPosition} - length) {
+      return InvalidArgument("run_starts[", j, "]: got ", start, ", expected its ", length,
+                             " positions below ", kMaxPosition);
+    }
+    covered += length;
+    next = start + length;
+  }
+  if (covered != rows) {
+    return InvalidArgument("run_lengths: pair ", i, "'s runs cover ", covered,
+                           " rows, expected its window rows (", rows, ")");
+  }
+  return OkStatus();
+}
+
 Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
   KVCTL_RETURN_IF_ERROR(CheckRange("page_bytes", m.page_bytes, 1, UINT32_MAX));
+  KVCTL_RETURN_IF_ERROR(CheckRange("pool_pages", m.pool_pages, 1, UINT32_MAX));
   KVCTL_RETURN_IF_ERROR(CheckRange("block_tokens", m.block_tokens, 1, kMaxBlockTokens));
   KVCTL_RETURN_IF_ERROR(CheckRange("n_layouts", m.layouts.size(), 1, kMaxLayouts));
   bool any_side = false;
@@ -168,51 +242,45 @@ Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(check_size("layout_index", m.layout_index.size(), pairs));
   KVCTL_RETURN_IF_ERROR(check_size("indptr", m.indptr.size(), pairs + 1));
   KVCTL_RETURN_IF_ERROR(check_size("last_page_len", m.last_page_len.size(), pairs));
-  KVCTL_RETURN_IF_ERROR(check_size("tail_counts", m.tail_counts.size(), pairs));
-  if (m.indptr[0] != 0) return InvalidArgument("indptr[0]: got ", m.indptr[0], ", expected 0");
+  KVCTL_RETURN_IF_ERROR(check_size("window_indptr", m.window_indptr.size(), pairs + 1));
+  KVCTL_RETURN_IF_ERROR(check_size("window_sinks", m.window_sinks.size(), pairs));
+  KVCTL_RETURN_IF_ERROR(check_size("run_indptr", m.run_indptr.size(), pairs + 1));
   const uint64_t nnz = m.indptr.back();
   KVCTL_RETURN_IF_ERROR(check_size("indices", m.indices.size(), nnz));
   KVCTL_RETURN_IF_ERROR(check_size("side_indices", m.side_indices.size(), any_side ? nnz : 0));
-  // Monotone first, so that every indptr entry is <= nnz before it indexes `indices`.
-  for (uint64_t i = 0; i < pairs; ++i) {
-    if (m.indptr[i + 1] < m.indptr[i]) {
-      return InvalidArgument("indptr[", i + 1, "]: got ", m.indptr[i + 1],
-                             ", expected >= ", "indptr[", i, "] = ", m.indptr[i]);
-    }
-  }
+  KVCTL_RETURN_IF_ERROR(check_size("window_ids", m.window_ids.size(), m.window_indptr.back()));
+  KVCTL_RETURN_IF_ERROR(check_size("run_starts", m.run_starts.size(), m.run_indptr.back()));
+  KVCTL_RETURN_IF_ERROR(check_size("run_lengths", m.run_lengths.size(), m.run_indptr.back()));
+  // Monotone first, so that every indptr entry is <= the array it indexes.
+  KVCTL_RETURN_IF_ERROR(CheckIndptr("indptr", m.indptr));
+  KVCTL_RETURN_IF_ERROR(CheckIndptr("window_indptr", m.window_indptr));
+  KVCTL_RETURN_IF_ERROR(CheckIndptr("run_indptr", m.run_indptr));
   for (uint64_t i = 0; i < pairs; ++i) {
     KVCTL_RETURN_IF_ERROR(CheckRange("layout_index[" + std::to_string(i) + "]", m.layout_index[i],
                                      0, m.layouts.size() - 1));
+    const RecordLayout& layout = m.layouts[m.layout_index[i]];
     const bool has_pages = m.indptr[i + 1] > m.indptr[i];
     KVCTL_RETURN_IF_ERROR(CheckRange("last_page_len[" + std::to_string(i) + "]", m.last_page_len[i],
                                      has_pages ? 1 : 0, has_pages ? m.block_tokens : 0));
-    const bool pair_has_side = m.layouts[m.layout_index[i]].side_bytes_per_token > 0;
+    const bool pair_has_side = layout.side_bytes_per_token > 0;
     for (uint64_t j = m.indptr[i]; j < m.indptr[i + 1]; ++j) {
       if (m.indices[j] == kNoPage) {
         return InvalidArgument("indices[", j, "]: got ", kNoPage, " (no page), expected a page id");
       }
+      KVCTL_RETURN_IF_ERROR(
+          CheckSlotId("indices", j, m.indices[j], layout.records_per_page, m.pool_pages));
       if (any_side && (m.side_indices[j] != kNoPage) != pair_has_side) {
         return InvalidArgument("side_indices[", j, "]: got ", m.side_indices[j], ", expected ",
                                pair_has_side ? "a page id" : "4294967295 (no side record)",
                                " for the layout of pair ", i);
       }
+      if (any_side && pair_has_side) {
+        KVCTL_RETURN_IF_ERROR(CheckSlotId("side_indices", j, m.side_indices[j],
+                                          m.side_records_per_page, m.pool_pages));
+      }
     }
+    KVCTL_RETURN_IF_ERROR(CheckWindow(m, i));
   }
-  KVCTL_RETURN_IF_ERROR(CheckDType("tail_dtype", m.tail_dtype));
-  return CheckRowFrames("tail_", Sum(m.tail_counts), m.head_dim, m.tail_dtype, m.tail_positions,
-                        m.tail_k, m.tail_v);
-}
-
-void TakeTensorFrames(FetchBlocksReply& m, Frames* out) {
-  out->push_back(std::move(m.tail_positions));
-  out->push_back(std::move(m.tail_k));
-  out->push_back(std::move(m.tail_v));
-}
-
-Status PutTensorFrames(Frames& in, FetchBlocksReply* m) {
-  m->tail_positions = std::move(in[1]);
-  m->tail_k = std::move(in[2]);
-  m->tail_v = std::move(in[3]);
   return OkStatus();
 }
 

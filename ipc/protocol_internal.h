@@ -45,8 +45,6 @@ void TakeTensorFrames(FetchDenseReply& m, Frames* out);
 Status PutTensorFrames(Frames& in, FetchDenseReply* m);
 
 Status Validate(const FetchBlocksReply& m);
-void TakeTensorFrames(FetchBlocksReply& m, Frames* out);
-Status PutTensorFrames(Frames& in, FetchBlocksReply* m);
 
 }  // namespace kvctl::ipc
 

@@ -80,6 +80,10 @@ void WireWriter::U32Array(const std::vector<uint32_t>& a) {
   for (uint32_t v : a) U32(v);
 }
 
+void WireWriter::U64Array(const std::vector<uint64_t>& a) {
+  for (uint64_t v : a) U64(v);
+}
+
 Status WireReader::Need(std::string_view field, uint64_t bytes) const {
   if (bytes > remaining()) {
     return InvalidArgument("truncated at ", field, ": need ", bytes, " bytes at offset ", pos_,
@@ -158,6 +162,13 @@ Status WireReader::U32Array(std::string_view field, uint64_t count, std::vector<
   if (count > remaining() / 4) return TooShortForArray(field, count, 4);
   out->resize(count);
   for (uint64_t i = 0; i < count; ++i) (*out)[i] = static_cast<uint32_t>(Le(4));
+  return OkStatus();
+}
+
+Status WireReader::U64Array(std::string_view field, uint64_t count, std::vector<uint64_t>* out) {
+  if (count > remaining() / 8) return TooShortForArray(field, count, 8);
+  out->resize(count);
+  for (uint64_t i = 0; i < count; ++i) (*out)[i] = Le(8);
   return OkStatus();
 }
 

@@ -43,6 +43,7 @@ class WireWriter {
   void Bytes(const uint8_t* data, size_t n) { buf_.append(reinterpret_cast<const char*>(data), n); }
   void U16Array(const std::vector<uint16_t>& a);
   void U32Array(const std::vector<uint32_t>& a);
+  void U64Array(const std::vector<uint64_t>& a);
   size_t size() const { return buf_.size(); }
   zmq::message_t ToFrame() const { return zmq::message_t(buf_.data(), buf_.size()); }
 
@@ -68,6 +69,7 @@ class WireReader {
   // `count` elements; fails before allocating if the frame is too short.
   Status U16Array(std::string_view field, uint64_t count, std::vector<uint16_t>* out);
   Status U32Array(std::string_view field, uint64_t count, std::vector<uint32_t>* out);
+  Status U64Array(std::string_view field, uint64_t count, std::vector<uint64_t>* out);
   // OK only if every byte was consumed.
   Status Finish() const;
 

@@ -34,7 +34,7 @@ namespace kvctl::ipc {
 Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi);
 
 // How many entries an array field has, from the fields before it (messages.def "count rule").
-enum class CountRule { kPairs, kPairsPlusOne, kNnz, kSideNnz };
+enum class CountRule { kPairs, kPairsPlusOne, kNnz, kSideNnz, kWindowNnz, kRunNnz };
 // Defined in protocol_fetch.cc for the two messages with arrays. kPairs and kPairsPlusOne first
 // check the pair shape, so no array is sized from an out-of-range field.
 StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchDenseReply& m);
@@ -90,6 +90,8 @@ KVCTL_WIRE_DEFINE_ENUM(FetchMode)
 #define KVCTL_WIRE_VISIT_u16s(n, member, arg) \
   KVCTL_RETURN_IF_ERROR(v.Array(#n, m.member, CountRule::k##arg, m));
 #define KVCTL_WIRE_VISIT_u32s(n, member, arg) \
+  KVCTL_RETURN_IF_ERROR(v.Array(#n, m.member, CountRule::k##arg, m));
+#define KVCTL_WIRE_VISIT_u64s(n, member, arg) \
   KVCTL_RETURN_IF_ERROR(v.Array(#n, m.member, CountRule::k##arg, m));
 #define KVCTL_WIRE_VISIT_frame(n, member, arg) \
   static_assert(sizeof(m.member) > 0, "messages.def: frame " #n);
@@ -165,11 +167,14 @@ class FieldWriter {
   }
   template <typename T, typename M>
   Status Array(std::string_view, const std::vector<T>& a, CountRule, const M&) {
-    static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, uint32_t>);
+    static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, uint32_t> ||
+                  std::is_same_v<T, uint64_t>);
     if constexpr (std::is_same_v<T, uint16_t>) {
       w_.U16Array(a);
-    } else {
+    } else if constexpr (std::is_same_v<T, uint32_t>) {
       w_.U32Array(a);
+    } else {
+      w_.U64Array(a);
     }
     return OkStatus();
   }
@@ -260,12 +265,15 @@ class FieldReader {
   }
   template <typename T, typename M>
   Status Array(std::string_view name, std::vector<T>& out, CountRule rule, const M& m) {
-    static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, uint32_t>);
+    static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, uint32_t> ||
+                  std::is_same_v<T, uint64_t>);
     KVCTL_ASSIGN_OR_RETURN(const uint64_t count, ArrayCount(rule, m));
     if constexpr (std::is_same_v<T, uint16_t>) {
       return r_.U16Array(Name(name), count, &out);
-    } else {
+    } else if constexpr (std::is_same_v<T, uint32_t>) {
       return r_.U32Array(Name(name), count, &out);
+    } else {
+      return r_.U64Array(Name(name), count, &out);
     }
   }
 

@@ -170,41 +170,39 @@ Status KvSequence::Publish() {
                      "next successful request on this sequence");
 }
 
+HeadWindow KvSequence::FetchWindow(int layer, int head) const {
+  const LayerState& l = *layers_[layer];
+  const HeadStream& h = l.heads[head];
+  const auto sinks = static_cast<size_t>(h.sink_rows), tail = static_cast<size_t>(h.tail_rows);
+  HeadWindow w;
+  w.ids = std::span<const uint32_t>(h.rows.ids()).first(sinks + tail);
+  const std::span<const int64_t> positions(h.positions);
+  w.sink_positions = positions.first(sinks);
+  w.tail_positions = positions.last(tail);
+  w.dtype = l.row_dtype;
+  w.slot_bytes = static_cast<uint32_t>(h.rows.slot_bytes());
+  w.slots_per_page = static_cast<uint32_t>(h.rows.slots_per_page());
+  return w;
+}
+
 DenseKv KvSequence::FetchDense(int layer_begin, int layer_end) const {
-  return Gather(layer_begin, layer_end, /*with_records=*/true);
-}
-
-std::vector<uint32_t> KvSequence::DenseCounts(int layer_begin, int layer_end) const {
-  return GatherCounts(layer_begin, layer_end, /*with_records=*/true);
-}
-
-void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& out) const {
-  GatherInto(layer_begin, layer_end, /*with_records=*/true, out);
-}
-
-DenseKv KvSequence::FetchWindow(int layer_begin, int layer_end) const {
-  return Gather(layer_begin, layer_end, /*with_records=*/false);
-}
-
-DenseKv KvSequence::Gather(int layer_begin, int layer_end, bool with_records) const {
   DenseKv out;
-  out.counts = GatherCounts(layer_begin, layer_end, with_records);
+  out.counts = DenseCounts(layer_begin, layer_end);
   size_t rows = 0;
   for (uint32_t c : out.counts) rows += c;
   out.positions.resize(rows);
   out.k.resize(rows * geometry_.head_dim);
   out.v.resize(rows * geometry_.head_dim);
-  GatherInto(layer_begin, layer_end, with_records,
-             {DType::kF32, out.k.data(), out.v.data(), out.positions.data()});
+  FetchDenseInto(layer_begin, layer_end,
+                 {DType::kF32, out.k.data(), out.v.data(), out.positions.data()});
   return out;
 }
 
-std::vector<uint32_t> KvSequence::GatherCounts(int layer_begin, int layer_end,
-                                               bool with_records) const {
+std::vector<uint32_t> KvSequence::DenseCounts(int layer_begin, int layer_end) const {
   std::vector<uint32_t> counts;
   for (int l = layer_begin; l < layer_end; ++l) {
     for (const HeadStream& head : layers_[l]->heads) {
-      const size_t records = with_records ? head.records.size() : 0;
+      const size_t records = head.records.size();
       counts.push_back(static_cast<uint32_t>(head.sink_rows + records * head.spec.block_tokens +
                                              head.tail_rows));
     }
@@ -212,8 +210,7 @@ std::vector<uint32_t> KvSequence::GatherCounts(int layer_begin, int layer_end,
   return counts;
 }
 
-void KvSequence::GatherInto(int layer_begin, int layer_end, bool with_records,
-                            const DenseOut& out) const {
+void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& out) const {
   const int d = geometry_.head_dim;
   const size_t width = DTypeSize(out.dtype);
   auto* kd = static_cast<uint8_t*>(out.k);
@@ -239,7 +236,7 @@ void KvSequence::GatherInto(int layer_begin, int layer_end, bool with_records,
         }
       };
       copy_rows(0, head.sink_rows);
-      const size_t records = with_records ? head.records.size() : 0;
+      const size_t records = head.records.size();
       const size_t block = static_cast<size_t>(g) * d;
       if (records > 0 && !decode_in_place && scratch.size() < 2 * block) scratch.resize(2 * block);
       for (size_t r = 0; r < records; ++r, kd += block * width, vd += block * width) {
@@ -256,16 +253,10 @@ void KvSequence::GatherInto(int layer_begin, int layer_end, bool with_records,
         ConvertElements(DType::kF32, scratch.data() + block, out.dtype, vd, block);
       }
       copy_rows(head.sink_rows, head.tail_rows);
-      // Positions: sinks and records are the front of the list; without records the tail rows
-      // skip the quantized span of it.
-      const size_t front = head.sink_rows + records * g;
-      const size_t tail_from = head.sink_rows + head.records.size() * g;
-      if (front > 0) std::memcpy(pd, head.positions.data(), front * sizeof(int64_t));
-      pd += front * sizeof(int64_t);
-      if (head.tail_rows > 0) {
-        std::memcpy(pd, head.positions.data() + tail_from, head.tail_rows * sizeof(int64_t));
-      }
-      pd += head.tail_rows * sizeof(int64_t);
+      // Positions: one per kept token, in the order of the rows (sinks, records, tail).
+      const size_t count = head.positions.size();
+      if (count > 0) std::memcpy(pd, head.positions.data(), count * sizeof(int64_t));
+      pd += count * sizeof(int64_t);
     }
   }
 }

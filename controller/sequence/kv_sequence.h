@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
@@ -128,6 +129,17 @@ struct HeadBlocks {
   int64_t first_quantized_position = 0;
 };
 
+// Where one (layer, head) keeps its full-precision window (sink rows, then tail rows) in the pool,
+// for readers that map it (blocks-mode FETCH). Views into the sequence, valid until it changes.
+struct HeadWindow {
+  std::span<const uint32_t> ids;            // Row slot ids: page * slots_per_page + slot.
+  std::span<const int64_t> sink_positions;  // Of the first sink_positions.size() rows.
+  std::span<const int64_t> tail_positions;  // Of the rest.
+  DType dtype = DType::kF16;                // Of each K and V row.
+  uint32_t slot_bytes = 0;                  // A slot holds the K row, then the V row.
+  uint32_t slots_per_page = 0;
+};
+
 struct SequenceUsage {
   int64_t tokens = 0;           // Appended so far (the next position is first_position + this).
   int64_t kept_tokens = 0;      // Summed over (layer, head): what the cache holds now.
@@ -210,8 +222,8 @@ class KvSequence {
   bool Lossless(int layer) const;
   // OScaR layers: pages of the per-record norm slots (block_tokens fp32 each), in record order.
   const SlotArray* Norms(int layer) const;
-  // Only the full-precision rows (sinks, then tail) of layers [layer_begin, layer_end).
-  DenseKv FetchWindow(int layer_begin, int layer_end) const;
+  // Where the full-precision rows (sinks, then tail) of one (layer, head) are.
+  HeadWindow FetchWindow(int layer, int head) const;
 
   // Page checksums of layers [layer_begin, layer_end) (rows, records, norms): OK, or the DATA_LOSS
   // that marks the sequence lost (also when it was lost before).
@@ -288,10 +300,6 @@ class KvSequence {
   // device, so engines reading the device copy see every completed request. UNAVAILABLE on a
   // device copy error. Every public method that writes calls it once before returning.
   Status Publish();
-  DenseKv Gather(int layer_begin, int layer_end, bool with_records) const;
-  // Rows per (layer, head) of a gather; with_records = false counts only sinks and tail.
-  std::vector<uint32_t> GatherCounts(int layer_begin, int layer_end, bool with_records) const;
-  void GatherInto(int layer_begin, int layer_end, bool with_records, const DenseOut& out) const;
   // The byte range of every slot of layers [layer_begin, layer_end), appended to *ranges.
   void CollectRanges(int layer_begin, int layer_end,
                      std::vector<PageAllocator::PageRange>* ranges) const;

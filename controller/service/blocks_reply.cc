@@ -1,8 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/service/blocks_reply.h"
 
-#include "controller/service/reply_buffers.h"
-#include "kernels/convert.h"
+#include <span>
 
 namespace kvctl {
 namespace {
@@ -47,24 +46,47 @@ ipc::RecordLayout LosslessWireLayout(const QuantSpec& spec, uint32_t page_bytes,
 
 }  // namespace
 
-zmq::message_t RowsToFrame(const std::vector<float>& rows, DType dtype) {
-  zmq::message_t frame = ReplyBufferPool::Default().Frame(rows.size() * DTypeSize(dtype));
-  ConvertElements(DType::kF32, rows.data(), dtype, frame.data(), rows.size());
-  return frame;
+namespace {
+
+// Pair positions as runs of consecutive positions, appended to the reply (sinks, then tail: the
+// two lists are each increasing and every sink precedes every tail token).
+void AppendRuns(std::span<const int64_t> positions, ipc::FetchBlocksReply* reply) {
+  for (const int64_t p : positions) {
+    const auto pos = static_cast<uint64_t>(p);
+    const size_t last = reply->run_starts.size();
+    if (last > reply->run_indptr.back() &&
+        reply->run_starts[last - 1] + reply->run_lengths[last - 1] == pos) {
+      ++reply->run_lengths[last - 1];
+    } else {
+      reply->run_starts.push_back(pos);
+      reply->run_lengths.push_back(1);
+    }
+  }
 }
 
+}  // namespace
+
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& g,
-                                       int layer_begin, int layer_end, DType tail_dtype,
-                                       uint64_t page_bytes) {
+                                       int layer_begin, int layer_end, uint64_t page_bytes,
+                                       uint32_t pool_pages) {
   ipc::FetchBlocksReply reply;
   reply.layer_begin = static_cast<uint32_t>(layer_begin);
   reply.n_layers = static_cast<uint32_t>(layer_end - layer_begin);
   reply.kv_heads = g.kv_heads;
   reply.head_dim = g.head_dim;
   reply.page_bytes = static_cast<uint32_t>(page_bytes);
+  reply.pool_pages = pool_pages;
   reply.block_tokens = static_cast<uint32_t>(seq.HeadSpec(layer_begin, 0).block_tokens);
-  reply.tail_dtype = tail_dtype;
+  const size_t pairs = static_cast<size_t>(reply.n_layers) * g.kv_heads;
+  reply.layout_index.reserve(pairs);
+  reply.last_page_len.reserve(pairs);
+  reply.window_sinks.reserve(pairs);
+  reply.indptr.reserve(pairs + 1);
+  reply.window_indptr.reserve(pairs + 1);
+  reply.run_indptr.reserve(pairs + 1);
   reply.indptr.push_back(0);
+  reply.window_indptr.push_back(0);
+  reply.run_indptr.push_back(0);
   bool any_side = false;
   for (int l = layer_begin; l < layer_end; ++l) any_side |= seq.Norms(l) != nullptr;
   for (int l = layer_begin; l < layer_end; ++l) {
@@ -75,11 +97,15 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
       const QuantSpec& spec = seq.HeadSpec(l, static_cast<int>(h));
       const HeadBlocks b = seq.Blocks(l, static_cast<int>(h));
+      const HeadWindow w = seq.FetchWindow(l, static_cast<int>(h));
       // Each head packs as many records per page as fit its own record size: layouts are
-      // deduplicated over every field, records_per_page included.
-      const ipc::RecordLayout layout =
+      // deduplicated over every field, records_per_page and the row slots included.
+      ipc::RecordLayout layout =
           seq.Lossless(l) ? LosslessWireLayout(spec, reply.page_bytes, b.records_per_page)
                           : WireLayout(spec, b.records_per_page);
+      layout.row_dtype = w.dtype;
+      layout.row_slot_bytes = w.slot_bytes;
+      layout.rows_per_page = w.slots_per_page;
       size_t index = 0;
       while (index < reply.layouts.size() && !(reply.layouts[index] == layout)) ++index;
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);
@@ -91,6 +117,12 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       }
       reply.indptr.push_back(static_cast<uint32_t>(reply.indices.size()));
       reply.last_page_len.push_back(b.records > 0 ? reply.block_tokens : 0);
+      reply.window_ids.insert(reply.window_ids.end(), w.ids.begin(), w.ids.end());
+      reply.window_indptr.push_back(static_cast<uint32_t>(reply.window_ids.size()));
+      reply.window_sinks.push_back(static_cast<uint32_t>(w.sink_positions.size()));
+      AppendRuns(w.sink_positions, &reply);
+      AppendRuns(w.tail_positions, &reply);
+      reply.run_indptr.push_back(static_cast<uint32_t>(reply.run_starts.size()));
     }
   }
   // An OScaR sequence holds no norm pages before its first record, yet its layouts declare side
@@ -101,11 +133,6 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
           page_bytes / (uint64_t{reply.block_tokens} * l.side_bytes_per_token));
     }
   }
-  DenseKv window = seq.FetchWindow(layer_begin, layer_end);
-  reply.tail_counts = std::move(window.counts);
-  reply.tail_positions = zmq::message_t(window.positions.data(), window.positions.size() * 8);
-  reply.tail_k = RowsToFrame(window.k, tail_dtype);
-  reply.tail_v = RowsToFrame(window.v, tail_dtype);
   return reply;
 }
 

@@ -725,7 +725,7 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     return ipc::ReplyBody(std::move(reply));
   }
   return ipc::ReplyBody(
-      BuildBlocksReply(seq, g, begin, end, request.out_dtype, pool_->page_bytes()));
+      BuildBlocksReply(seq, g, begin, end, pool_->page_bytes(), pool_->pages_total()));
 }
 
 int Controller::ExpireLeases(SteadyTime now) {

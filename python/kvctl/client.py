@@ -95,16 +95,18 @@ class FetchResult(NamedTuple):
 class BlocksTable:
     """The blocks-mode page table of a sequence (Client.fetch_blocks, PROTOCOL.md 4.5): the
     FETCH blocks reply's fields, plus what follows from them. Pairs i = (layer - layer_begin) *
-    kv_heads + head. Records stay valid until the next APPEND or CLOSE of the sequence."""
+    kv_heads + head. Records and window rows live in the shm pool (read them through
+    kvctl.pool_view.PoolView) and stay valid until the next APPEND or CLOSE of the sequence."""
 
     layer_begin: int
     n_layers: int
     kv_heads: int
     head_dim: int
     page_bytes: int
+    pool_pages: int
     block_tokens: int
     side_records_per_page: int
-    layouts: Tuple[p.RecordLayout, ...]  # Each with its own records_per_page and method_name.
+    layouts: Tuple[p.RecordLayout, ...]  # Each with its own records_per_page, row slots, method.
     layout_index: np.ndarray  # uint16 [pairs]: index into layouts.
     indptr: np.ndarray  # uint32 [pairs + 1]: pair i owns indices[indptr[i] .. indptr[i+1]).
     indices: np.ndarray  # uint32 [nnz]: record ids.
@@ -112,14 +114,42 @@ class BlocksTable:
     side_indices: Optional[np.ndarray]  # uint32 [nnz], or None without side records.
     record_offsets: np.ndarray  # uint64 [nnz]: byte offset in the pool of every record.
     quantized_counts: np.ndarray  # int64 [pairs]: tokens in records.
-    tail_dtype: str  # "float16", "float32" or "bfloat16".
-    tail_counts: np.ndarray  # uint32 [pairs]: fp16-window tokens.
-    # The window rows per layer per head, as FetchResult's unstacked lists.
-    tail_k: List[List[np.ndarray]]
-    tail_v: List[List[np.ndarray]]
-    tail_positions: List[List[np.ndarray]]
+    # The full-precision window (sinks, then tail) of pair i: row slots window_ids[
+    # window_indptr[i] .. window_indptr[i+1]), the first window_sinks[i] of them sinks. Each slot
+    # holds the K row then the V row in its layout's row_dtype, at window_offsets in the pool.
+    window_indptr: np.ndarray  # uint32 [pairs + 1].
+    window_ids: np.ndarray  # uint32 [window rows].
+    window_sinks: np.ndarray  # uint32 [pairs].
+    window_offsets: np.ndarray  # uint64 [window rows]: byte offset of each row slot.
+    window_positions: List[List[np.ndarray]]  # int64 per window row, per layer per head.
     # What readers derive from this table once (PoolView keeps its device-side record index here).
     cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def window_counts(self) -> np.ndarray:
+        """int64 [pairs]: window rows (sinks + tail) of each pair."""
+        return np.diff(self.window_indptr.astype(np.int64))
+
+    def window_rows(self, pool: np.ndarray, pair: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(k, v) [rows, head_dim] of pair `pair`'s window read (copied) from `pool`, a uint8
+        array over the shm object (e.g. np.memmap("/dev/shm" + shm_name, mode="r")), in the
+        layout's row_dtype (bfloat16 as uint16 bits, as FETCH rows). Torch readers use
+        PoolView.window_rows."""
+        n_pairs = len(self.window_indptr) - 1
+        if not 0 <= pair < n_pairs:
+            raise ValueError("pair: got %d, expected 0..%d" % (pair, n_pairs - 1))
+        lay = self.layouts[int(self.layout_index[pair])]
+        dtype = p.DTYPES[lay.row_dtype][1]
+        row_bytes = self.head_dim * dtype.itemsize
+        a, b = int(self.window_indptr[pair]), int(self.window_indptr[pair + 1])
+        offsets = self.window_offsets[a:b].astype(np.int64)
+        if offsets.size and int(offsets.max()) + 2 * row_bytes > pool.size:
+            raise ValueError("window_offsets: a row slot ends past the pool of %d bytes"
+                             % pool.size)
+        slots = pool[offsets[:, None] + np.arange(2 * row_bytes)]
+        k = slots[:, :row_bytes].copy().view(dtype).astype(dtype.newbyteorder("="))
+        v = slots[:, row_bytes:].copy().view(dtype).astype(dtype.newbyteorder("="))
+        return k, v
 
 
 def _parse_endpoint(endpoint: str) -> bool:
@@ -662,61 +692,76 @@ class Client:
               stacked: bool = False) -> FetchResult:
         """Reads sequence `seq`: layers None (all), a layer, (begin, end) or a range.
 
-        mode "dense" returns every token dequantized; "blocks" returns only the rows the blocks
-        reply carries inline (the sinks and the fp16 tail; see fetch_blocks for the records).
+        mode "dense" (the only one here) returns every token dequantized; a blocks FETCH
+        answers with a page table into the pool only (fetch_blocks, read with PoolView).
         dtype of the returned rows: "float32", "float16" or "bfloat16" (uint16 bit patterns).
         Returns (k, v, positions) per layer per head (see FetchResult), or, with stacked=True
         and equal counts and positions in every head, arrays [layers, tokens, kv_heads,
         head_dim] and positions [tokens]."""
-        if mode not in ("dense", "blocks"):
-            raise ValueError("mode: got %r, expected \"dense\" or \"blocks\"" % (mode,))
+        if mode != "dense":
+            raise ValueError("mode: got %r, expected \"dense\" (blocks replies carry no rows: "
+                             "use fetch_blocks and kvctl.pool_view.PoolView)" % (mode,))
         s = self._require_session()
         begin, end = self._layer_range(layers)
-        wire_mode = p.MODE_DENSE if mode == "dense" else p.MODE_BLOCKS
         body = self._call(p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end,
-                                                          wire_mode, dtype))
-        self._check_fetch(body, wire_mode, begin, end, dtype)
-        return self._split(body if isinstance(body, p.Rows) else body.tail, stacked)
+                                                          p.MODE_DENSE, dtype))
+        self._check_fetch(body, p.MODE_DENSE, begin, end)
+        if body.dtype != p.dtype_code(dtype):
+            raise ProtocolError("FETCH_REPLY: dtype %s, expected %s"
+                                % (p.dtype_name(body.dtype), p.dtype_name(p.dtype_code(dtype))))
+        return self._split(body, stacked)
 
     @staticmethod
-    def _check_fetch(body, wire_mode: int, begin: int, end: int, dtype) -> None:
+    def _check_fetch(body, wire_mode: int, begin: int, end: int) -> None:
         want = p.Rows if wire_mode == p.MODE_DENSE else p.BlocksReply
         if not isinstance(body, want):
             raise ProtocolError("FETCH_REPLY: mode: got %s, expected %s"
                                 % (type(body).__name__, want.__name__))
-        rows = body if isinstance(body, p.Rows) else body.tail
-        if (rows.layer_begin, rows.layer_begin + rows.n_layers) != (begin, end):
+        if (body.layer_begin, body.layer_begin + body.n_layers) != (begin, end):
             raise ProtocolError("FETCH_REPLY: layers [%d, %d), expected [%d, %d)"
-                                % (rows.layer_begin, rows.layer_begin + rows.n_layers, begin, end))
-        if rows.dtype != p.dtype_code(dtype):
-            raise ProtocolError("FETCH_REPLY: dtype %s, expected %s"
-                                % (p.dtype_name(rows.dtype), p.dtype_name(p.dtype_code(dtype))))
+                                % (body.layer_begin, body.layer_begin + body.n_layers, begin, end))
 
-    def fetch_blocks(self, seq: int, layers=None, dtype="float16") -> BlocksTable:
-        """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5): record ids and their
-        byte offsets in the pool, each pair's layout, and the fp16 window rows (see
-        BlocksTable). Records stay valid until the next APPEND or CLOSE of the sequence."""
+    def fetch_blocks(self, seq: int, layers=None) -> BlocksTable:
+        """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5): record ids and the
+        window's row slot ids, their byte offsets in the pool, each pair's layout and the
+        window's positions (see BlocksTable). Read records and rows with PoolView; they stay
+        valid until the next APPEND or CLOSE of the sequence."""
         s = self._require_session()
         begin, end = self._layer_range(layers)
+        # out_dtype means nothing in blocks mode (rows stay in the pool in their stored dtype).
         body: p.BlocksReply = self._call(
             p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end, p.MODE_BLOCKS,
-                                            dtype))
-        self._check_fetch(body, p.MODE_BLOCKS, begin, end, dtype)
-        pairs = body.n_layers * body.kv_heads
-        record_offsets = np.zeros(len(body.indices), dtype=np.uint64)
-        quantized = np.zeros(pairs, dtype=np.int64)
-        for i in range(pairs):
-            a, b = int(body.indptr[i]), int(body.indptr[i + 1])
-            lay = body.layouts[body.layout_index[i]]
-            ids = body.indices[a:b].astype(np.uint64)
-            record_offsets[a:b] = ((ids // lay.records_per_page) * body.page_bytes
-                                   + (ids % lay.records_per_page) * lay.record_bytes)
-            if b > a:
-                quantized[i] = (b - a - 1) * body.block_tokens + int(body.last_page_len[i])
-        k, v, positions = self._split(body.tail, stacked=False)
+                                            "float16"))
+        self._check_fetch(body, p.MODE_BLOCKS, begin, end)
+        lay_of = body.layout_index.astype(np.int64)
+        rpp = np.array([lay.records_per_page for lay in body.layouts], dtype=np.uint64)
+        rbytes = np.array([lay.record_bytes for lay in body.layouts], dtype=np.uint64)
+        row_pp = np.array([lay.rows_per_page for lay in body.layouts], dtype=np.uint64)
+        row_bytes = np.array([lay.row_slot_bytes for lay in body.layouts], dtype=np.uint64)
+        counts = np.diff(body.indptr.astype(np.int64))
+        rec_lay = np.repeat(lay_of, counts)
+        ids = body.indices.astype(np.uint64)
+        record_offsets = ((ids // rpp[rec_lay]) * np.uint64(body.page_bytes)
+                          + (ids % rpp[rec_lay]) * rbytes[rec_lay])
+        quantized = np.where(counts > 0, (counts - 1) * body.block_tokens
+                             + body.last_page_len.astype(np.int64), 0)
+        win_counts = np.diff(body.window_indptr.astype(np.int64))
+        win_lay = np.repeat(lay_of, win_counts)
+        wids = body.window_ids.astype(np.uint64)
+        window_offsets = ((wids // row_pp[win_lay]) * np.uint64(body.page_bytes)
+                          + (wids % row_pp[win_lay]) * row_bytes[win_lay])
+        # Runs -> one position per row: runs are in row order, pairs concatenated.
+        lengths = body.run_lengths.astype(np.int64)
+        run_first_row = np.cumsum(lengths) - lengths
+        positions = (np.arange(int(lengths.sum()), dtype=np.int64)
+                     + np.repeat(body.run_starts.astype(np.int64) - run_first_row, lengths))
+        per_pair = np.split(positions, body.window_indptr[1:-1].astype(np.int64))
+        window_positions = [per_pair[l * body.kv_heads:(l + 1) * body.kv_heads]
+                            for l in range(body.n_layers)]
         return BlocksTable(
             body.layer_begin, body.n_layers, body.kv_heads, body.head_dim, body.page_bytes,
-            body.block_tokens, body.side_records_per_page, body.layouts, body.layout_index,
-            body.indptr, body.indices, body.last_page_len,
+            body.pool_pages, body.block_tokens, body.side_records_per_page, body.layouts,
+            body.layout_index, body.indptr, body.indices, body.last_page_len,
             body.side_indices if len(body.side_indices) else None, record_offsets, quantized,
-            p.dtype_name(body.tail_dtype), body.tail_counts, k, v, positions)
+            body.window_indptr, body.window_ids, body.window_sinks, window_offsets,
+            window_positions)

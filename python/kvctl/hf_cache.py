@@ -32,14 +32,16 @@ One step (layer l's update() runs right before layer l's attention):
   built, the daemon quantizes and no layer slides): a decode step (one query token) does not touch the dense
   mirror. Layer 0
   APPENDs the previous step as above, then one blocks FETCH per sequence (all layers) returns
-  page tables into the daemon's shm pool plus the sink/tail rows; the daemon then holds exactly
-  the tokens before this step, and the records stay valid until the next step's APPEND. When an
-  APPEND only added rows (no flush, eviction or width lowering; rows known to be stored as fp16)
-  the cached reply is kept and the rows sent are added to its windows instead. Each
-  layer's attention runs torch.ops.kvctl.paged_decode_attention on those records in place
-  (kvctl.pool_view.PoolView; GQA, per-head layouts, ragged evicted heads), the step's own K/V
-  passed as one more fp32 window row per head. Multi-token steps (prefill) refetch the
-  mirror and stay dense. Lossless daemons are refused (no block records).
+  page tables into the daemon's shm pool over its records and its sink/tail rows (no row travels
+  in the reply); the daemon then holds exactly the tokens before this step, and both stay valid
+  until the next step's APPEND. When an APPEND only added rows (no flush, eviction or width
+  lowering; rows known to be stored as fp16) the cached reply is kept (the added rows went to new
+  slots) and the rows sent are attended as extra window rows. Each layer's attention runs
+  torch.ops.kvctl.paged_decode_attention on those records in place and on the window rows
+  gathered from the pool once per reply (kvctl.pool_view.PoolView; GQA, per-head layouts,
+  ragged evicted heads), the step's own K/V passed as one more fp32 window row per head.
+  Multi-token steps (prefill) refetch the mirror and stay dense. Lossless daemons are refused (no
+  block records).
 
 A lost session (the daemon restarted, e.g. after kill -9, or the lease expired) is noticed at
 the next request: the cache starts a new session and an empty daemon sequence on each client,
@@ -295,7 +297,7 @@ class KvctlCache(Cache):
     refetch: "auto" (fetch only when rows may have changed, see the module doc) or "always".
     attention: "auto" (default), "dense" (attend over the fetched dense mirror) or "fused":
       decode steps (one query token) attend with the kvctl torch extension directly on the
-      daemon's records (blocks FETCH, zero-copy PoolView of the pool) plus its sink/tail rows
+      daemon's records and sink/tail rows (blocks FETCH, PoolView of the pool)
       and the step's own K/V; prefill and multi-token steps stay dense. "fused" needs the model
       and the extension (RuntimeError saying how to build it otherwise), a daemon that
       quantizes and a model without sliding-window layers. "auto" decodes fused when all of those hold, the batch is one sequence (a
@@ -612,31 +614,30 @@ class KvctlCache(Cache):
     def _advance_blocks(self, seq: CacheSequence, k: np.ndarray, v: np.ndarray,
                         flushed: bool) -> None:
         """After an APPEND of k, v ([layers, n, heads, D] float32): the cached blocks FETCH
-        stays valid, with the new rows added to every window, when the APPEND only added rows:
-        no flush, no eviction, no width lowering (pressure), and fp16 rows known to be stored
-        as sent rounded to fp16 (learned from the first blocks FETCH). Else it is refetched."""
+        stays valid when the APPEND only added rows: no flush, no eviction, no width lowering
+        (pressure), and fp16 rows known to be stored as sent rounded to fp16 (learned from the
+        first blocks FETCH). Its records and window row slots are untouched then (the new rows
+        went to new slots), so the new rows, rounded to fp16 as the daemon stored them, are kept
+        here and attended as extra window rows. Else it is refetched."""
         blocks = seq.blocks
         if (blocks is None or seq.blocks_stale or flushed or seq.evicting or seq.pressure
-                or seq.always or seq.rounding != "fp16" or blocks.tail_dtype != "float16"):
+                or seq.always or seq.rounding != "fp16"):
             seq.blocks_stale = True
             return
-        n = k.shape[1]
-        positions = np.arange(self.appended, self.appended + n, dtype=np.int64)
-        for l in range(blocks.n_layers):
-            for h in range(blocks.kv_heads):
-                blocks.tail_k[l][h] = np.concatenate(
-                    [blocks.tail_k[l][h], k[l, :, h].astype(np.float16)])
-                blocks.tail_v[l][h] = np.concatenate(
-                    [blocks.tail_v[l][h], v[l, :, h].astype(np.float16)])
-                blocks.tail_positions[l][h] = np.concatenate(
-                    [blocks.tail_positions[l][h], positions])
+        # [layers, heads, n, D] fp16: the rows appended since the FETCH.
+        new_k = k.transpose(0, 2, 1, 3).astype(np.float16)
+        new_v = v.transpose(0, 2, 1, 3).astype(np.float16)
+        added = blocks.cache.get("added")
+        if added is not None:
+            new_k = np.concatenate([added[0], new_k], axis=2)
+            new_v = np.concatenate([added[1], new_v], axis=2)
+        blocks.cache["added"] = (new_k, new_v)
         self.counters["block_reuses"] += 1
 
     def _fetch_blocks(self) -> None:
-        """Blocks FETCH of every layer of every sequence (page tables into the shm pool; the
-        sink/tail rows inline), unless the cached one is still valid (_advance_blocks). Tail
-        rows come as float32 until the first reply shows no layer stores them wider than fp16
-        (lossless float32 layers), then as float16 (exact)."""
+        """Blocks FETCH of every layer of every sequence (page tables into the shm pool, over
+        records and window rows alike), unless the cached one is still valid
+        (_advance_blocks)."""
         from .pool_view import PoolView
 
         t0 = time.perf_counter()
@@ -645,11 +646,8 @@ class KvctlCache(Cache):
                 seq.view = PoolView.from_client(seq.client)
             if not seq.blocks_stale:
                 continue
-            blocks = seq.client.fetch_blocks(seq.sequence_id, dtype=seq.tail_dtype)
+            blocks = seq.client.fetch_blocks(seq.sequence_id)
             self.counters["block_fetches"] += 1
-            if seq.tail_dtype == "float32" and all(
-                    max(lay.k_bits, lay.v_bits) <= 16 for lay in blocks.layouts):
-                seq.tail_dtype = "float16"
             seq.blocks = blocks
             seq.blocks_stale = False
             self._learn_rounding(seq, blocks)
@@ -661,10 +659,10 @@ class KvctlCache(Cache):
         is the last token sent (the dense path learns the same from a dense FETCH)."""
         if seq.rounding is not None or seq.sent_last_row is None or blocks.layer_begin != 0:
             return
-        pos = blocks.tail_positions[0][0]
+        pos = blocks.window_positions[0][0]
         if len(pos) == 0 or int(pos[-1]) != self.appended - 1:
             return
-        got = blocks.tail_k[0][0][-1].astype(np.float32)
+        got = seq.view.window_rows(blocks, 0)[0][-1].float().cpu().numpy()
         sent = seq.sent_last_row
         if np.array_equal(got, sent):
             seq.rounding = "exact"
@@ -692,10 +690,16 @@ class KvctlCache(Cache):
             # A device pool (pool.backend = "cuda") attends where its records are.
             dev = seq.view.tensor.device
             q = query[b, :, 0].float().to(dev)  # [q_heads, D]; rows h*g.. use KV head h.
-            # The step's own token joins each head's window as one more fp32 row, so the
-            # kernel's softmax covers it (no separate log-sum-exp merge here).
+            # Rows appended since the FETCH and the step's own token join each head's window as
+            # more fp32 rows, so the kernel's softmax covers them (no log-sum-exp merge here).
+            extra_k, extra_v = k_new[b, :, None].to(dev), v_new[b, :, None].to(dev)
+            added = seq.blocks.cache.get("added")
+            if added is not None:
+                at = layer.index - seq.blocks.layer_begin
+                extra_k = torch.cat([torch.from_numpy(added[0][at]).to(dev).float(), extra_k], 1)
+                extra_v = torch.cat([torch.from_numpy(added[1][at]).to(dev).float(), extra_v], 1)
             out, _ = seq.view.layer_attention(seq.blocks, layer.index, q, scale=scale,
-                                              extra_k=k_new[b].to(dev), extra_v=v_new[b].to(dev))
+                                              extra_k=extra_k, extra_v=extra_v)
             outs.append(out.to(query.device))
         return torch.stack(outs).unsqueeze(1).to(query.dtype), None
 

@@ -49,7 +49,6 @@ class CacheSequence:
         # The cached blocks no longer match the daemon (flush, eviction, width lowering, or not
         # learned yet whether an APPEND just adds rows to the window).
         self.blocks_stale = True
-        self.tail_dtype = "float32"
 
     def mark_dirty(self, layers: Optional[set]) -> None:
         """Rows of `layers` (None = all) must be fetched before the next step."""

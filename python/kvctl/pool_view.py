@@ -1,11 +1,12 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """Zero-copy torch views of the daemon's shm pool, and fused attention over a blocks FETCH.
 
-The daemon keeps every block record in one POSIX shm object (/dev/shm/<pool.shm_name>, named in
-the HELLO reply). A blocks-mode FETCH (Client.fetch_blocks) returns a page table: byte offsets of
-each (layer, KV head) pair's records in that object, plus the fp16 window rows inline. PoolView
-maps the object read-only and exposes it as one uint8 tensor, so records feed
-torch_ops.paged_decode_attention without a copy.
+The daemon keeps every block record and every full-precision window row (sinks and tail) in one
+POSIX shm object (/dev/shm/<pool.shm_name>, named in the HELLO reply). A blocks-mode FETCH
+(Client.fetch_blocks) returns a page table only: byte offsets of each (layer, KV head) pair's
+records and window row slots in that object. PoolView maps the object read-only and exposes it
+as one uint8 tensor, so records feed torch_ops.paged_decode_attention without a copy; window rows
+are gathered from it once per reply and layer (one index op; the kernel takes them dense).
 
     view = PoolView.from_client(client)            # after hello()
     blocks = client.fetch_blocks(seq)
@@ -23,8 +24,13 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
+from . import protocol as p
 from . import torch_ops
 from .client import BlocksTable
+
+# Window row dtypes (wire code) as torch dtypes.
+_ROW_DTYPES = {p.DTYPE_CODES["float32"]: torch.float32, p.DTYPE_CODES["float16"]: torch.float16,
+               p.DTYPE_CODES["bfloat16"]: torch.bfloat16}
 
 
 class PoolView:
@@ -106,16 +112,53 @@ class PoolView:
                       + (y % per_page) * blocks.block_tokens * lay.side_bytes_per_token)
         return out
 
+    def window_rows(self, blocks: BlocksTable, pair: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) [rows, head_dim] of pair `pair`'s window (sinks, then tail; positions in
+        blocks.window_positions), in the layout's row_dtype, read from the pool: exactly the
+        rows a dense FETCH gives for those tokens (the daemon stores them so)."""
+        n_pairs = len(blocks.window_indptr) - 1
+        if not 0 <= pair < n_pairs:
+            raise ValueError("pair: got %d, expected 0..%d" % (pair, n_pairs - 1))
+        return self._gather_rows(blocks, [pair])
+
+    def _gather_rows(self, blocks: BlocksTable, pairs: List[int]
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """K and V rows of these pairs' windows, concatenated in pair order (one layout)."""
+        lay = blocks.layouts[int(blocks.layout_index[pairs[0]])]
+        dtype = _ROW_DTYPES[lay.row_dtype]
+        row_bytes = blocks.head_dim * dtype.itemsize
+        wi = blocks.window_indptr.astype(np.int64)
+        offsets = np.concatenate([blocks.window_offsets[wi[q]:wi[q + 1]] for q in pairs]
+                                 ).astype(np.int64)
+        if offsets.size and int(offsets.max()) + 2 * row_bytes > self.nbytes:
+            raise ValueError("window_offsets: a row slot ends past the pool of %d bytes"
+                             % self.nbytes)
+        dev = self.tensor.device
+        if (offsets % row_bytes == 0).all():
+            # Slots start on row boundaries (page_bytes a multiple of the row size, as with the
+            # default 64 KiB pages and power-of-two rows): view the pool as rows and select them.
+            usable = self.nbytes - self.nbytes % row_bytes
+            rows = self.tensor[:usable].view(-1, row_bytes)
+            index = torch.from_numpy(offsets // row_bytes).to(dev)
+            k, v = rows.index_select(0, index), rows.index_select(0, index + 1)
+        else:
+            index = (torch.from_numpy(offsets).to(dev)[:, None]
+                     + torch.arange(2 * row_bytes, dtype=torch.int64, device=dev))
+            slots = self.tensor[index]  # [rows, 2 * row_bytes] uint8: K row, then V row.
+            k, v = slots[:, :row_bytes], slots[:, row_bytes:]
+        return k.view(dtype), v.view(dtype)
+
     def layer_attention(self, blocks: BlocksTable, layer: int, q: torch.Tensor,
                         scale: Optional[float] = None, extra_k: Optional[torch.Tensor] = None,
                         extra_v: Optional[torch.Tensor] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Fused decode attention of one layer of a blocks FETCH: q [q_heads, D] (q_heads a
-        multiple of kv_heads; rows h*g..h*g+g-1 use KV head h) over every head's records (read
-        in this view) and window rows (from the reply), plus, when given, one more row per head
-        (extra_k / extra_v [kv_heads, D], e.g. the step's own token, attended in fp32). Returns
-        (out fp32 [q_heads, D], lse fp32 [q_heads]). Heads with different layouts (per-head bit
-        widths) are attended separately."""
+        multiple of kv_heads; rows h*g..h*g+g-1 use KV head h) over every head's records and
+        window rows (both read in this view), plus, when given, more rows per head (extra_k /
+        extra_v [kv_heads, D] or [kv_heads, n, D], e.g. rows appended since the FETCH and the
+        step's own token, attended in fp32). Returns (out fp32 [q_heads, D], lse fp32
+        [q_heads]). Heads with different layouts (per-head bit widths) are attended
+        separately."""
         first = blocks.layer_begin
         if not first <= layer < first + blocks.n_layers:
             raise ValueError("layer: got %d, the FETCH holds layers %d..%d"
@@ -129,10 +172,14 @@ class PoolView:
         li = [int(blocks.layout_index[pair0 + h]) for h in range(heads)]
         extra = None
         if extra_k is not None or extra_v is not None:
-            if (extra_k is None or extra_v is None or extra_k.shape != (heads, q.shape[1])
-                    or extra_v.shape != extra_k.shape):
-                raise ValueError("extra_k/extra_v: expected both, [%d, %d] each" % (heads,
-                                                                                   q.shape[1]))
+            ok = (extra_k is not None and extra_v is not None and extra_v.shape == extra_k.shape
+                  and extra_k.dim() in (2, 3) and extra_k.shape[0] == heads
+                  and extra_k.shape[-1] == q.shape[1])
+            if not ok:
+                raise ValueError("extra_k/extra_v: expected both, [%d, %d] or [%d, n, %d] each"
+                                 % (heads, q.shape[1], heads, q.shape[1]))
+            if extra_k.dim() == 2:
+                extra_k, extra_v = extra_k[:, None], extra_v[:, None]
             extra = (extra_k.float(), extra_v.float())
         if all(x == li[0] for x in li):
             return self._attend(blocks, layer - first, list(range(heads)), q, scale, extra)
@@ -169,26 +216,35 @@ class PoolView:
                       norm_offsets)
         return cache[key]
 
+    def _window(self, blocks, local_layer, heads):
+        """These heads' window rows (K, V), gathered from the pool once per reply and layer: a
+        reply's row slots do not change until the next APPEND or CLOSE, and an APPEND that only
+        adds rows writes new slots (KvctlCache passes those rows as extra rows instead)."""
+        cache = blocks.cache.setdefault("window", {})
+        key = (local_layer, tuple(heads))
+        if key not in cache:
+            cache[key] = self._gather_rows(blocks,
+                                           [local_layer * blocks.kv_heads + h for h in heads])
+        return cache[key]
+
     def _attend(self, blocks, local_layer, heads, q, scale, extra=None):
         pairs = [local_layer * blocks.kv_heads + h for h in heads]
         lay = blocks.layouts[int(blocks.layout_index[pairs[0]])]
         offsets, local_indptr, norm_offsets = self._record_index(blocks, local_layer, heads)
-        wk = [blocks.tail_k[local_layer][h] for h in heads]
-        wv = [blocks.tail_v[local_layer][h] for h in heads]
-        counts = [len(x) for x in wk]
+        window_k, window_v = self._window(blocks, local_layer, heads)
+        counts = [int(blocks.window_counts[p]) for p in pairs]
         # A device pool attends on its device: every index and window tensor goes there too.
         dev = self.tensor.device
-        window_k = _rows(np.concatenate(wk), blocks.tail_dtype).to(dev)
-        window_v = _rows(np.concatenate(wv), blocks.tail_dtype).to(dev)
         if extra is not None:
-            # Each head's window gets its extra row after its own rows, in fp32.
+            # Each head's window gets its extra rows after its own rows, in fp32.
             ks, vs, at = [], [], 0
+            n = extra[0].shape[1]
             for i, h in enumerate(heads):
-                ks += [window_k[at:at + counts[i]].float(), extra[0][h:h + 1]]
-                vs += [window_v[at:at + counts[i]].float(), extra[1][h:h + 1]]
+                ks += [window_k[at:at + counts[i]].float(), extra[0][h]]
+                vs += [window_v[at:at + counts[i]].float(), extra[1][h]]
                 at += counts[i]
             window_k, window_v = torch.cat(ks), torch.cat(vs)
-            counts = [c + 1 for c in counts]
+            counts = [c + n for c in counts]
         window_indptr = torch.tensor([0] + np.cumsum(counts).tolist(), dtype=torch.int64)
         return torch_ops.paged_decode_attention(
             q, self.tensor, offsets, local_indptr, window_k, window_v, window_indptr.to(dev),
@@ -217,8 +273,3 @@ class PoolView:
 def _layout_of_record(blocks: BlocksTable, record: int) -> int:
     pair = int(np.searchsorted(blocks.indptr, record, side="right")) - 1
     return int(blocks.layout_index[pair])
-
-
-def _rows(rows: np.ndarray, dtype: str) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(rows))
-    return t.view(torch.bfloat16) if dtype == "bfloat16" else t

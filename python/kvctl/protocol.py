@@ -369,6 +369,8 @@ _COUNT_RULES = {
     "PairsPlusOne": lambda v: _check_pair_shape(v) + 1,
     "Nnz": lambda v: int(v["indptr"][-1]),
     "SideNnz": _side_nnz,
+    "WindowNnz": lambda v: int(v["window_indptr"][-1]),
+    "RunNnz": lambda v: int(v["run_indptr"][-1]),
 }
 
 
@@ -409,7 +411,7 @@ def _check_hello(h: HelloReply) -> None:
 
 
 def _check_layout(i: int, lay: RecordLayout, page_bytes: int, block_tokens: int,
-                  side_records_per_page: int) -> None:
+                  side_records_per_page: int, head_dim: int) -> None:
     at = "layouts[%d]." % i
     _in_range(at + "method", lay.method, 0, len(QUANT_METHODS) - 1)
     _in_range(at + "k_bits", lay.k_bits, 1, 16)
@@ -434,6 +436,12 @@ def _check_layout(i: int, lay: RecordLayout, page_bytes: int, block_tokens: int,
             if sa and sb and oa < ob + sb and ob < oa + sa:
                 raise ProtocolError("%s%s [%d, %d) overlaps %s [%d, %d)"
                                     % (at, na, oa, oa + sa, nb, ob, ob + sb))
+    # Window rows: K row then V row per slot.
+    min_slot = 2 * head_dim * DTYPES[lay.row_dtype][1].itemsize
+    _expect(min_slot <= lay.row_slot_bytes <= page_bytes,
+            "%srow_slot_bytes: got %d, expected %d (K and V rows of head_dim %d) .. page_bytes (%d)"
+            % (at, lay.row_slot_bytes, min_slot, head_dim, page_bytes))
+    _in_range(at + "rows_per_page", lay.rows_per_page, 1, page_bytes // lay.row_slot_bytes)
     side = lay.side_bytes_per_token * block_tokens
     _expect(side == 0 or side <= page_bytes // side_records_per_page,
             "%sside_bytes_per_token: got %d, expected side_records_per_page (%d) * block_tokens "
@@ -441,38 +449,148 @@ def _check_layout(i: int, lay: RecordLayout, page_bytes: int, block_tokens: int,
                                               side_records_per_page, block_tokens, page_bytes))
 
 
+def _check_indptr(name: str, indptr: np.ndarray) -> None:
+    """indptr[0] = 0, non-decreasing (as ipc's CheckIndptr)."""
+    _expect(indptr[0] == 0, "%s[0]: got %d, expected 0" % (name, indptr[0]))
+    bad = np.flatnonzero(np.diff(indptr.astype(np.int64)) < 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise ProtocolError("%s[%d]: got %d, expected >= %s[%d] = %d"
+                            % (name, i, indptr[i], name, i - 1, indptr[i - 1]))
+
+
+def _slot_error(name: str, j: int, slot_id: int, per_page: int, pool_pages: int) -> str:
+    return ("%s[%d]: got %d (page %d), expected an id on a page below pool_pages (%d) with %d "
+            "slots per page" % (name, j, slot_id, slot_id // per_page, pool_pages, per_page))
+
+
+def _check_records(v: dict, i: int, lay, any_side: bool) -> None:
+    """Pair i's record ids (and side record ids): real ids on pages of the pool."""
+    a, b = int(v["indptr"][i]), int(v["indptr"][i + 1])
+    if a == b:
+        return
+    pool_pages, ids = v["pool_pages"], v["indices"][a:b]
+    pair_side = lay.side_bytes_per_token > 0
+    bad = (ids == NO_PAGE) | (ids // lay.records_per_page >= pool_pages)
+    if any_side:
+        side = v["side_indices"][a:b]
+        bad |= (side != NO_PAGE) != pair_side
+        if pair_side:
+            bad |= side // v["side_records_per_page"] >= pool_pages
+    first = np.flatnonzero(bad)
+    if not first.size:
+        return
+    j = a + int(first[0])
+    x = int(v["indices"][j])
+    _expect(x != NO_PAGE, "indices[%d]: got %d (no page), expected a page id" % (j, NO_PAGE))
+    _expect(x // lay.records_per_page < pool_pages,
+            _slot_error("indices", j, x, lay.records_per_page, pool_pages))
+    y = int(v["side_indices"][j])
+    _expect((y != NO_PAGE) == pair_side, "side_indices[%d]: got %d, expected %s for the layout "
+            "of pair %d" % (j, y, "a page id" if pair_side else "4294967295 (no side record)", i))
+    raise ProtocolError(_slot_error("side_indices", j, y, v["side_records_per_page"],
+                                    pool_pages))
+
+
+def _check_window(v: dict, i: int, lay) -> None:
+    """Pair i's window (as ipc's CheckWindow): row ids on pages of the pool, at most every row a
+    sink, position runs non-empty, increasing, covering exactly its rows, below MAX_POSITION."""
+    a, b = int(v["window_indptr"][i]), int(v["window_indptr"][i + 1])
+    rows, pool_pages = b - a, v["pool_pages"]
+    bad = np.flatnonzero(v["window_ids"][a:b] // lay.rows_per_page >= pool_pages)
+    if bad.size:
+        j = a + int(bad[0])
+        raise ProtocolError(_slot_error("window_ids", j, int(v["window_ids"][j]),
+                                        lay.rows_per_page, pool_pages))
+    _in_range("window_sinks[%d]" % i, int(v["window_sinks"][i]), 0, rows)
+    covered = next_start = 0
+    for j in range(int(v["run_indptr"][i]), int(v["run_indptr"][i + 1])):
+        start, length = int(v["run_starts"][j]), int(v["run_lengths"][j])
+        _in_range("run_lengths[%d]" % j, length, 1, rows - min(covered, rows))
+        _expect(start >= next_start, "run_starts[%d]: got %d, expected >= %d (past the previous "
+                "run of pair %d)" % (j, start, next_start, i))
+        _expect(start <= MAX_POSITION - length, "run_starts[%d]: got %d, expected its %d "
+                "positions below %d" % (j, start, length, MAX_POSITION))
+        covered += length
+        next_start = start + length
+    _expect(covered == rows, "run_lengths: pair %d's runs cover %d rows, expected its window "
+            "rows (%d)" % (i, covered, rows))
+
+
 def _check_blocks(v: dict) -> None:
     """The page-table rules of a blocks reply (PROTOCOL.md 4.5), as ipc's Validate."""
     pairs = v["n_layers"] * v["kv_heads"]
     page_bytes, block_tokens = v["page_bytes"], v["block_tokens"]
     side_records_per_page, layouts = v["side_records_per_page"], v["layouts"]
-    indptr, indices, side_indices = v["indptr"], v["indices"], v["side_indices"]
-    layout_index, last_page_len = v["layout_index"], v["last_page_len"]
+    layout_index, last_page_len, indptr = v["layout_index"], v["last_page_len"], v["indptr"]
     any_side = any(lay.side_bytes_per_token > 0 for lay in layouts)
     _in_range("page_bytes", page_bytes, 1, 2**32 - 1)
+    _in_range("pool_pages", v["pool_pages"], 1, 2**32 - 1)
     _in_range("block_tokens", block_tokens, 1, MAX_BLOCK_TOKENS)
     _in_range("side_records_per_page", side_records_per_page, 1 if any_side else 0,
               page_bytes if any_side else 0)
     for i, lay in enumerate(layouts):
-        _check_layout(i, lay, page_bytes, block_tokens, side_records_per_page)
-    _expect(indptr[0] == 0, "indptr[0]: got %d, expected 0" % indptr[0])
-    for i in range(pairs):
-        _expect(indptr[i + 1] >= indptr[i], "indptr[%d]: got %d, expected >= indptr[%d] = %d"
-                % (i + 1, indptr[i + 1], i, indptr[i]))
+        _check_layout(i, lay, page_bytes, block_tokens, side_records_per_page, v["head_dim"])
+    for name in ("indptr", "window_indptr", "run_indptr"):
+        _check_indptr(name, v[name])
+    if _pairs_valid(v, pairs, any_side):
+        return
+    # Something is wrong: find the first problem pair by pair, as ipc's Validate reports it.
     for i in range(pairs):
         _in_range("layout_index[%d]" % i, int(layout_index[i]), 0, len(layouts) - 1)
+        lay = layouts[layout_index[i]]
         has_pages = indptr[i + 1] > indptr[i]
         _in_range("last_page_len[%d]" % i, int(last_page_len[i]), 1 if has_pages else 0,
                   block_tokens if has_pages else 0)
-        pair_side = layouts[layout_index[i]].side_bytes_per_token > 0
-        for j in range(int(indptr[i]), int(indptr[i + 1])):
-            _expect(indices[j] != NO_PAGE,
-                    "indices[%d]: got %d (no page), expected a page id" % (j, NO_PAGE))
-            if any_side:
-                _expect((side_indices[j] != NO_PAGE) == pair_side,
-                        "side_indices[%d]: got %d, expected %s for the layout of pair %d"
-                        % (j, side_indices[j],
-                           "a page id" if pair_side else "4294967295 (no side record)", i))
+        _check_records(v, i, lay, any_side)
+        _check_window(v, i, lay)
+    raise AssertionError("blocks reply: the whole-array checks refused what the per-pair "
+                         "checks accept")  # Our bug: the two must agree.
+
+
+def _pairs_valid(v: dict, pairs: int, any_side: bool) -> bool:
+    """The per-pair rules of _check_blocks over whole arrays at once (numpy, no Python loop per
+    pair): True when every pair passes. The indptr arrays are already checked."""
+    layouts, pool_pages, block_tokens = v["layouts"], v["pool_pages"], v["block_tokens"]
+    li = v["layout_index"].astype(np.int64)
+    if pairs == 0 or (li >= len(layouts)).any():
+        return pairs == 0
+    counts = np.diff(v["indptr"].astype(np.int64))
+    lpl = v["last_page_len"].astype(np.int64)
+    if ((counts > 0) & ((lpl < 1) | (lpl > block_tokens)) | (counts == 0) & (lpl != 0)).any():
+        return False
+    per_layout = lambda name: np.array([getattr(l, name) for l in layouts],  # noqa: E731
+                                       dtype=np.int64)
+    rec_lay = np.repeat(li, counts)
+    ids = v["indices"].astype(np.int64)
+    if ((ids == NO_PAGE) | (ids // per_layout("records_per_page")[rec_lay] >= pool_pages)).any():
+        return False
+    if any_side:
+        side = v["side_indices"].astype(np.int64)
+        has_side = (per_layout("side_bytes_per_token") > 0)[rec_lay]
+        if ((side != NO_PAGE) != has_side).any():
+            return False
+        if (has_side & (side // v["side_records_per_page"] >= pool_pages)).any():
+            return False
+    rows = np.diff(v["window_indptr"].astype(np.int64))
+    win_lay = np.repeat(li, rows)
+    if (v["window_ids"].astype(np.int64) // per_layout("rows_per_page")[win_lay]
+            >= pool_pages).any() or (v["window_sinks"].astype(np.int64) > rows).any():
+        return False
+    runs = np.diff(v["run_indptr"].astype(np.int64))
+    starts = v["run_starts"].astype(np.uint64)
+    lengths = v["run_lengths"].astype(np.int64)
+    if (lengths < 1).any() or (starts > (MAX_POSITION - lengths).astype(np.uint64)).any():
+        return False
+    covered = np.zeros(pairs, dtype=np.int64)
+    np.add.at(covered, np.repeat(np.arange(pairs), runs), lengths)
+    if (covered != rows).any():
+        return False
+    # Runs of one pair increase without overlapping (starts < 2^62 here: no overflow).
+    same_pair = np.repeat(np.arange(pairs), runs)
+    follows = same_pair[1:] == same_pair[:-1]
+    ends = starts[:-1] + lengths[:-1].astype(np.uint64)
+    return not (follows & (starts[1:] < ends)).any()
 
 
 def _text(frame) -> str:
@@ -551,8 +669,6 @@ def _decode_body(name: str, r: wc.Reader, tensors: Sequence):
         v.update(positions=rows[0], k=rows[1], v=rows[2])
     elif name == "FetchBlocksReply":
         _check_blocks(v)
-        rows = _rows("tail_", v["head_dim"], v["tail_dtype"], v["tail_counts"], tensors)
-        v.update(tail_positions=rows[0], tail_k=rows[1], tail_v=rows[2])
     return CLASSES[name](**v)
 
 

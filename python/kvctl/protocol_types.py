@@ -101,29 +101,25 @@ class HelloReply(ws.HelloReply):
 
 
 class RecordLayout(ws.RecordLayout):
-    """Byte layout of one block record (56 bytes on the wire). records_per_page is per layout:
-    each (layer, head) packs as many records per pool page as fit its own record size."""
+    """Byte layout of one block record and of the pair's window row slots (64 bytes on the
+    wire). records_per_page and rows_per_page are per layout: each (layer, head) packs as many
+    slots per pool page as fit its own slot size."""
 
     @property
     def method_name(self) -> str:
         return QUANT_METHODS[self.method]
 
 
-# Token rows of FETCH: a dense reply's rows or a blocks reply's fp16 tail. Pairs i = (layer -
+# Token rows of a dense FETCH. Pairs i = (layer -
 # layer_begin) * kv_heads + head; counts[i] rows each, concatenated in pair order in positions
 # (int64 [N]), k and v ([N, head_dim] in dtype; bfloat16 as uint16 bits).
 Rows = FetchDenseReply
 
 
 class BlocksReply(ws.FetchBlocksReply):
-    """FETCH blocks mode: a page table into the shm pool plus the fp16 tail as rows.
-    side_indices is empty when no layout has side records."""
-
-    @property
-    def tail(self) -> Rows:
-        return Rows(self.layer_begin, self.n_layers, self.kv_heads, self.head_dim,
-                    self.tail_dtype, self.tail_counts, self.tail_positions, self.tail_k,
-                    self.tail_v)
+    """FETCH blocks mode: a page table into the shm pool, over the records and the row slots of
+    the full-precision window, with the window's positions as runs. side_indices is empty when
+    no layout has side records."""
 
 
 # The class the decoder builds for each body of messages.def.

@@ -24,7 +24,7 @@ from .protocol_types import CLASSES, ProtocolError
 
 _INT_FORMATS = {"u8": "<B", "u16": "<H", "u32": "<I", "u64": "<Q", "bool": "<B", "enum8": "<B",
                 "enum32": "<I", "tag": "<B", "reserved8": "<B", "count16": "<H"}
-_ARRAY_DTYPES = {"u16s": np.dtype("<u2"), "u32s": np.dtype("<u4")}
+_ARRAY_DTYPES = {"u16s": np.dtype("<u2"), "u32s": np.dtype("<u4"), "u64s": np.dtype("<u8")}
 
 
 @functools.lru_cache(maxsize=None)

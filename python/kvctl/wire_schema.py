@@ -38,7 +38,7 @@ MAX_TENSOR_FRAME_BYTES = 1073741824
 MAX_FRAMES = 4
 MAX_POSITION = 4611686018427387904
 NO_PAGE = 0xffffffff
-LAYOUT_BYTES = 56
+LAYOUT_BYTES = 64
 REPLY_BIT = 0x8000
 
 
@@ -126,8 +126,8 @@ REPLY_BODIES = {
 
 class Field(NamedTuple):
     """One row of a body table. kind: messages.def field kind; arg: the limit (str, bytes,
-    count16), enum name (enum8, enum32), count rule (u16s, u32s), value (tag), body name
-    (struct, structs) or frame content (frame); member: the array a count16 counts."""
+    count16), enum name (enum8, enum32), count rule (u16s, u32s, u64s), value (tag), body
+    name (struct, structs) or frame content (frame); member: the array a count16 counts."""
 
     kind: str
     name: str
@@ -179,7 +179,7 @@ BODIES = {
         Field('u32', 'layer_begin', None, '< layer_end'),
         Field('u32', 'layer_end', None, 'exclusive, 1..1024'),
         Field('enum8', 'mode', 'FetchMode', 'dense rows or the blocks page table'),
-        Field('enum8', 'out_dtype', 'DType', 'dtype of dense rows or of the fp16 window'),
+        Field('enum8', 'out_dtype', 'DType', 'dtype of dense rows; blocks mode ignores it'),
     ),
     'StatsRequest': (
         Field('u64', 'session_id', None, '0 = daemon-wide'),
@@ -243,26 +243,28 @@ BODIES = {
         Field('u32', 'kv_heads', None, '1..1024'),
         Field('u32', 'head_dim', None, 'multiple of 8 in 8..1024'),
         Field('u32', 'page_bytes', None, ">= 1, the pool's page size"),
+        Field('u32', 'pool_pages', None, '>= 1, pages in the pool: every id addresses one below it'),
         Field('u32', 'block_tokens', None, '1..65536, tokens per record'),
         Field('u32', 'side_records_per_page', None, 'side-record slots per page, or 0'),
         Field('count16', 'n_layouts', 1024, '1..1024', 'layouts'),
-        Field('structs', 'layouts', 'RecordLayout', '56 bytes each'),
+        Field('structs', 'layouts', 'RecordLayout', '64 bytes each'),
         Field('u16s', 'layout_index', 'Pairs', 'per pair: index into layouts'),
         Field('u32s', 'indptr', 'PairsPlusOne', 'indptr[0] = 0, non-decreasing'),
         Field('u32s', 'indices', 'Nnz', 'record ids; pair i owns indptr[i] .. indptr[i+1]'),
         Field('u32s', 'last_page_len', 'Pairs', "tokens in each pair's last record"),
         Field('u32s', 'side_indices', 'SideNnz', 'per record: side record id or 0xFFFFFFFF'),
-        Field('enum8', 'tail_dtype', 'DType', 'of the tail K and V frames'),
-        Field('u32s', 'tail_counts', 'Pairs', 'fp16-window tokens of each pair'),
-        Field('frame', 'tail_positions', 'int64', 'int64 per tail row, pairs in order'),
-        Field('frame', 'tail_k', 'rows', 'tail K [rows, head_dim] in tail_dtype'),
-        Field('frame', 'tail_v', 'rows', 'tail V, like tail K'),
+        Field('u32s', 'window_indptr', 'PairsPlusOne', 'window_indptr[0] = 0, non-decreasing'),
+        Field('u32s', 'window_ids', 'WindowNnz', 'row slot ids: sinks, then tail, per pair'),
+        Field('u32s', 'window_sinks', 'Pairs', 'per pair: how many window rows are sinks'),
+        Field('u32s', 'run_indptr', 'PairsPlusOne', 'run_indptr[0] = 0, non-decreasing'),
+        Field('u64s', 'run_starts', 'RunNnz', "position of each run's first window row"),
+        Field('u32s', 'run_lengths', 'RunNnz', 'window rows of each run, >= 1'),
     ),
     'RecordLayout': (
         Field('u8', 'method', None, 'a QuantMethod value'),
         Field('u8', 'k_bits', None, '1..16'),
         Field('u8', 'v_bits', None, '1..16'),
-        Field('reserved8', 'reserved', None, '0'),
+        Field('enum8', 'row_dtype', 'DType', "of the pair's window rows"),
         Field('u32', 'k_group_tokens', None, 'tokens sharing one K scale'),
         Field('u32', 'v_group_channels', None, 'channels sharing one V scale'),
         Field('u32', 'record_bytes', None, '1..page_bytes'),
@@ -276,6 +278,8 @@ BODIES = {
         Field('u32', 'v_meta_bytes', None, ''),
         Field('u32', 'side_bytes_per_token', None, 'per-token side record, 0 = none'),
         Field('u32', 'records_per_page', None, 'record slots per pool page'),
+        Field('u32', 'row_slot_bytes', None, 'one window row slot: K row, then V row'),
+        Field('u32', 'rows_per_page', None, 'window row slots per pool page'),
     ),
     'StatsReply': (
         Field('frame', 'text', 'text', 'INFO-style UTF-8, <= 1 MiB'),
@@ -364,7 +368,7 @@ class FetchRequest:
     layer_begin: int  # < layer_end
     layer_end: int  # exclusive, 1..1024
     mode: int  # dense rows or the blocks page table
-    out_dtype: int  # dtype of dense rows or of the fp16 window
+    out_dtype: int  # dtype of dense rows; blocks mode ignores it
 
 
 @dataclass(frozen=True)
@@ -465,6 +469,7 @@ class RecordLayout:
     method: int  # a QuantMethod value
     k_bits: int  # 1..16
     v_bits: int  # 1..16
+    row_dtype: int  # of the pair's window rows
     k_group_tokens: int  # tokens sharing one K scale
     v_group_channels: int  # channels sharing one V scale
     record_bytes: int  # 1..page_bytes
@@ -478,6 +483,8 @@ class RecordLayout:
     v_meta_bytes: int
     side_bytes_per_token: int  # per-token side record, 0 = none
     records_per_page: int  # record slots per pool page
+    row_slot_bytes: int  # one window row slot: K row, then V row
+    rows_per_page: int  # window row slots per pool page
 
 
 @dataclass(frozen=True)
@@ -489,19 +496,21 @@ class FetchBlocksReply:
     kv_heads: int  # 1..1024
     head_dim: int  # multiple of 8 in 8..1024
     page_bytes: int  # >= 1, the pool's page size
+    pool_pages: int  # >= 1, pages in the pool: every id addresses one below it
     block_tokens: int  # 1..65536, tokens per record
     side_records_per_page: int  # side-record slots per page, or 0
-    layouts: Tuple[RecordLayout, ...]  # 56 bytes each
+    layouts: Tuple[RecordLayout, ...]  # 64 bytes each
     layout_index: np.ndarray  # per pair: index into layouts
     indptr: np.ndarray  # indptr[0] = 0, non-decreasing
     indices: np.ndarray  # record ids; pair i owns indptr[i] .. indptr[i+1]
     last_page_len: np.ndarray  # tokens in each pair's last record
     side_indices: np.ndarray  # per record: side record id or 0xFFFFFFFF
-    tail_dtype: int  # of the tail K and V frames
-    tail_counts: np.ndarray  # fp16-window tokens of each pair
-    tail_positions: np.ndarray  # int64 per tail row, pairs in order
-    tail_k: np.ndarray  # tail K [rows, head_dim] in tail_dtype
-    tail_v: np.ndarray  # tail V, like tail K
+    window_indptr: np.ndarray  # window_indptr[0] = 0, non-decreasing
+    window_ids: np.ndarray  # row slot ids: sinks, then tail, per pair
+    window_sinks: np.ndarray  # per pair: how many window rows are sinks
+    run_indptr: np.ndarray  # run_indptr[0] = 0, non-decreasing
+    run_starts: np.ndarray  # position of each run's first window row
+    run_lengths: np.ndarray  # window rows of each run, >= 1
 
 
 @dataclass(frozen=True)

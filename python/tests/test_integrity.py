@@ -78,18 +78,30 @@ def test_pool_is_read_only_to_clients_and_staging_is_private(kvarn_daemon, conne
     assert fk.shape == (LAYERS, TOKENS, HEADS, DIM)
 
 
-@pytest.mark.parametrize("mode", ["dense", "blocks"])
-def test_a_page_changed_by_another_process_fails_fetch_closed(daemon_factory, connect, mode):
+@pytest.mark.parametrize("mode,where", [("dense", "record"), ("blocks", "record"),
+                                        ("dense", "window"), ("blocks", "window"),
+                                        ("blocks_layer1", "window")])
+def test_a_page_changed_by_another_process_fails_fetch_closed(daemon_factory, connect, mode,
+                                                              where):
+    # A blocks FETCH names window rows in the pool, so it verifies their pages as it verifies the
+    # records' (of every layer, or of the requested layers only: blocks_layer1).
     d = daemon_factory(pool__scrub_interval_ms=0)  # Only FETCH can find it here.
     c = connect(d)
     c.hello(LAYERS, HEADS, DIM)
     store(c, 1, seed=1)
     k2, v2 = store(c, 2, seed=2)
-    offset = first_record_offset(c, 1)
+    if where == "record":
+        offset = first_record_offset(c, 1)
+    else:  # The first window row of layer 1, head 0 (a sink row: in the pool since the APPEND).
+        blocks = c.fetch_blocks(1, layers=1)
+        offset = int(blocks.window_offsets[0])
     assert c.stats("pool")["pool"]["checksum_failures_total"] == 0
     flip_in_other_process(d, offset + 5)
     with pytest.raises(kvctl.ServerError) as e:
-        c.fetch(1, mode=mode) if mode == "dense" else c.fetch_blocks(1)
+        if mode == "dense":
+            c.fetch(1)
+        else:
+            c.fetch_blocks(1, layers=1 if mode == "blocks_layer1" else None)
     assert e.value.code == "DATA_LOSS" and "changed outside the daemon" in e.value.message
     # Every later request of that sequence answers the same; the other one is unaffected.
     with pytest.raises(kvctl.ServerError) as again:

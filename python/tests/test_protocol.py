@@ -214,19 +214,24 @@ def test_protocol_fetch_request_and_dense_reply_examples():
 
 
 def test_protocol_blocks_reply_example():
-    assert len(BLOCKS_BODY) == 114
+    assert len(BLOCKS_BODY) == 157
+    assert len(GOLDEN["fetch_blocks_reply"].frames) == 1  # No row travels in a blocks reply.
     b = p.decode_reply(GOLDEN["fetch_blocks_reply"].frames).body
     assert isinstance(b, p.BlocksReply)
     assert (b.page_bytes, b.block_tokens, b.side_records_per_page) == (4096, 32, 0)
-    assert b.layouts == (p.RecordLayout(3, 2, 2, 32, 8, 256, 0, 64, 64, 64, 128, 64, 192, 64,
-                                        0, 16),)
+    assert b.pool_pages == 256
+    assert b.layouts == (p.RecordLayout(3, 2, 2, 1, 32, 8, 256, 0, 64, 64, 64, 128, 64, 192, 64,
+                                        0, 16, 32, 128),)
     assert b.layouts[0].method_name == "kvarn"
     assert b.layout_index.tolist() == [0] and b.indptr.tolist() == [0, 2]
     assert b.indices.tolist() == [17, 18] and b.last_page_len.tolist() == [32]
     assert b.side_indices.tolist() == []
-    assert b.tail.counts.tolist() == [1] and b.tail.positions.tolist() == [64]
+    assert b.window_indptr.tolist() == [0, 1] and b.window_ids.tolist() == [5]
+    assert b.window_sinks.tolist() == [0]
+    assert b.run_starts.tolist() == [64] and b.run_lengths.tolist() == [1]
     side = p.decode_reply(GOLDEN["fetch_blocks_reply_side_records"].frames).body
-    assert side.side_indices.tolist() == [1, 2, p.NO_PAGE] and side.tail.dtype == 2
+    assert side.side_indices.tolist() == [1, 2, p.NO_PAGE]
+    assert side.run_starts.tolist() == [0, 71, 0, 71, 73]
 
 
 def test_protocol_stats_and_error_examples():
@@ -347,9 +352,10 @@ def test_protocol_dense_reply_checks_frame_sizes_and_positions():
 
 def test_protocol_blocks_reply_checks_the_page_table():
     def frames(body):
-        return [hdr(0x8006, 8) + body, struct.pack("<q", 64), bytes(16), bytes(16)]
+        return [hdr(0x8006, 8) + body]
 
-    at = BLOCKS_BODY.index(bytes.fromhex("0000000002000000"))  # indptr = {0, 2}
+    at = 35 + 64 + 2  # indptr = {0, 2}, after the layout and layout_index.
+    assert BLOCKS_BODY[at:at + 8] == bytes.fromhex("0000000002000000")
     bad_indptr = BLOCKS_BODY[:at] + struct.pack("<II", 1, 2) + BLOCKS_BODY[at + 8:]
     with pytest.raises(kvctl.ProtocolError, match=r"indptr\[0\]: got 1"):
         p.decode_reply(frames(bad_indptr))
@@ -357,7 +363,7 @@ def test_protocol_blocks_reply_checks_the_page_table():
     bad_last = BLOCKS_BODY[:last] + struct.pack("<I", 33) + BLOCKS_BODY[last + 4:]
     with pytest.raises(kvctl.ProtocolError, match=r"last_page_len\[0\]: got 33"):
         p.decode_reply(frames(bad_last))
-    lay = 31  # The layout: record_bytes at +12, records_per_page at +52.
+    lay = 35  # The layout: record_bytes at +12, records_per_page at +52.
     assert BLOCKS_BODY[lay + 12:lay + 16] == struct.pack("<I", 256)
     assert BLOCKS_BODY[lay + 52:lay + 56] == struct.pack("<I", 16)
 
@@ -551,27 +557,29 @@ def test_fetch_rows_split_per_pair_and_stack_only_when_heads_agree():
 def _layout_bytes(record_bytes, records_per_page):
     """A KVarN 2-bit layout (sections as in the PROTOCOL.md example, scaled to record_bytes)."""
     q = record_bytes // 4
-    return (bytes([3, 2, 2, 0]) + struct.pack("<3I", 32, 8, record_bytes)
+    return (bytes([3, 2, 2, 1]) + struct.pack("<3I", 32, 8, record_bytes)
             + struct.pack("<8I", 0, q, q, q, 2 * q, q, 3 * q, q)
-            + struct.pack("<2I", 0, records_per_page))
+            + struct.pack("<2I", 0, records_per_page) + struct.pack("<2I", 32, 128))
 
 
 def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(workdir):
     """Two heads whose layouts differ in records_per_page (256-byte records 16 per page, 128-byte
     records 32 per page): record_offsets use each pair's own layout. The daemon produces such
     replies only when heads pack by their own record size, so a scripted peer sends one."""
-    body = (struct.pack("<B4I", 1, 0, 1, 2, 8) + struct.pack("<3I", 4096, 32, 0)
+    body = (struct.pack("<B4I", 1, 0, 1, 2, 8) + struct.pack("<4I", 4096, 64, 32, 0)
             + struct.pack("<H", 2) + _layout_bytes(256, 16) + _layout_bytes(128, 32)
             + struct.pack("<2H", 0, 1) + struct.pack("<3I", 0, 2, 4)
             + struct.pack("<4I", 17, 18, 33, 70) + struct.pack("<2I", 32, 5)
-            + bytes([1]) + struct.pack("<2I", 0, 0))
+            # Window: pair 1 has one tail row, slot 130 (page 1 slot 2 at 128 per page).
+            + struct.pack("<3I", 0, 0, 1) + struct.pack("<I", 130) + struct.pack("<2I", 0, 0)
+            + struct.pack("<3I", 0, 0, 1) + struct.pack("<Q", 101) + struct.pack("<I", 1))
     endpoint = "ipc://%s/peer3-%d.sock" % (workdir, os.getpid())
 
     def script(request_id, n):
         if n == 1:
             hello = _hello_reply()
             return [[hello[:8] + struct.pack("<Q", request_id) + hello[16:]]]
-        return [[hdr(0x8006, request_id) + body, b"", b"", b""]]
+        return [[hdr(0x8006, request_id) + body]]
 
     peer = ScriptedPeer(endpoint, script)
     c = kvctl.Client(endpoint, timeout_ms=2000)
@@ -586,6 +594,8 @@ def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(
         assert b.record_offsets.tolist() == [4096 + 256, 4096 + 512, 4096 + 128,
                                                 8192 + 6 * 128]
         assert b.quantized_counts.tolist() == [64, 37]
+        assert b.window_offsets.tolist() == [4096 + 2 * 32]
+        assert [x.tolist() for x in b.window_positions[0]] == [[], [101]]
     finally:
         c.disconnect()
         peer.close()

@@ -49,23 +49,30 @@ def test_lossless_float32_round_trip_is_exact(lossless_daemon, connect):
 def test_lossless_blocks_fetch_has_no_records_and_every_row_in_the_window(lossless_daemon,
                                                                          connect):
     # A lossless sequence holds no records: blocks FETCH answers with a placeholder layout and
-    # every row, exactly as sent (float32 window), instead of failing inside the daemon.
+    # every row in the window, read from the pool exactly as sent (float32 rows), instead of
+    # failing inside the daemon.
     c = connect(lossless_daemon)
-    c.hello(LAYERS, HEADS, DIM, dtype="float32", model_name="exact-blocks")
+    s = c.hello(LAYERS, HEADS, DIM, dtype="float32", model_name="exact-blocks")
     c.open(1)
     k, v = random_kv(LAYERS, 41, HEADS, DIM, seed=5)
     c.append(1, k, v)
-    b = c.fetch_blocks(1, dtype="float32")
+    b = c.fetch_blocks(1)
     pairs = LAYERS * HEADS
     assert b.indptr.tolist() == [0] * (pairs + 1)
     assert b.quantized_counts.tolist() == [0] * pairs
-    assert b.tail_counts.tolist() == [41] * pairs
+    assert b.window_counts.tolist() == [41] * pairs
     assert b.layouts[0].method_name == "fp16"
+    assert b.layouts[0].row_dtype == kvctl.protocol.DTYPE_CODES["float32"]
+    pool = np.memmap("/dev/shm/" + s.shm_name.lstrip("/"), dtype=np.uint8, mode="r")
     for layer in range(LAYERS):
         for head in range(HEADS):
-            assert np.array_equal(b.tail_k[layer][head], k[layer, :, head])
-            assert np.array_equal(b.tail_v[layer][head], v[layer, :, head])
-            assert b.tail_positions[layer][head].tolist() == list(range(41))
+            wk, wv = b.window_rows(pool, layer * HEADS + head)
+            assert wk.dtype == np.float32
+            assert np.array_equal(wk, k[layer, :, head])
+            assert np.array_equal(wv, v[layer, :, head])
+            assert b.window_positions[layer][head].tolist() == list(range(41))
+    assert b.window_sinks.tolist() == [0] * pairs
+    del pool
     assert c.close(1) > 0
 
 
@@ -152,28 +159,33 @@ def test_kvarn_float16_prefill_then_decode(kvarn_daemon, connect):
         assert np.array_equal(ok, fk) and np.array_equal(ov, fv), seq
         assert np.array_equal(opos, pos)
 
-    # Blocks mode: records cover 128..255 of every pair; sinks and tail come as rows.
+    # Blocks mode: records cover 128..255 of every pair; sinks and tail are row slots in the
+    # pool, their positions two runs.
     b = c.fetch_blocks(1)
     pairs = LAYERS * HEADS
     assert b.n_layers == LAYERS and b.kv_heads == HEADS and b.block_tokens == 128
     assert b.quantized_counts.tolist() == [128] * pairs
-    assert b.tail_counts.tolist() == [total - 128] * pairs
+    assert b.window_counts.tolist() == [total - 128] * pairs
+    assert b.window_sinks.tolist() == [128] * pairs
     assert b.indptr.tolist() == list(range(pairs + 1))
     lay = b.layouts[0]
     assert lay.method_name == "kvarn" and (lay.k_bits, lay.v_bits) == (2, 2)
     assert np.all(b.record_offsets + lay.record_bytes <= s.pool_bytes)
     assert len(set(b.record_offsets.tolist())) == pairs
+    assert np.all(b.window_offsets + 2 * DIM * 2 <= s.pool_bytes)
+    pool = np.memmap("/dev/shm/" + s.shm_name.lstrip("/"), dtype=np.uint8, mode="r")
     for layer in range(LAYERS):
         for head in range(HEADS):
-            rows_pos = b.tail_positions[layer][head]
+            rows_pos = b.window_positions[layer][head]
             assert rows_pos.tolist() == list(range(128)) + list(range(256, total))
-            want = np.concatenate([k[layer, :128, head], k[layer, 256:, head]])
-            assert b.tail_k[layer][head].dtype == np.float16
-            assert np.array_equal(b.tail_k[layer][head], want)
-    # fetch(mode="blocks") returns the same rows.
-    bk, _, bpos = c.fetch(1, mode="blocks", dtype="float16")
-    assert np.array_equal(bk[1][0], b.tail_k[1][0]) and np.array_equal(bpos[0][1],
-                                                                          b.tail_positions[0][1])
+            wk, wv = b.window_rows(pool, layer * HEADS + head)
+            assert wk.dtype == np.float16
+            assert np.array_equal(wk, np.concatenate([k[layer, :128, head], k[layer, 256:, head]]))
+            assert np.array_equal(wv, np.concatenate([v[layer, :128, head], v[layer, 256:, head]]))
+    del pool
+    # A blocks FETCH carries no rows: fetch() reads dense only.
+    with pytest.raises(ValueError, match="fetch_blocks"):
+        c.fetch(1, mode="blocks")
     for seq in (1, 2, 3):
         c.close(seq)
 

@@ -415,6 +415,15 @@ def test_torch_ops_pool_views_feed_fused_attention_without_copies(daemon_factory
             assert_close(out, lse, *ref, what="layer %d step %d" % (layer, step))
         recs = view.pair_records(blocks, 0)
         assert len(recs) == (2 if step == 0 else 3)
+        # Window rows come from the pool too: sinks, then tail, as the dense FETCH has them.
+        for pair in range(layers * heads):
+            layer, h = divmod(pair, heads)
+            window = blocks.window_positions[layer][h].tolist()
+            assert int(blocks.window_sinks[pair]) == 128 and window[:128] == list(range(128))
+            wk, wv = view.window_rows(blocks, pair)
+            assert wk.dtype == torch.float16
+            assert torch.equal(wk.float(), torch.from_numpy(fk[layer, window, h]))
+            assert torch.equal(wv.float(), torch.from_numpy(fv[layer, window, h]))
         # Views, not copies: every record tensor shares the pool mapping's storage.
         base = view.tensor.untyped_storage().data_ptr()
         assert all(r.untyped_storage().data_ptr() == base for r in recs)
@@ -507,8 +516,12 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
                 lay = blocks.layouts[int(blocks.layout_index[pair])]
                 recs = view.pair_records(blocks, pair)
                 assert len(recs) * blocks.block_tokens == blocks.quantized_counts[pair] > 0
-                window = set(blocks.tail_positions[layer][h].tolist())
-                quantized = [i for i, x in enumerate(pos.tolist()) if x not in window]
+                window = blocks.window_positions[layer][h].tolist()
+                quantized = [i for i, x in enumerate(pos.tolist()) if x not in set(window)]
+                # The window rows, read from the pool, are the dense rows at their positions.
+                wk, wv = view.window_rows(blocks, pair)
+                assert torch.equal(wk.float(), torch.from_numpy(fk[layer, window, h]))
+                assert torch.equal(wv.float(), torch.from_numpy(fv[layer, window, h]))
                 kd, vd = ops.dequantize(torch.stack(recs).unsqueeze(0), "kvarn", dim,
                                         lay.k_bits, lay.v_bits,
                                         block_tokens=blocks.block_tokens)
@@ -517,3 +530,60 @@ def test_torch_ops_pool_views_with_per_head_layouts(daemon_factory, connect, wor
                 assert torch.equal(kd[:, 0], torch.from_numpy(fk[layer, quantized, h])), what
                 assert torch.equal(vd[:, 0], torch.from_numpy(fv[layer, quantized, h])), what
     c.close(1)
+
+
+@pytest.mark.parametrize("page_bytes", [4096, 4008])
+def test_pool_view_window_rows_read_each_slot_at_its_layout_address(page_bytes):
+    """Window rows are read at (id / rows_per_page) * page_bytes + (id % rows_per_page) *
+    row_slot_bytes, K row then V row, in the layout's row dtype: PoolView (torch; a row-aligned
+    fast path when page_bytes is a multiple of the row size, a byte gather otherwise) and
+    BlocksTable.window_rows (numpy) agree with rows written there, for two pairs whose layouts
+    differ in row dtype and slots per page. Runs without a daemon, on a shm object of its own."""
+    import dataclasses
+    import os
+
+    from kvctl import protocol as proto
+    from kvctl.client import BlocksTable
+
+    dim, pages = 8, 4
+    f16, f32 = proto.DTYPE_CODES["float16"], proto.DTYPE_CODES["float32"]
+    base = proto.RecordLayout(0, 16, 16, f16, 32, 8, page_bytes // 4, *([0] * 8), 0, 4, 32, 16)
+    # Pair 1: float32 rows in 72-byte slots (slack after V), never on row boundaries.
+    lays = (base, dataclasses.replace(base, row_dtype=f32, row_slot_bytes=72, rows_per_page=40))
+    ids = [[3, 17, 40], [121, 130]]  # Pair 1 on page 3 (slabs of one slot size own a page).
+    rng = np.random.default_rng(7)
+    raw = np.zeros(pages * page_bytes, dtype=np.uint8)
+    want, offsets = [], []
+    for pair, lay in enumerate(lays):
+        dt = np.float16 if lay.row_dtype == f16 else np.float32
+        rows_k = rng.standard_normal((len(ids[pair]), dim)).astype(dt)
+        rows_v = rng.standard_normal((len(ids[pair]), dim)).astype(dt)
+        want.append((rows_k, rows_v))
+        for i, w in enumerate(ids[pair]):
+            at = (w // lay.rows_per_page) * page_bytes + (w % lay.rows_per_page) * lay.row_slot_bytes
+            offsets.append(at)
+            raw[at:at + rows_k[i].nbytes] = rows_k[i].view(np.uint8)
+            raw[at + rows_k[i].nbytes:at + 2 * rows_k[i].nbytes] = rows_v[i].view(np.uint8)
+    name = "/kvctl-test-rows-%d-%d" % (os.getpid(), page_bytes)
+    with open("/dev/shm" + name, "wb") as f:
+        f.write(raw.tobytes())
+    try:
+        u32 = lambda *a: np.array(a, dtype=np.uint32)  # noqa: E731
+        table = BlocksTable(
+            0, 1, 2, dim, page_bytes, pages, 32, 0, lays, np.array([0, 1], dtype=np.uint16),
+            u32(0, 0, 0), u32(), u32(0, 0), None, np.zeros(0, dtype=np.uint64),
+            np.zeros(2, dtype=np.int64), u32(0, 3, 5), u32(*ids[0], *ids[1]), u32(0, 0),
+            np.array(offsets, dtype=np.uint64), [[np.arange(3), np.arange(2)]])
+        pool = np.memmap("/dev/shm" + name, dtype=np.uint8, mode="r")
+        with PoolView(name) as view:
+            for pair in range(2):
+                k, v = view.window_rows(table, pair)
+                nk, nv = table.window_rows(pool, pair)
+                assert np.array_equal(k.numpy(), want[pair][0]), pair
+                assert np.array_equal(v.numpy(), want[pair][1]), pair
+                assert np.array_equal(nk, want[pair][0]) and np.array_equal(nv, want[pair][1])
+            with pytest.raises(ValueError, match="pair: got 2"):
+                view.window_rows(table, 2)
+        del pool
+    finally:
+        os.unlink("/dev/shm" + name)

@@ -422,8 +422,8 @@ class Harness {
     return std::move(back).value();
   }
 
-  // Every record and side record a blocks reply names lies inside the pool's pages. The decoder
-  // has checked the reply's structure (indices, indptr, layout_index).
+  // Every record, side record and window row slot a blocks reply names lies inside the pool's
+  // pages. The decoder has checked the reply's structure (indices, indptr, layout_index).
   void CheckRecords(const ipc::FetchBlocksReply& r) {
     const uint64_t pairs = static_cast<uint64_t>(r.n_layers) * r.kv_heads;
     for (uint64_t i = 0; i < pairs; ++i) {
@@ -441,6 +441,14 @@ class Harness {
                                  (y % r.side_records_per_page) * side_bytes;
         if (side_at + side_bytes > pages_end_) {
           Fail("a blocks reply names a side record outside the pool");
+        }
+      }
+      for (uint32_t j = r.window_indptr[i]; j < r.window_indptr[i + 1]; ++j) {
+        const uint64_t w = r.window_ids[j];
+        const uint64_t at =
+            (w / l.rows_per_page) * r.page_bytes + (w % l.rows_per_page) * l.row_slot_bytes;
+        if (at + l.row_slot_bytes > pages_end_) {
+          Fail("a blocks reply names a window row outside the pool");
         }
       }
     }

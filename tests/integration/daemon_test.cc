@@ -13,6 +13,7 @@
 #include "common/half.h"
 #include "kernels/quantize.h"
 #include "tests/integration/daemon_process.h"
+#include "tests/integration/pool_window.h"
 #include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
@@ -124,11 +125,17 @@ TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[inte
       r += total;
     }
   }
-  // Blocks mode describes the same records.
+  // Blocks mode describes the same records, and its window rows, read from the pool, are the
+  // dense rows of the 128 sinks and the 16-token tail.
   auto blocks = client->FetchBlocks(sid, 5, 0, layers);
   REQUIRE(blocks.ok());
   CHECK(blocks->indptr.back() == static_cast<uint32_t>(layers * heads * 2));
-  CHECK(blocks->tail_counts[0] == 128 + 16);
+  CHECK(blocks->window_indptr[1] == 128 + 16);
+  CHECK(blocks->window_sinks[0] == 128);
+  CHECK(blocks->run_indptr.back() == static_cast<uint32_t>(layers * heads * 2));  // Two runs each.
+  CHECK(blocks->layouts[0].row_dtype == DType::kF16);
+  const testing::PoolMap pool(hello->shm_name, hello->pool_bytes);
+  testing::CheckWindowsMatchDense(pool, *blocks, *fetched);
   CHECK(daemon.Stop() == 0);
 }
 
@@ -183,7 +190,10 @@ TEST_CASE("Daemon: turbo records fetched from the daemon equal the library's rou
   auto blocks = client->FetchBlocks(sid, 3, 0, layers);
   REQUIRE(blocks.ok());
   CHECK(blocks->indptr.back() == static_cast<uint32_t>(layers * heads * 8));
-  CHECK(blocks->tail_counts[0] == 14);
+  CHECK(blocks->window_indptr[1] == 14);
+  CHECK(blocks->window_sinks[0] == 0);
+  const testing::PoolMap pool(hello->shm_name, hello->pool_bytes);
+  testing::CheckWindowsMatchDense(pool, *blocks, *fetched);
   REQUIRE(!blocks->layouts.empty());
   CHECK(blocks->layouts[0].method == static_cast<uint8_t>(QuantMethod::kTurbo));
   CHECK(blocks->layouts[0].record_bytes == BlockLayoutOf(spec).record_bytes);

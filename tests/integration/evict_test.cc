@@ -17,6 +17,7 @@
 #include "policies/ratequant_fit.h"
 #include "tests/controller/sequence/evict_test_util.h"
 #include "tests/integration/daemon_process.h"
+#include "tests/integration/pool_window.h"
 
 namespace kvctl {
 namespace {
@@ -57,6 +58,7 @@ TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STAT
   REQUIRE(hello.ok());
   const uint64_t sid = hello->session_id;
   REQUIRE(client->Open(sid, 1).ok());
+  const testing::PoolMap pool(hello->shm_name, hello->pool_bytes);
   std::mt19937_64 rng(3);
   // SnapKV's observation window is 32, so the protected window is 32; sinks 4; floor 40.
   const int window = 32, sinks = 4, floor = 40, layer_budget = heads * 64;
@@ -74,6 +76,11 @@ TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STAT
     REQUIRE(dense.ok());
     auto blocks = client->FetchBlocks(sid, 1, 0, layers);
     REQUIRE(blocks.ok());
+    // The window rows in the pool are the dense rows at their (evicted, non-contiguous)
+    // positions.
+    auto dense32 = client->FetchDense(sid, 1, 0, layers, DType::kF32);
+    REQUIRE(dense32.ok());
+    testing::CheckWindowsMatchDense(pool, *blocks, *dense32);
     const std::vector<int64_t> pos = Positions(dense->positions);
     size_t at = 0;
     for (int l = 0; l < layers; ++l) {
@@ -94,7 +101,9 @@ TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STAT
         at += count;
         // Blocks: records of block_tokens kept tokens plus the fp16 rows give the same count.
         const uint32_t records = blocks->indptr[pair + 1] - blocks->indptr[pair];
-        CHECK(records * blocks->block_tokens + blocks->tail_counts[pair] == count);
+        CHECK(records * blocks->block_tokens + blocks->window_indptr[pair + 1] -
+                  blocks->window_indptr[pair] ==
+              count);
       }
       CHECK(layer_sum <= static_cast<uint32_t>(layer_budget));
     }

@@ -129,18 +129,23 @@ inline RecordLayout SampleLayout(uint32_t side_bytes, uint32_t records_per_page)
           .v_meta_offset = 176,
           .v_meta_bytes = 48,
           .side_bytes_per_token = side_bytes,
-          .records_per_page = records_per_page};
+          .records_per_page = records_per_page,
+          .row_slot_bytes = 32,  // fp16 K and V rows of head_dim 8.
+          .rows_per_page = 16};
 }
 
 // One layer, two heads, two layouts of 256-byte records: the first packs two per 512-byte page,
-// the second (with side records, four per page) one. Head 0 has 3 records, the last with 5
-// tokens, head 1 has one; tails of 2 and 0 tokens.
+// the second (with side records, four per page) one; both keep fp16 window rows 16 per page, in
+// a pool of 20 pages. Head 0 has 3 records, the last with 5 tokens, and a window of 2 sinks
+// (positions 0, 1) and 3 tail rows (positions 69, 70 and, after an eviction, 72); head 1 has
+// one record and no window.
 inline FetchBlocksReply SampleFetchBlocks() {
   FetchBlocksReply r{.layer_begin = 0,
                      .n_layers = 1,
                      .kv_heads = 2,
                      .head_dim = 8,
                      .page_bytes = 512,
+                     .pool_pages = 20,
                      .block_tokens = 32,
                      .side_records_per_page = 4};
   r.layouts = {SampleLayout(0, 2), SampleLayout(4, 1)};
@@ -149,11 +154,12 @@ inline FetchBlocksReply SampleFetchBlocks() {
   r.indices = {5, 9, 2, 11};
   r.last_page_len = {5, 32};
   r.side_indices = {kNoPage, kNoPage, kNoPage, 12};
-  r.tail_dtype = DType::kF16;
-  r.tail_counts = {2, 0};
-  r.tail_positions = PositionsFrame(2, 69);
-  r.tail_k = PatternFrame(2 * 8 * 2, 6);
-  r.tail_v = PatternFrame(2 * 8 * 2, 7);
+  r.window_indptr = {0, 5, 5};
+  r.window_ids = {40, 41, 3, 4, 17};
+  r.window_sinks = {2, 0};
+  r.run_indptr = {0, 3, 3};
+  r.run_starts = {0, 69, 72};
+  r.run_lengths = {2, 2, 1};
   return r;
 }
 

@@ -308,6 +308,7 @@ TEST_CASE("Protocol golden: the PROTOCOL.md examples come out of the encoders", 
                      .kv_heads = 1,
                      .head_dim = 8,
                      .page_bytes = 4096,
+                     .pool_pages = 256,
                      .block_tokens = 32,
                      .side_records_per_page = 0};
   b.layouts = {{.method = 3,
@@ -325,18 +326,23 @@ TEST_CASE("Protocol golden: the PROTOCOL.md examples come out of the encoders", 
                 .v_meta_offset = 192,
                 .v_meta_bytes = 64,
                 .side_bytes_per_token = 0,
-                .records_per_page = 16}};
+                .records_per_page = 16,
+                .row_slot_bytes = 32,
+                .rows_per_page = 128}};
   b.layout_index = {0};
   b.indptr = {0, 2};
   b.indices = {17, 18};
   b.last_page_len = {32};
-  b.tail_counts = {1};
-  b.tail_positions = testing::PositionsFrame(1, 64);
-  const Golden& blocks = GoldenNamed("fetch_blocks_reply");
-  b.tail_k = FrameOf(blocks.frames[2]);
-  b.tail_v = FrameOf(blocks.frames[3]);
+  b.window_indptr = {0, 1};
+  b.window_ids = {5};
+  b.window_sinks = {0};
+  b.run_indptr = {0, 1};
+  b.run_starts = {64};
+  b.run_lengths = {1};
   check("fetch_blocks_reply", Encode(8, std::move(b)));
-  CHECK(blocks.frames[0].size() == 18 + 114);  // Header + the example's 114-byte body.
+  const Golden& blocks = GoldenNamed("fetch_blocks_reply");
+  CHECK(blocks.frames.size() == 1);            // No row travels in a blocks reply.
+  CHECK(blocks.frames[0].size() == 18 + 157);  // Header + the example's 157-byte body.
 }
 
 TEST_CASE("Protocol golden: BYE refuses session 0 and names a truncated field", "[ipc]") {

@@ -155,11 +155,16 @@ TEST_CASE("Protocol: every reply round-trips", "[ipc]") {
   CHECK(blocks.indices == blocks_want.indices);
   CHECK(blocks.last_page_len == blocks_want.last_page_len);
   CHECK(blocks.side_indices == blocks_want.side_indices);
-  CHECK(blocks.tail_dtype == DType::kF16);
-  CHECK(blocks.tail_counts == blocks_want.tail_counts);
-  CHECK(Bytes(blocks.tail_positions) == Bytes(blocks_want.tail_positions));
-  CHECK(Bytes(blocks.tail_k) == Bytes(blocks_want.tail_k));
-  CHECK(Bytes(blocks.tail_v) == Bytes(blocks_want.tail_v));
+  CHECK(blocks.pool_pages == 20);
+  CHECK(blocks.window_indptr == blocks_want.window_indptr);
+  CHECK(blocks.window_ids == blocks_want.window_ids);
+  CHECK(blocks.window_sinks == blocks_want.window_sinks);
+  CHECK(blocks.run_indptr == blocks_want.run_indptr);
+  CHECK(blocks.run_starts == blocks_want.run_starts);
+  CHECK(blocks.run_lengths == blocks_want.run_lengths);
+  CHECK(blocks.layouts[0].row_dtype == DType::kF16);
+  CHECK(blocks.layouts[0].row_slot_bytes == 32);
+  CHECK(blocks.layouts[0].rows_per_page == 16);
 
   StatusOr<Reply> error = DecodeReply(EncodeError(9, ResourceExhausted("pool: full")));
   REQUIRE(error.ok());
@@ -285,11 +290,69 @@ TEST_CASE("Protocol: encoders refuse invalid messages and name the field", "[ipc
         "FETCH_REPLY: side_records_per_page: got 4, expected 0..0");
 }
 
+// Every field of the window (rows in the pool, positions as runs) and every id's page.
+TEST_CASE("Protocol: blocks replies check ids against the pool and the window runs", "[ipc]") {
+  const auto error_of = [](void (*change)(FetchBlocksReply&)) {
+    FetchBlocksReply blocks = testing::SampleFetchBlocks();
+    change(blocks);
+    return std::string(Encode(1, std::move(blocks)).status().message());
+  };
+  CHECK(error_of([](FetchBlocksReply&) {}).empty());
+  CHECK(error_of([](FetchBlocksReply& b) { b.pool_pages = 0; }) ==
+        "FETCH_REPLY: pool_pages: got 0, expected 1..4294967295");
+  // Record 11 of a one-per-page layout lies on page 11.
+  CHECK(error_of([](FetchBlocksReply& b) { b.pool_pages = 11; }) ==
+        "FETCH_REPLY: indices[3]: got 11 (page 11), expected an id on a page below pool_pages "
+        "(11) with 1 slots per page");
+  CHECK(error_of([](FetchBlocksReply& b) { b.side_indices[3] = 80; }) ==
+        "FETCH_REPLY: side_indices[3]: got 80 (page 20), expected an id on a page below "
+        "pool_pages (20) with 4 slots per page");
+  CHECK(error_of([](FetchBlocksReply& b) { b.window_ids[2] = 320; }) ==
+        "FETCH_REPLY: window_ids[2]: got 320 (page 20), expected an id on a page below "
+        "pool_pages (20) with 16 slots per page");
+  CHECK(error_of([](FetchBlocksReply& b) { b.layouts[0].row_dtype = DType::kF32; }) ==
+        "FETCH_REPLY: layouts[0].row_slot_bytes: got 32, expected 64 (K and V rows of head_dim "
+        "8) .. page_bytes (512)");
+  CHECK(error_of([](FetchBlocksReply& b) { b.layouts[0].row_slot_bytes = 513; }) ==
+        "FETCH_REPLY: layouts[0].row_slot_bytes: got 513, expected 32 (K and V rows of head_dim "
+        "8) .. page_bytes (512)");
+  CHECK(error_of([](FetchBlocksReply& b) { b.layouts[0].rows_per_page = 17; }) ==
+        "FETCH_REPLY: layouts[0].rows_per_page: got 17, expected 1..16");
+  CHECK(error_of([](FetchBlocksReply& b) {
+          b.window_indptr = {0, 5, 4};
+        }) == "FETCH_REPLY: window_ids: got 5 entries, expected 4");
+  CHECK(error_of([](FetchBlocksReply& b) {
+          b.window_indptr = {1, 5, 5};
+        }) == "FETCH_REPLY: window_indptr[0]: got 1, expected 0");
+  CHECK(error_of([](FetchBlocksReply& b) {
+          b.window_indptr = {0, 6, 5};
+        }) == "FETCH_REPLY: window_indptr[2]: got 5, expected >= window_indptr[1] = 6");
+  CHECK(error_of([](FetchBlocksReply& b) { b.window_sinks[0] = 6; }) ==
+        "FETCH_REPLY: window_sinks[0]: got 6, expected 0..5");
+  CHECK(error_of([](FetchBlocksReply& b) { b.window_sinks = {2}; }) ==
+        "FETCH_REPLY: window_sinks: got 1 entries, expected 2");
+  CHECK(error_of([](FetchBlocksReply& b) {
+          b.run_indptr = {0, 2, 3};
+        }) == "FETCH_REPLY: run_lengths: pair 0's runs cover 4 rows, expected its window rows (5)");
+  CHECK(error_of([](FetchBlocksReply& b) { b.run_lengths[2] = 0; }) ==
+        "FETCH_REPLY: run_lengths[2]: got 0, expected 1..1");
+  CHECK(error_of([](FetchBlocksReply& b) { b.run_lengths[0] = 3; }) ==
+        "FETCH_REPLY: run_lengths[2]: got 1, expected 1..0");
+  CHECK(error_of([](FetchBlocksReply& b) { b.run_starts[1] = 1; }) ==
+        "FETCH_REPLY: run_starts[1]: got 1, expected >= 2 (past the previous run of pair 0)");
+  CHECK(error_of([](FetchBlocksReply& b) { b.run_starts[2] = uint64_t{1} << 62; }) ==
+        "FETCH_REPLY: run_starts[2]: got 4611686018427387904, expected its 1 positions below "
+        "4611686018427387904");
+  CHECK(error_of([](FetchBlocksReply& b) { b.run_starts.pop_back(); }) ==
+        "FETCH_REPLY: run_starts: got 2 entries, expected 3");
+}
+
 TEST_CASE("Protocol: the blocks decoder checks each layout's records_per_page", "[ipc]") {
   const Frames good = MustEncode(testing::SampleFetchBlocks());
-  // Header 18 + mode 1 + shape 16 + page_bytes, block_tokens, side_records_per_page 12 +
-  // n_layouts 2: the layouts start at byte 49; records_per_page is the last u32 of each 56.
-  const size_t layout0 = 49 + 52, layout1 = 49 + 56 + 52;
+  // Header 18 + mode 1 + shape 16 + page_bytes, pool_pages, block_tokens,
+  // side_records_per_page 16 + n_layouts 2: the layouts start at byte 53; records_per_page is
+  // the u32 at byte 52 of each 64.
+  const size_t layout0 = 53 + 52, layout1 = 53 + 64 + 52;
   const std::string bytes = Bytes(good[0]);
   REQUIRE(bytes.substr(layout0, 4) == std::string("\x02\0\0\0", 4));
   REQUIRE(bytes.substr(layout1, 4) == std::string("\x01\0\0\0", 4));

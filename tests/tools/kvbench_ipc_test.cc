@@ -113,10 +113,13 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
   }
   const IpcBenchRow* blocks = rows.at("fetch blocks 700, kvarn k2v2");
   CHECK(blocks->baseline_64);
-  // 128 sinks + 60 tail tokens per head come inline; 512 tokens are in 4 records per head.
-  REQUIRE(blocks->reply_frames.size() == 4);
-  CHECK(blocks->reply_frames[1] == 188 * 3 * 8);
-  CHECK(blocks->reply_frames[2] == 188 * 3 * 64 * 2);
+  // A page table only: 512 tokens in 4 records per head, and 128 sinks + 60 tail tokens per head
+  // as window row slot ids (4 bytes each) with two position runs (12 bytes each) per head.
+  // Body: mode, 8 u32, n_layouts, one 64-byte layout, 3 layout_index, indptr, 12 indices,
+  // last_page_len, window_indptr, 564 window ids, window_sinks, run_indptr, 6 runs.
+  REQUIRE(blocks->reply_frames.size() == 1);
+  CHECK(blocks->reply_frames[0] == 18 + 1 + 32 + 2 + 64 + 3 * 2 + 4 * 4 + 12 * 4 + 3 * 4 + 4 * 4 +
+                                       188 * 3 * 4 + 3 * 4 + 4 * 4 + 6 * 12);
   CHECK(rows.count("fetch blocks 300, kvarn k2v2") == 1);
 
   const std::string table = FormatIpcTable(r);

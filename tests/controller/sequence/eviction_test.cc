@@ -18,6 +18,8 @@
 #include "controller/config/config.h"
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/kv_sequence.h"
+#include "controller/service/blocks_reply.h"
+#include "ipc/protocol.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
 #include "policies/reasonalloc.h"
@@ -262,6 +264,7 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
                  Plans(layers, kv_heads, QuantMethod::kKivi, d, false, 8, 16, 0), settings);
   const size_t row_slot = 2 * static_cast<size_t>(d) * 2;
   bool budgets_differ = false;
+  bool window_gaps = false;  // A window's positions needed more than a sink and a tail run.
   int t = 0;
   for (int n : {30, 1, 1, 7, 1, 1, 1, 1, 40, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
                 1,  1, 1, 1, 1, 1, 1, 1, 1,  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -291,8 +294,30 @@ TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; p
       CHECK(layer_sum == seq.LayerBudget(l));
     }
     CHECK(pool->Stats().pages_used == testing::PackedPages(seq, layers, kv_heads, row_slot, page));
+    // The blocks reply is valid, and its window (row slots, sinks, position runs) is the dense
+    // rows' first window_sinks and last rows, at their positions.
+    const ipc::FetchBlocksReply blocks = BuildBlocksReply(
+        seq, {layers, kv_heads, q_heads, d, DType::kF32}, 0, layers, page, pool->pages_total());
+    REQUIRE(ipc::Encode(1, ipc::FetchBlocksReply(blocks)).ok());
+    for (int pair = 0; pair < layers * kv_heads; ++pair) {
+      const std::vector<int64_t> pos = PositionsOf(dense, pair);
+      std::vector<int64_t> window;
+      for (uint32_t j = blocks.run_indptr[pair]; j < blocks.run_indptr[pair + 1]; ++j) {
+        for (uint32_t i = 0; i < blocks.run_lengths[j]; ++i) {
+          window.push_back(static_cast<int64_t>(blocks.run_starts[j] + i));
+        }
+      }
+      window_gaps |= blocks.run_indptr[pair + 1] - blocks.run_indptr[pair] > 2;
+      const size_t rows = window.size(), sinks = blocks.window_sinks[pair];
+      REQUIRE(rows == blocks.window_indptr[pair + 1] - blocks.window_indptr[pair]);
+      REQUIRE(rows <= pos.size());
+      for (size_t i = 0; i < rows; ++i) {
+        CHECK(window[i] == pos[i < sinks ? i : pos.size() - rows + i]);
+      }
+    }
   }
   CHECK(budgets_differ);  // Re-allocation moved budget between heads.
+  CHECK(window_gaps);     // Re-quantization left kept tokens with gaps in some tail.
   // SnapKV drops tokens from the middle of records: their kept neighbours were re-quantized.
   CHECK(seq.HeadUsageOf(0, 0).requantized_tokens > 0);
   CHECK(seq.Usage().evicted_tokens > 0);
