@@ -43,7 +43,8 @@ struct ServerConfig {
   LogLevel log_level{};
   int lease_ms = 0;
   int workers = 0;
-  int inline_append_tokens = 0;  // Light APPENDs of up to this many tokens skip the workers.
+  int inline_append_tokens = 0;      // Light APPENDs of up to this many tokens skip the workers.
+  bool inline_blocks_fetch = false;  // Blocks FETCHes without checksums skip the workers.
   uint64_t max_message_bytes = 0;
   int stats_interval_ms = 0;
   std::string stats_endpoint;  // ZeroMQ PUB of the stats text; "" = off.

@@ -176,6 +176,15 @@ std::vector<ConfigOption> BuildSchema() {
                   "records, no eviction, no pressure relief, a free sequence lock) is answered on "
                   "the socket's I/O thread when no other request is on a worker, saving two "
                   "thread hand-offs per decode step; 0 = every APPEND goes to a worker."}),
+      Row<&Config::server, &ServerConfig::inline_blocks_fetch>(
+          {.key = "server.inline_blocks_fetch",
+           .default_text = "true",
+           .flags = kImm,
+           .env = "KVCTL_SERVER_INLINE_BLOCKS_FETCH",
+           .doc = "With pool.checksums = false, a blocks-mode FETCH (a page-table walk of a few "
+                  "microseconds) is answered on the socket's I/O thread when its sequence lock is "
+                  "free and no other request is on a worker; with checksums on it always goes to "
+                  "a worker (verification grows with the sequence)."}),
       Row<&Config::server, &ServerConfig::max_message_bytes>(
           {.key = "server.max_message_bytes",
            .default_text = "256MiB",

@@ -52,9 +52,9 @@ class Daemon {
          ConfigLoadOptions reload);
   void Handle(ipc::Request request, ipc::Responder responder);
   void Serve(ipc::Request& request, ipc::Responder& responder);
-  // On the I/O thread: answers a light APPEND (Controller::Append with `deferred`) and returns
-  // true, or returns false with nothing done.
-  bool ServeLightAppend(ipc::Request& request, ipc::Responder& responder);
+  // On the I/O thread: answers a light APPEND or blocks FETCH (Controller::Append / Fetch with
+  // `deferred`) and returns true, or returns false with nothing done.
+  bool ServeLight(ipc::Request& request, ipc::Responder& responder);
   void Reload();
   // ZeroMQ PUB of the STATS text every server.stats_interval_ms (kvtop's feed); off when the
   // endpoint is "".

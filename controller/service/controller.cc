@@ -676,7 +676,13 @@ int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages)
   return freed;
 }
 
-StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now) {
+StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now,
+                                           bool* deferred) {
+  // Verifying checksums and dense decoding grow with the sequence: a worker's job.
+  if (deferred != nullptr && (request.mode != ipc::FetchMode::kBlocks || pool_->checksums())) {
+    *deferred = true;
+    return Unavailable("deferred to a worker");
+  }
   ipc::Geometry g;
   {
     MutexLock lock(&mu_);
@@ -690,7 +696,13 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
-  MutexLock seq_lock(&entry->mu);
+  if (deferred == nullptr) {
+    entry->mu.Lock();
+  } else if (!entry->mu.TryLock()) {
+    *deferred = true;
+    return Unavailable("deferred to a worker");
+  }
+  MutexLock seq_lock(&entry->mu, AdoptLock{});
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);

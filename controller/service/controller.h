@@ -65,8 +65,11 @@ class Controller {
   // the caller to run it on a worker without `deferred`.
   StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now,
                                     bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
-  StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now)
-      KVCTL_EXCLUDES(mu_);
+  // With `deferred` (the daemon's I/O thread): only a FETCH that is cheap now is done, a
+  // blocks-mode FETCH with page checksums off (a page-table walk) whose sequence lock is free.
+  // Anything else sets *deferred and returns, for the caller to run it on a worker.
+  StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now,
+                                 bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
   // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for
   // an unknown session. Waits for requests in flight on its sequences, without holding the
   // session table's lock meanwhile.

@@ -378,8 +378,9 @@ class Harness {
     }
 
     const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request->body));
-    // As the daemon does: a small APPEND is first offered to the light path (its I/O thread's,
-    // Controller::Append with `deferred`), and goes to Dispatch only when handed back.
+    // As the daemon does: a small APPEND or a FETCH is first offered to the light path (its I/O
+    // thread's, Controller::Append/Fetch with `deferred`), and goes to Dispatch only when handed
+    // back.
     auto serve = [&]() -> StatusOr<ipc::ReplyBody> {
       const auto* append = std::get_if<ipc::AppendRequest>(&request->body);
       if (append != nullptr && append->n_tokens <= 4) {
@@ -389,6 +390,11 @@ class Harness {
           if (!light.ok()) return light.status();
           return ipc::ReplyBody(*light);
         }
+      }
+      if (const auto* fetch = std::get_if<ipc::FetchRequest>(&request->body)) {
+        bool deferred = false;
+        StatusOr<ipc::ReplyBody> light = controller_->Fetch(*fetch, now_, &deferred);
+        if (!deferred) return light;
       }
       return Dispatch(*controller_, request->body, now_);
     };

@@ -72,6 +72,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"server.lease_ms", "10000"},
       {"server.workers", "2"},
       {"server.inline_append_tokens", "4"},
+      {"server.inline_blocks_fetch", "true"},
       {"server.max_message_bytes", "\"256MiB\""},
       {"server.stats_interval_ms", "1000"},
       {"server.stats_endpoint", "\"ipc:///tmp/kvctl-stats.sock\""},

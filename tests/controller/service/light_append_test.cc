@@ -13,6 +13,7 @@
 
 #include "common/half.h"
 #include "controller/service/controller.h"
+#include "ipc/protocol.h"
 
 namespace kvctl {
 namespace {
@@ -135,6 +136,36 @@ TEST_CASE("Light appends: a full pool hands the append back unchanged", "[contro
   CHECK(worker.status().code() == StatusCode::kResourceExhausted);
   CHECK(c->pool_stats().pages_used == pool.pages_used);
   if (taken > 0) CHECK(DenseBytes(*c, session, 2) == before);
+}
+
+TEST_CASE("Light fetches: a blocks FETCH without checksums, nothing else", "[controller][light]") {
+  for (bool checksums : {false, true}) {
+    INFO("checksums " << checksums);
+    Config config = LightConfig(checksums ? "fetch-sum" : "fetch", 16 << 20);
+    config.pool.checksums = checksums;
+    std::unique_ptr<Controller> c = Make(config);
+    const uint64_t session = OpenOne(*c, 1);
+    REQUIRE(c->Append(Step(session, 1, 0, 200), Clock::now()).ok());  // One flush: records.
+    const ipc::FetchRequest blocks{session, 1, 0, kLayers, ipc::FetchMode::kBlocks, DType::kF16};
+    bool deferred = false;
+    StatusOr<ipc::ReplyBody> light = c->Fetch(blocks, Clock::now(), &deferred);
+    CHECK(deferred == checksums);  // Verification is a worker's job.
+    if (!checksums) {
+      REQUIRE(light.ok());
+      StatusOr<ipc::ReplyBody> worker = c->Fetch(blocks, Clock::now());
+      REQUIRE(worker.ok());
+      // The same page table either way.
+      StatusOr<ipc::Frames> a = ipc::Encode(1, std::move(light).value());
+      StatusOr<ipc::Frames> b = ipc::Encode(1, std::move(worker).value());
+      REQUIRE((a.ok() && b.ok()));
+      REQUIRE(a->size() == b->size());
+      for (size_t i = 0; i < a->size(); ++i) CHECK((*a)[i] == (*b)[i]);
+    }
+    deferred = false;
+    const ipc::FetchRequest dense{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
+    (void)c->Fetch(dense, Clock::now(), &deferred);
+    CHECK(deferred);  // Decoding grows with the sequence.
+  }
 }
 
 }  // namespace
