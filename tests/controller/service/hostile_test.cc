@@ -16,6 +16,7 @@
 
 #include "common/half.h"
 #include "controller/service/controller.h"
+#include "tests/controller/service/service_test_util.h"
 
 namespace kvctl {
 namespace {
@@ -37,12 +38,7 @@ Config TestConfig(const std::string& tag) {
   return c;
 }
 
-std::unique_ptr<Controller> Make(const Config& c) {
-  StatusOr<std::unique_ptr<Controller>> made = Controller::Create(c);
-  INFO(made.status().ToString());
-  REQUIRE(made.ok());
-  return std::move(made).value();
-}
+std::unique_ptr<Controller> Make(const Config& c) { return testing::MakeController(c); }
 
 ipc::HelloRequest Hello(uint32_t layers, uint32_t heads, uint32_t head_dim) {
   ipc::HelloRequest h;

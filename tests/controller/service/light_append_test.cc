@@ -14,6 +14,7 @@
 #include "common/half.h"
 #include "controller/service/controller.h"
 #include "ipc/protocol.h"
+#include "tests/controller/service/service_test_util.h"
 
 namespace kvctl {
 namespace {
@@ -32,12 +33,7 @@ Config LightConfig(const std::string& tag, uint64_t pool_bytes) {
   return c;
 }
 
-std::unique_ptr<Controller> Make(const Config& c) {
-  StatusOr<std::unique_ptr<Controller>> made = Controller::Create(c);
-  INFO(made.status().ToString());
-  REQUIRE(made.ok());
-  return std::move(made).value();
-}
+std::unique_ptr<Controller> Make(const Config& c) { return testing::MakeController(c); }
 
 // One decode step of fp16 rows that differ per position.
 ipc::AppendRequest Step(uint64_t session, uint64_t sequence, uint64_t position, uint32_t n) {

@@ -11,6 +11,7 @@
 #include "common/half.h"
 #include "controller/service/controller.h"
 #include "controller/stats/metrics.h"
+#include "tests/controller/service/service_test_util.h"
 
 namespace kvctl {
 namespace {
@@ -28,12 +29,7 @@ Config SmallConfig(const std::string& tag) {
   return c;
 }
 
-std::unique_ptr<Controller> Make(const Config& c) {
-  StatusOr<std::unique_ptr<Controller>> made = Controller::Create(c);
-  INFO(made.status().ToString());
-  REQUIRE(made.ok());
-  return std::move(made).value();
-}
+std::unique_ptr<Controller> Make(const Config& c) { return testing::MakeController(c); }
 
 size_t Words(const std::string& s) {
   std::istringstream in(s);
