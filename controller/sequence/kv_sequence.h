@@ -310,6 +310,9 @@ class KvSequence {
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
                    const KvTensorView& v, std::vector<float>* out_k,
                    std::vector<float>* out_v) const;
+  // Prepare's last step: encodes every head's flushed rows (out->heads[h].qk/qv) into
+  // out->heads[h].records (OScaR: the layer's token norms first) and samples their quality.
+  Status EncodeNewRecords(int layer, PreparedLayer* out) const;
   Status AppendLayerPrepare(int layer, const AppendContext& ctx, const KvTensorView& k,
                             const KvTensorView& v, const KvTensorView* q, PreparedLayer* out) const;
 

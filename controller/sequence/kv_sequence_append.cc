@@ -40,6 +40,96 @@ Status WithLayerHead(int l, int h, const Status& s) {
 }
 
 }  // namespace
+
+void TakeQueries(const EvictionSettings& ev, const KvTensorView* q, int64_t n, int q_heads,
+                 int head_dim, LayerScoring* scoring) {
+  const size_t q_row = static_cast<size_t>(q_heads) * head_dim;
+  if (q == nullptr) {
+    // Rows kept from earlier appends no longer end at the newest token: drop them.
+    scoring->q_rows.clear();
+    scoring->q_count = scoring->h2o_pending = 0;
+    return;
+  }
+  if (!ev.enabled) return;
+  // Only h2o reads every query; the others need the newest obs_window rows (a long prefill
+  // would otherwise convert and hold all of its queries).
+  const bool all_rows = ev.policy == EvictPolicy::kH2O;
+  const int64_t want = all_rows ? n : std::min<int64_t>(n, ev.obs_window);
+  if (want < n) {
+    scoring->q_rows.clear();  // The rows kept must stay the newest, consecutive ones.
+    scoring->q_count = 0;
+  }
+  scoring->q_rows.resize((scoring->q_count + want) * q_row);
+  for (int64_t t = n - want; t < n; ++t) {
+    float* dst = &scoring->q_rows[(scoring->q_count + t - (n - want)) * q_row];
+    for (int h = 0; h < q_heads; ++h) q->LoadRow(t, h, dst + h * head_dim);
+  }
+  scoring->q_count += want;
+  if (all_rows) scoring->h2o_pending += n;
+}
+
+void KeepQueryWindow(const EvictionSettings& ev, size_t q_row, LayerScoring* scoring) {
+  const int64_t keep_rows =
+      std::min(scoring->q_count, std::max(ev.obs_window, scoring->h2o_pending));
+  scoring->q_rows.erase(scoring->q_rows.begin(),
+                        scoring->q_rows.begin() + (scoring->q_count - keep_rows) * q_row);
+  scoring->q_count = keep_rows;
+}
+
+Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
+  const LayerState& layer = *layers_[l];
+  const int heads = geometry_.kv_heads, d = geometry_.head_dim;
+  // Quantize the new records. OScaR's norm spans the heads, which stay in lockstep (no eviction,
+  // so every new record is a flushed one).
+  const QuantSpec& spec0 = layer.heads[0].spec;
+  const bool needs_norms = !layer.plan.lossless && TraitsOf(spec0.method).needs_token_norms;
+  const int rows0 = static_cast<int>(out->heads[0].qk.size() / d);
+  if (needs_norms && rows0 > 0) {
+    std::vector<float> inter(static_cast<size_t>(rows0) * heads * d);
+    for (int h = 0; h < heads; ++h) {
+      KVCTL_CHECK(out->heads[h].qk.size() == static_cast<size_t>(rows0) * d);
+      for (int t = 0; t < rows0; ++t) {
+        std::memcpy(&inter[(static_cast<size_t>(t) * heads + h) * d], &out->heads[h].qk[t * d],
+                    sizeof(float) * d);
+      }
+    }
+    out->norms.resize(static_cast<size_t>(rows0));
+    ComputeTokenNorms(KvTensorView::Contiguous(inter.data(), DType::kF32, rows0, heads, d),
+                      out->norms.data());
+  }
+  for (int h = 0; h < heads; ++h) {
+    PreparedHead& ph = out->heads[h];
+    if (ph.qk.empty()) continue;
+    const QuantSpec& spec = layer.heads[h].spec;
+    const int g = spec.block_tokens;
+    const size_t rb = BlockLayoutOf(spec).record_bytes;
+    const int blocks = static_cast<int>(ph.qk.size() / (static_cast<size_t>(g) * d));
+    ph.records.resize(rb * blocks);
+    // One batch per head: a device pool encodes it on its device (Arena::EncodeBlocks).
+    const BlockBatch batch{ph.qk.data(),
+                           ph.qv.data(),
+                           d,
+                           static_cast<int64_t>(g) * d,
+                           needs_norms ? out->norms.data() : nullptr,
+                           blocks};
+    Status encoded = pool_->EncodeBlocks(spec, batch, ph.records.data());
+    if (!encoded.ok()) return WithLayerHead(l, h, encoded);
+    if (geometry_.quality_sample_period == 0) continue;
+    // Position of the next new record in the head's record list (never among those in place).
+    size_t index = ph.records_in_place;
+    for (int b = 0; b < blocks; ++b, ++index) {
+      while (ph.record_plan[index - ph.records_in_place] >= 0) ++index;
+      if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
+      const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride, d,
+                          needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};
+      out->samples.push_back({h, 0, 0});
+      SampleQuality(spec, in, ph.records.data() + b * rb, &out->samples.back());
+    }
+  }
+
+  return OkStatus();
+}
+
 void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const KvTensorView& k,
                              const KvTensorView& v, std::vector<float>* out_k,
                              std::vector<float>* out_v) const {
@@ -101,27 +191,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   const size_t q_row = static_cast<size_t>(qh) * d;
   LayerScoring& scoring = out->scoring;
   scoring = layer.scoring;
-  if (q == nullptr) {
-    // Rows kept from earlier appends no longer end at the newest token: drop them.
-    scoring.q_rows.clear();
-    scoring.q_count = scoring.h2o_pending = 0;
-  } else if (ev.enabled) {
-    // Only h2o reads every query; the others need the newest obs_window rows (a long prefill
-    // would otherwise convert and hold all of its queries).
-    const bool all_rows = ev.policy == EvictPolicy::kH2O;
-    const int64_t want = all_rows ? n : std::min<int64_t>(n, ev.obs_window);
-    if (want < n) {
-      scoring.q_rows.clear();  // The rows kept must stay the newest, consecutive ones.
-      scoring.q_count = 0;
-    }
-    scoring.q_rows.resize((scoring.q_count + want) * q_row);
-    for (int64_t t = n - want; t < n; ++t) {
-      float* dst = &scoring.q_rows[(scoring.q_count + t - (n - want)) * q_row];
-      for (int h = 0; h < qh; ++h) q->LoadRow(t, h, dst + h * d);
-    }
-    scoring.q_count += want;
-    if (all_rows) scoring.h2o_pending += n;
-  }
+  TakeQueries(ev, q, n, qh, d, &scoring);
   // The last `rows` query rows as the [rows, g, D] group of KV head h.
   auto group = [&](int64_t rows, int h) -> StatusOr<KvTensorView> {
     const KvTensorView all = KvTensorView::Contiguous(
@@ -379,62 +449,9 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     for (int t = first_tail; t < l_rows; ++t) put(&lk[t * d], &lv[t * d]);
   }
 
-  // Quantize the new records. OScaR's norm spans the heads, which stay in lockstep (no eviction,
-  // so every new record is a flushed one).
-  const QuantSpec& spec0 = layer.heads[0].spec;
-  const bool needs_norms = !lossless && TraitsOf(spec0.method).needs_token_norms;
-  const int rows0 = static_cast<int>(out->heads[0].qk.size() / d);
-  if (needs_norms && rows0 > 0) {
-    std::vector<float> inter(static_cast<size_t>(rows0) * heads * d);
-    for (int h = 0; h < heads; ++h) {
-      KVCTL_CHECK(out->heads[h].qk.size() == static_cast<size_t>(rows0) * d);
-      for (int t = 0; t < rows0; ++t) {
-        std::memcpy(&inter[(static_cast<size_t>(t) * heads + h) * d], &out->heads[h].qk[t * d],
-                    sizeof(float) * d);
-      }
-    }
-    out->norms.resize(static_cast<size_t>(rows0));
-    ComputeTokenNorms(KvTensorView::Contiguous(inter.data(), DType::kF32, rows0, heads, d),
-                      out->norms.data());
-  }
-  for (int h = 0; h < heads; ++h) {
-    PreparedHead& ph = out->heads[h];
-    if (ph.qk.empty()) continue;
-    const QuantSpec& spec = layer.heads[h].spec;
-    const int g = spec.block_tokens;
-    const size_t rb = BlockLayoutOf(spec).record_bytes;
-    const int blocks = static_cast<int>(ph.qk.size() / (static_cast<size_t>(g) * d));
-    ph.records.resize(rb * blocks);
-    // One batch per head: a device pool encodes it on its device (Arena::EncodeBlocks).
-    const BlockBatch batch{ph.qk.data(),
-                           ph.qv.data(),
-                           d,
-                           static_cast<int64_t>(g) * d,
-                           needs_norms ? out->norms.data() : nullptr,
-                           blocks};
-    Status encoded = pool_->EncodeBlocks(spec, batch, ph.records.data());
-    if (!encoded.ok()) return WithLayerHead(l, h, encoded);
-    if (geometry_.quality_sample_period == 0) continue;
-    // Position of the next new record in the head's record list (never among those in place).
-    size_t index = ph.records_in_place;
-    for (int b = 0; b < blocks; ++b, ++index) {
-      while (ph.record_plan[index - ph.records_in_place] >= 0) ++index;
-      if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
-      const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride, d,
-                          needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};
-      out->samples.push_back({h, 0, 0});
-      SampleQuality(spec, in, ph.records.data() + b * rb, &out->samples.back());
-    }
-  }
+  KVCTL_RETURN_IF_ERROR(EncodeNewRecords(l, out));
 
-  // Keep the observation window (and h2o's unfolded rows) of queries.
-  if (ev.enabled) {
-    const int64_t keep_rows =
-        std::min(scoring.q_count, std::max(ev.obs_window, scoring.h2o_pending));
-    scoring.q_rows.erase(scoring.q_rows.begin(),
-                         scoring.q_rows.begin() + (scoring.q_count - keep_rows) * q_row);
-    scoring.q_count = keep_rows;
-  }
+  if (ev.enabled) KeepQueryWindow(ev, q_row, &scoring);
   return OkStatus();
 }
 

@@ -116,6 +116,14 @@ struct PreparedLayer {
   LayerScoring scoring;         // The layer's scoring state after the append.
 };
 
+// Prepare's query step: appends this append's query rows (fp32) to the layer's kept ones, as the
+// eviction policy needs them: every row for h2o, the newest obs_window rows otherwise; without
+// Q the kept rows are dropped (they no longer end at the newest token); without eviction nothing.
+void TakeQueries(const EvictionSettings& ev, const KvTensorView* q, int64_t n, int q_heads,
+                 int head_dim, LayerScoring* scoring);
+// After scoring: keeps the observation window (and h2o's unfolded rows) of queries.
+void KeepQueryWindow(const EvictionSettings& ev, size_t q_row, LayerScoring* scoring);
+
 inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
   switch (dtype) {
     case DType::kF32:

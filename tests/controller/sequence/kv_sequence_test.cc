@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/half.h"
+#include "controller/sequence/kv_sequence_internal.h"
 #include "kernels/quantize.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 #include "tests/support/synthetic_kv.h"
@@ -264,6 +265,51 @@ TEST_CASE("KvSequence: fp16 rows are stored as the bytes the engine sent", "[con
       }
     }
   }
+}
+
+TEST_CASE("KvSequence prepare: the query rows a layer keeps for scoring", "[controller]") {
+  // Q rows [n, q_heads = 2, head_dim = 8] whose every element is its token index.
+  const int qh = 2, d = 8;
+  auto queries = [&](int64_t n, std::vector<float>* data) {
+    data->resize(static_cast<size_t>(n) * qh * d);
+    for (size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<float>(i / (qh * d));
+    return KvTensorView::Contiguous(data->data(), DType::kF32, n, qh, d);
+  };
+  std::vector<float> six, two;
+  const KvTensorView q6 = queries(6, &six), q2 = queries(2, &two);
+  EvictionSettings ev;
+  LayerScoring s;
+  TakeQueries(ev, &q6, 6, qh, d, &s);  // Eviction off: nothing kept.
+  CHECK(s.q_count == 0);
+  CHECK(s.q_rows.empty());
+
+  ev.enabled = true;
+  ev.policy = EvictPolicy::kSnapKV;
+  ev.obs_window = 4;
+  TakeQueries(ev, &q6, 6, qh, d, &s);  // The newest 4 of 6: tokens 2..5.
+  REQUIRE(s.q_count == 4);
+  CHECK(s.q_rows.front() == 2.0f);
+  CHECK(s.q_rows.back() == 5.0f);
+  TakeQueries(ev, &q2, 2, qh, d, &s);  // Appended: 6 rows until the window is kept.
+  CHECK(s.q_count == 6);
+  KeepQueryWindow(ev, static_cast<size_t>(qh) * d, &s);
+  REQUIRE(s.q_count == 4);
+  CHECK(s.q_rows.front() == 4.0f);  // Tokens 4, 5 of the first append, then 0, 1 of the second.
+  CHECK(s.q_rows.back() == 1.0f);
+  CHECK(s.q_rows.size() == 4u * qh * d);
+
+  ev.policy = EvictPolicy::kH2O;  // h2o folds every query: all rows stay until folded.
+  LayerScoring h;
+  TakeQueries(ev, &q6, 6, qh, d, &h);
+  CHECK(h.q_count == 6);
+  CHECK(h.h2o_pending == 6);
+  KeepQueryWindow(ev, static_cast<size_t>(qh) * d, &h);
+  CHECK(h.q_count == 6);  // Unfolded rows are kept.
+
+  TakeQueries(ev, nullptr, 1, qh, d, &h);  // No Q: the kept rows no longer end at the newest.
+  CHECK(h.q_count == 0);
+  CHECK(h.h2o_pending == 0);
+  CHECK(h.q_rows.empty());
 }
 
 TEST_CASE("KvSequence: pages are accounted and all come back", "[controller]") {
