@@ -310,6 +310,20 @@ class KvSequence {
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
                    const KvTensorView& v, std::vector<float>* out_k,
                    std::vector<float>* out_v) const;
+  // Prepare, step by step (kv_sequence_append.cc): the budgets of the layer's heads, the H2O
+  // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
+  struct LayerPrep;
+  KeyRows FullKeys(LayerPrep& p, int h) const;
+  StatusOr<KvTensorView> RecentQueries(const LayerPrep& p, int64_t rows, int h) const;
+  const H2OState* H2OOf(const LayerPrep& p, int h) const;
+  Status PlanHeadBudgets(LayerPrep& p) const;
+  Status FoldH2O(LayerPrep& p) const;
+  Status ReallocateHeads(LayerPrep& p) const;
+  Status EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) const;
+  void PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
+                       std::vector<float>* pk, std::vector<float>* pv) const;
+  void PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep, std::vector<float>* lk,
+                    std::vector<float>* lv) const;
   // Prepare's last step: encodes every head's flushed rows (out->heads[h].qk/qv) into
   // out->heads[h].records (OScaR: the layer's token norms first) and samples their quality.
   Status EncodeNewRecords(int layer, PreparedLayer* out) const;

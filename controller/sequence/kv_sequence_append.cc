@@ -172,286 +172,342 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
   }
 }
 
+// The working state of one layer's Prepare, shared by its steps.
+struct KvSequence::LayerPrep {
+  int l = 0;
+  int64_t n = 0;
+  const LayerState& layer;
+  const AppendContext& ctx;
+  const KvTensorView& k;
+  const KvTensorView& v;
+  PreparedLayer* out;
+  // Each head's tokens in fp32 (old and new), decoded only when scoring needs them (never
+  // without eviction: a decode step then allocates none of this).
+  std::vector<std::vector<float>> all_k{}, all_v{};
+  std::vector<bool> have_all{};
+  std::vector<int64_t> budget{};  // Per head, with eviction.
+  bool have_q = false;            // Query rows to score with.
+  int64_t obs = 0;                // Observation rows among them.
+  ProtectedRegions regions{};
+};
+
+KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
+  if (!p.have_all[h]) Materialize(p.layer, h, 0, p.k, p.v, &p.all_k[h], &p.all_v[h]);
+  p.have_all[h] = true;
+  return KeyRows{p.all_k[h].data(), p.layer.heads[h].count() + p.n, geometry_.head_dim};
+}
+
+StatusOr<KvTensorView> KvSequence::RecentQueries(const LayerPrep& p, int64_t rows, int h) const {
+  // The last `rows` query rows as the [rows, g, D] group of KV head h.
+  const LayerScoring& scoring = p.out->scoring;
+  const size_t q_row = static_cast<size_t>(geometry_.q_heads) * geometry_.head_dim;
+  const KvTensorView all =
+      KvTensorView::Contiguous(scoring.q_rows.data() + (scoring.q_count - rows) * q_row,
+                               DType::kF32, rows, geometry_.q_heads, geometry_.head_dim);
+  return QueryGroup(all, geometry_.kv_heads, h);
+}
+
+Status KvSequence::PlanHeadBudgets(LayerPrep& p) const {
+  // The layer's share of this append's budget, split over heads by the (re)allocator; joint
+  // sequences have fixed caps per head.
+  const EvictionSettings& ev = eviction_;
+  const int heads = geometry_.kv_heads;
+  LayerScoring& scoring = p.out->scoring;
+  p.budget.assign(static_cast<size_t>(heads), 0);
+  scoring.layer_budget = p.ctx.layer_budgets[p.l];
+  if (!ev.head_caps.empty()) {
+    for (int h = 0; h < heads; ++h) {
+      p.budget[h] = ev.head_caps[static_cast<size_t>(p.l) * heads + h];
+    }
+    return OkStatus();
+  }
+  if (!scoring.realloc || scoring.realloc->params().layer_budget != scoring.layer_budget) {
+    KVCTL_ASSIGN_OR_RETURN(
+        HeadReallocator r,
+        HeadReallocator::Create({.heads = heads,
+                                 .layer_budget = scoring.layer_budget,
+                                 .floor = ev.floor,
+                                 .ema = ev.realloc_ema,
+                                 .period = std::max<int64_t>(1, ev.realloc_period)}));
+    if (scoring.has_utility) KVCTL_RETURN_IF_ERROR(r.Update(scoring.realloc->smoothed_utility()));
+    scoring.realloc = std::move(r);
+  }
+  for (int h = 0; h < heads; ++h) p.budget[h] = scoring.realloc->budgets()[h];
+  return OkStatus();
+}
+
+Status KvSequence::FoldH2O(LayerPrep& p) const {
+  // H2O: fold the pending queries into every head's accumulated attention (at least once per
+  // compression period, and always before scoring).
+  const EvictionSettings& ev = eviction_;
+  LayerScoring& scoring = p.out->scoring;
+  bool any_over = false;
+  for (int h = 0; h < geometry_.kv_heads; ++h) {
+    any_over |= p.layer.heads[h].count() + p.n > p.budget[h];
+  }
+  if (ev.policy != EvictPolicy::kH2O || scoring.h2o_pending == 0 ||
+      !(any_over || p.ctx.realloc_due || scoring.h2o_pending >= ev.compression_period)) {
+    return OkStatus();
+  }
+  for (int h = 0; h < geometry_.kv_heads; ++h) {
+    PreparedHead& ph = p.out->heads[h];
+    ph.h2o = p.layer.heads[h].h2o;
+    KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, RecentQueries(p, scoring.h2o_pending, h));
+    Status s = UpdateH2O(&ph.h2o, FullKeys(p, h), gq);
+    if (!s.ok()) return WithLayerHead(p.l, h, s);
+    ph.h2o_changed = true;
+  }
+  scoring.h2o_pending = 0;
+  return OkStatus();
+}
+
+const H2OState* KvSequence::H2OOf(const LayerPrep& p, int h) const {
+  const PreparedHead& ph = p.out->heads[h];
+  return ph.h2o_changed ? &ph.h2o : &p.layer.heads[h].h2o;
+}
+
+Status KvSequence::ReallocateHeads(LayerPrep& p) const {
+  // Online head re-allocation from the retained-mass curve of each head's own scorer: greedy =
+  // the split that retains the most observed mass (its excess over the floor is the utility, so
+  // the EMA smooths budgets); proportional = utility is the mass avg/4 more tokens would win back.
+  const EvictionSettings& ev = eviction_;
+  const int heads = geometry_.kv_heads;
+  LayerScoring& scoring = p.out->scoring;
+  std::vector<double> utility(heads, 0.0);
+  std::vector<RetainedMassCurve> curves(heads);
+  for (int h = 0; h < heads; ++h) {
+    const KeyRows keys = FullKeys(p, h);
+    KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, RecentQueries(p, p.obs, h));
+    StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, gq);
+    StatusOr<std::vector<float>> scores = ScoreHead(ev, keys, &gq, H2OOf(p, h), p.regions);
+    if (!mass.ok()) return WithLayerHead(p.l, h, mass.status());
+    if (!scores.ok()) return WithLayerHead(p.l, h, scores.status());
+    const std::vector<uint8_t> mask = ProtectedMask(keys.tokens, p.regions);
+    KVCTL_ASSIGN_OR_RETURN(RetainedMassCurve curve, ComputeRetainedMassCurve(*mass, *scores, mask));
+    utility[h] = HeadUtility(curve, p.budget[h], std::max<int64_t>(1, p.ctx.avg_budget / 4));
+    curves[h] = std::move(curve);
+  }
+  if (ev.realloc_greedy) {
+    std::vector<int64_t> reach(heads);
+    for (int h = 0; h < heads; ++h) {
+      reach[h] = p.layer.heads[h].count() + p.n + std::max<int64_t>(1, ev.realloc_period);
+    }
+    KVCTL_ASSIGN_OR_RETURN(std::vector<int64_t> greedy,
+                           GreedyHeadBudgets(curves, scoring.layer_budget, ev.floor,
+                                             std::max<int64_t>(1, p.ctx.avg_budget / 16), reach));
+    for (int h = 0; h < heads; ++h) utility[h] = static_cast<double>(greedy[h] - ev.floor);
+  }
+  KVCTL_RETURN_IF_ERROR(scoring.realloc->Update(utility));
+  scoring.has_utility = true;
+  for (int h = 0; h < heads; ++h) p.budget[h] = scoring.realloc->budgets()[h];
+  return OkStatus();
+}
+
+Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) const {
+  // Scores head h's old and new tokens and keeps its budget (less the compression headroom),
+  // protected sinks and recent window first; records what the eviction drops.
+  const EvictionSettings& ev = eviction_;
+  const HeadStream& head = p.layer.heads[h];
+  PreparedHead& ph = p.out->heads[h];
+  const int64_t total = head.count() + p.n;
+  const KeyRows keys = FullKeys(p, h);
+  const std::vector<uint8_t> mask = ProtectedMask(total, p.regions);
+  const int64_t protect = std::count(mask.begin(), mask.end(), uint8_t{1});
+  const int64_t target = std::max(protect, p.budget[h] - (ev.compression_period - 1));
+  std::optional<KvTensorView> gq;
+  if (p.have_q) {
+    KVCTL_ASSIGN_OR_RETURN(gq, RecentQueries(p, p.obs, h));
+  }
+  StatusOr<std::vector<float>> scores =
+      ScoreHead(ev, keys, gq ? &*gq : nullptr, H2OOf(p, h), p.regions);
+  if (!scores.ok()) return WithLayerHead(p.l, h, scores.status());
+  StatusOr<std::vector<int64_t>> kept = SelectKeep(*scores, target, mask);
+  if (!kept.ok()) return WithLayerHead(p.l, h, kept.status());
+  ph.kept = std::move(*kept);
+  ph.evicted = true;
+  if (gq) {
+    StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, *gq);
+    if (!mass.ok()) return WithLayerHead(p.l, h, mass.status());
+    ph.retained = *RetainedMass(*mass, ph.kept);
+  }
+  if (ev.policy == EvictPolicy::kH2O) {
+    if (!ph.h2o_changed) ph.h2o = head.h2o;
+    ph.h2o.acc.resize(static_cast<size_t>(total), 0.0);
+    KVCTL_RETURN_IF_ERROR(CompactH2O(&ph.h2o, ph.kept));
+    ph.h2o_changed = true;
+  }
+  keep->assign(static_cast<size_t>(total), 0);
+  for (int64_t j : ph.kept) (*keep)[j] = 1;
+  const int g = head.spec.block_tokens;
+  const int64_t rec_end = head.sink_rows + static_cast<int64_t>(head.records.size()) * g;
+  const uint64_t record_share = BlockLayoutOf(head.spec).record_bytes / g;
+  for (int64_t j = 0; j < total; ++j) {
+    if ((*keep)[j]) continue;
+    ++ph.evicted_tokens;
+    const bool in_record = j >= head.sink_rows && j < rec_end && !p.layer.plan.lossless;
+    ph.evicted_bytes += in_record ? record_share : 2 * p.layer.row_bytes;
+  }
+  return OkStatus();
+}
+
+void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
+                                 std::vector<float>* pk, std::vector<float>* pv) const {
+  // A record whose tokens all stay keeps its bytes (in place, or moved down past dropped ones);
+  // one that lost every token is dropped; the kept tokens of the others are decoded (as fp16) and
+  // re-packed, in order, into fresh records, the rest left in *pk/*pv. A whole record kept after
+  // loose tokens is decoded too, since records hold consecutive kept tokens.
+  const HeadStream& head = p.layer.heads[h];
+  PreparedHead& ph = p.out->heads[h];
+  const int g = head.spec.block_tokens, d = geometry_.head_dim;
+  const int records = static_cast<int>(head.records.size());
+  if (!ph.evicted) {
+    ph.records_in_place = static_cast<size_t>(records);
+    return;
+  }
+  for (int r = 0; r < records; ++r) {
+    const int64_t base = head.sink_rows + static_cast<int64_t>(r) * g;
+    const int kept_here =
+        static_cast<int>(std::count(keep.begin() + base, keep.begin() + base + g, uint8_t{1}));
+    if (kept_here == g && pk->empty()) {
+      // Kept whole: in place while nothing before it moved, else moved down.
+      if (ph.record_plan.empty() && static_cast<size_t>(r) == ph.records_in_place) {
+        ++ph.records_in_place;
+      } else {
+        ph.record_plan.push_back(r);
+      }
+      continue;
+    }
+    for (int64_t j = base; j < base + g; ++j) {
+      if (!keep[j]) continue;
+      pk->insert(pk->end(), &p.all_k[h][j * d], &p.all_k[h][j * d] + d);
+      pv->insert(pv->end(), &p.all_v[h][j * d], &p.all_v[h][j * d] + d);
+      ++ph.decoded_tokens;
+    }
+    if (pk->size() >= static_cast<size_t>(g) * d) {
+      const auto cut = static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * d);
+      ph.qk.insert(ph.qk.end(), pk->begin(), pk->begin() + cut);
+      ph.qv.insert(ph.qv.end(), pv->begin(), pv->begin() + cut);
+      pk->erase(pk->begin(), pk->begin() + cut);
+      pv->erase(pv->begin(), pv->begin() + cut);
+      ph.record_plan.push_back(-1);
+    }
+  }
+}
+
+void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
+                              std::vector<float>* lk, std::vector<float>* lv) const {
+  // L (*lk/*lv): the loose kept tokens, then the kept tail and new tokens; it flushes like a
+  // tail. The rows to write: the new sinks, then either the new tail tokens (nothing moved) or
+  // the whole new tail.
+  const HeadStream& head = p.layer.heads[h];
+  PreparedHead& ph = p.out->heads[h];
+  const StreamingRules& rules = p.layer.plan.rules;
+  const bool lossless = p.layer.plan.lossless;
+  const int g = head.spec.block_tokens, d = geometry_.head_dim;
+  const int64_t old = head.count(), total = old + p.n;
+  const int sinks_target = lossless ? 0 : rules.sink_tokens;
+  ph.new_sinks = std::clamp<int>(sinks_target - head.sink_rows, 0, static_cast<int>(p.n));
+  const int sinks_after = head.sink_rows + ph.new_sinks;
+  const int64_t from = sinks_after + static_cast<int64_t>(head.records.size()) * g;
+  // Without eviction and flush the old tail stays where it is: only the new tokens are read.
+  const bool untouched =
+      !ph.evicted && (lossless || (total - from) < static_cast<int64_t>(rules.flush_tokens));
+  const int64_t read_from = untouched ? std::max(from, old) : from;
+  const bool decoded = eviction_.enabled && p.have_all[h];
+  const size_t slot = 2 * p.layer.row_bytes;
+  if (untouched && !decoded) {
+    // The decode-step path: the new sinks and tail tokens are written as they came, in the
+    // stored dtype (a byte copy when it is the session's), with no fp32 detour.
+    ph.tail_after = static_cast<int>(total - from);
+    ph.rows_after = sinks_after + ph.tail_after;
+    ph.write_start = head.sink_rows + head.tail_rows;
+    ph.rows.resize((ph.new_sinks + static_cast<size_t>(total - read_from)) * slot);
+    uint8_t* dst = ph.rows.data();
+    auto store = [&](int64_t t) {
+      StoreInputRow(p.k, t, h, p.layer.row_dtype, dst);
+      StoreInputRow(p.v, t, h, p.layer.row_dtype, dst + p.layer.row_bytes);
+      dst += slot;
+    };
+    for (int t = 0; t < ph.new_sinks; ++t) store(t);
+    for (int64_t j = read_from; j < total; ++j) store(j - old);
+    return;
+  }
+  std::vector<float> src_k, src_v;
+  const float* sk = decoded ? p.all_k[h].data() + read_from * d : nullptr;
+  const float* sv = decoded ? p.all_v[h].data() + read_from * d : nullptr;
+  if (!decoded) {
+    Materialize(p.layer, h, read_from, p.k, p.v, &src_k, &src_v);
+    sk = src_k.data(), sv = src_v.data();
+  }
+  for (int64_t j = read_from; j < total; ++j) {
+    if (ph.evicted && !keep[j]) continue;
+    lk->insert(lk->end(), sk + (j - read_from) * d, sk + (j - read_from + 1) * d);
+    lv->insert(lv->end(), sv + (j - read_from) * d, sv + (j - read_from + 1) * d);
+  }
+  const int l_rows = static_cast<int>(lk->size() / d);
+  const int flushed = untouched ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
+  const auto flushed_floats = static_cast<std::ptrdiff_t>(flushed * d);
+  ph.qk.insert(ph.qk.end(), lk->begin(), lk->begin() + flushed_floats);
+  ph.qv.insert(ph.qv.end(), lv->begin(), lv->begin() + flushed_floats);
+  for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
+  ph.tail_after = untouched ? static_cast<int>(total - from) : l_rows - flushed;
+  ph.rows_after = sinks_after + ph.tail_after;
+  ph.write_start = head.sink_rows + (untouched ? head.tail_rows : 0);
+  const int first_tail = untouched ? 0 : flushed;
+  ph.rows.resize((ph.new_sinks + static_cast<size_t>(l_rows - first_tail)) * slot);
+  uint8_t* dst = ph.rows.data();
+  std::vector<float> krow(static_cast<size_t>(d)), vrow(static_cast<size_t>(d));
+  for (int t = 0; t < ph.new_sinks; ++t, dst += slot) {
+    p.k.LoadRow(t, h, krow.data());
+    p.v.LoadRow(t, h, vrow.data());
+    StoreRow(krow.data(), d, p.layer.row_dtype, dst);
+    StoreRow(vrow.data(), d, p.layer.row_dtype, dst + p.layer.row_bytes);
+  }
+  for (int t = first_tail; t < l_rows; ++t, dst += slot) {
+    StoreRow(&(*lk)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst);
+    StoreRow(&(*lv)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst + p.layer.row_bytes);
+  }
+}
+
 Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvTensorView& k,
                                       const KvTensorView& v, const KvTensorView* q,
                                       PreparedLayer* out) const {
-  const LayerState& layer = *layers_[l];
-  const int n = static_cast<int>(ctx.n);
-  const int heads = geometry_.kv_heads, d = geometry_.head_dim;
-  const bool lossless = layer.plan.lossless;
-  const StreamingRules& rules = layer.plan.rules;
+  const int heads = geometry_.kv_heads;
   const EvictionSettings& ev = eviction_;
   out->heads.resize(static_cast<size_t>(heads));  // Reused between appends (prepared_).
   for (PreparedHead& ph : out->heads) ph.Reset();
   out->norms.clear();
   out->samples.clear();
-
+  LayerPrep p{.l = l, .n = ctx.n, .layer = *layers_[l], .ctx = ctx, .k = k, .v = v, .out = out};
   // Query rows: the kept ones, then this append's (fp32).
-  const int qh = geometry_.q_heads;
-  const size_t q_row = static_cast<size_t>(qh) * d;
   LayerScoring& scoring = out->scoring;
-  scoring = layer.scoring;
-  TakeQueries(ev, q, n, qh, d, &scoring);
-  // The last `rows` query rows as the [rows, g, D] group of KV head h.
-  auto group = [&](int64_t rows, int h) -> StatusOr<KvTensorView> {
-    const KvTensorView all = KvTensorView::Contiguous(
-        scoring.q_rows.data() + (scoring.q_count - rows) * q_row, DType::kF32, rows, qh, d);
-    return QueryGroup(all, heads, h);
-  };
-  const bool have_q = ev.enabled && scoring.q_count > 0;
-  const int64_t obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
-
-  // Each head's tokens in fp32, decoded only when scoring needs them (never without eviction:
-  // a decode step then allocates none of this).
-  std::vector<std::vector<float>> all_k, all_v;
-  std::vector<bool> have_all;
+  scoring = p.layer.scoring;
+  TakeQueries(ev, q, ctx.n, geometry_.q_heads, geometry_.head_dim, &scoring);
   if (ev.enabled) {
-    all_k.resize(heads), all_v.resize(heads);
-    have_all.assign(heads, false);
+    p.all_k.resize(heads), p.all_v.resize(heads);
+    p.have_all.assign(heads, false);
+    p.have_q = scoring.q_count > 0;
+    p.obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
+    p.regions = {.sinks = ev.sinks, .recent = ev.window};
+    KVCTL_RETURN_IF_ERROR(PlanHeadBudgets(p));
+    KVCTL_RETURN_IF_ERROR(FoldH2O(p));
+    if (ctx.realloc_due && p.have_q) KVCTL_RETURN_IF_ERROR(ReallocateHeads(p));
   }
-  auto full = [&](int h) {
-    if (!have_all[h]) Materialize(layer, h, 0, k, v, &all_k[h], &all_v[h]);
-    have_all[h] = true;
-    return KeyRows{all_k[h].data(), layer.heads[h].count() + n, d};
-  };
-
-  // Budgets of this append: the layer's share, split over heads by the (re)allocator.
-  std::vector<int64_t> budget(ev.enabled ? heads : 0, 0);
-  if (ev.enabled && !ev.head_caps.empty()) {
-    scoring.layer_budget = ctx.layer_budgets[l];
-    for (int h = 0; h < heads; ++h) budget[h] = ev.head_caps[static_cast<size_t>(l) * heads + h];
-  } else if (ev.enabled) {
-    scoring.layer_budget = ctx.layer_budgets[l];
-    if (!scoring.realloc || scoring.realloc->params().layer_budget != scoring.layer_budget) {
-      KVCTL_ASSIGN_OR_RETURN(
-          HeadReallocator r,
-          HeadReallocator::Create({.heads = heads,
-                                   .layer_budget = scoring.layer_budget,
-                                   .floor = ev.floor,
-                                   .ema = ev.realloc_ema,
-                                   .period = std::max<int64_t>(1, ev.realloc_period)}));
-      if (scoring.has_utility) KVCTL_RETURN_IF_ERROR(r.Update(scoring.realloc->smoothed_utility()));
-      scoring.realloc = std::move(r);
-    }
-    for (int h = 0; h < heads; ++h) budget[h] = scoring.realloc->budgets()[h];
-  }
-  auto over = [&](int h) { return layer.heads[h].count() + n > budget[h]; };
-  bool any_over = false;
-  for (int h = 0; ev.enabled && h < heads; ++h) any_over |= over(h);
-
-  // H2O: fold the pending queries into every head's accumulated attention (at least once per
-  // compression period, and always before scoring).
-  const bool h2o = ev.enabled && ev.policy == EvictPolicy::kH2O;
-  if (h2o && scoring.h2o_pending > 0 &&
-      (any_over || ctx.realloc_due || scoring.h2o_pending >= ev.compression_period)) {
-    for (int h = 0; h < heads; ++h) {
-      PreparedHead& ph = out->heads[h];
-      ph.h2o = layer.heads[h].h2o;
-      KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(scoring.h2o_pending, h));
-      Status s = UpdateH2O(&ph.h2o, full(h), gq);
-      if (!s.ok()) return WithLayerHead(l, h, s);
-      ph.h2o_changed = true;
-    }
-    scoring.h2o_pending = 0;
-  }
-  auto h2o_of = [&](int h) -> const H2OState* {
-    return out->heads[h].h2o_changed ? &out->heads[h].h2o : &layer.heads[h].h2o;
-  };
-  const ProtectedRegions regions{.sinks = ev.sinks, .recent = ev.window};
-
-  // Online head re-allocation from the retained-mass curve of each head's own scorer: greedy =
-  // the split that retains the most observed mass (its excess over the floor is the utility, so
-  // the EMA smooths budgets); proportional = utility is the mass avg/4 more tokens would win back.
-  if (ev.enabled && ctx.realloc_due && have_q) {
-    std::vector<double> utility(heads, 0.0);
-    std::vector<RetainedMassCurve> curves(heads);
-    for (int h = 0; h < heads; ++h) {
-      const KeyRows keys = full(h);
-      KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, group(obs, h));
-      StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, gq);
-      StatusOr<std::vector<float>> scores = ScoreHead(ev, keys, &gq, h2o_of(h), regions);
-      if (!mass.ok()) return WithLayerHead(l, h, mass.status());
-      if (!scores.ok()) return WithLayerHead(l, h, scores.status());
-      const std::vector<uint8_t> mask = ProtectedMask(keys.tokens, regions);
-      KVCTL_ASSIGN_OR_RETURN(RetainedMassCurve curve,
-                             ComputeRetainedMassCurve(*mass, *scores, mask));
-      utility[h] = HeadUtility(curve, budget[h], std::max<int64_t>(1, ctx.avg_budget / 4));
-      curves[h] = std::move(curve);
-    }
-    if (ev.realloc_greedy) {
-      std::vector<int64_t> reach(heads);
-      for (int h = 0; h < heads; ++h) {
-        reach[h] = layer.heads[h].count() + n + std::max<int64_t>(1, ev.realloc_period);
-      }
-      KVCTL_ASSIGN_OR_RETURN(std::vector<int64_t> greedy,
-                             GreedyHeadBudgets(curves, scoring.layer_budget, ev.floor,
-                                               std::max<int64_t>(1, ctx.avg_budget / 16), reach));
-      for (int h = 0; h < heads; ++h) utility[h] = static_cast<double>(greedy[h] - ev.floor);
-    }
-    KVCTL_RETURN_IF_ERROR(scoring.realloc->Update(utility));
-    scoring.has_utility = true;
-    for (int h = 0; h < heads; ++h) budget[h] = scoring.realloc->budgets()[h];
-  }
-
-  const int sinks_target = lossless ? 0 : rules.sink_tokens;
   for (int h = 0; h < heads; ++h) {
-    const HeadStream& head = layer.heads[h];
     PreparedHead& ph = out->heads[h];
-    ph.budget = ev.enabled ? budget[h] : 0;
-    const int g = head.spec.block_tokens;
-    const int64_t old = head.count(), total = old + n;
-    const int records = static_cast<int>(head.records.size());
+    ph.budget = ev.enabled ? p.budget[h] : 0;
     std::vector<uint8_t> keep;
-    if (ev.enabled && over(h)) {
-      const KeyRows keys = full(h);
-      const std::vector<uint8_t> mask = ProtectedMask(total, regions);
-      const int64_t protect = std::count(mask.begin(), mask.end(), uint8_t{1});
-      const int64_t target = std::max(protect, budget[h] - (ev.compression_period - 1));
-      std::optional<KvTensorView> gq;
-      if (have_q) {
-        KVCTL_ASSIGN_OR_RETURN(gq, group(obs, h));
-      }
-      StatusOr<std::vector<float>> scores =
-          ScoreHead(ev, keys, gq ? &*gq : nullptr, h2o_of(h), regions);
-      if (!scores.ok()) return WithLayerHead(l, h, scores.status());
-      StatusOr<std::vector<int64_t>> kept = SelectKeep(*scores, target, mask);
-      if (!kept.ok()) return WithLayerHead(l, h, kept.status());
-      ph.kept = std::move(*kept);
-      ph.evicted = true;
-      if (gq) {
-        StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, *gq);
-        if (!mass.ok()) return WithLayerHead(l, h, mass.status());
-        ph.retained = *RetainedMass(*mass, ph.kept);
-      }
-      if (h2o) {
-        if (!ph.h2o_changed) ph.h2o = head.h2o;
-        ph.h2o.acc.resize(static_cast<size_t>(total), 0.0);
-        KVCTL_RETURN_IF_ERROR(CompactH2O(&ph.h2o, ph.kept));
-        ph.h2o_changed = true;
-      }
-      keep.assign(static_cast<size_t>(total), 0);
-      for (int64_t j : ph.kept) keep[j] = 1;
-      const int64_t rec_end = head.sink_rows + static_cast<int64_t>(records) * g;
-      const uint64_t record_share = BlockLayoutOf(head.spec).record_bytes / g;
-      for (int64_t j = 0; j < total; ++j) {
-        if (keep[j]) continue;
-        ++ph.evicted_tokens;
-        const bool in_record = j >= head.sink_rows && j < rec_end && !lossless;
-        ph.evicted_bytes += in_record ? record_share : 2 * layer.row_bytes;
-      }
+    if (ev.enabled && p.layer.heads[h].count() + ctx.n > p.budget[h]) {
+      KVCTL_RETURN_IF_ERROR(EvictHead(p, h, &keep));
     }
-
-    // Records: a record whose tokens all stay keeps its bytes (moved down past dropped ones); one
-    // that lost every token is dropped; the kept tokens of the others are decoded (as fp16) and
-    // re-packed, in order, into fresh records. A whole record kept after loose tokens is decoded
-    // too, since records hold consecutive kept tokens.
-    const size_t row_floats = static_cast<size_t>(d);
-    std::vector<float> pk, pv;  // Loose kept tokens, in order.
-    auto take = [&](std::vector<float>& to_k, std::vector<float>& to_v, const float* kr,
-                    const float* vr) {
-      to_k.insert(to_k.end(), kr, kr + row_floats);
-      to_v.insert(to_v.end(), vr, vr + row_floats);
-    };
-    if (!ph.evicted) ph.records_in_place = static_cast<size_t>(records);
-    for (int r = 0; ph.evicted && r < records; ++r) {
-      const int64_t base = head.sink_rows + static_cast<int64_t>(r) * g;
-      const int kept_here =
-          static_cast<int>(std::count(keep.begin() + base, keep.begin() + base + g, uint8_t{1}));
-      if (kept_here == g && pk.empty()) {
-        // Kept whole: in place while nothing before it moved, else moved down.
-        if (ph.record_plan.empty() && static_cast<size_t>(r) == ph.records_in_place) {
-          ++ph.records_in_place;
-        } else {
-          ph.record_plan.push_back(r);
-        }
-        continue;
-      }
-      for (int64_t j = base; j < base + g; ++j) {
-        if (!keep[j]) continue;
-        take(pk, pv, &all_k[h][j * d], &all_v[h][j * d]);
-        ++ph.decoded_tokens;
-      }
-      if (pk.size() >= static_cast<size_t>(g) * d) {
-        const auto cut = static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * d);
-        ph.qk.insert(ph.qk.end(), pk.begin(), pk.begin() + cut);
-        ph.qv.insert(ph.qv.end(), pv.begin(), pv.begin() + cut);
-        pk.erase(pk.begin(), pk.begin() + cut);
-        pv.erase(pv.begin(), pv.begin() + cut);
-        ph.record_plan.push_back(-1);
-      }
-    }
-
-    // L: the loose kept tokens, then the kept tail and new tokens; it flushes like a tail.
-    ph.new_sinks = std::clamp(sinks_target - head.sink_rows, 0, n);
-    const int sinks_after = head.sink_rows + ph.new_sinks;
-    const int64_t from = sinks_after + static_cast<int64_t>(records) * g;
-    // Without eviction and flush the old tail stays where it is: only the new tokens are read.
-    const bool untouched =
-        !ph.evicted && (lossless || (total - from) < static_cast<int64_t>(rules.flush_tokens));
-    const int64_t read_from = untouched ? std::max(from, old) : from;
-    const bool decoded = ev.enabled && have_all[h];
-    if (untouched && !decoded) {
-      // The decode-step path: the new sinks and tail tokens are written as they came, in the
-      // stored dtype (a byte copy when it is the session's), with no fp32 detour.
-      ph.tail_after = static_cast<int>(total - from);
-      ph.rows_after = sinks_after + ph.tail_after;
-      ph.write_start = head.sink_rows + head.tail_rows;
-      const size_t slot = 2 * layer.row_bytes;
-      ph.rows.resize((ph.new_sinks + static_cast<size_t>(total - read_from)) * slot);
-      uint8_t* dst = ph.rows.data();
-      auto store = [&](int64_t t) {
-        StoreInputRow(k, t, h, layer.row_dtype, dst);
-        StoreInputRow(v, t, h, layer.row_dtype, dst + layer.row_bytes);
-        dst += slot;
-      };
-      for (int t = 0; t < ph.new_sinks; ++t) store(t);
-      for (int64_t j = read_from; j < total; ++j) store(j - old);
-      continue;
-    }
-    std::vector<float> src_k, src_v;
-    const float* sk;
-    const float* sv;
-    if (decoded) {
-      sk = all_k[h].data() + read_from * d, sv = all_v[h].data() + read_from * d;
-    } else {
-      Materialize(layer, h, read_from, k, v, &src_k, &src_v);
-      sk = src_k.data(), sv = src_v.data();
-    }
-    std::vector<float>& lk = pk;
-    std::vector<float>& lv = pv;
-    for (int64_t j = read_from; j < total; ++j) {
-      if (ph.evicted && !keep[j]) continue;
-      take(lk, lv, sk + (j - read_from) * d, sv + (j - read_from) * d);
-    }
-    const int l_rows = static_cast<int>(lk.size() / row_floats);
-    const int flushed = untouched ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
-    ph.qk.insert(ph.qk.end(), lk.begin(), lk.begin() + static_cast<std::ptrdiff_t>(flushed * d));
-    ph.qv.insert(ph.qv.end(), lv.begin(), lv.begin() + static_cast<std::ptrdiff_t>(flushed * d));
-    for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
-    // Rows to write: the new sinks, then either the new tail tokens (nothing moved) or the whole
-    // new tail.
-    ph.tail_after = untouched ? static_cast<int>(total - from) : l_rows - flushed;
-    ph.rows_after = sinks_after + ph.tail_after;
-    ph.write_start = head.sink_rows + (untouched ? head.tail_rows : 0);
-    const int first_tail = untouched ? 0 : flushed;
-    auto put = [&](const float* kr, const float* vr) {
-      const size_t at = ph.rows.size();
-      ph.rows.resize(at + 2 * layer.row_bytes);
-      StoreRow(kr, d, layer.row_dtype, ph.rows.data() + at);
-      StoreRow(vr, d, layer.row_dtype, ph.rows.data() + at + layer.row_bytes);
-    };
-    std::vector<float> krow(row_floats), vrow(row_floats);
-    for (int t = 0; t < ph.new_sinks; ++t) {
-      k.LoadRow(t, h, krow.data());
-      v.LoadRow(t, h, vrow.data());
-      put(krow.data(), vrow.data());
-    }
-    for (int t = first_tail; t < l_rows; ++t) put(&lk[t * d], &lv[t * d]);
+    std::vector<float> loose_k, loose_v;  // Kept tokens decoded out of records, in order.
+    PlanHeadRecords(p, h, keep, &loose_k, &loose_v);
+    PlanHeadRows(p, h, keep, &loose_k, &loose_v);
   }
-
   KVCTL_RETURN_IF_ERROR(EncodeNewRecords(l, out));
-
-  if (ev.enabled) KeepQueryWindow(ev, q_row, &scoring);
+  if (ev.enabled) {
+    KeepQueryWindow(ev, static_cast<size_t>(geometry_.q_heads) * geometry_.head_dim, &scoring);
+  }
   return OkStatus();
 }
 
