@@ -38,8 +38,7 @@ struct Daemon::Impl {
   // Requests posted to `workers` and not finished: a light APPEND is answered on the I/O thread
   // only when this is 0, so it never overtakes an earlier request.
   std::atomic<int64_t> on_workers{0};
-  int64_t inline_append_tokens = 0;  // server.inline_append_tokens (restart to change).
-  bool inline_blocks_fetch = false;  // server.inline_blocks_fetch (restart to change).
+  LightLimits light;  // server.inline_append_tokens and inline_blocks_fetch (restart to change).
   // STATS (request, PUB feed and /metrics alike) on a thread of its own: however long a report
   // of a big daemon takes, it delays neither the socket nor APPEND/FETCH.
   std::unique_ptr<boost::asio::thread_pool> stats_worker;
@@ -218,21 +217,10 @@ bool Daemon::ServeLight(ipc::Request& request, ipc::Responder& responder) {
   // replies back (two cross-thread wake-ups, docs/kvbench_ipc.md). Only when nothing is on the
   // workers, so a light request never overtakes an earlier one.
   if (impl_->on_workers.load() != 0) return false;
-  const auto* append = std::get_if<ipc::AppendRequest>(&request.body);
-  const auto* fetch = std::get_if<ipc::FetchRequest>(&request.body);
-  if (append != nullptr && append->n_tokens > impl_->inline_append_tokens) return false;
-  if (fetch != nullptr && !impl_->inline_blocks_fetch) return false;
-  if (append == nullptr && fetch == nullptr) return false;
   const auto start = std::chrono::steady_clock::now();
   bool deferred = false;
-  StatusOr<ipc::ReplyBody> reply = Status();
-  if (append != nullptr) {
-    StatusOr<ipc::AppendReply> appended = controller_->Append(*append, start, &deferred);
-    reply = appended.ok() ? StatusOr<ipc::ReplyBody>(ipc::ReplyBody(*appended))
-                          : StatusOr<ipc::ReplyBody>(appended.status());
-  } else {
-    reply = controller_->Fetch(*fetch, start, &deferred);
-  }
+  StatusOr<ipc::ReplyBody> reply =
+      DispatchLight(*controller_, request.body, start, impl_->light, &deferred);
   if (deferred) return false;
   controller_->RecordRequest(static_cast<uint16_t>(ipc::TypeOf(request.body)),
                              std::chrono::duration_cast<std::chrono::microseconds>(
@@ -347,8 +335,8 @@ int Daemon::Run() {
   Impl& impl = *impl_;
   const Config config = controller_->config();
   impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
-  impl.inline_append_tokens = config.server.inline_append_tokens;
-  impl.inline_blocks_fetch = config.server.inline_blocks_fetch;
+  impl.light = {.append_tokens = config.server.inline_append_tokens,
+                .blocks_fetch = config.server.inline_blocks_fetch};
   impl.stats_worker = std::make_unique<boost::asio::thread_pool>(1);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int signo) {

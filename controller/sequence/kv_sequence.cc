@@ -2,17 +2,15 @@
 #include "controller/sequence/kv_sequence.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
 
-#include "common/half.h"
 #include "controller/sequence/kv_sequence_internal.h"
 #include "kernels/convert.h"
 #include "kernels/quantize.h"
 
 namespace kvctl {
+
 KvSequence::KvSequence(PageAllocator* pool, const SequenceGeometry& geometry,
                        std::vector<LayerPlan> plans, EvictionSettings eviction,
                        PressureSettings pressure)
@@ -74,13 +72,7 @@ bool KvSequence::AppendIsLight(int64_t n) const {
     if (layer->plan.lossless) continue;
     const StreamingRules& rules = layer->plan.rules;
     for (const HeadStream& head : layer->heads) {
-      // The tail after this append, as AppendLayerPrepare counts it: what follows the sinks and
-      // the records. It flushes when it reaches flush_tokens.
-      const int64_t sinks_after =
-          head.sink_rows + std::clamp<int64_t>(rules.sink_tokens - head.sink_rows, 0, n);
-      const int64_t records_end =
-          sinks_after + static_cast<int64_t>(head.records.size()) * head.spec.block_tokens;
-      if (head.count() + n - records_end >= rules.flush_tokens) return false;
+      if (TailAfterAppend(head, rules.sink_tokens, n) >= rules.flush_tokens) return false;
     }
   }
   return true;

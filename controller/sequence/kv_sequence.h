@@ -310,6 +310,9 @@ class KvSequence {
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
                    const KvTensorView& v, std::vector<float>* out_k,
                    std::vector<float>* out_v) const;
+  // Tokens a head's tail holds after an append of n tokens without eviction (inline in
+  // kv_sequence_internal.h): AppendIsLight and PlanHeadRows share this rule.
+  static int64_t TailAfterAppend(const HeadStream& head, int sink_target, int64_t n);
   // Prepare, step by step (kv_sequence_append.cc): the budgets of the layer's heads, the H2O
   // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
   struct LayerPrep;

@@ -410,8 +410,8 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   const int sinks_after = head.sink_rows + ph.new_sinks;
   const int64_t from = sinks_after + static_cast<int64_t>(head.records.size()) * g;
   // Without eviction and flush the old tail stays where it is: only the new tokens are read.
-  const bool untouched =
-      !ph.evicted && (lossless || (total - from) < static_cast<int64_t>(rules.flush_tokens));
+  const bool untouched = !ph.evicted && (lossless || TailAfterAppend(head, sinks_target, p.n) <
+                                                         int64_t{rules.flush_tokens});
   const int64_t read_from = untouched ? std::max(from, old) : from;
   const bool decoded = eviction_.enabled && p.have_all[h];
   const size_t slot = 2 * p.layer.row_bytes;
@@ -423,9 +423,11 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     ph.write_start = head.sink_rows + head.tail_rows;
     ph.rows.resize((ph.new_sinks + static_cast<size_t>(total - read_from)) * slot);
     uint8_t* dst = ph.rows.data();
+    const auto d_elems = static_cast<size_t>(d);
     auto store = [&](int64_t t) {
-      StoreInputRow(p.k, t, h, p.layer.row_dtype, dst);
-      StoreInputRow(p.v, t, h, p.layer.row_dtype, dst + p.layer.row_bytes);
+      ConvertElements(p.k.dtype, p.k.RowBytes(t, h), p.layer.row_dtype, dst, d_elems);
+      ConvertElements(p.v.dtype, p.v.RowBytes(t, h), p.layer.row_dtype, dst + p.layer.row_bytes,
+                      d_elems);
       dst += slot;
     };
     for (int t = 0; t < ph.new_sinks; ++t) store(t);
@@ -456,12 +458,10 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   const int first_tail = untouched ? 0 : flushed;
   ph.rows.resize((ph.new_sinks + static_cast<size_t>(l_rows - first_tail)) * slot);
   uint8_t* dst = ph.rows.data();
-  std::vector<float> krow(static_cast<size_t>(d)), vrow(static_cast<size_t>(d));
   for (int t = 0; t < ph.new_sinks; ++t, dst += slot) {
-    p.k.LoadRow(t, h, krow.data());
-    p.v.LoadRow(t, h, vrow.data());
-    StoreRow(krow.data(), d, p.layer.row_dtype, dst);
-    StoreRow(vrow.data(), d, p.layer.row_dtype, dst + p.layer.row_bytes);
+    ConvertElements(p.k.dtype, p.k.RowBytes(t, h), p.layer.row_dtype, dst, static_cast<size_t>(d));
+    ConvertElements(p.v.dtype, p.v.RowBytes(t, h), p.layer.row_dtype, dst + p.layer.row_bytes,
+                    static_cast<size_t>(d));
   }
   for (int t = first_tail; t < l_rows; ++t, dst += slot) {
     StoreRow(&(*lk)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst);

@@ -7,12 +7,14 @@
 #ifndef KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_
 #define KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <vector>
 
 #include "common/half.h"
 #include "controller/sequence/kv_sequence.h"
+#include "kernels/convert.h"
 #include "policies/reasonalloc.h"
 
 namespace kvctl {
@@ -124,44 +126,23 @@ void TakeQueries(const EvictionSettings& ev, const KvTensorView* q, int64_t n, i
 // After scoring: keeps the observation window (and h2o's unfolded rows) of queries.
 void KeepQueryWindow(const EvictionSettings& ev, size_t q_row, LayerScoring* scoring);
 
+// Rows between fp32 and the stored dtype, through kernels/convert.h (SIMD, bit-identical to
+// common/half.h; any alignment).
 inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(d) * 4);
-      return;
-    case DType::kF16:
-      for (int i = 0; i < d; ++i) {
-        const uint16_t h = FloatToHalf(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      return;
-    case DType::kBF16:
-      for (int i = 0; i < d; ++i) {
-        const uint16_t b = FloatToBf16(src[i]);
-        std::memcpy(dst + 2 * i, &b, 2);
-      }
-      return;
-  }
+  ConvertElements(DType::kF32, src, dtype, dst, static_cast<size_t>(d));
 }
-
-// Row (t, h) of an appended view stored as `dtype`: its bytes when the dtypes agree, else
-// converted as StoreRow(LoadRow) would (the same bits: rounding a value to fp16 twice is rounding
-// it once). REQUIRES: valid view, indices in range.
-inline void StoreInputRow(const KvTensorView& view, int64_t t, int64_t h, DType dtype,
-                          uint8_t* dst) {
-  const int d = static_cast<int>(view.head_dim);
-  if (view.dtype == dtype) {
-    std::memcpy(dst, view.RowBytes(t, h), static_cast<size_t>(d) * DTypeSize(dtype));
-    return;
-  }
-  thread_local std::vector<float> row;
-  row.resize(static_cast<size_t>(d));
-  view.LoadRow(t, h, row.data());
-  StoreRow(row.data(), d, dtype, dst);
-}
-
 inline void LoadRow(const uint8_t* src, int d, DType dtype, float* dst) {
-  KvTensorView::Contiguous(src, dtype, 1, 1, d).LoadRow(0, 0, dst);
+  ConvertElements(dtype, src, DType::kF32, dst, static_cast<size_t>(d));
+}
+
+// Tokens a head's tail holds after an append of n tokens with no eviction (what follows its
+// sinks, topped up to sink_target, and its records); the tail flushes into records when this
+// reaches flush_tokens. AppendIsLight predicts with it what PlanHeadRows then does.
+inline int64_t KvSequence::TailAfterAppend(const HeadStream& head, int sink_target, int64_t n) {
+  const int64_t sinks_after =
+      head.sink_rows + std::clamp<int64_t>(sink_target - head.sink_rows, 0, n);
+  return head.count() + n - sinks_after -
+         static_cast<int64_t>(head.records.size()) * head.spec.block_tokens;
 }
 
 }  // namespace kvctl

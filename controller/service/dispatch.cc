@@ -49,4 +49,20 @@ StatusOr<ipc::ReplyBody> Dispatch(Controller& controller, const ipc::RequestBody
       body);
 }
 
+StatusOr<ipc::ReplyBody> DispatchLight(Controller& controller, const ipc::RequestBody& body,
+                                       SteadyTime now, const LightLimits& limits, bool* deferred) {
+  *deferred = true;
+  if (const auto* append = std::get_if<ipc::AppendRequest>(&body);
+      append != nullptr && append->n_tokens <= limits.append_tokens) {
+    *deferred = false;
+    return AsBody(controller.Append(*append, now, deferred));
+  }
+  if (const auto* fetch = std::get_if<ipc::FetchRequest>(&body);
+      fetch != nullptr && limits.blocks_fetch) {
+    *deferred = false;
+    return controller.Fetch(*fetch, now, deferred);
+  }
+  return Unavailable("deferred to a worker");
+}
+
 }  // namespace kvctl

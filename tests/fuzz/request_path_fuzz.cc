@@ -264,13 +264,19 @@ class Harness {
   void NewController() {
     DropController();
     Config config = variants_[0];
+    // Every other controller runs without page checksums: blocks FETCH then takes the light
+    // (I/O-thread) path, and the daemon's unchecked configuration is fuzzed too.
+    config.pool.checksums = controllers_ % 2 == 0;
     config.pool.shm_name =
         "/kvctl-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(controllers_++);
     StatusOr<std::unique_ptr<Controller>> controller = Controller::Create(config);
     Check(controller.status(), "Controller::Create");
     controller_ = std::move(controller).value();
     // Variant configs must name the same pool for Reload to accept them.
-    for (Config& v : variants_) v.pool.shm_name = config.pool.shm_name;
+    for (Config& v : variants_) {
+      v.pool.shm_name = config.pool.shm_name;
+      v.pool.checksums = config.pool.checksums;
+    }
     // The client's view of the pool (staging slots of a pool without per-session objects).
     const int fd = shm_open(config.pool.shm_name.c_str(), O_RDWR, 0);
     if (fd < 0) Fail("shm_open " + config.pool.shm_name);
@@ -379,26 +385,11 @@ class Harness {
 
     const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request->body));
     // As the daemon does: a small APPEND or a FETCH is first offered to the light path (its I/O
-    // thread's, Controller::Append/Fetch with `deferred`), and goes to Dispatch only when handed
-    // back.
-    auto serve = [&]() -> StatusOr<ipc::ReplyBody> {
-      const auto* append = std::get_if<ipc::AppendRequest>(&request->body);
-      if (append != nullptr && append->n_tokens <= 4) {
-        bool deferred = false;
-        StatusOr<ipc::AppendReply> light = controller_->Append(*append, now_, &deferred);
-        if (!deferred) {
-          if (!light.ok()) return light.status();
-          return ipc::ReplyBody(*light);
-        }
-      }
-      if (const auto* fetch = std::get_if<ipc::FetchRequest>(&request->body)) {
-        bool deferred = false;
-        StatusOr<ipc::ReplyBody> light = controller_->Fetch(*fetch, now_, &deferred);
-        if (!deferred) return light;
-      }
-      return Dispatch(*controller_, request->body, now_);
-    };
-    StatusOr<ipc::ReplyBody> reply = serve();
+    // thread's), and goes to Dispatch only when handed back.
+    bool deferred = false;
+    StatusOr<ipc::ReplyBody> reply = DispatchLight(
+        *controller_, request->body, now_, {.append_tokens = 4, .blocks_fetch = true}, &deferred);
+    if (deferred) reply = Dispatch(*controller_, request->body, now_);
     controller_->RecordRequest(type, std::chrono::microseconds(1), !reply.ok());
     if (verbose_) {
       std::fprintf(stderr, "%s -> %s\n", ipc::TypeName(type).c_str(),
