@@ -169,4 +169,18 @@ StatusOr<ByeReply> Client::Bye(uint64_t session_id) {
   return CallAs<ByeReply>(ByeRequest{session_id});
 }
 
+StatusOr<SavePrefixReply> Client::SavePrefix(uint64_t session_id, uint64_t sequence_id,
+                                             std::span<const int32_t> tokens) {
+  SavePrefixRequest req{session_id, sequence_id};
+  req.tokens = zmq::message_t(tokens.data(), tokens.size_bytes());
+  return CallAs<SavePrefixReply>(std::move(req));
+}
+
+StatusOr<OpenPrefixReply> Client::OpenPrefix(uint64_t session_id, uint64_t sequence_id,
+                                             std::span<const int32_t> tokens) {
+  OpenPrefixRequest req{session_id, sequence_id};
+  req.tokens = zmq::message_t(tokens.data(), tokens.size_bytes());
+  return CallAs<OpenPrefixReply>(std::move(req));
+}
+
 }  // namespace kvctl::ipc

@@ -69,6 +69,11 @@ class Client {
   // Ends the session: the daemon frees its sequences and staging slot at once instead of when
   // the lease runs out; the id names nothing afterwards.
   StatusOr<ByeReply> Bye(uint64_t session_id);
+  // The cluster tier's prefix calls (PROTOCOL.md 4.9): tokens are the sequence's / prompt's ids.
+  StatusOr<SavePrefixReply> SavePrefix(uint64_t session_id, uint64_t sequence_id,
+                                       std::span<const int32_t> tokens);
+  StatusOr<OpenPrefixReply> OpenPrefix(uint64_t session_id, uint64_t sequence_id,
+                                       std::span<const int32_t> tokens);
 
   // Any request; the reply body is of the matching type (an ERROR reply becomes its Status).
   StatusOr<ReplyBody> Call(RequestBody request);

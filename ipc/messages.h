@@ -143,6 +143,23 @@ struct ByeRequest {
   uint64_t session_id = 0;
 };
 
+// Stores the sequence's longest exactly cuttable prefix in the cluster tier under the block-hash
+// chain of its token ids (PROTOCOL.md 4.9). tokens: one little-endian int32 per token the sequence
+// holds, in position order from 0.
+struct SavePrefixRequest {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;
+  zmq::message_t tokens{};
+};
+
+// Opens sequence_id from the longest stored prefix of the prompt `tokens` (int32 each), or empty
+// when none is stored.
+struct OpenPrefixRequest {
+  uint64_t session_id = 0;
+  uint64_t sequence_id = 0;
+  zmq::message_t tokens{};
+};
+
 // ---- Replies -----------------------------------------------------------------------------------
 
 // The quantizer a session gets by default (per-head bit widths may differ later; FETCH blocks
@@ -281,15 +298,26 @@ struct ByeReply {
   uint64_t bytes_freed = 0;  // Pool bytes of those sequences' pages.
 };
 
+struct SavePrefixReply {
+  uint64_t saved_tokens = 0;  // Tokens stored (a multiple of tier.prefix_block_tokens); 0 = none.
+  uint64_t stored_bytes = 0;  // Bytes written to the tier.
+};
+
+struct OpenPrefixReply {
+  uint64_t restored_tokens = 0;  // The sequence holds positions 0..restored_tokens-1; 0 = none.
+};
+
 struct ErrorReply {
   StatusCode code = StatusCode::kInternal;  // Never kOk.
   std::string message{};
 };
 
-using RequestBody = std::variant<HelloRequest, OpenRequest, CloseRequest, PingRequest,
-                                 AppendRequest, FetchRequest, StatsRequest, ByeRequest>;
+using RequestBody =
+    std::variant<HelloRequest, OpenRequest, CloseRequest, PingRequest, AppendRequest, FetchRequest,
+                 StatsRequest, ByeRequest, SavePrefixRequest, OpenPrefixRequest>;
 using ReplyBody = std::variant<HelloReply, OpenReply, CloseReply, PingReply, AppendReply,
-                               FetchDenseReply, FetchBlocksReply, StatsReply, ByeReply, ErrorReply>;
+                               FetchDenseReply, FetchBlocksReply, StatsReply, ByeReply,
+                               SavePrefixReply, OpenPrefixReply, ErrorReply>;
 
 struct Request {
   uint64_t request_id = 0;

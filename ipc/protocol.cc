@@ -351,6 +351,48 @@ Status Validate(const ByeRequest& m) { return CheckSession(m.session_id); }
 
 Status Validate(const ByeReply&) { return OkStatus(); }
 
+// ---- SAVE_PREFIX / OPEN_PREFIX ----
+
+// A token frame: 1..kMaxPrefixTokens int32 ids, each >= 0.
+Status CheckTokens(const zmq::message_t& t) {
+  if (t.size() == 0 || t.size() % sizeof(int32_t) != 0 ||
+      t.size() / sizeof(int32_t) > kMaxPrefixTokens) {
+    return InvalidArgument("tokens: frame has ", t.size(), " bytes, expected 1..", kMaxPrefixTokens,
+                           " int32 token ids (a positive multiple of 4 bytes)");
+  }
+  const auto* bytes = static_cast<const uint8_t*>(t.data());
+  for (size_t i = 0; i < t.size() / sizeof(int32_t); ++i) {
+    int32_t id;
+    std::memcpy(&id, bytes + i * sizeof(int32_t), sizeof(id));
+    if (id < 0) return InvalidArgument("tokens[", i, "]: got ", id, ", expected a token id >= 0");
+  }
+  return OkStatus();
+}
+
+size_t TensorFrameCount(const SavePrefixRequest&) { return 1; }
+void TakeTensorFrames(SavePrefixRequest& m, Frames* out) { out->push_back(std::move(m.tokens)); }
+Status PutTensorFrames(Frames& in, SavePrefixRequest* m) {
+  m->tokens = std::move(in[1]);
+  return OkStatus();
+}
+Status Validate(const SavePrefixRequest& m) {
+  KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
+  return CheckTokens(m.tokens);
+}
+Status Validate(const SavePrefixReply&) { return OkStatus(); }
+
+size_t TensorFrameCount(const OpenPrefixRequest&) { return 1; }
+void TakeTensorFrames(OpenPrefixRequest& m, Frames* out) { out->push_back(std::move(m.tokens)); }
+Status PutTensorFrames(Frames& in, OpenPrefixRequest* m) {
+  m->tokens = std::move(in[1]);
+  return OkStatus();
+}
+Status Validate(const OpenPrefixRequest& m) {
+  KVCTL_RETURN_IF_ERROR(CheckSession(m.session_id));
+  return CheckTokens(m.tokens);
+}
+Status Validate(const OpenPrefixReply&) { return OkStatus(); }
+
 // ---- ERROR ----
 
 Status Validate(const ErrorReply& m) {
@@ -455,6 +497,10 @@ StatusOr<Reply> DecodeReply(Frames frames) {
       return DecodeInto<StatsReply, Reply>(h.type, id, frames);
     case ReplyType(MsgType::kBye):
       return DecodeInto<ByeReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kSavePrefix):
+      return DecodeInto<SavePrefixReply, Reply>(h.type, id, frames);
+    case ReplyType(MsgType::kOpenPrefix):
+      return DecodeInto<OpenPrefixReply, Reply>(h.type, id, frames);
     case static_cast<uint16_t>(MsgType::kError):
       return DecodeInto<ErrorReply, Reply>(h.type, id, frames);
     case ReplyType(MsgType::kFetch): {

@@ -23,7 +23,8 @@ namespace {
 
 using internal::StrCat;
 
-constexpr std::string_view kSections[] = {"server", "pool", "quant", "budget", "evict", "limits"};
+constexpr std::string_view kSections[] = {"server", "pool",   "quant", "budget",
+                                          "evict",  "limits", "tier"};
 
 // Keeps the code, puts `prefix` in front of the message.
 Status Prefixed(std::string_view prefix, const Status& s) {
@@ -383,7 +384,7 @@ Status ApplyToml(Config& config, std::string_view toml_text, std::string_view or
       }
     } else {
       return UnknownKey(Where(origin, k.source()), key,
-                        {"server", "pool", "quant", "budget", "evict", "limits", "model"});
+                        {"server", "pool", "quant", "budget", "evict", "limits", "tier", "model"});
     }
   }
   config = std::move(out);
@@ -399,10 +400,11 @@ Status ApplyOverride(Config& config, std::string_view key, std::string_view valu
     return UnknownKey("", key, keys);
   }
   if (o->scope != ConfigScope::kGlobal && o->scope != ConfigScope::kQuant) {
-    return InvalidArgument(key,
-                           ": a key of an array of tables; set it in the config file "
-                           "(only keys of [server], [pool], [quant], [budget], [evict] and "
-                           "[limits] can be overridden)");
+    return InvalidArgument(
+        key,
+        ": a key of an array of tables; set it in the config file "
+        "(only keys of [server], [pool], [quant], [budget], [evict], [limits] and "
+        "[tier] can be overridden)");
   }
   KVCTL_ASSIGN_OR_RETURN(ConfigValue v, ParseConfigValue(*o, value));
   SetGlobal(config, *o, v, source);
@@ -485,8 +487,8 @@ StatusOr<std::string> GetConfigValueText(const Config& config, std::string_view 
   const ConfigOption* o = FindConfigOption(key);
   if (o == nullptr || (o->scope != ConfigScope::kGlobal && o->scope != ConfigScope::kQuant)) {
     return NotFound(key,
-                    ": not a key of [server], [pool], [quant], [budget], [evict] or "
-                    "[limits]");
+                    ": not a key of [server], [pool], [quant], [budget], [evict], [limits] or "
+                    "[tier]");
   }
   const void* obj =
       o->scope == ConfigScope::kGlobal ? static_cast<const void*>(&config) : &config.quant;

@@ -6,85 +6,13 @@
 #include <type_traits>
 
 #include "controller/config/config.h"
+#include "controller/config/config_schema_rows.h"
 #include "controller/pool/pool.h"
 
 namespace kvctl {
 namespace {
 
-constexpr double kKiB = 1024.0;
-constexpr double kMiB = 1024.0 * kKiB;
-constexpr double kGiB = 1024.0 * kMiB;
-constexpr double kTiB = 1024.0 * kGiB;
-
-// ---- Typed field access, built from a member-pointer path -------------------------------------
-
-template <typename T>
-struct MemberOf;
-template <typename C, typename M>
-struct MemberOf<M C::*> {
-  using Class = C;
-};
-
-template <typename Root>
-constexpr ConfigScope ScopeOf() {
-  if constexpr (std::is_same_v<Root, Config>) return ConfigScope::kGlobal;
-  if constexpr (std::is_same_v<Root, QuantSettings>) return ConfigScope::kQuant;
-  if constexpr (std::is_same_v<Root, QuantOverride>) return ConfigScope::kOverride;
-  if constexpr (std::is_same_v<Root, ModelConfig>) return ConfigScope::kModel;
-}
-
-// The field's C++ type decides the row's type, so the two cannot disagree. Every uint64_t field
-// is a byte size.
-template <typename T>
-constexpr ConfigType TypeOf() {
-  if constexpr (std::is_enum_v<T>) return ConfigType::kEnum;
-  if constexpr (std::is_same_v<T, bool>) return ConfigType::kBool;
-  if constexpr (std::is_same_v<T, uint64_t>) return ConfigType::kBytes;
-  if constexpr (std::is_same_v<T, int>) return ConfigType::kInt;
-  if constexpr (std::is_same_v<T, double>) return ConfigType::kDouble;
-  if constexpr (std::is_same_v<T, std::string>) return ConfigType::kString;
-}
-
-template <auto First, auto... Rest>
-struct Field {
-  using Root = typename MemberOf<decltype(First)>::Class;
-  // Folds the path: ((root.*First).*Second).*Third ...
-  static auto& Ref(Root& root) { return ((root.*First).*....*Rest); }
-  using Type = std::remove_reference_t<decltype(Ref(std::declval<Root&>()))>;
-
-  static ConfigValue Get(const void* p) {
-    const Type& x = Ref(*static_cast<Root*>(const_cast<void*>(p)));
-    if constexpr (std::is_enum_v<Type>) {
-      return static_cast<int64_t>(x);
-    } else if constexpr (std::is_same_v<Type, bool> || std::is_same_v<Type, double> ||
-                         std::is_same_v<Type, std::string>) {
-      return x;
-    } else {
-      return static_cast<int64_t>(x);
-    }
-  }
-  static void Set(void* p, const ConfigValue& v) {
-    Type& x = Ref(*static_cast<Root*>(p));
-    if constexpr (std::is_enum_v<Type>) {
-      x = static_cast<Type>(std::get<int64_t>(v));
-    } else if constexpr (std::is_same_v<Type, bool> || std::is_same_v<Type, double> ||
-                         std::is_same_v<Type, std::string>) {
-      x = std::get<Type>(v);
-    } else {
-      x = static_cast<Type>(std::get<int64_t>(v));
-    }
-  }
-};
-
-template <auto... Path>
-ConfigOption Row(ConfigOption row) {
-  using F = Field<Path...>;
-  row.type = TypeOf<typename F::Type>();
-  row.scope = ScopeOf<typename F::Root>();
-  row.get = &F::Get;
-  row.set = &F::Set;
-  return row;
-}
+using namespace config_rows;  // NOLINT: the row builders and byte units of this table.
 
 // ---- Extra checks -----------------------------------------------------------------------------
 
@@ -131,7 +59,7 @@ std::vector<std::string> MethodNames() {
 std::vector<ConfigOption> BuildSchema() {
   constexpr uint32_t kImm = kImmutable;
   constexpr uint32_t kRel = kReloadable;
-  return {
+  std::vector<ConfigOption> rows = {
       // [server]
       Row<&Config::server, &ServerConfig::endpoint>(
           {.key = "server.endpoint",
@@ -730,6 +658,8 @@ std::vector<ConfigOption> BuildSchema() {
                   "last '/'). The table may also set any [quant] key and hold [[model.override]] "
                   "tables, for that model only."}),
   };
+  for (ConfigOption& row : TierRows()) rows.push_back(std::move(row));
+  return rows;
 }
 
 }  // namespace
@@ -775,7 +705,7 @@ Config::Config() {
 
 bool Config::operator==(const Config& other) const {
   return server == other.server && pool == other.pool && quant == other.quant &&
-         budget == other.budget && evict == other.evict &&
+         budget == other.budget && evict == other.evict && tier == other.tier &&
          quant_overrides == other.quant_overrides && models == other.models;
 }
 

@@ -246,6 +246,8 @@ class KvSequence {
   // Tokens the layer's heads may hold together after the last append (0 = no eviction).
   int64_t LayerBudget(int layer) const;
   const EvictionSettings& eviction() const { return eviction_; }
+  const PressureSettings& pressure() const { return pressure_; }
+  const SequenceGeometry& geometry() const { return geometry_; }
   int64_t first_position() const { return first_position_; }
 
  private:

@@ -74,6 +74,13 @@ class Controller {
   // an unknown session. Waits for requests in flight on its sequences, without holding the
   // session table's lock meanwhile.
   StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now) KVCTL_EXCLUDES(mu_);
+  // The cluster tier's prefix calls (controller_tier.cc, PROTOCOL.md 4.9-4.10). Without a tier
+  // (tier.nodes = ""), SavePrefix answers FAILED_PRECONDITION and OpenPrefix opens the sequence
+  // empty, as OPEN does.
+  StatusOr<ipc::SavePrefixReply> SavePrefix(const ipc::SavePrefixRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  StatusOr<ipc::OpenPrefixReply> OpenPrefix(const ipc::OpenPrefixRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
   // INFO-style text; `section` empty for all.
   StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now)
       KVCTL_EXCLUDES(mu_, retired_mu_);

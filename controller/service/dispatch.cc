@@ -42,6 +42,10 @@ StatusOr<ipc::ReplyBody> Dispatch(Controller& controller, const ipc::RequestBody
           return ipc::ReplyBody(ipc::StatsReply{std::move(text)});
         } else if constexpr (std::is_same_v<T, ipc::ByeRequest>) {
           return AsBody(controller.Bye(request, now));
+        } else if constexpr (std::is_same_v<T, ipc::SavePrefixRequest>) {
+          return AsBody(controller.SavePrefix(request, now));
+        } else if constexpr (std::is_same_v<T, ipc::OpenPrefixRequest>) {
+          return AsBody(controller.OpenPrefix(request, now));
         } else {
           static_assert(kAlwaysFalse<T>, "a request type without a Controller call");
         }

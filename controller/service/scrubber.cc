@@ -5,8 +5,6 @@
 #include "controller/service/scrubber.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <tuple>
@@ -82,33 +80,7 @@ std::unique_ptr<Scrubber> Scrubber::Start(const PoolConfig& pool, Controller* co
 
 Scrubber::Scrubber(Controller* controller, std::chrono::milliseconds interval,
                    uint64_t bytes_per_pass)
-    : controller_(controller), interval_(interval), bytes_per_pass_(bytes_per_pass) {
-  thread_ = std::thread([this] { Loop(); });
-}
-
-Scrubber::~Scrubber() {
-  {
-    MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  wake_.NotifyAll();
-  thread_.join();
-}
-
-void Scrubber::Loop() {
-  // Linux nice values are per thread: only this one drops to the lowest priority.
-  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
-  while (WaitInterval()) controller_->Scrub(bytes_per_pass_);
-}
-
-bool Scrubber::WaitInterval() {
-  MutexLock lock(&mu_);
-  const std::chrono::steady_clock::time_point deadline =
-      std::chrono::steady_clock::now() + interval_;
-  while (!stop_) {
-    if (!wake_.WaitUntil(&mu_, deadline)) return !stop_;
-  }
-  return false;
-}
+    : thread_(interval, /*nice=*/19,
+              [controller, bytes_per_pass] { controller->Scrub(bytes_per_pass); }) {}
 
 }  // namespace kvctl

@@ -18,11 +18,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <thread>
 
-#include "common/thread_annotations.h"
 #include "controller/config/config.h"
 #include "controller/service/controller.h"
+#include "controller/service/periodic_thread.h"
 
 namespace kvctl {
 
@@ -31,7 +30,7 @@ class Scrubber {
   // Null when the scrubber is off (pool.checksums false, or an interval or rate of 0).
   // REQUIRES: controller outlives the Scrubber.
   static std::unique_ptr<Scrubber> Start(const PoolConfig& pool, Controller* controller);
-  ~Scrubber();  // Stops the thread (a pass in progress finishes first) and joins it.
+  ~Scrubber() = default;  // Stops the thread (a pass in progress finishes first) and joins it.
   Scrubber(const Scrubber&) = delete;
   Scrubber& operator=(const Scrubber&) = delete;
 
@@ -40,17 +39,8 @@ class Scrubber {
 
  private:
   Scrubber(Controller* controller, std::chrono::milliseconds interval, uint64_t bytes_per_pass);
-  void Loop() KVCTL_EXCLUDES(mu_);
-  // Sleeps one interval; false when told to stop meanwhile.
-  bool WaitInterval() KVCTL_EXCLUDES(mu_);
 
-  Controller* const controller_;
-  const std::chrono::milliseconds interval_;
-  const uint64_t bytes_per_pass_;
-  Mutex mu_;
-  CondVar wake_;
-  bool stop_ KVCTL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  PeriodicThread thread_;
 };
 
 }  // namespace kvctl

@@ -39,6 +39,7 @@ MAX_FRAMES = 4
 MAX_POSITION = 4611686018427387904
 NO_PAGE = 0xffffffff
 LAYOUT_BYTES = 64
+MAX_PREFIX_TOKENS = 1048576
 REPLY_BIT = 0x8000
 
 
@@ -53,6 +54,8 @@ class MsgType(enum.IntEnum):
     FETCH = 6
     STATS = 7
     BYE = 8
+    SAVE_PREFIX = 9
+    OPEN_PREFIX = 10
     ERROR = 0xffff
 
 
@@ -110,6 +113,8 @@ REQUEST_BODIES = {
     MsgType.FETCH: 'FetchRequest',
     MsgType.STATS: 'StatsRequest',
     MsgType.BYE: 'ByeRequest',
+    MsgType.SAVE_PREFIX: 'SavePrefixRequest',
+    MsgType.OPEN_PREFIX: 'OpenPrefixRequest',
 }
 REPLY_BODIES = {
     'HelloReply': MsgType.HELLO,
@@ -121,6 +126,8 @@ REPLY_BODIES = {
     'FetchBlocksReply': MsgType.FETCH,
     'StatsReply': MsgType.STATS,
     'ByeReply': MsgType.BYE,
+    'SavePrefixReply': MsgType.SAVE_PREFIX,
+    'OpenPrefixReply': MsgType.OPEN_PREFIX,
 }
 
 
@@ -187,6 +194,16 @@ BODIES = {
     ),
     'ByeRequest': (
         Field('u64', 'session_id', None, '!= 0'),
+    ),
+    'SavePrefixRequest': (
+        Field('u64', 'session_id', None, '!= 0'),
+        Field('u64', 'sequence_id', None, 'an open sequence that starts at position 0'),
+        Field('frame', 'tokens', 'tokens', 'int32 token id of each token the sequence holds, in order'),
+    ),
+    'OpenPrefixRequest': (
+        Field('u64', 'session_id', None, '!= 0'),
+        Field('u64', 'sequence_id', None, 'chosen by the client, not open yet'),
+        Field('frame', 'tokens', 'tokens', 'int32 token ids of the prompt, 1..1048576'),
     ),
     'HelloReply': (
         Field('u64', 'session_id', None, '!= 0'),
@@ -288,6 +305,13 @@ BODIES = {
         Field('u32', 'sequences_closed', None, 'sequences that were open'),
         Field('u64', 'bytes_freed', None, 'pool bytes of their pages'),
     ),
+    'SavePrefixReply': (
+        Field('u64', 'saved_tokens', None, 'tokens stored: the longest exact cut, 0 = none'),
+        Field('u64', 'stored_bytes', None, 'bytes written to the tier'),
+    ),
+    'OpenPrefixReply': (
+        Field('u64', 'restored_tokens', None, 'prefix tokens the sequence holds; 0 = none found'),
+    ),
     'ErrorReply': (
         Field('enum32', 'code', 'StatusCode', 'a StatusCode, never 0 (OK)'),
         Field('str', 'message', 4096, '0..4096 bytes'),
@@ -384,6 +408,24 @@ class ByeRequest:
     """The request body ByeRequest of messages.def, fields in wire order."""
 
     session_id: int  # != 0
+
+
+@dataclass(frozen=True)
+class SavePrefixRequest:
+    """The request body SavePrefixRequest of messages.def, fields in wire order."""
+
+    session_id: int  # != 0
+    sequence_id: int  # an open sequence that starts at position 0
+    tokens: object  # int32 token id of each token the sequence holds, in order
+
+
+@dataclass(frozen=True)
+class OpenPrefixRequest:
+    """The request body OpenPrefixRequest of messages.def, fields in wire order."""
+
+    session_id: int  # != 0
+    sequence_id: int  # chosen by the client, not open yet
+    tokens: object  # int32 token ids of the prompt, 1..1048576
 
 
 @dataclass(frozen=True)
@@ -529,6 +571,21 @@ class ByeReply:
 
 
 @dataclass(frozen=True)
+class SavePrefixReply:
+    """The reply body SavePrefixReply of messages.def, fields in wire order."""
+
+    saved_tokens: int  # tokens stored: the longest exact cut, 0 = none
+    stored_bytes: int  # bytes written to the tier
+
+
+@dataclass(frozen=True)
+class OpenPrefixReply:
+    """The reply body OpenPrefixReply of messages.def, fields in wire order."""
+
+    restored_tokens: int  # prefix tokens the sequence holds; 0 = none found
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """The reply body ErrorReply of messages.def, fields in wire order."""
 
@@ -546,6 +603,8 @@ CLASSES = {
     'FetchRequest': FetchRequest,
     'StatsRequest': StatsRequest,
     'ByeRequest': ByeRequest,
+    'SavePrefixRequest': SavePrefixRequest,
+    'OpenPrefixRequest': OpenPrefixRequest,
     'HelloReply': HelloReply,
     'QuantInfo': QuantInfo,
     'OpenReply': OpenReply,
@@ -557,5 +616,7 @@ CLASSES = {
     'RecordLayout': RecordLayout,
     'StatsReply': StatsReply,
     'ByeReply': ByeReply,
+    'SavePrefixReply': SavePrefixReply,
+    'OpenPrefixReply': OpenPrefixReply,
     'ErrorReply': ErrorReply,
 }

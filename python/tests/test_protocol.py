@@ -320,7 +320,7 @@ def _hello_reply(**changes) -> bytes:
     ([hdr(0x8006, 1) + bytes([2])], "mode: got 2"),
     ([hdr(0x8008, 1) + bytes(11)], "truncated at bytes_freed"),
     ([hdr(0x8008, 1) + bytes(13)], "trailing bytes"),
-    ([hdr(0x8009, 1)], "expected a known reply"),
+    ([hdr(0x800B, 1)], "expected a known reply"),
 ])
 def test_protocol_malformed_replies_raise_protocol_error_naming_the_field(frames, field):
     with pytest.raises(kvctl.ProtocolError, match=field):

@@ -391,12 +391,12 @@ TEST_CASE("Protocol: decoders name the header problem", "[ipc]") {
   CHECK(PeekRequestId(FrameOf(bad)) == 7);  // Still answerable with the right id.
 
   bad = bytes;
-  bad[6] = 9;  // Type 9: not assigned.
+  bad[6] = 11;  // Type 11: not assigned.
   f.clear();
   f.push_back(FrameOf(bad));
   r = DecodeRequest(std::move(f));
   CHECK(r.status().code() == StatusCode::kUnimplemented);
-  CHECK(r.status().message().find("type: got 0x0009") != std::string::npos);
+  CHECK(r.status().message().find("type: got 0x000B") != std::string::npos);
 
   f.clear();
   f.push_back(FrameOf(bytes));
@@ -521,6 +521,47 @@ TEST_CASE("Protocol: type names", "[ipc]") {
   CHECK(TypeOf(RequestBody{ByeRequest{}}) == MsgType::kBye);
   CHECK(TypeOf(ReplyBody{ByeReply{}}) == 0x8008);
   CHECK(TypeOf(ReplyBody{FetchBlocksReply{}}) == 0x8006);
+}
+
+}  // namespace
+}  // namespace kvctl::ipc
+
+namespace kvctl::ipc {
+namespace {
+
+zmq::message_t TokenFrame(const std::vector<int32_t>& ids) {
+  return zmq::message_t(ids.data(), ids.size() * sizeof(int32_t));
+}
+
+TEST_CASE("Protocol: SAVE_PREFIX and OPEN_PREFIX round-trip their token frames", "[ipc]") {
+  const std::vector<int32_t> ids = {0, 1, 151, 2147483647};
+  SavePrefixRequest save{5, 7};
+  save.tokens = TokenFrame(ids);
+  SavePrefixRequest got = RoundTripRequest(std::move(save));
+  CHECK((got.session_id == 5 && got.sequence_id == 7));
+  REQUIRE(got.tokens.size() == ids.size() * 4);
+  CHECK(std::memcmp(got.tokens.data(), ids.data(), got.tokens.size()) == 0);
+  OpenPrefixRequest open{5, 8};
+  open.tokens = TokenFrame(ids);
+  CHECK(RoundTripRequest(std::move(open)).tokens.size() == 16);
+}
+
+TEST_CASE("Protocol: token frames are checked (empty, ragged, negative, too many)", "[ipc]") {
+  const auto error_of = [](zmq::message_t tokens) {
+    SavePrefixRequest m{5, 7};
+    m.tokens = std::move(tokens);
+    StatusOr<Frames> frames = Encode(1, RequestBody(std::move(m)));
+    return frames.ok() ? std::string() : frames.status().message();
+  };
+  CHECK_THAT(error_of(zmq::message_t()), Catch::Contains("tokens: frame has 0 bytes"));
+  CHECK_THAT(error_of(zmq::message_t(6)), Catch::Contains("a positive multiple of 4 bytes"));
+  CHECK_THAT(error_of(TokenFrame({3, -1})), Catch::Contains("tokens[1]: got -1"));
+  CHECK_THAT(error_of(zmq::message_t((kMaxPrefixTokens + 1) * 4)),
+             Catch::Contains("expected 1..1048576 int32 token ids"));
+  OpenPrefixRequest open{0, 8};
+  open.tokens = TokenFrame({1});
+  CHECK_THAT(Encode(1, RequestBody(std::move(open))).status().message(),
+             Catch::Contains("session_id: got 0"));
 }
 
 }  // namespace

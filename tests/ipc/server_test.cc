@@ -104,6 +104,12 @@ class FakeDaemon {
     r.Reply(std::move(reply));
   }
   void On(ByeRequest& m, Responder& r) { r.Reply(ByeReply{2, m.session_id}); }
+  void On(SavePrefixRequest& m, Responder& r) {
+    r.Reply(SavePrefixReply{m.tokens.size() / sizeof(int32_t), m.sequence_id});
+  }
+  void On(OpenPrefixRequest& m, Responder& r) {
+    r.Reply(OpenPrefixReply{m.tokens.size() / sizeof(int32_t)});
+  }
   void On(StatsRequest& m, Responder& r) {
     r.Reply(StatsReply{"# IPC\nsection:" + m.section + "\n"});
   }
@@ -333,10 +339,10 @@ TEST_CASE("ZmqServer: malformed requests get ERROR replies from the transport", 
   expect_error(std::move(garbage), 0, StatusCode::kInvalidArgument, "magic: got");
 
   std::string unknown = testing::Bytes(MustEncode(PingRequest{1})[0]);
-  unknown[6] = 9;
+  unknown[6] = 11;
   Frames f;
   f.push_back(FrameOf(unknown));
-  expect_error(std::move(f), 7, StatusCode::kUnimplemented, "type: got 0x0009");
+  expect_error(std::move(f), 7, StatusCode::kUnimplemented, "type: got 0x000B");
 
   std::string v2 = testing::Bytes(MustEncode(PingRequest{1})[0]);
   v2[4] = 2;

@@ -131,6 +131,15 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"limits.max_sessions", "1024"},
       {"limits.max_sequences_per_session", "4096"},
       {"limits.stats_max_lines", "500"},
+      {"tier.nodes", "\"\""},
+      {"tier.key_prefix", "\"kvctl\""},
+      {"tier.ttl_seconds", "86400"},
+      {"tier.quota_bytes", "\"1GiB\""},
+      {"tier.spill_idle_ms", "0"},
+      {"tier.prefix_block_tokens", "16"},
+      {"tier.timeout_ms", "1000"},
+      {"tier.connect_timeout_ms", "200"},
+      {"tier.chunk_bytes", "\"1MiB\""},
   };
   const Config c;
   size_t checked = 0;
