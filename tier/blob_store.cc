@@ -14,6 +14,17 @@ namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'T', 'B'};
 constexpr size_t kHeaderBytes = 32;  // Up to and including the generation.
+constexpr uint8_t kFlagInline = 1;
+
+// Swaps the manifest atomically and answers the header of the one it replaced (only the header:
+// an inline value would otherwise travel back for nothing). KEYS[1] name, ARGV[1] the manifest,
+// ARGV[2] the TTL in ms (0 = none). One slot, one command: fine in a cluster.
+constexpr const char* kSwapManifestScript =
+    "local old = redis.call('GET', KEYS[1]) "
+    "if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1]) "
+    "else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end "
+    "if old then return string.sub(old, 1, 32) end "
+    "return false";
 
 template <typename T>
 void PutLe(std::string& out, T value) {
@@ -52,12 +63,14 @@ std::string Hex32(uint32_t value) { return "0x" + Hex64(value).substr(8); }
 std::string EncodeManifest(const BlobManifest& manifest) {
   std::string out(kMagic, sizeof(kMagic));
   out.push_back(static_cast<char>(manifest.version));
-  out.append(3, '\0');
+  out.push_back(static_cast<char>(manifest.is_inline ? kFlagInline : 0));
+  out.append(2, '\0');
   PutLe<uint64_t>(out, manifest.total_bytes);
   PutLe<uint32_t>(out, manifest.chunk_bytes);
   PutLe<uint32_t>(out, static_cast<uint32_t>(manifest.chunk_crcs.size()));
   PutLe<uint64_t>(out, manifest.generation);
   for (uint32_t crc : manifest.chunk_crcs) PutLe<uint32_t>(out, crc);
+  if (manifest.is_inline) out.append(manifest.inline_bytes);
   PutLe<uint32_t>(out, Crc32c(out.data(), out.size()));
   return out;
 }
@@ -74,20 +87,35 @@ StatusOr<BlobManifest> DecodeManifest(std::string_view name, std::string_view by
     return FailedPrecondition(who, " has format version ", int{manifest.version},
                               ", this build reads version ", int{BlobManifest::kVersion});
   }
-  manifest.total_bytes = GetLe<uint64_t>(bytes, 8);
-  manifest.chunk_bytes = GetLe<uint32_t>(bytes, 16);
-  const uint32_t chunk_count = GetLe<uint32_t>(bytes, 20);
-  manifest.generation = GetLe<uint64_t>(bytes, 24);
-  const uint64_t expected_size = kHeaderBytes + 4ull * chunk_count + 4;
-  if (bytes.size() != expected_size) {
-    return DataLoss(who, " has ", bytes.size(), " bytes, expected ", expected_size, " for ",
-                    chunk_count, " chunks");
-  }
+  // The checksum is the last 4 bytes whatever the layout, so it is checked before any field is
+  // trusted.
   const uint32_t stored_crc = GetLe<uint32_t>(bytes, bytes.size() - 4);
   const uint32_t crc = Crc32c(bytes.data(), bytes.size() - 4);
   if (stored_crc != crc) {
     return DataLoss(who, " fails its checksum (stored ", Hex32(stored_crc), ", computed ",
                     Hex32(crc), ")");
+  }
+  const uint8_t flags = static_cast<uint8_t>(bytes[5]);
+  if ((flags & ~kFlagInline) != 0) {
+    return FailedPrecondition(who, " has flags ", int{flags}, ", this build knows only bit 0");
+  }
+  manifest.is_inline = (flags & kFlagInline) != 0;
+  manifest.total_bytes = GetLe<uint64_t>(bytes, 8);
+  manifest.chunk_bytes = GetLe<uint32_t>(bytes, 16);
+  const uint32_t chunk_count = GetLe<uint32_t>(bytes, 20);
+  manifest.generation = GetLe<uint64_t>(bytes, 24);
+  if (manifest.is_inline && chunk_count != 0) {
+    return DataLoss(who, " is inline but names ", chunk_count, " chunks, expected 0");
+  }
+  const uint64_t expected_size =
+      kHeaderBytes + 4ull * chunk_count + (manifest.is_inline ? manifest.total_bytes : 0) + 4;
+  if (bytes.size() != expected_size) {
+    return DataLoss(who, " has ", bytes.size(), " bytes, expected ", expected_size, " for ",
+                    chunk_count, " chunks", manifest.is_inline ? " and an inline value" : "");
+  }
+  if (manifest.is_inline) {
+    manifest.inline_bytes = bytes.substr(kHeaderBytes, manifest.total_bytes);
+    return manifest;
   }
   const uint64_t expected_chunks =
       manifest.chunk_bytes == 0
@@ -141,6 +169,11 @@ Status BlobStore::Put(std::string_view name, std::span<const uint8_t> value,
   manifest.total_bytes = value.size();
   manifest.chunk_bytes = static_cast<uint32_t>(chunk_bytes_);
   manifest.generation = SecureRandomU64();
+  if (value.size() <= chunk_bytes_) {
+    manifest.is_inline = true;
+    manifest.inline_bytes = AsChars(value);
+    return PutManifest(name, manifest, ttl);
+  }
   manifest.chunk_crcs.resize(chunk_count);
 
   const std::string chunk_ttl =
@@ -175,41 +208,66 @@ Status BlobStore::Put(std::string_view name, std::span<const uint8_t> value,
     }
   }
 
+  Status status = PutManifest(name, manifest, ttl);
+  if (!status.ok()) DeleteChunks(name, manifest.generation, chunk_count);
+  return status;
+}
+
+Status BlobStore::PutManifest(std::string_view name, const BlobManifest& manifest,
+                              std::chrono::milliseconds ttl) {
   const std::string encoded = EncodeManifest(manifest);
   const std::string manifest_ttl = std::to_string(ttl.count());
-  ClusterCommand set_manifest{KeySlot(name), {"SET", name, encoded}};
-  if (ttl.count() > 0) {
-    set_manifest.args.push_back("PX");
-    set_manifest.args.push_back(manifest_ttl);
-  }
-  set_manifest.args.push_back("GET");  // The previous manifest, to delete its chunks.
+  const ClusterCommand set_manifest{
+      KeySlot(name), {"EVAL", kSwapManifestScript, "1", name, encoded, manifest_ttl}};
   StatusOr<std::vector<ClusterReply>> replies = cluster_->Execute({&set_manifest, 1});
   if (!replies.ok()) {
-    DeleteChunks(name, manifest.generation, chunk_count);
     return Status(replies.status().code(), "blob " + QuoteKey(name) + ": writing the manifest: " +
                                                replies.status().message());
   }
   const ClusterReply& previous = (*replies)[0];
-  if (previous.is_string()) {
-    // Whatever the old manifest was, the new one is in place; only its chunks are left to clean.
-    StatusOr<BlobManifest> old = DecodeManifest(name, previous.str());
-    if (old.ok() && old->generation != manifest.generation) {
-      DeleteChunks(name, old->generation, old->chunk_crcs.size());
+  if (previous.is_string() && previous.str().size() == kHeaderBytes &&
+      std::memcmp(previous.str().data(), kMagic, sizeof(kMagic)) == 0) {
+    // The new manifest is in place; the old one's chunks (if it had any) are left to clean. Its
+    // header is not checksummed on its own, so the count is trusted only when it matches the
+    // sizes.
+    const std::string_view header = previous.str();
+    const bool was_inline = (static_cast<uint8_t>(header[5]) & kFlagInline) != 0;
+    const uint64_t total = GetLe<uint64_t>(header, 8);
+    const uint32_t chunk = GetLe<uint32_t>(header, 16);
+    const uint32_t count = GetLe<uint32_t>(header, 20);
+    const uint64_t generation = GetLe<uint64_t>(header, 24);
+    if (!was_inline && chunk != 0 && count == (total + chunk - 1) / chunk &&
+        generation != manifest.generation) {
+      DeleteChunks(name, generation, count);
     }
   }
   return OkStatus();
 }
 
+Status BlobStore::NotFoundError(std::string_view name) {
+  return NotFound("blob ", QuoteKey(name), ": no manifest (never stored, deleted or expired)");
+}
+
 StatusOr<BlobManifest> BlobStore::ReadManifest(std::string_view name) {
   KVCTL_ASSIGN_OR_RETURN(std::optional<std::vector<uint8_t>> bytes, cluster_->Get(name));
-  if (!bytes) {
-    return NotFound("blob ", QuoteKey(name), ": no manifest (never stored, deleted or expired)");
-  }
+  if (!bytes) return NotFoundError(name);
   return DecodeManifest(name, AsChars(*bytes));
 }
 
 StatusOr<std::vector<uint8_t>> BlobStore::Get(std::string_view name) {
-  KVCTL_ASSIGN_OR_RETURN(BlobManifest manifest, ReadManifest(name));
+  // The manifest reply stays alive while an inline value is copied out of it.
+  const ClusterCommand get_manifest{KeySlot(name), {"GET", name}};
+  KVCTL_ASSIGN_OR_RETURN(std::vector<ClusterReply> manifest_reply,
+                         cluster_->Execute({&get_manifest, 1}));
+  if (manifest_reply[0].is_nil()) return NotFoundError(name);
+  if (!manifest_reply[0].is_string()) {
+    return DataLoss("blob ", QuoteKey(name), ": manifest is a ", manifest_reply[0].Describe(),
+                    ", expected a string");
+  }
+  KVCTL_ASSIGN_OR_RETURN(BlobManifest manifest, DecodeManifest(name, manifest_reply[0].str()));
+  if (manifest.is_inline) {
+    return std::vector<uint8_t>(manifest.inline_bytes.begin(), manifest.inline_bytes.end());
+  }
   const size_t chunk_count = manifest.chunk_crcs.size();
   std::vector<std::string> keys(chunk_count);
   std::vector<ClusterCommand> commands(chunk_count);

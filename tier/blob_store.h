@@ -4,6 +4,8 @@
 // Large values in a Redis Cluster as a manifest key plus chunk keys (docs/tier.md "Blob format"):
 // chunks of `chunk_bytes` spread over the cluster's masters (each chunk key hashes to its own slot)
 // and written or read pipelined per master, then one small manifest under the value's name.
+// A value of at most `chunk_bytes` is stored inside its manifest instead (one key, one round trip
+// each way: small values would otherwise pay two round trips against a raw SET/GET's one).
 //
 // Integrity: the manifest names the format version, the total size, the chunk size and count, a
 // random generation and the CRC32C of every chunk (seeded with the generation and the chunk index,
@@ -12,10 +14,11 @@
 // when a chunk is missing, short or fails its checksum: never wrong bytes. A manifest of another
 // format version is FAILED_PRECONDITION.
 //
-// Overwrites: each Put writes its chunks under a fresh generation, then swaps the manifest (SET ..
-// GET, one command) and deletes the previous generation's chunks, so a reader sees the old value,
-// the new value, or DATA_LOSS (old chunks deleted under it): never a mix. Chunks get the value's
-// TTL plus kChunkTtlSlack, so they do not expire before the manifest written after them.
+// Overwrites: each Put writes its chunks under a fresh generation, then swaps the manifest (one
+// EVAL that answers the old header) and deletes the previous generation's chunks, so a reader sees
+// the old value, the new value, or DATA_LOSS (old chunks deleted under it): never a mix. Chunks get
+// the value's TTL plus kChunkTtlSlack, so they do not expire before the manifest written after
+// them.
 //
 // A name with a Redis hashtag ("{...}") pins every chunk to the hashtag's slot (one master):
 // callers who want the chunks spread use names without braces.
@@ -50,13 +53,18 @@ struct BlobManifest {
   uint32_t chunk_bytes = 0;
   uint64_t generation = 0;
   std::vector<uint32_t> chunk_crcs;  // One per chunk; size() is the chunk count.
+  // The value itself when it is stored inside the manifest (no chunks; flag bit 0). Decoded, it
+  // views the bytes given to DecodeManifest.
+  bool is_inline = false;
+  std::string_view inline_bytes;
 };
 
-// "KVTB", version u8, 3 zero bytes, total_bytes u64, chunk_bytes u32, chunk_count u32,
-// generation u64, chunk_count x crc u32, then the CRC32C of everything before it (u32).
+// "KVTB", version u8, flags u8 (bit 0: inline), 2 zero bytes, total_bytes u64, chunk_bytes u32,
+// chunk_count u32, generation u64, chunk_count x crc u32, the inline value (total_bytes bytes,
+// inline only), then the CRC32C of everything before it (u32).
 std::string EncodeManifest(const BlobManifest& manifest);
 // DATA_LOSS naming `name` when the bytes are not a well-formed, self-consistent manifest;
-// FAILED_PRECONDITION when they are a manifest of another version.
+// FAILED_PRECONDITION when they are a manifest of another version or with unknown flags.
 StatusOr<BlobManifest> DecodeManifest(std::string_view name, std::string_view bytes);
 // The key of chunk `index` of generation `generation` of `name`: "<name>#<generation hex>#<index>".
 std::string ChunkKey(std::string_view name, uint64_t generation, uint32_t index);
@@ -80,12 +88,19 @@ class BlobStore {
   // Removes the manifest (atomically, GETDEL) and then its chunks; an absent name is OK.
   Status Del(std::string_view name);
 
-  // The chunk keys the current manifest of `name` names (for tests and accounting).
+  // The chunk keys the current manifest of `name` names, none for an inline value (for tests and
+  // accounting).
   StatusOr<std::vector<std::string>> ChunkKeys(std::string_view name);
   size_t chunk_bytes() const { return chunk_bytes_; }
 
  private:
+  // REQUIRES: the result is used only for its fields, not inline_bytes (its bytes are gone).
   StatusOr<BlobManifest> ReadManifest(std::string_view name);
+  // Sets the manifest and reads the header of the one it replaced in one atomic command (EVAL),
+  // then deletes the replaced manifest's chunks.
+  Status PutManifest(std::string_view name, const BlobManifest& manifest,
+                     std::chrono::milliseconds ttl);
+  static Status NotFoundError(std::string_view name);
   // Best effort: a failure leaves garbage that the TTL (if any) removes.
   void DeleteChunks(std::string_view name, uint64_t generation, size_t count);
 

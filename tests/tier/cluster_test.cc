@@ -80,6 +80,25 @@ TEST_CASE("RedisCluster: set, get, exists and del over 600 keys reach every mast
   CHECK(counters.bytes_read > 0);
 }
 
+TEST_CASE("KeySlot agrees with the server's CLUSTER KEYSLOT") {
+  std::vector<std::string> keys = {"",
+                                   "{",
+                                   "}",
+                                   "{}",
+                                   "{}{a}",
+                                   "a{b}c",
+                                   "{user1000}.following",
+                                   "foo{}{bar}",
+                                   "foo{{bar}}zap",
+                                   std::string("\0{\xff}", 4)};
+  for (int i = 0; i < 200; ++i) keys.push_back("key:" + std::to_string(i * 7919));
+  for (const std::string& key : keys) {
+    INFO(QuoteKey(key));
+    CHECK(testing::Admin(kTierBasePort, {"CLUSTER", "KEYSLOT", key}) ==
+          std::to_string(KeySlot(key)));
+  }
+}
+
 TEST_CASE("RedisCluster: binary values with zero bytes, empty values and binary keys") {
   auto cluster = ConnectOrDie(SeedsFor(kTierBasePort));
   const std::string prefix = UniquePrefix("binary");
@@ -174,7 +193,8 @@ TEST_CASE("BlobStore: 0 bytes, chunk boundaries and several MiB round-trip, chun
     CHECK(*back == value);
     auto keys = blobs.ChunkKeys(name);
     REQUIRE(keys.ok());
-    CHECK(keys->size() == (size + chunk - 1) / chunk);
+    // Up to one chunk is stored inside the manifest.
+    CHECK(keys->size() == (size <= chunk ? 0 : (size + chunk - 1) / chunk));
   }
   // 5 MiB in 64 KiB chunks: 80 chunks over every master.
   auto keys = blobs.ChunkKeys(prefix + std::to_string(5 << 20));
@@ -289,27 +309,48 @@ TEST_CASE("BlobStore: an overwrite swaps the value and removes the old chunks") 
   auto cluster = ConnectOrDie(SeedsFor(kTierBasePort));
   BlobStore blobs(cluster.get(), 1000);
   const std::string name = UniquePrefix("overwrite") + "v";
+  auto no_chunk_left = [&cluster](const std::vector<std::string>& keys) {
+    auto exist = cluster->Exists(keys);
+    REQUIRE(exist.ok());
+    for (bool e : *exist) CHECK_FALSE(e);
+  };
   REQUIRE(blobs.Put(name, Pattern(5000, 1), milliseconds(0)).ok());
-  auto old_keys = blobs.ChunkKeys(name);
-  REQUIRE(old_keys.ok());
+  auto first_keys = blobs.ChunkKeys(name);
+  REQUIRE(first_keys.ok());
+  REQUIRE(first_keys->size() == 5);
+
   const std::vector<uint8_t> second = Pattern(1500, 2);
   REQUIRE(blobs.Put(name, second, milliseconds(600000)).ok());
   auto back = blobs.Get(name);
   REQUIRE(back.ok());
   CHECK(*back == second);
-  auto old_exist = cluster->Exists(*old_keys);
-  REQUIRE(old_exist.ok());
-  for (bool e : *old_exist) CHECK_FALSE(e);
+  no_chunk_left(*first_keys);
   // Chunks outlive the manifest by the slack.
-  auto new_keys = blobs.ChunkKeys(name);
-  REQUIRE(new_keys.ok());
-  const std::vector<ClusterCommand> pttl = {{KeySlot(name), {"PTTL", name}},
-                                            {KeySlot((*new_keys)[0]), {"PTTL", (*new_keys)[0]}}};
+  auto second_keys = blobs.ChunkKeys(name);
+  REQUIRE(second_keys.ok());
+  REQUIRE(second_keys->size() == 2);
+  const std::vector<ClusterCommand> pttl = {
+      {KeySlot(name), {"PTTL", name}}, {KeySlot((*second_keys)[0]), {"PTTL", (*second_keys)[0]}}};
   auto ttls = cluster->Execute(pttl);
   REQUIRE(ttls.ok());
   CHECK((*ttls)[1].integer() > (*ttls)[0].integer());
   CHECK((*ttls)[1].integer() <= 600000 + BlobStore::kChunkTtlSlack.count());
+
+  // Chunked -> inline: the chunks go; inline -> chunked: nothing to clean.
+  const std::vector<uint8_t> third = Pattern(700, 3);
+  REQUIRE(blobs.Put(name, third, milliseconds(0)).ok());
+  CHECK(blobs.Get(name).value() == third);
+  CHECK(blobs.ChunkKeys(name).value().empty());
+  no_chunk_left(*second_keys);
+  const std::vector<uint8_t> fourth = Pattern(3000, 4);
+  REQUIRE(blobs.Put(name, fourth, milliseconds(0)).ok());
+  CHECK(blobs.Get(name).value() == fourth);
+  auto fourth_keys = blobs.ChunkKeys(name);
+  REQUIRE(fourth_keys.ok());
+  CHECK(fourth_keys->size() == 3);
   REQUIRE(blobs.Del(name).ok());
+  no_chunk_left(*fourth_keys);
+  CHECK(blobs.Get(name).status().code() == StatusCode::kNotFound);
 }
 
 }  // namespace

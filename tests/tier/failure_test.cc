@@ -264,6 +264,9 @@ TEST_CASE("RedisCluster: a full master is RESOURCE_EXHAUSTED, a failed blob leav
     CHECK(Admin(p, {"DBSIZE"}) == dbsize_before[p - scoped.base_port()]);
   }
   CHECK(blobs.Get("blob").status().code() == StatusCode::kNotFound);
+  // An inline value (one EVAL on the full master) is refused the same way.
+  const std::vector<uint8_t> small(100, 2);
+  CHECK(blobs.Put(keys.names[0], small, milliseconds(0)).code() == StatusCode::kResourceExhausted);
 
   REQUIRE(Admin(victim, {"CONFIG", "SET", "maxmemory", "0"}) == "OK");
   REQUIRE(cluster->Set(keys.names[0], Bytes("x"), milliseconds(0)).ok());

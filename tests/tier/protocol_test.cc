@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "common/crc32c.h"
 #include "tier/blob_store.h"
 #include "tier/cluster_protocol.h"
 
@@ -183,6 +184,37 @@ TEST_CASE("BlobManifest: round trip, and every corruption is refused by name") {
   BlobManifest inconsistent = manifest;
   inconsistent.chunk_crcs = {1, 2};
   CHECK(DecodeManifest("v", EncodeManifest(inconsistent)).status().code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("BlobManifest: an inline value round-trips and is covered by the checksum") {
+  const std::string value("in\0line", 7);
+  BlobManifest manifest;
+  manifest.total_bytes = value.size();
+  manifest.chunk_bytes = 1 << 20;
+  manifest.generation = 5;
+  manifest.is_inline = true;
+  manifest.inline_bytes = value;
+  const std::string encoded = EncodeManifest(manifest);
+  CHECK(encoded.size() == 32 + value.size() + 4);
+  auto decoded = DecodeManifest("v", encoded);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->is_inline);
+  CHECK(decoded->inline_bytes == value);
+  CHECK(decoded->chunk_crcs.empty());
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    std::string flipped = encoded;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x01);
+    INFO("byte " << i);
+    CHECK_FALSE(DecodeManifest("v", flipped).ok());
+  }
+  // Unknown flags under a valid checksum: another format, not damage.
+  BlobManifest plain;
+  std::string flagged = EncodeManifest(plain);
+  flagged[5] = 0x02;
+  flagged.resize(flagged.size() - 4);
+  const uint32_t crc = Crc32c(flagged.data(), flagged.size());
+  for (int i = 0; i < 4; ++i) flagged.push_back(static_cast<char>((crc >> (8 * i)) & 0xFF));
+  CHECK(DecodeManifest("v", flagged).status().code() == StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("ChunkKey and ChunkCrc: keys differ per generation and index, CRC binds both") {
