@@ -16,15 +16,8 @@ constexpr char kMagic[4] = {'K', 'V', 'T', 'B'};
 constexpr size_t kHeaderBytes = 32;  // Up to and including the generation.
 constexpr uint8_t kFlagInline = 1;
 
-// Swaps the manifest atomically and answers the header of the one it replaced (only the header:
-// an inline value would otherwise travel back for nothing). KEYS[1] name, ARGV[1] the manifest,
-// ARGV[2] the TTL in ms (0 = none). One slot, one command: fine in a cluster.
-constexpr const char* kSwapManifestScript =
-    "local old = redis.call('GET', KEYS[1]) "
-    "if ARGV[2] == '0' then redis.call('SET', KEYS[1], ARGV[1]) "
-    "else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end "
-    "if old then return string.sub(old, 1, 32) end "
-    "return false";
+// The manifest's header: what a Put needs of the manifest it replaces (GETRANGE 0..31).
+const std::string kHeaderLastByte = std::to_string(kHeaderBytes - 1);
 
 template <typename T>
 void PutLe(std::string& out, T value) {
@@ -61,7 +54,11 @@ std::string Hex32(uint32_t value) { return "0x" + Hex64(value).substr(8); }
 }  // namespace
 
 std::string EncodeManifest(const BlobManifest& manifest) {
-  std::string out(kMagic, sizeof(kMagic));
+  std::string out;
+  // One allocation: an inline value can be a MiB, and regrowing it costs more than the checksum.
+  out.reserve(kHeaderBytes + 4 * manifest.chunk_crcs.size() +
+              (manifest.is_inline ? manifest.inline_bytes.size() : 0) + 4);
+  out.append(kMagic, sizeof(kMagic));
   out.push_back(static_cast<char>(manifest.version));
   out.push_back(static_cast<char>(manifest.is_inline ? kFlagInline : 0));
   out.append(2, '\0');
@@ -217,12 +214,22 @@ Status BlobStore::PutManifest(std::string_view name, const BlobManifest& manifes
                               std::chrono::milliseconds ttl) {
   const std::string encoded = EncodeManifest(manifest);
   const std::string manifest_ttl = std::to_string(ttl.count());
-  const ClusterCommand set_manifest{
-      KeySlot(name), {"EVAL", kSwapManifestScript, "1", name, encoded, manifest_ttl}};
-  StatusOr<std::vector<ClusterReply>> replies = cluster_->Execute({&set_manifest, 1});
+  // The old header and the new manifest in one pipeline: one round trip. (SET .. GET would send
+  // a whole inline value back; an EVAL doing both measured 3-4x slower than SET for 64 KiB-1 MiB.)
+  std::vector<ClusterCommand> swap = {{KeySlot(name), {"GETRANGE", name, "0", kHeaderLastByte}},
+                                      {KeySlot(name), {"SET", name, encoded}}};
+  if (ttl.count() > 0) {
+    swap[1].args.push_back("PX");
+    swap[1].args.push_back(manifest_ttl);
+  }
+  StatusOr<std::vector<ClusterReply>> replies = cluster_->Execute(swap);
   if (!replies.ok()) {
     return Status(replies.status().code(), "blob " + QuoteKey(name) + ": writing the manifest: " +
                                                replies.status().message());
+  }
+  if (!(*replies)[1].is_string() || (*replies)[1].str() != "OK") {
+    return Internal("blob ", QuoteKey(name), ": SET of the manifest got ", (*replies)[1].Describe(),
+                    ", expected OK");
   }
   const ClusterReply& previous = (*replies)[0];
   if (previous.is_string() && previous.str().size() == kHeaderBytes &&

@@ -14,11 +14,12 @@
 // when a chunk is missing, short or fails its checksum: never wrong bytes. A manifest of another
 // format version is FAILED_PRECONDITION.
 //
-// Overwrites: each Put writes its chunks under a fresh generation, then swaps the manifest (one
-// EVAL that answers the old header) and deletes the previous generation's chunks, so a reader sees
-// the old value, the new value, or DATA_LOSS (old chunks deleted under it): never a mix. Chunks get
-// the value's TTL plus kChunkTtlSlack, so they do not expire before the manifest written after
-// them.
+// Overwrites: each Put writes its chunks under a fresh generation, then swaps the manifest (reads
+// the old header and sets the new manifest in one pipeline) and deletes the previous generation's
+// chunks, so a reader sees the old value, the new value, or DATA_LOSS (old chunks deleted under
+// it): never a mix. Two Puts of one name at once may leave one's chunks behind (both read the same
+// old header): garbage until their TTL, never wrong bytes. Chunks get the value's TTL plus
+// kChunkTtlSlack, so they do not expire before the manifest written after them.
 //
 // A name with a Redis hashtag ("{...}") pins every chunk to the hashtag's slot (one master):
 // callers who want the chunks spread use names without braces.
@@ -96,8 +97,8 @@ class BlobStore {
  private:
   // REQUIRES: the result is used only for its fields, not inline_bytes (its bytes are gone).
   StatusOr<BlobManifest> ReadManifest(std::string_view name);
-  // Sets the manifest and reads the header of the one it replaced in one atomic command (EVAL),
-  // then deletes the replaced manifest's chunks.
+  // Reads the header of the manifest it replaces and sets the new one (one pipeline), then
+  // deletes the replaced manifest's chunks.
   Status PutManifest(std::string_view name, const BlobManifest& manifest,
                      std::chrono::milliseconds ttl);
   static Status NotFoundError(std::string_view name);
