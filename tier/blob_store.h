@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: tier/blob_store.h
-// Large values in a Redis Cluster as a manifest key plus chunk keys (docs/tier.md "Blob format"):
+// Large values in a Redis Cluster as a manifest key plus chunk keys (format: EncodeManifest below):
 // chunks of `chunk_bytes` spread over the cluster's masters (each chunk key hashes to its own slot)
 // and written or read pipelined per master, then one small manifest under the value's name.
 // A value of at most `chunk_bytes` is stored inside its manifest instead (one key, one round trip
