@@ -412,8 +412,9 @@ StatusOr<std::vector<ClusterReply>> RedisCluster::ExecuteLocked(
   }
 
   Status first_error;
-  auto note = [&first_error, this](Status status) {
-    ++counters_.errors;
+  uint64_t failed = 0;  // Added to counters_ once: the lambda is outside the lock analysis.
+  auto note = [&first_error, &failed](Status status) {
+    ++failed;
     if (first_error.ok()) first_error = std::move(status);
   };
   struct Sent {
@@ -476,6 +477,7 @@ StatusOr<std::vector<ClusterReply>> RedisCluster::ExecuteLocked(
       }
     }
   }
+  counters_.errors += failed;
   if (!first_error.ok()) return first_error;
   if (!moved.empty()) {
     // As in RunOne: refresh the whole map, then trust each MOVED for its own slot.
