@@ -18,6 +18,7 @@ ALLOWED = {
     "kernels": ["common"],
     "policies": ["kernels", "common"],
     "ipc": ["common"],
+    "tier": ["common"],
     "controller/pool": ["kernels", "common"],
     "controller/config": ["controller/pool", "policies", "kernels", "common"],
     "controller/sequence": ["controller/config", "controller/pool", "policies", "kernels",
@@ -32,8 +33,8 @@ ALLOWED = {
     "bindings": ["ipc", "kernels", "common"],
     # kvbench ipc measures the daemon and the Controller in-process, so tools sit on top of all.
     "tools": ["controller/daemon", "controller/service", "controller/sequence",
-              "controller/stats", "controller/config", "controller/pool", "ipc", "policies",
-              "kernels", "common", "tests/support"],
+              "controller/stats", "controller/config", "controller/pool", "ipc", "tier",
+              "policies", "kernels", "common", "tests/support"],
     "tests": None,  # Tests may include anything.
 }
 SOURCE_SUFFIXES = {".h", ".cc", ".cu", ".cuh", ".inc"}
