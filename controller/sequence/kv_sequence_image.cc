@@ -35,6 +35,8 @@ constexpr uint32_t kFlagPrefix = 1;
 // before the plan bytes are known to be there.
 constexpr uint32_t kMaxLayers = 4096, kMaxHeads = 4096, kMaxHeadDim = 65536;
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+// Positions stay far from int64's end, so appends after an import cannot overflow them.
+constexpr int64_t kMaxFirstPosition = int64_t{1} << 62;
 
 // Little-endian appends.
 class Writer {
@@ -175,11 +177,10 @@ StatusOr<ParsedHeader> ParseHeader(std::span<const uint8_t> image) {
   if (reserved != 0) return DataLoss("sequence image: reserved header word is ", reserved);
   KVCTL_ASSIGN_OR_RETURN(info.first_position, r.Get<int64_t>("first_position"));
   KVCTL_ASSIGN_OR_RETURN(info.tokens, r.Get<int64_t>("tokens"));
-  if (info.first_position < 0 || info.tokens < 0 || info.tokens > kMaxTokens ||
-      info.first_position > std::numeric_limits<int64_t>::max() - info.tokens) {
+  if (info.first_position < 0 || info.first_position > kMaxFirstPosition || info.tokens < 0 ||
+      info.tokens > kMaxTokens) {
     return DataLoss("sequence image: first_position ", info.first_position, " and tokens ",
-                    info.tokens, ", expected both >= 0, tokens <= ", kMaxTokens,
-                    " and their sum within int64");
+                    info.tokens, ", expected first_position 0..2^62 and tokens 0..", kMaxTokens);
   }
   KVCTL_ASSIGN_OR_RETURN(h.pressure_reliefs, r.Get<uint64_t>("pressure_reliefs"));
   KVCTL_ASSIGN_OR_RETURN(h.pressure_cap_cuts, r.Get<uint64_t>("pressure_cap_cuts"));
@@ -422,6 +423,10 @@ struct SequenceImageAccess {
 
   static Status CheckExportable(const KvSequence& seq) {
     if (!seq.integrity_.ok()) return seq.integrity_;
+    if (seq.first_position_ > kMaxFirstPosition) {
+      return FailedPrecondition("first_position: ", seq.first_position_,
+                                ", images hold positions up to 2^62");
+    }
     if (seq.eviction_.enabled) {
       return FailedPrecondition(
           "eviction: the sequence evicts (evict.policy = \"", EvictPolicyName(seq.eviction_.policy),

@@ -472,5 +472,54 @@ TEST_CASE("Sequence image: restored into a checksummed pool, pages verify", "[co
   ExpectSame(**pool, seq, **pool, **back, true);
 }
 
+// Small real images for the fuzzer's seed corpus (tests/fuzz/image_seeds/):
+//   KVCTL_IMAGE_SEED_DIR=tests/fuzz/image_seeds build/tests/sequence_test "[.seeds]"
+TEST_CASE("Sequence image: writes the fuzz seed images", "[.seeds]") {
+  REQUIRE(std::getenv("KVCTL_IMAGE_SEED_DIR") != nullptr);
+  auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
+  auto small = [](QuantMethod m, std::pair<int, int> bits, int sinks, int flush) {
+    LayerPlan p = Plan(m, kHeads, {bits}, sinks);
+    p.rules.flush_tokens = flush;
+    return p;
+  };
+  struct Seed {
+    std::string name;
+    DType dtype;
+    std::vector<LayerPlan> plans;
+    int64_t tokens, cut;
+  };
+  const std::vector<Seed> seeds = {
+      {"lossless_f16", DType::kF16, {LosslessPlan(kHeads), LosslessPlan(kHeads)}, 9, 9},
+      {"kivi_sinks_prefix",
+       DType::kF16,
+       {small(QuantMethod::kKivi, {2, 4}, 2, 32), LosslessPlan(kHeads)},
+       45,
+       34},
+      {"oscar",
+       DType::kF32,
+       {small(QuantMethod::kOscar, {2, 2}, 0, 32), small(QuantMethod::kOscar, {4, 4}, 0, 32)},
+       37,
+       37},
+      {"turbo_quarot",
+       DType::kBF16,
+       {small(QuantMethod::kTurbo, {3, 3}, 1, 32), small(QuantMethod::kQuaRot, {8, 2}, 1, 32)},
+       40,
+       40},
+      {"empty",
+       DType::kF32,
+       {LosslessPlan(kHeads), small(QuantMethod::kKivi, {2, 2}, 0, 32)},
+       40,
+       0},
+  };
+  for (const Seed& s : seeds) {
+    KvSequence seq(pool.get(), Geometry(s.dtype), s.plans);
+    const Data data = MakeData(kLayers, s.tokens, kHeads, s.dtype, 1);
+    REQUIRE(AppendRange(&seq, data, 3, 0, s.tokens).ok());
+    StatusOr<std::vector<uint8_t>> image = ExportImage(seq, s.cut, "seed");
+    REQUIRE(image.ok());
+    MaybeWriteSeed(s.name, *image);
+  }
+}
+
 }  // namespace
 }  // namespace kvctl
