@@ -470,6 +470,34 @@ TEST_CASE("Sequence image: restored into a checksummed pool, pages verify", "[co
   REQUIRE(back.ok());
   REQUIRE((*back)->Verify(0, kLayers).ok());
   ExpectSame(**pool, seq, **pool, **back, true);
+  // A page changed behind the daemon's back is not sealed into an image.
+  const HeadBlocks b = seq.Blocks(0, 0);
+  REQUIRE(b.records > 0);
+  (*pool)->PagePointer(b.record_ids[0] / b.records_per_page)[0] ^= 1;
+  REQUIRE(ExportImage(seq, 300, "").status().code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("Sequence image: widths lowered under pressure travel with the records",
+          "[controller][image]") {
+  auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
+  const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{4, 4}}),
+                                        Plan(QuantMethod::kQuaRot, kHeads, {{8, 4}})};
+  KvSequence seq(pool.get(), Geometry(DType::kF32), plans);
+  const Data data = MakeData(kLayers, 600, kHeads, DType::kF32, 8);
+  REQUIRE(AppendRange(&seq, data, 0, 0, 300).ok());
+  REQUIRE(seq.LowerWidth(0, 1, 2, 2).ok());
+  REQUIRE(seq.LowerWidth(1, 2, 4, 2).ok());
+  StatusOr<std::vector<uint8_t>> image = ExportImage(seq, 300, "");
+  REQUIRE(image.ok());
+  REQUIRE(ReadImageInfo(*image)->plans[0].head_specs[1].k_bits == 2);
+  StatusOr<std::unique_ptr<KvSequence>> back =
+      ImportImage(pool.get(), *image, Geometry(DType::kF32), "");
+  REQUIRE(back.ok());
+  ExpectSame(*pool, seq, *pool, **back, true);
+  REQUIRE((*back)->HeadUsageOf(0, 1).width_lowerings == 1);
+  REQUIRE(AppendRange(&seq, data, 0, 300, 300).ok());
+  REQUIRE(AppendRange(back->get(), data, 0, 300, 300).ok());
+  ExpectSame(*pool, seq, *pool, **back, true);
 }
 
 // Small real images for the fuzzer's seed corpus (tests/fuzz/image_seeds/):
