@@ -25,10 +25,10 @@ ALLOWED = {
                             "common"],
     "controller/stats": ["common"],
     "controller/service": ["controller/sequence", "controller/stats", "controller/config",
-                           "controller/pool", "ipc", "policies", "kernels", "common"],
+                           "controller/pool", "ipc", "tier", "policies", "kernels", "common"],
     "controller/daemon": ["controller/service", "controller/sequence", "controller/stats",
-                          "controller/config", "controller/pool", "ipc", "policies", "kernels",
-                          "common"],
+                          "controller/config", "controller/pool", "ipc", "tier", "policies",
+                          "kernels", "common"],
     "tests/support": ["common"],
     "bindings": ["ipc", "kernels", "common"],
     # kvbench ipc measures the daemon and the Controller in-process, so tools sit on top of all.
