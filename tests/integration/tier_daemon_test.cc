@@ -1,11 +1,14 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // The cluster tier end to end: real kvctl daemons, standing for two nodes, against the real
 // 3-master Redis Cluster the CTest fixture "tier_cluster" starts (tools/redis_cluster.sh).
+#include <signal.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,10 +31,10 @@ std::string Seeds(int base_port) {
 
 // [pool] keys, then a [tier] on the shared cluster with a key prefix of this test process, so
 // keys of an earlier run never answer for this one.
-std::string TierToml(const std::string& extra_tier = "", int base_port = KVCTL_TIER_BASE_PORT) {
-  return "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n[tier]\nnodes = \"" + Seeds(base_port) +
-         "\"\nkey_prefix = \"it" + std::to_string(getpid()) + "\"\nprefix_block_tokens = 16\n" +
-         extra_tier;
+std::string TierToml(const std::string& extra_tier = "", int base_port = KVCTL_TIER_BASE_PORT,
+                     const std::string& pool = "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n") {
+  return pool + "[tier]\nnodes = \"" + Seeds(base_port) + "\"\nkey_prefix = \"it" +
+         std::to_string(getpid()) + "\"\nprefix_block_tokens = 16\n" + extra_tier;
 }
 
 // [layers, tokens, heads, d] fp16 of a synthetic stream (K or V).
@@ -297,6 +300,117 @@ TEST_CASE("Tier: without a tier SAVE_PREFIX is refused by name and OPEN_PREFIX o
   CHECK(c->OpenPrefix(sid, 2, Ids(16)).status().code() == StatusCode::kAlreadyExists);
   CHECK(StatsField(*c, "tier", "tier_enabled") == 0);
   CHECK(node.Stop() == 0);
+}
+
+// A cluster of its own on ports base + offset.., stopped when the test ends.
+class OwnCluster {
+ public:
+  OwnCluster(const std::string& name, int port, int masters, int replicas)
+      : port_(port),
+        dir_(std::string(KVCTL_TIER_CLUSTER_ROOT) + "/" + name + "-" + std::to_string(getpid())) {
+    const std::string cmd = "bash " + std::string(KVCTL_TIER_CLUSTER_SCRIPT) + " start " + dir_ +
+                            " " + std::to_string(port) + " " + std::to_string(masters) + " " +
+                            std::to_string(replicas);
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("cannot start " + cmd);
+  }
+  ~OwnCluster() {
+    const std::string cmd = "bash " + std::string(KVCTL_TIER_CLUSTER_SCRIPT) + " stop " + dir_;
+    (void)!std::system(cmd.c_str());
+  }
+  int port() const { return port_; }
+  // The pid of the node on `port` (its pid file).
+  pid_t PidOf(int port) const {
+    std::ifstream f(dir_ + "/node-" + std::to_string(port) + "/redis.pid");
+    pid_t pid = -1;
+    f >> pid;
+    return pid;
+  }
+
+ private:
+  int port_;
+  std::string dir_;
+};
+
+TEST_CASE("Tier: a full pool spills an idle sequence for another's APPEND, then restores it",
+          "[integration][tier]") {
+  // 1 MiB of 4 KiB pages, rows kept losslessly (1 KiB per token over the 4 streams): two
+  // sequences of 600 tokens do not fit together.
+  DaemonProcess node(TierToml(
+      "spill_on_pressure_idle_ms = 50\n", KVCTL_TIER_BASE_PORT,
+      "bytes = \"1MiB\"\npage_bytes = \"4KiB\"\nstaging_slots = 0\n[quant]\nlossless = true\n"));
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  const int64_t total = 600;
+  const auto ka = MakeFp16(total, 8, false), va = MakeFp16(total, 8, true);
+  const auto kb = MakeFp16(total, 9, false), vb = MakeFp16(total, 9, true);
+  REQUIRE(c->Open(sid, 1).ok());
+  REQUIRE(c->Open(sid, 2).ok());
+  REQUIRE(Append(*c, sid, 1, ka, va, total, 0, total).ok());
+  auto before = c->FetchDense(sid, 1, 0, kLayers, DType::kF16);
+  REQUIRE(before.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // Sequence 1 is now idle.
+  auto appended = Append(*c, sid, 2, kb, vb, total, 0, total);
+  REQUIRE(appended.ok());
+  CHECK(StatsField(*c, "tier", "tier_spills_total") == 1);
+  // Sequence 1 cannot come back while sequence 2 holds the pages: named, and nothing is lost.
+  auto blocked = c->FetchDense(sid, 1, 0, kLayers, DType::kF16);
+  CHECK(blocked.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(blocked.status().message(),
+             Catch::Contains("is spilled to the tier and the pool lacks the pages to restore it"));
+  REQUIRE(c->Close(sid, 2).ok());
+  auto after = c->FetchDense(sid, 1, 0, kLayers, DType::kF16);
+  REQUIRE(after.ok());
+  CHECK(after->counts == before->counts);
+  CHECK(std::memcmp(after->k.data(), before->k.data(), before->k.size()) == 0);
+  CHECK(std::memcmp(after->v.data(), before->v.data(), before->v.size()) == 0);
+  CHECK(node.Stop() == 0);
+}
+
+TEST_CASE("Tier: a master killed after a save fails over to its replica; the prefix comes back",
+          "[integration][tier]") {
+  // 3 masters + 3 replicas of its own (ports base + 30..35); a failover takes about twice
+  // cluster-node-timeout (2 s).
+  OwnCluster cluster("failover", KVCTL_TIER_BASE_PORT + 30, 3, 1);
+  const std::string toml = TierToml("timeout_ms = 500\n", cluster.port());
+  DaemonProcess node_a(toml, "", "a"), node_b(toml, "", "b");
+  auto a = node_a.Connect();
+  auto b = node_b.Connect();
+  const uint64_t sa = Hello(*a), sb = Hello(*b);
+  const int64_t total = 300;
+  const auto k = MakeFp16(total, 11, false), v = MakeFp16(total, 11, true);
+  REQUIRE(a->Open(sa, 1).ok());
+  REQUIRE(Append(*a, sa, 1, k, v, total, 0, total).ok());
+  auto saved = a->SavePrefix(sa, 1, Ids(total));
+  REQUIRE(saved.ok());
+  REQUIRE(saved->saved_tokens == 288);
+  auto fa = a->FetchDense(sa, 1, 0, kLayers, DType::kF32);
+  REQUIRE(fa.ok());
+
+  const pid_t victim = cluster.PidOf(cluster.port());  // The first master.
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  // Until the replica takes over, lookups fail and open empty (never wrong rows); then the
+  // prefix is found again. The resident sequence on node A is served throughout.
+  uint64_t restored = 0;
+  uint64_t seq = 100;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (restored == 0 && std::chrono::steady_clock::now() < deadline) {
+    CHECK(a->FetchDense(sa, 1, 0, kLayers, DType::kF32).ok());
+    auto opened = b->OpenPrefix(sb, ++seq, Ids(total));
+    REQUIRE(opened.ok());
+    restored = opened->restored_tokens;
+    if (restored == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  REQUIRE(restored == 288);
+  auto fb = b->FetchDense(sb, seq, 0, kLayers, DType::kF32);
+  REQUIRE(fb.ok());
+  const Rows want = FirstRows(*fa, 288), got = FirstRows(*fb, 288);
+  for (size_t p = 0; p < want.k.size(); ++p) {
+    CHECK(std::memcmp(got.k[p].data(), want.k[p].data(), got.k[p].size() * 4) == 0);
+    CHECK(std::memcmp(got.v[p].data(), want.v[p].data(), got.v[p].size() * 4) == 0);
+  }
+  CHECK(node_a.Stop() == 0);
+  CHECK(node_b.Stop() == 0);
 }
 
 }  // namespace
