@@ -106,6 +106,10 @@ StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Connect(const ClusterOptio
                            options.connect_timeout.count(), " / ", options.command_timeout.count(),
                            " ms, expected both > 0");
   }
+  if (options.retry_down_after.count() < 0) {
+    return InvalidArgument("retry_down_after: got ", options.retry_down_after.count(),
+                           " ms, expected >= 0 (0 = retry a failed node on the next call)");
+  }
   if (options.max_redirects < 0) {
     return InvalidArgument("max_redirects: got ", options.max_redirects, ", expected >= 0");
   }
@@ -137,14 +141,25 @@ RedisCluster::~RedisCluster() {
 StatusOr<redisContext*> RedisCluster::ConnectionTo(const NodeAddress& node, std::string_view what) {
   const std::string name = node.ToString();
   if (auto it = connections_.find(name); it != connections_.end()) return it->second;
+  const auto now = std::chrono::steady_clock::now();
+  if (auto it = down_.find(name); it != down_.end()) {
+    if (now < it->second.until) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(it->second.until - now);
+      return Unavailable(what, ": ", name, " is skipped for another ", left.count(),
+                         " ms after it failed: ", it->second.why);
+    }
+    down_.erase(it);
+  }
   redisContext* context =
       redisConnectWithTimeout(node.host.c_str(), node.port, ToTimeval(options_.connect_timeout));
   if (context == nullptr || context->err != 0) {
     const std::string why = context == nullptr ? "out of memory" : context->errstr;
     if (context != nullptr) redisFree(context);
-    refresh_needed_ = true;
-    return Unavailable(what, ": cannot connect to ", name, " (", why, ", connect timeout ",
-                       options_.connect_timeout.count(), " ms)");
+    Status status = Unavailable(what, ": cannot connect to ", name, " (", why, ", connect timeout ",
+                                options_.connect_timeout.count(), " ms)");
+    DropConnection(node, status.message());
+    return status;
   }
   if (redisSetTimeout(context, ToTimeval(options_.command_timeout)) != REDIS_OK) {
     const std::string why = context->errstr;
@@ -156,10 +171,15 @@ StatusOr<redisContext*> RedisCluster::ConnectionTo(const NodeAddress& node, std:
   return context;
 }
 
-void RedisCluster::DropConnection(const NodeAddress& node) {
-  if (auto it = connections_.find(node.ToString()); it != connections_.end()) {
+void RedisCluster::DropConnection(const NodeAddress& node, std::string_view why) {
+  const std::string name = node.ToString();
+  if (auto it = connections_.find(name); it != connections_.end()) {
     redisFree(it->second);
     connections_.erase(it);
+  }
+  if (options_.retry_down_after.count() > 0) {
+    down_[name] =
+        Down{std::chrono::steady_clock::now() + options_.retry_down_after, std::string(why)};
   }
   refresh_needed_ = true;
 }
@@ -169,13 +189,12 @@ Status RedisCluster::Flush(redisContext* context, const NodeAddress& node, std::
   while (!done) {
     if (redisBufferWrite(context, &done) != REDIS_OK) {
       const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
-      const std::string why = context->errstr;
-      DropConnection(node);
-      if (timed_out) {
-        return Unavailable(OnNode(what, node), ": write timed out after ",
-                           options_.command_timeout.count(), " ms");
-      }
-      return Unavailable(OnNode(what, node), ": write failed (", why, ")");
+      Status status =
+          timed_out ? Unavailable(OnNode(what, node), ": write timed out after ",
+                                  options_.command_timeout.count(), " ms")
+                    : Unavailable(OnNode(what, node), ": write failed (", context->errstr, ")");
+      DropConnection(node, status.message());
+      return status;
     }
   }
   return OkStatus();
@@ -188,13 +207,12 @@ StatusOr<ClusterReply> RedisCluster::ReadReply(redisContext* context, const Node
   if (redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
     // hiredis reports a socket timeout as an I/O error with errno EAGAIN.
     const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
-    const std::string why = context->errstr;
-    DropConnection(node);
-    if (timed_out) {
-      return Unavailable(OnNode(what, node), ": no reply within the command timeout of ",
-                         options_.command_timeout.count(), " ms");
-    }
-    return Unavailable(OnNode(what, node), ": connection failed (", why, ")");
+    Status status =
+        timed_out ? Unavailable(OnNode(what, node), ": no reply within the command timeout of ",
+                                options_.command_timeout.count(), " ms")
+                  : Unavailable(OnNode(what, node), ": connection failed (", context->errstr, ")");
+    DropConnection(node, status.message());
+    return status;
   }
   redisReply* reply = static_cast<redisReply*>(raw);
   CountRead(*reply);
@@ -443,7 +461,11 @@ StatusOr<std::vector<ClusterReply>> RedisCluster::ExecuteLocked(
     if (status.ok()) status = Flush(*context, node, what);
     if (!status.ok()) {
       note(status);
-      DropConnection(node);  // Its buffer holds a partial pipeline.
+      // Its buffer holds a partial pipeline (Flush has dropped it already when the node failed).
+      if (connections_.count(node.ToString()) != 0) {
+        redisFree(connections_[node.ToString()]);
+        connections_.erase(node.ToString());
+      }
       continue;
     }
     sent.push_back(Sent{node, *context, &indexes});

@@ -186,9 +186,28 @@ TEST_CASE("RedisCluster: a killed master answers UNAVAILABLE for its slots, othe
     if (seed != victim_name) seeds.push_back(seed);
   }
   auto other = ConnectOrDie(seeds);
-  const size_t alive = victim == keys.ports[1] ? 2 : 1;
+  size_t alive = 0;
+  while (keys.ports[alive] == victim) ++alive;
   auto got = other->Get(keys.names[alive]);
   REQUIRE(got.ok());
+
+  // A failed node is skipped for retry_down_after: the next call does not connect again, and
+  // its answer names the first failure.
+  ClusterOptions patient_options;
+  patient_options.seeds = seeds;
+  patient_options.retry_down_after = std::chrono::hours(1);
+  auto patient = RedisCluster::Connect(patient_options);
+  REQUIRE(patient.ok());
+  auto first = (*patient)->Get(keys.names[0]);
+  REQUIRE_FALSE(first.ok());
+  CHECK(first.status().message().find("cannot connect to " + victim_name) != std::string::npos);
+  auto second = (*patient)->Get(keys.names[0]);
+  REQUIRE_FALSE(second.ok());
+  CHECK(second.status().code() == StatusCode::kUnavailable);
+  CHECK(second.status().message().find(victim_name + " is skipped for another") !=
+        std::string::npos);
+  CHECK(second.status().message().find("cannot connect to " + victim_name) != std::string::npos);
+  REQUIRE((*patient)->Get(keys.names[alive]).ok());
 }
 
 TEST_CASE("RedisCluster: a hung master answers UNAVAILABLE after the timeout, then recovers") {
@@ -206,7 +225,9 @@ TEST_CASE("RedisCluster: a hung master answers UNAVAILABLE after the timeout, th
     ~Resume() { ::kill(pid, SIGCONT); }
   } resume{pid};
 
-  for (int round = 0; round < 2; ++round) {  // Once on the open connection, once on a new one.
+  // Once on the open connection (times out), once while the node is skipped (answers at once,
+  // naming the timeout).
+  for (int round = 0; round < 2; ++round) {
     auto got = cluster->Get(keys.names[0]);
     REQUIRE_FALSE(got.ok());
     CHECK(got.status().code() == StatusCode::kUnavailable);
