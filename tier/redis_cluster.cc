@@ -146,6 +146,9 @@ StatusOr<redisContext*> RedisCluster::ConnectionTo(const NodeAddress& node, std:
     if (now < it->second.until) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(it->second.until - now);
+      // A replica may have taken over its slots by now: look again (at most every
+      // kMinRefreshInterval).
+      refresh_needed_ = true;
       return Unavailable(what, ": ", name, " is skipped for another ", left.count(),
                          " ms after it failed: ", it->second.why);
     }
@@ -246,7 +249,16 @@ Status RedisCluster::Append(redisContext* context, const ClusterCommand& command
 // ---------------------------------------------------------------------------------------------
 // The slot map
 
+void RedisCluster::MaybeRefreshSlots() {
+  if (!refresh_needed_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refresh_attempt_ < kMinRefreshInterval) return;
+  // A failed refresh keeps the old map: it may still route most slots right.
+  (void)RefreshSlots();
+}
+
 Status RedisCluster::RefreshSlots() {
+  last_refresh_attempt_ = std::chrono::steady_clock::now();
   // Nodes we hold a connection to are alive as far as we know, so they go first; then the
   // masters of the map, then the seeds.
   std::vector<NodeAddress> candidates;
@@ -341,7 +353,7 @@ StatusOr<ClusterReply> RedisCluster::RunOne(const ClusterCommand& command,
   std::string last_redirect;
   for (int hop = hops_used; hop <= options_.max_redirects; ++hop) {
     // A failed refresh keeps the old map: it may still route this slot right.
-    if (refresh_needed_ && !ask_target) (void)RefreshSlots();
+    if (!ask_target) MaybeRefreshSlots();
     NodeAddress node;
     if (ask_target) {
       node = *ask_target;
@@ -414,7 +426,7 @@ StatusOr<std::vector<ClusterReply>> RedisCluster::Execute(
 
 StatusOr<std::vector<ClusterReply>> RedisCluster::ExecuteLocked(
     std::span<const ClusterCommand> commands) {
-  if (refresh_needed_) (void)RefreshSlots();
+  MaybeRefreshSlots();
   std::vector<ClusterReply> replies(commands.size());
   std::vector<size_t> one_by_one;  // MOVED or unrouted: retried through RunOne.
   std::vector<Redirect> moved;

@@ -105,6 +105,8 @@ class ClusterReply {
 
 class RedisCluster {
  public:
+  static constexpr std::chrono::milliseconds kMinRefreshInterval{100};
+
   // Fetches the slot map (CLUSTER SLOTS) from the first seed that answers. INVALID_ARGUMENT for
   // an empty or malformed seed list or non-positive timeouts; UNAVAILABLE naming every seed tried
   // and why when none answers.
@@ -144,6 +146,9 @@ class RedisCluster {
   // asks for a slot-map refresh.
   void DropConnection(const NodeAddress& node, std::string_view why) KVCTL_REQUIRES(mu_);
   Status RefreshSlots() KVCTL_REQUIRES(mu_);
+  // RefreshSlots when a failure asked for it and the last attempt is kMinRefreshInterval old:
+  // while a node is down, calls do not each pay a CLUSTER SLOTS. (MOVED refreshes at once.)
+  void MaybeRefreshSlots() KVCTL_REQUIRES(mu_);
   void SetSlotOwner(uint16_t slot, const NodeAddress& node) KVCTL_REQUIRES(mu_);
   // One command with the redirect loop: to `ask_target` (ASKING first) when set, else to the
   // slot's master; `hops_used` redirects were already followed for it (in a pipeline).
@@ -177,6 +182,7 @@ class RedisCluster {
   std::vector<uint16_t> slot_master_
       KVCTL_GUARDED_BY(mu_);  // Index into masters_, kNoMaster if none.
   bool refresh_needed_ KVCTL_GUARDED_BY(mu_) = true;
+  std::chrono::steady_clock::time_point last_refresh_attempt_ KVCTL_GUARDED_BY(mu_);
   std::string last_refresh_error_ KVCTL_GUARDED_BY(mu_);
   ClusterCounters counters_ KVCTL_GUARDED_BY(mu_);
 };

@@ -210,6 +210,50 @@ TEST_CASE("RedisCluster: a killed master answers UNAVAILABLE for its slots, othe
   REQUIRE((*patient)->Get(keys.names[alive]).ok());
 }
 
+TEST_CASE("RedisCluster: a killed master with a replica: its slots come back after failover") {
+  // 3 masters + 3 replicas on kTierBasePort + 44 .. + 49.
+  ScopedCluster scoped("failover", kTierBasePort + 44, 3, 1);
+  auto cluster = ConnectOrDie(scoped.seeds());
+  BlobStore blobs(cluster.get(), 4096);
+  const Keys keys = KeysOverMasters(*cluster);
+  for (const std::string& key : keys.names) {
+    REQUIRE(cluster->Set(key, Bytes("v" + key), milliseconds(0)).ok());
+  }
+  std::vector<uint8_t> blob(40000);
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<uint8_t>(i % 251);
+  REQUIRE(blobs.Put("blob", blob, milliseconds(0)).ok());
+  const int victim = keys.ports[0];
+  // Every write has reached the replica before the kill (replication is asynchronous).
+  REQUIRE(Admin(victim, {"WAIT", "1", "5000"}) == "1");
+  const int pid = scoped.PidOf(victim);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  WaitExited(pid);
+
+  auto during = cluster->Get(keys.names[0]);
+  REQUIRE_FALSE(during.ok());
+  CHECK(during.status().code() == StatusCode::kUnavailable);
+  // The replica takes over after cluster-node-timeout (2 s) and an election: wait, bounded.
+  bool back = false;
+  for (int i = 0; i < 300 && !back; ++i) {
+    auto got = cluster->Get(keys.names[0]);
+    back = got.ok();
+    if (!back) std::this_thread::sleep_for(milliseconds(100));
+  }
+  REQUIRE(back);
+  CHECK(cluster->MasterOf(KeySlot(keys.names[0]))->port != victim);
+  for (const std::string& key : keys.names) {
+    auto got = cluster->Get(key);
+    INFO(key << ": " << got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(Text(*got) == "v" + key);
+  }
+  auto blob_back = blobs.Get("blob");
+  INFO(blob_back.status().ToString());
+  REQUIRE(blob_back.ok());
+  CHECK(*blob_back == blob);
+  REQUIRE(cluster->Set(keys.names[0], Bytes("after"), milliseconds(0)).ok());
+}
+
 TEST_CASE("RedisCluster: a hung master answers UNAVAILABLE after the timeout, then recovers") {
   ScopedCluster scoped("hang", kTierBasePort + 30);
   auto cluster = ConnectOrDie(scoped.seeds(), milliseconds(300));
