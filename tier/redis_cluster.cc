@@ -106,6 +106,10 @@ StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Connect(const ClusterOptio
                            options.connect_timeout.count(), " / ", options.command_timeout.count(),
                            " ms, expected both > 0");
   }
+  if (options.retry_down_after.count() < 0) {
+    return InvalidArgument("retry_down_after: got ", options.retry_down_after.count(),
+                           " ms, expected >= 0 (0 = retry a failed node on the next call)");
+  }
   if (options.max_redirects < 0) {
     return InvalidArgument("max_redirects: got ", options.max_redirects, ", expected >= 0");
   }
@@ -137,14 +141,28 @@ RedisCluster::~RedisCluster() {
 StatusOr<redisContext*> RedisCluster::ConnectionTo(const NodeAddress& node, std::string_view what) {
   const std::string name = node.ToString();
   if (auto it = connections_.find(name); it != connections_.end()) return it->second;
+  const auto now = std::chrono::steady_clock::now();
+  if (auto it = down_.find(name); it != down_.end()) {
+    if (now < it->second.until) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(it->second.until - now);
+      // A replica may have taken over its slots by now: look again (at most every
+      // kMinRefreshInterval).
+      refresh_needed_ = true;
+      return Unavailable(what, ": ", name, " is skipped for another ", left.count(),
+                         " ms after it failed: ", it->second.why);
+    }
+    down_.erase(it);
+  }
   redisContext* context =
       redisConnectWithTimeout(node.host.c_str(), node.port, ToTimeval(options_.connect_timeout));
   if (context == nullptr || context->err != 0) {
     const std::string why = context == nullptr ? "out of memory" : context->errstr;
     if (context != nullptr) redisFree(context);
-    refresh_needed_ = true;
-    return Unavailable(what, ": cannot connect to ", name, " (", why, ", connect timeout ",
-                       options_.connect_timeout.count(), " ms)");
+    Status status = Unavailable(what, ": cannot connect to ", name, " (", why, ", connect timeout ",
+                                options_.connect_timeout.count(), " ms)");
+    DropConnection(node, status.message());
+    return status;
   }
   if (redisSetTimeout(context, ToTimeval(options_.command_timeout)) != REDIS_OK) {
     const std::string why = context->errstr;
@@ -156,10 +174,15 @@ StatusOr<redisContext*> RedisCluster::ConnectionTo(const NodeAddress& node, std:
   return context;
 }
 
-void RedisCluster::DropConnection(const NodeAddress& node) {
-  if (auto it = connections_.find(node.ToString()); it != connections_.end()) {
+void RedisCluster::DropConnection(const NodeAddress& node, std::string_view why) {
+  const std::string name = node.ToString();
+  if (auto it = connections_.find(name); it != connections_.end()) {
     redisFree(it->second);
     connections_.erase(it);
+  }
+  if (options_.retry_down_after.count() > 0) {
+    down_[name] =
+        Down{std::chrono::steady_clock::now() + options_.retry_down_after, std::string(why)};
   }
   refresh_needed_ = true;
 }
@@ -169,13 +192,12 @@ Status RedisCluster::Flush(redisContext* context, const NodeAddress& node, std::
   while (!done) {
     if (redisBufferWrite(context, &done) != REDIS_OK) {
       const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
-      const std::string why = context->errstr;
-      DropConnection(node);
-      if (timed_out) {
-        return Unavailable(OnNode(what, node), ": write timed out after ",
-                           options_.command_timeout.count(), " ms");
-      }
-      return Unavailable(OnNode(what, node), ": write failed (", why, ")");
+      Status status =
+          timed_out ? Unavailable(OnNode(what, node), ": write timed out after ",
+                                  options_.command_timeout.count(), " ms")
+                    : Unavailable(OnNode(what, node), ": write failed (", context->errstr, ")");
+      DropConnection(node, status.message());
+      return status;
     }
   }
   return OkStatus();
@@ -188,13 +210,12 @@ StatusOr<ClusterReply> RedisCluster::ReadReply(redisContext* context, const Node
   if (redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
     // hiredis reports a socket timeout as an I/O error with errno EAGAIN.
     const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
-    const std::string why = context->errstr;
-    DropConnection(node);
-    if (timed_out) {
-      return Unavailable(OnNode(what, node), ": no reply within the command timeout of ",
-                         options_.command_timeout.count(), " ms");
-    }
-    return Unavailable(OnNode(what, node), ": connection failed (", why, ")");
+    Status status =
+        timed_out ? Unavailable(OnNode(what, node), ": no reply within the command timeout of ",
+                                options_.command_timeout.count(), " ms")
+                  : Unavailable(OnNode(what, node), ": connection failed (", context->errstr, ")");
+    DropConnection(node, status.message());
+    return status;
   }
   redisReply* reply = static_cast<redisReply*>(raw);
   CountRead(*reply);
@@ -228,7 +249,16 @@ Status RedisCluster::Append(redisContext* context, const ClusterCommand& command
 // ---------------------------------------------------------------------------------------------
 // The slot map
 
+void RedisCluster::MaybeRefreshSlots() {
+  if (!refresh_needed_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refresh_attempt_ < kMinRefreshInterval) return;
+  // A failed refresh keeps the old map: it may still route most slots right.
+  (void)RefreshSlots();
+}
+
 Status RedisCluster::RefreshSlots() {
+  last_refresh_attempt_ = std::chrono::steady_clock::now();
   // Nodes we hold a connection to are alive as far as we know, so they go first; then the
   // masters of the map, then the seeds.
   std::vector<NodeAddress> candidates;
@@ -323,7 +353,7 @@ StatusOr<ClusterReply> RedisCluster::RunOne(const ClusterCommand& command,
   std::string last_redirect;
   for (int hop = hops_used; hop <= options_.max_redirects; ++hop) {
     // A failed refresh keeps the old map: it may still route this slot right.
-    if (refresh_needed_ && !ask_target) (void)RefreshSlots();
+    if (!ask_target) MaybeRefreshSlots();
     NodeAddress node;
     if (ask_target) {
       node = *ask_target;
@@ -396,7 +426,7 @@ StatusOr<std::vector<ClusterReply>> RedisCluster::Execute(
 
 StatusOr<std::vector<ClusterReply>> RedisCluster::ExecuteLocked(
     std::span<const ClusterCommand> commands) {
-  if (refresh_needed_) (void)RefreshSlots();
+  MaybeRefreshSlots();
   std::vector<ClusterReply> replies(commands.size());
   std::vector<size_t> one_by_one;  // MOVED or unrouted: retried through RunOne.
   std::vector<Redirect> moved;
@@ -443,7 +473,11 @@ StatusOr<std::vector<ClusterReply>> RedisCluster::ExecuteLocked(
     if (status.ok()) status = Flush(*context, node, what);
     if (!status.ok()) {
       note(status);
-      DropConnection(node);  // Its buffer holds a partial pipeline.
+      // Its buffer holds a partial pipeline (Flush has dropped it already when the node failed).
+      if (connections_.count(node.ToString()) != 0) {
+        redisFree(connections_[node.ToString()]);
+        connections_.erase(node.ToString());
+      }
       continue;
     }
     sent.push_back(Sent{node, *context, &indexes});

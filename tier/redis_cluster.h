@@ -8,8 +8,9 @@
 //
 // Time bounds: every connect waits at most connect_timeout and every socket read or write at most
 // command_timeout (redisConnectWithTimeout + redisSetTimeout). A node that fails (refused, reset,
-// timed out) has its connection dropped and the slot map is refreshed before the next command,
-// so a dead master costs its own slots an UNAVAILABLE answer and costs nothing elsewhere.
+// timed out) has its connection dropped, is skipped for retry_down_after (calls needing it answer
+// UNAVAILABLE at once, naming the first failure) and the slot map is refreshed before the next
+// command, so a dead master costs its own slots an UNAVAILABLE answer and little elsewhere.
 //
 // Errors: connection refused / timeout / reset -> UNAVAILABLE naming host:port and the command;
 // -OOM -> RESOURCE_EXHAUSTED; -CLUSTERDOWN, -TRYAGAIN, -LOADING, -MASTERDOWN -> UNAVAILABLE; too
@@ -51,6 +52,10 @@ struct ClusterOptions {
   std::chrono::milliseconds connect_timeout{200};
   std::chrono::milliseconds command_timeout{1000};
   int max_redirects = 5;  // MOVED/ASK hops per command.
+  // After a node fails (refused, reset, timed out), calls that need it answer UNAVAILABLE at once
+  // for this long instead of paying another connect or command timeout under the client's one
+  // mutex; then the next call tries it again. 0 = try on every call.
+  std::chrono::milliseconds retry_down_after{500};
 };
 
 struct ClusterCounters {
@@ -100,6 +105,8 @@ class ClusterReply {
 
 class RedisCluster {
  public:
+  static constexpr std::chrono::milliseconds kMinRefreshInterval{100};
+
   // Fetches the slot map (CLUSTER SLOTS) from the first seed that answers. INVALID_ARGUMENT for
   // an empty or malformed seed list or non-positive timeouts; UNAVAILABLE naming every seed tried
   // and why when none answers.
@@ -135,9 +142,13 @@ class RedisCluster {
   // Opens (or reuses) the connection to `node`; UNAVAILABLE naming the node and `what`.
   StatusOr<redisContext*> ConnectionTo(const NodeAddress& node, std::string_view what)
       KVCTL_REQUIRES(mu_);
-  // Frees the connection to `node` after a failure and asks for a slot-map refresh.
-  void DropConnection(const NodeAddress& node) KVCTL_REQUIRES(mu_);
+  // After a failure of `node` (`why`): frees its connection, skips it for retry_down_after and
+  // asks for a slot-map refresh.
+  void DropConnection(const NodeAddress& node, std::string_view why) KVCTL_REQUIRES(mu_);
   Status RefreshSlots() KVCTL_REQUIRES(mu_);
+  // RefreshSlots when a failure asked for it and the last attempt is kMinRefreshInterval old:
+  // while a node is down, calls do not each pay a CLUSTER SLOTS. (MOVED refreshes at once.)
+  void MaybeRefreshSlots() KVCTL_REQUIRES(mu_);
   void SetSlotOwner(uint16_t slot, const NodeAddress& node) KVCTL_REQUIRES(mu_);
   // One command with the redirect loop: to `ask_target` (ASKING first) when set, else to the
   // slot's master; `hops_used` redirects were already followed for it (in a pipeline).
@@ -162,10 +173,16 @@ class RedisCluster {
   mutable Mutex mu_;
   std::map<std::string, redisContext*> connections_ KVCTL_GUARDED_BY(mu_);  // "host:port" ->
   std::set<std::string> ever_connected_ KVCTL_GUARDED_BY(mu_);
+  struct Down {
+    std::chrono::steady_clock::time_point until;
+    std::string why;
+  };
+  std::map<std::string, Down> down_ KVCTL_GUARDED_BY(mu_);  // Failed nodes skipped until `until`.
   std::vector<NodeAddress> masters_ KVCTL_GUARDED_BY(mu_);
   std::vector<uint16_t> slot_master_
       KVCTL_GUARDED_BY(mu_);  // Index into masters_, kNoMaster if none.
   bool refresh_needed_ KVCTL_GUARDED_BY(mu_) = true;
+  std::chrono::steady_clock::time_point last_refresh_attempt_ KVCTL_GUARDED_BY(mu_);
   std::string last_refresh_error_ KVCTL_GUARDED_BY(mu_);
   ClusterCounters counters_ KVCTL_GUARDED_BY(mu_);
 };

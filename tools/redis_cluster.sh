@@ -105,6 +105,7 @@ cluster-require-full-coverage no
 save ""
 appendonly no
 maxmemory-policy noeviction
+repl-diskless-sync-delay 0
 CONF
     (cd "$node_dir" && redis-server ./redis.conf) || {
       echo "redis_cluster.sh: redis-server on port $port did not start:" >&2
@@ -163,6 +164,23 @@ CONF
     [ $same -eq 1 ] && break
     sleep 0.1
   done
+  # Replicas must have synced, or a failover would find none fit to take over.
+  if [ "$replicas" -gt 0 ]; then
+    for ((i = 0; i < nodes; i++)); do
+      port=$((base_port + i))
+      while redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | tr -d '\r' |
+          grep -q '^role:slave' &&
+          ! redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | tr -d '\r' |
+          grep -q '^master_link_status:up'; do
+        if [ $SECONDS -ge $deadline ]; then
+          echo "redis_cluster.sh: replica $port not in sync within ${wait_s}s" >&2
+          stop_cluster
+          exit 1
+        fi
+        sleep 0.1
+      done
+    done
+  fi
   echo "redis_cluster.sh: $nodes nodes ($masters masters) up on 127.0.0.1:$base_port..$((base_port + nodes - 1)) in $dir"
 }
 

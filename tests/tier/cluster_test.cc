@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/tier/tier_test_util.h"
@@ -351,6 +352,31 @@ TEST_CASE("BlobStore: an overwrite swaps the value and removes the old chunks") 
   REQUIRE(blobs.Del(name).ok());
   no_chunk_left(*fourth_keys);
   CHECK(blobs.Get(name).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("RedisCluster and BlobStore: one client shared by threads") {
+  auto cluster = ConnectOrDie(SeedsFor(kTierBasePort));
+  BlobStore blobs(cluster.get(), 2000);
+  const std::string prefix = UniquePrefix("threads");
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 50;
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        const std::string name = prefix + std::to_string(t) + "/" + std::to_string(round);
+        const std::vector<uint8_t> value = Pattern(100 + 97 * round, t * 1000 + round);
+        if (!blobs.Put(name, value, milliseconds(600000)).ok()) ++failures[t];
+        auto back = blobs.Get(name);
+        if (!back.ok() || *back != value) ++failures[t];
+        if (!blobs.Del(name).ok()) ++failures[t];
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) CHECK(failures[t] == 0);
+  CHECK(cluster->counters().errors == 0);
 }
 
 }  // namespace

@@ -186,9 +186,72 @@ TEST_CASE("RedisCluster: a killed master answers UNAVAILABLE for its slots, othe
     if (seed != victim_name) seeds.push_back(seed);
   }
   auto other = ConnectOrDie(seeds);
-  const size_t alive = victim == keys.ports[1] ? 2 : 1;
+  size_t alive = 0;
+  while (keys.ports[alive] == victim) ++alive;
   auto got = other->Get(keys.names[alive]);
   REQUIRE(got.ok());
+
+  // A failed node is skipped for retry_down_after: the next call does not connect again, and
+  // its answer names the first failure.
+  ClusterOptions patient_options;
+  patient_options.seeds = seeds;
+  patient_options.retry_down_after = std::chrono::hours(1);
+  auto patient = RedisCluster::Connect(patient_options);
+  REQUIRE(patient.ok());
+  auto first = (*patient)->Get(keys.names[0]);
+  REQUIRE_FALSE(first.ok());
+  CHECK(first.status().message().find("cannot connect to " + victim_name) != std::string::npos);
+  auto second = (*patient)->Get(keys.names[0]);
+  REQUIRE_FALSE(second.ok());
+  CHECK(second.status().code() == StatusCode::kUnavailable);
+  CHECK(second.status().message().find(victim_name + " is skipped for another") !=
+        std::string::npos);
+  CHECK(second.status().message().find("cannot connect to " + victim_name) != std::string::npos);
+  REQUIRE((*patient)->Get(keys.names[alive]).ok());
+}
+
+TEST_CASE("RedisCluster: a killed master with a replica: its slots come back after failover") {
+  // 3 masters + 3 replicas on kTierBasePort + 44 .. + 49.
+  ScopedCluster scoped("failover", kTierBasePort + 44, 3, 1);
+  auto cluster = ConnectOrDie(scoped.seeds());
+  BlobStore blobs(cluster.get(), 4096);
+  const Keys keys = KeysOverMasters(*cluster);
+  for (const std::string& key : keys.names) {
+    REQUIRE(cluster->Set(key, Bytes("v" + key), milliseconds(0)).ok());
+  }
+  std::vector<uint8_t> blob(40000);
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<uint8_t>(i % 251);
+  REQUIRE(blobs.Put("blob", blob, milliseconds(0)).ok());
+  const int victim = keys.ports[0];
+  // Every write has reached the replica before the kill (replication is asynchronous).
+  REQUIRE(Admin(victim, {"WAIT", "1", "5000"}) == "1");
+  const int pid = scoped.PidOf(victim);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  WaitExited(pid);
+
+  auto during = cluster->Get(keys.names[0]);
+  REQUIRE_FALSE(during.ok());
+  CHECK(during.status().code() == StatusCode::kUnavailable);
+  // The replica takes over after cluster-node-timeout (2 s) and an election: wait, bounded.
+  bool back = false;
+  for (int i = 0; i < 300 && !back; ++i) {
+    auto got = cluster->Get(keys.names[0]);
+    back = got.ok();
+    if (!back) std::this_thread::sleep_for(milliseconds(100));
+  }
+  REQUIRE(back);
+  CHECK(cluster->MasterOf(KeySlot(keys.names[0]))->port != victim);
+  for (const std::string& key : keys.names) {
+    auto got = cluster->Get(key);
+    INFO(key << ": " << got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(Text(*got) == "v" + key);
+  }
+  auto blob_back = blobs.Get("blob");
+  INFO(blob_back.status().ToString());
+  REQUIRE(blob_back.ok());
+  CHECK(*blob_back == blob);
+  REQUIRE(cluster->Set(keys.names[0], Bytes("after"), milliseconds(0)).ok());
 }
 
 TEST_CASE("RedisCluster: a hung master answers UNAVAILABLE after the timeout, then recovers") {
@@ -206,7 +269,9 @@ TEST_CASE("RedisCluster: a hung master answers UNAVAILABLE after the timeout, th
     ~Resume() { ::kill(pid, SIGCONT); }
   } resume{pid};
 
-  for (int round = 0; round < 2; ++round) {  // Once on the open connection, once on a new one.
+  // Once on the open connection (times out), once while the node is skipped (answers at once,
+  // naming the timeout).
+  for (int round = 0; round < 2; ++round) {
     auto got = cluster->Get(keys.names[0]);
     REQUIRE_FALSE(got.ok());
     CHECK(got.status().code() == StatusCode::kUnavailable);

@@ -19,11 +19,11 @@ std::vector<std::string> SeedsFor(int base_port, int masters) {
   return seeds;
 }
 
-ScopedCluster::ScopedCluster(const std::string& name, int base_port, int masters)
+ScopedCluster::ScopedCluster(const std::string& name, int base_port, int masters, int replicas)
     : dir_(std::string(kClusterRoot) + "/" + name), base_port_(base_port), masters_(masters) {
   const std::string command = std::string("bash ") + kClusterScript + " start " + dir_ + " " +
-                              std::to_string(base_port) + " " + std::to_string(masters) +
-                              " >/dev/null";
+                              std::to_string(base_port) + " " + std::to_string(masters) + " " +
+                              std::to_string(replicas) + " >/dev/null";
   INFO(command);
   REQUIRE(std::system(command.c_str()) == 0);
 }

@@ -22,12 +22,12 @@ inline constexpr const char* kClusterScript = KVCTL_TIER_CLUSTER_SCRIPT;
 inline constexpr const char* kClusterRoot = KVCTL_TIER_CLUSTER_ROOT;
 inline constexpr int kTierBasePort = KVCTL_TIER_BASE_PORT;
 
-// A 3-master cluster of this test's own, started in the constructor (REQUIRE that it starts)
-// and stopped in the destructor; a killed test's leftovers are cleared by the next start or by
-// the fixture's cleanup.
+// A cluster of this test's own (3 masters unless told, `replicas` per master), started in the
+// constructor (REQUIRE that it starts) and stopped in the destructor; a killed test's leftovers are
+// cleared by the next start or by the fixture's cleanup.
 class ScopedCluster {
  public:
-  ScopedCluster(const std::string& name, int base_port, int masters = 3);
+  ScopedCluster(const std::string& name, int base_port, int masters = 3, int replicas = 0);
   ~ScopedCluster();
   int base_port() const { return base_port_; }
   std::string dir() const { return dir_; }
