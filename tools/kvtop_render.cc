@@ -168,6 +168,26 @@ std::vector<Item> TotalItems(const Snapshot& s) {
       {"errors ", HumanCount(s.Num("ipc", "errors_total"))}};
 }
 
+// The cluster tier (STATS # Tier); empty without one.
+std::vector<Item> TierItems(const Snapshot& s) {
+  if (s.Num("tier", "tier_enabled") <= 0) return {};
+  auto mean_us = [&](const char* total, const char* count) {
+    const double n = s.Num("tier", count);
+    return n > 0 ? HumanMicros(s.Num("tier", total) / n) : std::string("-");
+  };
+  return {{"tier ", s.Num("tier", "tier_connected") > 0 ? "up" : "down"},
+          {"spilled ", HumanCount(s.Num("tier", "tier_spilled_sequences")) + " seq " +
+                           HumanBytes(s.Num("tier", "tier_spilled_bytes"))},
+          {"spills ", HumanCount(s.Num("tier", "tier_spills_total")) + " " +
+                          mean_us("tier_spill_us_total", "tier_spills_total")},
+          {"restores ", HumanCount(s.Num("tier", "tier_restores_total")) + " " +
+                            mean_us("tier_restore_us_total", "tier_restores_total")},
+          {"lost ", HumanCount(s.Num("tier", "tier_spilled_lost_total"))},
+          {"prefix hit/miss ", HumanCount(s.Num("tier", "tier_prefix_hits_total")) + "/" +
+                                   HumanCount(s.Num("tier", "tier_prefix_misses_total"))},
+          {"restored ", HumanCount(s.Num("tier", "tier_prefix_restored_tokens_total")) + " tok"}};
+}
+
 std::string QualitySummary(const Snapshot& s) {
   const double period = s.Num("quality", "quality_sample_period");
   if (period <= 0) return "Quality: off (server.quality_sample_period 0)";
@@ -400,9 +420,11 @@ std::vector<Line> LayoutScreen(const Snapshot& s, const Rates& rates, const View
   out.push_back(ItemLine(PoolItems(s), width));
   out.push_back(ItemLine(KvItems(s), width));
   out.push_back(ItemLine(RateItems(s, rates), width));
+  const std::vector<Item> tier = TierItems(s);
+  if (!tier.empty()) out.push_back(ItemLine(tier, width));
 
   // Rows below the header: panel title + panels, sequences title + header + rows, footer.
-  const int avail = height - 8;
+  const int avail = height - 8 - (tier.empty() ? 0 : 1);
   const int n_layers = static_cast<int>(s.layers.size());
   const int n_seqs = std::max(1, static_cast<int>(s.sequences.size()));
   int panel = std::max(0, avail - 1);
@@ -521,6 +543,7 @@ std::string RenderPlain(const Snapshot& s, int width) {
   line(ItemLine(PoolItems(s), width));
   line(ItemLine(KvItems(s), width));
   line(ItemLine(TotalItems(s), width));
+  if (const std::vector<Item> tier = TierItems(s); !tier.empty()) line(ItemLine(tier, width));
 
   char buf[256];
   out += "\nLayers " + std::to_string(s.layers.size()) + "\n";

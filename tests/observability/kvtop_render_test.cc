@@ -66,6 +66,24 @@ TEST_CASE("kvtop render: the screen fits 80x24 with header, layers, heads, seque
   CHECK(CountMatches(text, "^ 1/[123] +vllm ") == 3);
 }
 
+TEST_CASE("kvtop render: a daemon with a cluster tier gets a tier line, the screen its size",
+          "[tools][kvtop]") {
+  const Snapshot s = Make({.layers = 30, .heads = 3, .sequences = 3, .tier = true});
+  ViewState view;
+  const std::vector<Line> lines = LayoutScreen(s, Rates{}, view, 140, 24);
+  RequireExactSize(lines, 140, 24);
+  const std::string text = Screen(lines);
+  INFO(text);
+  for (const char* want : {"tier up", "spilled 2 seq 3.0M", "spills 5 5.0ms", "restores 3 4.0ms",
+                           "lost 0", "prefix hit/miss 7/2", "restored 14.3k tok"}) {
+    INFO(want);
+    CHECK(text.find(want) != std::string::npos);
+  }
+  CHECK(Screen(LayoutScreen(Make({.layers = 30}), Rates{}, view, 100, 24)).find("tier ") ==
+        std::string::npos);
+  CHECK(RenderPlain(s, 120).find("prefix hit/miss 7/2") != std::string::npos);
+}
+
 TEST_CASE("kvtop render: more room shows more layers, heads and sequences", "[tools][kvtop]") {
   const Snapshot s = Make({.layers = 30, .heads = 16, .sequences = 20});
   const ViewState view;

@@ -16,9 +16,10 @@ StatsText Parse(const std::string& text) {
 
 TEST_CASE("kvtop stats: sections, plain fields and per-entity lines", "[tools][kvtop]") {
   const StatsText t = Parse(testing::MakeStats({}));
-  REQUIRE(t.sections.size() == 8);
+  REQUIRE(t.sections.size() == 9);
   CHECK(t.sections[0].name == "server");
   CHECK(t.sections[7].name == "quality");
+  CHECK(t.sections[8].name == "tier");
   REQUIRE(t.Field("pool", "pool_bytes") != nullptr);
   CHECK(*t.Field("pool", "pool_bytes") == "268435456");
   CHECK(t.Number("pool", "pages") == 3584);

@@ -18,6 +18,7 @@ struct FakeStats {
   int budget_tokens = 0;
   std::string client = "vllm";
   uint64_t session = 1;
+  bool tier = false;  // A # Tier section with a cluster.
 };
 
 inline std::string MakeStats(const FakeStats& f) {
@@ -63,6 +64,13 @@ inline std::string MakeStats(const FakeStats& f) {
     << "fetch_latency_max_us:58062\n";
   o << "# Quality\nquality_sample_period:16\nquality_samples_total:90\n"
     << "quality_k_rel_error_mean:0.104997\nquality_v_rel_error_mean:0.185155\n";
+  o << "# Tier\ntier_enabled:" << f.tier << "\n";
+  if (f.tier) {
+    o << "tier_connected:1\ntier_spilled_sequences:2\ntier_spilled_bytes:3145728\n"
+      << "tier_spills_total:5\ntier_spill_us_total:25000\ntier_restores_total:3\n"
+      << "tier_restore_us_total:12000\ntier_spilled_lost_total:0\ntier_prefix_hits_total:7\n"
+      << "tier_prefix_misses_total:2\ntier_prefix_restored_tokens_total:14336\n";
+  }
   return o.str();
 }
 
