@@ -140,7 +140,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"tier.prefix_block_tokens", "16"},
       {"tier.timeout_ms", "1000"},
       {"tier.connect_timeout_ms", "200"},
-      {"tier.chunk_bytes", "\"1MiB\""},
+      {"tier.chunk_bytes", "\"256KiB\""},
   };
   const Config c;
   size_t checked = 0;
