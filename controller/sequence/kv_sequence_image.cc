@@ -16,6 +16,8 @@
 #include "controller/pool/slab.h"
 #include "controller/sequence/kv_sequence_internal.h"
 #include "controller/sequence/sequence_image.h"
+#include "kernels/convert.h"
+#include "kernels/quantize.h"
 
 namespace kvctl {
 
@@ -391,6 +393,46 @@ StatusOr<LayerBody> ReadLayer(Reader& outer, int l, const LayerPlan& plan,
   return body;
 }
 
+// Every stored value finite, as Append guarantees for what it stores: rows by a bit test, records
+// by decoding each (garbage bytes decode to garbage, never out of bounds). A non-finite value
+// would make every later flush or re-quantization of the head fail, and FETCH return it.
+Status CheckValues(int l, const LayerPlan& plan, const SequenceGeometry& g, const LayerBody& body) {
+  const DType row_dtype = plan.lossless ? g.dtype : DType::kF16;
+  const size_t d = static_cast<size_t>(g.head_dim);
+  std::vector<float> norms(body.norms.size() / sizeof(float));
+  if (!norms.empty()) std::memcpy(norms.data(), body.norms.data(), body.norms.size());
+  if (FirstNonFinite(DType::kF32, norms.data(), norms.size()) != norms.size()) {
+    return DataLoss("sequence image: layer ", l, ": an oscar norm is not finite");
+  }
+  std::vector<uint64_t> record;  // Aligned copy of one record.
+  std::vector<float> k, v;
+  for (size_t h = 0; h < body.heads.size(); ++h) {
+    const HeadBody& hb = body.heads[h];
+    const size_t n = hb.rows.size() / DTypeSize(row_dtype);
+    if (FirstNonFinite(row_dtype, hb.rows.data(), n) != n) {
+      return DataLoss("sequence image: layer ", l, ", head ", h, ": a row value is not finite");
+    }
+    if (hb.records == 0) continue;
+    const QuantSpec& spec = plan.head_specs[h];
+    const size_t rb = hb.record_bytes.size() / hb.records;
+    const size_t block = static_cast<size_t>(spec.block_tokens) * d;
+    record.resize((rb + 7) / 8);
+    k.resize(block), v.resize(block);
+    for (size_t r = 0; r < hb.records; ++r) {
+      std::memcpy(record.data(), hb.record_bytes.data() + r * rb, rb);
+      const float* nr = norms.empty() ? nullptr : &norms[r * spec.block_tokens];
+      DequantizeBlock(spec, reinterpret_cast<const uint8_t*>(record.data()), nr, k.data(),
+                      v.data());
+      if (FirstNonFinite(DType::kF32, k.data(), block) != block ||
+          FirstNonFinite(DType::kF32, v.data(), block) != block) {
+        return DataLoss("sequence image: layer ", l, ", head ", h, ": record ", r,
+                        " decodes to a value that is not finite");
+      }
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 // The friend of KvSequence that reads and rebuilds its stored state.
@@ -597,6 +639,7 @@ struct SequenceImageAccess {
     bodies.reserve(info.plans.size());
     for (int l = 0; l < ig.layers; ++l) {
       KVCTL_ASSIGN_OR_RETURN(LayerBody body, ReadLayer(r, l, info.plans[l], ig, info.tokens));
+      KVCTL_RETURN_IF_ERROR(CheckValues(l, info.plans[l], ig, body));
       bodies.push_back(std::move(body));
     }
     if (r.remaining() != 0) {

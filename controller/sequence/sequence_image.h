@@ -22,7 +22,8 @@
 //   - An image is untrusted input: every count, length and index is checked (checked arithmetic,
 //     section bounds, whole-image CRC-32C) before use, and a decoded image must satisfy every
 //     invariant of KvSequence (counts consistent with tokens and the streaming rules, records of
-//     exactly the spec's size, specs valid for the geometry) before any page is taken.
+//     exactly the spec's size, specs valid for the geometry, every row, norm and decoded record
+//     value finite) before any page is taken.
 //
 // Thread safety: pure functions; the caller serialises access to the sequence and the pool
 // serialises its own allocations.

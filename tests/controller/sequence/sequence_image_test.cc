@@ -444,6 +444,23 @@ TEST_CASE("Sequence image: bad images get their named error and take no page",
     Reseal(&bad);
     REQUIRE(Names(import(bad, geometry, "model-a"), StatusCode::kDataLoss, "do not make 599"));
   }
+  SECTION("non-finite values") {
+    // The last 4 bytes: the V row of layer 1's last head's last tail token (a lossless f32 layer
+    // here, so the image ends in its rows).
+    KvSequence lossless(pool.get(), Geometry(DType::kF32),
+                        {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}), LosslessPlan(kHeads)});
+    const Data f32 = MakeData(kLayers, 40, kHeads, DType::kF32, 2);
+    REQUIRE(AppendRange(&lossless, f32, 0, 0, 40).ok());
+    StatusOr<std::vector<uint8_t>> image = ExportImage(lossless, 40, "");
+    REQUIRE(image.ok());
+    const uint32_t before = FreePages(*pool);
+    const uint32_t nan = 0x7FC00000;
+    std::memcpy(image->data() + image->size() - 4, &nan, 4);
+    Reseal(&*image);
+    REQUIRE(Names(ImportImage(pool.get(), *image, Geometry(DType::kF32), "").status(),
+                  StatusCode::kDataLoss, "layer 1, head 2: a row value is not finite"));
+    REQUIRE(FreePages(*pool) == before);
+  }
   SECTION("a pool without the pages") {
     auto small = testing::MakeTestPool(64 << 10, 16 << 10);
     const uint32_t small_free = FreePages(*small);
