@@ -510,6 +510,16 @@ struct SequenceImageAccess {
     const bool prefix = m < seq.tokens_;
     const SequenceGeometry& g = seq.geometry_;
     Writer w;
+    // One allocation for the whole image (the whole sequence's size bounds a prefix's).
+    uint64_t estimate = kFixedHeader + model_id.size();
+    for (const auto& layer : seq.layers_) {
+      estimate += 16 + kLayerPlanBytes + layer->norms.size() * layer->norms.slot_bytes();
+      for (const HeadStream& head : layer->heads) {
+        estimate += kHeadSpecBytes + kHeadHeaderBytes + head.rows.size() * head.rows.slot_bytes() +
+                    head.records.size() * head.records.slot_bytes();
+      }
+    }
+    w.out().reserve(estimate);
     w.Bytes(kMagic, sizeof(kMagic));
     w.Put<uint32_t>(kSequenceImageVersion);
     w.Put<uint32_t>(0);  // CRC, filled in last.

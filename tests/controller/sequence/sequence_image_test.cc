@@ -8,6 +8,8 @@
 #include "controller/sequence/sequence_image.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -563,6 +565,41 @@ TEST_CASE("Sequence image: writes the fuzz seed images", "[.seeds]") {
     StatusOr<std::vector<uint8_t>> image = ExportImage(seq, s.cut, "seed");
     REQUIRE(image.ok());
     MaybeWriteSeed(s.name, *image);
+  }
+}
+
+// Export and import time of a 2K-token SmolLM2-135M-shaped sequence (30 layers, 3 KV heads, D 64)
+// per method. Prints only; run by hand:
+//   build/tests/sequence_test "Sequence image bench*"
+TEST_CASE("Sequence image bench: export and import of a 2K-token sequence", "[.bench]") {
+  const int layers = 30, tokens = 2048;
+  const SequenceGeometry g{
+      .layers = layers, .kv_heads = kHeads, .head_dim = kDim, .dtype = DType::kF16};
+  const Data data = MakeData(layers, tokens, kHeads, DType::kF16, 11);
+  for (auto [name, m, bits] : {std::tuple{"lossless f16", QuantMethod::kFp16, 16},
+                               {"kivi k2v2", QuantMethod::kKivi, 2},
+                               {"kvarn k2v2", QuantMethod::kKvarn, 2},
+                               {"turbo k3v3", QuantMethod::kTurbo, 3}}) {
+    auto pool = testing::MakeTestPool(256 << 20, 64 << 10);
+    std::vector<LayerPlan> plans(
+        layers, m == QuantMethod::kFp16 ? LosslessPlan(kHeads) : Plan(m, kHeads, {{bits, bits}}));
+    KvSequence seq(pool.get(), g, plans);
+    REQUIRE(AppendRange(&seq, data, 0, 0, tokens).ok());
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    StatusOr<std::vector<uint8_t>> image = ExportImage(seq, tokens, "smollm2-135m");
+    const auto t1 = Clock::now();
+    REQUIRE(image.ok());
+    StatusOr<std::unique_ptr<KvSequence>> back = ImportImage(pool.get(), *image, g, "");
+    const auto t2 = Clock::now();
+    REQUIRE(back.ok());
+    auto ms = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    std::printf(
+        "%-13s image %8.2f MiB (%6.1f B/token/layer/head): export %7.2f ms, import %7.2f ms\n",
+        name, image->size() / 1048576.0,
+        static_cast<double>(image->size()) / tokens / layers / kHeads, ms(t0, t1), ms(t1, t2));
   }
 }
 
