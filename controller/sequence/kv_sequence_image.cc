@@ -469,12 +469,29 @@ struct SequenceImageAccess {
       return FailedPrecondition("first_position: ", seq.first_position_,
                                 ", images hold positions up to 2^62");
     }
+    // With eviction on, a sequence is exportable while it holds no scoring state: no query rows
+    // kept (every policy but streaming keeps them from its first append), no H2O accumulators,
+    // no head re-allocation utility, and no token evicted yet (positions below). Then an
+    // importer with the same evict.* settings rebuilds exactly that state (docs/sequence_image.md)
+    // and evicts as the original would.
     if (seq.eviction_.enabled) {
-      return FailedPrecondition(
-          "eviction: the sequence evicts (evict.policy = \"", EvictPolicyName(seq.eviction_.policy),
-          "\"); its scoring state (query window, H2O accumulators, head budgets and re-allocation) "
-          "is not in sequence image version ",
-          kSequenceImageVersion);
+      for (size_t l = 0; l < seq.layers_.size(); ++l) {
+        const LayerState& layer = *seq.layers_[l];
+        const LayerScoring& sc = layer.scoring;
+        const char* state = sc.q_count > 0       ? "kept query rows (the observation window)"
+                            : sc.h2o_pending > 0 ? "pending H2O queries"
+                            : sc.has_utility     ? "head re-allocation utility"
+                                                 : nullptr;
+        for (size_t h = 0; state == nullptr && h < layer.heads.size(); ++h) {
+          if (!layer.heads[h].h2o.acc.empty()) state = "H2O accumulators";
+        }
+        if (state != nullptr) {
+          return FailedPrecondition("eviction: layer ", l, " holds ", state, " (evict.policy = \"",
+                                    EvictPolicyName(seq.eviction_.policy),
+                                    "\"); eviction scoring state is not in ",
+                                    "sequence image version ", kSequenceImageVersion);
+        }
+      }
     }
     for (size_t l = 0; l < seq.layers_.size(); ++l) {
       for (size_t h = 0; h < seq.layers_[l]->heads.size(); ++h) {
@@ -484,7 +501,7 @@ struct SequenceImageAccess {
           contiguous = pos[i] == seq.first_position_ + static_cast<int64_t>(i);
         }
         if (!contiguous) {
-          return FailedPrecondition("positions: layer ", l, ", head ", h,
+          return FailedPrecondition("eviction: layer ", l, ", head ", h,
                                     " does not keep exactly positions ", seq.first_position_, "..",
                                     seq.first_position_ + seq.tokens_ - 1, " (tokens evicted)");
         }
@@ -684,6 +701,9 @@ struct SequenceImageAccess {
     Fill(seq.get(), bodies, info.tokens, info.first_position, &*reserved);
     for (uint32_t page : *reserved) KVCTL_CHECK(pool->Free(page).ok());  // Not needed after all.
     seq->tokens_ = info.tokens;
+    // No head re-allocation ever ran in an exported sequence (it would have left utility), so
+    // the original's count of tokens since the last one is all of them.
+    seq->since_realloc_ = info.tokens;
     seq->first_position_ = info.first_position;
     seq->pressure_reliefs_ = header.pressure_reliefs;
     seq->pressure_cap_cuts_ = header.pressure_cap_cuts;

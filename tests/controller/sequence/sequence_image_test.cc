@@ -367,6 +367,61 @@ TEST_CASE("Sequence image: eviction is refused by name; an importer may evict fr
                 StatusCode::kFailedPrecondition, "evict.sinks"));
 }
 
+TEST_CASE(
+    "Sequence image: an evicting sequence with no scoring state yet restores and then "
+    "evicts exactly as the original",
+    "[controller][image]") {
+  auto pool = testing::MakeTestPool(32 << 20, 16 << 10);
+  const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}, 2),
+                                        Plan(QuantMethod::kQuaRot, kHeads, {{4, 4}})};
+  EvictionSettings ev;
+  ev.enabled = true;
+  ev.policy = EvictPolicy::kStreaming;
+  ev.sinks = 4;  // Above layer 0's 2 fp16 sinks: the image carries the effective 4.
+  ev.window = 16;
+  ev.tokens_per_head = 200;
+  ev.floor = 20;
+  ev.compression_period = 8;
+  const Data data = MakeData(kLayers, 700, kHeads, DType::kF32, 13);
+  KvSequence seq(pool.get(), Geometry(DType::kF32), plans, ev);
+  REQUIRE(AppendRange(&seq, data, 5, 0, 150).ok());
+  REQUIRE(AppendRange(&seq, data, 5, 150, 40).ok());  // 190 <= 200: nothing evicted yet.
+  StatusOr<std::vector<uint8_t>> image = ExportImage(seq, seq.tokens(), "");
+  REQUIRE(image.ok());
+  REQUIRE(ReadImageInfo(*image)->plans[0].rules.sink_tokens == 4);
+  StatusOr<std::unique_ptr<KvSequence>> back =
+      ImportImage(pool.get(), *image, Geometry(DType::kF32), "", ev);
+  REQUIRE(back.ok());
+  ExpectSame(*pool, seq, *pool, **back, true);
+  for (auto [from, n] : {std::pair{190, 1}, {191, 30}, {221, 1}, {222, 300}, {522, 7}}) {
+    REQUIRE(AppendRange(&seq, data, 5, from, n).ok());
+    REQUIRE(AppendRange(back->get(), data, 5, from, n).ok());
+    ExpectSame(*pool, seq, *pool, **back, true);
+    for (int l = 0; l < kLayers; ++l) {
+      REQUIRE(seq.LayerBudget(l) == (*back)->LayerBudget(l));
+      for (int h = 0; h < kHeads; ++h) {
+        const HeadUsage a = seq.HeadUsageOf(l, h), b = (*back)->HeadUsageOf(l, h);
+        REQUIRE(a.evicted_tokens == b.evicted_tokens);
+        REQUIRE(a.requantized_tokens == b.requantized_tokens);
+        REQUIRE(a.budget == b.budget);
+      }
+    }
+  }
+  REQUIRE(seq.HeadUsageOf(0, 0).evicted_tokens > 0);
+  // Now it has evicted: refused, naming eviction and the head.
+  REQUIRE(Names(ExportImage(seq, seq.tokens(), "").status(), StatusCode::kFailedPrecondition,
+                "eviction: layer 0, head 0"));
+
+  // A policy that reads queries keeps query rows from its first append: refused by name.
+  SequenceGeometry gq = Geometry(DType::kF32);
+  gq.q_heads = kHeads;
+  ev.policy = EvictPolicy::kSnapKV;
+  KvSequence snap(pool.get(), gq, plans, ev);
+  const std::vector<KvTensorView> q = data.Views(data.k, 0, 50);
+  REQUIRE(snap.Append(0, data.Views(data.k, 0, 50), data.Views(data.v, 0, 50), &q).ok());
+  REQUIRE(Names(ExportImage(snap, 50, "").status(), StatusCode::kFailedPrecondition, "query rows"));
+}
+
 TEST_CASE("Sequence image: bad images get their named error and take no page",
           "[controller][image]") {
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
