@@ -16,6 +16,8 @@
 #include "controller/pool/slab.h"
 #include "controller/sequence/kv_sequence_internal.h"
 #include "controller/sequence/sequence_image.h"
+#include "kernels/convert.h"
+#include "kernels/quantize.h"
 
 namespace kvctl {
 
@@ -391,6 +393,46 @@ StatusOr<LayerBody> ReadLayer(Reader& outer, int l, const LayerPlan& plan,
   return body;
 }
 
+// Every stored value finite, as Append guarantees for what it stores: rows by a bit test, records
+// by decoding each (garbage bytes decode to garbage, never out of bounds). A non-finite value
+// would make every later flush or re-quantization of the head fail, and FETCH return it.
+Status CheckValues(int l, const LayerPlan& plan, const SequenceGeometry& g, const LayerBody& body) {
+  const DType row_dtype = plan.lossless ? g.dtype : DType::kF16;
+  const size_t d = static_cast<size_t>(g.head_dim);
+  std::vector<float> norms(body.norms.size() / sizeof(float));
+  if (!norms.empty()) std::memcpy(norms.data(), body.norms.data(), body.norms.size());
+  if (FirstNonFinite(DType::kF32, norms.data(), norms.size()) != norms.size()) {
+    return DataLoss("sequence image: layer ", l, ": an oscar norm is not finite");
+  }
+  std::vector<uint64_t> record;  // Aligned copy of one record.
+  std::vector<float> k, v;
+  for (size_t h = 0; h < body.heads.size(); ++h) {
+    const HeadBody& hb = body.heads[h];
+    const size_t n = hb.rows.size() / DTypeSize(row_dtype);
+    if (FirstNonFinite(row_dtype, hb.rows.data(), n) != n) {
+      return DataLoss("sequence image: layer ", l, ", head ", h, ": a row value is not finite");
+    }
+    if (hb.records == 0) continue;
+    const QuantSpec& spec = plan.head_specs[h];
+    const size_t rb = hb.record_bytes.size() / hb.records;
+    const size_t block = static_cast<size_t>(spec.block_tokens) * d;
+    record.resize((rb + 7) / 8);
+    k.resize(block), v.resize(block);
+    for (size_t r = 0; r < hb.records; ++r) {
+      std::memcpy(record.data(), hb.record_bytes.data() + r * rb, rb);
+      const float* nr = norms.empty() ? nullptr : &norms[r * spec.block_tokens];
+      DequantizeBlock(spec, reinterpret_cast<const uint8_t*>(record.data()), nr, k.data(),
+                      v.data());
+      if (FirstNonFinite(DType::kF32, k.data(), block) != block ||
+          FirstNonFinite(DType::kF32, v.data(), block) != block) {
+        return DataLoss("sequence image: layer ", l, ", head ", h, ": record ", r,
+                        " decodes to a value that is not finite");
+      }
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 // The friend of KvSequence that reads and rebuilds its stored state.
@@ -427,12 +469,29 @@ struct SequenceImageAccess {
       return FailedPrecondition("first_position: ", seq.first_position_,
                                 ", images hold positions up to 2^62");
     }
+    // With eviction on, a sequence is exportable while it holds no scoring state: no query rows
+    // kept (every policy but streaming keeps them from its first append), no H2O accumulators,
+    // no head re-allocation utility, and no token evicted yet (positions below). Then an
+    // importer with the same evict.* settings rebuilds exactly that state (docs/sequence_image.md)
+    // and evicts as the original would.
     if (seq.eviction_.enabled) {
-      return FailedPrecondition(
-          "eviction: the sequence evicts (evict.policy = \"", EvictPolicyName(seq.eviction_.policy),
-          "\"); its scoring state (query window, H2O accumulators, head budgets and re-allocation) "
-          "is not in sequence image version ",
-          kSequenceImageVersion);
+      for (size_t l = 0; l < seq.layers_.size(); ++l) {
+        const LayerState& layer = *seq.layers_[l];
+        const LayerScoring& sc = layer.scoring;
+        const char* state = sc.q_count > 0       ? "kept query rows (the observation window)"
+                            : sc.h2o_pending > 0 ? "pending H2O queries"
+                            : sc.has_utility     ? "head re-allocation utility"
+                                                 : nullptr;
+        for (size_t h = 0; state == nullptr && h < layer.heads.size(); ++h) {
+          if (!layer.heads[h].h2o.acc.empty()) state = "H2O accumulators";
+        }
+        if (state != nullptr) {
+          return FailedPrecondition("eviction: layer ", l, " holds ", state, " (evict.policy = \"",
+                                    EvictPolicyName(seq.eviction_.policy),
+                                    "\"); eviction scoring state is not in ",
+                                    "sequence image version ", kSequenceImageVersion);
+        }
+      }
     }
     for (size_t l = 0; l < seq.layers_.size(); ++l) {
       for (size_t h = 0; h < seq.layers_[l]->heads.size(); ++h) {
@@ -442,7 +501,7 @@ struct SequenceImageAccess {
           contiguous = pos[i] == seq.first_position_ + static_cast<int64_t>(i);
         }
         if (!contiguous) {
-          return FailedPrecondition("positions: layer ", l, ", head ", h,
+          return FailedPrecondition("eviction: layer ", l, ", head ", h,
                                     " does not keep exactly positions ", seq.first_position_, "..",
                                     seq.first_position_ + seq.tokens_ - 1, " (tokens evicted)");
         }
@@ -468,6 +527,16 @@ struct SequenceImageAccess {
     const bool prefix = m < seq.tokens_;
     const SequenceGeometry& g = seq.geometry_;
     Writer w;
+    // One allocation for the whole image (the whole sequence's size bounds a prefix's).
+    uint64_t estimate = kFixedHeader + model_id.size();
+    for (const auto& layer : seq.layers_) {
+      estimate += 16 + kLayerPlanBytes + layer->norms.size() * layer->norms.slot_bytes();
+      for (const HeadStream& head : layer->heads) {
+        estimate += kHeadSpecBytes + kHeadHeaderBytes + head.rows.size() * head.rows.slot_bytes() +
+                    head.records.size() * head.records.slot_bytes();
+      }
+    }
+    w.out().reserve(estimate);
     w.Bytes(kMagic, sizeof(kMagic));
     w.Put<uint32_t>(kSequenceImageVersion);
     w.Put<uint32_t>(0);  // CRC, filled in last.
@@ -597,6 +666,7 @@ struct SequenceImageAccess {
     bodies.reserve(info.plans.size());
     for (int l = 0; l < ig.layers; ++l) {
       KVCTL_ASSIGN_OR_RETURN(LayerBody body, ReadLayer(r, l, info.plans[l], ig, info.tokens));
+      KVCTL_RETURN_IF_ERROR(CheckValues(l, info.plans[l], ig, body));
       bodies.push_back(std::move(body));
     }
     if (r.remaining() != 0) {
@@ -631,6 +701,9 @@ struct SequenceImageAccess {
     Fill(seq.get(), bodies, info.tokens, info.first_position, &*reserved);
     for (uint32_t page : *reserved) KVCTL_CHECK(pool->Free(page).ok());  // Not needed after all.
     seq->tokens_ = info.tokens;
+    // No head re-allocation ever ran in an exported sequence (it would have left utility), so
+    // the original's count of tokens since the last one is all of them.
+    seq->since_realloc_ = info.tokens;
     seq->first_position_ = info.first_position;
     seq->pressure_reliefs_ = header.pressure_reliefs;
     seq->pressure_cap_cuts_ = header.pressure_cap_cuts;

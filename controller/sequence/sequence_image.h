@@ -16,13 +16,16 @@
 //     quantized tokens ending at Q (= S + records * block_tokens), M is exact iff M <= S (sink
 //     rows only), M >= Q (only the fp16 tail is trimmed) or (M - S) % F == 0 (records after M
 //     dropped, tail empty); lossless layers accept any M. OScaR norms follow their records.
-//   - Sequences with eviction on are refused (FAILED_PRECONDITION naming "eviction"): their
-//     scoring state (query window, H2O accumulators, head re-allocation EMA, budgets) is not in
-//     version 1 of the image, and without it the restored sequence would evict differently.
+//   - Eviction: version 1 holds no eviction scoring state (query window, H2O accumulators, head
+//     re-allocation utility) and no explicit positions. A sequence with eviction on exports only
+//     while it holds none of that and has evicted nothing (e.g. streaming eviction before its
+//     first eviction); an importer with the same evict.* settings then evicts exactly as the
+//     original would. Otherwise FAILED_PRECONDITION naming "eviction" and the state.
 //   - An image is untrusted input: every count, length and index is checked (checked arithmetic,
 //     section bounds, whole-image CRC-32C) before use, and a decoded image must satisfy every
 //     invariant of KvSequence (counts consistent with tokens and the streaming rules, records of
-//     exactly the spec's size, specs valid for the geometry) before any page is taken.
+//     exactly the spec's size, specs valid for the geometry, every row, norm and decoded record
+//     value finite) before any page is taken.
 //
 // Thread safety: pure functions; the caller serialises access to the sequence and the pool
 // serialises its own allocations.
@@ -62,14 +65,14 @@ struct ImageInfo {
 
 // Largest M <= limit with M % granule == 0 (granule >= 1) at which ExportImage(seq, M) is exact;
 // 0 when there is none, when limit or granule is below 1, or when ExportImage refuses the
-// sequence (eviction on, lost).
+// sequence (eviction state, lost).
 int64_t LargestExactCut(const KvSequence& seq, int64_t limit, int64_t granule);
 
 // The whole sequence when tokens == seq.tokens(), else its first `tokens` tokens. INVALID_ARGUMENT
 // naming "tokens" outside [0, seq.tokens()] or at a cut that is not exact (which layer and why),
 // or naming "model_id" when longer than kImageMaxModelIdBytes; FAILED_PRECONDITION naming
-// "eviction" for a sequence with eviction on; the sequence's DATA_LOSS when it is lost or its
-// pages fail their checksums.
+// "eviction" for a sequence that evicted tokens or holds eviction scoring state; the sequence's
+// DATA_LOSS when it is lost or its pages fail their checksums.
 StatusOr<std::vector<uint8_t>> ExportImage(const KvSequence& seq, int64_t tokens,
                                            std::string_view model_id);
 

@@ -8,6 +8,8 @@
 #include "controller/sequence/sequence_image.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -211,7 +213,8 @@ TEST_CASE("Sequence image: a restored sequence behaves as the original, later ap
   for (const Config& c : Configs()) {
     DYNAMIC_SECTION(c.name) {
       auto pool = testing::MakeTestPool(32 << 20, 16 << 10);
-      auto other = testing::MakeTestPool(32 << 20, 16 << 10);  // Another daemon's pool.
+      // Another daemon's pool, with another page size.
+      auto other = testing::MakeTestPool(32 << 20, 64 << 10);
       const SequenceGeometry geometry = Geometry(c.dtype);
       KvSequence seq(pool.get(), geometry, c.plans);
       const Data data = MakeData(kLayers, 900, kHeads, c.dtype, 7);
@@ -246,7 +249,7 @@ TEST_CASE("Sequence image: a restored sequence behaves as the original, later ap
         REQUIRE(back.ok());
         ExpectSame(*pool, seq, *other, **back, /*counters=*/true);
         REQUIRE((*back)->Usage().tokens == seq.Usage().tokens);
-        REQUIRE((*back)->Usage().pool_bytes <= seq.Usage().pool_bytes);
+        REQUIRE((*back)->Usage().payload_bytes == seq.Usage().payload_bytes);
         // The same appends on both: the same rows, records and counters.
         for (auto [from, n] : {std::pair{301, 1}, {302, 130}, {432, 3}, {435, 465}}) {
           REQUIRE(AppendRange(&seq, data, 11, from, n).ok());
@@ -365,6 +368,61 @@ TEST_CASE("Sequence image: eviction is refused by name; an importer may evict fr
                 StatusCode::kFailedPrecondition, "evict.sinks"));
 }
 
+TEST_CASE(
+    "Sequence image: an evicting sequence with no scoring state yet restores and then "
+    "evicts exactly as the original",
+    "[controller][image]") {
+  auto pool = testing::MakeTestPool(32 << 20, 16 << 10);
+  const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}, 2),
+                                        Plan(QuantMethod::kQuaRot, kHeads, {{4, 4}})};
+  EvictionSettings ev;
+  ev.enabled = true;
+  ev.policy = EvictPolicy::kStreaming;
+  ev.sinks = 4;  // Above layer 0's 2 fp16 sinks: the image carries the effective 4.
+  ev.window = 16;
+  ev.tokens_per_head = 200;
+  ev.floor = 20;
+  ev.compression_period = 8;
+  const Data data = MakeData(kLayers, 700, kHeads, DType::kF32, 13);
+  KvSequence seq(pool.get(), Geometry(DType::kF32), plans, ev);
+  REQUIRE(AppendRange(&seq, data, 5, 0, 150).ok());
+  REQUIRE(AppendRange(&seq, data, 5, 150, 40).ok());  // 190 <= 200: nothing evicted yet.
+  StatusOr<std::vector<uint8_t>> image = ExportImage(seq, seq.tokens(), "");
+  REQUIRE(image.ok());
+  REQUIRE(ReadImageInfo(*image)->plans[0].rules.sink_tokens == 4);
+  StatusOr<std::unique_ptr<KvSequence>> back =
+      ImportImage(pool.get(), *image, Geometry(DType::kF32), "", ev);
+  REQUIRE(back.ok());
+  ExpectSame(*pool, seq, *pool, **back, true);
+  for (auto [from, n] : {std::pair{190, 1}, {191, 30}, {221, 1}, {222, 300}, {522, 7}}) {
+    REQUIRE(AppendRange(&seq, data, 5, from, n).ok());
+    REQUIRE(AppendRange(back->get(), data, 5, from, n).ok());
+    ExpectSame(*pool, seq, *pool, **back, true);
+    for (int l = 0; l < kLayers; ++l) {
+      REQUIRE(seq.LayerBudget(l) == (*back)->LayerBudget(l));
+      for (int h = 0; h < kHeads; ++h) {
+        const HeadUsage a = seq.HeadUsageOf(l, h), b = (*back)->HeadUsageOf(l, h);
+        REQUIRE(a.evicted_tokens == b.evicted_tokens);
+        REQUIRE(a.requantized_tokens == b.requantized_tokens);
+        REQUIRE(a.budget == b.budget);
+      }
+    }
+  }
+  REQUIRE(seq.HeadUsageOf(0, 0).evicted_tokens > 0);
+  // Now it has evicted: refused, naming eviction and the head.
+  REQUIRE(Names(ExportImage(seq, seq.tokens(), "").status(), StatusCode::kFailedPrecondition,
+                "eviction: layer 0, head 0"));
+
+  // A policy that reads queries keeps query rows from its first append: refused by name.
+  SequenceGeometry gq = Geometry(DType::kF32);
+  gq.q_heads = kHeads;
+  ev.policy = EvictPolicy::kSnapKV;
+  KvSequence snap(pool.get(), gq, plans, ev);
+  const std::vector<KvTensorView> q = data.Views(data.k, 0, 50);
+  REQUIRE(snap.Append(0, data.Views(data.k, 0, 50), data.Views(data.v, 0, 50), &q).ok());
+  REQUIRE(Names(ExportImage(snap, 50, "").status(), StatusCode::kFailedPrecondition, "query rows"));
+}
+
 TEST_CASE("Sequence image: bad images get their named error and take no page",
           "[controller][image]") {
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
@@ -443,6 +501,23 @@ TEST_CASE("Sequence image: bad images get their named error and take no page",
     std::memcpy(bad.data() + 64, &tokens, 8);
     Reseal(&bad);
     REQUIRE(Names(import(bad, geometry, "model-a"), StatusCode::kDataLoss, "do not make 599"));
+  }
+  SECTION("non-finite values") {
+    // The last 4 bytes: the V row of layer 1's last head's last tail token (a lossless f32 layer
+    // here, so the image ends in its rows).
+    KvSequence lossless(pool.get(), Geometry(DType::kF32),
+                        {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}), LosslessPlan(kHeads)});
+    const Data f32 = MakeData(kLayers, 40, kHeads, DType::kF32, 2);
+    REQUIRE(AppendRange(&lossless, f32, 0, 0, 40).ok());
+    StatusOr<std::vector<uint8_t>> image = ExportImage(lossless, 40, "");
+    REQUIRE(image.ok());
+    const uint32_t before = FreePages(*pool);
+    const uint32_t nan = 0x7FC00000;
+    std::memcpy(image->data() + image->size() - 4, &nan, 4);
+    Reseal(&*image);
+    REQUIRE(Names(ImportImage(pool.get(), *image, Geometry(DType::kF32), "").status(),
+                  StatusCode::kDataLoss, "layer 1, head 2: a row value is not finite"));
+    REQUIRE(FreePages(*pool) == before);
   }
   SECTION("a pool without the pages") {
     auto small = testing::MakeTestPool(64 << 10, 16 << 10);
@@ -546,6 +621,41 @@ TEST_CASE("Sequence image: writes the fuzz seed images", "[.seeds]") {
     StatusOr<std::vector<uint8_t>> image = ExportImage(seq, s.cut, "seed");
     REQUIRE(image.ok());
     MaybeWriteSeed(s.name, *image);
+  }
+}
+
+// Export and import time of a 2K-token SmolLM2-135M-shaped sequence (30 layers, 3 KV heads, D 64)
+// per method. Prints only; run by hand:
+//   build/tests/sequence_test "Sequence image bench*"
+TEST_CASE("Sequence image bench: export and import of a 2K-token sequence", "[.bench]") {
+  const int layers = 30, tokens = 2048;
+  const SequenceGeometry g{
+      .layers = layers, .kv_heads = kHeads, .head_dim = kDim, .dtype = DType::kF16};
+  const Data data = MakeData(layers, tokens, kHeads, DType::kF16, 11);
+  for (auto [name, m, bits] : {std::tuple{"lossless f16", QuantMethod::kFp16, 16},
+                               {"kivi k2v2", QuantMethod::kKivi, 2},
+                               {"kvarn k2v2", QuantMethod::kKvarn, 2},
+                               {"turbo k3v3", QuantMethod::kTurbo, 3}}) {
+    auto pool = testing::MakeTestPool(256 << 20, 64 << 10);
+    std::vector<LayerPlan> plans(
+        layers, m == QuantMethod::kFp16 ? LosslessPlan(kHeads) : Plan(m, kHeads, {{bits, bits}}));
+    KvSequence seq(pool.get(), g, plans);
+    REQUIRE(AppendRange(&seq, data, 0, 0, tokens).ok());
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    StatusOr<std::vector<uint8_t>> image = ExportImage(seq, tokens, "smollm2-135m");
+    const auto t1 = Clock::now();
+    REQUIRE(image.ok());
+    StatusOr<std::unique_ptr<KvSequence>> back = ImportImage(pool.get(), *image, g, "");
+    const auto t2 = Clock::now();
+    REQUIRE(back.ok());
+    auto ms = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    std::printf(
+        "%-13s image %8.2f MiB (%6.1f B/token/layer/head): export %7.2f ms, import %7.2f ms\n",
+        name, image->size() / 1048576.0,
+        static_cast<double>(image->size()) / tokens / layers / kHeads, ms(t0, t1), ms(t1, t2));
   }
 }
 
