@@ -9,7 +9,7 @@
 #   tools/fuzz.sh [SECONDS]
 #   tools/fuzz.sh --build-only        configure and build only (tools/sanitize.sh shares the dir)
 #   tools/fuzz.sh --no-build SECONDS  run an existing build
-#   tools/fuzz.sh --image SECONDS     build, then fuzz sequence images instead (tests/fuzz/
+#   tools/fuzz.sh [--no-build] --image SECONDS   fuzz sequence images instead (tests/fuzz/
 #                                     image_fuzz.cc: ReadImageInfo + ImportImage) from the seeds in
 #                                     tests/fuzz/image_seeds/, artifacts in build-fuzz/image-*
 #   KVCTL_FUZZ_CORPUS=DIR   keep the grown corpus in DIR across runs (default: a fresh one)
@@ -19,12 +19,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-MODE=run
-case ${1:-} in
-  --build-only) MODE=build-only ;;
-  --no-build) MODE=no-build; shift ;;
-  --image) MODE=image; shift ;;
-esac
+MODE=run       # run, or build-only
+BUILD_FIRST=1  # --no-build: use what build-fuzz/ holds
+TARGET=request # --image: the sequence-image fuzzer
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build-only) MODE=build-only; shift ;;
+    --no-build) BUILD_FIRST=0; shift ;;
+    --image) TARGET=image; shift ;;
+    *) break ;;
+  esac
+done
 BUDGET=${1:-60}
 BUILD=${KVCTL_FUZZ_BUILD:-build-fuzz}
 JOBS=${KVCTL_JOBS:-$(nproc)}
@@ -50,10 +55,10 @@ build() {
   echo "fuzz: built in $(($(date +%s) - start)) s"
 }
 
-if [ "$MODE" != no-build ]; then build; fi
+if [ "$BUILD_FIRST" = 1 ]; then build; fi
 if [ "$MODE" = build-only ]; then exit 0; fi
 
-if [ "$MODE" = image ]; then
+if [ "$TARGET" = image ]; then
   FUZZER=$BUILD/bin/kvctl_image_fuzz
   SEEDS=tests/fuzz/image_seeds
   CORPUS=${KVCTL_FUZZ_CORPUS:-$BUILD/image-corpus}
@@ -72,7 +77,7 @@ else
 fi
 [ -z "${KVCTL_FUZZ_CORPUS:-}" ] && rm -rf "$CORPUS"
 mkdir -p "$CORPUS" "$ARTIFACTS"
-[ "$MODE" = image ] || "$BUILD/bin/kvctl_fuzz_seeds" "$SEEDS"
+[ "$TARGET" = image ] || "$BUILD/bin/kvctl_fuzz_seeds" "$SEEDS"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -94,7 +99,7 @@ report_failure() {
 }
 
 regressions=(tests/fuzz/regressions/*.in)
-if [ "$MODE" != image ] && [ -e "${regressions[0]}" ]; then
+if [ "$TARGET" != image ] && [ -e "${regressions[0]}" ]; then
   rc=0
   run_fuzzer -runs=1 "${regressions[@]}" || rc=$?
   if [ "$rc" -ne 0 ]; then report_failure "$rc"; exit 1; fi

@@ -31,7 +31,8 @@ NOT_UNDER_SANITIZERS='~"Hostile: the OPEN estimate covers what an OPEN really al
 # long sequences through the scorers and ran for minutes of CPU each without finishing. The fuzzer drives those paths under
 # ASan instead (its quantizer models and streaming, h2o, snapkv, rkv and requantize variants).
 TOO_SLOW_INSTRUMENTED='~[evict]'
-CHECKS=(asan-kernels asan-controller asan-ipc tsan-integration tsan-ipc tsan-controller fuzz)
+CHECKS=(asan-kernels asan-controller asan-ipc tsan-integration tsan-ipc tsan-controller fuzz
+  fuzz-image)
 
 build_asan() {
   KVCTL_FUZZ_BUILD=$ASAN_BUILD bash tools/fuzz.sh --build-only
@@ -126,6 +127,11 @@ run_check() {
     fuzz)
       need "$ASAN_BUILD/bin/kvctl_request_fuzz"
       KVCTL_FUZZ_BUILD=$ASAN_BUILD bash tools/fuzz.sh --no-build "${KVCTL_CI_FUZZ_SECONDS:-60}"
+      ;;
+    fuzz-image)
+      need "$ASAN_BUILD/bin/kvctl_image_fuzz"
+      KVCTL_FUZZ_BUILD=$ASAN_BUILD bash tools/fuzz.sh --no-build --image \
+        "${KVCTL_CI_IMAGE_FUZZ_SECONDS:-30}"
       ;;
     *)
       echo "sanitize: unknown check \"$1\"; expected one of ${CHECKS[*]}" >&2

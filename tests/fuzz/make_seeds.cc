@@ -86,7 +86,8 @@ std::string StagedPayload(const ipc::HelloRequest& h, uint32_t n) {
   return Halves(static_cast<size_t>(g.layers) * n * (2 * g.kv_heads + g.q_heads) * g.head_dim, 5);
 }
 
-// HELLO, OPEN, inline and staged APPENDs, both FETCH modes, STATS, PING, CLOSE, BYE.
+// HELLO, OPEN, inline and staged APPENDs, both FETCH modes, STATS, PING, SAVE_PREFIX, CLOSE,
+// OPEN_PREFIX, BYE.
 std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
                     uint32_t head_dim) {
   const ipc::HelloRequest h = Hello(model, 2, 2, q_heads, head_dim);
@@ -108,9 +109,16 @@ std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
   w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
   w.Request(Msg(ipc::StatsRequest{1, ""}));
   w.Request(Msg(ipc::PingRequest{1}));
+  const std::vector<int32_t> ids(5 + kStaged + 1, 42);
+  ipc::SavePrefixRequest save{1, 7};
+  save.tokens = zmq::message_t(ids.data(), ids.size() * sizeof(int32_t));
+  w.Request(Msg(std::move(save)));  // No tier in the harness: refused by name.
   w.Request(Msg(ipc::CloseRequest{1, 7}));
   w.Request(Msg(ipc::OpenRequest{1, 8}));
-  w.Request(Msg(ipc::ByeRequest{1}));  // Ends the session with a sequence still open.
+  ipc::OpenPrefixRequest open_prefix{1, 9};
+  open_prefix.tokens = zmq::message_t(ids.data(), ids.size() * sizeof(int32_t));
+  w.Request(Msg(std::move(open_prefix)));  // Opens empty.
+  w.Request(Msg(ipc::ByeRequest{1}));      // Ends the session with sequences still open.
   w.Request(Msg(ipc::PingRequest{1}));
   return w.bytes();
 }

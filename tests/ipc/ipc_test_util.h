@@ -201,6 +201,20 @@ inline std::vector<SampleMessage> AllSampleMessages() {
          return MustEncode(StatsRequest{0, "pool"});
        }},
       {"BYE", true, [] { return MustEncode(ByeRequest{42}); }},
+      {"SAVE_PREFIX", true,
+       [] {
+         SavePrefixRequest m{42, 7};
+         const int32_t ids[] = {1, 2, 300, 4};
+         m.tokens = zmq::message_t(ids, sizeof(ids));
+         return MustEncode(std::move(m));
+       }},
+      {"OPEN_PREFIX", true,
+       [] {
+         OpenPrefixRequest m{42, 8};
+         const int32_t ids[] = {1, 2, 300};
+         m.tokens = zmq::message_t(ids, sizeof(ids));
+         return MustEncode(std::move(m));
+       }},
       {"HELLO_REPLY", false, [] { return MustEncode(SampleHelloReply()); }},
       {"OPEN_REPLY", false, [] { return MustEncode(OpenReply{}); }},
       {"CLOSE_REPLY", false, [] { return MustEncode(CloseReply{4096}); }},
@@ -216,6 +230,11 @@ inline std::vector<SampleMessage> AllSampleMessages() {
        [] {
          return MustEncode(ByeReply{3, 1 << 20});
        }},
+      {"SAVE_PREFIX_REPLY", false,
+       [] {
+         return MustEncode(SavePrefixReply{16, 4096});
+       }},
+      {"OPEN_PREFIX_REPLY", false, [] { return MustEncode(OpenPrefixReply{16}); }},
       {"ERROR", false, [] { return EncodeError(7, NotFound("sequence_id: 9 not found")); }},
   };
 }
