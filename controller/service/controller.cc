@@ -645,26 +645,33 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   } settle{host_memory_, *entry, growth};
   const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
   const bool was_lost = !entry->seq->integrity().ok();
-  Status appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views,
-                                       /*allow_relief=*/deferred == nullptr);
+  // With tier.spill_on_pressure_idle_ms, a full pool spills idle sequences to the tier before
+  // this sequence's own widths are lowered (its relief waits for the retry).
+  const bool spill_first = tier_ && tier_->config().spill_on_pressure_idle_ms > 0;
+  const auto first_position = static_cast<int64_t>(request.first_position);
+  Status appended = entry->seq->Append(first_position, k, v, q_views,
+                                       /*allow_relief=*/deferred == nullptr && !spill_first);
   // A full pool: the append changed nothing; relieving it is a worker's job.
   if (deferred != nullptr && appended.code() == StatusCode::kResourceExhausted) return defer();
   if (appended.code() == StatusCode::kDataLoss && !was_lost) {
     spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
   }
-  if (appended.code() == StatusCode::kResourceExhausted) {
-    // The failed APPEND changed nothing, so the sequence's lock can go while others are spilled
-    // to the tier or lowered
-    // (taking mu_ while holding it would invert the mu_ -> sequence order of STATS and CLOSE).
+  // Relief by others: round 0 spills idle sequences (spill_first), round 1 lowers the widths of
+  // others (budget.pressure_scope = "pool"). The failed APPEND changed nothing, so the
+  // sequence's lock can go meanwhile (taking mu_ while holding it would invert the mu_ ->
+  // sequence order of STATS and CLOSE); the sequence may then be closed, or spilled by someone
+  // else's relief.
+  for (int round = spill_first ? 0 : 1;
+       round < 2 && appended.code() == StatusCode::kResourceExhausted; ++round) {
     const int64_t shortfall = entry->seq->last_shortfall_pages();
     seq_lock.Unlock();
-    int64_t freed = SpillOthersForPool(*entry, shortfall, now);
-    if (freed < shortfall) freed += LowerOthersForPool(*entry, shortfall - freed);
+    const int64_t freed = round == 0 ? SpillOthersForPool(*entry, shortfall, now)
+                                     : LowerOthersForPool(*entry, shortfall);
     seq_lock.Lock();
+    KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
     if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
-    if (freed > 0) {
-      appended = entry->seq->Append(static_cast<int64_t>(request.first_position), k, v, q_views);
-    }
+    // After the spills the sequence's own relief gets its turn even if nothing was spilled.
+    if (round == 0 || freed > 0) appended = entry->seq->Append(first_position, k, v, q_views);
   }
   KVCTL_RETURN_IF_ERROR(appended);
   const SequenceUsage usage = entry->seq->Usage();
