@@ -170,7 +170,8 @@ struct TierConfig {
   std::string key_prefix;    // Every key the daemon writes starts with this and ':'.
   int ttl_seconds = 0;       // Expiry of every key written; 0 = never.
   uint64_t quota_bytes = 0;  // Most bytes of spilled sequences this daemon keeps in the tier.
-  int spill_idle_ms = 0;     // Spill sequences idle this long; 0 = never.
+  uint64_t prefix_quota_bytes = 0;    // Most bytes of unexpired prefixes this daemon saved.
+  int spill_idle_ms = 0;              // Spill sequences idle this long; 0 = never.
   int spill_on_pressure_idle_ms = 0;  // A full pool spills sequences idle this long; 0 = never.
   int prefix_block_tokens = 0;        // Granule of the prefix hash chain.
   int timeout_ms = 0;                 // Per command.

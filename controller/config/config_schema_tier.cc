@@ -96,9 +96,19 @@ std::vector<ConfigOption> TierRows() {
            .flags = kImm,
            .env = "KVCTL_TIER_QUOTA_BYTES",
            .doc = "Most bytes of spilled sequences this daemon keeps in the tier; a spill past "
-                  "it is skipped and the sequence stays in the pool. Saved prefixes are bounded "
-                  "by tier.ttl_seconds and the cluster's own maxmemory instead (they are shared, "
-                  "so no one daemon owns them)."}),
+                  "it is skipped and the sequence stays in the pool. Saved prefixes have their "
+                  "own bound, tier.prefix_quota_bytes."}),
+      Row<&Config::tier, &TierConfig::prefix_quota_bytes>(
+          {.key = "tier.prefix_quota_bytes",
+           .default_text = "4GiB",
+           .min = 0,
+           .max = 1024 * kTiB,
+           .flags = kImm,
+           .env = "KVCTL_TIER_PREFIX_QUOTA_BYTES",
+           .doc = "Most bytes of saved prefixes this daemon keeps in the tier: the prefixes it "
+                  "saved whose tier.ttl_seconds has not run out (a key saved again counts once). "
+                  "A SAVE_PREFIX past it gets RESOURCE_EXHAUSTED, so clients cannot fill the "
+                  "cluster through the daemon."}),
       Row<&Config::tier, &TierConfig::spill_idle_ms>(
           {.key = "tier.spill_idle_ms",
            .default_text = "0",

@@ -14,6 +14,9 @@ namespace kvctl {
 namespace {
 
 constexpr std::chrono::seconds kReconnectPause{1};
+// Prefixes one daemon tracks against tier.prefix_quota_bytes at most (their bookkeeping is host
+// memory: about 150 bytes each).
+constexpr size_t kMaxPrefixesHeld = 100000;
 
 std::vector<std::string> SplitNodes(std::string_view nodes) {
   std::vector<std::string> out;
@@ -86,12 +89,47 @@ StatusOr<tier::BlobStore*> TierService::Store() {
 }
 
 Status TierService::PutPrefix(const std::string& key, std::span<const uint8_t> value) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto ttl = Ttl();
+  {
+    MutexLock lock(&mu_);
+    // What this daemon wrote and the cluster still holds: saves whose TTL has not run out (all of
+    // them with tier.ttl_seconds = 0); a key saved again counts once.
+    for (auto it = prefixes_held_.begin(); it != prefixes_held_.end();) {
+      if (ttl.count() > 0 && it->second.expires <= now) {
+        counters_.prefix_held_bytes -= it->second.bytes;
+        it = prefixes_held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    const auto same = prefixes_held_.find(key);
+    const uint64_t replaced = same == prefixes_held_.end() ? 0 : same->second.bytes;
+    if (same == prefixes_held_.end() && prefixes_held_.size() >= kMaxPrefixesHeld) {
+      ++counters_.prefix_save_failures;
+      ++counters_.prefix_saves_over_quota;
+      return ResourceExhausted("tier: this daemon already holds ", kMaxPrefixesHeld,
+                               " saved prefixes whose TTL has not run out");
+    }
+    if (counters_.prefix_held_bytes - replaced + value.size() > config_.prefix_quota_bytes) {
+      ++counters_.prefix_save_failures;
+      ++counters_.prefix_saves_over_quota;
+      return ResourceExhausted("tier: saving ", value.size(),
+                               " bytes of prefix would pass tier.prefix_quota_bytes (",
+                               config_.prefix_quota_bytes, "; ", counters_.prefix_held_bytes,
+                               " held by prefixes this daemon saved)");
+    }
+  }
   StatusOr<tier::BlobStore*> store = Store();
-  Status put = store.ok() ? (*store)->Put(key, value, Ttl()) : store.status();
+  Status put = store.ok() ? (*store)->Put(key, value, ttl) : store.status();
   MutexLock lock(&mu_);
   if (put.ok()) {
     ++counters_.prefix_saves;
     counters_.prefix_saved_bytes += value.size();
+    PrefixHeld& held = prefixes_held_[key];
+    counters_.prefix_held_bytes += value.size();
+    counters_.prefix_held_bytes -= held.bytes;
+    held = {.bytes = value.size(), .expires = now + ttl};
   } else {
     ++counters_.prefix_save_failures;
   }

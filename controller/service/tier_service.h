@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,6 +42,8 @@ class BlobStore;
 struct TierCounters {
   bool connected = false;
   uint64_t prefix_saves = 0, prefix_save_failures = 0, prefix_saved_bytes = 0;
+  uint64_t prefix_saves_over_quota = 0;
+  uint64_t prefix_held_bytes = 0;  // Saved by this daemon, TTL not run out (the quota's count).
   uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_misses = 0, prefix_lookup_failures = 0;
   uint64_t prefix_restored_tokens = 0;
   uint64_t spills = 0, spill_failures = 0, spills_over_quota = 0, spills_refused = 0;
@@ -62,8 +65,10 @@ class TierService {
 
   const TierConfig& config() const { return config_; }
 
-  // Stores a prefix value under `key` (with tier.ttl_seconds). UNAVAILABLE or RESOURCE_EXHAUSTED
-  // (cluster full) naming the cluster's answer; counted either way.
+  // Stores a prefix value under `key` (with tier.ttl_seconds). RESOURCE_EXHAUSTED without trying
+  // when the prefixes this daemon saved and the cluster still holds would pass
+  // tier.prefix_quota_bytes; else UNAVAILABLE or RESOURCE_EXHAUSTED (cluster full) naming the
+  // cluster's answer; counted either way.
   Status PutPrefix(const std::string& key, std::span<const uint8_t> value) KVCTL_EXCLUDES(mu_);
   // The index of the last of `keys` present in the tier (keys are a prompt's chain, shortest
   // first), or -1 when none is.
@@ -110,6 +115,12 @@ class TierService {
   Status last_connect_error_ KVCTL_GUARDED_BY(mu_);
   uint64_t next_spill_ KVCTL_GUARDED_BY(mu_) = 1;
   std::vector<std::string> deletes_ KVCTL_GUARDED_BY(mu_);
+  struct PrefixHeld {
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point expires;
+  };
+  // Prefixes this daemon saved whose TTL has not run out, by key (tier.prefix_quota_bytes).
+  std::map<std::string, PrefixHeld> prefixes_held_ KVCTL_GUARDED_BY(mu_);
   TierCounters counters_ KVCTL_GUARDED_BY(mu_);
 };
 

@@ -224,8 +224,8 @@ TEST_CASE("Tier: an idle sequence is spilled, its pages freed, and restored by i
 
 TEST_CASE("Tier: a spilled sequence the tier lost answers DATA_LOSS, never wrong rows",
           "[integration][tier]") {
-  // A cluster of its own (ports base + 40..42), so wiping it disturbs no other test.
-  const int base = KVCTL_TIER_BASE_PORT + 40;
+  // A cluster of its own (ports base + 13..15), so wiping it disturbs no other test.
+  const int base = KVCTL_TIER_BASE_PORT + 13;
   const std::string dir =
       std::string(KVCTL_TIER_CLUSTER_ROOT) + "/lost-" + std::to_string(getpid());
   const std::string script = KVCTL_TIER_CLUSTER_SCRIPT;
@@ -263,9 +263,9 @@ TEST_CASE("Tier: a spilled sequence the tier lost answers DATA_LOSS, never wrong
 }
 
 TEST_CASE("Tier: an unreachable cluster never blocks resident sequences", "[integration][tier]") {
-  // Nothing listens on these ports (the tests' range ends at base + 49).
+  // Nothing listens on base + 36..37 (no test of the tier's 50 ports starts a node there).
   DaemonProcess node(
-      TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\n", KVCTL_TIER_BASE_PORT + 47));
+      TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\n", KVCTL_TIER_BASE_PORT + 36));
   auto c = node.Connect();
   const uint64_t sid = Hello(*c);
   const auto k = MakeFp16(64, 7, false), v = MakeFp16(64, 7, true);
@@ -368,9 +368,9 @@ TEST_CASE("Tier: a full pool spills an idle sequence for another's APPEND, then 
 
 TEST_CASE("Tier: a master killed after a save fails over to its replica; the prefix comes back",
           "[integration][tier]") {
-  // 3 masters + 3 replicas of its own (ports base + 30..35); a failover takes about twice
+  // 3 masters + 3 replicas of its own (ports base + 23..28); a failover takes about twice
   // cluster-node-timeout (2 s).
-  OwnCluster cluster("failover", KVCTL_TIER_BASE_PORT + 30, 3, 1);
+  OwnCluster cluster("failover", KVCTL_TIER_BASE_PORT + 23, 3, 1);
   const std::string toml = TierToml("timeout_ms = 500\n", cluster.port());
   DaemonProcess node_a(toml, "", "a"), node_b(toml, "", "b");
   auto a = node_a.Connect();

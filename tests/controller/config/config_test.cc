@@ -135,6 +135,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"tier.key_prefix", "\"kvctl\""},
       {"tier.ttl_seconds", "86400"},
       {"tier.quota_bytes", "\"1GiB\""},
+      {"tier.prefix_quota_bytes", "\"4GiB\""},
       {"tier.spill_idle_ms", "0"},
       {"tier.spill_on_pressure_idle_ms", "0"},
       {"tier.prefix_block_tokens", "16"},
