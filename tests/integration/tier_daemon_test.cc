@@ -302,6 +302,29 @@ TEST_CASE("Tier: without a tier SAVE_PREFIX is refused by name and OPEN_PREFIX o
   CHECK(node.Stop() == 0);
 }
 
+TEST_CASE(
+    "Tier: SAVE_PREFIX past tier.prefix_quota_bytes is refused by name; a re-save counts once",
+    "[integration][tier]") {
+  DaemonProcess node(TierToml("prefix_quota_bytes = \"256KiB\"\n"));
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  const int64_t total = 300;
+  const auto k = MakeFp16(total, 12, false), v = MakeFp16(total, 12, true);
+  REQUIRE(c->Open(sid, 1).ok());
+  REQUIRE(Append(*c, sid, 1, k, v, total, 0, total).ok());
+  auto first = c->SavePrefix(sid, 1, Ids(total));
+  REQUIRE(first.ok());
+  REQUIRE(first->stored_bytes < 256u * 1024);
+  REQUIRE(first->stored_bytes > 128u * 1024);     // So a second, different prefix cannot fit.
+  CHECK(c->SavePrefix(sid, 1, Ids(total)).ok());  // The same key again replaces itself.
+  auto second = c->SavePrefix(sid, 1, Ids(total, 7));
+  CHECK(second.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(second.status().message(), Catch::Contains("tier.prefix_quota_bytes"));
+  CHECK(StatsField(*c, "tier", "tier_prefix_saves_over_quota_total") == 1);
+  CHECK(StatsField(*c, "tier", "tier_prefix_held_bytes") == first->stored_bytes);
+  CHECK(node.Stop() == 0);
+}
+
 // A cluster of its own on ports base + offset.., stopped when the test ends.
 class OwnCluster {
  public:
