@@ -540,6 +540,36 @@ class Client:
         self._next_position.pop(seq, None)
         return reply.bytes_freed
 
+    def save_prefix(self, seq: int, tokens) -> Tuple[int, int]:
+        """Stores sequence `seq`'s prefix in the daemon's cluster tier (PROTOCOL.md 4.9), so
+        open_prefix of any daemon sharing the cluster can restore it instead of prefilling.
+
+        tokens: the id of every token `seq` holds, in position order (ints, a 1-D integer array
+        or tensor). Returns (saved_tokens, stored_bytes): the daemon stores the longest prefix
+        it can cut exactly at a tier.prefix_block_tokens boundary (0 = no such cut yet, nothing
+        stored). The sequence is unchanged. Raises ServerError: FAILED_PRECONDITION when the
+        daemon has no tier (tier.nodes = "") or `seq` does not start at position 0 or evicted
+        tokens, INVALID_ARGUMENT when the id count is not the sequence's token count,
+        UNAVAILABLE when the cluster cannot be reached, RESOURCE_EXHAUSTED when it is full.
+        """
+        s = self._require_session()
+        reply: p.SavePrefixReply = self._call(
+            p.MsgType.SAVE_PREFIX, p.encode_save_prefix(0, s.session_id, seq, tokens))
+        return reply.saved_tokens, reply.stored_bytes
+
+    def open_prefix(self, seq: int, tokens) -> int:
+        """Opens sequence `seq` (as open()) from the longest prefix of the prompt `tokens` stored
+        in the daemon's cluster tier (PROTOCOL.md 4.10); returns restored_tokens M: the sequence
+        holds positions 0 .. M - 1 exactly as the saving sequence held them, and the next
+        append() continues at position M. M = 0 (an open, empty sequence) when nothing is
+        stored, the daemon has no tier, or the tier cannot be reached. Send the prompt without
+        its last token when the model needs that token's logits. Errors are those of open()."""
+        s = self._require_session()
+        reply: p.OpenPrefixReply = self._call(
+            p.MsgType.OPEN_PREFIX, p.encode_open_prefix(0, s.session_id, seq, tokens))
+        self._next_position[seq] = reply.restored_tokens
+        return reply.restored_tokens
+
     def ping(self) -> int:
         """Liveness check (renews the session's lease, if any); returns the daemon's monotonic
         clock in microseconds."""

@@ -1,0 +1,200 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""Prefix reuse for kvctl.hf_cache.KvctlCache through the daemon's cluster tier (PROTOCOL.md 4.9
+SAVE_PREFIX, 4.10 OPEN_PREFIX; docs/tier.md): a prompt whose prefix an engine already saved, on
+this daemon or any daemon sharing the Redis Cluster, is restored instead of prefilled.
+
+With KvctlCache(..., prefix_reuse=True), batch 1:
+
+    cache = KvctlCache(model, endpoint, prefix_reuse=True)
+    restored = cache.open_prefix(input_ids)        # before generate: OPEN_PREFIX, then FETCH
+    out = model.generate(input_ids, past_key_values=cache, ...)
+    cache.close()                                   # (or the next step) SAVE_PREFIX of the prompt
+
+- open_prefix(input_ids) sends OPEN_PREFIX with the prompt's ids minus the last one (the model
+  must run at least the last token to get its logits). When the daemon restores M > 0 tokens,
+  every layer's M rows are read back with one dense FETCH, so the cache has length M and
+  transformers' generate() runs the model only on the prompt's remaining tokens (it slices
+  input_ids by get_seq_length()). The restored rows are the saving sequence's own (exact for a
+  lossless daemon, the same quantized records otherwise).
+- Once the sequence holds exactly the prompt (after the prefill step is APPENDed: at the next
+  step, sync() or close()), SAVE_PREFIX stores it, so a later engine skips that prefill. That
+  automatic save never fails the generation: a daemon without a tier, an unreachable or full
+  cluster is recorded in prefix_error (and warned once per call site); a lost session is raised
+  as for any step. save_prefix() saves explicitly and raises.
+- Without open_prefix() the cache knows no token ids: it works as without prefix_reuse.
+
+Refused with ValueError naming prefix_reuse: more than one batch element, open_prefix() on a
+cache that already holds tokens (a saved or restored prefix starts at position 0).
+
+Thread safety: as KvctlCache (one thread).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import protocol as p
+from .hf_sequence import next_sequence_id
+from .protocol import KvctlError, SessionLostError
+
+
+def prompt_ids(input_ids, what: str = "input_ids") -> np.ndarray:
+    """One prompt's token ids as int32 [P] from a tensor or array [1, P] or [P], or a list;
+    ValueError naming `what` for a batch > 1, and the protocol's checks (token_frame)."""
+    if hasattr(input_ids, "detach"):
+        input_ids = input_ids.detach().cpu().numpy()
+    arr = np.asarray(input_ids) if not isinstance(input_ids, (list, tuple)) else input_ids
+    if isinstance(arr, np.ndarray) and arr.ndim == 2:
+        if arr.shape[0] != 1:
+            raise ValueError("prefix_reuse: %s has batch %d, expected 1 (one prompt per cache)"
+                             % (what, arr.shape[0]))
+        arr = arr[0]
+    try:
+        return p.token_frame(arr)
+    except ValueError as e:
+        raise ValueError("%s: %s" % (what, e)) from None
+
+
+class PrefixReuse:
+    """KvctlCache's prefix reuse (a mixin: the methods use the cache's layers, sequences and
+    step protocol). State: prefix_ids (the prompt given to open_prefix, int32, or None),
+    prefix_restored (M of the last open_prefix), prefix_saved ((saved_tokens, stored_bytes) of
+    the last SAVE_PREFIX, or None), prefix_error (why the automatic save stored nothing, or
+    None)."""
+
+    def _init_prefix(self, prefix_reuse: bool, batch: int) -> None:
+        if not isinstance(prefix_reuse, bool):
+            raise ValueError("prefix_reuse: got %r, expected True or False" % (prefix_reuse,))
+        if prefix_reuse and batch != 1:
+            raise ValueError("prefix_reuse: needs batch 1 (one client), got %d clients; a stored "
+                             "prefix belongs to one sequence" % batch)
+        self.prefix_reuse = prefix_reuse
+        self._forget_prefix()
+
+    def _forget_prefix(self) -> None:
+        """No prompt known (at start, and when the cache lost its rows)."""
+        self.prefix_ids: Optional[np.ndarray] = None
+        self.prefix_restored = 0
+        self.prefix_saved: Optional[Tuple[int, int]] = None
+        self.prefix_error: Optional[str] = None
+        self._save_pending = False
+
+    def _require_prefix_reuse(self, what: str) -> None:
+        if not self.prefix_reuse:
+            raise ValueError("%s: needs KvctlCache(..., prefix_reuse=True)" % what)
+
+    def open_prefix(self, input_ids) -> int:
+        """Call before the prefill (generate) with the prompt's ids ([1, P] or [P]): opens the
+        sequence from the longest stored prefix of the prompt without its last token and loads
+        those M tokens of every layer; returns M (0: nothing stored, no tier, or an unreachable
+        cluster: the cache is empty and prefills as usual). The prompt is remembered for the
+        automatic SAVE_PREFIX once the sequence holds it. Raises ValueError naming prefix_reuse
+        when the cache already holds tokens, KvctlError from the daemon (the cache is then
+        empty, as after any failed step)."""
+        self._require_prefix_reuse("open_prefix")
+        ids = prompt_ids(input_ids)
+        self.sync()
+        held = max([l.seen for l in self.layers] + [self.appended])
+        if held:
+            raise ValueError("prefix_reuse: open_prefix needs an empty cache (a prefix starts at "
+                             "position 0), this one holds %d tokens; use a new KvctlCache per "
+                             "prompt" % held)
+        try:
+            self._attach_detached()
+            return self._open_from_tier(ids)
+        except SessionLostError as e:
+            raise self._session_lost(e) from None
+        except KvctlError as e:
+            raise self._step_failed(e) from None
+
+    def _open_from_tier(self, ids: np.ndarray) -> int:
+        seq = self.seqs[0]
+        self._forget_prefix()
+        self.prefix_ids = ids
+        self._save_pending = True
+        if len(ids) < 2:
+            return 0  # The only token is the one whose logits the model must compute.
+        t0 = time.perf_counter()
+        # The empty sequence _attach opened makes way for one opened from the tier.
+        seq.client.close(seq.sequence_id)
+        seq.sequence_id = next_sequence_id()
+        restored = seq.client.open_prefix(seq.sequence_id, ids[:-1])
+        if restored > len(ids) - 1:
+            raise p.ProtocolError("OPEN_PREFIX_REPLY: restored_tokens %d, expected at most %d "
+                                  "(the ids sent)" % (restored, len(ids) - 1))
+        self.counters["prefix_open_s"] += time.perf_counter() - t0
+        if restored:
+            self._load_restored(restored)
+        self.prefix_restored = restored
+        self.counters["prefix_restored_tokens"] += restored
+        return restored
+
+    def _load_restored(self, m: int) -> None:
+        """The daemon sequence holds positions 0 .. m-1: every layer takes them (dense FETCH of
+        all layers), so get_seq_length() is m and the next step starts at position m."""
+        for layer in self.layers:
+            layer._reserve(m)
+            layer.held = layer.seen = m
+        self.appended = m
+        seq = self.seqs[0]
+        # How the daemon stores appended rows is learned again from the first APPEND.
+        seq.mark_dirty(None)
+        self._fetch([0])
+
+    def _maybe_save_prefix(self) -> None:
+        """After a step's APPEND: SAVE_PREFIX of the prompt once the sequence holds exactly it.
+        Failures other than a lost session are recorded, never raised (see the module doc)."""
+        if not self._save_pending or self.appended < len(self.prefix_ids):
+            return
+        self._save_pending = False
+        if self.appended != len(self.prefix_ids):
+            self.prefix_error = ("the first steps ran %d tokens, not the %d of the prompt given "
+                                 "to open_prefix: nothing saved" % (self.appended,
+                                                                    len(self.prefix_ids)))
+            return
+        try:
+            self._save(self.prefix_ids)
+        except SessionLostError:
+            raise
+        except KvctlError as e:  # The sequence is unchanged by SAVE_PREFIX: go on without it.
+            self.prefix_error = str(e)
+            warnings.warn("KvctlCache(prefix_reuse=True): the prompt's prefix was not saved: %s"
+                          % e, RuntimeWarning, stacklevel=2)
+
+    def _save(self, ids: np.ndarray) -> Tuple[int, int]:
+        seq = self.seqs[0]
+        t0 = time.perf_counter()
+        saved = seq.client.save_prefix(seq.sequence_id, ids)
+        self.counters["prefix_save_s"] += time.perf_counter() - t0
+        self.counters["prefix_saved_tokens"] += saved[0]
+        self.prefix_saved = saved
+        self.prefix_error = None
+        return saved
+
+    def save_prefix(self, input_ids=None) -> Tuple[int, int]:
+        """SAVE_PREFIX now (after sync()): input_ids are the ids of every token the sequence
+        holds ([1, T] or [T], T = get_seq_length() after sync(); e.g. out.sequences[:, :T] after
+        generate), default the prompt given to open_prefix. Returns (saved_tokens,
+        stored_bytes). Raises ValueError naming input_ids for a wrong count, ServerError from the
+        daemon (FAILED_PRECONDITION without a tier, UNAVAILABLE, RESOURCE_EXHAUSTED)."""
+        self._require_prefix_reuse("save_prefix")
+        self._save_pending = False  # This call saves; sync() must not save the prompt first.
+        self.sync()
+        if input_ids is None:
+            if self.prefix_ids is None:
+                raise ValueError("save_prefix: input_ids not given and no prompt from "
+                                 "open_prefix; pass the ids of the tokens the sequence holds")
+            ids = self.prefix_ids
+        else:
+            ids = prompt_ids(input_ids)
+        if len(ids) != self.appended:
+            raise ValueError("input_ids: got %d ids, expected %d (every token the sequence "
+                             "holds, in order)" % (len(ids), self.appended))
+        try:
+            return self._save(ids)
+        except SessionLostError as e:
+            raise self._session_lost(e) from None
