@@ -1,7 +1,8 @@
 # kvctl_cc_library(NAME name SRCS ... DEPS ... [PUBLIC_DEPS ...])
 #   One library per source folder; our warnings apply to our code only.
-# kvctl_cc_test(NAME name SRCS ... DEPS ...)
-#   Adds the sources to the shared Catch2 test binary of the calling folder group.
+# kvctl_cc_test(NAME name SRCS ... DEPS ... [PROPERTIES prop value ...])
+#   Adds the sources to the shared Catch2 test binary of the calling folder group; PROPERTIES
+#   (LABELS, FIXTURES_REQUIRED, TIMEOUT, ...) go to every test case it discovers.
 set(KVCTL_WARNINGS -Wall -Wextra)
 if(KVCTL_WERROR)
   list(APPEND KVCTL_WARNINGS -Werror)
@@ -24,11 +25,11 @@ endfunction()
 
 # One Catch2 executable per test folder; every TEST_CASE becomes its own CTest test.
 function(kvctl_cc_test)
-  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;PROPERTIES" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_compile_options(${ARG_NAME} PRIVATE ${KVCTL_WARNINGS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} kvctl_catch_main)
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: "
-                       PROPERTIES SKIP_RETURN_CODE 77)
+                       PROPERTIES SKIP_RETURN_CODE 77 ${ARG_PROPERTIES})
 endfunction()

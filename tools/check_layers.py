@@ -18,22 +18,23 @@ ALLOWED = {
     "kernels": ["common"],
     "policies": ["kernels", "common"],
     "ipc": ["common"],
+    "tier": ["common"],
     "controller/pool": ["kernels", "common"],
     "controller/config": ["controller/pool", "policies", "kernels", "common"],
     "controller/sequence": ["controller/config", "controller/pool", "policies", "kernels",
                             "common"],
     "controller/stats": ["common"],
     "controller/service": ["controller/sequence", "controller/stats", "controller/config",
-                           "controller/pool", "ipc", "policies", "kernels", "common"],
+                           "controller/pool", "ipc", "tier", "policies", "kernels", "common"],
     "controller/daemon": ["controller/service", "controller/sequence", "controller/stats",
-                          "controller/config", "controller/pool", "ipc", "policies", "kernels",
-                          "common"],
+                          "controller/config", "controller/pool", "ipc", "tier", "policies",
+                          "kernels", "common"],
     "tests/support": ["common"],
     "bindings": ["ipc", "kernels", "common"],
     # kvbench ipc measures the daemon and the Controller in-process, so tools sit on top of all.
     "tools": ["controller/daemon", "controller/service", "controller/sequence",
-              "controller/stats", "controller/config", "controller/pool", "ipc", "policies",
-              "kernels", "common", "tests/support"],
+              "controller/stats", "controller/config", "controller/pool", "ipc", "tier",
+              "policies", "kernels", "common", "tests/support"],
     "tests": None,  # Tests may include anything.
 }
 SOURCE_SUFFIXES = {".h", ".cc", ".cu", ".cuh", ".inc"}

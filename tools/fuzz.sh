@@ -9,6 +9,9 @@
 #   tools/fuzz.sh [SECONDS]
 #   tools/fuzz.sh --build-only        configure and build only (tools/sanitize.sh shares the dir)
 #   tools/fuzz.sh --no-build SECONDS  run an existing build
+#   tools/fuzz.sh --image SECONDS     build, then fuzz sequence images instead (tests/fuzz/
+#                                     image_fuzz.cc: ReadImageInfo + ImportImage) from the seeds in
+#                                     tests/fuzz/image_seeds/, artifacts in build-fuzz/image-*
 #   KVCTL_FUZZ_CORPUS=DIR   keep the grown corpus in DIR across runs (default: a fresh one)
 #   KVCTL_FUZZ_ARGS="..."   extra libFuzzer flags (e.g. -use_value_profile=1)
 #   KVCTL_FUZZ_BUILD=DIR    build dir (default build-fuzz); KVCTL_JOBS: build jobs
@@ -20,6 +23,7 @@ MODE=run
 case ${1:-} in
   --build-only) MODE=build-only ;;
   --no-build) MODE=no-build; shift ;;
+  --image) MODE=image; shift ;;
 esac
 BUDGET=${1:-60}
 BUILD=${KVCTL_FUZZ_BUILD:-build-fuzz}
@@ -38,6 +42,7 @@ build() {
     "-DCMAKE_CXX_FLAGS=$SANITIZE_FLAGS" >/dev/null
   # Build output (clang warnings on code written for g++) goes to a file, shown on failure.
   if ! cmake --build "$BUILD" -j "$JOBS" --target kvctl_request_fuzz kvctl_fuzz_seeds \
+    kvctl_image_fuzz \
     >"$BUILD/build.log" 2>&1; then
     tail -50 "$BUILD/build.log"
     exit 1
@@ -48,15 +53,26 @@ build() {
 if [ "$MODE" != no-build ]; then build; fi
 if [ "$MODE" = build-only ]; then exit 0; fi
 
-FUZZER=$BUILD/bin/kvctl_request_fuzz
-SEEDS=$BUILD/fuzz-seeds
-CORPUS=${KVCTL_FUZZ_CORPUS:-$BUILD/fuzz-corpus}
-ARTIFACTS=$BUILD/fuzz-artifacts
-LOG=$BUILD/fuzz.log
-rm -rf "$SEEDS" "$ARTIFACTS"
+if [ "$MODE" = image ]; then
+  FUZZER=$BUILD/bin/kvctl_image_fuzz
+  SEEDS=tests/fuzz/image_seeds
+  CORPUS=${KVCTL_FUZZ_CORPUS:-$BUILD/image-corpus}
+  ARTIFACTS=$BUILD/image-artifacts
+  LOG=$BUILD/image-fuzz.log
+  MAX_LEN=131072
+  rm -rf "$ARTIFACTS"
+else
+  FUZZER=$BUILD/bin/kvctl_request_fuzz
+  SEEDS=$BUILD/fuzz-seeds
+  CORPUS=${KVCTL_FUZZ_CORPUS:-$BUILD/fuzz-corpus}
+  ARTIFACTS=$BUILD/fuzz-artifacts
+  LOG=$BUILD/fuzz.log
+  MAX_LEN=16384
+  rm -rf "$SEEDS" "$ARTIFACTS"
+fi
 [ -z "${KVCTL_FUZZ_CORPUS:-}" ] && rm -rf "$CORPUS"
 mkdir -p "$CORPUS" "$ARTIFACTS"
-"$BUILD/bin/kvctl_fuzz_seeds" "$SEEDS"
+[ "$MODE" = image ] || "$BUILD/bin/kvctl_fuzz_seeds" "$SEEDS"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -78,7 +94,7 @@ report_failure() {
 }
 
 regressions=(tests/fuzz/regressions/*.in)
-if [ -e "${regressions[0]}" ]; then
+if [ "$MODE" != image ] && [ -e "${regressions[0]}" ]; then
   rc=0
   run_fuzzer -runs=1 "${regressions[@]}" || rc=$?
   if [ "$rc" -ne 0 ]; then report_failure "$rc"; exit 1; fi
@@ -87,7 +103,7 @@ fi
 
 rc=0
 # shellcheck disable=SC2086  # KVCTL_FUZZ_ARGS is a list of flags.
-run_fuzzer -max_total_time="$BUDGET" -print_final_stats=1 -max_len=16384 -timeout=60 \
+run_fuzzer -max_total_time="$BUDGET" -print_final_stats=1 -max_len=$MAX_LEN -timeout=60 \
   -artifact_prefix="$ARTIFACTS/" ${KVCTL_FUZZ_ARGS:-} "$CORPUS" "$SEEDS" || rc=$?
 
 final_stat() { grep -m1 "^stat::$1:" "$LOG" | awk '{print $2}'; }

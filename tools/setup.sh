@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake g++ make pkg-config libzmq3-dev cppzmq-dev libboost-dev libtomlplusplus-dev
   catch2 libspdlog-dev libcli11-dev libncurses-dev libbenchmark-dev tmux
-  clang-14 libclang-rt-14-dev libomp-14-dev)  # The last three: tools/fuzz.sh, tools/sanitize.sh.
+  clang-14 libclang-rt-14-dev libomp-14-dev  # These three: tools/fuzz.sh, tools/sanitize.sh.
+  libhiredis-dev redis-server redis-tools)  # These three: the cluster tier (tier/, docs/tier.md).
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -166,15 +166,16 @@ struct ModelConfig {
 
 // [tier]: the cluster tier (docs/tier.md). Every key is fixed for the daemon's life.
 struct TierConfig {
-  std::string nodes;            // Seed nodes "host:port,host:port"; "" = no tier.
-  std::string key_prefix;       // Every key the daemon writes starts with this and ':'.
-  int ttl_seconds = 0;          // Expiry of every key written; 0 = never.
-  uint64_t quota_bytes = 0;     // Most bytes of spilled sequences this daemon keeps in the tier.
-  int spill_idle_ms = 0;        // Spill sequences idle this long; 0 = never.
-  int prefix_block_tokens = 0;  // Granule of the prefix hash chain.
-  int timeout_ms = 0;           // Per command.
-  int connect_timeout_ms = 0;   // Per connection attempt.
-  uint64_t chunk_bytes = 0;     // Values are stored as chunks of at most this many bytes.
+  std::string nodes;         // Seed nodes "host:port,host:port"; "" = no tier.
+  std::string key_prefix;    // Every key the daemon writes starts with this and ':'.
+  int ttl_seconds = 0;       // Expiry of every key written; 0 = never.
+  uint64_t quota_bytes = 0;  // Most bytes of spilled sequences this daemon keeps in the tier.
+  int spill_idle_ms = 0;     // Spill sequences idle this long; 0 = never.
+  int spill_on_pressure_idle_ms = 0;  // A full pool spills sequences idle this long; 0 = never.
+  int prefix_block_tokens = 0;        // Granule of the prefix hash chain.
+  int timeout_ms = 0;                 // Per command.
+  int connect_timeout_ms = 0;         // Per connection attempt.
+  uint64_t chunk_bytes = 0;           // Values are stored as chunks of at most this many bytes.
   bool operator==(const TierConfig&) const = default;
 };
 

@@ -108,6 +108,16 @@ std::vector<ConfigOption> TierRows() {
            .env = "KVCTL_TIER_SPILL_IDLE_MS",
            .doc = "A sequence with no APPEND or FETCH for this long is written to the tier and "
                   "its pool pages are freed; its next APPEND or FETCH restores it. 0 = never."}),
+      Row<&Config::tier, &TierConfig::spill_on_pressure_idle_ms>(
+          {.key = "tier.spill_on_pressure_idle_ms",
+           .default_text = "0",
+           .min = 0,
+           .max = 86400000,
+           .flags = kImm,
+           .env = "KVCTL_TIER_SPILL_ON_PRESSURE_IDLE_MS",
+           .doc = "When an APPEND finds the pool full, sequences of any session idle at least "
+                  "this long are spilled to the tier, least recently used first, before widths "
+                  "are lowered for it (budget.pressure_scope = \"pool\"). 0 = never."}),
       Row<&Config::tier, &TierConfig::prefix_block_tokens>(
           {.key = "tier.prefix_block_tokens",
            .default_text = "16",

@@ -23,6 +23,7 @@
 #include "controller/daemon/http_server.h"
 #include "controller/daemon/sd_notify.h"
 #include "controller/service/dispatch.h"
+#include "controller/service/periodic_thread.h"
 #include "controller/service/scrubber.h"
 #include "controller/stats/metrics.h"
 #include "ipc/transport.h"
@@ -399,10 +400,16 @@ int Daemon::Run() {
                  server_->endpoint(), config.pool.bytes, controller_->shm_name());
   }
   std::unique_ptr<Scrubber> scrubber = Scrubber::Start(config.pool, controller_.get());
+  std::unique_ptr<PeriodicThread> tier_pass;
+  if (const auto interval = controller_->TierPassInterval(); interval.count() > 0) {
+    tier_pass = std::make_unique<PeriodicThread>(
+        interval, /*nice=*/0, [this] { controller_->TierPass(std::chrono::steady_clock::now()); });
+  }
   Notify("READY=1\nSTATUS=serving on " + server_->endpoint());
   impl.io.run();
   Notify("STOPPING=1");
 
+  tier_pass.reset();
   scrubber.reset();
   impl.http.reset();
   server_->Stop();  // Answers in-flight requests (workers are still running), removes the socket.

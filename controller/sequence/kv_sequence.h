@@ -251,6 +251,9 @@ class KvSequence {
   int64_t first_position() const { return first_position_; }
 
  private:
+  // Export and import of sequence images (controller/sequence/kv_sequence_image.cc) read and
+  // rebuild the stored state directly.
+  friend struct SequenceImageAccess;
   struct HeadStream;
   struct LayerState;
 

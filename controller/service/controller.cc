@@ -118,6 +118,7 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
 Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool,
                        std::string shm_name, std::unique_ptr<StagingObjects> staging)
     : pool_(std::move(pool)),
+      tier_(TierService::Create(config.tier)),
       host_memory_(EffectiveHostMemoryBytes(config)),
       shm_name_(std::move(shm_name)),
       staging_(std::move(staging)),
@@ -199,10 +200,18 @@ void Controller::RecordRequest(uint16_t type, std::chrono::microseconds latency,
 }
 
 void Controller::RetireSequence(SequenceEntry& entry) {
-  if (!entry.seq) return;
+  if (!entry.seq && !entry.spilled) return;
   host_memory_.Release(entry.host_bytes);
   entry.host_bytes = 0;
-  const HeadUsage q = entry.seq->QualityTotals();
+  HeadUsage q;
+  if (entry.spilled) {
+    // Its tier key is deleted by the next tier pass, never under the caller's locks.
+    if (entry.spilled->lost.ok()) tier_->ForgetSpill(entry.spilled->key, entry.spilled->bytes);
+    q = entry.spilled->quality;
+    entry.spilled.reset();
+  } else {
+    q = entry.seq->QualityTotals();
+  }
   {
     MutexLock lock(&retired_mu_);
     retired_quality_.quality_samples += q.quality_samples;
@@ -377,68 +386,70 @@ StatusOr<ipc::HelloReply> Controller::Hello(const ipc::HelloRequest& request, St
   return reply;
 }
 
+StatusOr<Controller::OpenTicket> Controller::ReserveOpen(uint64_t session_id, uint64_t sequence_id,
+                                                         SteadyTime now) {
+  MutexLock lock(&mu_);
+  KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, FindSessionLocked(session_id, now));
+  if (session->sequences.count(sequence_id)) {
+    return AlreadyExists("sequence_id: ", sequence_id, " is already open in session ", session_id);
+  }
+  if (session->sequences.size() >= static_cast<size_t>(config_.limits.max_sequences_per_session)) {
+    return ResourceExhausted("OPEN: session ", session_id, " has ", session->sequences.size(),
+                             " open sequences, limits.max_sequences_per_session is ",
+                             config_.limits.max_sequences_per_session);
+  }
+  OpenTicket ticket{.config = config_,
+                    .geometry = session->geometry,
+                    .model_name = session->model_name,
+                    .shape = HostShapeOf(config_, session->geometry)};
+  ticket.open_bytes = KvSequence::HostBytesAtOpen(ticket.shape);
+  KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("OPEN", ticket.open_bytes));
+  return ticket;
+}
+
+StatusOr<Controller::OpenPlan> Controller::PlanOpen(const Config& config,
+                                                    const std::string& model_name,
+                                                    const ipc::Geometry& g) {
+  OpenPlan plan;
+  std::vector<int64_t> head_caps;
+  JointPlanInput joint_input;
+  KVCTL_ASSIGN_OR_RETURN(plan.plans, PlanLayers(config, model_name, g, &head_caps, &joint_input));
+  const auto shape = ShapeOf(g, plan.plans[0].rules, plan.plans[0].lossless);
+  KVCTL_ASSIGN_OR_RETURN(plan.eviction, ResolveEviction(config, shape, head_caps));
+  KVCTL_ASSIGN_OR_RETURN(plan.pressure, ResolvePressure(config, shape, &joint_input));
+  plan.outlook = CompressionOutlookOf(config, shape, plan.plans, plan.eviction);
+  plan.geometry = SequenceGeometry{.layers = static_cast<int>(g.layers),
+                                   .kv_heads = static_cast<int>(g.kv_heads),
+                                   .head_dim = static_cast<int>(g.head_dim),
+                                   .dtype = g.dtype,
+                                   .quality_sample_period = config.server.quality_sample_period,
+                                   .q_heads = static_cast<int>(g.q_heads)};
+  return plan;
+}
+
 Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
   // Checks and the host-memory reservation under mu_; planning and building the sequence (the
   // allocations, which grow with the geometry) outside it, so a big OPEN never stalls others.
-  Config config;
-  ipc::Geometry g;
-  std::string model_name;
-  HostShape shape;
-  uint64_t open_bytes = 0;
-  {
-    MutexLock lock(&mu_);
-    KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                           FindSessionLocked(request.session_id, now));
-    if (session->sequences.count(request.sequence_id)) {
-      return AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
-                           request.session_id);
-    }
-    if (session->sequences.size() >=
-        static_cast<size_t>(config_.limits.max_sequences_per_session)) {
-      return ResourceExhausted("OPEN: session ", request.session_id, " has ",
-                               session->sequences.size(),
-                               " open sequences, limits.max_sequences_per_session is ",
-                               config_.limits.max_sequences_per_session);
-    }
-    config = config_;
-    g = session->geometry;
-    model_name = session->model_name;
-    shape = HostShapeOf(config, g);
-    open_bytes = KvSequence::HostBytesAtOpen(shape);
-    KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("OPEN", open_bytes));
-  }
-  CompressionOutlook outlook;
-  StatusOr<std::unique_ptr<KvSequence>> built = [&]() -> StatusOr<std::unique_ptr<KvSequence>> {
-    std::vector<int64_t> head_caps;
-    JointPlanInput joint_input;
-    KVCTL_ASSIGN_OR_RETURN(std::vector<LayerPlan> plans,
-                           PlanLayers(config, model_name, g, &head_caps, &joint_input));
-    KVCTL_ASSIGN_OR_RETURN(
-        EvictionSettings eviction,
-        ResolveEviction(config, ShapeOf(g, plans[0].rules, plans[0].lossless), head_caps));
-    KVCTL_ASSIGN_OR_RETURN(
-        PressureSettings pressure,
-        ResolvePressure(config, ShapeOf(g, plans[0].rules, plans[0].lossless), &joint_input));
-    outlook = CompressionOutlookOf(config, ShapeOf(g, plans[0].rules, plans[0].lossless), plans,
-                                   eviction);
-    return std::make_unique<KvSequence>(
-        pool_.get(),
-        SequenceGeometry{.layers = static_cast<int>(g.layers),
-                         .kv_heads = static_cast<int>(g.kv_heads),
-                         .head_dim = static_cast<int>(g.head_dim),
-                         .dtype = g.dtype,
-                         .quality_sample_period = config.server.quality_sample_period,
-                         .q_heads = static_cast<int>(g.q_heads)},
-        std::move(plans), std::move(eviction), std::move(pressure));
-  }();
-  if (!built.ok()) {
-    host_memory_.Release(open_bytes);
-    return built.status();
+  KVCTL_ASSIGN_OR_RETURN(OpenTicket t, ReserveOpen(request.session_id, request.sequence_id, now));
+  StatusOr<OpenPlan> plan = PlanOpen(t.config, t.model_name, t.geometry);
+  if (!plan.ok()) {
+    host_memory_.Release(t.open_bytes);
+    return plan.status();
   }
   // Its host_bytes (open_bytes) are released by RetireSequence.
-  auto entry = std::make_shared<SequenceEntry>(now, std::move(built).value(), shape, open_bytes,
-                                               std::move(outlook));
+  auto entry = std::make_shared<SequenceEntry>(
+      now,
+      std::make_unique<KvSequence>(pool_.get(), plan->geometry, std::move(plan->plans),
+                                   std::move(plan->eviction), std::move(plan->pressure)),
+      t.shape, t.open_bytes, std::move(plan->outlook));
+  return InsertSequence(request.session_id, request.sequence_id, now, std::move(entry));
+}
+
+Status Controller::InsertSequence(uint64_t session_id, uint64_t sequence_id, SteadyTime now,
+                                  std::shared_ptr<SequenceEntry> entry) {
   MutexLock lock(&mu_);
+  StatusOr<std::shared_ptr<Session>> session = FindSessionLocked(session_id, now);
+  const std::string model_name = session.ok() ? (*session)->model_name : "";
   for (const CompressionWarning& w : entry->outlook.warnings) {
     if (compression_warnings_logged_.insert(w.message).second) {
       spdlog::warn("OPEN{}: this configuration cannot compress ({}): {}",
@@ -446,18 +457,17 @@ Status Controller::Open(const ipc::OpenRequest& request, SteadyTime now) {
     }
   }
   // The session may have ended, or the same id been opened, while the sequence was built.
-  StatusOr<std::shared_ptr<Session>> session = FindSessionLocked(request.session_id, now);
   Status inserted = session.status();
-  if (inserted.ok() && (*session)->sequences.count(request.sequence_id)) {
-    inserted = AlreadyExists("sequence_id: ", request.sequence_id, " is already open in session ",
-                             request.session_id);
+  if (inserted.ok() && (*session)->sequences.count(sequence_id)) {
+    inserted =
+        AlreadyExists("sequence_id: ", sequence_id, " is already open in session ", session_id);
   }
   if (!inserted.ok()) {
     MutexLock seq_lock(&entry->mu);
     RetireSequence(*entry);
     return inserted;
   }
-  (*session)->sequences[request.sequence_id] = entry;
+  (*session)->sequences[sequence_id] = std::move(entry);
   return OkStatus();
 }
 
@@ -494,9 +504,9 @@ StatusOr<ipc::ByeReply> Controller::Bye(const ipc::ByeRequest& request, SteadyTi
   }
   ipc::ByeReply reply;
   for (auto& [id, entry] : session->sequences) {
-    MutexLock seq_lock(&entry->mu);  // Waits for an APPEND or FETCH in flight.
-    if (!entry->seq) continue;       // Closed meanwhile by its own CLOSE.
-    reply.bytes_freed += entry->seq->Usage().pool_bytes;
+    MutexLock seq_lock(&entry->mu);                // Waits for an APPEND or FETCH in flight.
+    if (!entry->seq && !entry->spilled) continue;  // Closed meanwhile by its own CLOSE.
+    if (entry->seq) reply.bytes_freed += entry->seq->Usage().pool_bytes;
     ++reply.sequences_closed;
     RetireSequence(*entry);
   }
@@ -596,7 +606,10 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     return defer();
   }
   MutexLock seq_lock(&entry->mu, AdoptLock{});
+  if (deferred != nullptr && entry->spilled) return defer();  // Restoring is a worker's job.
+  KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+  entry->last_used = now;
   if (deferred != nullptr && !entry->seq->AppendIsLight(request.n_tokens)) return defer();
   if (request.first_position > static_cast<uint64_t>(ipc::kMaxPosition)) {
     return InvalidArgument("first_position: got ", request.first_position, ", expected < 2^62");
@@ -635,11 +648,13 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
   }
   if (appended.code() == StatusCode::kResourceExhausted) {
-    // The failed APPEND changed nothing, so the sequence's lock can go while others are lowered
+    // The failed APPEND changed nothing, so the sequence's lock can go while others are spilled
+    // to the tier or lowered
     // (taking mu_ while holding it would invert the mu_ -> sequence order of STATS and CLOSE).
     const int64_t shortfall = entry->seq->last_shortfall_pages();
     seq_lock.Unlock();
-    const int64_t freed = LowerOthersForPool(*entry, shortfall);
+    int64_t freed = SpillOthersForPool(*entry, shortfall, now);
+    if (freed < shortfall) freed += LowerOthersForPool(*entry, shortfall - freed);
     seq_lock.Lock();
     if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
     if (freed > 0) {
@@ -703,7 +718,13 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     return Unavailable("deferred to a worker");
   }
   MutexLock seq_lock(&entry->mu, AdoptLock{});
+  if (deferred != nullptr && entry->spilled) {  // Restoring is a worker's job.
+    *deferred = true;
+    return Unavailable("deferred to a worker");
+  }
+  KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+  entry->last_used = now;
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
   // Fail closed: nothing is read or referred to unless its pages still match their checksums.

@@ -23,6 +23,7 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/host_memory.h"
 #include "controller/sequence/kv_sequence.h"
+#include "controller/service/tier_service.h"
 #include "controller/stats/stats.h"
 #include "ipc/messages.h"
 #include "ipc/server.h"
@@ -85,6 +87,14 @@ class Controller {
   StatusOr<std::string> Stats(const ipc::StatsRequest& request, SteadyTime now)
       KVCTL_EXCLUDES(mu_, retired_mu_);
 
+  // One pass of the cluster tier's housekeeping (controller_tier.cc), run by the daemon every
+  // tier.spill_idle_ms / 4 (at most once a second): sends queued key deletions and spills the
+  // sequences idle for tier.spill_idle_ms (a sequence busy with a request is skipped). No-op
+  // without a tier.
+  void TierPass(SteadyTime now) KVCTL_EXCLUDES(mu_);
+  // The interval the daemon runs TierPass at; 0 = it need not.
+  std::chrono::milliseconds TierPassInterval() const;
+
   // Frees every session whose lease ran out by `now`; returns how many.
   int ExpireLeases(SteadyTime now) KVCTL_EXCLUDES(mu_);
 
@@ -127,12 +137,30 @@ class Controller {
           seq(std::move(seq)),
           host_bytes(open_host_bytes) {}
 
+    // A sequence written to the cluster tier, its pool pages freed (controller_tier.cc): what
+    // restoring it needs besides the image.
+    struct Spilled {
+      std::string key;          // Its tier key.
+      uint64_t bytes = 0;       // Image bytes stored.
+      int64_t kept_tokens = 0;  // Summed over (layer, head): its host memory when restored.
+      SequenceGeometry geometry;
+      std::string model_name;
+      EvictionSettings eviction;
+      PressureSettings pressure;
+      HeadUsage quality;  // QualityTotals at the spill, for the lifetime totals if never restored.
+      Status lost;        // Once a restore found the tier lost it: what every request answers.
+    };
+
     const SteadyTime opened;
     const HostShape shape;
     const uint64_t open_host_bytes;    // KvSequence::HostBytesAtOpen(shape).
     const CompressionOutlook outlook;  // Whether its settings can compress (STATS, the log).
     Mutex mu;
-    std::unique_ptr<KvSequence> seq KVCTL_GUARDED_BY(mu);  // Null once retired.
+    // Null once retired, or while spilled.
+    std::unique_ptr<KvSequence> seq KVCTL_GUARDED_BY(mu);
+    std::optional<Spilled> spilled KVCTL_GUARDED_BY(mu);  // Set while in the tier.
+    bool spill_refused KVCTL_GUARDED_BY(mu) = false;      // Its image cannot be exported.
+    SteadyTime last_used KVCTL_GUARDED_BY(mu) = opened;   // Last APPEND, FETCH or SAVE_PREFIX.
     // Charged to the host budget now (0 once retired).
     uint64_t host_bytes KVCTL_GUARDED_BY(mu);
   };
@@ -154,6 +182,45 @@ class Controller {
   // that many are free; returns the pages freed. It takes mu_, then try-locks the others.
   int64_t LowerOthersForPool(const SequenceEntry& self, int64_t pages) KVCTL_EXCLUDES(mu_, self.mu);
 
+  // What OPEN resolves from the config for a new sequence of geometry g (controller.cc).
+  struct OpenPlan {
+    SequenceGeometry geometry;
+    std::vector<LayerPlan> plans;
+    EvictionSettings eviction;
+    PressureSettings pressure;
+    CompressionOutlook outlook;
+  };
+  static StatusOr<OpenPlan> PlanOpen(const Config& config, const std::string& model_name,
+                                     const ipc::Geometry& g);
+  // OPEN's checks and host-memory reservation under mu_: the config, geometry and model of the
+  // session, and the bytes reserved (released by RetireSequence once the entry exists).
+  struct OpenTicket {
+    Config config;
+    ipc::Geometry geometry;
+    std::string model_name;
+    HostShape shape;
+    uint64_t open_bytes = 0;
+  };
+  StatusOr<OpenTicket> ReserveOpen(uint64_t session_id, uint64_t sequence_id, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  // Puts a built sequence in its session's table (the session may have ended or the id been
+  // taken meanwhile: then the sequence is retired and the error returned).
+  Status InsertSequence(uint64_t session_id, uint64_t sequence_id, SteadyTime now,
+                        std::shared_ptr<SequenceEntry> entry) KVCTL_EXCLUDES(mu_);
+  // Restores a spilled sequence into the pool (controller_tier.cc): OK when it is resident,
+  // UNAVAILABLE when the tier cannot be reached now (still spilled), RESOURCE_EXHAUSTED when the
+  // pool lacks pages (still spilled), DATA_LOSS once the tier lost it.
+  Status EnsureResident(SequenceEntry& entry, uint64_t sequence_id) KVCTL_REQUIRES(entry.mu);
+  // Writes a resident sequence to the tier and frees its pool pages; false when it stays
+  // resident (export refused, quota, cluster error: counted and logged).
+  bool SpillLocked(SequenceEntry& entry, uint64_t sequence_id, const std::string& model_name)
+      KVCTL_REQUIRES(entry.mu);
+  // tier.spill_on_pressure_idle_ms: after `self`'s APPEND lacked `pages` pool pages, spills other
+  // sequences idle at least that long, least recently used first, until that many pages are
+  // free; returns the pages freed.
+  int64_t SpillOthersForPool(const SequenceEntry& self, int64_t pages, SteadyTime now)
+      KVCTL_EXCLUDES(mu_, self.mu);
+
   // The session record's own host memory (controller.cc).
   static uint64_t SessionHostBytes();
   // HELLO's checks that a geometry can be served at all: each (layer, KV head) stream needs a
@@ -165,7 +232,8 @@ class Controller {
   void WritePoolSection(std::ostream& out) const;
 
   const std::unique_ptr<PageAllocator> pool_;
-  HostMemoryBudget host_memory_;  // limits.host_memory_bytes; internally synchronized.
+  const std::unique_ptr<TierService> tier_;  // Null without a tier (tier.nodes = "").
+  HostMemoryBudget host_memory_;             // limits.host_memory_bytes; internally synchronized.
   const std::string shm_name_;
   // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
   const std::unique_ptr<StagingObjects> staging_;

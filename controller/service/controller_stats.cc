@@ -21,8 +21,8 @@
 namespace kvctl {
 namespace {
 
-const char* const kSections[] = {"server", "pool",   "sequences", "layers",
-                                 "heads",  "policy", "ipc",       "quality"};
+const char* const kSections[] = {"server", "pool", "sequences", "layers", "heads",
+                                 "policy", "ipc",  "quality",   "tier"};
 
 struct HeadTotals {
   int64_t tokens = 0;
@@ -299,6 +299,44 @@ void CapStatsText(std::string* text) {
   *text += "stats_truncated_bytes:" + std::to_string(dropped) + "\n";
 }
 
+// The cluster tier (docs/stats.md "# Tier"); tier_enabled:0 and nothing else without one.
+void WriteTierSection(const TierService* tier, std::ostream& out) {
+  out << "# Tier\n"
+      << "tier_enabled:" << (tier != nullptr) << "\n";
+  if (tier == nullptr) return;
+  const TierCounters c = tier->counters();
+  out << "tier_connected:" << c.connected << "\n"
+      << "tier_spilled_sequences:" << c.spilled_sequences << "\n"
+      << "tier_spilled_bytes:" << c.spilled_bytes << "\n"
+      << "tier_quota_bytes:" << tier->config().quota_bytes << "\n"
+      << "tier_spills_total:" << c.spills << "\n"
+      << "tier_spill_failures_total:" << c.spill_failures << "\n"
+      << "tier_spills_over_quota_total:" << c.spills_over_quota << "\n"
+      << "tier_spills_refused_total:" << c.spills_refused << "\n"
+      << "tier_restores_total:" << c.restores << "\n"
+      << "tier_restore_failures_total:" << c.restore_failures << "\n"
+      << "tier_spilled_lost_total:" << c.spilled_lost << "\n"
+      << "tier_spill_us_total:" << c.spill_us_total << "\n"
+      << "tier_restore_us_total:" << c.restore_us_total << "\n"
+      << "tier_prefix_saves_total:" << c.prefix_saves << "\n"
+      << "tier_prefix_save_failures_total:" << c.prefix_save_failures << "\n"
+      << "tier_prefix_saved_bytes_total:" << c.prefix_saved_bytes << "\n"
+      << "tier_prefix_lookups_total:" << c.prefix_lookups << "\n"
+      << "tier_prefix_hits_total:" << c.prefix_hits << "\n"
+      << "tier_prefix_misses_total:" << c.prefix_misses << "\n"
+      << "tier_prefix_lookup_failures_total:" << c.prefix_lookup_failures << "\n"
+      << "tier_prefix_restored_tokens_total:" << c.prefix_restored_tokens << "\n"
+      << "tier_deletes_pending:" << c.deletes_pending << "\n"
+      << "tier_delete_failures_total:" << c.delete_failures << "\n"
+      << "tier_commands_total:" << c.commands_total << "\n"
+      << "tier_command_errors_total:" << c.errors_total << "\n"
+      << "tier_moved_total:" << c.moved_total << "\n"
+      << "tier_ask_total:" << c.ask_total << "\n"
+      << "tier_reconnects_total:" << c.reconnects_total << "\n"
+      << "tier_bytes_written_total:" << c.bytes_written_total << "\n"
+      << "tier_bytes_read_total:" << c.bytes_read_total << "\n";
+}
+
 }  // namespace
 
 void Controller::SetServerInfo(std::string endpoint,
@@ -322,7 +360,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
       std::find(std::begin(kSections), std::end(kSections), want) == std::end(kSections)) {
     return InvalidArgument("section: got \"", request.section,
                            "\", expected empty or one of server, pool, sequences, layers, heads, "
-                           "policy, ipc, quality, config");
+                           "policy, ipc, quality, tier, config");
   }
   auto show = [&](const char* s) { return want.empty() || want == s; };
 
@@ -383,6 +421,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     }
     WriteQualitySection(sums.heads, retired, config.server.quality_sample_period, out);
   }
+  if (show("tier")) WriteTierSection(tier_.get(), out);
   std::string text = out.str();
   CapStatsText(&text);
   return text;

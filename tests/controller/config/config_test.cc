@@ -136,6 +136,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"tier.ttl_seconds", "86400"},
       {"tier.quota_bytes", "\"1GiB\""},
       {"tier.spill_idle_ms", "0"},
+      {"tier.spill_on_pressure_idle_ms", "0"},
       {"tier.prefix_block_tokens", "16"},
       {"tier.timeout_ms", "1000"},
       {"tier.connect_timeout_ms", "200"},

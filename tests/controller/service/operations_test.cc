@@ -105,7 +105,7 @@ TEST_CASE("Operations: STATS section \"config\" is the effective config, only on
   StatusOr<std::string> bad = c->Stats({.section = "configs"}, Clock::now());
   CHECK(bad.status().message() ==
         "section: got \"configs\", expected empty or one of server, pool, sequences, layers, "
-        "heads, policy, ipc, quality, config");
+        "heads, policy, ipc, quality, tier, config");
 }
 
 TEST_CASE("Operations: Reload reports each change, and applies none when one needs a restart",

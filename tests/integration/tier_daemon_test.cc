@@ -1,0 +1,303 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// The cluster tier end to end: real kvctl daemons, standing for two nodes, against the real
+// 3-master Redis Cluster the CTest fixture "tier_cluster" starts (tools/redis_cluster.sh).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/half.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/support/synthetic_kv.h"
+
+namespace kvctl {
+namespace {
+
+using testing::DaemonProcess;
+
+constexpr int kLayers = 2, kHeads = 2, kDim = 64;
+constexpr size_t kRow = static_cast<size_t>(kHeads) * kDim;
+
+std::string Seeds(int base_port) {
+  return "127.0.0.1:" + std::to_string(base_port) + ",127.0.0.1:" + std::to_string(base_port + 1);
+}
+
+// [pool] keys, then a [tier] on the shared cluster with a key prefix of this test process, so
+// keys of an earlier run never answer for this one.
+std::string TierToml(const std::string& extra_tier = "", int base_port = KVCTL_TIER_BASE_PORT) {
+  return "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n[tier]\nnodes = \"" + Seeds(base_port) +
+         "\"\nkey_prefix = \"it" + std::to_string(getpid()) + "\"\nprefix_block_tokens = 16\n" +
+         extra_tier;
+}
+
+// [layers, tokens, heads, d] fp16 of a synthetic stream (K or V).
+std::vector<uint16_t> MakeFp16(int64_t tokens, uint64_t seed, bool values) {
+  std::vector<uint16_t> out;
+  for (int l = 0; l < kLayers; ++l) {
+    SyntheticKv kv = GenerateSyntheticKv(
+        {.tokens = tokens, .heads = kHeads, .head_dim = kDim, .seed = seed * 100 + l});
+    for (float x : values ? kv.v : kv.k) out.push_back(FloatToHalf(x));
+  }
+  return out;
+}
+
+// Tokens [first, first + n) of a [layers, tokens, ...] buffer.
+std::vector<uint16_t> Slice(const std::vector<uint16_t>& all, int64_t tokens, int64_t first,
+                            int64_t n) {
+  std::vector<uint16_t> out;
+  for (int l = 0; l < kLayers; ++l) {
+    const auto begin = all.begin() + static_cast<std::ptrdiff_t>((l * tokens + first) * kRow);
+    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(n * kRow));
+  }
+  return out;
+}
+
+StatusOr<ipc::AppendReply> Append(ipc::Client& c, uint64_t sid, uint64_t seq,
+                                  const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                                  int64_t total, int64_t first, int64_t n) {
+  const auto ks = Slice(k, total, first, n), vs = Slice(v, total, first, n);
+  return c.AppendInline({sid, seq, static_cast<uint64_t>(first), static_cast<uint32_t>(n)},
+                        {reinterpret_cast<const std::byte*>(ks.data()), ks.size() * 2},
+                        {reinterpret_cast<const std::byte*>(vs.data()), vs.size() * 2});
+}
+
+uint64_t Hello(ipc::Client& c, const std::string& model = "tier-model") {
+  auto hello = c.Hello({.client_name = "it",
+                        .model_name = model,
+                        .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}});
+  REQUIRE(hello.ok());
+  return hello->session_id;
+}
+
+// Per (layer, head), the fp32 K and V rows of the first `tokens` positions of a dense FETCH.
+struct Rows {
+  std::vector<std::vector<float>> k, v;
+};
+Rows FirstRows(const ipc::FetchDenseReply& f, int64_t tokens) {
+  Rows out;
+  const auto* fk = static_cast<const float*>(f.k.data());
+  const auto* fv = static_cast<const float*>(f.v.data());
+  const auto* pos = static_cast<const int64_t*>(f.positions.data());
+  size_t r = 0;
+  for (uint32_t count : f.counts) {
+    std::vector<float> k, v;
+    for (uint32_t i = 0; i < count; ++i, ++r) {
+      if (pos[r] >= tokens) continue;
+      k.insert(k.end(), fk + r * kDim, fk + (r + 1) * kDim);
+      v.insert(v.end(), fv + r * kDim, fv + (r + 1) * kDim);
+    }
+    out.k.push_back(std::move(k));
+    out.v.push_back(std::move(v));
+  }
+  return out;
+}
+
+uint64_t StatsField(ipc::Client& c, const std::string& section, const std::string& field) {
+  auto text = c.Stats(0, section);
+  REQUIRE(text.ok());
+  const size_t at = text->find("\n" + field + ":");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(text->substr(at + field.size() + 2));
+}
+
+// Polls STATS until field reaches `want` (30 s at most: the machine may be saturated).
+bool WaitForStat(ipc::Client& c, const std::string& field, uint64_t want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (StatsField(c, "tier", field) >= want) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+std::vector<int32_t> Ids(int64_t n, int32_t first = 1000) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = first + static_cast<int32_t>(i * 37 % 4999);
+  return ids;
+}
+
+TEST_CASE("Tier: a prefix saved through one daemon is restored by another, row for row",
+          "[integration][tier]") {
+  DaemonProcess node_a(TierToml(), "", "a"), node_b(TierToml(), "", "b");
+  auto a = node_a.Connect();
+  auto b = node_b.Connect();
+  const uint64_t sa = Hello(*a), sb = Hello(*b);
+  const int64_t total = 300;
+  const auto k = MakeFp16(total, 3, false), v = MakeFp16(total, 3, true);
+  REQUIRE(a->Open(sa, 1).ok());
+  REQUIRE(Append(*a, sa, 1, k, v, total, 0, 200).ok());
+  for (int64_t t = 200; t < total; ++t) REQUIRE(Append(*a, sa, 1, k, v, total, t, 1).ok());
+  const std::vector<int32_t> ids = Ids(total);
+
+  // Wrong token count: named, nothing stored.
+  auto short_save = a->SavePrefix(sa, 1, std::span(ids).first(10));
+  CHECK(short_save.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(short_save.status().message(), Catch::Contains("tokens: got 10 ids, expected 300"));
+
+  auto saved = a->SavePrefix(sa, 1, ids);
+  REQUIRE(saved.ok());
+  // The default quantizer (KVarN, 128 sinks, 128-token flush): records end at 256, so the longest
+  // exact cut at a multiple of 16 is 288 (the fp16 tail trimmed from 300).
+  CHECK(saved->saved_tokens == 288);
+  CHECK(saved->stored_bytes > 0);
+  auto fa = a->FetchDense(sa, 1, 0, kLayers, DType::kF32);
+  REQUIRE(fa.ok());
+
+  // Another daemon, a longer prompt with the same start: the stored 288 tokens come back.
+  std::vector<int32_t> prompt = ids;
+  for (int i = 0; i < 40; ++i) prompt.push_back(7 + i);
+  auto opened = b->OpenPrefix(sb, 9, prompt);
+  REQUIRE(opened.ok());
+  REQUIRE(opened->restored_tokens == 288);
+  auto fb = b->FetchDense(sb, 9, 0, kLayers, DType::kF32);
+  REQUIRE(fb.ok());
+  const Rows want = FirstRows(*fa, 288), got = FirstRows(*fb, 288);
+  for (uint32_t c : fb->counts) CHECK(c == 288);
+  for (size_t p = 0; p < want.k.size(); ++p) {
+    INFO("pair " << p);
+    REQUIRE(got.k[p].size() == 288u * kDim);
+    CHECK(std::memcmp(got.k[p].data(), want.k[p].data(), got.k[p].size() * 4) == 0);
+    CHECK(std::memcmp(got.v[p].data(), want.v[p].data(), got.v[p].size() * 4) == 0);
+  }
+  // The restored sequence goes on at position 288.
+  auto more = Append(*b, sb, 9, k, v, total, 288, 12);
+  REQUIRE(more.ok());
+  CHECK(more->tokens_total == 300);
+  CHECK(Append(*b, sb, 9, k, v, total, 0, 1).status().code() == StatusCode::kInvalidArgument);
+
+  // A prompt that differs in its first block, or another model, finds nothing.
+  std::vector<int32_t> other = prompt;
+  other[3] += 1;
+  auto miss = b->OpenPrefix(sb, 10, other);
+  REQUIRE(miss.ok());
+  CHECK(miss->restored_tokens == 0);
+  auto c = node_b.Connect();
+  const uint64_t sc = Hello(*c, "another-model");
+  auto other_model = c->OpenPrefix(sc, 1, prompt);
+  REQUIRE(other_model.ok());
+  CHECK(other_model->restored_tokens == 0);
+  CHECK(StatsField(*b, "tier", "tier_prefix_hits_total") == 1);
+  CHECK(StatsField(*b, "tier", "tier_prefix_misses_total") == 2);
+  CHECK(StatsField(*b, "tier", "tier_prefix_restored_tokens_total") == 288);
+  CHECK(node_a.Stop() == 0);
+  CHECK(node_b.Stop() == 0);
+}
+
+TEST_CASE("Tier: an idle sequence is spilled, its pages freed, and restored by its next FETCH",
+          "[integration][tier]") {
+  DaemonProcess node(TierToml("spill_idle_ms = 100\n"));
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  const int64_t total = 301;
+  const auto k = MakeFp16(total, 5, false), v = MakeFp16(total, 5, true);
+  REQUIRE(c->Open(sid, 1).ok());
+  REQUIRE(Append(*c, sid, 1, k, v, total, 0, 300).ok());
+  auto before = c->FetchDense(sid, 1, 0, kLayers, DType::kF32);
+  REQUIRE(before.ok());
+  REQUIRE(WaitForStat(*c, "tier_spills_total", 1));
+  CHECK(StatsField(*c, "tier", "tier_spilled_sequences") == 1);
+  CHECK(StatsField(*c, "pool", "bytes_used") == 0);  // Every page went back to the pool.
+  auto after = c->FetchDense(sid, 1, 0, kLayers, DType::kF32);
+  REQUIRE(after.ok());
+  CHECK(after->counts == before->counts);
+  CHECK(after->k.size() == before->k.size());
+  CHECK(std::memcmp(after->k.data(), before->k.data(), before->k.size()) == 0);
+  CHECK(std::memcmp(after->v.data(), before->v.data(), before->v.size()) == 0);
+  CHECK(std::memcmp(after->positions.data(), before->positions.data(), before->positions.size()) ==
+        0);
+  CHECK(StatsField(*c, "tier", "tier_restores_total") >= 1);
+  // It goes on where it was; it may be spilled and restored again meanwhile.
+  auto more = Append(*c, sid, 1, k, v, total, 300, 1);
+  REQUIRE(more.ok());
+  CHECK(more->tokens_total == 301);
+  CHECK(c->Close(sid, 1).ok());
+  REQUIRE(WaitForStat(*c, "tier_spilled_sequences", 0));
+  CHECK(node.Stop() == 0);
+}
+
+TEST_CASE("Tier: a spilled sequence the tier lost answers DATA_LOSS, never wrong rows",
+          "[integration][tier]") {
+  // A cluster of its own (ports base + 40..42), so wiping it disturbs no other test.
+  const int base = KVCTL_TIER_BASE_PORT + 40;
+  const std::string dir =
+      std::string(KVCTL_TIER_CLUSTER_ROOT) + "/lost-" + std::to_string(getpid());
+  const std::string script = KVCTL_TIER_CLUSTER_SCRIPT;
+  REQUIRE(std::system(
+              ("bash " + script + " start " + dir + " " + std::to_string(base) + " 3").c_str()) ==
+          0);
+  struct StopCluster {
+    std::string cmd;
+    ~StopCluster() { (void)!std::system(cmd.c_str()); }
+  } stop{"bash " + script + " stop " + dir};
+  DaemonProcess node(TierToml("spill_idle_ms = 100\n", base));
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  const auto k = MakeFp16(200, 6, false), v = MakeFp16(200, 6, true);
+  REQUIRE(c->Open(sid, 1).ok());
+  REQUIRE(Append(*c, sid, 1, k, v, 200, 0, 200).ok());
+  REQUIRE(WaitForStat(*c, "tier_spills_total", 1));
+  for (int p = base; p < base + 3; ++p) {
+    REQUIRE(std::system(("redis-cli -p " + std::to_string(p) + " flushall >/dev/null").c_str()) ==
+            0);
+  }
+  for (int i = 0; i < 2; ++i) {  // The same answer every time.
+    auto lost = c->FetchDense(sid, 1, 0, kLayers, DType::kF32);
+    CHECK(lost.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(lost.status().message(),
+               Catch::Contains("sequence_id: 1 was spilled to the tier and the tier lost it"));
+  }
+  CHECK(Append(*c, sid, 1, k, v, 200, 0, 1).status().code() == StatusCode::kDataLoss);
+  CHECK(StatsField(*c, "tier", "tier_spilled_lost_total") == 1);
+  CHECK(c->Close(sid, 1).ok());
+  // The daemon serves on: a new sequence works.
+  REQUIRE(c->Open(sid, 2).ok());
+  CHECK(Append(*c, sid, 2, k, v, 200, 0, 200).ok());
+  CHECK(node.Stop() == 0);
+}
+
+TEST_CASE("Tier: an unreachable cluster never blocks resident sequences", "[integration][tier]") {
+  // Nothing listens on these ports (the tests' range ends at base + 49).
+  DaemonProcess node(
+      TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\n", KVCTL_TIER_BASE_PORT + 47));
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  const auto k = MakeFp16(64, 7, false), v = MakeFp16(64, 7, true);
+  REQUIRE(c->Open(sid, 1).ok());
+  REQUIRE(Append(*c, sid, 1, k, v, 64, 0, 64).ok());
+  auto saved = c->SavePrefix(sid, 1, Ids(64));
+  CHECK(saved.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(saved.status().message(), Catch::Contains("SAVE_PREFIX: tier"));
+  auto opened = c->OpenPrefix(sid, 2, Ids(64));
+  REQUIRE(opened.ok());  // Opened empty: the engine prefills as without a tier.
+  CHECK(opened->restored_tokens == 0);
+  CHECK(Append(*c, sid, 2, k, v, 64, 0, 64).ok());
+  CHECK(c->FetchDense(sid, 1, 0, kLayers, DType::kF32).ok());
+  CHECK(StatsField(*c, "tier", "tier_connected") == 0);
+  CHECK(StatsField(*c, "tier", "tier_prefix_lookup_failures_total") == 1);
+  CHECK(node.Stop() == 0);
+}
+
+TEST_CASE("Tier: without a tier SAVE_PREFIX is refused by name and OPEN_PREFIX opens empty",
+          "[integration][tier]") {
+  DaemonProcess node("bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n");
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  REQUIRE(c->Open(sid, 1).ok());
+  auto saved = c->SavePrefix(sid, 1, Ids(16));
+  CHECK(saved.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(saved.status().message(), Catch::Contains("no cluster tier"));
+  CHECK(c->SavePrefix(sid, 7, Ids(16)).status().code() == StatusCode::kNotFound);
+  auto opened = c->OpenPrefix(sid, 2, Ids(16));
+  REQUIRE(opened.ok());
+  CHECK(opened->restored_tokens == 0);
+  CHECK(c->OpenPrefix(sid, 2, Ids(16)).status().code() == StatusCode::kAlreadyExists);
+  CHECK(StatsField(*c, "tier", "tier_enabled") == 0);
+  CHECK(node.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace kvctl
