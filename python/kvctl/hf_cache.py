@@ -486,7 +486,6 @@ class KvctlCache(PrefixReuse, Cache):
         """Layer 0 of a forward step: sends the previous step, fetches what changed."""
         self._attach_detached()
         self._sync()
-        self._maybe_save_prefix()
         # Fused decode: the daemon now holds exactly the tokens before this step (the
         # previous step was APPENDed just above, this one is APPENDed at the next step), so
         # its records, valid until that APPEND, are what this step's query may attend to.
@@ -509,7 +508,6 @@ class KvctlCache(PrefixReuse, Cache):
         try:
             self._attach_detached()
             self._sync()
-            self._maybe_save_prefix()
         except SessionLostError as e:
             raise self._session_lost(e) from None
         except KvctlError as e:
@@ -543,8 +541,7 @@ class KvctlCache(PrefixReuse, Cache):
             src = b if k.shape[1] == self.batch else 0
             per_token = 2 * k[:, src, :1].nbytes + (q[:, src, :1].nbytes if seq.send_q else 0)
             step = max(1, _MAX_APPEND_BYTES // per_token)
-            for a in range(0, n, step):
-                e = min(n, a + step)
+            for a, e in self._append_chunks(n, step):
                 staging = (self.use_staging and seq.session.has_staging
                            and per_token * (e - a) <= seq.session.staging_bytes)
                 seq.last_append = seq.client.append(
@@ -552,6 +549,7 @@ class KvctlCache(PrefixReuse, Cache):
                     q=q[:, src, a:e] if seq.send_q else None,
                     first_position=self.appended + a, use_staging=staging)
                 self.counters["appends"] += 1
+                self._after_append(self.appended + e)
             seq.sent_last_row = k[0, src, -1, 0].copy()
             flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
             self._advance_blocks(seq, k[:, src], v[:, src], flushed)

@@ -7,8 +7,8 @@ With KvctlCache(..., prefix_reuse=True), batch 1:
 
     cache = KvctlCache(model, endpoint, prefix_reuse=True)
     restored = cache.open_prefix(input_ids)        # before generate: OPEN_PREFIX, then FETCH
-    out = model.generate(input_ids, past_key_values=cache, ...)
-    cache.close()                                   # (or the next step) SAVE_PREFIX of the prompt
+    out = model.generate(input_ids, past_key_values=cache, ...)   # saves the prompt too
+    cache.close()
 
 - open_prefix(input_ids) sends OPEN_PREFIX with the prompt's ids minus the last one (the model
   must run at least the last token to get its logits). When the daemon restores M > 0 tokens,
@@ -16,11 +16,14 @@ With KvctlCache(..., prefix_reuse=True), batch 1:
   transformers' generate() runs the model only on the prompt's remaining tokens (it slices
   input_ids by get_seq_length()). The restored rows are the saving sequence's own (exact for a
   lossless daemon, the same quantized records otherwise).
-- Once the sequence holds exactly the prompt (after the prefill step is APPENDed: at the next
-  step, sync() or close()), SAVE_PREFIX stores it, so a later engine skips that prefill. That
-  automatic save never fails the generation: a daemon without a tier, an unreachable or full
-  cluster is recorded in prefix_error (and warned once per call site); a lost session is raised
-  as for any step. save_prefix() saves explicitly and raises.
+- The prefill's APPEND (at the next step, sync() or close()) is split where the sequence holds
+  the prompt without its last token, and SAVE_PREFIX stores those ids there: a later engine with
+  the same prompt asks OPEN_PREFIX for exactly them, and the daemon stores a prefix under its
+  longest exact cut only (a cut at the full prompt would never be found by such an engine).
+  Nothing is saved when the restore already covered it. The automatic save never fails the
+  generation: a daemon without a tier, an unreachable or full cluster is recorded in
+  prefix_error (and warned once per call site); a lost session is raised as for any step.
+  save_prefix() saves explicitly and raises.
 - Without open_prefix() the cache knows no token ids: it works as without prefix_reuse.
 
 Refused with ValueError naming prefix_reuse: more than one batch element, open_prefix() on a
@@ -81,7 +84,8 @@ class PrefixReuse:
         self.prefix_restored = 0
         self.prefix_saved: Optional[Tuple[int, int]] = None
         self.prefix_error: Optional[str] = None
-        self._save_pending = False
+        # Held tokens at which the prompt is saved (its length - 1), None once done or never.
+        self._save_at: Optional[int] = None
 
     def _require_prefix_reuse(self, what: str) -> None:
         if not self.prefix_reuse:
@@ -91,8 +95,8 @@ class PrefixReuse:
         """Call before the prefill (generate) with the prompt's ids ([1, P] or [P]): opens the
         sequence from the longest stored prefix of the prompt without its last token and loads
         those M tokens of every layer; returns M (0: nothing stored, no tier, or an unreachable
-        cluster: the cache is empty and prefills as usual). The prompt is remembered for the
-        automatic SAVE_PREFIX once the sequence holds it. Raises ValueError naming prefix_reuse
+        cluster: the cache is empty and prefills as usual). generate() must then be given the
+        same prompt: its ids are what the automatic SAVE_PREFIX names the prefilled rows by. Raises ValueError naming prefix_reuse
         when the cache already holds tokens, KvctlError from the daemon (the cache is then
         empty, as after any failed step)."""
         self._require_prefix_reuse("open_prefix")
@@ -115,9 +119,9 @@ class PrefixReuse:
         seq = self.seqs[0]
         self._forget_prefix()
         self.prefix_ids = ids
-        self._save_pending = True
         if len(ids) < 2:
             return 0  # The only token is the one whose logits the model must compute.
+        self._save_at = len(ids) - 1
         t0 = time.perf_counter()
         # The empty sequence _attach opened makes way for one opened from the tier.
         seq.client.close(seq.sequence_id)
@@ -127,6 +131,8 @@ class PrefixReuse:
             raise p.ProtocolError("OPEN_PREFIX_REPLY: restored_tokens %d, expected at most %d "
                                   "(the ids sent)" % (restored, len(ids) - 1))
         self.counters["prefix_open_s"] += time.perf_counter() - t0
+        if restored == len(ids) - 1:
+            self._save_at = None  # All of it was stored already.
         if restored:
             self._load_restored(restored)
         self.prefix_restored = restored
@@ -145,19 +151,22 @@ class PrefixReuse:
         seq.mark_dirty(None)
         self._fetch([0])
 
-    def _maybe_save_prefix(self) -> None:
-        """After a step's APPEND: SAVE_PREFIX of the prompt once the sequence holds exactly it.
-        Failures other than a lost session are recorded, never raised (see the module doc)."""
-        if not self._save_pending or self.appended < len(self.prefix_ids):
+    def _append_chunks(self, n: int, step: int):
+        """The [a, e) ranges the pending n tokens are APPENDed in: at most `step` each, and one
+        ends where the sequence holds the prompt without its last token (the save point)."""
+        cut = self._save_at - self.appended if self._save_at is not None else 0
+        bounds = sorted(set(range(step, n, step)) | ({cut} if 0 < cut < n else set()))
+        return list(zip([0] + bounds, bounds + [n]))
+
+    def _after_append(self, held: int) -> None:
+        """After an APPEND that left the sequence holding `held` tokens: at the save point,
+        SAVE_PREFIX of the prompt without its last token. Failures other than a lost session
+        are recorded, never raised (see the module doc)."""
+        if held != self._save_at:
             return
-        self._save_pending = False
-        if self.appended != len(self.prefix_ids):
-            self.prefix_error = ("the first steps ran %d tokens, not the %d of the prompt given "
-                                 "to open_prefix: nothing saved" % (self.appended,
-                                                                    len(self.prefix_ids)))
-            return
+        self._save_at = None
         try:
-            self._save(self.prefix_ids)
+            self._save(self.prefix_ids[:held])
         except SessionLostError:
             raise
         except KvctlError as e:  # The sequence is unchanged by SAVE_PREFIX: go on without it.
@@ -182,7 +191,7 @@ class PrefixReuse:
         stored_bytes). Raises ValueError naming input_ids for a wrong count, ServerError from the
         daemon (FAILED_PRECONDITION without a tier, UNAVAILABLE, RESOURCE_EXHAUSTED)."""
         self._require_prefix_reuse("save_prefix")
-        self._save_pending = False  # This call saves; sync() must not save the prompt first.
+        self._save_at = None  # This call saves; sync() must not save the prompt first.
         self.sync()
         if input_ids is None:
             if self.prefix_ids is None:

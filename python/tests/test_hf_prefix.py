@@ -132,9 +132,11 @@ class EmulatedTierClient(kvctl.Client):
 
     block = 16
     store = {}
+    saves = []  # The id count of every save_prefix.
 
     def save_prefix(self, seq, tokens):
         tokens = np.asarray(tokens)
+        self.saves.append(len(tokens))
         m = len(tokens) // self.block * self.block
         if not m:
             return 0, 0
@@ -159,6 +161,7 @@ def test_restored_prefix_skips_its_prefill_and_generates_what_the_saver_did(smol
     model, _ = smollm2
     prompt = ids[:, :121]  # 120 ids sent: the longest stored prefix is 112 tokens.
     EmulatedTierClient.store.clear()
+    EmulatedTierClient.saves.clear()
     a_client = EmulatedTierClient(plain_daemon.endpoint, timeout_ms=30000)
     b_client = EmulatedTierClient(plain_daemon.endpoint, timeout_ms=30000)
     try:
@@ -179,6 +182,14 @@ def test_restored_prefix_skips_its_prefill_and_generates_what_the_saver_did(smol
             b.sync()
             assert b.appended == 121 + NEW_TOKENS - 1
             assert b.prefix_saved[0] == 112  # B saved its prompt too (the same cut).
+        # Each saved its prompt without the last token: what an engine with it asks for.
+        assert EmulatedTierClient.saves == [120, 120]
+        # A prompt whose stored prefix is all of it but the last token is not saved again.
+        with KvctlCache(model, b_client, prefix_reuse=True) as c:
+            assert c.open_prefix(prompt[:, :113]) == 112
+            _generate(model, prompt[:, :113], c, new_tokens=2)
+            assert c.prefix_saved is None and c.prefix_error is None
+        assert EmulatedTierClient.saves == [120, 120]
     finally:
         a_client.disconnect()
         b_client.disconnect()
