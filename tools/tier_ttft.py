@@ -9,7 +9,7 @@ key prefix, a fresh prefix per run so nothing of an earlier run is found):
 - engine A on daemon 1: KvctlCache(prefix_reuse=True), open_prefix (restores nothing), one
   prefill forward of the whole prompt -> its last-token logits: the full-prefill TTFT. Its
   sync() APPENDs the prompt and SAVE_PREFIX stores it (saved_tokens, stored_bytes).
-- `--repeats` more full prefills on daemon 1 (plain caches), `--repeats` restores on daemon 2:
+- `--repeats` times, alternating: a full prefill on daemon 1 (a plain cache), a restore on daemon 2:
   KvctlCache(prefix_reuse=True), open_prefix (OPEN_PREFIX through the cluster + a dense FETCH of
   every layer), then the forward of the prompt's tokens past the restored prefix -> logits:
   the restore TTFT. Medians are printed, with the ratio prefill / restore.
@@ -170,9 +170,7 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
             quant = a.client.session.quant
             if a.open_prefix(ids) != 0:
                 raise Fail("%s: daemon 1 restored a prefix under a fresh key prefix" % name)
-            t0 = time.perf_counter()
             want = first_logits(model, a, ids, 0)
-            prefill_s = [time.perf_counter() - t0]
             a.sync()
             if a.prefix_saved is None or a.prefix_saved[0] == 0:
                 why = a.prefix_error or "SAVE_PREFIX stored 0 tokens (no exact cut)"
@@ -182,18 +180,23 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
                 raise Fail("%s: the prompt was not saved: %s" % (name, why))
             saved, stored_bytes = a.prefix_saved
             geometry = (a.n_layers, a.kv_heads, a.head_dim)
+        # Timed runs alternate, so a load change on a shared machine hits both paths alike. A's
+        # prefill above is not among them: it may have paid the process's first-forward cost.
+        prefill_s, restore_s, parts, restored, diffs, agree = [], [], [], 0, [], True
         for _ in range(repeats):
             with KvctlCache(model, d1.endpoint, timeout_ms=120000) as c:
                 t0 = time.perf_counter()
                 first_logits(model, c, ids, 0)
                 prefill_s.append(time.perf_counter() - t0)
-        restore_s, restored, diffs, agree = [], 0, [], True
-        for _ in range(max(1, repeats)):
             with KvctlCache(model, d2.endpoint, prefix_reuse=True, timeout_ms=120000) as b:
                 t0 = time.perf_counter()
                 restored = b.open_prefix(ids)
+                t1 = time.perf_counter()
                 got = first_logits(model, b, ids, restored)
                 restore_s.append(time.perf_counter() - t0)
+                # OPEN_PREFIX (the daemon's cluster reads and import), FETCH + load, forward.
+                parts.append((b.counters["prefix_open_s"], b.counters["fetch_s"],
+                              time.perf_counter() - t1))
             if restored == 0:
                 raise Fail("%s: daemon 2 restored nothing of the %d-token prefix daemon 1 saved "
                            "(same tier.nodes and key prefix); see %s" % (name, saved,
@@ -215,6 +218,9 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
             "prefill_ttft_s": prefill, "restore_ttft_s": restore,
             "prefill_over_restore": prefill / restore,
             "prefill_runs_s": prefill_s, "restore_runs_s": restore_s,
+            "restore_parts_s": {"open_prefix": statistics.median(p[0] for p in parts),
+                                "fetch": statistics.median(p[1] for p in parts),
+                                "forward": statistics.median(p[2] for p in parts)},
             "first_logits_max_diff": max(diffs), "first_token_equal": agree}
 
 
@@ -300,11 +306,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 def report(r: dict) -> None:
     print("%s (%s k%d v%d), %d-token prompt:" % (r["quantizer"], r["method"], r["k_bits"],
                                                  r["v_bits"], r["prompt_tokens"]))
-    print("  TTFT full prefill   %8.3f s  (median of %d)" % (r["prefill_ttft_s"],
-                                                            len(r["prefill_runs_s"])))
-    print("  TTFT restore        %8.3f s  (median of %d; %d tokens restored, %d prefilled)"
-          % (r["restore_ttft_s"], len(r["restore_runs_s"]), r["restored_tokens"],
-             r["prompt_tokens"] - r["restored_tokens"]))
+    print("  TTFT full prefill   %8.3f s  (median of %d; runs %s)"
+          % (r["prefill_ttft_s"], len(r["prefill_runs_s"]),
+             " ".join("%.2f" % x for x in r["prefill_runs_s"])))
+    print("  TTFT restore        %8.3f s  (median of %d; runs %s; %d tokens restored, %d "
+          "prefilled)" % (r["restore_ttft_s"], len(r["restore_runs_s"]),
+                          " ".join("%.2f" % x for x in r["restore_runs_s"]),
+                          r["restored_tokens"], r["prompt_tokens"] - r["restored_tokens"]))
+    p = r["restore_parts_s"]
+    print("    of which          %8.3f s OPEN_PREFIX, %.3f s FETCH, %.3f s forward"
+          % (p["open_prefix"], p["fetch"], p["forward"]))
     print("  prefill / restore   %8.2fx" % r["prefill_over_restore"])
     print("  stored              %8d bytes for %d tokens: %.0f B/token, fp16 %d B/token "
           "(%.2fx smaller)" % (r["stored_bytes"], r["saved_tokens"], r["bytes_per_token"],
