@@ -20,7 +20,8 @@ With KvctlCache(..., prefix_reuse=True), batch 1:
   the prompt without its last token, and SAVE_PREFIX stores those ids there: a later engine with
   the same prompt asks OPEN_PREFIX for exactly them, and the daemon stores a prefix under its
   longest exact cut only (a cut at the full prompt would never be found by such an engine).
-  Nothing is saved when the restore already covered it. The automatic save never fails the
+  Nothing is saved when the restore already reached the last multiple of the daemon's
+  tier.prefix_block_tokens in those ids (nothing longer can be stored). The automatic save never fails the
   generation: a daemon without a tier, an unreachable or full cluster is recorded in
   prefix_error (and warned once per call site); a lost session is raised as for any step.
   save_prefix() saves explicitly and raises.
@@ -60,6 +61,22 @@ def prompt_ids(input_ids, what: str = "input_ids") -> np.ndarray:
         return p.token_frame(arr)
     except ValueError as e:
         raise ValueError("%s: %s" % (what, e)) from None
+
+
+def _prefix_block_tokens(client) -> Optional[int]:
+    """The daemon's tier.prefix_block_tokens (from STATS "config"), or None when it cannot be
+    read: prefixes are stored at multiples of it, so a restore that reached the prompt's last
+    multiple leaves nothing longer to save."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11: the prompt is saved again (the daemon's cut is the same).
+        return None
+    try:
+        value = tomllib.loads(client.stats_text("config")).get("tier", {}).get(
+            "prefix_block_tokens")
+    except tomllib.TOMLDecodeError:
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 class PrefixReuse:
@@ -131,10 +148,11 @@ class PrefixReuse:
             raise p.ProtocolError("OPEN_PREFIX_REPLY: restored_tokens %d, expected at most %d "
                                   "(the ids sent)" % (restored, len(ids) - 1))
         self.counters["prefix_open_s"] += time.perf_counter() - t0
-        if restored == len(ids) - 1:
-            self._save_at = None  # All of it was stored already.
         if restored:
             self._load_restored(restored)
+            block = _prefix_block_tokens(seq.client)
+            if restored == len(ids) - 1 or (block and (len(ids) - 1) // block * block <= restored):
+                self._save_at = None  # Nothing longer than the restored prefix can be stored.
         self.prefix_restored = restored
         self.counters["prefix_restored_tokens"] += restored
         return restored

@@ -181,15 +181,17 @@ def test_restored_prefix_skips_its_prefill_and_generates_what_the_saver_did(smol
             assert lengths.lengths[0] == 121 - 112  # Only the rest of the prompt ran.
             b.sync()
             assert b.appended == 121 + NEW_TOKENS - 1
-            assert b.prefix_saved[0] == 112  # B saved its prompt too (the same cut).
-        # Each saved its prompt without the last token: what an engine with it asks for.
-        assert EmulatedTierClient.saves == [120, 120]
-        # A prompt whose stored prefix is all of it but the last token is not saved again.
+            # The daemon's tier.prefix_block_tokens is 16, as the emulation's: 112 is the
+            # longest prefix of the 120 ids that can be stored, and it is stored.
+            assert b.prefix_saved is None and b.prefix_error is None
+        # A saved its prompt without the last token: what an engine with it asks for.
+        assert EmulatedTierClient.saves == [120]
+        # A longer prompt whose stored prefix can grow is saved again.
         with KvctlCache(model, b_client, prefix_reuse=True) as c:
-            assert c.open_prefix(prompt[:, :113]) == 112
-            _generate(model, prompt[:, :113], c, new_tokens=2)
-            assert c.prefix_saved is None and c.prefix_error is None
-        assert EmulatedTierClient.saves == [120, 120]
+            assert c.open_prefix(ids[:, :140]) == 112
+            _generate(model, ids[:, :140], c, new_tokens=2)
+            assert c.prefix_saved == (128, 2 * 128 * c.n_layers * c.kv_heads * c.head_dim * 4)
+        assert EmulatedTierClient.saves == [120, 139]
     finally:
         a_client.disconnect()
         b_client.disconnect()
@@ -332,7 +334,7 @@ def test_two_daemons_share_a_prefix_through_a_redis_cluster(smollm2, ids, daemon
         finally:
             lengths.remove()
         assert lengths.lengths[0] == PROMPT - CUT
-        assert b.prefix_saved == (CUT, stored_bytes)  # B stores the same prefix again.
+        assert b.prefix_saved is None  # 288 is all a 300-id prefix can store: not again.
     # The restored rows are the saving sequence's, bit for bit (records and fp16 rows alike).
     assert b_rows.positions.tolist() == list(range(CUT))
     np.testing.assert_array_equal(b_rows.k, a_rows.k[:, :CUT])
