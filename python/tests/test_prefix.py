@@ -4,11 +4,15 @@ without a cluster tier (tier.nodes = ""): OPEN_PREFIX opens the sequence empty, 
 refused with FAILED_PRECONDITION. The restore through a real Redis Cluster is tested in
 test_hf_prefix.py."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import kvctl
-from helpers import random_kv
+from helpers import REPO, kvctl_binary, random_kv
 
 
 def _hello(c):
@@ -64,3 +68,17 @@ def test_prefix_calls_check_their_arguments_before_sending(lossless_daemon, conn
     assert c.socket_resets == 0
     # Still usable: nothing was sent.
     assert c.open_prefix(2, [3]) == 0
+
+
+def test_tier_ttft_fails_with_a_clear_message_without_a_cluster(workdir):
+    """tools/tier_ttft.py needs a Redis Cluster and a daemon with the tier; without them it
+    exits 1 naming what is missing, before loading any model."""
+    script = os.path.join(REPO, "tools", "tier_ttft.py")
+    env = dict(os.environ, KVCTL_TEST_TIER_NODES="")
+    run = subprocess.run([sys.executable, script, "--kvctl", kvctl_binary()], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert "no Redis Cluster: pass --nodes" in run.stderr
+    run = subprocess.run([sys.executable, script, "--nodes", "127.0.0.1:1", "--quant", "zip"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "--quant: got 'zip'" in run.stderr
