@@ -21,10 +21,10 @@ With KvctlCache(..., prefix_reuse=True), batch 1:
   the same prompt asks OPEN_PREFIX for exactly them, and the daemon stores a prefix under its
   longest exact cut only (a cut at the full prompt would never be found by such an engine).
   Nothing is saved when the restore already reached the last multiple of the daemon's
-  tier.prefix_block_tokens in those ids (nothing longer can be stored). The automatic save never fails the
-  generation: a daemon without a tier, an unreachable or full cluster is recorded in
-  prefix_error (and warned once per call site); a lost session is raised as for any step.
-  save_prefix() saves explicitly and raises.
+  tier.prefix_block_tokens in those ids (nothing longer can be stored). The automatic save
+  never fails the generation: a daemon without a tier, an unreachable or full cluster is
+  recorded in prefix_error (and warned once per call site); a lost session is raised as for
+  any step. save_prefix() saves explicitly and raises.
 - Without open_prefix() the cache knows no token ids: it works as without prefix_reuse.
 
 Refused with ValueError naming prefix_reuse: more than one batch element, open_prefix() on a
@@ -113,9 +113,10 @@ class PrefixReuse:
         sequence from the longest stored prefix of the prompt without its last token and loads
         those M tokens of every layer; returns M (0: nothing stored, no tier, or an unreachable
         cluster: the cache is empty and prefills as usual). generate() must then be given the
-        same prompt: its ids are what the automatic SAVE_PREFIX names the prefilled rows by. Raises ValueError naming prefix_reuse
-        when the cache already holds tokens, KvctlError from the daemon (the cache is then
-        empty, as after any failed step)."""
+        same prompt: its ids are what the automatic SAVE_PREFIX names the prefilled rows by
+        (not checked). Raises ValueError naming prefix_reuse when the cache already holds
+        tokens, KvctlError from the daemon (the cache is then empty, as after any failed
+        step)."""
         self._require_prefix_reuse("open_prefix")
         ids = prompt_ids(input_ids)
         self.sync()
