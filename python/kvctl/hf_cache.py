@@ -329,7 +329,7 @@ class KvctlCache(PrefixReuse, Cache):
         self.fused_min_tokens = fused_min_tokens
         self.fused_step = False  # This forward step attends fused (decode, attention="fused").
         clients, names, send_qs = per_element(client, model_name, send_q, model)
-        self._init_prefix(prefix_reuse, len(clients))
+        self._init_prefix(prefix_reuse, len(clients), model)
         self.attn_ours = model is not None
         self.batch = len(clients)
         self.send_q = any(send_qs)
@@ -735,6 +735,7 @@ class KvctlCache(PrefixReuse, Cache):
                     pass  # The next real request reports the problem.
 
     def _disconnect(self) -> None:
+        self._drop_prefix_check()
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()

@@ -25,6 +25,10 @@ With KvctlCache(..., prefix_reuse=True), batch 1:
   never fails the generation: a daemon without a tier, an unreachable or full cluster is
   recorded in prefix_error (and warned once per call site); a lost session is raised as for
   any step. save_prefix() saves explicitly and raises.
+- The ids each forward on the cache runs are checked against the prompt's until it is saved
+  (a forward pre-hook on the model): other ids, or inputs_embeds, cancel the save (recorded in
+  prefix_error, warned), since every engine sharing the cluster would restore that prefix. A
+  cache made with config= instead of the model cannot check and trusts the caller.
 - Without open_prefix() the cache knows no token ids: it works as without prefix_reuse.
 
 Refused with ValueError naming prefix_reuse: more than one batch element, open_prefix() on a
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 from typing import Optional, Tuple
 
 import numpy as np
@@ -86,13 +91,17 @@ class PrefixReuse:
     the last SAVE_PREFIX, or None), prefix_error (why the automatic save stored nothing, or
     None)."""
 
-    def _init_prefix(self, prefix_reuse: bool, batch: int) -> None:
+    def _init_prefix(self, prefix_reuse: bool, batch: int, model) -> None:
         if not isinstance(prefix_reuse, bool):
             raise ValueError("prefix_reuse: got %r, expected True or False" % (prefix_reuse,))
         if prefix_reuse and batch != 1:
             raise ValueError("prefix_reuse: needs batch 1 (one client), got %d clients; a stored "
                              "prefix belongs to one sequence" % batch)
         self.prefix_reuse = prefix_reuse
+        # The model, to check the ids its forwards run against the prompt (weak: the cache
+        # must not keep a model alive).
+        self._model = weakref.ref(model) if model is not None else None
+        self._prefix_check = None  # The forward pre-hook doing it.
         self._forget_prefix()
 
     def _forget_prefix(self) -> None:
@@ -103,6 +112,42 @@ class PrefixReuse:
         self.prefix_error: Optional[str] = None
         # Held tokens at which the prompt is saved (its length - 1), None once done or never.
         self._save_at: Optional[int] = None
+        self._drop_prefix_check()
+
+    def _drop_prefix_check(self) -> None:
+        hook = getattr(self, "_prefix_check", None)
+        if hook is not None:
+            hook.remove()
+            self._prefix_check = None
+
+    def _check_forward_ids(self, module, args, kwargs) -> None:
+        """Forward pre-hook of the model while a save is pending: the ids a forward on this
+        cache runs must be the prompt's at their positions, else nothing is saved (a prefix
+        stored under the prompt's ids but holding other tokens' rows would be restored by every
+        engine that shares the cluster)."""
+        if kwargs.get("past_key_values") is not self:
+            return  # Another cache's forward on the same model.
+        if self._save_at is None:
+            self._drop_prefix_check()
+            return
+        x = kwargs.get("input_ids", args[0] if args else None)
+        start = self.get_seq_length()
+        why = None
+        if x is None:
+            why = "a forward at position %d ran inputs_embeds, not ids" % start
+        else:
+            got = x.reshape(-1)[:max(0, len(self.prefix_ids) - start)].tolist()
+            want = self.prefix_ids[start:start + len(got)].tolist()
+            if got != want:
+                i = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+                why = ("position %d ran token id %d, the prompt given to open_prefix has %d"
+                       % (start + i, got[i], want[i]))
+        if why is not None:
+            self._save_at = None
+            self._drop_prefix_check()
+            self.prefix_error = "prompt not saved: %s" % why
+            warnings.warn("KvctlCache(prefix_reuse=True): %s" % self.prefix_error,
+                          RuntimeWarning, stacklevel=2)
 
     def _require_prefix_reuse(self, what: str) -> None:
         if not self.prefix_reuse:
@@ -114,7 +159,7 @@ class PrefixReuse:
         those M tokens of every layer; returns M (0: nothing stored, no tier, or an unreachable
         cluster: the cache is empty and prefills as usual). generate() must then be given the
         same prompt: its ids are what the automatic SAVE_PREFIX names the prefilled rows by
-        (not checked). Raises ValueError naming prefix_reuse when the cache already holds
+        (checked, see the module doc). Raises ValueError naming prefix_reuse when the cache already holds
         tokens, KvctlError from the daemon (the cache is then empty, as after any failed
         step)."""
         self._require_prefix_reuse("open_prefix")
@@ -140,6 +185,10 @@ class PrefixReuse:
         if len(ids) < 2:
             return 0  # The only token is the one whose logits the model must compute.
         self._save_at = len(ids) - 1
+        model = self._model() if self._model is not None else None
+        if model is not None:
+            self._prefix_check = model.register_forward_pre_hook(self._check_forward_ids,
+                                                                 with_kwargs=True)
         t0 = time.perf_counter()
         # The empty sequence _attach opened makes way for one opened from the tier.
         seq.client.close(seq.sequence_id)
@@ -184,6 +233,7 @@ class PrefixReuse:
         if held != self._save_at:
             return
         self._save_at = None
+        self._drop_prefix_check()
         try:
             self._save(self.prefix_ids[:held])
         except SessionLostError:

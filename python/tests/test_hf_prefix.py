@@ -121,6 +121,31 @@ def test_prefix_reuse_refuses_what_it_cannot_do(smollm2, ids, plain_daemon):
             cache.save_prefix(ids[:, :9])
 
 
+def test_forward_of_other_ids_than_the_prompt_cancels_the_save(smollm2, ids, plain_daemon):
+    model, _ = smollm2
+    prompt = ids[:, :30]
+    other = prompt.clone()
+    other[0, 17] += 1
+    with KvctlCache(model, plain_daemon.endpoint, prefix_reuse=True) as cache:
+        assert cache.open_prefix(prompt) == 0
+        with pytest.warns(RuntimeWarning, match="position 17 ran token id"):
+            _generate(model, other, cache, new_tokens=2)
+        assert cache.prefix_saved is None
+        assert cache.prefix_error.startswith("prompt not saved: position 17 ran token id %d, "
+                                             "the prompt given to open_prefix has %d"
+                                             % (other[0, 17], prompt[0, 17]))
+        assert cache._prefix_check is None  # The hook is gone with the pending save.
+    # The same prompt in two forwards (a chunked prefill) is the prompt: checked, then saved
+    # (refused here: no tier).
+    with KvctlCache(model, plain_daemon.endpoint, prefix_reuse=True) as cache:
+        assert cache.open_prefix(prompt) == 0
+        with torch.no_grad():
+            model(prompt[:, :12], past_key_values=cache)
+        with pytest.warns(RuntimeWarning, match="FAILED_PRECONDITION"):
+            _generate(model, prompt, cache, new_tokens=2)
+        assert "no cluster tier" in cache.prefix_error
+
+
 # ---- The restore path, the tier played by the test ---------------------------------------
 
 
