@@ -324,6 +324,7 @@ class Client:
         self._next_position: Dict[int, int] = {}
         self.stale_replies = 0  # Replies dropped because their request id was not the call's.
         self.socket_resets = 0  # Sockets recreated after timeouts.
+        self.staging_fallbacks = 0  # Staging appends sent inline: the slot could not be mapped.
         self._reset_socket()
         self.socket_resets = 0
 
@@ -618,7 +619,8 @@ class Client:
         dtype (bfloat16 sessions take uint16 arrays as bf16 bit patterns and round floats to
         nearest even). first_position defaults to the position after the last token this client
         appended to `seq` (0 for a new sequence). use_staging writes the tensors into this
-        session's slot of the shared pool instead of sending them on the socket.
+        session's slot of the shared pool instead of sending them on the socket (inline when the
+        slot's shm object cannot be mapped, counted in staging_fallbacks).
 
         After a Timeout the append may or may not have happened: pass first_position explicitly
         (or fetch) before the next append. With use_staging the daemon may still read the slot
@@ -656,10 +658,19 @@ class Client:
                 frames = p.encode_append(0, s.session_id, seq, pos, n, (), p.SOURCE_STAGING,
                                          has_q, s.staging_offset)
                 if self._staging is None:
-                    self._staging = _Staging(s)
-                self._staging.write(tensors, (0, layout.v_offset, layout.q_offset))
-                reply = self._call(p.MsgType.APPEND, frames)
-        else:
+                    try:
+                        self._staging = _Staging(s)
+                    except KvctlError:
+                        # The object is gone (e.g. the daemon restarted and a PING from another
+                        # thread already found the session lost, which unmapped the slot) or
+                        # cannot be mapped: inline carries the same data, and the daemon answers
+                        # it as any APPEND (SessionLostError for a lost session).
+                        self.staging_fallbacks += 1
+                        use_staging = False
+                if use_staging:
+                    self._staging.write(tensors, (0, layout.v_offset, layout.q_offset))
+                    reply = self._call(p.MsgType.APPEND, frames)
+        if not use_staging:
             frames = p.encode_append(0, s.session_id, seq, pos, n, tensors, p.SOURCE_INLINE,
                                      has_q)
             reply = self._call(p.MsgType.APPEND, frames)
