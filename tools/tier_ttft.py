@@ -285,8 +285,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 rows = []
                 for name in names:
                     settings = dict(QUANTIZERS[name], **extra)
+                    load = os.getloadavg()[0]
                     rows.append(measure(model, ids, args.kvctl, workdir, nodes, name, settings,
                                         args.repeats))
+                    # Timings on a shared machine follow its load: say what it was.
+                    rows[-1]["load_average_1m"] = [load, os.getloadavg()[0]]
                     report(rows[-1])
             finally:
                 if cluster:
@@ -304,8 +307,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def report(r: dict) -> None:
-    print("%s (%s k%d v%d), %d-token prompt:" % (r["quantizer"], r["method"], r["k_bits"],
-                                                 r["v_bits"], r["prompt_tokens"]))
+    print("%s (%s k%d v%d), %d-token prompt (1-min load average %.1f -> %.1f on %d CPUs):"
+          % (r["quantizer"], r["method"], r["k_bits"], r["v_bits"], r["prompt_tokens"],
+             r["load_average_1m"][0], r["load_average_1m"][1], os.cpu_count() or 0))
     print("  TTFT full prefill   %8.3f s  (median of %d; runs %s)"
           % (r["prefill_ttft_s"], len(r["prefill_runs_s"]),
              " ".join("%.2f" % x for x in r["prefill_runs_s"])))
