@@ -324,6 +324,7 @@ class Client:
         self._next_position: Dict[int, int] = {}
         self.stale_replies = 0  # Replies dropped because their request id was not the call's.
         self.socket_resets = 0  # Sockets recreated after timeouts.
+        self.staging_fallbacks = 0  # Staging appends sent inline: the slot could not be mapped.
         self._reset_socket()
         self.socket_resets = 0
 
@@ -540,6 +541,36 @@ class Client:
         self._next_position.pop(seq, None)
         return reply.bytes_freed
 
+    def save_prefix(self, seq: int, tokens) -> Tuple[int, int]:
+        """Stores sequence `seq`'s prefix in the daemon's cluster tier (PROTOCOL.md 4.9), so
+        open_prefix of any daemon sharing the cluster can restore it instead of prefilling.
+
+        tokens: the id of every token `seq` holds, in position order (ints, a 1-D integer array
+        or tensor). Returns (saved_tokens, stored_bytes): the daemon stores the longest prefix
+        it can cut exactly at a tier.prefix_block_tokens boundary (0 = no such cut yet, nothing
+        stored). The sequence is unchanged. Raises ServerError: FAILED_PRECONDITION when the
+        daemon has no tier (tier.nodes = "") or `seq` does not start at position 0 or evicted
+        tokens, INVALID_ARGUMENT when the id count is not the sequence's token count,
+        UNAVAILABLE when the cluster cannot be reached, RESOURCE_EXHAUSTED when it is full.
+        """
+        s = self._require_session()
+        reply: p.SavePrefixReply = self._call(
+            p.MsgType.SAVE_PREFIX, p.encode_save_prefix(0, s.session_id, seq, tokens))
+        return reply.saved_tokens, reply.stored_bytes
+
+    def open_prefix(self, seq: int, tokens) -> int:
+        """Opens sequence `seq` (as open()) from the longest prefix of the prompt `tokens` stored
+        in the daemon's cluster tier (PROTOCOL.md 4.10); returns restored_tokens M: the sequence
+        holds positions 0 .. M - 1 exactly as the saving sequence held them, and the next
+        append() continues at position M. M = 0 (an open, empty sequence) when nothing is
+        stored, the daemon has no tier, or the tier cannot be reached. Send the prompt without
+        its last token when the model needs that token's logits. Errors are those of open()."""
+        s = self._require_session()
+        reply: p.OpenPrefixReply = self._call(
+            p.MsgType.OPEN_PREFIX, p.encode_open_prefix(0, s.session_id, seq, tokens))
+        self._next_position[seq] = reply.restored_tokens
+        return reply.restored_tokens
+
     def ping(self) -> int:
         """Liveness check (renews the session's lease, if any); returns the daemon's monotonic
         clock in microseconds."""
@@ -588,7 +619,8 @@ class Client:
         dtype (bfloat16 sessions take uint16 arrays as bf16 bit patterns and round floats to
         nearest even). first_position defaults to the position after the last token this client
         appended to `seq` (0 for a new sequence). use_staging writes the tensors into this
-        session's slot of the shared pool instead of sending them on the socket.
+        session's slot of the shared pool instead of sending them on the socket (inline when the
+        slot's shm object cannot be mapped, counted in staging_fallbacks).
 
         After a Timeout the append may or may not have happened: pass first_position explicitly
         (or fetch) before the next append. With use_staging the daemon may still read the slot
@@ -626,10 +658,19 @@ class Client:
                 frames = p.encode_append(0, s.session_id, seq, pos, n, (), p.SOURCE_STAGING,
                                          has_q, s.staging_offset)
                 if self._staging is None:
-                    self._staging = _Staging(s)
-                self._staging.write(tensors, (0, layout.v_offset, layout.q_offset))
-                reply = self._call(p.MsgType.APPEND, frames)
-        else:
+                    try:
+                        self._staging = _Staging(s)
+                    except KvctlError:
+                        # The object is gone (e.g. the daemon restarted and a PING from another
+                        # thread already found the session lost, which unmapped the slot) or
+                        # cannot be mapped: inline carries the same data, and the daemon answers
+                        # it as any APPEND (SessionLostError for a lost session).
+                        self.staging_fallbacks += 1
+                        use_staging = False
+                if use_staging:
+                    self._staging.write(tensors, (0, layout.v_offset, layout.q_offset))
+                    reply = self._call(p.MsgType.APPEND, frames)
+        if not use_staging:
             frames = p.encode_append(0, s.session_id, seq, pos, n, tensors, p.SOURCE_INLINE,
                                      has_q)
             reply = self._call(p.MsgType.APPEND, frames)

@@ -62,7 +62,6 @@ Cache). Beam search, crop and reset are not supported.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from typing import List, Optional, Sequence, Tuple, Union
@@ -77,7 +76,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from .client import BlocksTable, Client
 from .hf_options import (ATTN_IMPLEMENTATION, check_options, fused_available, per_element,
                          read_geometry, take_attention)
-from .hf_sequence import CacheSequence
+from .hf_prefix import PrefixReuse
+from .hf_sequence import CacheSequence, next_sequence_id
 from .protocol import KvctlError, SessionLostError
 
 # A replaced session is ended with BYE waiting at most this long (its daemon may be gone).
@@ -86,7 +86,6 @@ _BYE_TIMEOUT_MS = 2000
 # One APPEND carries at most this many payload bytes (the daemon's default max message is
 # 256 MiB); longer prefills are split.
 _MAX_APPEND_BYTES = 64 << 20
-_sequence_ids = itertools.count(1)
 # STATS budget modes under which the daemon keeps every token (anything else may evict).
 _KEEPING_MODES = ("", "none", "quant-only", "quant_only")
 
@@ -282,7 +281,7 @@ class KvctlLayer(CacheLayerMixin):
         raise NotImplementedError("KvctlCache cannot drop tokens from the daemon sequence")
 
 
-class KvctlCache(Cache):
+class KvctlCache(PrefixReuse, Cache):
     """A transformers Cache backed by kvctl daemon sequences, one per batch element.
 
     model: the causal LM; its config gives the geometry and its attention implementation is
@@ -307,6 +306,9 @@ class KvctlCache(Cache):
       default 2048 is where fused stopped losing to dense on SmolLM2 on one CPU thread (measured
       in docs/attention.md "In the HF adapter").
     keepalive: PING every lease/3 from a background thread while the cache is open.
+    prefix_reuse: batch 1 only; open_prefix(input_ids) before generate restores the prompt's
+      stored prefix from the daemon's cluster tier, and the prompt is saved there once
+      prefilled (kvctl/hf_prefix.py).
     Raises KvctlError / ServerError / Timeout from the daemon (e.g. Timeout when it is down).
     """
 
@@ -316,7 +318,8 @@ class KvctlCache(Cache):
                  send_q: Union[bool, Sequence[bool]] = False,
                  dtype: str = "float32", refetch: str = "auto", client_name: str = "kvctl.hf",
                  timeout_ms: int = 30000, use_staging: bool = True, keepalive: bool = True,
-                 attention: str = "auto", fused_min_tokens: int = 2048):
+                 attention: str = "auto", fused_min_tokens: int = 2048,
+                 prefix_reuse: bool = False):
         check_options(refetch, attention, fused_min_tokens)
         config = take_attention(model, config)
         self._read_geometry(config)
@@ -326,6 +329,7 @@ class KvctlCache(Cache):
         self.fused_min_tokens = fused_min_tokens
         self.fused_step = False  # This forward step attends fused (decode, attention="fused").
         clients, names, send_qs = per_element(client, model_name, send_q, model)
+        self._init_prefix(prefix_reuse, len(clients), model)
         self.attn_ours = model is not None
         self.batch = len(clients)
         self.send_q = any(send_qs)
@@ -341,7 +345,8 @@ class KvctlCache(Cache):
         self._start_keepalive(keepalive)
         self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
                          "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
-                         "fused_steps": 0, "flushes": 0}
+                         "fused_steps": 0, "flushes": 0, "prefix_restored_tokens": 0,
+                         "prefix_saved_tokens": 0, "prefix_open_s": 0.0, "prefix_save_s": 0.0}
 
     def _read_geometry(self, config) -> None:
         g = read_geometry(config)
@@ -391,7 +396,7 @@ class KvctlCache(Cache):
                                head_dim=self.head_dim, dtype=self.dtype,
                                q_heads=self.q_heads if seq.send_q else 0,
                                client_name=self.client_name, model_name=seq.model_name)
-        seq.sequence_id = next(_sequence_ids)
+        seq.sequence_id = next_sequence_id()
         cl.open(seq.sequence_id)
         policy = cl.stats("policy").get("policy", {})
         mode = str(policy.get("budget_mode", "none")).lower()
@@ -417,6 +422,7 @@ class KvctlCache(Cache):
             layer.forget()
         self.appended = 0
         self.fused_step = False
+        self._forget_prefix()
         for seq in self.seqs:
             seq.forget()
             seq.attached = False
@@ -535,8 +541,7 @@ class KvctlCache(Cache):
             src = b if k.shape[1] == self.batch else 0
             per_token = 2 * k[:, src, :1].nbytes + (q[:, src, :1].nbytes if seq.send_q else 0)
             step = max(1, _MAX_APPEND_BYTES // per_token)
-            for a in range(0, n, step):
-                e = min(n, a + step)
+            for a, e in self._append_chunks(n, step):
                 staging = (self.use_staging and seq.session.has_staging
                            and per_token * (e - a) <= seq.session.staging_bytes)
                 seq.last_append = seq.client.append(
@@ -544,6 +549,7 @@ class KvctlCache(Cache):
                     q=q[:, src, a:e] if seq.send_q else None,
                     first_position=self.appended + a, use_staging=staging)
                 self.counters["appends"] += 1
+                self._after_append(self.appended + e)
             seq.sent_last_row = k[0, src, -1, 0].copy()
             flushed = seq.last_append.tokens_quantized != seq.tokens_quantized
             self._advance_blocks(seq, k[:, src], v[:, src], flushed)
@@ -729,6 +735,7 @@ class KvctlCache(Cache):
                     pass  # The next real request reports the problem.
 
     def _disconnect(self) -> None:
+        self._drop_prefix_check()
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()

@@ -8,11 +8,20 @@ Thread safety: used by the cache's one thread.
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional
 
 import numpy as np
 
 from .client import BlocksTable
+
+_sequence_ids = itertools.count(1)
+
+
+def next_sequence_id() -> int:
+    """A daemon sequence id no other cache of this process uses (ids are per session; one
+    counter keeps them unique across every cache and every replacement)."""
+    return next(_sequence_ids)
 
 
 class CacheSequence:

@@ -27,12 +27,14 @@ from . import wire_schema as ws
 from .protocol_types import (  # noqa: F401 (re-exported)
     CLASSES, CUDA_IPC_HANDLE_BYTES, POOL_CUDA_DEVICE, POOL_HOST_SHM, QUANT_METHODS,
     STATUS_CODE_VALUES, STATUS_CODES, AppendReply, BlocksReply, ByeReply, CloseReply, ErrorReply,
-    FetchDenseReply, HelloReply, KvctlError, OpenReply, PingReply, ProtocolError, QuantInfo,
-    RecordLayout, Reply, Rows, ServerError, SessionLostError, StatsReply, Timeout)
+    FetchDenseReply, HelloReply, KvctlError, OpenPrefixReply, OpenReply, PingReply, ProtocolError,
+    QuantInfo, RecordLayout, Reply, Rows, SavePrefixReply, ServerError, SessionLostError,
+    StatsReply, Timeout)
 from .wire_schema import (  # noqa: F401 (re-exported)
     HEADER_BYTES, LAYOUT_BYTES, MAGIC, MAX_APPEND_TOKENS, MAX_BLOCK_TOKENS,
     MAX_ERROR_MESSAGE_BYTES, MAX_FRAMES, MAX_HEAD_DIM, MAX_HEADER_FRAME_BYTES, MAX_HEADS,
-    MAX_LAYERS, MAX_LAYOUTS, MAX_NAME_BYTES, MAX_POSITION, MAX_SECTION_BYTES, MAX_SHM_NAME_BYTES,
+    MAX_LAYERS, MAX_LAYOUTS, MAX_NAME_BYTES, MAX_POSITION, MAX_PREFIX_TOKENS, MAX_SECTION_BYTES,
+    MAX_SHM_NAME_BYTES,
     MAX_STATS_TEXT_BYTES, MAX_TENSOR_FRAME_BYTES, MIN_HEAD_DIM, NO_PAGE, REPLY_BIT, VERSION,
     MsgType)
 
@@ -277,6 +279,69 @@ def encode_stats(request_id: int, session_id: int = 0, section: str = "") -> Lis
 def encode_bye(request_id: int, session_id: int) -> List[bytes]:
     _check_session(session_id)
     return encode_message(MsgType.BYE, request_id, ws.ByeRequest(session_id))
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def token_frame(tokens) -> np.ndarray:
+    """Token ids (a sequence of ints, or a 1-D integer numpy array or tensor) as the frame of
+    SAVE_PREFIX and OPEN_PREFIX: little-endian int32, checked as ipc's CheckTokens (1 ..
+    MAX_PREFIX_TOKENS ids, each >= 0) and fitting an int32. ValueError naming the field, and
+    the index of the first bad id."""
+    if hasattr(tokens, "detach"):  # torch.Tensor, without importing torch.
+        tokens = tokens.detach().cpu().numpy()
+    if isinstance(tokens, (str, bytes, bytearray)):
+        raise ValueError("tokens: got %s, expected a sequence of integer token ids"
+                         % type(tokens).__name__)
+    try:
+        arr = np.asarray(tokens)
+    except (TypeError, ValueError) as e:  # Ragged nesting and the like.
+        raise ValueError("tokens: got %s, expected a sequence of integer token ids (%s)"
+                         % (type(tokens).__name__, e)) from None
+    if arr.ndim != 1:
+        raise ValueError("tokens: got shape %s, expected one dimension of token ids"
+                         % (list(arr.shape),))
+    if not 1 <= arr.size <= MAX_PREFIX_TOKENS:
+        raise ValueError("tokens: got %d ids, expected 1..%d" % (arr.size, MAX_PREFIX_TOKENS))
+    if arr.dtype.kind == "O":  # Python ints past int64, or things that are not ints.
+        values = arr.tolist()
+        for i, t in enumerate(values):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError("tokens[%d]: got %r, expected an integer token id" % (i, t))
+        bad = [i for i, t in enumerate(values) if not 0 <= t <= _INT32_MAX][:1]
+    elif arr.dtype.kind in "iu":
+        bad = np.flatnonzero((arr < 0) | (arr > _INT32_MAX))[:1].tolist()
+    else:
+        raise ValueError("tokens: got dtype %s, expected integer token ids" % arr.dtype)
+    if bad:
+        i = bad[0]
+        value = int(arr[i])
+        if value < 0:
+            raise ValueError("tokens[%d]: got %d, expected a token id >= 0" % (i, value))
+        raise ValueError("tokens[%d]: got %d, expected a token id <= %d (int32)"
+                         % (i, value, _INT32_MAX))
+    return np.ascontiguousarray(arr.astype(np.int64) if arr.dtype.kind == "O" else arr,
+                                dtype="<i4")
+
+
+def encode_save_prefix(request_id: int, session_id: int, sequence_id: int, tokens) -> list:
+    """SAVE_PREFIX (PROTOCOL.md 4.9): tokens are the ids of every token the sequence holds, in
+    position order (see token_frame for what is accepted and checked)."""
+    _check_session(session_id)
+    _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
+    return encode_message(MsgType.SAVE_PREFIX, request_id, ws.SavePrefixRequest(
+        session_id, sequence_id, token_frame(tokens)))
+
+
+def encode_open_prefix(request_id: int, session_id: int, sequence_id: int, tokens) -> list:
+    """OPEN_PREFIX (PROTOCOL.md 4.10): opens `sequence_id` (not open yet) from the longest stored
+    prefix of the prompt `tokens` (a client that needs logits for the last prompt token leaves
+    it out)."""
+    _check_session(session_id)
+    _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
+    return encode_message(MsgType.OPEN_PREFIX, request_id, ws.OpenPrefixRequest(
+        session_id, sequence_id, token_frame(tokens)))
 
 
 def is_session_lost(code_value: int, message: str) -> bool:

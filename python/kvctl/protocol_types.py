@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from . import wire_schema as ws
 from .wire_schema import (  # noqa: F401 (re-exported)
-    AppendReply, ByeReply, CloseReply, ErrorReply, FetchDenseReply, OpenReply, PingReply,
-    StatsReply)
+    AppendReply, ByeReply, CloseReply, ErrorReply, FetchDenseReply, OpenPrefixReply, OpenReply,
+    PingReply, SavePrefixReply, StatsReply)
 
 # kvctl::StatusCode values carried by ERROR replies (common/status.h, listed in messages.def).
 STATUS_CODES = {code.value: code.name for code in ws.StatusCode}

@@ -254,6 +254,52 @@ def test_protocol_bye_example():
         p.encode_bye(1, 0)
 
 
+def _frame_bytes(frames):
+    return [bytes(memoryview(f).cast("B")) for f in frames]
+
+
+def test_protocol_save_and_open_prefix_examples():
+    frames = p.encode_save_prefix(12, 5, 7, [1, 2, 300])
+    assert _frame_bytes(frames) == GOLDEN["save_prefix_request"].frames
+    assert len(frames[0]) == 34 and frames[1].dtype == np.dtype("<i4")
+    for tokens in (np.array([1, 2, 300], dtype=np.int32), np.array([1, 2, 300], dtype=np.uint64),
+                   (1, 2, 300), [np.int64(1), 2, 300]):
+        assert _frame_bytes(p.encode_open_prefix(13, 5, 8, tokens)) == \
+            GOLDEN["open_prefix_request"].frames
+    save = p.decode_reply(GOLDEN["save_prefix_reply"].frames)
+    assert save.type == 0x8009 and save.body == p.SavePrefixReply(16, 4096)
+    opened = p.decode_reply(GOLDEN["open_prefix_reply"].frames)
+    assert opened.type == 0x800A and opened.body == p.OpenPrefixReply(16)
+    assert p.type_name(9) == "SAVE_PREFIX" and p.type_name(0x800A) == "OPEN_PREFIX_REPLY"
+    big = np.arange(p.MAX_PREFIX_TOKENS, dtype=np.int64) % 50000
+    assert memoryview(p.encode_save_prefix(1, 5, 7, big)[1]).nbytes == 4 * p.MAX_PREFIX_TOKENS
+
+
+@pytest.mark.parametrize("tokens, match", [
+    ([], r"tokens: got 0 ids, expected 1\.\.1048576"),
+    (np.zeros(1048577, dtype=np.int32), r"tokens: got 1048577 ids, expected 1\.\.1048576"),
+    ([1, -2, 3], r"tokens\[1\]: got -2, expected a token id >= 0"),
+    (np.array([5, 6, -1], dtype=np.int32), r"tokens\[2\]: got -1, expected a token id >= 0"),
+    ([2**31], r"tokens\[0\]: got 2147483648, expected a token id <= 2147483647"),
+    ([7, 2**70], r"tokens\[1\]: got 1180591620717411303424, expected a token id <= "),
+    ([1.0, 2.0], r"tokens: got dtype float64, expected integer token ids"),
+    ([1, None], r"tokens\[1\]: got None, expected an integer token id"),
+    ([[1, 2]], r"tokens: got shape \[1, 2\], expected one dimension"),
+    ("12", r"tokens: got str, expected a sequence of integer token ids"),
+])
+def test_protocol_prefix_requests_refuse_bad_token_ids_naming_them(tokens, match):
+    for encode in (p.encode_save_prefix, p.encode_open_prefix):
+        with pytest.raises(ValueError, match=match):
+            encode(1, 5, 7, tokens)
+
+
+def test_protocol_prefix_requests_check_the_ids_of_session_and_sequence():
+    with pytest.raises(ValueError, match="session_id: got 0"):
+        p.encode_save_prefix(1, 0, 7, [1])
+    with pytest.raises(ValueError, match="sequence_id: got -1"):
+        p.encode_open_prefix(1, 5, -1, [1])
+
+
 def test_protocol_session_lost_is_told_apart_from_a_missing_sequence():
     assert p.is_session_lost(2, "session_id: 7 is not an open session; send HELLO again")
     assert not p.is_session_lost(2, "sequence_id: 9 is not open in session 7")

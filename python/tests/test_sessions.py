@@ -117,6 +117,29 @@ def test_client_after_kill9_and_restart_gets_named_errors_then_works(daemon_fact
         c.disconnect()
 
 
+def test_staging_append_after_another_call_found_the_session_lost_is_session_lost(
+        daemon_factory):
+    """A PING (KvctlCache's keepalive thread) finds the restarted daemon's session gone first,
+    which unmaps the dead daemon's staging slot: the next staging APPEND goes inline and gets
+    SessionLostError, not an error about a missing shm object."""
+    d = daemon_factory()
+    c, k, v = _attached_client(d, 30)  # Sequence 2 appended through the staging slot.
+    try:
+        d.crash()
+        d.start()
+        with pytest.raises(kvctl.SessionLostError):
+            c.ping()
+        with pytest.raises(kvctl.SessionLostError):
+            c.append(2, k[:, :1], v[:, :1], use_staging=True)
+        assert c.staging_fallbacks == 1
+        c.rehello()
+        c.open(2)
+        c.append(2, k, v, use_staging=True)
+        assert c.staging_fallbacks == 1  # The new session's slot maps.
+    finally:
+        c.disconnect()
+
+
 def test_lease_expiry_is_a_session_lost_error_too(daemon_factory, connect):
     d = daemon_factory(server__lease_ms=300)
     observer = connect(d)
