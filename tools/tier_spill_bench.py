@@ -17,6 +17,7 @@ image size on the same cluster (-c 1, one client as the daemon is).
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,7 @@ def main() -> int:
         daemon.terminate()
         daemon.wait(timeout=30)
         subprocess.run(["bash", script, "stop", cluster_dir], check=False)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
