@@ -31,5 +31,6 @@ function(kvctl_cc_test)
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} kvctl_catch_main)
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: "
+                       EXTRA_ARGS --warn NoTests
                        PROPERTIES SKIP_RETURN_CODE 77 ${ARG_PROPERTIES})
 endfunction()

@@ -48,7 +48,7 @@ constexpr const char* kEvictConfig =
     "[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nrealloc_period = 32\n"
     "[evict]\npolicy = \"snapkv\"\ncompression_period = 1\n";
 
-TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STATS agree",
+TEST_CASE("Daemon evict: snapkv budgets hold over APPEND, dense, blocks and STATS agree",
           "[integration][evict]") {
   DaemonProcess daemon(kEvictConfig);
   auto client = daemon.Connect();
@@ -130,7 +130,7 @@ TEST_CASE("Daemon evict: snapkv budgets hold over APPEND; dense, blocks and STAT
   CHECK(daemon.Stop() == 0);
 }
 
-TEST_CASE("Daemon evict: a Q policy needs q_heads; SIGHUP switches new sequences to streaming",
+TEST_CASE("Daemon evict: a Q policy needs q_heads, SIGHUP switches new sequences to streaming",
           "[integration][evict]") {
   DaemonProcess daemon(kEvictConfig);
   auto client = daemon.Connect();

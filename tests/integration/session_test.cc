@@ -72,7 +72,7 @@ void CheckSessionGone(const Status& s) {
   CHECK(s.message().rfind("session_id:", 0) == 0);
 }
 
-TEST_CASE("Daemon: BYE frees the session's pages and slot at once; its id is then unknown",
+TEST_CASE("Daemon: BYE frees the session's pages and slot at once, its id is then unknown",
           "[integration][session]") {
   DaemonProcess daemon(kPool, "lease_ms = 600000\n");  // No lease could free anything here.
   auto monitor = daemon.Connect();
@@ -167,7 +167,7 @@ TEST_CASE("Daemon: BYE while the session's APPENDs and FETCHes run frees every p
   CHECK(daemon.Stop() == 0);
 }
 
-TEST_CASE("Daemon: APPEND-only and FETCH-only clients keep their lease; a silent one expires",
+TEST_CASE("Daemon: APPEND-only and FETCH-only clients keep their lease, a silent one expires",
           "[integration][session]") {
   DaemonProcess daemon(kPool, "lease_ms = 1000\n");
   auto monitor = daemon.Connect();
@@ -220,7 +220,7 @@ double KillAndRestart(DaemonProcess& daemon, std::vector<Engine>& engines) {
   return daemon.Start();
 }
 
-TEST_CASE("Daemon: after kill -9 the same start command serves; clients reconnect",
+TEST_CASE("Daemon: after kill -9 the same start command serves, clients reconnect",
           "[integration][session]") {
   DaemonProcess daemon(kPool);
   auto monitor = daemon.Connect();

@@ -303,7 +303,7 @@ TEST_CASE("Tier: without a tier SAVE_PREFIX is refused by name and OPEN_PREFIX o
 }
 
 TEST_CASE(
-    "Tier: SAVE_PREFIX past tier.prefix_quota_bytes is refused by name; a re-save counts once",
+    "Tier: SAVE_PREFIX past tier.prefix_quota_bytes is refused by name, a re-save counts once",
     "[integration][tier]") {
   DaemonProcess node(TierToml("prefix_quota_bytes = \"256KiB\"\n"));
   auto c = node.Connect();
@@ -389,7 +389,7 @@ TEST_CASE("Tier: a full pool spills an idle sequence for another's APPEND, then 
   CHECK(node.Stop() == 0);
 }
 
-TEST_CASE("Tier: a master killed after a save fails over to its replica; the prefix comes back",
+TEST_CASE("Tier: a master killed after a save fails over to its replica, the prefix comes back",
           "[integration][tier]") {
   // 3 masters + 3 replicas of its own (ports base + 23..28); a failover takes about twice
   // cluster-node-timeout (2 s).

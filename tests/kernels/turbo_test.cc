@@ -193,7 +193,7 @@ TEST_CASE("Turbo: round trip distortion per bit matches the codebook's, for any 
   }
 }
 
-TEST_CASE("Turbo: scaled rows share codes; zero rows decode to zero", "[kernels]") {
+TEST_CASE("Turbo: scaled rows share codes, zero rows decode to zero", "[kernels]") {
   const int d = 64;
   const QuantSpec spec = TurboSpec(d, 3, 2);
   const BlockLayout l = BlockLayoutOf(spec);

@@ -188,7 +188,7 @@ TEST_CASE("PageAllocator: exhaustion is exact to the page", "[controller][pool]"
   CHECK(!pool->Allocate().ok());
 }
 
-TEST_CASE("PageAllocator: free returns pages; double free and bad ids change nothing",
+TEST_CASE("PageAllocator: free returns pages, double free and bad ids change nothing",
           "[controller][pool]") {
   auto pool = MakePool(kMiB, {.page_bytes = 64 * kKiB});
   const uint32_t a = *pool->Allocate();

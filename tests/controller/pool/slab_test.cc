@@ -83,7 +83,7 @@ TEST_CASE("Slab: streams of one slot size share pages instead of a page each", "
   CHECK(pool->Stats().pages_used == 0);
 }
 
-TEST_CASE("Slab: Take hands out the lowest free slot; empty pages go back", "[pool][slab]") {
+TEST_CASE("Slab: Take hands out the lowest free slot, empty pages go back", "[pool][slab]") {
   auto pool = MakePool(8 << 20, false);
   Slab slab(pool.get(), 1024);  // 64 per page.
   SlotArray a(&slab), b(&slab);

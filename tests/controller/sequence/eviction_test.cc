@@ -248,7 +248,7 @@ TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
   }
 }
 
-TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append; pages are freed",
+TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append, pages are freed",
           "[controller][evict]") {
   // KIVI 2-bit records of 8 tokens, flushed at 16: evictions reach into records and compact them.
   const int layers = 2, kv_heads = 2, q_heads = 4, d = 32, total = 200;

@@ -333,7 +333,7 @@ TEST_CASE("Sequence image: cut rules for sinks, flush groups and tails", "[contr
   REQUIRE(LargestExactCut(seq, 100, 0) == 0);
 }
 
-TEST_CASE("Sequence image: eviction is refused by name; an importer may evict from then on",
+TEST_CASE("Sequence image: eviction is refused by name, an importer may evict from then on",
           "[controller][image]") {
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
   const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}, 4),

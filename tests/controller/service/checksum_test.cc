@@ -387,7 +387,7 @@ TEST_CASE("Controller: FETCH and APPEND of a sequence whose page changed fail cl
   CHECK(d.Fetch(3, ipc::FetchMode::kDense).ok());
 }
 
-TEST_CASE("Controller: decode steps extend checksums; only a flush re-checks whole pages",
+TEST_CASE("Controller: decode steps extend checksums, only a flush re-checks whole pages",
           "[controller][checksum]") {
   Daemonless d(/*checksums=*/true);
   REQUIRE(d.controller->Open({d.session, 1}, Daemonless::Now()).ok());
