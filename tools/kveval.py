@@ -57,53 +57,23 @@ from kveval_stats import (agreement, bootstrap_ci, onset_index,  # noqa: E402
 from kveval_rows import (FULL_ROWS, QUICK_ROWS, DaemonError, EvalError,  # noqa: E402
                          MissingStack, Row, all_rows, peer_turbo_rows, pressure_settings,
                          pressure_summary)
+from kvctl.process import DaemonStartError, ManagedDaemon  # noqa: E402
 
 
 # ---- daemons ----------------------------------------------------------------------------------
 
-class Daemon:
-    """One kvctl process with a private endpoint and shm name, stopped with SIGTERM."""
+class Daemon(ManagedDaemon):
+    """ManagedDaemon whose start failure is kveval's DaemonError (exit code 2)."""
 
     def __init__(self, binary: str, workdir: str, name: str, settings: Dict[str, str],
                  config_file: Optional[str] = None):
-        self.name = name
-        self.binary = binary
-        self.config_file = config_file
-        self.endpoint = "ipc://" + os.path.join(workdir, name + ".sock")
-        self.log_path = os.path.join(workdir, name + ".log")
-        self.settings = {"server.endpoint": self.endpoint, "pool.shm_name": "/kveval-%d-%s"
-                         % (os.getpid(), name), "pool.bytes": "256MiB",
-                         "server.stats_endpoint": "", "server.lease_ms": "600000",
-                         "server.log_level": "warn"}
-        self.settings.update(settings)
-        self.proc = None
+        super().__init__(binary, workdir, name, settings, config_file, shm_prefix="kveval")
 
     def start(self) -> "Daemon":
-        from kvctl.process import DaemonStartError, spawn_daemon, wait_until_serving
-        self.proc = spawn_daemon(self.binary, self.settings, self.log_path, self.config_file)
         try:
-            wait_until_serving(self.proc, self.endpoint, timeout_s=120)  # A loaded machine.
+            return super().start()
         except DaemonStartError as e:
-            self.stop()
-            raise DaemonError("%s (%s): %s" % (e, self.name, self.log_tail()))
-        return self
-
-    def log_tail(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return " | ".join(f.read().strip().splitlines()[-3:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+            raise DaemonError(str(e)) from None
 
 
 # ---- texts and segments ----------------------------------------------------------------------

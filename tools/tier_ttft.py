@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,8 +43,9 @@ from typing import Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
+from kvctl.process import DaemonStartError, ManagedDaemon  # noqa: E402
 
-# Quantizer settings by name (daemon config overrides; docs/quantizers.md).
+# Quantizer settings by name (daemon config overrides; configs/README.md).
 QUANTIZERS = {
     "kvarn": {"quant.method": "kvarn"},
     "kivi": {"quant.method": "kivi"},
@@ -63,47 +63,18 @@ class DaemonFailed(Exception):
     """A daemon did not start or died: exit 2."""
 
 
-class Daemon:
-    """One kvctl process with a private endpoint and shm name, stopped with SIGTERM."""
+class Daemon(ManagedDaemon):
+    """ManagedDaemon (a 512MiB pool) whose start failure is DaemonFailed (exit code 2)."""
 
     def __init__(self, binary: str, workdir: str, name: str, settings: Dict[str, str]):
-        self.name = name
-        self.binary = binary
-        self.endpoint = "ipc://" + os.path.join(workdir, name + ".sock")
-        self.log_path = os.path.join(workdir, name + ".log")
-        self.settings = {"server.endpoint": self.endpoint,
-                         "pool.shm_name": "/tierttft-%d-%s" % (os.getpid(), name),
-                         "pool.bytes": "512MiB", "server.stats_endpoint": "",
-                         "server.lease_ms": "600000", "server.log_level": "warn"}
-        self.settings.update(settings)
-        self.proc = None
+        super().__init__(binary, workdir, name, {"pool.bytes": "512MiB", **settings},
+                         shm_prefix="tierttft")
 
     def start(self) -> "Daemon":
-        from kvctl.process import DaemonStartError, spawn_daemon, wait_until_serving
-        self.proc = spawn_daemon(self.binary, self.settings, self.log_path)
         try:
-            wait_until_serving(self.proc, self.endpoint, timeout_s=60)
+            return super().start()
         except DaemonStartError as e:
-            self.stop()
-            raise DaemonFailed("%s (%s): %s" % (e, self.name, self.log_tail()))
-        return self
-
-    def log_tail(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return " | ".join(f.read().strip().splitlines()[-5:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+            raise DaemonFailed(str(e)) from None
 
 
 class Cluster:

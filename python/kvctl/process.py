@@ -1,15 +1,17 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """Starting a kvctl daemon process from Python and waiting until it serves: one implementation
-for the test fixtures (python/tests/helpers.py) and tools/kveval.
+for the test fixtures (python/tests/helpers.py) and the tools (kveval, tier_ttft: ManagedDaemon).
 
     proc = spawn_daemon("build/bin/kvctl", {"server.endpoint": ep}, "/tmp/d.log")
     wait_until_serving(proc, ep, timeout_s=10)   # raises DaemonStartError with the reason
 """
 
+import os
 import shutil
+import signal
 import subprocess
 import time
-from typing import Mapping, Optional
+from typing import Dict, Mapping, Optional
 
 from .client import Client
 from .protocol import Timeout
@@ -51,3 +53,51 @@ def wait_until_serving(proc: subprocess.Popen, endpoint: str, timeout_s: float) 
             except Timeout:
                 if time.monotonic() > deadline:
                     raise DaemonStartError("kvctl did not answer PING within %.0f s" % timeout_s)
+
+
+class ManagedDaemon:
+    """One kvctl process with a private endpoint (a socket in `workdir`) and shm name
+    (/SHM_PREFIX-PID-NAME), its log in workdir/NAME.log, stopped with SIGTERM. `settings` override
+    the defaults below (a 256MiB pool, no stats feed, a 10-minute lease, warn-level logs)."""
+
+    def __init__(self, binary: str, workdir: str, name: str, settings: Dict[str, str],
+                 config_file: Optional[str] = None, shm_prefix: str = "kvctl"):
+        self.name = name
+        self.binary = binary
+        self.config_file = config_file
+        self.endpoint = "ipc://" + os.path.join(workdir, name + ".sock")
+        self.log_path = os.path.join(workdir, name + ".log")
+        self.settings = {"server.endpoint": self.endpoint,
+                         "pool.shm_name": "/%s-%d-%s" % (shm_prefix, os.getpid(), name),
+                         "pool.bytes": "256MiB", "server.stats_endpoint": "",
+                         "server.lease_ms": "600000", "server.log_level": "warn"}
+        self.settings.update(settings)
+        self.proc = None
+
+    def start(self, timeout_s: float = 120) -> "ManagedDaemon":
+        """Starts it and waits until it serves (a loaded machine may take a while); raises
+        DaemonStartError naming the daemon and the end of its log, with the process stopped."""
+        self.proc = spawn_daemon(self.binary, self.settings, self.log_path, self.config_file)
+        try:
+            wait_until_serving(self.proc, self.endpoint, timeout_s=timeout_s)
+        except DaemonStartError as e:
+            self.stop()
+            raise DaemonStartError("%s (%s): %s" % (e, self.name, self.log_tail())) from None
+        return self
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return " | ".join(f.read().strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
