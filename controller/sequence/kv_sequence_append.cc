@@ -447,7 +447,8 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     lv->insert(lv->end(), sv + (j - read_from) * d, sv + (j - read_from + 1) * d);
   }
   const int l_rows = static_cast<int>(lk->size() / d);
-  const int flushed = untouched ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
+  // A lossless layer never flushes, evicting or not: its rows stay exactly as appended.
+  const int flushed = untouched || lossless ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
   const auto flushed_floats = static_cast<std::ptrdiff_t>(flushed * d);
   ph.qk.insert(ph.qk.end(), lk->begin(), lk->begin() + flushed_floats);
   ph.qv.insert(ph.qv.end(), lv->begin(), lv->begin() + flushed_floats);

@@ -202,6 +202,37 @@ TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks"
   }
 }
 
+TEST_CASE("Eviction: a lossless layer keeps its rows exact however much it holds, never records",
+          "[controller][evict]") {
+  // Budgets above the plan's flush size: an evicting lossless head rewrites its rows, and must
+  // not flush them into records on the way (flush 48 not a multiple of block 16 once tripped an
+  // invariant, a multiple rounded the rows to fp16 records).
+  const int kv_heads = 2, d = 8, tokens = 200, budget = 64;
+  const Stream s(1, tokens, kv_heads, 0, d, 11);
+  for (int flush : {16, 48}) {
+    INFO("flush " << flush);
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
+    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, 0),
+                   Plans(1, kv_heads, QuantMethod::kFp16, d, /*lossless=*/true, 16, flush),
+                   Settings(EvictPolicy::kStreaming, budget, 2, 8, 8));
+    for (int first = 0; first < tokens; first += 37) {
+      REQUIRE(s.Append(seq, first, std::min(37, tokens - first), /*with_q=*/false).ok());
+    }
+    const DenseKv dense = seq.FetchDense(0, 1);
+    for (int h = 0; h < kv_heads; ++h) {
+      CHECK(seq.Blocks(0, h).records == 0);
+      const std::vector<int64_t> pos = PositionsOf(dense, h);
+      REQUIRE(pos.size() <= static_cast<size_t>(budget));
+      const std::vector<float> keys = s.Keys(0, h, tokens);
+      size_t at = h == 0 ? 0 : dense.counts[0];
+      for (int64_t j : pos) {
+        for (int c = 0; c < d; ++c) REQUIRE(dense.k[at * d + c] == keys[j * d + c]);
+        ++at;
+      }
+    }
+  }
+}
+
 TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
           "[controller][evict]") {
   const int kv_heads = 1, q_heads = 2, d = 8, total = 40, budget = 12;
