@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// libFuzzer harness of sequence images (controller/sequence/sequence_image.h): bytes ->
+// libFuzzer harness of sequence images (controller/sequence/sequence_image.h) and of the saved
+// prefix values that wrap them (controller/service/prefix_keys.h): bytes ->
 // ReadImageInfo -> ImportImage into a real shm pool with page checksums (again with
 // streaming eviction on when that succeeds) -> FetchDense, Verify and two Appends on whatever was
 // rebuilt -> destroy, then the pool must hold no page. Each input runs twice: as it is (magic,
@@ -12,6 +13,7 @@
 // ("[.seeds]", into tests/fuzz/image_seeds/). tools/fuzz.sh --image SECONDS runs it.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +26,7 @@
 #include "common/crc32c.h"
 #include "controller/pool/pool.h"
 #include "controller/sequence/sequence_image.h"
+#include "controller/service/prefix_keys.h"
 
 namespace kvctl::fuzz {
 namespace {
@@ -45,6 +48,24 @@ class ImageHarness {
   }
 
   void Run(std::span<const uint8_t> input) {
+    // The stored form of a saved prefix wraps an image (controller/service/prefix_keys.h): its
+    // decoder must account for every byte, and what it unwraps goes through the image path.
+    if (StatusOr<PrefixValue> prefix = DecodePrefixValue(input); prefix.ok()) {
+      if (prefix->image.data() + prefix->image.size() != input.data() + input.size() ||
+          prefix->image.size() + prefix->tokens.size() * 4 > input.size()) {
+        Die("prefix value: the image is not the value's tail");
+      }
+      Try(prefix->image);
+    }
+    // And the encoder's values always decode back to their parts (ids from the input's head).
+    std::vector<int32_t> ids(std::min<size_t>(input.size() / 4, 64));
+    if (!ids.empty()) std::memcpy(ids.data(), input.data(), ids.size() * 4);
+    const std::vector<uint8_t> wrapped = EncodePrefixValue(ids, input);
+    StatusOr<PrefixValue> back = DecodePrefixValue(wrapped);
+    if (!back.ok() || back->tokens != ids || back->image.size() != input.size() ||
+        !std::equal(input.begin(), input.end(), back->image.begin())) {
+      Die("prefix value: encode then decode changed it");
+    }
     Try(input);
     if (input.size() < 16) return;
     std::vector<uint8_t> sealed(input.begin(), input.end());
