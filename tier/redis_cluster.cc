@@ -191,13 +191,7 @@ Status RedisCluster::Flush(redisContext* context, const NodeAddress& node, std::
   int done = 0;
   while (!done) {
     if (redisBufferWrite(context, &done) != REDIS_OK) {
-      const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
-      Status status =
-          timed_out ? Unavailable(OnNode(what, node), ": write timed out after ",
-                                  options_.command_timeout.count(), " ms")
-                    : Unavailable(OnNode(what, node), ": write failed (", context->errstr, ")");
-      DropConnection(node, status.message());
-      return status;
+      return SocketFailed(context, node, what, ": write timed out after ", ": write failed (");
     }
   }
   return OkStatus();
@@ -208,18 +202,23 @@ StatusOr<ClusterReply> RedisCluster::ReadReply(redisContext* context, const Node
   void* raw = nullptr;
   errno = 0;
   if (redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
-    // hiredis reports a socket timeout as an I/O error with errno EAGAIN.
-    const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
-    Status status =
-        timed_out ? Unavailable(OnNode(what, node), ": no reply within the command timeout of ",
-                                options_.command_timeout.count(), " ms")
-                  : Unavailable(OnNode(what, node), ": connection failed (", context->errstr, ")");
-    DropConnection(node, status.message());
-    return status;
+    return SocketFailed(context, node, what, ": no reply within the command timeout of ",
+                        ": connection failed (");
   }
   redisReply* reply = static_cast<redisReply*>(raw);
   CountRead(*reply);
   return ClusterReply(reply);
+}
+
+Status RedisCluster::SocketFailed(redisContext* context, const NodeAddress& node,
+                                  std::string_view what, std::string_view timed_out,
+                                  std::string_view failed) {
+  const bool is_timeout = errno == EAGAIN || errno == EWOULDBLOCK;
+  Status status = is_timeout ? Unavailable(OnNode(what, node), timed_out,
+                                           options_.command_timeout.count(), " ms")
+                             : Unavailable(OnNode(what, node), failed, context->errstr, ")");
+  DropConnection(node, status.message());
+  return status;
 }
 
 void RedisCluster::CountRead(const redisReply& reply) {

@@ -166,6 +166,10 @@ class RedisCluster {
   StatusOr<ClusterReply> ReadReply(redisContext* context, const NodeAddress& node,
                                    std::string_view what) KVCTL_REQUIRES(mu_);
   void CountRead(const redisReply& reply) KVCTL_REQUIRES(mu_);
+  // The UNAVAILABLE of a failed socket write or read on `node` (hiredis reports a socket timeout
+  // as EAGAIN: then `timed_out`, else `failed` and hiredis' error text), its connection dropped.
+  Status SocketFailed(redisContext* context, const NodeAddress& node, std::string_view what,
+                      std::string_view timed_out, std::string_view failed) KVCTL_REQUIRES(mu_);
 
   const ClusterOptions options_;
   const std::vector<NodeAddress> seeds_;

@@ -226,6 +226,18 @@ void Controller::RetireSequence(SequenceEntry& entry) {
   entry.seq.reset();
 }
 
+std::vector<Controller::OpenSequenceRef> Controller::OpenSequences(const SequenceEntry* except) {
+  std::vector<OpenSequenceRef> out;
+  MutexLock lock(&mu_);
+  for (const auto& [id, session] : sessions_) {
+    for (const auto& [seq_id, entry] : session->sequences) {
+      if (entry.get() != except)
+        out.push_back({session->number, seq_id, session->model_name, entry});
+    }
+  }
+  return out;
+}
+
 PoolStats Controller::pool_stats() const {
   PoolStats s = pool_->Stats();
   if (staging_->slots() > 0) {
@@ -681,20 +693,15 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
 
 int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages) {
   if (pages < 1) return 0;
-  std::vector<std::shared_ptr<SequenceEntry>> others;
   {
     MutexLock lock(&mu_);
     if (config_.budget.pressure_scope != PressureScope::kPool) return 0;
-    for (const auto& [id, session] : sessions_) {
-      for (const auto& [seq_id, other] : session->sequences) {
-        if (other.get() != &self) others.push_back(other);
-      }
-    }
   }
   // try_lock: the caller holds its own sequence's mutex, and another APPEND may be doing the
   // same the other way round; a busy sequence is skipped rather than waited for.
   int64_t freed = 0;
-  for (const std::shared_ptr<SequenceEntry>& other : others) {
+  for (const OpenSequenceRef& ref : OpenSequences(&self)) {
+    SequenceEntry* other = ref.entry.get();
     if (freed >= pages) break;
     if (!other->mu.TryLock()) continue;
     MutexLock other_lock(&other->mu, AdoptLock{});

@@ -221,6 +221,18 @@ class Controller {
   int64_t SpillOthersForPool(const SequenceEntry& self, int64_t pages, SteadyTime now)
       KVCTL_EXCLUDES(mu_, self.mu);
 
+  // One open sequence as a background pass (scrubber, tier pass, pressure relief) sees it: a copy
+  // of its table entry, taken under mu_; the pass then locks each entry itself.
+  struct OpenSequenceRef {
+    uint64_t session_number = 0;  // What logs show (never the session id).
+    uint64_t sequence_id = 0;
+    std::string model_name;
+    std::shared_ptr<SequenceEntry> entry;
+  };
+  // Every open sequence but `except` (may be null); mu_ is held for the copy only.
+  std::vector<OpenSequenceRef> OpenSequences(const SequenceEntry* except = nullptr)
+      KVCTL_EXCLUDES(mu_);
+
   // The session record's own host memory (controller.cc).
   static uint64_t SessionHostBytes();
   // HELLO's checks that a geometry can be served at all: each (layer, KV head) stream needs a

@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 
+#include "common/checked_math.h"
 #include "controller/sequence/sequence_image.h"
 #include "controller/service/controller.h"
 #include "controller/service/controller_internal.h"
@@ -142,10 +142,13 @@ StatusOr<ipc::OpenPrefixReply> Controller::OpenPrefix(const ipc::OpenPrefixReque
     }
     uint64_t growth = 0;
     if (info.ok()) {
-      growth = HostBytesPerKeptToken(t.shape) * static_cast<uint64_t>(restored);
-      if (Status reserved = host_memory_.Reserve("OPEN_PREFIX", growth); !reserved.ok()) {
+      StatusOr<uint64_t> bytes =
+          CheckedMul("OPEN_PREFIX host memory", HostBytesPerKeptToken(t.shape), restored);
+      Status reserved = bytes.ok() ? host_memory_.Reserve("OPEN_PREFIX", *bytes) : bytes.status();
+      if (reserved.ok()) {
+        growth = *bytes;
+      } else {
         info = reserved;
-        growth = 0;
       }
     }
     StatusOr<std::unique_ptr<KvSequence>> imported =
@@ -282,21 +285,13 @@ void Controller::TierPass(SteadyTime now) {
   const int idle_ms = tier_->config().spill_idle_ms;
   if (idle_ms <= 0) return;
   const auto idle = std::chrono::milliseconds(idle_ms);
-  std::vector<std::tuple<uint64_t, std::string, std::shared_ptr<SequenceEntry>>> entries;
-  {
-    MutexLock lock(&mu_);
-    for (const auto& [id, session] : sessions_) {
-      for (const auto& [seq_id, entry] : session->sequences) {
-        entries.emplace_back(seq_id, session->model_name, entry);
-      }
-    }
-  }
-  for (auto& [seq_id, model_name, entry] : entries) {
+  for (const OpenSequenceRef& ref : OpenSequences()) {
+    SequenceEntry* entry = ref.entry.get();
     if (!entry->mu.TryLock()) continue;  // Busy with a request: not idle.
     MutexLock seq_lock(&entry->mu, AdoptLock{});
     if (!entry->seq || entry->spill_refused || now - entry->last_used < idle) continue;
     if (!entry->seq->integrity().ok()) continue;  // A lost sequence keeps answering its loss.
-    SpillLocked(*entry, seq_id, model_name);
+    SpillLocked(*entry, ref.sequence_id, ref.model_name);
   }
 }
 
@@ -304,20 +299,12 @@ int64_t Controller::SpillOthersForPool(const SequenceEntry& self, int64_t pages,
   if (!tier_ || pages < 1) return 0;
   const int idle_ms = tier_->config().spill_on_pressure_idle_ms;
   if (idle_ms <= 0) return 0;
-  std::vector<std::tuple<uint64_t, std::string, std::shared_ptr<SequenceEntry>>> others;
-  {
-    MutexLock lock(&mu_);
-    for (const auto& [id, session] : sessions_) {
-      for (const auto& [seq_id, other] : session->sequences) {
-        if (other.get() != &self) others.emplace_back(seq_id, session->model_name, other);
-      }
-    }
-  }
+  const std::vector<OpenSequenceRef> others = OpenSequences(&self);
   // Least recently used first; last_used is read under each entry's lock, so the order is
   // taken from a snapshot.
   std::vector<std::pair<SteadyTime, size_t>> order;
   for (size_t i = 0; i < others.size(); ++i) {
-    SequenceEntry& other = *std::get<2>(others[i]);
+    SequenceEntry& other = *others[i].entry;
     if (!other.mu.TryLock()) continue;
     MutexLock other_lock(&other.mu, AdoptLock{});
     if (other.seq && !other.spill_refused &&
@@ -330,12 +317,15 @@ int64_t Controller::SpillOthersForPool(const SequenceEntry& self, int64_t pages,
   int64_t freed = 0;
   for (const auto& [used, i] : order) {
     if (freed >= pages) break;
-    auto& [seq_id, model_name, other] = others[i];
+    const OpenSequenceRef& ref = others[i];
+    SequenceEntry* other = ref.entry.get();
     if (!other->mu.TryLock()) continue;
     MutexLock other_lock(&other->mu, AdoptLock{});
     if (!other->seq || other->last_used != used) continue;  // Used or closed meanwhile.
     const uint64_t held = other->seq->Usage().pool_bytes;
-    if (SpillLocked(*other, seq_id, model_name)) freed += static_cast<int64_t>(held / page_bytes);
+    if (SpillLocked(*other, ref.sequence_id, ref.model_name)) {
+      freed += static_cast<int64_t>(held / page_bytes);
+    }
   }
   return freed;
 }

@@ -7,7 +7,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <tuple>
 #include <vector>
 
 #include "controller/service/controller_internal.h"
@@ -24,16 +23,7 @@ constexpr uint64_t kSliceBytes = 1 << 20;
 uint64_t Controller::Scrub(uint64_t max_bytes) {
   if (!pool_->checksums() || max_bytes == 0) return 0;
   MutexLock pass_lock(&scrub_mu_);
-  // (session number, sequence id, entry): numbers, not session ids, go to the log.
-  std::vector<std::tuple<uint64_t, uint64_t, std::shared_ptr<SequenceEntry>>> entries;
-  {
-    MutexLock lock(&mu_);
-    for (const auto& [id, session] : sessions_) {
-      for (const auto& [seq_id, entry] : session->sequences) {
-        entries.emplace_back(session->number, seq_id, entry);
-      }
-    }
-  }
+  const std::vector<OpenSequenceRef> entries = OpenSequences();
   const size_t n = entries.size();
   if (n == 0) return 0;
   std::vector<bool> done(n, false);
@@ -41,7 +31,7 @@ uint64_t Controller::Scrub(uint64_t max_bytes) {
   uint64_t verified = 0;
   while (verified < max_bytes && done_count < n) {
     if (!done[i]) {
-      auto& [number, seq_id, entry] = entries[i];
+      SequenceEntry* entry = entries[i].entry.get();
       bool finished = true;
       if (entry->mu.TryLock()) {  // A sequence busy with a request is skipped this time.
         MutexLock seq_lock(&entry->mu, AdoptLock{});
@@ -52,8 +42,8 @@ uint64_t Controller::Scrub(uint64_t max_bytes) {
           if (bytes.ok()) {
             verified += *bytes;
           } else if (!was_lost) {
-            spdlog::error("scrubber: sequence {} of session #{} lost: {}", seq_id, number,
-                          bytes.status().message());
+            spdlog::error("scrubber: sequence {} of session #{} lost: {}", entries[i].sequence_id,
+                          entries[i].session_number, bytes.status().message());
           }
         }
       }
