@@ -177,6 +177,7 @@ struct TierConfig {
   int timeout_ms = 0;                 // Per command.
   int connect_timeout_ms = 0;         // Per connection attempt.
   uint64_t chunk_bytes = 0;           // Values are stored as chunks of at most this many bytes.
+  double local_prefix_fraction = 0;   // Of pool.bytes, for the local prefix cache; 0 = none.
   bool operator==(const TierConfig&) const = default;
 };
 

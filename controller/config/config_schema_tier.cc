@@ -137,6 +137,18 @@ std::vector<ConfigOption> TierRows() {
            .env = "KVCTL_TIER_PREFIX_BLOCK_TOKENS",
            .doc = "Granule of the prefix hash chain: prefixes are saved and found at multiples "
                   "of this many tokens. Daemons that share prefixes use the same value."}),
+      Row<&Config::tier, &TierConfig::local_prefix_fraction>(
+          {.key = "tier.local_prefix_fraction",
+           .default_text = "0.25",
+           .min = 0,
+           .max = 1,
+           .flags = kImm,
+           .env = "KVCTL_TIER_LOCAL_PREFIX_FRACTION",
+           .doc = "Share of pool.bytes the daemon's local prefix cache may hold: prefixes "
+                  "SAVE_PREFIX stored or OPEN_PREFIX restored stay in the pool, and sequences "
+                  "opened from them share their pages copy-on-write (docs/tier.md). Works "
+                  "without tier.nodes. Prefixes no sequence reads are dropped first when the "
+                  "pool is full. 0 = no local cache."}),
       Row<&Config::tier, &TierConfig::timeout_ms>(
           {.key = "tier.timeout_ms",
            .default_text = "1000",

@@ -154,7 +154,9 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
     free_count_ -= per_page_ - pages_.at(page).live;
   }
   for (SlotArray* array : arrays_) {
-    for (uint32_t& id : array->ids_) {
+    // Borrowed slots live in another slab's pages: never victims here, skipped outright.
+    for (size_t i = array->borrowed_; i < array->ids_.size(); ++i) {
+      uint32_t& id = array->ids_[i];
       if (!is_victim(id)) continue;
       KVCTL_CHECK(!with_free_.empty());
       const uint32_t to = TakeFrom(*with_free_.begin());

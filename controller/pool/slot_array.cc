@@ -2,6 +2,7 @@
 #include "controller/pool/slot_array.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <utility>
 
 namespace kvctl {
@@ -14,16 +15,22 @@ SlotArray::~SlotArray() {
   slab_->Detach(this);
 }
 
-SlotArray::SlotArray(SlotArray&& other) noexcept : slab_(other.slab_), ids_(std::move(other.ids_)) {
+SlotArray::SlotArray(SlotArray&& other) noexcept
+    : slab_(other.slab_), ids_(std::move(other.ids_)), borrowed_(other.borrowed_) {
   slab_->Detach(&other);
   slab_->Attach(this);
   other.slab_ = nullptr;
   other.ids_.clear();
+  other.borrowed_ = 0;
 }
 
 void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
   while (ids_.size() > n) {
-    slab_->Give(ids_.back());
+    if (ids_.size() > borrowed_) {
+      slab_->Give(ids_.back());
+    } else {
+      --borrowed_;  // Not ours: only dropped.
+    }
     ids_.pop_back();
   }
   // Geometric growth: a decode step grows arrays by one slot, and an exact reserve would copy
@@ -37,6 +44,24 @@ void SlotArray::Rehome(Slab* target) {
   slab_->Detach(this);
   slab_ = target;
   slab_->Attach(this);
+}
+
+void SlotArray::AppendRanges(size_t begin, size_t end,
+                             std::vector<PageAllocator::PageRange>* ranges) const {
+  KVCTL_CHECK(begin <= end && end <= ids_.size());
+  const auto bytes = static_cast<uint32_t>(slot_bytes());
+  const auto per_page = static_cast<uint32_t>(slots_per_page());
+  for (size_t i = begin; i < end; ++i) {
+    const uint32_t first = ids_[i] % per_page * bytes;
+    ranges->push_back({ids_[i] / per_page, first, first + bytes});
+  }
+}
+
+void SlotArray::Borrow(const SlotArray& lender, size_t count) {
+  KVCTL_CHECK(ids_.empty() && count <= lender.size());
+  KVCTL_CHECK(lender.slot_bytes() == slot_bytes() && lender.slots_per_page() == slots_per_page());
+  ids_.assign(lender.ids_.begin(), lender.ids_.begin() + static_cast<std::ptrdiff_t>(count));
+  borrowed_ = count;
 }
 
 }  // namespace kvctl

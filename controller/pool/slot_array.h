@@ -9,6 +9,13 @@
 // reservation the caller made in one AllocateMany), so an append either gets every slot it needs
 // or changes nothing; shrinking gives the last slots back to the slab.
 //
+// Borrowed slots (copy-on-write sharing, docs/tier.md "Shared prefix pages"): an array may start
+// with slots of another array of the same slot size (Borrow), e.g. the records of a frozen prefix
+// that several sequences read. They are read like the array's own, but never written, never given
+// to this array's slab and never moved by its compaction; whoever borrows keeps their pages alive
+// (KvSequence holds the lender). Writing one is a bug (MutableSlot checks): a writer first moves
+// the array to fresh slots (Rehome drops the borrowed ones).
+//
 // Thread safety: none; the owning sequence serialises access.
 //
 //   SlotArray records(slabs.Get(record_bytes));
@@ -35,15 +42,22 @@ class SlotArray {
   SlotArray& operator=(const SlotArray&) = delete;
 
   size_t size() const { return ids_.size(); }
+  // The first borrowed() slots are borrowed; the rest are the array's own, from its slab.
+  size_t borrowed() const { return borrowed_; }
+  size_t own_size() const { return ids_.size() - borrowed_; }
   size_t slot_bytes() const { return slab_->slot_bytes(); }
   size_t slots_per_page() const { return slab_->slots_per_page(); }
   // Slot ids in array order (page * slots_per_page + index in the page).
   const std::vector<uint32_t>& ids() const { return ids_; }
   Slab* slab() const { return slab_; }
 
-  // Slots Resize(n) takes (0 when shrinking) and gives back (0 when growing).
+  // Slots Resize(n) takes (0 when shrinking) and gives back to the slab (0 when growing; borrowed
+  // slots dropped are not given back).
   size_t SlotsNeeded(size_t n) const { return n > ids_.size() ? n - ids_.size() : 0; }
-  size_t SlotsReleased(size_t n) const { return n < ids_.size() ? ids_.size() - n : 0; }
+  size_t SlotsReleased(size_t n) const {
+    const size_t keep = n > borrowed_ ? n : borrowed_;
+    return keep < ids_.size() ? ids_.size() - keep : 0;
+  }
 
   // REQUIRES: i < size(). MutableSlot marks the slot's bytes changed (PageAllocator::MarkDirty),
   // so every write goes through it and the owner publishes the slab's pages afterwards.
@@ -52,23 +66,33 @@ class SlotArray {
     return slab_->Slot(ids_[i]);
   }
   uint8_t* MutableSlot(size_t i) {
-    KVCTL_CHECK(i < ids_.size());
+    KVCTL_CHECK(i < ids_.size() && i >= borrowed_);
     return slab_->MutableSlot(ids_[i]);
   }
+
+  // Appends the byte range of slots [begin, end) to *ranges (what VerifyRanges checks).
+  // REQUIRES: begin <= end <= size().
+  void AppendRanges(size_t begin, size_t end, std::vector<PageAllocator::PageRange>* ranges) const;
 
   // Grows (taking slots from the slab, which takes pages from the back of *reserved when it has
   // no free slot) or shrinks (giving the last slots back; the slab keeps their pages until its
   // owner compacts it). REQUIRES: when growing, reserved holds the pages Slab::PagesFor counts.
   void Resize(size_t n, std::vector<uint32_t>* reserved);
   void Clear() { Resize(0, nullptr); }
-  // Gives every slot back and attaches the now empty array to `target` (another slot size);
-  // the caller compacts the old slab and grows the array again.
+  // Gives every own slot back, drops the borrowed ones and attaches the now empty array to
+  // `target` (another slot size, or the same slab to stop borrowing); the caller compacts the old
+  // slab and grows the array again.
   void Rehome(Slab* target);
+  // Makes the first `count` slots of `lender` this array's first slots, borrowed. REQUIRES: this
+  // array is empty, count <= lender.size(), both have the same slot size and page size (one pool).
+  // The caller keeps the lender's pages alive and unchanged while this array holds them.
+  void Borrow(const SlotArray& lender, size_t count);
 
  private:
   friend class Slab;
   Slab* slab_;
   std::vector<uint32_t> ids_;
+  size_t borrowed_ = 0;  // ids_[0, borrowed_) are another array's slots.
 };
 
 }  // namespace kvctl

@@ -80,14 +80,7 @@ bool KvSequence::AppendIsLight(int64_t n) const {
 
 void KvSequence::CollectRanges(int layer_begin, int layer_end,
                                std::vector<PageAllocator::PageRange>* ranges) const {
-  auto add = [ranges](const SlotArray& array) {
-    const auto slot_bytes = static_cast<uint32_t>(array.slot_bytes());
-    const auto per_page = static_cast<uint32_t>(array.slots_per_page());
-    for (uint32_t id : array.ids()) {
-      const uint32_t begin = id % per_page * slot_bytes;
-      ranges->push_back({id / per_page, begin, begin + slot_bytes});
-    }
-  };
+  auto add = [ranges](const SlotArray& array) { array.AppendRanges(0, array.size(), ranges); };
   for (int l = layer_begin; l < layer_end; ++l) {
     const LayerState& layer = *layers_[l];
     add(layer.norms);
@@ -312,9 +305,12 @@ SequenceUsage KvSequence::Usage() const {
   u.pool_bytes = slabs_.bytes_held();
   for (const auto& layer : layers_) {
     u.payload_bytes += layer->norms.size() * layer->norms.slot_bytes();
+    u.shared_bytes += layer->norms.borrowed() * layer->norms.slot_bytes();
     for (const HeadStream& head : layer->heads) {
       u.payload_bytes += head.rows.size() * head.rows.slot_bytes() +
                          head.records.size() * head.records.slot_bytes();
+      u.shared_bytes += head.rows.borrowed() * head.rows.slot_bytes() +
+                        head.records.borrowed() * head.records.slot_bytes();
       u.kept_tokens += head.count();
       u.evicted_tokens += head.usage.evicted_tokens;
       u.evicted_bytes += head.usage.evicted_bytes;

@@ -148,6 +148,7 @@ struct SequenceUsage {
   int64_t quantized_tokens = 0;     // Per head, in records (layer 0, head 0).
   uint64_t pool_bytes = 0;          // Whole pages held (reserved): every slab's pages.
   uint64_t payload_bytes = 0;       // Bytes of records, rows and norms in use (no page slack).
+  uint64_t shared_bytes = 0;        // Of those, bytes in slots borrowed from a frozen prefix.
   uint64_t elements = 0;            // K and V elements stored (2 * kept_tokens * D).
   uint64_t pressure_reliefs = 0;    // Reliefs of a full pool: widths lowered or caps cut.
   uint64_t pressure_cap_cuts = 0;   // Of those, joint reliefs that lowered token caps instead.
@@ -169,6 +170,21 @@ class KvSequence {
   // (controller/sequence/host_memory.h).
   static uint64_t HostBytesAtOpen(const HostShape& shape);
   KvSequence& operator=(const KvSequence&) = delete;
+
+  // A sequence equal to `source` (the same rows, records, positions and later behaviour as an
+  // import of source's whole image) that shares source's records, sink rows and OScaR norms
+  // copy-on-write instead of copying them: their pool slots are borrowed (SlotArray::Borrow), and
+  // only the fp16 tails of quantized layers are copied (a lossless layer's rows are shared too).
+  // `source` must never change again (a frozen prefix of the daemon's prefix cache,
+  // controller/service/prefix_cache.h); the fork keeps it alive. The fork's appends only add slots
+  // after the borrowed ones, and LowerWidth first moves a head's records to fresh slots of its own;
+  // pressure relief does not lower heads that borrow records (that would take pages, not free
+  // them). Usage counters start at zero, as a prefix import's. FAILED_PRECONDITION for a lost
+  // source or one with eviction on (forks never evict: eviction rewrites records in place);
+  // RESOURCE_EXHAUSTED when the pool lacks the tail's pages.
+  static StatusOr<std::unique_ptr<KvSequence>> Fork(std::shared_ptr<const KvSequence> source,
+                                                    int quality_sample_period,
+                                                    PressureSettings pressure = {});
 
   // Appends n_tokens tokens at positions first_position... k[l], v[l] are [n_tokens, kv_heads,
   // head_dim] views of layer l. The first append fixes the sequence's start position; later ones
@@ -243,6 +259,8 @@ class KvSequence {
   int64_t tokens() const { return tokens_; }
   // Slots compaction has moved between pages so far (docs/algorithms.md §16).
   uint64_t slots_moved() const { return slabs_.slots_moved(); }
+  // Whether the sequence reads slots it borrowed from a frozen prefix (Fork).
+  bool shares_pages() const { return lender_ != nullptr; }
   // Tokens the layer's heads may hold together after the last append (0 = no eviction).
   int64_t LayerBudget(int layer) const;
   const EvictionSettings& eviction() const { return eviction_; }
@@ -308,6 +326,9 @@ class KvSequence {
   // The byte range of every slot of layers [layer_begin, layer_end), appended to *ranges.
   void CollectRanges(int layer_begin, int layer_end,
                      std::vector<PageAllocator::PageRange>* ranges) const;
+  // Checks every page a copy of the sequence reads (image export): its own pages whole and the
+  // chunks of the slots it borrows. OK or DATA_LOSS.
+  Status VerifyForCopy() const;
   // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
   Status MarkLost(const Status& loss);
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
@@ -340,6 +361,9 @@ class KvSequence {
 
   PageAllocator* pool_;
   SequenceGeometry geometry_;
+  // Fork: the frozen sequence whose slots the streams borrow, kept alive (and its pages held)
+  // while this sequence may read them. Declared first, so it goes last.
+  std::shared_ptr<const KvSequence> lender_;
   // The pages every stream's slots live in, one slab per slot size. Declared before layers_ so
   // the streams give their slots back before the slabs return the pages.
   SlabSet slabs_;

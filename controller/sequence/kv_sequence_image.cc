@@ -518,12 +518,8 @@ struct SequenceImageAccess {
       return InvalidArgument("model_id: ", model_id.size(), " bytes, expected at most ",
                              kImageMaxModelIdBytes);
     }
-    if (seq.pool_->checksums()) {
-      // The image's CRC would seal whatever the pages hold: check them first.
-      std::vector<uint32_t> pages;
-      seq.slabs_.CollectPages(&pages);
-      KVCTL_RETURN_IF_ERROR(seq.pool_->VerifyPages(pages, PageAllocator::VerifyReason::kCopy));
-    }
+    // The image's CRC would seal whatever the pages hold: check them first.
+    KVCTL_RETURN_IF_ERROR(seq.VerifyForCopy());
     const bool prefix = m < seq.tokens_;
     const SequenceGeometry& g = seq.geometry_;
     Writer w;

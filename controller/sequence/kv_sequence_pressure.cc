@@ -101,7 +101,7 @@ Status KvSequence::MoveRecords(SlotArray* records, size_t record_bytes) {
   // compacted once they are given back), then from the pool; if the pool lacks them nothing has
   // changed yet.
   const size_t need = target->PagesFor(records->size());
-  const size_t freed = source->pages_held() - source->PagesAfterCompaction(records->size());
+  const size_t freed = source->pages_held() - source->PagesAfterCompaction(records->own_size());
   std::vector<uint32_t> reserved;
   if (need > freed) {
     StatusOr<std::vector<uint32_t>> got = pool_->AllocateMany(static_cast<uint32_t>(need - freed));
@@ -160,6 +160,9 @@ StatusOr<int64_t> KvSequence::LowerWidthsToFree(int64_t pages, bool partial) {
     const LayerState& layer = *layers_[l];
     if (layer.plan.lossless) continue;
     for (int h = 0; h < geometry_.kv_heads; ++h) {
+      // Records borrowed from a frozen prefix stay in its pages whatever this sequence does:
+      // narrower copies would take pages, not free them.
+      if (layer.heads[h].records.borrowed() > 0) continue;
       ReliefHead r;
       r.layer = l;
       r.head = h;

@@ -120,6 +120,11 @@ Controller::Controller(const Config& config, std::unique_ptr<PageAllocator> pool
     : pool_(std::move(pool)),
       tier_(TierService::Create(config.tier)),
       host_memory_(EffectiveHostMemoryBytes(config)),
+      prefix_cache_(config.tier.local_prefix_fraction > 0
+                        ? std::make_unique<PrefixCache>(static_cast<uint64_t>(
+                              config.tier.local_prefix_fraction *
+                              static_cast<double>(pool_->pages_total() * pool_->page_bytes())))
+                        : nullptr),
       shm_name_(std::move(shm_name)),
       staging_(std::move(staging)),
       started_(std::chrono::steady_clock::now()),
@@ -657,28 +662,30 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   } settle{host_memory_, *entry, growth};
   const std::vector<KvTensorView>* q_views = q_bytes != nullptr ? &q : nullptr;
   const bool was_lost = !entry->seq->integrity().ok();
-  // With tier.spill_on_pressure_idle_ms, a full pool spills idle sequences to the tier before
-  // this sequence's own widths are lowered (its relief waits for the retry).
-  const bool spill_first = tier_ && tier_->config().spill_on_pressure_idle_ms > 0;
+  // With a local prefix cache or tier.spill_on_pressure_idle_ms, a full pool first drops cached
+  // prefixes no one reads and spills idle sequences to the tier, before this sequence's own
+  // widths are lowered (its relief waits for the retry).
+  const bool free_first =
+      prefix_cache_ != nullptr || (tier_ && tier_->config().spill_on_pressure_idle_ms > 0);
   const auto first_position = static_cast<int64_t>(request.first_position);
   Status appended = entry->seq->Append(first_position, k, v, q_views,
-                                       /*allow_relief=*/deferred == nullptr && !spill_first);
+                                       /*allow_relief=*/deferred == nullptr && !free_first);
   // A full pool: the append changed nothing; relieving it is a worker's job.
   if (deferred != nullptr && appended.code() == StatusCode::kResourceExhausted) return defer();
   if (appended.code() == StatusCode::kDataLoss && !was_lost) {
     spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
   }
-  // Relief by others: round 0 spills idle sequences (spill_first), round 1 lowers the widths of
-  // others (budget.pressure_scope = "pool"). The failed APPEND changed nothing, so the
-  // sequence's lock can go meanwhile (taking mu_ while holding it would invert the mu_ ->
-  // sequence order of STATS and CLOSE); the sequence may then be closed, or spilled by someone
-  // else's relief.
-  for (int round = spill_first ? 0 : 1;
+  // Relief by others: round 0 frees cached prefixes and spills idle sequences (free_first),
+  // round 1 lowers the widths of others (budget.pressure_scope = "pool"). The failed APPEND
+  // changed nothing, so the sequence's lock can go meanwhile (taking mu_ while holding it would
+  // invert the mu_ -> sequence order of STATS and CLOSE); the sequence may then be closed, or
+  // spilled by someone else's relief.
+  for (int round = free_first ? 0 : 1;
        round < 2 && appended.code() == StatusCode::kResourceExhausted; ++round) {
     const int64_t shortfall = entry->seq->last_shortfall_pages();
     seq_lock.Unlock();
-    const int64_t freed = round == 0 ? SpillOthersForPool(*entry, shortfall, now)
-                                     : LowerOthersForPool(*entry, shortfall);
+    const int64_t freed =
+        round == 0 ? FreeForPool(*entry, shortfall, now) : LowerOthersForPool(*entry, shortfall);
     seq_lock.Lock();
     KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
     if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");

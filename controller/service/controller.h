@@ -17,6 +17,7 @@
 #ifndef KVCTL_CONTROLLER_SERVICE_CONTROLLER_H_
 #define KVCTL_CONTROLLER_SERVICE_CONTROLLER_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,7 @@
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/host_memory.h"
 #include "controller/sequence/kv_sequence.h"
+#include "controller/service/prefix_cache.h"
 #include "controller/service/tier_service.h"
 #include "controller/stats/stats.h"
 #include "ipc/messages.h"
@@ -76,9 +79,11 @@ class Controller {
   // an unknown session. Waits for requests in flight on its sequences, without holding the
   // session table's lock meanwhile.
   StatusOr<ipc::ByeReply> Bye(const ipc::ByeRequest& request, SteadyTime now) KVCTL_EXCLUDES(mu_);
-  // The cluster tier's prefix calls (controller_tier.cc, PROTOCOL.md 4.9-4.10). Without a tier
-  // (tier.nodes = ""), SavePrefix answers FAILED_PRECONDITION and OpenPrefix opens the sequence
-  // empty, as OPEN does.
+  // Prefix reuse (controller_prefix.cc, PROTOCOL.md 4.9-4.10, docs/tier.md): SavePrefix keeps a
+  // prefix in the local prefix cache (tier.local_prefix_fraction) and the cluster tier
+  // (tier.nodes); OpenPrefix opens a sequence from the longest stored prefix of its prompt,
+  // sharing a cached one's pages copy-on-write. With neither, SavePrefix answers
+  // FAILED_PRECONDITION and OpenPrefix opens the sequence empty, as OPEN does.
   StatusOr<ipc::SavePrefixReply> SavePrefix(const ipc::SavePrefixRequest& request, SteadyTime now)
       KVCTL_EXCLUDES(mu_);
   StatusOr<ipc::OpenPrefixReply> OpenPrefix(const ipc::OpenPrefixRequest& request, SteadyTime now)
@@ -215,6 +220,20 @@ class Controller {
   // resident (export refused, quota, cluster error: counted and logged).
   bool SpillLocked(SequenceEntry& entry, uint64_t sequence_id, const std::string& model_name)
       KVCTL_REQUIRES(entry.mu);
+  // Keeps a frozen copy of a saved prefix (`image`, the first tokens.size() tokens) in the local
+  // prefix cache; false when the host budget, the pool or the cache's bound refuses it.
+  bool KeepLocalPrefix(const std::string& key, std::span<const int32_t> tokens,
+                       std::span<const uint8_t> image, const SequenceGeometry& geometry,
+                       const std::string& model_name, const HostShape& shape) KVCTL_EXCLUDES(mu_);
+  // A frozen prefix made from a stored image, its host memory charged (released when it goes).
+  StatusOr<std::shared_ptr<KvSequence>> FreezePrefix(std::span<const uint8_t> image,
+                                                     const SequenceGeometry& geometry,
+                                                     const std::string& model_name,
+                                                     const HostShape& shape);
+  // Pool pressure, first lever: drops prefixes no sequence reads from the local cache, then
+  // (tier.spill_on_pressure_idle_ms) spills idle sequences; returns the pages freed.
+  int64_t FreeForPool(const SequenceEntry& self, int64_t pages, SteadyTime now)
+      KVCTL_EXCLUDES(mu_, self.mu);
   // tier.spill_on_pressure_idle_ms: after `self`'s APPEND lacked `pages` pool pages, spills other
   // sequences idle at least that long, least recently used first, until that many pages are
   // free; returns the pages freed.
@@ -246,6 +265,12 @@ class Controller {
   const std::unique_ptr<PageAllocator> pool_;
   const std::unique_ptr<TierService> tier_;  // Null without a tier (tier.nodes = "").
   HostMemoryBudget host_memory_;             // limits.host_memory_bytes; internally synchronized.
+  // Pool bytes of the frozen prefixes alive: held by the cache or read by sequences forked from
+  // them (a dropped prefix lives on while read). Part of every "memory" figure in STATS.
+  std::atomic<uint64_t> prefix_frozen_bytes_{0};
+  // Null when tier.local_prefix_fraction is 0. Its frozen prefixes release host memory when they
+  // go, so it is declared after host_memory_.
+  const std::unique_ptr<PrefixCache> prefix_cache_;
   const std::string shm_name_;
   // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
   const std::unique_ptr<StagingObjects> staging_;

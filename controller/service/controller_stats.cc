@@ -22,7 +22,7 @@ namespace kvctl {
 namespace {
 
 const char* const kSections[] = {"server", "pool", "sequences", "layers", "heads",
-                                 "policy", "ipc",  "quality",   "tier"};
+                                 "policy", "ipc",  "quality",   "tier",   "prefix"};
 
 struct HeadTotals {
   int64_t tokens = 0;
@@ -97,6 +97,7 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
   total.quantized_tokens += u.quantized_tokens;
   total.pool_bytes += u.pool_bytes;
   total.payload_bytes += u.payload_bytes;
+  total.shared_bytes += u.shared_bytes;
   total.elements += u.elements;
   total.kept_tokens += u.kept_tokens;
   total.evicted_tokens += u.evicted_tokens;
@@ -106,9 +107,9 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
     line << "seq_" << label.session_number << "_" << label.sequence_id
          << ":client=" << SafeName(label.client_name) << ",tokens=" << u.tokens
          << ",bytes=" << u.pool_bytes << ",payload_bytes=" << u.payload_bytes
-         << ",evictions=" << u.evicted_tokens << ",age_s=" << label.age_s
-         << ",kept_tokens=" << u.kept_tokens << ",evicted_bytes=" << u.evicted_bytes
-         << ",pressure_reliefs=" << u.pressure_reliefs
+         << ",shared_bytes=" << u.shared_bytes << ",evictions=" << u.evicted_tokens
+         << ",age_s=" << label.age_s << ",kept_tokens=" << u.kept_tokens
+         << ",evicted_bytes=" << u.evicted_bytes << ",pressure_reliefs=" << u.pressure_reliefs
          << ",pressure_cap_cuts=" << u.pressure_cap_cuts
          << ",lowered_for_others=" << u.lowered_for_others
          << ",quant_onset_tokens=" << outlook.onset_tokens << ",compression_warning="
@@ -160,10 +161,12 @@ struct SessionCounts {
   uint64_t sessions = 0, expired = 0, ended = 0;
 };
 
+// frozen_bytes: pool bytes of the frozen prefixes alive (Controller::prefix_frozen_bytes_).
 void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts,
-                           std::ostream& out) {
+                           uint64_t frozen_bytes, std::ostream& out) {
   const SequenceUsage& total = sums.total;
   const double fp16_bytes = static_cast<double>(total.elements) * 2;
+  const uint64_t reserved = total.pool_bytes + frozen_bytes;
   out << "# Sequences\n"
       << "sessions:" << counts.sessions << "\n"
       << "sessions_expired_total:" << counts.expired << "\n"
@@ -175,14 +178,17 @@ void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts
       << "tokens_evicted_total:" << total.evicted_tokens << "\n"
       << "evicted_bytes_total:" << total.evicted_bytes << "\n"
       << "kv_payload_bytes:" << total.payload_bytes << "\n"
+      << "kv_shared_bytes:" << total.shared_bytes << "\n"
       << "kv_pool_bytes:" << total.pool_bytes << "\n"
+      << "kv_prefix_frozen_bytes:" << frozen_bytes << "\n"
       << "kv_fp16_equivalent_bytes:" << static_cast<uint64_t>(fp16_bytes) << "\n"
       << "bits_per_element:" << Bpe(total.payload_bytes, total.elements) << "\n"
-      << "reserved_bits_per_element:" << Bpe(total.pool_bytes, total.elements)
+      << "reserved_bits_per_element:" << Bpe(reserved, total.elements)
       << "\n"
-      // Memory is what the pool reserves: whole pages, slack included.
-      << "compression_vs_fp16:"
-      << Num(total.pool_bytes ? fp16_bytes / static_cast<double>(total.pool_bytes) : 0.0) << "\n"
+      // Memory is what the pool reserves: whole pages, slack included, and the frozen prefixes
+      // the sequences share pages with.
+      << "compression_vs_fp16:" << Num(reserved ? fp16_bytes / static_cast<double>(reserved) : 0.0)
+      << "\n"
       << "payload_compression_vs_fp16:"
       << Num(total.payload_bytes ? fp16_bytes / static_cast<double>(total.payload_bytes) : 0.0)
       << "\n";
@@ -340,6 +346,28 @@ void WriteTierSection(const TierService* tier, std::ostream& out) {
       << "tier_bytes_read_total:" << c.bytes_read_total << "\n";
 }
 
+// The local prefix cache (docs/stats.md "# Prefix cache"); prefix_cache_enabled:0 and nothing
+// else without one.
+void WritePrefixSection(const PrefixCache* cache, uint64_t frozen_bytes, std::ostream& out) {
+  out << "# Prefix cache\n"
+      << "prefix_cache_enabled:" << (cache != nullptr) << "\n";
+  if (cache == nullptr) return;
+  const PrefixCacheCounters c = cache->counters();
+  out << "prefix_cache_entries:" << c.entries << "\n"
+      << "prefix_cache_read_entries:" << c.read_entries << "\n"
+      << "prefix_cache_held_bytes:" << c.held_bytes << "\n"
+      << "prefix_cache_max_bytes:" << cache->max_bytes() << "\n"
+      << "prefix_cache_frozen_bytes:" << frozen_bytes << "\n"
+      << "prefix_cache_inserts_total:" << c.inserts << "\n"
+      << "prefix_cache_inserts_refused_total:" << c.inserts_refused << "\n"
+      << "prefix_cache_lookups_total:" << c.lookups << "\n"
+      << "prefix_cache_hits_total:" << c.hits << "\n"
+      << "prefix_cache_hit_tokens_total:" << c.hit_tokens << "\n"
+      << "prefix_cache_dropped_total:" << c.dropped << "\n"
+      << "prefix_cache_shed_pages_total:" << c.shed_pages << "\n"
+      << "prefix_cache_lost_total:" << c.lost << "\n";
+}
+
 }  // namespace
 
 void Controller::SetServerInfo(std::string endpoint,
@@ -411,7 +439,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   std::ostringstream out;
   if (show("server")) WriteServerSection(config, now, out);
   if (show("pool")) WritePoolSection(out);
-  if (show("sequences")) WriteSequencesSection(sums, counts, out);
+  if (show("sequences")) WriteSequencesSection(sums, counts, prefix_frozen_bytes_.load(), out);
   if (show("layers")) WriteLayersSection(SumLayers(sums.heads), sums.layer_budgets, max_lines, out);
   if (show("heads")) WriteHeadsSection(sums.heads, max_lines, out);
   if (show("policy")) WritePolicySection(config, out);
@@ -425,6 +453,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
     WriteQualitySection(sums.heads, retired, config.server.quality_sample_period, out);
   }
   if (show("tier")) WriteTierSection(tier_.get(), out);
+  if (show("prefix")) WritePrefixSection(prefix_cache_.get(), prefix_frozen_bytes_.load(), out);
   std::string text = out.str();
   CapStatsText(&text);
   return text;

@@ -23,12 +23,23 @@ constexpr uint64_t kSliceBytes = 1 << 20;
 uint64_t Controller::Scrub(uint64_t max_bytes) {
   if (!pool_->checksums() || max_bytes == 0) return 0;
   MutexLock pass_lock(&scrub_mu_);
+  uint64_t verified = 0;
+  // Cached prefixes get the share of the pass their pages are of the pages in use, so every
+  // byte is walked at the same rate.
+  if (prefix_cache_) {
+    const uint64_t held = prefix_cache_->counters().held_bytes;
+    const uint64_t used = std::max<uint64_t>(pool_->Stats().bytes_used, held);
+    if (held > 0) {
+      const auto share = static_cast<uint64_t>(
+          static_cast<double>(max_bytes) * static_cast<double>(held) / static_cast<double>(used));
+      verified += prefix_cache_->Scrub(std::max<uint64_t>(share, 1));
+    }
+  }
   const std::vector<OpenSequenceRef> entries = OpenSequences();
   const size_t n = entries.size();
-  if (n == 0) return 0;
+  if (n == 0) return verified;
   std::vector<bool> done(n, false);
   size_t done_count = 0, i = scrub_next_ % n;
-  uint64_t verified = 0;
   while (verified < max_bytes && done_count < n) {
     if (!done[i]) {
       SequenceEntry* entry = entries[i].entry.get();

@@ -15,15 +15,13 @@
 
 #include "common/half.h"
 #include "tests/integration/daemon_process.h"
-#include "tests/support/synthetic_kv.h"
+#include "tests/integration/prefix_test_util.h"
 
 namespace kvctl {
 namespace {
 
 using testing::DaemonProcess;
-
-constexpr int kLayers = 2, kHeads = 2, kDim = 64;
-constexpr size_t kRow = static_cast<size_t>(kHeads) * kDim;
+using namespace prefix_test;  // NOLINT: the shared helpers of these tests.
 
 std::string Seeds(int base_port) {
   return "127.0.0.1:" + std::to_string(base_port) + ",127.0.0.1:" + std::to_string(base_port + 1);
@@ -37,76 +35,6 @@ std::string TierToml(const std::string& extra_tier = "", int base_port = KVCTL_T
          std::to_string(getpid()) + "\"\nprefix_block_tokens = 16\n" + extra_tier;
 }
 
-// [layers, tokens, heads, d] fp16 of a synthetic stream (K or V).
-std::vector<uint16_t> MakeFp16(int64_t tokens, uint64_t seed, bool values) {
-  std::vector<uint16_t> out;
-  for (int l = 0; l < kLayers; ++l) {
-    SyntheticKv kv = GenerateSyntheticKv(
-        {.tokens = tokens, .heads = kHeads, .head_dim = kDim, .seed = seed * 100 + l});
-    for (float x : values ? kv.v : kv.k) out.push_back(FloatToHalf(x));
-  }
-  return out;
-}
-
-// Tokens [first, first + n) of a [layers, tokens, ...] buffer.
-std::vector<uint16_t> Slice(const std::vector<uint16_t>& all, int64_t tokens, int64_t first,
-                            int64_t n) {
-  std::vector<uint16_t> out;
-  for (int l = 0; l < kLayers; ++l) {
-    const auto begin = all.begin() + static_cast<std::ptrdiff_t>((l * tokens + first) * kRow);
-    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(n * kRow));
-  }
-  return out;
-}
-
-StatusOr<ipc::AppendReply> Append(ipc::Client& c, uint64_t sid, uint64_t seq,
-                                  const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
-                                  int64_t total, int64_t first, int64_t n) {
-  const auto ks = Slice(k, total, first, n), vs = Slice(v, total, first, n);
-  return c.AppendInline({sid, seq, static_cast<uint64_t>(first), static_cast<uint32_t>(n)},
-                        {reinterpret_cast<const std::byte*>(ks.data()), ks.size() * 2},
-                        {reinterpret_cast<const std::byte*>(vs.data()), vs.size() * 2});
-}
-
-uint64_t Hello(ipc::Client& c, const std::string& model = "tier-model") {
-  auto hello = c.Hello({.client_name = "it",
-                        .model_name = model,
-                        .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}});
-  REQUIRE(hello.ok());
-  return hello->session_id;
-}
-
-// Per (layer, head), the fp32 K and V rows of the first `tokens` positions of a dense FETCH.
-struct Rows {
-  std::vector<std::vector<float>> k, v;
-};
-Rows FirstRows(const ipc::FetchDenseReply& f, int64_t tokens) {
-  Rows out;
-  const auto* fk = static_cast<const float*>(f.k.data());
-  const auto* fv = static_cast<const float*>(f.v.data());
-  const auto* pos = static_cast<const int64_t*>(f.positions.data());
-  size_t r = 0;
-  for (uint32_t count : f.counts) {
-    std::vector<float> k, v;
-    for (uint32_t i = 0; i < count; ++i, ++r) {
-      if (pos[r] >= tokens) continue;
-      k.insert(k.end(), fk + r * kDim, fk + (r + 1) * kDim);
-      v.insert(v.end(), fv + r * kDim, fv + (r + 1) * kDim);
-    }
-    out.k.push_back(std::move(k));
-    out.v.push_back(std::move(v));
-  }
-  return out;
-}
-
-uint64_t StatsField(ipc::Client& c, const std::string& section, const std::string& field) {
-  auto text = c.Stats(0, section);
-  REQUIRE(text.ok());
-  const size_t at = text->find("\n" + field + ":");
-  REQUIRE(at != std::string::npos);
-  return std::stoull(text->substr(at + field.size() + 2));
-}
-
 // Polls STATS until field reaches `want` (30 s at most: the machine may be saturated).
 bool WaitForStat(ipc::Client& c, const std::string& field, uint64_t want) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -115,12 +43,6 @@ bool WaitForStat(ipc::Client& c, const std::string& field, uint64_t want) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
-}
-
-std::vector<int32_t> Ids(int64_t n, int32_t first = 1000) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[i] = first + static_cast<int32_t>(i * 37 % 4999);
-  return ids;
 }
 
 TEST_CASE("Tier: a prefix saved through one daemon is restored by another, row for row",
@@ -284,21 +206,25 @@ TEST_CASE("Tier: an unreachable cluster never blocks resident sequences", "[inte
   CHECK(node.Stop() == 0);
 }
 
-TEST_CASE("Tier: without a tier SAVE_PREFIX is refused by name and OPEN_PREFIX opens empty",
-          "[integration][tier]") {
-  DaemonProcess node("bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n");
+TEST_CASE(
+    "Tier: with neither a tier nor a local cache SAVE_PREFIX is refused by name and OPEN_PREFIX "
+    "opens empty",
+    "[integration][tier]") {
+  DaemonProcess node(
+      "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n[tier]\nlocal_prefix_fraction = 0\n");
   auto c = node.Connect();
   const uint64_t sid = Hello(*c);
   REQUIRE(c->Open(sid, 1).ok());
   auto saved = c->SavePrefix(sid, 1, Ids(16));
   CHECK(saved.status().code() == StatusCode::kFailedPrecondition);
-  CHECK_THAT(saved.status().message(), Catch::Contains("no cluster tier"));
+  CHECK_THAT(saved.status().message(), Catch::Contains("keeps no prefixes"));
   CHECK(c->SavePrefix(sid, 7, Ids(16)).status().code() == StatusCode::kNotFound);
   auto opened = c->OpenPrefix(sid, 2, Ids(16));
   REQUIRE(opened.ok());
   CHECK(opened->restored_tokens == 0);
   CHECK(c->OpenPrefix(sid, 2, Ids(16)).status().code() == StatusCode::kAlreadyExists);
   CHECK(StatsField(*c, "tier", "tier_enabled") == 0);
+  CHECK(StatsField(*c, "prefix", "prefix_cache_enabled") == 0);
   CHECK(node.Stop() == 0);
 }
 
