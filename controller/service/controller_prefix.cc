@@ -154,10 +154,11 @@ StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixReque
   }
   const std::vector<uint8_t> value = EncodePrefixValue(kept, image);
   if (Status put = tier_->PutPrefix(keys.back(), value); !put.ok()) {
-    // Kept in this daemon, the prefix still serves its own sessions: the tier's failure is
-    // counted and logged rather than failing the call.
-    if (!kept_locally) return Status(put.code(), "SAVE_PREFIX: " + put.message());
-    spdlog::warn("SAVE_PREFIX: kept in this daemon only, the tier refused it: {}", put.message());
+    // The engine learns that other daemons cannot restore it, even when this one kept it.
+    return Status(put.code(),
+                  internal::StrCat("SAVE_PREFIX: ", put.message(),
+                                   kept_locally ? " (kept in this daemon's prefix cache only)"
+                                                : ""));
   }
   return ipc::SavePrefixReply{static_cast<uint64_t>(cut), value.size()};
 }

@@ -346,10 +346,10 @@ void WriteTierSection(const TierService* tier, std::ostream& out) {
       << "tier_bytes_read_total:" << c.bytes_read_total << "\n";
 }
 
-// The local prefix cache (docs/stats.md "# Prefix cache"); prefix_cache_enabled:0 and nothing
+// The local prefix cache (docs/stats.md "prefix"); prefix_cache_enabled:0 and nothing
 // else without one.
 void WritePrefixSection(const PrefixCache* cache, uint64_t frozen_bytes, std::ostream& out) {
-  out << "# Prefix cache\n"
+  out << "# Prefix\n"
       << "prefix_cache_enabled:" << (cache != nullptr) << "\n";
   if (cache == nullptr) return;
   const PrefixCacheCounters c = cache->counters();

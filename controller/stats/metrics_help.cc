@@ -88,6 +88,8 @@ constexpr Help kHelp[] = {
     {"kvctl_sequence_bytes", "Bytes of pool pages this open sequence reserves."},
     {"kvctl_sequence_payload_bytes",
      "Bytes of records and rows this open sequence stores, page slack excluded."},
+    {"kvctl_sequence_shared_bytes",
+     "Of this sequence's payload, bytes it reads from frozen prefix pages it shares."},
     {"kvctl_sequence_evictions", "Token rows evicted from this sequence, over layers and heads."},
     {"kvctl_sequence_age_s", "Seconds since this sequence was opened."},
     {"kvctl_sequence_kept_tokens", "Token rows this sequence holds, over layers and KV heads."},

@@ -542,16 +542,18 @@ class Client:
         return reply.bytes_freed
 
     def save_prefix(self, seq: int, tokens) -> Tuple[int, int]:
-        """Stores sequence `seq`'s prefix in the daemon's cluster tier (PROTOCOL.md 4.9), so
-        open_prefix of any daemon sharing the cluster can restore it instead of prefilling.
+        """Stores sequence `seq`'s prefix in the daemon's local prefix cache and its cluster tier
+        (PROTOCOL.md 4.9), so open_prefix on this daemon (sharing its pages) or on any daemon
+        sharing the cluster can restore it instead of prefilling.
 
         tokens: the id of every token `seq` holds, in position order (ints, a 1-D integer array
         or tensor). Returns (saved_tokens, stored_bytes): the daemon stores the longest prefix
         it can cut exactly at a tier.prefix_block_tokens boundary (0 = no such cut yet, nothing
         stored). The sequence is unchanged. Raises ServerError: FAILED_PRECONDITION when the
-        daemon has no tier (tier.nodes = "") or `seq` does not start at position 0 or evicted
-        tokens, INVALID_ARGUMENT when the id count is not the sequence's token count,
-        UNAVAILABLE when the cluster cannot be reached, RESOURCE_EXHAUSTED when it is full.
+        daemon keeps no prefixes (no tier and tier.local_prefix_fraction = 0) or `seq` does not
+        start at position 0 or evicted tokens, INVALID_ARGUMENT when the id count is not the
+        sequence's token count, UNAVAILABLE when the cluster cannot be reached,
+        RESOURCE_EXHAUSTED when it is full (or, without a tier, the local cache cannot hold it).
         """
         s = self._require_session()
         reply: p.SavePrefixReply = self._call(

@@ -1,9 +1,12 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """KvctlCache(prefix_reuse=True) (python/kvctl/hf_prefix.py) with SmolLM2-135M.
 
-- Against daemons without a cluster tier: OPEN_PREFIX restores nothing and generation is
-  unchanged; the automatic SAVE_PREFIX is refused (FAILED_PRECONDITION), recorded and warned, and
-  save_prefix() raises it.
+- Against daemons that keep no prefixes (no cluster tier, tier.local_prefix_fraction = 0):
+  OPEN_PREFIX restores nothing and generation is unchanged; the automatic SAVE_PREFIX is refused
+  (FAILED_PRECONDITION), recorded and warned, and save_prefix() raises it.
+- One daemon without a tier (test_one_daemon_shares_a_prefix_in_its_pool): engine B restores
+  engine A's prompt from the daemon's local prefix cache, sharing its pages, and generates what A
+  generated, bit for bit.
 - The cache's restore path, with the tier played by the test over a lossless daemon
   (EmulatedTierClient): engine B restores engine A's prompt prefix, prefills only the rest and
   generates what A generated.
@@ -45,7 +48,8 @@ def ids(smollm2):
 
 @pytest.fixture(scope="module")
 def plain_daemon(_shared_factory):
-    return _shared_factory(quant__lossless=True, pool__bytes="64MiB")
+    return _shared_factory(quant__lossless=True, pool__bytes="64MiB",
+                           tier__local_prefix_fraction=0)
 
 
 def _generate(model, prompt, cache, new_tokens=NEW_TOKENS):
@@ -91,7 +95,7 @@ def test_prefix_reuse_without_a_tier_generates_as_before(smollm2, ids, plain_dae
             got = _generate(model, prompt, cache)
         # The automatic save ran at the first decode step, was refused, and changed nothing.
         assert cache.prefix_saved is None
-        assert "no cluster tier" in cache.prefix_error
+        assert "keeps no prefixes" in cache.prefix_error
         with pytest.raises(kvctl.ServerError) as e:
             cache.save_prefix(got.sequences[:, :cache.get_seq_length()])
         assert e.value.code == "FAILED_PRECONDITION" and "tier.nodes" in e.value.message
@@ -136,14 +140,14 @@ def test_forward_of_other_ids_than_the_prompt_cancels_the_save(smollm2, ids, pla
                                              % (other[0, 17], prompt[0, 17]))
         assert cache._prefix_check is None  # The hook is gone with the pending save.
     # The same prompt in two forwards (a chunked prefill) is the prompt: checked, then saved
-    # (refused here: no tier).
+    # (refused here: this daemon keeps no prefixes).
     with KvctlCache(model, plain_daemon.endpoint, prefix_reuse=True) as cache:
         assert cache.open_prefix(prompt) == 0
         with torch.no_grad():
             model(prompt[:, :12], past_key_values=cache)
         with pytest.warns(RuntimeWarning, match="FAILED_PRECONDITION"):
             _generate(model, prompt, cache, new_tokens=2)
-        assert "no cluster tier" in cache.prefix_error
+        assert "keeps no prefixes" in cache.prefix_error
 
 
 # ---- The restore path, the tier played by the test ---------------------------------------
@@ -336,6 +340,24 @@ def test_two_daemons_share_a_prefix_through_a_redis_cluster(smollm2, ids, daemon
     d1 = daemon_factory(**settings)
     d2 = daemon_factory(**settings)
     _skip_without_tier_support(d1)
+    _share_and_compare(model, ids, d1, d2, case)
+
+
+@pytest.mark.parametrize("case", sorted(TIER_CASES))
+def test_one_daemon_shares_a_prefix_in_its_pool(smollm2, ids, daemon_factory, case):
+    """As above on one daemon without a tier: B's sequence is opened from the prefix A's save
+    left in the daemon's local prefix cache, reading its pages in place (kv_shared_bytes), with
+    the same rows, logits and tokens as A's."""
+    model, _ = smollm2
+    d = daemon_factory(**dict(TIER_CASES[case], pool__bytes="128MiB", tier__prefix_block_tokens=16))
+    _share_and_compare(model, ids, d, d, case)
+    with kvctl.Client(d.endpoint, timeout_ms=10000) as c:
+        stats = c.stats("prefix")["prefix"]
+    assert stats["prefix_cache_hits_total"] == 1 and stats["prefix_cache_entries"] == 1
+
+
+def _share_and_compare(model, ids, d1, d2, case):
+    """Engine A on d1 saves its prompt, engine B on d2 restores it: what both tests check."""
     prompt = ids[:, :PROMPT]
     a_client = SnapshotClient(d1.endpoint, timeout_ms=60000)
     try:
@@ -360,6 +382,8 @@ def test_two_daemons_share_a_prefix_through_a_redis_cluster(smollm2, ids, daemon
             lengths.remove()
         assert lengths.lengths[0] == PROMPT - CUT
         assert b.prefix_saved is None  # 288 is all a 300-id prefix can store: not again.
+        if d1 is d2:  # One daemon: B reads the cached prefix's pages, no copy.
+            assert b.client.stats("sequences")["sequences"]["kv_shared_bytes"] > 0
     # The restored rows are the saving sequence's, bit for bit (records and fp16 rows alike).
     assert b_rows.positions.tolist() == list(range(CUT))
     np.testing.assert_array_equal(b_rows.k, a_rows.k[:, :CUT])

@@ -185,9 +185,10 @@ TEST_CASE("Tier: a spilled sequence the tier lost answers DATA_LOSS, never wrong
 }
 
 TEST_CASE("Tier: an unreachable cluster never blocks resident sequences", "[integration][tier]") {
-  // Nothing listens on base + 36..37 (no test of the tier's 50 ports starts a node there).
-  DaemonProcess node(
-      TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\n", KVCTL_TIER_BASE_PORT + 36));
+  // Nothing listens on base + 36..37 (no test of the tier's 50 ports starts a node there). No
+  // local prefix cache, so nothing is found without the tier.
+  DaemonProcess node(TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\nlocal_prefix_fraction = 0\n",
+                              KVCTL_TIER_BASE_PORT + 36));
   auto c = node.Connect();
   const uint64_t sid = Hello(*c);
   const auto k = MakeFp16(64, 7, false), v = MakeFp16(64, 7, true);

@@ -228,8 +228,9 @@ def test_json_snapshot_matches_the_stats_text(daemon, cleanup):
     assert out.returncode == 0, out.stderr
     snap = json.loads(out.stdout)
     assert list(snap) == ["server", "pool", "sequences", "layers", "heads", "policy", "ipc",
-                          "quality", "tier"]
+                          "quality", "tier", "prefix"]
     assert snap["tier"] == {"tier_enabled": 0}
+    assert snap["prefix"]["prefix_cache_enabled"] == 1 and snap["prefix"]["prefix_cache_entries"] == 0
     assert isinstance(snap["pool"]["pool_bytes"], int)
     assert isinstance(snap["sequences"]["bits_per_element"], float)
     assert snap["server"]["kvctl_version"] == "0.1.0"

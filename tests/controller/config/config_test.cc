@@ -142,6 +142,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"tier.timeout_ms", "1000"},
       {"tier.connect_timeout_ms", "200"},
       {"tier.chunk_bytes", "\"256KiB\""},
+      {"tier.local_prefix_fraction", "0.25"},
   };
   const Config c;
   size_t checked = 0;
