@@ -188,6 +188,24 @@ std::vector<Item> TierItems(const Snapshot& s) {
           {"restored ", HumanCount(s.Num("tier", "tier_prefix_restored_tokens_total")) + " tok"}};
 }
 
+// The local prefix cache (STATS # Prefix); empty while it is off or has not been used.
+std::vector<Item> PrefixItems(const Snapshot& s) {
+  if (s.Num("prefix", "prefix_cache_enabled") <= 0 ||
+      s.Num("prefix", "prefix_cache_entries") + s.Num("prefix", "prefix_cache_lookups_total") <=
+          0) {
+    return {};
+  }
+  return {{"prefixes ", HumanCount(s.Num("prefix", "prefix_cache_entries")) + " (" +
+                            HumanCount(s.Num("prefix", "prefix_cache_read_entries")) + " read) " +
+                            HumanBytes(s.Num("prefix", "prefix_cache_held_bytes")) + "/" +
+                            HumanBytes(s.Num("prefix", "prefix_cache_max_bytes"))},
+          {"shared ", HumanBytes(s.Num("sequences", "kv_shared_bytes"))},
+          {"hit/lookup ", HumanCount(s.Num("prefix", "prefix_cache_hits_total")) + "/" +
+                              HumanCount(s.Num("prefix", "prefix_cache_lookups_total"))},
+          {"dropped ", HumanCount(s.Num("prefix", "prefix_cache_dropped_total"))},
+          {"lost ", HumanCount(s.Num("prefix", "prefix_cache_lost_total"))}};
+}
+
 std::string QualitySummary(const Snapshot& s) {
   const double period = s.Num("quality", "quality_sample_period");
   if (period <= 0) return "Quality: off (server.quality_sample_period 0)";
@@ -422,9 +440,11 @@ std::vector<Line> LayoutScreen(const Snapshot& s, const Rates& rates, const View
   out.push_back(ItemLine(RateItems(s, rates), width));
   const std::vector<Item> tier = TierItems(s);
   if (!tier.empty()) out.push_back(ItemLine(tier, width));
+  const std::vector<Item> prefix = PrefixItems(s);
+  if (!prefix.empty()) out.push_back(ItemLine(prefix, width));
 
   // Rows below the header: panel title + panels, sequences title + header + rows, footer.
-  const int avail = height - 8 - (tier.empty() ? 0 : 1);
+  const int avail = height - 8 - (tier.empty() ? 0 : 1) - (prefix.empty() ? 0 : 1);
   const int n_layers = static_cast<int>(s.layers.size());
   const int n_seqs = std::max(1, static_cast<int>(s.sequences.size()));
   int panel = std::max(0, avail - 1);
@@ -544,6 +564,9 @@ std::string RenderPlain(const Snapshot& s, int width) {
   line(ItemLine(KvItems(s), width));
   line(ItemLine(TotalItems(s), width));
   if (const std::vector<Item> tier = TierItems(s); !tier.empty()) line(ItemLine(tier, width));
+  if (const std::vector<Item> prefix = PrefixItems(s); !prefix.empty()) {
+    line(ItemLine(prefix, width));
+  }
 
   char buf[256];
   out += "\nLayers " + std::to_string(s.layers.size()) + "\n";

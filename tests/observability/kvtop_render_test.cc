@@ -66,8 +66,10 @@ TEST_CASE("kvtop render: the screen fits 80x24 with header, layers, heads, seque
   CHECK(CountMatches(text, "^ 1/[123] +vllm ") == 3);
 }
 
-TEST_CASE("kvtop render: a daemon with a cluster tier gets a tier line, the screen its size",
-          "[tools][kvtop]") {
+TEST_CASE(
+    "kvtop render: a daemon with a cluster tier and cached prefixes gets their lines, the screen "
+    "its size",
+    "[tools][kvtop]") {
   const Snapshot s = Make({.layers = 30, .heads = 3, .sequences = 3, .tier = true});
   ViewState view;
   const std::vector<Line> lines = LayoutScreen(s, Rates{}, view, 140, 24);
@@ -75,7 +77,8 @@ TEST_CASE("kvtop render: a daemon with a cluster tier gets a tier line, the scre
   const std::string text = Screen(lines);
   INFO(text);
   for (const char* want : {"tier up", "spilled 2 seq 3.0M", "spills 5 5.0ms", "restores 3 4.0ms",
-                           "lost 0", "prefix hit/miss 7/2", "restored 14.3k tok"}) {
+                           "lost 0", "prefix hit/miss 7/2", "restored 14.3k tok",
+                           "prefixes 2 (1 read) 2.0M/64.0M", "hit/lookup 3/4", "dropped 1"}) {
     INFO(want);
     CHECK(text.find(want) != std::string::npos);
   }

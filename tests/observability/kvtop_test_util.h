@@ -18,7 +18,7 @@ struct FakeStats {
   int budget_tokens = 0;
   std::string client = "vllm";
   uint64_t session = 1;
-  bool tier = false;  // A # Tier section with a cluster.
+  bool tier = false;  // A # Tier section with a cluster, and a # Prefix section in use.
 };
 
 inline std::string MakeStats(const FakeStats& f) {
@@ -70,6 +70,10 @@ inline std::string MakeStats(const FakeStats& f) {
       << "tier_spills_total:5\ntier_spill_us_total:25000\ntier_restores_total:3\n"
       << "tier_restore_us_total:12000\ntier_spilled_lost_total:0\ntier_prefix_hits_total:7\n"
       << "tier_prefix_misses_total:2\ntier_prefix_restored_tokens_total:14336\n";
+    o << "# Prefix\nprefix_cache_enabled:1\nprefix_cache_entries:2\nprefix_cache_read_entries:1\n"
+      << "prefix_cache_held_bytes:2097152\nprefix_cache_max_bytes:67108864\n"
+      << "prefix_cache_lookups_total:4\nprefix_cache_hits_total:3\nprefix_cache_dropped_total:1\n"
+      << "prefix_cache_lost_total:0\n";
   }
   return o.str();
 }
