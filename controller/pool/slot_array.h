@@ -87,6 +87,11 @@ class SlotArray {
   // array is empty, count <= lender.size(), both have the same slot size and page size (one pool).
   // The caller keeps the lender's pages alive and unchanged while this array holds them.
   void Borrow(const SlotArray& lender, size_t count);
+  // Replaces this array's first `count` slots by `lender`'s first `count`, borrowed: the own ones
+  // among them go back to the slab (compact it afterwards). REQUIRES: borrowed() <= count <=
+  // min(size(), lender.size()), the same slot and page size, and the caller checked that the
+  // slots hold the same bytes.
+  void ShareFrom(const SlotArray& lender, size_t count);
 
  private:
   friend class Slab;

@@ -185,6 +185,14 @@ class KvSequence {
   static StatusOr<std::unique_ptr<KvSequence>> Fork(std::shared_ptr<const KvSequence> source,
                                                     int quality_sample_period,
                                                     PressureSettings pressure = {});
+  // The other direction, for the sequence a frozen prefix was saved from: its first slots are
+  // replaced by the prefix's (borrowed, as a fork's) and its own copies go back to the pool, so
+  // the saver holds the prefix once with its forks. Every shared slot is compared byte for byte
+  // first. Returns the pool bytes freed; FAILED_PRECONDITION naming what differs (nothing changes
+  // then) when `prefix` is not this sequence's prefix, when eviction is on, or when the sequence
+  // already shares slots of a prefix that `prefix` does not cover; the sequence's DATA_LOSS when
+  // it is lost.
+  StatusOr<uint64_t> ShareWith(std::shared_ptr<const KvSequence> prefix);
 
   // Appends n_tokens tokens at positions first_position... k[l], v[l] are [n_tokens, kv_heads,
   // head_dim] views of layer l. The first append fixes the sequence's start position; later ones
@@ -336,6 +344,8 @@ class KvSequence {
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
                    const KvTensorView& v, std::vector<float>* out_k,
                    std::vector<float>* out_v) const;
+  // Rows of a head a fork borrows from its frozen prefix (kv_sequence_fork.cc).
+  static size_t SharedRows(const LayerState& layer, const HeadStream& head);
   // Tokens a head's tail holds after an append of n tokens without eviction (inline in
   // kv_sequence_internal.h): AppendIsLight and PlanHeadRows share this rule.
   static int64_t TailAfterAppend(const HeadStream& head, int sink_target, int64_t n);

@@ -7,6 +7,7 @@
 // (LowerWidth); sink rows are written once, and a lossless layer's rows only ever grow; only a
 // quantized layer's fp16 tail is rewritten in place (each flush moves its remainder down), so it
 // alone is copied.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -14,6 +15,12 @@
 #include "controller/sequence/kv_sequence_internal.h"
 
 namespace kvctl {
+
+size_t KvSequence::SharedRows(const LayerState& layer, const HeadStream& head) {
+  // A lossless layer never flushes, so its rows only ever grow (all shared); a quantized layer
+  // rewrites its tail at each flush, so only its sinks are.
+  return layer.plan.lossless ? head.rows.size() : static_cast<size_t>(head.sink_rows);
+}
 
 StatusOr<std::unique_ptr<KvSequence>> KvSequence::Fork(std::shared_ptr<const KvSequence> source,
                                                        int quality_sample_period,
@@ -35,11 +42,6 @@ StatusOr<std::unique_ptr<KvSequence>> KvSequence::Fork(std::shared_ptr<const KvS
                            src.geometry_.layers * src.geometry_.kv_heads,
                            " (layers x kv_heads) or none");
   }
-  // Rows a fork borrows: a lossless layer never flushes, so its rows only ever grow (all shared);
-  // a quantized layer rewrites its tail at each flush, so only its sinks are.
-  const auto shared_rows = [](const LayerState& layer, const HeadStream& head) {
-    return layer.plan.lossless ? head.rows.size() : static_cast<size_t>(head.sink_rows);
-  };
   SequenceGeometry geometry = src.geometry_;
   geometry.quality_sample_period = quality_sample_period;
   std::vector<LayerPlan> plans;
@@ -56,7 +58,7 @@ StatusOr<std::unique_ptr<KvSequence>> KvSequence::Fork(std::shared_ptr<const KvS
     for (size_t h = 0; h < from.heads.size(); ++h) {
       const HeadStream& a = from.heads[h];
       HeadStream& b = to.heads[h];
-      b.rows.Borrow(a.rows, shared_rows(from, a));
+      b.rows.Borrow(a.rows, SharedRows(from, a));
       b.records.Borrow(a.records, a.records.size());
       slab_plan.Count(b.rows, a.rows.size());
     }
@@ -78,7 +80,7 @@ StatusOr<std::unique_ptr<KvSequence>> KvSequence::Fork(std::shared_ptr<const KvS
       HeadStream& b = to.heads[h];
       b.rows.Resize(a.rows.size(), &reserved);
       const size_t slot = b.rows.slot_bytes();
-      for (size_t i = shared_rows(from, a); i < a.rows.size(); ++i) {
+      for (size_t i = SharedRows(from, a); i < a.rows.size(); ++i) {
         std::memcpy(b.rows.MutableSlot(i), a.rows.Slot(i), slot);
       }
       b.sink_rows = a.sink_rows;
@@ -94,6 +96,66 @@ StatusOr<std::unique_ptr<KvSequence>> KvSequence::Fork(std::shared_ptr<const KvS
   seq->lender_ = std::move(source);
   KVCTL_RETURN_IF_ERROR(seq->Publish());
   return seq;
+}
+
+StatusOr<uint64_t> KvSequence::ShareWith(std::shared_ptr<const KvSequence> prefix) {
+  KVCTL_CHECK(prefix != nullptr);
+  const KvSequence& p = *prefix;
+  KVCTL_RETURN_IF_ERROR(integrity_);
+  if (eviction_.enabled) {
+    return FailedPrecondition("share: eviction: evict.policy = \"",
+                              EvictPolicyName(eviction_.policy),
+                              "\" rewrites records in place, so they cannot be shared");
+  }
+  if (p.layers_.size() != layers_.size() || p.geometry_.kv_heads != geometry_.kv_heads ||
+      p.tokens_ > tokens_ || (p.tokens_ > 0 && p.first_position_ != first_position_)) {
+    return FailedPrecondition("share: the prefix (", p.tokens_, " tokens from ", p.first_position_,
+                              ") is not one of this sequence (", tokens_, " tokens from ",
+                              first_position_, ")");
+  }
+  // Every slot to share must hold the same bytes, and every slot this sequence already borrows
+  // must be among them (the old lender is let go). Nothing changes until all of it holds.
+  auto same = [](const SlotArray& a, const SlotArray& b, size_t count) {
+    if (count > b.size() || b.borrowed() > count || a.slot_bytes() != b.slot_bytes()) return false;
+    for (size_t i = 0; i < count; ++i) {
+      if (std::memcmp(a.Slot(i), b.Slot(i), a.slot_bytes()) != 0) return false;
+    }
+    return true;
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerState& from = *p.layers_[l];
+    const LayerState& to = *layers_[l];
+    bool ok =
+        from.plan.lossless == to.plan.lossless && same(from.norms, to.norms, from.norms.size());
+    for (size_t h = 0; ok && h < from.heads.size(); ++h) {
+      const HeadStream& a = from.heads[h];
+      const HeadStream& b = to.heads[h];
+      ok = a.spec == b.spec && same(a.records, b.records, a.records.size()) &&
+           same(a.rows, b.rows, SharedRows(from, a));
+    }
+    if (!ok) {
+      return FailedPrecondition("share: layer ", l,
+                                " of the prefix differs from this sequence's (plan, widths or "
+                                "stored bytes)");
+    }
+  }
+  const uint64_t held = slabs_.bytes_held();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerState& from = *p.layers_[l];
+    LayerState& to = *layers_[l];
+    to.norms.ShareFrom(from.norms, from.norms.size());
+    for (size_t h = 0; h < from.heads.size(); ++h) {
+      const HeadStream& a = from.heads[h];
+      HeadStream& b = to.heads[h];
+      b.records.ShareFrom(a.records, a.records.size());
+      b.rows.ShareFrom(a.rows, SharedRows(from, a));
+    }
+  }
+  lender_ = std::move(prefix);
+  // The slots given back leave whole pages free once compacted.
+  if (Status compacted = slabs_.Compact(); !compacted.ok()) return MarkLost(compacted);
+  KVCTL_RETURN_IF_ERROR(Publish());
+  return held - std::min(held, slabs_.bytes_held());
 }
 
 Status KvSequence::VerifyForCopy() const {

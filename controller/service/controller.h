@@ -221,8 +221,9 @@ class Controller {
   bool SpillLocked(SequenceEntry& entry, uint64_t sequence_id, const std::string& model_name)
       KVCTL_REQUIRES(entry.mu);
   // Keeps a frozen copy of a saved prefix (`image`, the first tokens.size() tokens) in the local
-  // prefix cache; false when the host budget, the pool or the cache's bound refuses it.
-  bool KeepLocalPrefix(const std::string& key, std::span<const int32_t> tokens,
+  // prefix cache and returns it; null when the host budget, the pool or the cache's bound
+  // refuses it.
+  std::shared_ptr<KvSequence> KeepLocalPrefix(const std::string& key, std::span<const int32_t> tokens,
                        std::span<const uint8_t> image, const SequenceGeometry& geometry,
                        const std::string& model_name, const HostShape& shape) KVCTL_EXCLUDES(mu_);
   // A frozen prefix made from a stored image, its host memory charged (released when it goes).

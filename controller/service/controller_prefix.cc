@@ -72,17 +72,19 @@ StatusOr<std::shared_ptr<KvSequence>> Controller::FreezePrefix(std::span<const u
       });
 }
 
-bool Controller::KeepLocalPrefix(const std::string& key, std::span<const int32_t> tokens,
-                                 std::span<const uint8_t> image, const SequenceGeometry& geometry,
-                                 const std::string& model_name, const HostShape& shape) {
+std::shared_ptr<KvSequence> Controller::KeepLocalPrefix(
+    const std::string& key, std::span<const int32_t> tokens, std::span<const uint8_t> image,
+    const SequenceGeometry& geometry, const std::string& model_name, const HostShape& shape) {
   StatusOr<std::shared_ptr<KvSequence>> frozen = FreezePrefix(image, geometry, model_name, shape);
   if (!frozen.ok()) {
     spdlog::info("prefix cache: a prefix of {} tokens is not kept: {}", tokens.size(),
                  frozen.status().message());
-    return false;
+    return nullptr;
   }
-  return prefix_cache_->Insert(key, std::vector<int32_t>(tokens.begin(), tokens.end()),
-                               std::move(frozen).value());
+  if (!prefix_cache_->Insert(key, std::vector<int32_t>(tokens.begin(), tokens.end()), *frozen)) {
+    return nullptr;
+  }
+  return std::move(frozen).value();
 }
 
 StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixRequest& request,
@@ -141,8 +143,23 @@ StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixReque
   }
   const std::span<const int32_t> kept(tokens.data(), static_cast<size_t>(cut));
   const std::vector<std::string> keys = PrefixKeys(NamespaceOf(tier_config, model_name, g), kept);
-  const bool kept_locally =
-      prefix_cache_ && KeepLocalPrefix(keys.back(), kept, image, geometry, model_name, shape);
+  std::shared_ptr<KvSequence> frozen =
+      prefix_cache_ ? KeepLocalPrefix(keys.back(), kept, image, geometry, model_name, shape)
+                    : nullptr;
+  const bool kept_locally = frozen != nullptr;
+  if (frozen) {
+    // The saver then holds the prefix once with the sequences opened from it: its own copies go
+    // back to the pool. The bytes are compared first, so whatever happened to the sequence since
+    // the export, nothing it holds changes.
+    MutexLock seq_lock(&entry->mu);
+    if (entry->seq) {
+      StatusOr<uint64_t> freed = entry->seq->ShareWith(std::move(frozen));
+      if (!freed.ok()) {
+        spdlog::info("SAVE_PREFIX: sequence {} keeps its own copy of the prefix: {}",
+                     request.sequence_id, freed.status().message());
+      }
+    }
+  }
   if (!tier_) {
     if (!kept_locally) {
       return ResourceExhausted("SAVE_PREFIX: the local prefix cache cannot hold a prefix of ", cut,
@@ -155,10 +172,10 @@ StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixReque
   const std::vector<uint8_t> value = EncodePrefixValue(kept, image);
   if (Status put = tier_->PutPrefix(keys.back(), value); !put.ok()) {
     // The engine learns that other daemons cannot restore it, even when this one kept it.
-    return Status(put.code(),
-                  internal::StrCat("SAVE_PREFIX: ", put.message(),
-                                   kept_locally ? " (kept in this daemon's prefix cache only)"
-                                                : ""));
+    return Status(
+        put.code(),
+        internal::StrCat("SAVE_PREFIX: ", put.message(),
+                         kept_locally ? " (kept in this daemon's prefix cache only)" : ""));
   }
   return ipc::SavePrefixReply{static_cast<uint64_t>(cut), value.size()};
 }

@@ -61,6 +61,8 @@ TEST_CASE("Prefix cache: sequences opened from a saved prefix share its pages in
   const Rows want = FirstRows(*original, 288);
   const uint64_t frozen = StatsField(*c, "sequences", "kv_prefix_frozen_bytes");
   CHECK(frozen > 0);
+  // The saver now reads its prefix from the frozen copy too (its own copy went back).
+  CHECK(StatsField(*c, "sequences", "kv_shared_bytes") > 0);
   CHECK(StatsField(*c, "prefix", "prefix_cache_held_bytes") == frozen);
   // The saver goes; the prefix stays.
   REQUIRE(c->Close(sid, 1).ok());

@@ -6,6 +6,7 @@
 // reader goes; and a page changed behind the daemon's back is found through every fork.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
@@ -50,6 +51,7 @@ void ExpectUnchanged(const Snapshot& a, const Snapshot& b) {
 std::shared_ptr<KvSequence> Freeze(PageAllocator* pool, const KvSequence& seq, int64_t tokens,
                                    const SequenceGeometry& geometry) {
   StatusOr<std::vector<uint8_t>> image = ExportImage(seq, tokens, "m");
+  INFO(image.status().ToString());
   REQUIRE(image.ok());
   StatusOr<std::unique_ptr<KvSequence>> frozen = ImportImage(pool, *image, geometry, "m");
   REQUIRE(frozen.ok());
@@ -146,6 +148,84 @@ TEST_CASE("Fork: a fork of a prefix that is all sinks or ends at a flush", "[con
     }
     ExpectSame(*pool, fresh, *pool, **fork, /*counters=*/false);
   }
+}
+
+TEST_CASE("Fork: the saver shares its prefix's pages too, and goes on alike",
+          "[controller][fork]") {
+  for (const ImageCase& c : ImageCases()) {
+    DYNAMIC_SECTION(c.name) {
+      auto pool = testing::MakeTestPool(64 << 20, 16 << 10);
+      const SequenceGeometry geometry = Geometry(c.dtype);
+      KvSequence saver(pool.get(), geometry, c.plans), copy(pool.get(), geometry, c.plans);
+      const Data data = MakeData(kLayers, 900, kHeads, c.dtype, 9);
+      for (KvSequence* s : {&saver, &copy}) {
+        for (auto [from, n] : {std::pair{0, 200}, {200, 1}, {201, 100}}) {
+          REQUIRE(AppendRange(s, data, 0, from, n).ok());
+        }
+      }
+      const int64_t cut = LargestExactCut(saver, 301, 16);
+      REQUIRE(cut > 0);
+      std::shared_ptr<KvSequence> frozen = Freeze(pool.get(), saver, cut, geometry);
+      const Snapshot frozen_before = Take(*pool, *frozen);
+      const uint64_t held = saver.Usage().pool_bytes;
+      StatusOr<uint64_t> freed = saver.ShareWith(frozen);
+      REQUIRE(freed.ok());
+      REQUIRE(saver.shares_pages());
+      REQUIRE(saver.Usage().pool_bytes == held - *freed);
+      REQUIRE(saver.Usage().shared_bytes > 0);
+      ExpectSame(*pool, copy, *pool, saver, /*counters=*/false);
+      for (int l = 0; l < kLayers; ++l) {
+        for (int h = 0; h < kHeads; ++h) {
+          const HeadBlocks f = frozen->Blocks(l, h), s = saver.Blocks(l, h);
+          REQUIRE(std::equal(f.record_ids.begin(), f.record_ids.begin() + f.records,
+                             s.record_ids.begin()));
+        }
+      }
+      for (auto [from, n] : {std::pair{301, 1}, {302, 300}, {602, 298}}) {
+        REQUIRE(AppendRange(&saver, data, 0, from, n).ok());
+        REQUIRE(AppendRange(&copy, data, 0, from, n).ok());
+        ExpectSame(*pool, copy, *pool, saver, /*counters=*/false);
+      }
+      ExpectUnchanged(frozen_before, Take(*pool, *frozen));
+      // A longer prefix of the same sequence replaces the first as its lender, which then goes.
+      const int64_t longer = LargestExactCut(saver, 900, 1);
+      REQUIRE(longer > cut);
+      std::shared_ptr<KvSequence> second = Freeze(pool.get(), saver, longer, geometry);
+      const uint32_t free_before = FreePages(*pool);
+      REQUIRE(saver.ShareWith(second).ok());
+      frozen.reset();
+      REQUIRE(FreePages(*pool) > free_before);
+      ExpectSame(*pool, copy, *pool, saver, /*counters=*/false);
+      // The first prefix again: it does not cover what the saver now borrows.
+      KvSequence again(pool.get(), geometry, c.plans);
+      REQUIRE(AppendRange(&again, data, 0, 0, 301).ok());
+      std::shared_ptr<KvSequence> shorter = Freeze(pool.get(), again, cut, geometry);
+      REQUIRE(Names(saver.ShareWith(shorter).status(), StatusCode::kFailedPrecondition, "differs"));
+    }
+  }
+}
+
+TEST_CASE("Fork: a prefix of other tokens is not shared, and nothing changes",
+          "[controller][fork]") {
+  auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
+  const SequenceGeometry geometry = Geometry(DType::kF32);
+  const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}),
+                                        LosslessPlan(kHeads)};
+  KvSequence a(pool.get(), geometry, plans), b(pool.get(), geometry, plans);
+  REQUIRE(AppendRange(&a, MakeData(kLayers, 300, kHeads, DType::kF32, 1), 0, 0, 300).ok());
+  REQUIRE(AppendRange(&b, MakeData(kLayers, 300, kHeads, DType::kF32, 2), 0, 0, 300).ok());
+  std::shared_ptr<KvSequence> frozen_b = Freeze(pool.get(), b, 288, geometry);
+  const Snapshot before = Take(*pool, a);
+  const uint64_t held = a.Usage().pool_bytes;
+  REQUIRE(Names(a.ShareWith(frozen_b).status(), StatusCode::kFailedPrecondition, "layer 0"));
+  REQUIRE(!a.shares_pages());
+  REQUIRE(a.Usage().pool_bytes == held);
+  ExpectUnchanged(before, Take(*pool, a));
+  // A longer "prefix" than the sequence.
+  KvSequence shorter(pool.get(), geometry, plans);
+  REQUIRE(AppendRange(&shorter, MakeData(kLayers, 300, kHeads, DType::kF32, 1), 0, 0, 100).ok());
+  REQUIRE(Names(shorter.ShareWith(Freeze(pool.get(), a, 288, geometry)).status(),
+                StatusCode::kFailedPrecondition, "not one of this sequence"));
 }
 
 TEST_CASE("Fork: refusals take no page", "[controller][fork]") {
