@@ -127,6 +127,9 @@ class Controller {
   Config config() const KVCTL_EXCLUDES(mu_);
   // The pool's page and staging counters (a cpu pool's staging is its StagingObjects).
   PoolStats pool_stats() const;
+  // Pool bytes of the frozen prefixes alive (STATS kv_prefix_frozen_bytes): with no sequence
+  // open, every page in use is theirs.
+  uint64_t prefix_frozen_bytes() const { return prefix_frozen_bytes_.load(); }
   const std::string& shm_name() const { return shm_name_; }
 
  private:
@@ -223,9 +226,12 @@ class Controller {
   // Keeps a frozen copy of a saved prefix (`image`, the first tokens.size() tokens) in the local
   // prefix cache and returns it; null when the host budget, the pool or the cache's bound
   // refuses it.
-  std::shared_ptr<KvSequence> KeepLocalPrefix(const std::string& key, std::span<const int32_t> tokens,
-                       std::span<const uint8_t> image, const SequenceGeometry& geometry,
-                       const std::string& model_name, const HostShape& shape) KVCTL_EXCLUDES(mu_);
+  std::shared_ptr<KvSequence> KeepLocalPrefix(const std::string& key,
+                                              std::span<const int32_t> tokens,
+                                              std::span<const uint8_t> image,
+                                              const SequenceGeometry& geometry,
+                                              const std::string& model_name, const HostShape& shape)
+      KVCTL_EXCLUDES(mu_);
   // A frozen prefix made from a stored image, its host memory charged (released when it goes).
   StatusOr<std::shared_ptr<KvSequence>> FreezePrefix(std::span<const uint8_t> image,
                                                      const SequenceGeometry& geometry,

@@ -112,13 +112,18 @@ std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
   const std::vector<int32_t> ids(5 + kStaged + 1, 42);
   ipc::SavePrefixRequest save{1, 7};
   save.tokens = zmq::message_t(ids.data(), ids.size() * sizeof(int32_t));
-  w.Request(Msg(std::move(save)));  // No tier in the harness: refused by name.
+  // No tier in the harness: kept in the local prefix cache, and the saver shares its pages.
+  w.Request(Msg(std::move(save)));
   w.Request(Msg(ipc::CloseRequest{1, 7}));
   w.Request(Msg(ipc::OpenRequest{1, 8}));
   ipc::OpenPrefixRequest open_prefix{1, 9};
   open_prefix.tokens = zmq::message_t(ids.data(), ids.size() * sizeof(int32_t));
-  w.Request(Msg(std::move(open_prefix)));  // Opens empty.
-  w.Request(Msg(ipc::ByeRequest{1}));      // Ends the session with sequences still open.
+  w.Request(Msg(std::move(open_prefix)));               // A fork of the cached prefix (or empty).
+  ipc::AppendRequest more = InlineAppend(h, 1, 16, 2);  // At 16: where a restored fork goes on.
+  more.sequence_id = 9;
+  w.Request(Msg(std::move(more)));
+  w.Request(Msg(ipc::FetchRequest{1, 9, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
+  w.Request(Msg(ipc::ByeRequest{1}));  // Ends the session with sequences still open.
   w.Request(Msg(ipc::PingRequest{1}));
   return w.bytes();
 }

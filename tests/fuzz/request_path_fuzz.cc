@@ -246,12 +246,15 @@ class Harness {
           break;
       }
     }
-    // Every session ends; nothing may stay allocated.
+    // Every session ends; nothing may stay allocated but the prefixes the local prefix cache
+    // holds (frozen, read by no sequence now).
     now_ += std::chrono::milliseconds(kLeaseMs + 1);
     controller_->ExpireLeases(now_);
     const PoolStats pool = controller_->pool_stats();
-    if (pool.pages_used != 0 || pool.staging_slots_used != 0) {
-      Fail("after every lease expired: " + std::to_string(pool.pages_used) + " pages and " +
+    const uint64_t frozen = controller_->prefix_frozen_bytes();
+    if (uint64_t{pool.pages_used} * pool.page_bytes != frozen || pool.staging_slots_used != 0) {
+      Fail("after every lease expired: " + std::to_string(pool.pages_used) + " pages (" +
+           std::to_string(frozen) + " bytes of cached prefixes) and " +
            std::to_string(pool.staging_slots_used) + " staging slots still in use");
     }
   }
