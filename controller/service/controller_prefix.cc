@@ -143,9 +143,13 @@ StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixReque
   }
   const std::span<const int32_t> kept(tokens.data(), static_cast<size_t>(cut));
   const std::vector<std::string> keys = PrefixKeys(NamespaceOf(tier_config, model_name, g), kept);
+  // A prompt already held is not copied again (no second frozen copy while readers hold the
+  // first, and the first saver's prefix stays what every reader reads).
   std::shared_ptr<KvSequence> frozen =
-      prefix_cache_ ? KeepLocalPrefix(keys.back(), kept, image, geometry, model_name, shape)
-                    : nullptr;
+      prefix_cache_ ? prefix_cache_->Find(keys.back(), kept) : nullptr;
+  if (prefix_cache_ && !frozen) {
+    frozen = KeepLocalPrefix(keys.back(), kept, image, geometry, model_name, shape);
+  }
   const bool kept_locally = frozen != nullptr;
   if (frozen) {
     // The saver then holds the prefix once with the sequences opened from it: its own copies go

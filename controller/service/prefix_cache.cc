@@ -75,6 +75,18 @@ bool PrefixCache::DropOneLocked() {
   return true;
 }
 
+std::shared_ptr<KvSequence> PrefixCache::Find(const std::string& key,
+                                              std::span<const int32_t> tokens) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !std::equal(it->second.tokens.begin(), it->second.tokens.end(),
+                                          tokens.begin(), tokens.end())) {
+    return nullptr;
+  }
+  it->second.last_used = ++tick_;
+  return it->second.prefix;
+}
+
 int64_t PrefixCache::Shed(int64_t pages, uint64_t page_bytes) {
   MutexLock lock(&mu_);
   int64_t freed = 0;

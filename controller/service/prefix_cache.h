@@ -87,6 +87,10 @@ class PrefixCache {
   // hit when open succeeds; an entry open finds lost (DATA_LOSS or a lost prefix) is dropped.
   Opened OpenLongest(std::span<const std::string> keys, std::span<const int32_t> prompt,
                      const OpenFn& open) KVCTL_EXCLUDES(mu_);
+  // The prefix held under `key` if its token ids are `tokens` (as used: it becomes the most
+  // recently used), else null. SAVE_PREFIX of a prompt already held shares that one.
+  std::shared_ptr<KvSequence> Find(const std::string& key, std::span<const int32_t> tokens)
+      KVCTL_EXCLUDES(mu_);
   // Drops entries no sequence reads, least recently used first, until about `pages` pool pages
   // are free again; returns the pages freed.
   int64_t Shed(int64_t pages, uint64_t page_bytes) KVCTL_EXCLUDES(mu_);

@@ -116,6 +116,34 @@ TEST_CASE("Prefix cache: sequences opened from a saved prefix share its pages in
   CHECK(node.Stop() == 0);
 }
 
+TEST_CASE("Prefix cache: saving a prompt it holds again copies nothing, the saver shares it",
+          "[integration][prefix]") {
+  DaemonProcess node(LocalToml());
+  auto c = node.Connect();
+  const uint64_t sid = Hello(*c);
+  const int64_t total = 300;
+  const auto k = MakeFp16(total, 6, false), v = MakeFp16(total, 6, true);
+  for (uint64_t seq : {1, 2}) {
+    REQUIRE(c->Open(sid, seq).ok());
+    REQUIRE(Append(*c, sid, seq, k, v, total, 0, total).ok());
+  }
+  REQUIRE(c->SavePrefix(sid, 1, Ids(total)).ok());
+  const uint64_t frozen = StatsField(*c, "sequences", "kv_prefix_frozen_bytes");
+  const uint64_t shared_one = StatsField(*c, "sequences", "kv_shared_bytes");
+  auto again = c->SavePrefix(sid, 2, Ids(total));
+  REQUIRE(again.ok());
+  CHECK(again->saved_tokens == 288);
+  CHECK(StatsField(*c, "prefix", "prefix_cache_inserts_total") == 1);
+  CHECK(StatsField(*c, "sequences", "kv_prefix_frozen_bytes") == frozen);
+  CHECK(StatsField(*c, "sequences", "kv_shared_bytes") == 2 * shared_one);
+  auto f1 = c->FetchDense(sid, 1, 0, kLayers, DType::kF32);
+  auto f2 = c->FetchDense(sid, 2, 0, kLayers, DType::kF32);
+  REQUIRE(f1.ok());
+  REQUIRE(f2.ok());
+  ExpectRowsEqual(FirstRows(*f1, total), FirstRows(*f2, total), total);
+  CHECK(node.Stop() == 0);
+}
+
 TEST_CASE("Prefix cache: a full pool drops unread prefixes before touching any sequence",
           "[integration][prefix]") {
   // 2 MiB of 16 KiB pages (128), lossless rows of 1 KiB per token: a 512-token prefix takes 32

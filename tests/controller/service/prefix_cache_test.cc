@@ -75,6 +75,10 @@ TEST_CASE("Prefix cache: the longest matching prefix is opened, ids decide", "[s
   REQUIRE(none.index == -1);
   REQUIRE(none.seq.ok());
   REQUIRE(*none.seq == nullptr);
+  // Find: the same key and ids only.
+  REQUIRE(cache.Find("k2", Ids(256)) != nullptr);
+  REQUIRE(cache.Find("k2", Ids(255)) == nullptr);
+  REQUIRE(cache.Find("k3", Ids(256)) == nullptr);
   const PrefixCacheCounters c = cache.counters();
   REQUIRE(c.lookups == 3);
   REQUIRE(c.hits == 2);
