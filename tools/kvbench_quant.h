@@ -117,10 +117,14 @@ StatusOr<QuantRowAccuracy> ComputeQuantRow(const QuantBenchContext& ctx, const Q
 
 // Median GB/s over `reps` timed runs after one warm-up, one thread, of quantizing (and then
 // dequantizing) the pure-mode tokens of every head. GB counts fp16 input bytes: 2 * Tq * H * D * 2.
+// The input is what the daemon's flush path hands the quantizer: fp32 rows, each head's rows
+// contiguous (row_stride = head_dim), head by head; token_rows_quantize_gbps reads the [T, H, D]
+// tensor in place instead (row_stride = H * head_dim, block-major).
 struct QuantThroughput {
   int64_t tokens = 0;                                     // Tq.
   double bytes = 0;                                       // fp16 bytes of K and V for Tq tokens.
   double quantize_gbps = 0, dequantize_gbps = 0;          // QuantizeBlock / DequantizeBlock.
+  double token_rows_quantize_gbps = 0;                    // QuantizeBlock on [T, H, D] rows.
   double ref_quantize_gbps = 0, ref_dequantize_gbps = 0;  // *Ref scalar reference.
 };
 StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,

@@ -33,8 +33,15 @@ double MedianSeconds(int reps, Fn&& run) {
   return n % 2 == 1 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
 }
 
-// The pure-mode workload: every full block of every head, block-major as a flush would produce
-// them. OScaR's token norms are part of the quantize work, so they are computed inside the loop.
+// Where the quantizer's input rows lie. kHeadRows is what the daemon hands the quantizer
+// (KvSequence::EncodeNewRecords: each head's flushed rows are fp32, contiguous, row_stride =
+// head_dim, one QuantizeBlocks batch per head); kTokenRows is the engine's [T, H, D] tensor read in
+// place (row_stride = H * D: a block's rows of one head lie H * D * 4 bytes apart).
+enum class InputRows { kHeadRows, kTokenRows };
+
+// The pure-mode workload: every full block of every head. OScaR's token norms are part of the
+// quantize work, so they are computed inside the timed loop (over all tokens first, as the daemon
+// does before its per-head batches).
 class Workload {
  public:
   Workload(const QuantBenchContext& ctx, const QuantSpec& spec)
@@ -46,12 +53,58 @@ class Workload {
         blocks_(in_.tokens / g_),
         records_(static_cast<size_t>(blocks_ * in_.heads) * layout_.record_bytes),
         norms_(static_cast<size_t>(blocks_ * g_), 1.0f),
-        k_out_(static_cast<size_t>(blocks_ * g_ * in_.heads * in_.head_dim)),
-        v_out_(k_out_.size()) {}
+        k_heads_(static_cast<size_t>(blocks_ * g_ * in_.heads * in_.head_dim)),
+        v_heads_(k_heads_.size()),
+        k_out_(k_heads_.size()),
+        v_out_(k_heads_.size()) {
+    // The head-major copy the daemon's flush path quantizes from (not timed).
+    const int64_t h_kv = in_.heads, d = in_.head_dim, tq = tokens();
+    for (int64_t h = 0; h < h_kv; ++h) {
+      for (int64_t t = 0; t < tq; ++t) {
+        std::memcpy(&k_heads_[(h * tq + t) * d], &in_.k[(t * h_kv + h) * d], sizeof(float) * d);
+        std::memcpy(&v_heads_[(h * tq + t) * d], &in_.v[(t * h_kv + h) * d], sizeof(float) * d);
+      }
+    }
+  }
 
   int64_t tokens() const { return blocks_ * g_; }
 
-  Status Quantize(QuantizeFn fn) {
+  Status Quantize(QuantizeFn fn, InputRows rows) {
+    return rows == InputRows::kHeadRows ? QuantizeHeadRows(fn) : QuantizeTokenRows(fn);
+  }
+
+  void Dequantize(DequantizeFn fn) {
+    const int64_t rows = g_ * in_.head_dim;
+    for (int64_t h = 0; h < in_.heads; ++h) {
+      for (int64_t b = 0; b < blocks_; ++b) {
+        const float* norms = needs_norms_ ? &norms_[b * g_] : nullptr;
+        const int64_t r = h * blocks_ + b;
+        fn(spec_, Record(b, h), norms, &k_out_[r * rows], &v_out_[r * rows]);
+      }
+    }
+  }
+
+ private:
+  // Head by head, each head's blocks in order, from contiguous fp32 rows (QuantizeBlocks' loop).
+  Status QuantizeHeadRows(QuantizeFn fn) {
+    const int64_t h_kv = in_.heads, d = in_.head_dim, tq = tokens();
+    if (needs_norms_) {
+      KvTensorView view{k_heads_.data(), DType::kF32, tq, h_kv, d, d, tq * d};
+      ComputeTokenNorms(view, norms_.data());
+    }
+    for (int64_t h = 0; h < h_kv; ++h) {
+      for (int64_t b = 0; b < blocks_; ++b) {
+        const int64_t first = (h * tq + b * g_) * d;
+        const BlockInput block{k_heads_.data() + first, v_heads_.data() + first, d,
+                               needs_norms_ ? &norms_[b * g_] : nullptr};
+        KVCTL_RETURN_IF_ERROR(fn(spec_, block, Record(b, h)));
+      }
+    }
+    return OkStatus();
+  }
+
+  // Block-major over the [T, H, D] tensor in place, every head of a block before the next block.
+  Status QuantizeTokenRows(QuantizeFn fn) {
     const int64_t h_kv = in_.heads, d = in_.head_dim;
     const KvTensorView k_view =
         KvTensorView::Contiguous(in_.k.data(), DType::kF32, in_.tokens, h_kv, d);
@@ -71,20 +124,9 @@ class Workload {
     return OkStatus();
   }
 
-  void Dequantize(DequantizeFn fn) {
-    const int64_t h_kv = in_.heads, rows = g_ * in_.head_dim;
-    for (int64_t b = 0; b < blocks_; ++b) {
-      const float* norms = needs_norms_ ? &norms_[b * g_] : nullptr;
-      for (int64_t h = 0; h < h_kv; ++h) {
-        const int64_t r = b * h_kv + h;
-        fn(spec_, Record(b, h), norms, &k_out_[r * rows], &v_out_[r * rows]);
-      }
-    }
-  }
-
- private:
+  // Records of one head back to back, as the daemon keeps them.
   uint8_t* Record(int64_t b, int64_t h) {
-    return &records_[static_cast<size_t>(b * in_.heads + h) * layout_.record_bytes];
+    return &records_[static_cast<size_t>(h * blocks_ + b) * layout_.record_bytes];
   }
 
   const QuantBenchInput& in_;
@@ -93,13 +135,13 @@ class Workload {
   const bool needs_norms_;
   const int64_t g_, blocks_;
   std::vector<uint8_t> records_;
-  std::vector<float> norms_, k_out_, v_out_;
+  std::vector<float> norms_, k_heads_, v_heads_, k_out_, v_out_;
 };
 
-StatusOr<double> QuantizeGbps(Workload& w, QuantizeFn fn, double bytes, int reps) {
+StatusOr<double> QuantizeGbps(Workload& w, QuantizeFn fn, InputRows rows, double bytes, int reps) {
   Status status;
   const double s = MedianSeconds(reps, [&] {
-    Status st = w.Quantize(fn);
+    Status st = w.Quantize(fn, rows);
     if (status.ok() && !st.ok()) status = std::move(st);
   });
   KVCTL_RETURN_IF_ERROR(status);
@@ -129,9 +171,13 @@ StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
     return InvalidArgument("tokens: got ", ctx.input.tokens, ", expected at least block_tokens ",
                            spec.block_tokens);
   }
-  KVCTL_ASSIGN_OR_RETURN(p.quantize_gbps, QuantizeGbps(w, &QuantizeBlock, p.bytes, reps));
+  KVCTL_ASSIGN_OR_RETURN(p.token_rows_quantize_gbps,
+                         QuantizeGbps(w, &QuantizeBlock, InputRows::kTokenRows, p.bytes, reps));
+  KVCTL_ASSIGN_OR_RETURN(p.quantize_gbps,
+                         QuantizeGbps(w, &QuantizeBlock, InputRows::kHeadRows, p.bytes, reps));
   p.dequantize_gbps = DequantizeGbps(w, &DequantizeBlock, p.bytes, reps);
-  KVCTL_ASSIGN_OR_RETURN(p.ref_quantize_gbps, QuantizeGbps(w, &QuantizeBlockRef, p.bytes, reps));
+  KVCTL_ASSIGN_OR_RETURN(p.ref_quantize_gbps,
+                         QuantizeGbps(w, &QuantizeBlockRef, InputRows::kHeadRows, p.bytes, reps));
   p.ref_dequantize_gbps = DequantizeGbps(w, &DequantizeBlockRef, p.bytes, reps);
   return p;
 }
