@@ -115,8 +115,9 @@ struct QuantRowAccuracy {
 // from the registry's.
 StatusOr<QuantRowAccuracy> ComputeQuantRow(const QuantBenchContext& ctx, const QuantRowSpec& row);
 
-// Median GB/s over `reps` timed runs after one warm-up, one thread, of quantizing (and then
-// dequantizing) the pure-mode tokens of every head. GB counts fp16 input bytes: 2 * Tq * H * D * 2.
+// Median GB/s over `reps` timed runs (thread CPU time) after one warm-up, one thread, of
+// quantizing (and then dequantizing) the pure-mode tokens of every head. GB counts fp16 input
+// bytes: 2 * Tq * H * D * 2.
 // The input is what the daemon's flush path hands the quantizer: fp32 rows, each head's rows
 // contiguous (row_stride = head_dim), head by head; token_rows_quantize_gbps reads the [T, H, D]
 // tensor in place instead (row_stride = H * head_dim, block-major).
@@ -130,7 +131,7 @@ struct QuantThroughput {
 StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
                                                  const QuantSpec& spec, int reps);
 
-// Median GB/s of memcpy of `bytes` bytes (bytes copied / seconds), after warm-up copies.
+// Median GB/s of memcpy of `bytes` bytes (bytes copied / thread CPU seconds), after a warm-up.
 double MeasureMemcpyGbps(size_t bytes, int reps);
 
 // Quantize speed goal relative to memcpy (benchmark, not asserted; issue 14): 0.5 for KIVI, QuaRot

@@ -145,8 +145,8 @@ std::string FormatQuantTable(const QuantBenchReport& r) {
   if (!r.throughput) return s;
 
   Appendf(&s,
-          "\nThroughput, one thread: GB/s of fp16 K+V input (Tq x %d x %d x 2 B x 2), median of "
-          "%d runs after 1 warm-up\n",
+          "\nThroughput, one thread: GB/s of fp16 K+V input (Tq x %d x %d x 2 B x 2), median "
+          "thread CPU time of %d runs after 1 warm-up\n",
           in.heads, in.head_dim, r.reps);
   Appendf(&s, "memcpy of %.1f MB (T x H x D x 2 B x 2): %.2f GB/s\n", r.memcpy_bytes / 1e6,
           r.memcpy_gbps);
