@@ -134,6 +134,11 @@ StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
 // Median GB/s of memcpy of `bytes` bytes (bytes copied / thread CPU seconds), after a warm-up.
 double MeasureMemcpyGbps(size_t bytes, int reps);
 
+// GB/s (fp16 bytes, as the quantizers count them) of reading the fp32 K and V once, sequentially,
+// doing nothing but keeping a running maximum of the bits: what a quantizer that reads this input
+// could reach at best. Median thread CPU time of `reps` reads after a warm-up.
+double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v, int reps);
+
 // Quantize speed goal relative to memcpy (benchmark, not asserted; issue 14): 0.5 for KIVI, QuaRot
 // and OScaR, 0.1 for KVarN at 16 Sinkhorn iterations, 0 (none) otherwise.
 double QuantizeTarget(const QuantSpec& spec);
@@ -163,6 +168,7 @@ struct QuantBenchReport {
   bool throughput = true;
   bool quick = false;
   double memcpy_bytes = 0, memcpy_gbps = 0;
+  double read_gbps = 0;  // MeasureReadGbps of the fp32 input.
   std::vector<QuantBenchRow> rows;
 };
 

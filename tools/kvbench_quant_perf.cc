@@ -191,6 +191,30 @@ StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
   return p;
 }
 
+double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v, int reps) {
+  // OR of every 16-byte piece into four independent accumulators: one vector OR per load at the
+  // baseline ISA, so the loop is bound by the loads, not by arithmetic.
+  typedef uint64_t V2 __attribute__((vector_size(16)));
+  auto read = [](const std::vector<float>& x) {
+    V2 acc[4] = {};
+    const auto* bytes = reinterpret_cast<const char*>(x.data());
+    const size_t pieces = x.size() * sizeof(float) / sizeof(V2) / 4 * 4;
+    for (size_t i = 0; i < pieces; i += 4) {
+      for (int j = 0; j < 4; ++j) {
+        V2 piece;
+        std::memcpy(&piece, bytes + (i + j) * sizeof(V2), sizeof(V2));
+        acc[j] |= piece;
+      }
+    }
+    const V2 all = (acc[0] | acc[1]) | (acc[2] | acc[3]);
+    return all[0] | all[1];
+  };
+  volatile uint64_t sink = 0;
+  const double s = MedianSeconds(std::max(reps, 25), [&] { sink = sink | read(k) | read(v); });
+  // fp16 bytes of the same elements, the unit of every GB/s figure here.
+  return static_cast<double>(k.size() + v.size()) * 2 / s / 1e9;
+}
+
 double MeasureMemcpyGbps(size_t bytes, int reps) {
   std::vector<uint8_t> src(bytes), dst(bytes);
   for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131u + 7u);
@@ -268,6 +292,7 @@ StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
   report.memcpy_bytes = 2.0 * static_cast<double>(in.tokens) * in.heads * in.head_dim * 2;
   if (o.throughput) {
     report.memcpy_gbps = MeasureMemcpyGbps(static_cast<size_t>(report.memcpy_bytes), o.reps);
+    report.read_gbps = MeasureReadGbps(in.k, in.v, o.reps);
   }
   for (const QuantRowSpec& row : rows) {
     QuantBenchRow r;

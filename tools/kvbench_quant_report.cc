@@ -150,6 +150,9 @@ std::string FormatQuantTable(const QuantBenchReport& r) {
           in.heads, in.head_dim, r.reps);
   Appendf(&s, "memcpy of %.1f MB (T x H x D x 2 B x 2): %.2f GB/s\n", r.memcpy_bytes / 1e6,
           r.memcpy_gbps);
+  Appendf(&s,
+          "read of the fp32 input once (no work): %.2f GB/s, %.4f x memcpy (a quantizer's bound)\n",
+          r.read_gbps, r.read_gbps / r.memcpy_gbps);
   Appendf(&s, "%-11s %8s %9s  %-12s %8s %9s | %9s %11s | %8s %9s\n", "row", "quant", "x memcpy",
           "target", "dequant", "x memcpy", "ref quant", "ref dequant", "quant", "[T,H,D]");
   for (const QuantBenchRow& row : r.rows) {
@@ -197,6 +200,10 @@ std::string FormatQuantJson(const QuantBenchReport& r) {
   j.Key("memcpy").Begin('{');
   j.Key("bytes").Number(r.memcpy_bytes);
   j.Key("gbps").Number(r.throughput ? r.memcpy_gbps : NAN);
+  j.End('}');
+  j.Key("fp32_input_read").Begin('{');
+  j.Key("gbps").Number(r.throughput ? r.read_gbps : NAN);
+  j.Key("vs_memcpy").Number(r.throughput ? r.read_gbps / r.memcpy_gbps : NAN);
   j.End('}');
   j.Key("rows").Begin('[');
   for (const QuantBenchRow& row : r.rows) {
