@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -173,7 +174,7 @@ void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* 
                k_out, v_out);
 }
 
-void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
+void ComputeTokenNormsRef(const KvTensorView& k, float* norms_out) {
   // Each token's sum is one chain of H * D dependent adds; kTokens tokens at a time run as
   // independent chains (each still in (head, channel) order), which the core overlaps.
   constexpr int kTokens = 8;
@@ -194,6 +195,25 @@ void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
       norms_out[t0 + i] = norm > 0.0f ? norm : 1.0f;
     }
   }
+}
+
+void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
+  // A large share of OScaR's quantize cost (docs/kvbench_quant.md): the reference converts row by
+  // row and sums eight tokens at a time in scalar chains; the SIMD path puts one token per lane.
+  const SimdLevel level = g_level.load(std::memory_order_relaxed);
+  int64_t done = 0;
+  if (k.dtype == DType::kF32 && k.head_dim <= std::numeric_limits<int>::max()) {
+    const auto* data = static_cast<const float*>(k.data);
+    const int d = static_cast<int>(k.head_dim);
+    if (level == SimdLevel::kAvx512) {
+      done = simd::TokenNormsAvx512(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
+                                    norms_out);
+    } else if (level == SimdLevel::kAvx2) {
+      done = simd::TokenNormsAvx2(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
+                                  norms_out);
+    }
+  }
+  if (done < k.tokens) ComputeTokenNormsRef(k.Tokens(done, k.tokens - done), norms_out + done);
 }
 
 std::string_view SimdLevelName(SimdLevel level) {

@@ -68,6 +68,9 @@ void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* 
 // OScaR's omni-token norm: for each token, the L2 norm of K over all heads and channels of the
 // layer, in fp32, summed in (head, channel) order; 1 where the norm is not > 0. A Hadamard
 // preserves norms, so this is computed on the unrotated K. `k` must be valid and finite.
+// ComputeTokenNormsRef is the scalar reference; ComputeTokenNorms gives the same bits, with the
+// active SIMD level for fp32 views.
+void ComputeTokenNormsRef(const KvTensorView& k, float* norms_out);
 void ComputeTokenNorms(const KvTensorView& k, float* norms_out);
 
 enum class SimdLevel : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };

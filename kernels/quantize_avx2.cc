@@ -53,6 +53,32 @@ inline VF Lookup16(const float* table, VU code) {
   const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // Bit 3 -> sign bit.
   return (VF)_mm256_blendv_ps(lo, hi, upper);
 }
+// 8 rows of 8 floats (row i at src + i * stride) transposed: out[j] lane i = row i, element j.
+// The exchange of 128-bit halves between rows is done by the loads (vinsertf128 from memory);
+// only the 4 x 4 transposes inside the halves take shuffles (16 in-lane unpacks instead of the
+// register transpose's cross-lane permutes and blends).
+#define KVCTL_LOAD_TRANSPOSED 1
+inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
+#pragma GCC unroll 2
+  for (int jb = 0; jb < 2; ++jb) {
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int il = 0; il < 4; ++il) {
+      const float* p = src + il * stride + 4 * jb;
+      a[il] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)),
+                                   _mm_loadu_ps(p + 4 * stride), 1);
+    }
+    // Half b of a[il] holds row 4b + il, elements 4jb..4jb+3; transpose each half's 4 x 4.
+    const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+    const __m256d d0 = _mm256_castps_pd(t0), d1 = _mm256_castps_pd(t1);
+    const __m256d d2 = _mm256_castps_pd(t2), d3 = _mm256_castps_pd(t3);
+    out[4 * jb + 0] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d0, d2));
+    out[4 * jb + 1] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d0, d2));
+    out[4 * jb + 2] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d1, d3));
+    out[4 * jb + 3] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d1, d3));
+  }
+}
 }  // namespace
 
 #define KVCTL_W 8

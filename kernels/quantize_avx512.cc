@@ -50,6 +50,34 @@ inline VF LoadHalves(const uint8_t* p) {
 inline VF Lookup16(const float* table, VU code) {
   return (VF)_mm512_permutexvar_ps((__m512i)code, _mm512_loadu_ps(table));
 }
+// 16 rows of 16 floats (row i at src + i * stride) transposed: out[j] lane i = row i, element j.
+// The exchange of 128-bit blocks between rows is done by the loads (vinsertf32x4 from memory runs
+// on the load ports and either vector port); only the 4 x 4 transposes inside the blocks take
+// shuffles: 32 one-port permutes instead of the 64 of a register transpose.
+#define KVCTL_LOAD_TRANSPOSED 1
+inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
+#pragma GCC unroll 4
+  for (int jb = 0; jb < 4; ++jb) {
+    __m512 a[4];
+#pragma GCC unroll 4
+    for (int il = 0; il < 4; ++il) {
+      const float* p = src + il * stride + 4 * jb;
+      __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(p));
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(p + 4 * stride), 1);
+      v = _mm512_insertf32x4(v, _mm_loadu_ps(p + 8 * stride), 2);
+      a[il] = _mm512_insertf32x4(v, _mm_loadu_ps(p + 12 * stride), 3);
+    }
+    // Block b of a[il] holds row 4b + il, elements 4jb..4jb+3; transpose each block's 4 x 4.
+    const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+    const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+    const __m512d d2 = _mm512_castps_pd(t2), d3 = _mm512_castps_pd(t3);
+    out[4 * jb + 0] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d0, d2));
+    out[4 * jb + 1] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d0, d2));
+    out[4 * jb + 2] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d1, d3));
+    out[4 * jb + 3] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d1, d3));
+  }
+}
 }  // namespace
 
 #define KVCTL_W 16

@@ -115,19 +115,29 @@ struct QuantRowAccuracy {
 // from the registry's.
 StatusOr<QuantRowAccuracy> ComputeQuantRow(const QuantBenchContext& ctx, const QuantRowSpec& row);
 
-// Median GB/s over `reps` timed runs after one warm-up, one thread, of quantizing (and then
-// dequantizing) the pure-mode tokens of every head. GB counts fp16 input bytes: 2 * Tq * H * D * 2.
+// Median GB/s over `reps` timed runs (thread CPU time) after one warm-up, one thread, of
+// quantizing (and then dequantizing) the pure-mode tokens of every head. GB counts fp16 input
+// bytes: 2 * Tq * H * D * 2.
+// The input is what the daemon's flush path hands the quantizer: fp32 rows, each head's rows
+// contiguous (row_stride = head_dim), head by head; token_rows_quantize_gbps reads the [T, H, D]
+// tensor in place instead (row_stride = H * head_dim, block-major).
 struct QuantThroughput {
   int64_t tokens = 0;                                     // Tq.
   double bytes = 0;                                       // fp16 bytes of K and V for Tq tokens.
   double quantize_gbps = 0, dequantize_gbps = 0;          // QuantizeBlock / DequantizeBlock.
+  double token_rows_quantize_gbps = 0;                    // QuantizeBlock on [T, H, D] rows.
   double ref_quantize_gbps = 0, ref_dequantize_gbps = 0;  // *Ref scalar reference.
 };
 StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
                                                  const QuantSpec& spec, int reps);
 
-// Median GB/s of memcpy of `bytes` bytes (bytes copied / seconds), after warm-up copies.
+// Median GB/s of memcpy of `bytes` bytes (bytes copied / thread CPU seconds), after a warm-up.
 double MeasureMemcpyGbps(size_t bytes, int reps);
+
+// GB/s (fp16 bytes, as the quantizers count them) of reading the fp32 K and V once, sequentially,
+// doing nothing but keeping a running maximum of the bits: what a quantizer that reads this input
+// could reach at best. Median thread CPU time of `reps` reads after a warm-up.
+double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v, int reps);
 
 // Quantize speed goal relative to memcpy (benchmark, not asserted; issue 14): 0.5 for KIVI, QuaRot
 // and OScaR, 0.1 for KVarN at 16 Sinkhorn iterations, 0 (none) otherwise.
@@ -158,6 +168,7 @@ struct QuantBenchReport {
   bool throughput = true;
   bool quick = false;
   double memcpy_bytes = 0, memcpy_gbps = 0;
+  double read_gbps = 0;  // MeasureReadGbps of the fp32 input.
   std::vector<QuantBenchRow> rows;
 };
 

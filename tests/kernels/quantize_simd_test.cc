@@ -155,8 +155,10 @@ TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, width
   const Shape kivi_shapes[] = {{128, 32, 32, 32}, {64, 48, 24, 8},   {96, 80, 40, 24},
                                {16, 16, 8, 16},   {256, 64, 16, 64}, {48, 16, 16, 48},
                                {32, 8, 8, 8}};
-  const Shape oscar_shapes[] = {
-      {128, 32, 32, 32}, {64, 48, 24, 8}, {16, 32, 8, 16}, {256, 16, 16, 128}};
+  // OScaR's K is rotated in the row layout: D = 8 (AVX2: one vector, in-vector stages only),
+  // 16, 32 and up to 256 (16 vectors per row at 16 lanes).
+  const Shape oscar_shapes[] = {{128, 32, 32, 32},  {64, 48, 24, 8}, {16, 32, 8, 16},
+                                {256, 16, 16, 128}, {8, 16, 8, 8},   {32, 64, 16, 32}};
   for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kOscar}) {
     for (const Shape& sh :
          m == QuantMethod::kKivi
@@ -164,13 +166,16 @@ TEST_CASE("SIMD codecs: KIVI and OScaR match the reference for odd groups, width
              : std::vector<Shape>(std::begin(oscar_shapes), std::end(oscar_shapes))) {
       for (const auto& bits : kBitPairs) {
         for (Fill fill : {Fill::kGaussian, Fill::kGrid, Fill::kConstantGroups}) {
-          const QuantSpec spec = Spec(m, sh.d, sh.g, bits[0], bits[1], sh.kg, sh.vg);
-          // Rows 3 * 4 bytes past a multiple of 64, so no row starts aligned.
-          const Block blk = MakeBlock(sh.g, sh.d, 2 * sh.d + 3, fill, sh.d * 7 + bits[0]);
-          INFO(QuantMethodName(m) << " d " << sh.d << " g " << sh.g << " kg " << sh.kg << " vg "
-                                  << sh.vg << " bits " << bits[0] << "/" << bits[1] << " fill "
-                                  << static_cast<int>(fill));
-          ExpectSameAsReference(spec, blk);
+          // Rows 3 * 4 bytes past a multiple of 64, so no row starts aligned; and rows back to
+          // back (row_stride = head_dim), as the daemon's flush hands them over.
+          for (int stride : {2 * sh.d + 3, sh.d}) {
+            const QuantSpec spec = Spec(m, sh.d, sh.g, bits[0], bits[1], sh.kg, sh.vg);
+            const Block blk = MakeBlock(sh.g, sh.d, stride, fill, sh.d * 7 + bits[0]);
+            INFO(QuantMethodName(m) << " d " << sh.d << " g " << sh.g << " kg " << sh.kg << " vg "
+                                    << sh.vg << " bits " << bits[0] << "/" << bits[1] << " fill "
+                                    << static_cast<int>(fill) << " stride " << stride);
+            ExpectSameAsReference(spec, blk);
+          }
         }
       }
     }
@@ -427,6 +432,56 @@ TEST_CASE("ComputeTokenNorms: each token summed in (head, channel) order, bit fo
   ComputeTokenNorms(KvTensorView::Contiguous(zeros.data(), DType::kF32, 2, 1, 8), norms);
   CHECK(norms[0] == 1.0f);
   CHECK(norms[1] == 1.0f);
+}
+
+TEST_CASE("ComputeTokenNorms: SIMD lanes over tokens equal the reference, bit for bit",
+          "[kernels]") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 12);
+  // Token counts around the 8- and 16-lane groups and their pairs; head_dim a multiple of 8 or
+  // 16, or neither (the reference does all of it); the [T, H, D] layout and the daemon's
+  // head-major one (each head's rows back to back), plus a padded token stride.
+  for (int tokens : {1, 8, 15, 16, 17, 31, 32, 33, 47, 64, 100}) {
+    for (int heads : {1, 3, 8}) {
+      for (int d : {8, 16, 24, 40, 128}) {
+        for (int layout = 0; layout < 3; ++layout) {
+          const int64_t pad = layout == 2 ? 8 : 0;
+          const int64_t token_stride = layout == 1 ? d : heads * d + pad;
+          const int64_t head_stride = layout == 1 ? int64_t{tokens} * d : d;
+          std::vector<float> k(static_cast<size_t>(tokens) * (heads * d + pad));
+          // Magnitudes over many binades make the order of the adds visible in the low bits.
+          for (float& x : k) x = std::ldexp(normal(rng), exponent(rng));
+          const KvTensorView view{k.data(), DType::kF32,  tokens,     heads,
+                                  d,        token_stride, head_stride};
+          REQUIRE(view.Validate("k").ok());
+          std::vector<float> expect(static_cast<size_t>(tokens));
+          ComputeTokenNormsRef(view, expect.data());
+          for (SimdLevel level : levels) {
+            REQUIRE(SetSimdLevel(level).ok());
+            std::vector<float> got(static_cast<size_t>(tokens) + 1, -7.0f);
+            ComputeTokenNorms(view, got.data());
+            INFO(SimdLevelName(level) << " tokens " << tokens << " heads " << heads << " d " << d
+                                      << " layout " << layout);
+            REQUIRE(std::memcmp(got.data(), expect.data(), sizeof(float) * tokens) == 0);
+            REQUIRE(got[static_cast<size_t>(tokens)] == -7.0f);  // Nothing written past the end.
+          }
+        }
+      }
+    }
+  }
+  // All-zero tokens inside a SIMD group get norm 1, as in the reference.
+  std::vector<float> zeros(static_cast<size_t>(32) * 16, 0.0f);
+  for (int c = 0; c < 16; ++c) zeros[5 * 16 + c] = 0.5f;
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    std::vector<float> norms(32);
+    ComputeTokenNorms(KvTensorView::Contiguous(zeros.data(), DType::kF32, 32, 1, 16), norms.data());
+    for (int t = 0; t < 32; ++t) CHECK(norms[t] == (t == 5 ? 2.0f : 1.0f));
+  }
 }
 
 }  // namespace
