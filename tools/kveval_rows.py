@@ -169,8 +169,8 @@ def all_rows() -> Dict[str, Row]:
 # Sinks and flush lengths per method (issue #18: chosen by measurement, docs/quality.md):
 # rows <method><bits>_s<S>_f<F> set quant.sink_tokens S and quant.flush_tokens F (a multiple of
 # the method's block: 32, KVarN 128) at 2-bit codes, and at 3 bits for KIVI and TurboQuant.
-SINK_FLUSH_GRID = {"kivi": (32, 64, 128), "kvarn": (128, 256), "quarot": (32, 64, 128),
-                   "oscar": (32, 64, 128, 256), "turbo": (32, 64, 128)}
+SINK_FLUSH_GRID = {"kivi": (32, 64, 128, 256), "kvarn": (128, 256), "quarot": (32, 64, 128, 256),
+                   "oscar": (32, 64, 128, 256), "turbo": (32, 64, 128, 256)}
 SINK_FLUSH_SINKS = (0, 4, 16, 32, 64, 128)
 SINK_FLUSH_BITS = {"kivi": (2, 3), "kvarn": (2,), "quarot": (2,), "oscar": (2,), "turbo": (2, 3)}
 
