@@ -105,9 +105,14 @@ CalibProfile TinyProfile(const std::string& method) {
 
 TEST_CASE("kvcalib: fit reports its work, and KVarN does no more of it per token than KIVI",
           "[tools]") {
-  // kTiny: 2 sequences x 3 layers x 2 KV heads (4 query heads) x 256 tokens, 4 probes, 4 widths.
-  for (const auto& [method, blocks] : {std::pair{"kivi", 2 * 3 * 2 * 4 * (256 / 32)},
-                                       std::pair{"kvarn", 2 * 3 * 2 * 4 * ((256 - 128) / 128)}}) {
+  // kTiny: 2 sequences x 3 layers x 2 KV heads (4 query heads) x 256 tokens, 4 probes, 4 widths;
+  // the fit quantizes the whole blocks after the method's registry sinks.
+  const auto blocks_after_sinks = [](QuantMethod m, int block) {
+    return 2 * 3 * 2 * 4 * ((256 - TraitsOf(m).streaming.sink_tokens) / block);
+  };
+  for (const auto& [method, blocks] :
+       {std::pair{"kivi", blocks_after_sinks(QuantMethod::kKivi, 32)},
+        std::pair{"kvarn", blocks_after_sinks(QuantMethod::kKvarn, 128)}}) {
     INFO(method);
     StatusOr<FitResult> r = RunFit(TinyFit(method));
     REQUIRE(r.ok());
@@ -641,9 +646,9 @@ TEST_CASE("kvcalib: bad input fails with one clear line and exit status 1", "[to
   std::filesystem::remove(seq1 + "/layer_2/v.npy");
   CHECK_THAT(fit_err(o), Contains("layer_2/v.npy"));
 
-  // Too short for KVarN's 128 sinks plus one block: the fit's error names the directory.
+  // Too short for KVarN's sinks plus one block: the fit's error names the directory.
   o = TinyFit("kvarn");
-  o.synth.tokens = 200;
+  o.synth.tokens = TraitsOf(QuantMethod::kKvarn).streaming.sink_tokens + 128 - 1;
   o.out = base.out;
   CHECK_THAT(fit_err(o), Contains("(data[0] is synthetic[0])"));
   // Layer demand without queries.
