@@ -454,10 +454,11 @@ TEST_CASE("kvcalib: plan --mode totals equal the byte budget within one allocati
     }
   }
 
-  // The check is independent of the planner: doctored plans fail it.
+  // The check is independent of the planner: doctored plans fail it. No sinks (set explicitly,
+  // not KIVI's registry default), so a head's floor is the 16-token window.
   const CalibProfile p = TinyProfile("kivi");
   StatusOr<KvcalibJointPlan> jp = BuildKvcalibJointPlan(
-      p, JointMode::kJoint, {.tokens = 512, .window = 16, .budget_fraction = 0.3});
+      p, JointMode::kJoint, {.tokens = 512, .sinks = 0, .window = 16, .budget_fraction = 0.3});
   REQUIRE(jp.ok());
   REQUIRE(jp->ok());
   JointPlan over = jp->plan;
@@ -481,7 +482,7 @@ TEST_CASE("kvcalib: plan --mode totals equal the byte budget within one allocati
   o.profile = tmp.Path("p.toml");
   std::ofstream(o.profile) << FormatCalibProfile(p);
   o.mode = "joint";
-  o.joint = {.tokens = 512, .budget_fraction = 0.25};
+  o.joint = {.tokens = 512, .sinks = 0, .budget_fraction = 0.25};  // No sinks: set, not KIVI's.
   o.plan.window = 16;
   o.json = true;
   const Captured run = Capture([&](auto out, auto err) { return RunPlanCommand(o, out, err); });

@@ -505,8 +505,8 @@ TEST_CASE("Config: sinks and flush default per method; explicit keys win", "[con
   // Issue #18's measured defaults (docs/quality.md "Sinks and flush per method"): with neither
   // key set, each method gets its own sink count and flush, at the head_dim of the session.
   const std::pair<const char*, StreamingRules> kDefaults[] = {
-      {"kivi", {16, 128}},  {"quarot", {16, 128}}, {"kvarn", {32, 128}},
-      {"oscar", {16, 128}}, {"turbo", {16, 128}},  {"fp16", {0, 32}}};
+      {"kivi", {16, 128}},  {"quarot", {0, 128}}, {"kvarn", {32, 128}},
+      {"oscar", {32, 128}}, {"turbo", {0, 128}},  {"fp16", {0, 32}}};
   for (const auto& [method, rules] : kDefaults) {
     INFO(method);
     StatusOr<Config> c = LoadConfig({.cli = {{"quant.method", method}}});
