@@ -721,7 +721,7 @@ TEST_CASE("Config: default.toml sets every key, to the built-in default but its 
   REQUIRE(c.ok());
   // The shipped file quantizes a demo-sized sequence from its first token (KIVI 4-bit, no sinks,
   // 32-token flushes: README "Two commands"); the built-in defaults keep the registry's KVarN
-  // 2-bit with 128 sinks. Nothing else may differ.
+  // 2-bit with its 32 sinks. Nothing else may differ.
   Config expected;
   expected.quant.method = QuantMethod::kKivi;
   expected.quant.k_bits = 4;
