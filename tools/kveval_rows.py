@@ -298,4 +298,7 @@ def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> 
 QUICK_ROWS = ["uncompressed", "kivi8", "kivi2", "kvarn2"]
 # budget.pressure = "fail" rows stop at the first APPEND the pool cannot take (kveval exits 2):
 # run them alone, to show that the pressure rows' pools are too small without relief.
-FULL_ROWS = [name for name in all_rows() if not name.endswith("_fail")]
+# The default row list: not the _fail rows (they stop the run), and not the sink/flush grid (126
+# rows, named on purpose: docs/quality.md "Sinks and flush per method").
+FULL_ROWS = [name for name in all_rows()
+             if not name.endswith("_fail") and name not in {r.name for r in sink_flush_rows()}]

@@ -30,6 +30,9 @@ def test_sink_flush_grid_rows_set_sinks_and_a_multiple_of_the_block():
         assert int(r.settings["quant.flush_tokens"]) % blocks[method] == 0
         assert r.settings["quant.flush_tokens"] == flush[1:]
     assert rows["turbo3_s32_f64"].settings["quant.k_bits"] == "3"
+    # Named on purpose only: a default kveval run leaves the grid out.
+    assert not set(r.name for r in grid) & set(kveval_rows.FULL_ROWS)
+    assert "kivi2" in kveval_rows.FULL_ROWS
     assert rows["kvarn2_s16_f256"].settings["quant.sink_tokens"] == "16"
 
 
