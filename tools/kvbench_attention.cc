@@ -207,24 +207,36 @@ StatusOr<FusedCase> MakeFusedCase(const std::string& method_name, int bits, cons
   const int64_t quantized = QuantizedTokenCount(fc.spec, rules, c.tokens);
   const int64_t sinks = std::min<int64_t>(rules.sink_tokens, c.tokens);
   const int64_t n = quantized / g, tw = c.tokens - quantized;
-  if (c.period % g != 0 || sinks % g != 0) {
-    return InvalidArgument("--base-tokens: ", c.period, " and the sinks (", sinks,
-                           ") must be multiples of block_tokens ", g, " for ", method_name);
+  if (c.period % g != 0) {
+    return InvalidArgument("--base-tokens: got ", c.period,
+                           ", expected a multiple of block_tokens ", g, " for ", method_name);
   }
   const size_t rb = BlockLayoutOf(fc.spec).record_bytes;
-  // Base records: one per (head, block of the period), quantized once, then tiled.
+  // Base records: one per (head, block of the period), quantized once, then tiled. Records start
+  // at token sinks + b * g, so the period is read from phase = sinks mod g on (wrapping around):
+  // base block m then holds the tokens of every record whose start is phase + m * g mod period.
+  const int64_t phase = sinks % g;
   const int64_t base_blocks = c.period / g;
+  const size_t row_floats = static_cast<size_t>(c.heads) * c.dim;
+  std::vector<float> rot_k(base.k.size()), rot_v(base.v.size());
+  for (int64_t t = 0; t < c.period; ++t) {
+    const size_t src = static_cast<size_t>((phase + t) % c.period) * row_floats;
+    std::copy_n(base.k.data() + src, row_floats, rot_k.data() + t * row_floats);
+    std::copy_n(base.v.data() + src, row_floats, rot_v.data() + t * row_floats);
+  }
   std::vector<uint8_t> base_records(static_cast<size_t>(c.heads * base_blocks) * rb);
-  std::vector<float> base_norms;
+  std::vector<float> base_norms, rot_norms;
   if (TraitsOf(method).needs_token_norms) {
     base_norms.resize(static_cast<size_t>(c.period));
     ComputeTokenNorms(base.KView(), base_norms.data());
+    rot_norms.resize(base_norms.size());
+    for (int64_t t = 0; t < c.period; ++t) rot_norms[t] = base_norms[(phase + t) % c.period];
   }
   for (int h = 0; h < c.heads; ++h) {
     for (int64_t b = 0; b < base_blocks; ++b) {
       const int64_t row = (b * g * c.heads + h) * c.dim;
-      BlockInput in{base.k.data() + row, base.v.data() + row, int64_t{c.heads} * c.dim,
-                    base_norms.empty() ? nullptr : base_norms.data() + b * g};
+      BlockInput in{rot_k.data() + row, rot_v.data() + row, int64_t{c.heads} * c.dim,
+                    rot_norms.empty() ? nullptr : rot_norms.data() + b * g};
       KVCTL_RETURN_IF_ERROR(
           QuantizeBlock(fc.spec, in, base_records.data() + (h * base_blocks + b) * rb));
     }

@@ -166,21 +166,26 @@ def all_rows() -> Dict[str, Row]:
     return {r.name: r for r in rows}
 
 
-# Sinks and flush lengths per method (issue #18: chosen by measurement): quant.sink_tokens
-# 0/4/32/128 x quant.flush_tokens = one or two blocks, 2-bit codes; docs/quality.md.
-SINK_FLUSH_GRID = {"kivi": (32, 64), "kvarn": (128, 256), "quarot": (32, 64), "oscar": (32, 64)}
+# Sinks and flush lengths per method (issue #18: chosen by measurement, docs/quality.md):
+# rows <method><bits>_s<S>_f<F> set quant.sink_tokens S and quant.flush_tokens F (a multiple of
+# the method's block: 32, KVarN 128) at 2-bit codes, and at 3 bits for KIVI and TurboQuant.
+SINK_FLUSH_GRID = {"kivi": (32, 64, 128, 256), "kvarn": (128, 256), "quarot": (32, 64, 128, 256),
+                   "oscar": (32, 64, 128, 256), "turbo": (32, 64, 128, 256)}
+SINK_FLUSH_SINKS = (0, 4, 16, 32, 64, 128)
+SINK_FLUSH_BITS = {"kivi": (2, 3), "kvarn": (2,), "quarot": (2,), "oscar": (2,), "turbo": (2, 3)}
 
 
 def sink_flush_rows():
     rows = []
     for method, flushes in SINK_FLUSH_GRID.items():
-        for sinks in (0, 4, 32, 128):
-            for flush in flushes:
-                rows.append(Row("%s2_s%d_f%d" % (method, sinks, flush), "kvctl",
-                                quant(method, 2, 2, quant__sink_tokens=sinks,
-                                      quant__flush_tokens=flush),
-                                note="quant.sink_tokens %d, quant.flush_tokens %d"
-                                % (sinks, flush)))
+        for bits in SINK_FLUSH_BITS[method]:
+            for sinks in SINK_FLUSH_SINKS:
+                for flush in flushes:
+                    rows.append(Row("%s%d_s%d_f%d" % (method, bits, sinks, flush), "kvctl",
+                                    quant(method, bits, bits, quant__sink_tokens=sinks,
+                                          quant__flush_tokens=flush),
+                                    note="quant.sink_tokens %d, quant.flush_tokens %d"
+                                    % (sinks, flush)))
     return rows
 
 
@@ -293,4 +298,7 @@ def pressure_summary(heads: Dict[str, object], sequences: Dict[str, object]) -> 
 QUICK_ROWS = ["uncompressed", "kivi8", "kivi2", "kvarn2"]
 # budget.pressure = "fail" rows stop at the first APPEND the pool cannot take (kveval exits 2):
 # run them alone, to show that the pressure rows' pools are too small without relief.
-FULL_ROWS = [name for name in all_rows() if not name.endswith("_fail")]
+# The default row list: not the _fail rows (they stop the run), and not the sink/flush grid (126
+# rows, named on purpose: docs/quality.md "Sinks and flush per method").
+FULL_ROWS = [name for name in all_rows()
+             if not name.endswith("_fail") and name not in {r.name for r in sink_flush_rows()}]

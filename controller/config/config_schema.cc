@@ -371,7 +371,7 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_QUANT_SINK_TOKENS",
            .doc = "First tokens of a sequence kept fp16 forever; -1 = method default "
-                  "(kvarn 128, others 0)."}),
+                  "(kvarn, oscar 32; kivi 16; quarot, turbo, fp16 0)."}),
       Row<&QuantSettings::flush_tokens>(
           {.key = "quant.flush_tokens",
            .default_text = "0",

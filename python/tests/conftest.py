@@ -73,8 +73,9 @@ def lossless_daemon(_shared_factory):
 
 @pytest.fixture(scope="session")
 def kvarn_daemon(_shared_factory):
-    """Shared daemon with the default quantizer (KVarN k2v2, 128 sinks, 128-token blocks)."""
-    return _shared_factory(pool__bytes="64MiB")
+    """Shared daemon with the built-in method (KVarN k2v2, 128-token blocks) and 128 sinks set
+    explicitly: test_roundtrip's expected sinks, records and tail are laid out by that count."""
+    return _shared_factory(pool__bytes="64MiB", quant__sink_tokens=128)
 
 
 @pytest.fixture

@@ -14,18 +14,26 @@ import kveval_rows  # noqa: E402
 
 def test_sink_flush_grid_rows_set_sinks_and_a_multiple_of_the_block():
     rows = kveval_rows.all_rows()
-    blocks = {"kivi": 32, "quarot": 32, "oscar": 32, "kvarn": 128}
+    blocks = {"kivi": 32, "quarot": 32, "oscar": 32, "turbo": 32, "kvarn": 128}
     grid = [r for r in kveval_rows.sink_flush_rows()]
-    assert len(grid) == 4 * 4 * 2
+    # 6 sink counts x (4 flushes x 2 widths for KIVI and TurboQuant, 4 for QuaRot and OScaR, 2
+    # for KVarN).
+    assert len(grid) == 6 * (4 * 2 + 4 * 2 + 4 + 4 + 2)
+    assert len({r.name for r in grid}) == len(grid)
     for r in grid:
-        method, sinks, flush = r.name.split("_")
-        method = method[:-1]  # "kvarn2" -> "kvarn"
+        head, sinks, flush = r.name.split("_")
+        method, bits = head[:-1], head[-1]  # "kvarn2" -> "kvarn", "2"
         assert rows[r.name] is not None
         assert r.settings["quant.method"] == method
-        assert r.settings["quant.k_bits"] == r.settings["quant.v_bits"] == "2"
+        assert r.settings["quant.k_bits"] == r.settings["quant.v_bits"] == bits
         assert r.settings["quant.sink_tokens"] == sinks[1:]
-        assert int(r.settings["quant.flush_tokens"]) in (blocks[method], 2 * blocks[method])
+        assert int(r.settings["quant.flush_tokens"]) % blocks[method] == 0
         assert r.settings["quant.flush_tokens"] == flush[1:]
+    assert rows["turbo3_s32_f64"].settings["quant.k_bits"] == "3"
+    # Named on purpose only: a default kveval run leaves the grid out.
+    assert not set(r.name for r in grid) & set(kveval_rows.FULL_ROWS)
+    assert "kivi2" in kveval_rows.FULL_ROWS
+    assert rows["kvarn2_s16_f256"].settings["quant.sink_tokens"] == "16"
 
 
 def test_joint_rows_carry_the_exchange_rate_and_period_they_name():

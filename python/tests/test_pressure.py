@@ -19,10 +19,13 @@ PAGE = 16 << 10
 
 def pressure_daemon(daemon_factory, pressure: str, **settings):
     # 1 MiB is the smallest pool.bytes; one 64 KiB staging slot leaves 60 pages. 8-bit records
-    # (4608 B) pack 3 to a page, 4-bit (2560 B) 6, 2-bit (1536 B) 10.
+    # (4608 B) pack 3 to a page, 4-bit (2560 B) 6, 2-bit (1536 B) 10. KIVI without sinks (set
+    # explicitly, not the registry's default): the page counts and record positions below assume
+    # every token after the tail is a record.
     return daemon_factory(pool__bytes="1MiB", pool__page_bytes="16KiB", pool__staging_slots=1,
                           pool__staging_bytes_per_session="64KiB", quant__method="kivi",
-                          quant__k_bits=8, quant__v_bits=8, budget__pressure=pressure, **settings)
+                          quant__k_bits=8, quant__v_bits=8, quant__sink_tokens=0,
+                          budget__pressure=pressure, **settings)
 
 
 def fill(client, k, v):
@@ -114,7 +117,7 @@ def test_pressure_requantize_lowers_widths_and_keeps_every_token(daemon_factory,
     errors = {}
     for bits in (2, 8):
         direct = connect(daemon_factory(quant__method="kivi", quant__k_bits=bits,
-                                        quant__v_bits=bits))
+                                        quant__v_bits=bits, quant__sink_tokens=0))
         direct.hello(LAYERS, HEADS, DIM, dtype="float16")
         direct.open(1)
         direct.append(1, k[:, :stored], v[:, :stored])
@@ -136,7 +139,7 @@ def test_pressure_requantize_survives_a_flush_right_after_lowering(daemon_factor
     d = daemon_factory(pool__bytes=str(495 * 32768 + (1 << 20)), pool__page_bytes="32KiB",
                        pool__staging_slots=1, pool__staging_bytes_per_session="1MiB",
                        quant__method="kivi", quant__k_bits=8, quant__v_bits=8,
-                       budget__pressure="requantize")
+                       quant__sink_tokens=0, budget__pressure="requantize")
     c = connect(d, timeout_ms=30000)
     c.hello(30, 3, 64, dtype="float16")
     c.open(1)

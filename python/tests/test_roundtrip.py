@@ -264,9 +264,10 @@ def test_tensors_and_lists_are_accepted(lossless_daemon, connect):
 
 
 def test_turbo_float16_round_trip_and_blocks_layout(daemon_factory, connect):
-    # TurboQuant k3v3 (docs/algorithms.md §20): no sinks, 32-token records, flush at 128.
+    # TurboQuant k3v3 (docs/algorithms.md §20): no sinks, 32-token records, flush at 128, set
+    # explicitly (the split below assumes them, whatever the registry defaults are).
     d = daemon_factory(quant__method="turbo", quant__k_bits=3, quant__v_bits=3,
-                       pool__bytes="64MiB")
+                       quant__sink_tokens=0, quant__flush_tokens=128, pool__bytes="64MiB")
     c = connect(d)
     s = c.hello(LAYERS, HEADS, DIM, dtype="float16", model_name="synthetic")
     q = s.quant

@@ -344,9 +344,9 @@ def test_torch_ops_cuda_refuses_a_device_mix():
 # --- through the real daemon ---------------------------------------------------------------
 
 
-def _daemon_for(daemon_factory, method, bits):
+def _daemon_for(daemon_factory, method, bits, **extra):
     return daemon_factory(quant__method=method, quant__k_bits=bits, quant__v_bits=bits,
-                          pool__bytes="64MiB")
+                          pool__bytes="64MiB", **extra)
 
 
 @pytest.mark.parametrize("method", ["kivi", "quarot", "kvarn", "oscar", "turbo", "fp16"])
@@ -393,7 +393,8 @@ def test_torch_ops_records_and_dequantize_equal_the_daemons(method, daemon_facto
 
 def test_torch_ops_pool_views_feed_fused_attention_without_copies(daemon_factory, connect):
     layers, heads, g, dim = 2, 3, 3, 64
-    d = _daemon_for(daemon_factory, "kvarn", 2)
+    # 128 sinks set explicitly: the token counts and window checks below are laid out by them.
+    d = _daemon_for(daemon_factory, "kvarn", 2, quant__sink_tokens=128)
     c = connect(d)
     c.hello(layers, heads, dim, dtype="float16", q_heads=heads * g)
     rng = np.random.default_rng(5)

@@ -86,7 +86,9 @@ std::vector<float> HeadRows(const std::vector<uint16_t>& all, int l, int h, int6
 }
 
 TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[integration]") {
-  DaemonProcess daemon(kSmallPool);
+  // The built-in method (KVarN k2v2) with 128 sinks set explicitly: the expected rows below are
+  // laid out by that sink count, not by whatever the registry's default is.
+  DaemonProcess daemon(std::string(kSmallPool) + "[quant]\nsink_tokens = 128\n");
   auto client = daemon.Connect();
   const int layers = 2, heads = 3, d = 64;
   const int64_t prefill = 300, decode = 100, total = prefill + decode;
@@ -141,9 +143,11 @@ TEST_CASE("Daemon: fetched KV equals the quantizer library run directly", "[inte
 
 TEST_CASE("Daemon: turbo records fetched from the daemon equal the library's round trip",
           "[integration]") {
-  // TurboQuant k3v2 (docs/algorithms.md §20): no sinks, flushes of 128 tokens in 32-token records.
+  // TurboQuant k3v2 (docs/algorithms.md §20): no sinks, flushes of 128 tokens in 32-token records,
+  // set explicitly (the expected layout below assumes them, whatever the registry defaults are).
   DaemonProcess daemon(std::string(kSmallPool) +
-                       "[quant]\nmethod = \"turbo\"\nk_bits = 3\nv_bits = 2\n");
+                       "[quant]\nmethod = \"turbo\"\nk_bits = 3\nv_bits = 2\nsink_tokens = 0\n"
+                       "flush_tokens = 128\n");
   auto client = daemon.Connect();
   const int layers = 2, heads = 2, d = 64;
   const int64_t prefill = 200, decode = 70, total = prefill + decode;

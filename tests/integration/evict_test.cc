@@ -42,9 +42,10 @@ std::vector<int64_t> Positions(const zmq::message_t& frame) {
   return out;
 }
 
+// KIVI without quantizer sinks (set explicitly): the protected prefix is evict.sinks' 4 tokens.
 constexpr const char* kEvictConfig =
     "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n"
-    "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"
+    "[quant]\nmethod = \"kivi\"\nsink_tokens = 0\nflush_tokens = 32\n"
     "[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nrealloc_period = 32\n"
     "[evict]\npolicy = \"snapkv\"\ncompression_period = 1\n";
 
@@ -179,8 +180,9 @@ TEST_CASE("Daemon evict: joint mode caps every head from the planned byte budget
   const std::string profile = "/tmp/kvctl-it-joint-" + std::to_string(getpid()) + ".toml";
   std::ofstream(profile) << FormatRateQuantProfile(fit);
   DaemonProcess daemon(
-      "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n[quant]\nmethod = \"kivi\"\nflush_tokens = "
-      "32\n[budget]\nmode = \"joint\"\nfp16_fraction = 0.15\nplan_tokens = 256\nprofile = \"" +
+      "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n[quant]\nmethod = \"kivi\"\nsink_tokens = "
+      "0\nflush_tokens = 32\n[budget]\nmode = \"joint\"\nfp16_fraction = 0.15\nplan_tokens = "
+      "256\nprofile = \"" +
       profile + "\"\n");
   auto client = daemon.Connect();
   auto hello = client->Hello({.client_name = "j", .geometry = {1, 2, 0, 32, DType::kF16}});

@@ -74,7 +74,7 @@ TEST_CASE("QuantTypes: validation names field, value and expectation", "[kernels
 
 TEST_CASE("QuantTypes: effective bits count sinks and the fp16 tail", "[kernels]") {
   const QuantSpec spec = Spec(QuantMethod::kKvarn, 128, 2, 2);
-  const StreamingRules rules = TraitsOf(QuantMethod::kKvarn).streaming;  // 128 sinks, flush 128.
+  const StreamingRules rules{.sink_tokens = 128, .flush_tokens = 128};  // Not the registry's.
   CHECK(QuantizedTokenCount(spec, rules, 100) == 0);
   CHECK(QuantizedTokenCount(spec, rules, 256) == 128);
   CHECK(QuantizedTokenCount(spec, rules, 300) == 128);

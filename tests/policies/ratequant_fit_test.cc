@@ -157,7 +157,7 @@ TEST_CASE("RateQuant fit: work is exactly one quantization per block and width (
           "[policies]") {
   // Bounds the fit's cost without a clock: 3 sequences x 2 layers x 2 heads x 4 widths x the full
   // blocks after the sinks, and one K-error softmax per (sequence, layer, width, probe, query
-  // head). KVarN (128 sinks, 128-token blocks) does no more per token than KIVI (no sinks, 32).
+  // head). KVarN (its sinks, 128-token blocks) does no more per token than KIVI (its sinks, 32).
   const auto calib = MakeCalibration(2, 2, 4, 64, 3, 300, true);
   for (QuantMethod m : kMethods) {
     INFO(QuantMethodName(m));
@@ -167,7 +167,7 @@ TEST_CASE("RateQuant fit: work is exactly one quantization per block and width (
         {.method = m, .importance = ImportanceMode::kAttention, .probe_queries = 5, .work = &work});
     REQUIRE(fit.ok());
     const int64_t sinks = TraitsOf(m).streaming.sink_tokens, g = fit->spec.block_tokens;
-    const int64_t blocks_per_head = (300 - sinks) / g;  // KIVI 9 of 32, KVarN 1 of 128.
+    const int64_t blocks_per_head = (300 - sinks) / g;  // E.g. KIVI 8 of 32, KVarN 2 of 128.
     CHECK(work.blocks_quantized == 3 * 2 * 2 * 4 * blocks_per_head);
     CHECK(work.attention_softmaxes == 3 * 2 * 4 * 5 * 4);
     // Quantized tokens per unit and width: KVarN's fewer blocks cover fewer tokens, never more.
@@ -417,13 +417,17 @@ TEST_CASE("RateQuant fit: bad calibration input errors name the field", "[polici
   CHECK_THAT(error(calib.set, {.method = QuantMethod::kFp16}), Catch::Contains("method: got fp16"));
   CHECK_THAT(error(calib.set, {.block_tokens = -1}), Catch::Contains("block_tokens: got -1"));
   CHECK_THAT(error(calib.set, {.probe_queries = 0}), Catch::Contains("probe_queries: got 0"));
+  // The shortest sequence a KVarN fit can use: its registry sinks + one 128-token block.
+  const int sinks = TraitsOf(QuantMethod::kKvarn).streaming.sink_tokens;
+  const int too_short = sinks + 128 - 1;
   set = calib.set;
   for (auto& seq : set) {
-    for (auto& l : seq) l.k.tokens = l.v.tokens = l.q.tokens = 200;
+    for (auto& l : seq) l.k.tokens = l.v.tokens = l.q.tokens = too_short;
   }
   CHECK_THAT(error(set, {.method = QuantMethod::kKvarn}),
-             Catch::Contains("data[0][0].k: tokens: got 200, expected >= 256 (128 kvarn sink "
-                             "tokens + one 128-token block)"));
+             Catch::Contains("data[0][0].k: tokens: got " + std::to_string(too_short) +
+                             ", expected >= " + std::to_string(too_short + 1) + " (" +
+                             std::to_string(sinks) + " kvarn sink tokens + one 128-token block)"));
   calib.layers[1].k[5 * 2 * 64 + 3] = NAN;  // Token 5 of sequence 0, layer 1, head 0, channel 3.
   CHECK_THAT(error(calib.set, {}), Catch::Contains("data[0][1].k"));
 }

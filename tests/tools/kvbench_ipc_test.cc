@@ -55,6 +55,8 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
   // blocks reply carries sinks, records and tail; chunks of 256 make the prefill several APPENDs.
   options.fetch_tokens = {300, 700};
   options.prefill_chunk = 256;
+  // The frame sizes below are laid out by 128 sinks: set them, not the registry's default.
+  options.settings = {"quant.sink_tokens=128"};
   StatusOr<IpcBenchReport> report = RunIpcBench(options);
   INFO(report.status().message());
   REQUIRE(report.ok());

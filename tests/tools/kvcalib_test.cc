@@ -105,9 +105,14 @@ CalibProfile TinyProfile(const std::string& method) {
 
 TEST_CASE("kvcalib: fit reports its work, and KVarN does no more of it per token than KIVI",
           "[tools]") {
-  // kTiny: 2 sequences x 3 layers x 2 KV heads (4 query heads) x 256 tokens, 4 probes, 4 widths.
-  for (const auto& [method, blocks] : {std::pair{"kivi", 2 * 3 * 2 * 4 * (256 / 32)},
-                                       std::pair{"kvarn", 2 * 3 * 2 * 4 * ((256 - 128) / 128)}}) {
+  // kTiny: 2 sequences x 3 layers x 2 KV heads (4 query heads) x 256 tokens, 4 probes, 4 widths;
+  // the fit quantizes the whole blocks after the method's registry sinks.
+  const auto blocks_after_sinks = [](QuantMethod m, int block) {
+    return 2 * 3 * 2 * 4 * ((256 - TraitsOf(m).streaming.sink_tokens) / block);
+  };
+  for (const auto& [method, blocks] :
+       {std::pair{"kivi", blocks_after_sinks(QuantMethod::kKivi, 32)},
+        std::pair{"kvarn", blocks_after_sinks(QuantMethod::kKvarn, 128)}}) {
     INFO(method);
     StatusOr<FitResult> r = RunFit(TinyFit(method));
     REQUIRE(r.ok());
@@ -449,10 +454,11 @@ TEST_CASE("kvcalib: plan --mode totals equal the byte budget within one allocati
     }
   }
 
-  // The check is independent of the planner: doctored plans fail it.
+  // The check is independent of the planner: doctored plans fail it. No sinks (set explicitly,
+  // not KIVI's registry default), so a head's floor is the 16-token window.
   const CalibProfile p = TinyProfile("kivi");
   StatusOr<KvcalibJointPlan> jp = BuildKvcalibJointPlan(
-      p, JointMode::kJoint, {.tokens = 512, .window = 16, .budget_fraction = 0.3});
+      p, JointMode::kJoint, {.tokens = 512, .sinks = 0, .window = 16, .budget_fraction = 0.3});
   REQUIRE(jp.ok());
   REQUIRE(jp->ok());
   JointPlan over = jp->plan;
@@ -476,7 +482,7 @@ TEST_CASE("kvcalib: plan --mode totals equal the byte budget within one allocati
   o.profile = tmp.Path("p.toml");
   std::ofstream(o.profile) << FormatCalibProfile(p);
   o.mode = "joint";
-  o.joint = {.tokens = 512, .budget_fraction = 0.25};
+  o.joint = {.tokens = 512, .sinks = 0, .budget_fraction = 0.25};  // No sinks: set, not KIVI's.
   o.plan.window = 16;
   o.json = true;
   const Captured run = Capture([&](auto out, auto err) { return RunPlanCommand(o, out, err); });
@@ -641,9 +647,9 @@ TEST_CASE("kvcalib: bad input fails with one clear line and exit status 1", "[to
   std::filesystem::remove(seq1 + "/layer_2/v.npy");
   CHECK_THAT(fit_err(o), Contains("layer_2/v.npy"));
 
-  // Too short for KVarN's 128 sinks plus one block: the fit's error names the directory.
+  // Too short for KVarN's sinks plus one block: the fit's error names the directory.
   o = TinyFit("kvarn");
-  o.synth.tokens = 200;
+  o.synth.tokens = TraitsOf(QuantMethod::kKvarn).streaming.sink_tokens + 128 - 1;
   o.out = base.out;
   CHECK_THAT(fit_err(o), Contains("(data[0] is synthetic[0])"));
   // Layer demand without queries.

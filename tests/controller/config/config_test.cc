@@ -502,6 +502,48 @@ TEST_CASE("Config: quant.method turbo loads, resolves and refuses widths it lack
   CHECK(c.status().message().find("oscar, turbo") != std::string::npos);
 }
 
+TEST_CASE("Config: sinks and flush default per method; explicit keys win", "[controller][config]") {
+  // Issue #18's measured defaults (docs/quality.md "Sinks and flush per method"): with neither
+  // key set, each method gets its own sink count and flush, at the head_dim of the session.
+  const std::pair<const char*, StreamingRules> kDefaults[] = {
+      {"kivi", {16, 128}},  {"quarot", {0, 128}}, {"kvarn", {32, 128}},
+      {"oscar", {32, 128}}, {"turbo", {0, 128}},  {"fp16", {0, 32}}};
+  for (const auto& [method, rules] : kDefaults) {
+    INFO(method);
+    StatusOr<Config> c = LoadConfig({.cli = {{"quant.method", method}}});
+    REQUIRE(c.ok());
+    CHECK(c->quant.sink_tokens == -1);
+    CHECK(c->quant.flush_tokens == 0);
+    StatusOr<StreamingRules> r = ResolveStreamingRules(*c, "m", 64);
+    REQUIRE(r.ok());
+    CHECK(*r == rules);
+    CHECK(TraitsOf(*ParseQuantMethod(method)).streaming == rules);
+    // An explicit key wins over the method's default, each on its own.
+    c = LoadConfig({.cli = {{"quant.method", method}, {"quant.sink_tokens", "0"}}});
+    REQUIRE(c.ok());
+    CHECK(*ResolveStreamingRules(*c, "m", 64) == StreamingRules{0, rules.flush_tokens});
+    c = LoadConfig({.cli = {{"quant.method", method}, {"quant.flush_tokens", "256"}}});
+    REQUIRE(c.ok());
+    CHECK(*ResolveStreamingRules(*c, "m", 64) == StreamingRules{rules.sink_tokens, 256});
+  }
+  // A [[model]] that switches method gets that method's defaults; [quant]'s explicit sinks stay.
+  Config c;
+  REQUIRE(
+      Load("[quant]\nmethod = \"kivi\"\n[[model]]\nname = \"K\"\nmethod = \"kvarn\"\n", &c).ok());
+  CHECK(*ResolveStreamingRules(c, "K", 64) == StreamingRules{32, 128});
+  CHECK(*ResolveStreamingRules(c, "other", 64) == StreamingRules{16, 128});
+  REQUIRE(Load("[quant]\nmethod = \"kivi\"\nsink_tokens = 4\n[[model]]\nname = \"K\"\n"
+               "method = \"kvarn\"\n",
+               &c)
+              .ok());
+  CHECK(*ResolveStreamingRules(c, "K", 64) == StreamingRules{4, 128});
+  // An explicit flush that is no multiple of the method's block is refused at load, naming both.
+  const Status bad = Load("[quant]\nmethod = \"kvarn\"\nflush_tokens = 96\n");
+  CHECK(bad.code() == StatusCode::kInvalidArgument);
+  CHECK(Has(bad.message(), "quant.flush_tokens: got 96"));
+  CHECK(Has(bad.message(), "128"));
+}
+
 TEST_CASE("Config: PrintConfig output loads back to the same config", "[controller][config]") {
   Config c = Parsed(R"(
 [server]
@@ -650,17 +692,18 @@ sink_tokens = 4
   // fp16 ignores [quant] bit widths.
   CHECK(bits(spec("F", 3, 0)) == std::pair{16, 16});
 
-  // Streaming rules: registry defaults unless set; default flush rounds up to whole blocks.
+  // Streaming rules: the method's registry defaults unless set (docs/quality.md "Sinks and flush
+  // per method"); the default flush rounds up to whole blocks.
   StatusOr<StreamingRules> r = ResolveStreamingRules(c, "other", 128);
   REQUIRE(r.ok());
-  CHECK(*r == StreamingRules{128, 128});
+  CHECK(*r == StreamingRules{32, 128});
   r = ResolveStreamingRules(c, "S", 128);
   REQUIRE(r.ok());
   CHECK(*r == StreamingRules{4, 256});
   CHECK(spec("S", 0, 0).block_tokens == 256);
-  r = ResolveStreamingRules(c, "M", 128);
+  r = ResolveStreamingRules(c, "M", 128);  // The model's method picks its own default sinks.
   REQUIRE(r.ok());
-  CHECK(*r == StreamingRules{0, 128});
+  CHECK(*r == StreamingRules{16, 128});
 
   // head_dim is checked when it is known, and the error says for whom.
   StatusOr<QuantSpec> bad = ResolveQuantSpec(c, "other", 96, 1, 2);
@@ -679,7 +722,7 @@ TEST_CASE("Config: default.toml sets every key, to the built-in default but its 
   REQUIRE(c.ok());
   // The shipped file quantizes a demo-sized sequence from its first token (KIVI 4-bit, no sinks,
   // 32-token flushes: README "Two commands"); the built-in defaults keep the registry's KVarN
-  // 2-bit with 128 sinks. Nothing else may differ.
+  // 2-bit with its 32 sinks. Nothing else may differ.
   Config expected;
   expected.quant.method = QuantMethod::kKivi;
   expected.quant.k_bits = 4;

@@ -49,7 +49,7 @@ std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int d, bool l
     if (block > 0) spec->block_tokens = spec->k_group_tokens = block;
     REQUIRE(ValidateQuantSpec(*spec).ok());
     p.head_specs.assign(static_cast<size_t>(heads), *spec);
-    p.rules = TraitsOf(m).streaming;
+    p.rules = testing::PinnedRules(m);
     if (flush > 0) p.rules.flush_tokens = flush;
     if (sinks >= 0) p.rules.sink_tokens = sinks;
   }

@@ -23,7 +23,7 @@ std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int d, bool l
   for (LayerPlan& p : plans) {
     p.lossless = lossless;
     p.head_specs.assign(static_cast<size_t>(heads), *spec);
-    p.rules = TraitsOf(m).streaming;
+    p.rules = testing::PinnedRules(m);
   }
   return plans;
 }

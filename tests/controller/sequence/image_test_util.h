@@ -69,7 +69,7 @@ inline LayerPlan Plan(QuantMethod m, int heads, std::vector<std::pair<int, int>>
                       int sinks = -1) {
   LayerPlan p;
   p.lossless = false;
-  p.rules = TraitsOf(m).streaming;
+  p.rules = testing::PinnedRules(m);
   if (sinks >= 0) p.rules.sink_tokens = sinks;
   for (int h = 0; h < heads; ++h) {
     const auto [kb, vb] = bits[static_cast<size_t>(h) % bits.size()];

@@ -26,7 +26,7 @@ std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int head_dim,
                                              m == QuantMethod::kFp16 ? 16 : 2);
     REQUIRE(spec.ok());
     p.head_specs.assign(static_cast<size_t>(heads), *spec);
-    p.rules = TraitsOf(m).streaming;
+    p.rules = testing::PinnedRules(m);  // KVarN 128 sinks, the others none.
   }
   return plans;
 }
@@ -88,7 +88,7 @@ TEST_CASE("KvSequence: lossless layers return exactly what was appended", "[cont
 void CheckAgainstLibrary(const KvSequence& seq, const LayerData& data, int layers, int heads, int d,
                          QuantMethod m, int64_t tokens) {
   StatusOr<QuantSpec> spec = MakeQuantSpec(m, d, 2, 2);
-  const StreamingRules rules = TraitsOf(m).streaming;
+  const StreamingRules rules = testing::PinnedRules(m);
   const int g = spec->block_tokens;
   const int64_t sinks = std::min<int64_t>(tokens, rules.sink_tokens);
   const int64_t quantized = QuantizedTokenCount(*spec, rules, tokens);

@@ -2,7 +2,8 @@
 //
 // The warning a configuration that cannot compress what it is asked to gets at OPEN
 // (controller/sequence/budget_resolve.h CompressionOutlookOf): R-KV keeping 25 % of the tokens
-// with KVarN's 128 fp16 sinks + 128-row flush quantizes nothing before 1021 tokens; a
+// with KVarN at 128 fp16 sinks (set explicitly: the registry's default was 128 until issue #18) +
+// 128-row flush quantizes nothing before 1021 tokens; a
 // tokens_per_head cap below sinks + flush never quantizes; a config that compresses is silent.
 // The warning is logged once per message and shown on the sequence's STATS line.
 #include <spdlog/sinks/ringbuffer_sink.h>
@@ -57,12 +58,17 @@ std::string Causes(const CompressionOutlook& o) {
   return s;
 }
 
-const char* kRkv25Kvarn =
+const char* kRkv25 =
     "[budget]\nmode = \"evict-only\"\ntoken_fraction = 0.25\n[evict]\npolicy = \"rkv\"\n";
+// KVarN (the built-in method) with 128 sinks set explicitly.
+const char* kSinks128 = "[quant]\nsink_tokens = 128\n";
+const std::string kRkv25Kvarn = std::string(kRkv25) + kSinks128;
+// KIVI flushing every 32 tokens, no sinks (set explicitly).
+const char* kKiviFlush32 = "[quant]\nmethod = \"kivi\"\nsink_tokens = 0\nflush_tokens = 32\n";
 
 TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs do not",
           "[controller][budget]") {
-  SECTION("R-KV 25 % + default KVarN: nothing quantized before 1021 tokens") {
+  SECTION("R-KV 25 % + KVarN with 128 sinks: nothing quantized before 1021 tokens") {
     const CompressionOutlook o = OutlookOf(WithToml(kRkv25Kvarn));
     CHECK(o.onset_tokens == 1021);  // The first T with ceil(0.25 T) >= 128 sinks + 128 flush.
     REQUIRE(Causes(o) == "late_quantization;");
@@ -71,15 +77,15 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
     CHECK(o.warnings[0].message.find("before a sequence reaches 1021 tokens") != std::string::npos);
   }
   SECTION("the same eviction with KIVI flushing every 32 tokens compresses") {
-    const CompressionOutlook o = OutlookOf(
-        WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n"));
+    const CompressionOutlook o = OutlookOf(WithToml(std::string(kRkv25) + kKiviFlush32));
     CHECK(o.onset_tokens == 125);  // ceil(0.25 T) >= 0 sinks + 32 flush.
     CHECK(o.warnings.empty());
   }
   SECTION("a tokens_per_head cap below sinks + flush never quantizes") {
     const CompressionOutlook o = OutlookOf(
         WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 200\n[evict]\npolicy = "
-                 "\"streaming\"\n"));
+                 "\"streaming\"\n" +
+                 std::string(kSinks128)));
     CHECK(o.onset_tokens == -1);
     REQUIRE(Causes(o) == "never_quantized;");
     CHECK(o.warnings[0].message.find("budget.tokens_per_head 200 keeps at most 200 tokens") !=
@@ -88,7 +94,8 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
   SECTION("a cap above sinks + flush compresses") {
     const CompressionOutlook o = OutlookOf(
         WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 300\n[evict]\npolicy = "
-                 "\"streaming\"\n"));
+                 "\"streaming\"\n" +
+                 std::string(kSinks128)));
     CHECK(o.onset_tokens == 256);
     CHECK(o.warnings.empty());
   }
@@ -99,10 +106,10 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
   }
   SECTION("defaults, lossless and fp16 rows do not warn") {
     CHECK(OutlookOf(Config()).warnings.empty());
-    CHECK(OutlookOf(Config()).onset_tokens == 256);
+    CHECK(OutlookOf(Config()).onset_tokens == 160);  // KVarN's default 32 sinks + 128 flush.
     CHECK(OutlookOf(WithToml("[quant]\nlossless = true\n")).onset_tokens == 0);
     const CompressionOutlook fp16 =
-        OutlookOf(WithToml(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"fp16\"\n"));
+        OutlookOf(WithToml(std::string(kRkv25) + "[quant]\nmethod = \"fp16\"\n"));
     CHECK(fp16.warnings.empty());
     CHECK(fp16.onset_tokens == 0);
   }
@@ -141,8 +148,7 @@ TEST_CASE("Compression warning: logged once at OPEN and shown in STATS", "[contr
   auto previous = spdlog::default_logger();
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("cw_test", ring));
   const std::string warned = OpenAndStats(kRkv25Kvarn, 2);
-  const std::string quiet =
-      OpenAndStats(std::string(kRkv25Kvarn) + "[quant]\nmethod = \"kivi\"\nflush_tokens = 32\n", 1);
+  const std::string quiet = OpenAndStats(std::string(kRkv25) + kKiviFlush32, 1);
   spdlog::set_default_logger(previous);
   std::vector<std::string> lines = ring->last_formatted();
   int warnings = 0;
