@@ -55,7 +55,7 @@ TEST_CASE("Prefix cache: sequences opened from a saved prefix share its pages in
   const std::vector<int32_t> ids = Ids(300);
   auto saved = c->SavePrefix(sid, 1, ids);
   REQUIRE(saved.ok());
-  CHECK(saved->saved_tokens == 288);  // KVarN: records end at 256, the tail trimmed to 16s.
+  CHECK(saved->saved_tokens == 288);  // KVarN: 32 sinks + 2 flushes of 128, the tail trimmed.
   auto original = c->FetchDense(sid, 1, 0, kLayers, DType::kF32);
   REQUIRE(original.ok());
   const Rows want = FirstRows(*original, 288);

@@ -65,7 +65,7 @@ TEST_CASE("Tier: a prefix saved through one daemon is restored by another, row f
 
   auto saved = a->SavePrefix(sa, 1, ids);
   REQUIRE(saved.ok());
-  // The default quantizer (KVarN, 128 sinks, 128-token flush): records end at 256, so the longest
+  // The default quantizer (KVarN, 32 sinks, 128-token flush): records end at 288, so the longest
   // exact cut at a multiple of 16 is 288 (the fp16 tail trimmed from 300).
   CHECK(saved->saved_tokens == 288);
   CHECK(saved->stored_bytes > 0);
@@ -187,8 +187,9 @@ TEST_CASE("Tier: a spilled sequence the tier lost answers DATA_LOSS, never wrong
 TEST_CASE("Tier: an unreachable cluster never blocks resident sequences", "[integration][tier]") {
   // Nothing listens on base + 36..37 (no test of the tier's 50 ports starts a node there). No
   // local prefix cache, so nothing is found without the tier.
-  DaemonProcess node(TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\nlocal_prefix_fraction = 0\n",
-                              KVCTL_TIER_BASE_PORT + 36));
+  DaemonProcess node(
+      TierToml("connect_timeout_ms = 100\ntimeout_ms = 200\nlocal_prefix_fraction = 0\n",
+               KVCTL_TIER_BASE_PORT + 36));
   auto c = node.Connect();
   const uint64_t sid = Hello(*c);
   const auto k = MakeFp16(64, 7, false), v = MakeFp16(64, 7, true);
@@ -232,7 +233,7 @@ TEST_CASE(
 TEST_CASE(
     "Tier: SAVE_PREFIX past tier.prefix_quota_bytes is refused by name, a re-save counts once",
     "[integration][tier]") {
-  DaemonProcess node(TierToml("prefix_quota_bytes = \"256KiB\"\n"));
+  DaemonProcess node(TierToml("prefix_quota_bytes = \"128KiB\"\n"));
   auto c = node.Connect();
   const uint64_t sid = Hello(*c);
   const int64_t total = 300;
@@ -241,8 +242,8 @@ TEST_CASE(
   REQUIRE(Append(*c, sid, 1, k, v, total, 0, total).ok());
   auto first = c->SavePrefix(sid, 1, Ids(total));
   REQUIRE(first.ok());
-  REQUIRE(first->stored_bytes < 256u * 1024);
-  REQUIRE(first->stored_bytes > 128u * 1024);     // So a second, different prefix cannot fit.
+  REQUIRE(first->stored_bytes < 128u * 1024);
+  REQUIRE(first->stored_bytes > 64u * 1024);      // So a second, different prefix cannot fit.
   CHECK(c->SavePrefix(sid, 1, Ids(total)).ok());  // The same key again replaces itself.
   auto second = c->SavePrefix(sid, 1, Ids(total, 7));
   CHECK(second.status().code() == StatusCode::kResourceExhausted);

@@ -502,7 +502,8 @@ TEST_CASE("Config: quant.method turbo loads, resolves and refuses widths it lack
   CHECK(c.status().message().find("oscar, turbo") != std::string::npos);
 }
 
-TEST_CASE("Config: sinks and flush default per method; explicit keys win", "[controller][config]") {
+TEST_CASE("Config: sinks and flush default per method, and explicit keys win",
+          "[controller][config]") {
   // Issue #18's measured defaults (docs/quality.md "Sinks and flush per method"): with neither
   // key set, each method gets its own sink count and flush, at the head_dim of the session.
   const std::pair<const char*, StreamingRules> kDefaults[] = {
