@@ -48,7 +48,7 @@ struct QuantSpec {
   int block_tokens = 32;      // G: tokens per block record.
   int k_group_tokens = 32;    // Tokens sharing one K (scale, zero) per channel (KIVI, OScaR).
   int v_group_channels = 32;  // Channels sharing one V (scale, zero) per token (KIVI, OScaR).
-  int sinkhorn_iters = 16;    // KVarN only: variance-normalisation iterations.
+  int sinkhorn_iters = 4;     // KVarN only: variance-normalisation iterations.
 
   bool operator==(const QuantSpec&) const = default;
 };

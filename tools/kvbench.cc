@@ -59,6 +59,10 @@ CLI::App* AddQuantCommand(CLI::App& app, kvctl::QuantBenchOptions& options, bool
          "--bits", options.bits,
          "Comma-separated subset of 2,3,4,8,k4v2,16 (default: all; the fp16 baseline ignores it)")
       ->delimiter(',');
+  cmd->add_option("--sinkhorn-iters", options.sinkhorn_iters,
+                  "Comma-separated KVarN Sinkhorn iteration counts (1..64): each KVarN row once "
+                  "per value (default: the registry's)")
+      ->delimiter(',');
   cmd->add_option("--simd", options.simd,
                   "Force the SIMD path: scalar, avx2 or avx512 (default: best the CPU has)");
   CLI::Option* reps =

@@ -274,7 +274,9 @@ std::string QuantRowBits(const QuantRowSpec& row) {
 
 std::string QuantRowLabel(const QuantRowSpec& row) {
   if (row.method == QuantMethod::kFp16) return "fp16";
-  return std::string(QuantMethodName(row.method)) + " " + QuantRowBits(row);
+  std::string label = std::string(QuantMethodName(row.method)) + " " + QuantRowBits(row);
+  if (row.sinkhorn_iters > 0) label += " it" + std::to_string(row.sinkhorn_iters);
+  return label;
 }
 
 std::vector<QuantRowSpec> DefaultQuantRows() {
@@ -368,6 +370,11 @@ StatusOr<QuantRowAccuracy> ComputeQuantRow(const QuantBenchContext& ctx, const Q
   QuantRowAccuracy acc;
   acc.row = row;
   acc.spec = *spec_or;
+  if (row.sinkhorn_iters > 0) {
+    acc.spec.sinkhorn_iters = row.sinkhorn_iters;
+    const Status valid = ValidateQuantSpec(acc.spec);
+    if (!valid.ok()) return Status(valid.code(), internal::StrCat(label, ": ", valid.message()));
+  }
   acc.rules = TraitsOf(row.method).streaming;
   KVCTL_RETURN_IF_ERROR(ValidateStreamingRules(acc.spec, acc.rules));
   const QuantSpec& spec = acc.spec;

@@ -60,8 +60,9 @@ struct QuantRowSpec {
   QuantMethod method = QuantMethod::kFp16;
   int k_bits = 16;
   int v_bits = 16;
+  int sinkhorn_iters = 0;  // KVarN only: 0 = the registry's default, else this many iterations.
 };
-// "fp16", "kivi 2", "kvarn k4v2".
+// "fp16", "kivi 2", "kvarn k4v2"; "kvarn 2 it8" with sinkhorn_iters set.
 std::string QuantRowLabel(const QuantRowSpec& row);
 // The bits part of the label as --bits matches it: "16", "2", "k4v2".
 std::string QuantRowBits(const QuantRowSpec& row);
@@ -140,13 +141,14 @@ double MeasureMemcpyGbps(size_t bytes, int reps);
 double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v, int reps);
 
 // Quantize speed goal relative to memcpy (benchmark, not asserted; issue 14): 0.5 for KIVI, QuaRot
-// and OScaR, 0.1 for KVarN at 16 Sinkhorn iterations, 0 (none) otherwise.
+// and OScaR, 0.1 for KVarN at the registry's Sinkhorn iterations, 0 (none) otherwise.
 double QuantizeTarget(const QuantSpec& spec);
 
 struct QuantBenchOptions {
   std::string input_dir;  // Empty: synthetic.
   SyntheticKvOptions synthetic;
   std::vector<std::string> methods, bits;  // Filters, see SelectQuantRows.
+  std::vector<int> sinkhorn_iters;         // KVarN rows once per value; empty: the registry's.
   std::string simd;                        // "", "scalar", "avx2" or "avx512".
   int reps = 5;
   int attn_queries = 64;

@@ -168,6 +168,29 @@ StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
   return InvalidArgument("--simd: got \"", name, "\", expected scalar, avx2 or avx512");
 }
 
+// Every KVarN row once per value of `iters` (in that order, where the row stood); other rows as
+// they are. INVALID_ARGUMENT for a value outside 1..64.
+StatusOr<std::vector<QuantRowSpec>> WithSinkhornIters(const std::vector<QuantRowSpec>& rows,
+                                                      const std::vector<int>& iters) {
+  for (int it : iters) {
+    if (it < 1 || it > 64) {
+      return InvalidArgument("--sinkhorn-iters: got ", it, ", expected 1..64");
+    }
+  }
+  std::vector<QuantRowSpec> out;
+  for (const QuantRowSpec& row : rows) {
+    if (row.method != QuantMethod::kKvarn) {
+      out.push_back(row);
+      continue;
+    }
+    for (int it : iters) {
+      out.push_back(row);
+      out.back().sinkhorn_iters = it;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
@@ -236,7 +259,8 @@ double QuantizeTarget(const QuantSpec& spec) {
     case QuantMethod::kOscar:
       return 0.5;
     case QuantMethod::kKvarn:
-      return spec.sinkhorn_iters == 16 ? 0.1 : 0.0;
+      return spec.sinkhorn_iters == TraitsOf(QuantMethod::kKvarn).defaults.sinkhorn_iters ? 0.1
+                                                                                          : 0.0;
     default:
       return 0.0;
   }
@@ -252,6 +276,9 @@ StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
     if (!st.ok()) return Status(st.code(), internal::StrCat("--simd: ", st.message()));
   }
   KVCTL_ASSIGN_OR_RETURN(std::vector<QuantRowSpec> rows, SelectQuantRows(o.methods, o.bits));
+  if (!o.sinkhorn_iters.empty()) {
+    KVCTL_ASSIGN_OR_RETURN(rows, WithSinkhornIters(rows, o.sinkhorn_iters));
+  }
   QuantBenchInput input;
   if (o.input_dir.empty()) {
     KVCTL_ASSIGN_OR_RETURN(input, MakeSyntheticInput(o.synthetic));

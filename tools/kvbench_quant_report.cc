@@ -169,8 +169,10 @@ std::string FormatQuantTable(const QuantBenchReport& r) {
   s += "  input: fp32 rows of one head contiguous, head by head, as the daemon's flush hands them "
        "over;\n  quant [T,H,D]: QuantizeBlock reading the [T, H, D] tensor in place (rows H x D "
        "apart), x memcpy\n";
-  s += "  targets (benchmark, not asserted): kivi/quarot/oscar quantize >= 0.5x memcpy, kvarn (16 "
-       "Sinkhorn iterations) >= 0.1x\n";
+  s += "  targets (benchmark, not asserted): kivi/quarot/oscar quantize >= 0.5x memcpy, kvarn (the "
+       "registry's " +
+       std::to_string(TraitsOf(QuantMethod::kKvarn).defaults.sinkhorn_iters) +
+       " Sinkhorn iterations) >= 0.1x\n";
   return s;
 }
 

@@ -357,7 +357,7 @@ std::vector<ConfigOption> BuildSchema() {
                   "ignored)."}),
       Row<&QuantSettings::sinkhorn_iters>(
           {.key = "quant.sinkhorn_iters",
-           .default_text = "16",
+           .default_text = "4",
            .min = 1,
            .max = 64,
            .flags = kRel,

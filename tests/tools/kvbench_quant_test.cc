@@ -229,6 +229,36 @@ TEST_CASE("KvbenchQuant: the command prints JSON or a table and exits 0", "[tool
   CHECK_THAT(r.out, !Contains("Throughput"));
 }
 
+TEST_CASE("KvbenchQuant: --sinkhorn-iters runs each KVarN row once per count", "[tools]") {
+  QuantBenchOptions o = SmallOptions();
+  o.methods = {"kivi", "kvarn"};
+  o.bits = {"2"};
+  o.sinkhorn_iters = {1, 16};
+  o.throughput = false;
+  CommandResult r = Run(o, /*json=*/true);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains("\"label\": \"kivi 2\"") && Contains("\"label\": \"kvarn 2 it1\"") &&
+                        Contains("\"label\": \"kvarn 2 it16\"") &&
+                        Contains("\"sinkhorn_iters\": 1,") && Contains("\"sinkhorn_iters\": 16,") &&
+                        !Contains("\"label\": \"kvarn 2\""));
+  // The 0.1x target is the registry's iteration count's; an override row has none.
+  o.throughput = true;
+  o.methods = {"kvarn"};
+  o.sinkhorn_iters = {1};
+  r = Run(o);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains("kvarn 2 it1") && !Contains(">=0.10 "));
+  o.sinkhorn_iters = {};
+  r = Run(o);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Contains(">=0.10 "));
+  for (int bad : {0, 65}) {
+    o.sinkhorn_iters = {4, bad};
+    ExpectFailure(o, "--sinkhorn-iters: got " + std::to_string(bad) + ", expected 1..64");
+  }
+}
+
 TEST_CASE("KvbenchQuant: bad input exits 1 with one clear message", "[tools]") {
   QuantBenchOptions o = SmallOptions();
   TempDir dir;

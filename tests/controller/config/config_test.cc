@@ -96,7 +96,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"quant.block_tokens", "0"},
       {"quant.k_group_tokens", "0"},
       {"quant.v_group_channels", "0"},
-      {"quant.sinkhorn_iters", "16"},
+      {"quant.sinkhorn_iters", "4"},
       {"quant.lossless", "false"},
       {"quant.sink_tokens", "-1"},
       {"quant.flush_tokens", "0"},
