@@ -20,7 +20,7 @@ constexpr uint32_t kLowBits = Bits({2, 3, 4, 8});
 constexpr uint32_t kTurboBits = Bits({2, 3, 4});
 
 // Defaults (docs/algorithms.md): KIVI groups of 32, flush at 128 (§4); QuaRot under KIVI's flush
-// rule (§5); KVarN G=128, 4 iterations (§6.2: the paper's 16 measured no better); OScaR groups of
+// rule (§5); KVarN G=128, 4 iterations (§6.1: the paper's 16 measured no better); OScaR groups of
 // 32 (§7.4); TurboQuant per token, QuaRot's flush rule (§20.3). Streaming rules (§8.4): sinks and
 // OScaR's flush were chosen by measurement on SmolLM2-135M at 2K-token contexts (issue #18,
 // docs/quality.md "Sinks and flush per method"): KIVI 16 sinks (was 0), KVarN 32 (was 128), OScaR
