@@ -110,7 +110,11 @@ Status KvSequence::Verify(int layer_begin, int layer_end, PageAllocator::VerifyB
   } else {
     // Slabs share pages between layers: check only the chunks this range's slots lie in (which
     // include the slots borrowed from a prefix, in the lender's pages).
-    std::vector<PageAllocator::PageRange> ranges;
+    // Per thread, kept between FETCHes so that a FETCH allocates nothing for it (a few hundred
+    // KB at most: one range per slot of the layers asked for), and bounded by the thread count
+    // rather than the sequence count, so host-memory accounting is not affected.
+    thread_local std::vector<PageAllocator::PageRange> ranges;
+    ranges.clear();
     CollectRanges(layer_begin, layer_end, &ranges);
     verified = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kFetch, budget);
   }

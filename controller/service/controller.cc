@@ -753,6 +753,7 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   }
   KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
+  entry->last_used = now;
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
   // Fail closed: nothing is read or referred to unless its pages still match their checksums.
@@ -767,11 +768,10 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     }
     return verified;
   }
-  if (budget.exceeded) {  // Nothing was verified or changed.
+  if (budget.exceeded) {  // Nothing was verified; the worker runs it all again.
     *deferred = true;
     return Unavailable("deferred to a worker");
   }
-  entry->last_used = now;
   const KvSequence& seq = *entry->seq;
   if (request.mode == ipc::FetchMode::kDense) {
     ipc::FetchDenseReply reply;
