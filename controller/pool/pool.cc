@@ -508,20 +508,25 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
 
 bool PageAllocator::SkipVerified(uint64_t key, VerifyReason reason) const {
   return reason == VerifyReason::kFetch && fetch_verify_ == FetchVerify::kUnverified &&
-         chunk_verified_[key].load(std::memory_order_relaxed) != 0;
+         (chunk_verified_[key].load(std::memory_order_relaxed) & kVerifiedBit) != 0;
 }
 
 void PageAllocator::ClearVerified(uint32_t page, uint32_t lo, uint32_t hi) {
+  // Only the page's owner writes or frees it (holding what serializes its requests), so no check
+  // runs on these chunks meanwhile: a plain load and store suffice.
   std::atomic<uint8_t>* bits = &chunk_verified_[uint64_t{page} * chunks_per_page_];
   for (uint32_t c = lo; c < hi && c < chunks_per_page_; ++c) {
-    bits[c].store(0, std::memory_order_relaxed);
+    const uint8_t v = bits[c].load(std::memory_order_relaxed);
+    bits[c].store(static_cast<uint8_t>((v + kGenerationStep) & ~kVerifiedBit),
+                  std::memory_order_relaxed);
   }
 }
 
 bool PageAllocator::ChunkVerified(uint32_t page, uint32_t chunk) const {
   KVCTL_CHECK(checksums_ && page < pages_total_ && chunk < chunks_per_page_);
-  return chunk_verified_[uint64_t{page} * chunks_per_page_ + chunk].load(
-             std::memory_order_relaxed) != 0;
+  return (chunk_verified_[uint64_t{page} * chunks_per_page_ + chunk].load(
+              std::memory_order_relaxed) &
+          kVerifiedBit) != 0;
 }
 
 Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason,
@@ -553,17 +558,23 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
         chunk < verified_hi_[page].load(std::memory_order_relaxed)) {
       continue;  // Checked by its first write below the seal in this request.
     }
+    // Read before the bytes are: a check that finds the chunk changed meanwhile bumps the
+    // generation, and the exchange below then leaves the bit clear.
+    uint8_t seen = chunk_verified_[key].load(std::memory_order_acquire);
     if (ChunkIntact(page, chunk, sealed, &bytes)) {
       // Only a FETCH's check sets the bit: the scrubber and copies leave FETCH's bookkeeping as
       // it was (a chunk they pass is verified by the next FETCH that reads it).
-      if (reason == VerifyReason::kFetch) {
-        chunk_verified_[key].store(1, std::memory_order_relaxed);
+      if (reason == VerifyReason::kFetch && (seen & kVerifiedBit) == 0) {
+        chunk_verified_[key].compare_exchange_strong(
+            seen, static_cast<uint8_t>(seen | kVerifiedBit), std::memory_order_acq_rel);
       }
       continue;
     }
     // Found changed, by whichever check: every FETCH that reads it must check it again (another
     // sequence borrowing the page from a cached prefix, or this one after a reload of its data).
-    chunk_verified_[key].store(0, std::memory_order_relaxed);
+    // Read-modify-writes: FETCHes of other sequences may be checking a cached prefix's chunk now.
+    chunk_verified_[key].fetch_add(kGenerationStep, std::memory_order_acq_rel);
+    chunk_verified_[key].fetch_and(static_cast<uint8_t>(~kVerifiedBit), std::memory_order_acq_rel);
     last_bad_page = page;  // Keys are sorted: one report per page.
     if (++failures <= 4) {
       const uint32_t want =

@@ -313,8 +313,13 @@ class PageAllocator {
   const std::unique_ptr<std::atomic<uint32_t>[]> sealed_end_;
   const std::unique_ptr<std::atomic<uint32_t>[]> verified_lo_;
   const std::unique_ptr<std::atomic<uint32_t>[]> verified_hi_;
-  // Per chunk (same index as chunk_crc_): 1 when a FETCH verified it since it was last written
-  // (see VerifyReason). A const check sets it: the bit is bookkeeping, not pool state.
+  // Per chunk (same index as chunk_crc_): kVerifiedBit when a FETCH verified it since it was
+  // last written (see VerifyReason), and a generation in the other 7 bits that every clear bumps,
+  // so that a FETCH whose check began before a clear (another sequence's FETCH of a cached
+  // prefix's chunk, racing the scrubber that found it changed) does not set the bit after it.
+  // A const check sets it: the bit is bookkeeping, not pool state.
+  static constexpr uint8_t kVerifiedBit = 1;
+  static constexpr uint8_t kGenerationStep = 2;
   const std::unique_ptr<std::atomic<uint8_t>[]> chunk_verified_;
   // Per page: the check before a rewrite (MarkDirty) found a mismatch; reported by SealPages.
   const std::unique_ptr<std::atomic<uint8_t>[]> tainted_;

@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/half.h"
@@ -355,6 +357,41 @@ TEST_CASE("PageAllocator verify-once: a FETCH checks a chunk once until it is wr
     REQUIRE(t.pool->VerifyPages({p}, kFetch, &enough).ok());
     CHECK_FALSE(enough.exceeded);
     CHECK(verified() - before == 4 * kChunk + 100);
+  }
+}
+
+TEST_CASE(
+    "PageAllocator verify-once: FETCHes racing a scrub that finds a change leave it unverified",
+    "[controller][checksum]") {
+  // A cached prefix's chunk is checked by FETCHes of several sequences under their own locks
+  // while the scrubber may find it changed: a FETCH whose check passed before the change must
+  // not mark the chunk verified after the scrubber cleared it.
+  TestPool t(/*checksums=*/true, 1 << 20, 64 << 10, kUnverified);
+  ForeignMapping foreign(t.name, 1 << 20);
+  StatusOr<uint32_t> page = t.pool->Allocate();
+  REQUIRE(page.ok());
+  const uint32_t p = *page;
+  t.Write(p, 0, 4 * kChunk, 1);
+  REQUIRE(t.pool->SealPages({p}).ok());
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> fetchers;
+    for (int f = 0; f < 2; ++f) {
+      fetchers.emplace_back([&] {
+        while (!stop.load()) (void)t.pool->VerifyRanges({{p, 0, 4 * kChunk}}, kFetch);
+      });
+    }
+    foreign.Flip(t.pool->PageOffset(p) + 2 * kChunk + round);
+    while (t.pool->VerifyPages({p}, kScrub).ok()) {
+    }
+    stop = true;
+    for (std::thread& f : fetchers) f.join();
+    CHECK_FALSE(t.pool->ChunkVerified(p, 2));
+    CHECK(t.pool->VerifyRanges({{p, 2 * kChunk, 2 * kChunk + 1}}, kFetch).code() ==
+          StatusCode::kDataLoss);
+    foreign.Flip(t.pool->PageOffset(p) + 2 * kChunk + round);  // Repaired for the next round.
+    REQUIRE(t.pool->VerifyPages({p}, kScrub).ok());
+    REQUIRE(t.pool->VerifyPages({p}, kFetch).ok());
   }
 }
 
