@@ -618,16 +618,25 @@ Status PageAllocator::VerifyRanges(const std::vector<PageRange>& ranges, VerifyR
                                    VerifyBudget* budget) const {
   if (!checksums_) return OkStatus();
   std::vector<uint64_t> keys;
+  const bool skip_verified =
+      reason == VerifyReason::kFetch && fetch_verify_ == FetchVerify::kUnverified;
+  uint64_t last = UINT64_MAX;
   for (const PageRange& r : ranges) {
     KVCTL_CHECK(r.page < pages_total_ && r.begin < r.end && r.end <= page_bytes_);
     const uint64_t first = uint64_t{r.page} * chunks_per_page_;
-    for (uint32_t c = r.begin / kChecksumChunkBytes; c * kChecksumChunkBytes < r.end; ++c) {
+    const uint64_t begin = first + r.begin / kChecksumChunkBytes;
+    const uint64_t end = first + (r.end - 1) / kChecksumChunkBytes + 1;
+    for (uint64_t key = begin; key < end; ++key) {
       // Neighbouring slots mostly share chunks: skip the repeat before sorting. Chunks a FETCH
       // verified since they were written are left out here, so what is sorted and checked is
-      // what changed since.
-      if ((keys.empty() || keys.back() != first + c) && !SkipVerified(first + c, reason)) {
-        keys.push_back(first + c);
+      // what changed since (this walk over the slots is what a FETCH with nothing new costs).
+      if (key == last) continue;
+      last = key;
+      if (skip_verified &&
+          (chunk_verified_[key].load(std::memory_order_relaxed) & kVerifiedBit) != 0) {
+        continue;
       }
+      keys.push_back(key);
     }
   }
   std::sort(keys.begin(), keys.end());

@@ -258,6 +258,45 @@ TEST_CASE("Slab: random growth and shrinking keep contents, ids and the slack bo
   CHECK(pool->Stats().pages_used == 0);
 }
 
+TEST_CASE("SlotDivider: the same quotient as a division, every divisor, edge and random ids",
+          "[pool][slab]") {
+  std::mt19937 rng(14);
+  uint64_t checked = 0, wrong = 0;
+  uint32_t first_wrong_divisor = 0, first_wrong_id = 0;
+  for (uint32_t d = 1; d <= 70000; ++d) {
+    const SlotDivider divide(d);
+    const uint32_t ids[] = {0u,
+                            1u,
+                            d - 1,
+                            d,
+                            d + 1,
+                            2 * d - 1,
+                            static_cast<uint32_t>(rng()),
+                            static_cast<uint32_t>(rng()),
+                            UINT32_MAX / d * d,
+                            UINT32_MAX / d * d - 1,
+                            UINT32_MAX - 1,
+                            UINT32_MAX};
+    for (uint32_t id : ids) {
+      ++checked;
+      if (divide.Quotient(id) != id / d && wrong++ == 0) {
+        first_wrong_divisor = d;
+        first_wrong_id = id;
+      }
+    }
+  }
+  for (uint32_t d : {1u << 20, (1u << 31) - 1, 1u << 31, UINT32_MAX - 1, UINT32_MAX}) {
+    const SlotDivider divide(d);
+    for (uint32_t id : {0u, d - 1, d, UINT32_MAX}) {
+      ++checked;
+      wrong += divide.Quotient(id) != id / d;
+    }
+  }
+  INFO("first mismatch: " << first_wrong_id << " / " << first_wrong_divisor);
+  CHECK(wrong == 0);
+  CHECK(checked > 800000);
+}
+
 TEST_CASE("CheckSlotIdSpace: slot ids must fit the wire's uint32 record ids", "[pool][slab]") {
   // 256 MiB of 64 KiB pages: 4096 pages; 32-byte rows give 2048 per page, 2^23 ids.
   CHECK(CheckSlotIdSpace("head_dim", 256 << 20, 64 << 10, 32).ok());
