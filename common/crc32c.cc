@@ -37,12 +37,18 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t bytes) {
 #if defined(__x86_64__)
 namespace {
 
-// The hardware path runs three independent crc32 chains over adjacent kStreamBytes chunks (the
+// The hardware path runs three independent crc32 chains over adjacent chunks of L bytes (the
 // instruction has a 3-cycle latency and a 1-cycle throughput, so one chain leaves two thirds of
 // it idle) and joins them: the CRC register is linear over GF(2), so the register after chunks
-// A then B is Shift(reg after A) ^ (reg after B started from 0), where Shift feeds kStreamBytes
-// zero bytes. Shift is a fixed 32x32 bit matrix, applied with four 256-entry tables.
-constexpr size_t kStreamBytes = 2048;
+// A then B is Shift_L(reg after A) ^ (reg after B started from 0), where Shift_L feeds L zero
+// bytes. Shift_L is a fixed 32x32 bit matrix, applied with four 256-entry tables.
+//
+// Rounds of 3 x L bytes are taken with the largest L that fits what is left, from a few fixed
+// sizes: 2048 for long buffers, 1360 so that a 4 KiB pool chunk (what FETCH and the scrubber
+// check, docs/reliability.md) is one round plus 16 bytes instead of a single chain, and 256 for
+// what is left of other lengths. Below 3 x 256 bytes one chain finishes.
+constexpr size_t kStreamSizes[] = {2048, 1360, 256};
+constexpr int kLevels = 3;
 
 __attribute__((target("sse4.2"))) uint32_t FeedZeros(uint32_t reg, size_t bytes) {
   uint64_t c = reg;
@@ -54,11 +60,16 @@ struct ShiftTables {
   uint32_t byte[4][256];
 };
 
-const ShiftTables& StreamShift() {
-  static const ShiftTables tables = [] {
-    ShiftTables t{};
-    for (int k = 0; k < 4; ++k) {
-      for (uint32_t b = 0; b < 256; ++b) t.byte[k][b] = FeedZeros(b << (8 * k), kStreamBytes);
+// Shift tables of every stream size, built once.
+const ShiftTables* StreamShifts() {
+  static const ShiftTables* tables = [] {
+    auto* t = new ShiftTables[kLevels]{};
+    for (int level = 0; level < kLevels; ++level) {
+      for (int k = 0; k < 4; ++k) {
+        for (uint32_t b = 0; b < 256; ++b) {
+          t[level].byte[k][b] = FeedZeros(b << (8 * k), kStreamSizes[level]);
+        }
+      }
     }
     return t;
   }();
@@ -76,6 +87,22 @@ __attribute__((target("sse4.2"))) inline uint64_t Step(uint64_t c, const uint8_t
   return _mm_crc32_u64(c, word);
 }
 
+// One round: the register after `c` followed by 3 x L bytes at p. L is a multiple of 8.
+template <size_t L>
+__attribute__((target("sse4.2"))) inline uint64_t Round(uint64_t c, const uint8_t* p,
+                                                        const ShiftTables& shift) {
+  uint64_t c1 = 0, c2 = 0;
+  for (size_t i = 0; i < L; i += 8) {
+    c = Step(c, p + i);
+    c1 = Step(c1, p + L + i);
+    c2 = Step(c2, p + 2 * L + i);
+  }
+  return Shift(shift, Shift(shift, static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1)) ^
+         static_cast<uint32_t>(c2);
+}
+
+static_assert(kStreamSizes[0] % 8 == 0 && kStreamSizes[1] % 8 == 0 && kStreamSizes[2] % 8 == 0);
+
 }  // namespace
 
 // The crc32 instruction computes the same reflected CRC-32C register update as the table, 8 bytes
@@ -84,17 +111,16 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cExtendHardware(uint32_t crc, co
                                                                 size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint64_t c = ~crc;
-  if (bytes >= 3 * kStreamBytes) {
-    const ShiftTables& shift = StreamShift();
-    for (; bytes >= 3 * kStreamBytes; p += 3 * kStreamBytes, bytes -= 3 * kStreamBytes) {
-      uint64_t c1 = 0, c2 = 0;
-      for (size_t i = 0; i < kStreamBytes; i += 8) {
-        c = Step(c, p + i);
-        c1 = Step(c1, p + kStreamBytes + i);
-        c2 = Step(c2, p + 2 * kStreamBytes + i);
-      }
-      c = Shift(shift, Shift(shift, static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1)) ^
-          static_cast<uint32_t>(c2);
+  if (bytes >= 3 * kStreamSizes[kLevels - 1]) {
+    const ShiftTables* shifts = StreamShifts();
+    for (; bytes >= 3 * kStreamSizes[0]; p += 3 * kStreamSizes[0], bytes -= 3 * kStreamSizes[0]) {
+      c = Round<kStreamSizes[0]>(c, p, shifts[0]);
+    }
+    for (; bytes >= 3 * kStreamSizes[1]; p += 3 * kStreamSizes[1], bytes -= 3 * kStreamSizes[1]) {
+      c = Round<kStreamSizes[1]>(c, p, shifts[1]);
+    }
+    for (; bytes >= 3 * kStreamSizes[2]; p += 3 * kStreamSizes[2], bytes -= 3 * kStreamSizes[2]) {
+      c = Round<kStreamSizes[2]>(c, p, shifts[2]);
     }
   }
   for (; bytes >= 8; p += 8, bytes -= 8) c = Step(c, p);

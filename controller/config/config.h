@@ -34,6 +34,8 @@ namespace kvctl {
 
 enum class LogLevel : uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 enum class PoolBackend : uint8_t { kCpu, kCuda };
+// pool.verify_on_fetch: which chunks a FETCH verifies (docs/reliability.md "Page checksums").
+enum class VerifyOnFetch : uint8_t { kUnverified, kAll };
 // Ordered by precedence: a value set by a higher source is never replaced by a lower one.
 enum class ConfigSource : uint8_t { kDefault, kFile, kEnv, kCli };
 std::string_view ConfigSourceName(ConfigSource source);  // "default", "file", "env", "cli".
@@ -44,7 +46,7 @@ struct ServerConfig {
   int lease_ms = 0;
   int workers = 0;
   int inline_append_tokens = 0;      // Light APPENDs of up to this many tokens skip the workers.
-  bool inline_blocks_fetch = false;  // Blocks FETCHes without checksums skip the workers.
+  bool inline_blocks_fetch = false;  // Cheap blocks FETCHes skip the workers.
   uint64_t max_message_bytes = 0;
   int stats_interval_ms = 0;
   std::string stats_endpoint;  // ZeroMQ PUB of the stats text; "" = off.
@@ -65,6 +67,7 @@ struct PoolConfig {
   double budget_fraction = 0;
   // Page checksums (docs/reliability.md "Page checksums").
   bool checksums = true;
+  VerifyOnFetch verify_on_fetch{};
   int scrub_interval_ms = 0;            // 0 = no scrubber.
   uint64_t scrub_bytes_per_second = 0;  // 0 = no scrubber.
   bool operator==(const PoolConfig&) const = default;

@@ -109,10 +109,11 @@ std::vector<ConfigOption> BuildSchema() {
            .default_text = "true",
            .flags = kImm,
            .env = "KVCTL_SERVER_INLINE_BLOCKS_FETCH",
-           .doc = "With pool.checksums = false, a blocks-mode FETCH (a page-table walk of a few "
-                  "microseconds) is answered on the socket's I/O thread when its sequence lock is "
-                  "free and no other request is on a worker; with checksums on it always goes to "
-                  "a worker (verification grows with the sequence)."}),
+           .doc = "A blocks-mode FETCH (a page-table walk of a few microseconds) is answered on "
+                  "the socket's I/O thread when its sequence lock is free, no other request is on "
+                  "a worker and, with pool.checksums on, at most 64 KiB of the pool chunks it "
+                  "refers to are left to verify (pool.verify_on_fetch); otherwise it goes to a "
+                  "worker."}),
       Row<&Config::server, &ServerConfig::max_message_bytes>(
           {.key = "server.max_message_bytes",
            .default_text = "256MiB",
@@ -243,6 +244,17 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "Keep a CRC32C of every stored pool page in daemon memory, verify it on FETCH "
                   "and in the scrubber, and answer DATA_LOSS for a sequence whose pages changed "
                   "behind the daemon's back; false turns checksums and the scrubber off."}),
+      Row<&Config::pool, &PoolConfig::verify_on_fetch>(
+          {.key = "pool.verify_on_fetch",
+           .default_text = "unverified",
+           .flags = kImm,
+           .env = "KVCTL_POOL_VERIFY_ON_FETCH",
+           .names = {"unverified", "all"},
+           .doc = "Which 4 KiB pool chunks a FETCH verifies before it answers: unverified = "
+                  "those not verified by a FETCH since they were last written (a FETCH costs "
+                  "what changed since the last one; a change after that is found by the "
+                  "scrubber); all = every chunk it reads or refers to (grows with the "
+                  "sequence). Only with pool.checksums = true."}),
       Row<&Config::pool, &PoolConfig::scrub_interval_ms>(
           {.key = "pool.scrub_interval_ms",
            .default_text = "1000",

@@ -163,7 +163,8 @@ ShmArena::~ShmArena() {
 
 PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
                              uint32_t pages_total, uint32_t staging_slots,
-                             uint64_t staging_slot_bytes, uint64_t staging_stride, bool checksums)
+                             uint64_t staging_slot_bytes, uint64_t staging_stride, bool checksums,
+                             FetchVerify fetch_verify)
     : arena_(std::move(arena)),
       page_bytes_(page_bytes),
       pages_total_(pages_total),
@@ -173,6 +174,7 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
       staging_offset_(arena_->bytes() - staging_stride * staging_slots),
       mirrored_(arena_->mirrored()),
       checksums_(checksums && !mirrored_),
+      fetch_verify_(fetch_verify),
       dirty_begin_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
       dirty_end_(tracks_writes() ? new std::atomic<uint32_t>[pages_total] : nullptr),
       chunks_per_page_(static_cast<uint32_t>(page_bytes / kChecksumChunkBytes)),
@@ -181,6 +183,9 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
       sealed_end_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
       verified_lo_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
       verified_hi_(checksums_ ? new std::atomic<uint32_t>[pages_total] : nullptr),
+      chunk_verified_(checksums_
+                          ? new std::atomic<uint8_t>[uint64_t{pages_total} * chunks_per_page_]
+                          : nullptr),
       tainted_(checksums_ ? new std::atomic<uint8_t>[pages_total] : nullptr),
       page_used_(pages_total, 0),
       slot_used_(staging_slots, 0) {
@@ -190,6 +195,7 @@ PageAllocator::PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes,
   }
   for (uint64_t i = 0; checksums_ && i < uint64_t{pages_total} * chunks_per_page_; ++i) {
     chunk_crc_[i].store(0, std::memory_order_relaxed);
+    chunk_verified_[i].store(0, std::memory_order_relaxed);
   }
   for (uint32_t i = 0; checksums_ && i < pages_total; ++i) {
     sealed_end_[i].store(0, std::memory_order_relaxed);
@@ -231,7 +237,7 @@ StatusOr<std::unique_ptr<PageAllocator>> PageAllocator::Create(std::unique_ptr<A
   }
   return std::unique_ptr<PageAllocator>(
       new PageAllocator(std::move(arena), p, static_cast<uint32_t>(pages), slots,
-                        staging ? o.staging_slot_bytes : 0, stride, o.checksums));
+                        staging ? o.staging_slot_bytes : 0, stride, o.checksums, o.fetch_verify));
 }
 
 Status PageAllocator::ExhaustedLocked(uint32_t count) {
@@ -287,6 +293,7 @@ Status PageAllocator::Free(uint32_t page) {
     verified_lo_[page].store(chunks_per_page_, std::memory_order_relaxed);
     verified_hi_[page].store(0, std::memory_order_relaxed);
     tainted_[page].store(0, std::memory_order_relaxed);
+    ClearVerified(page, 0, chunks_per_page_);
   }
   free_pages_.push_back(page);
   return OkStatus();
@@ -399,6 +406,9 @@ void PageAllocator::MarkDirty(uint32_t page, uint32_t begin, uint32_t end) {
                     (std::min(end, sealed) + kChecksumChunkBytes - 1) / kChecksumChunkBytes,
                     sealed);
     }
+    // What the write changes is no longer what a FETCH verified.
+    ClearVerified(page, begin / kChecksumChunkBytes,
+                  (end + kChecksumChunkBytes - 1) / kChecksumChunkBytes);
   }
   // Widen the interval; a CAS loop because C++20 has no atomic fetch_min / fetch_max.
   uint32_t lo = dirty_begin_[page].load(std::memory_order_relaxed);
@@ -477,12 +487,14 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
         // Checked before this request changed it, or holding nothing sealed: checksum afresh.
         crcs[c].store(Crc32c(base + begin, top - begin), std::memory_order_relaxed);
         sealed_bytes_.fetch_add(top - begin, std::memory_order_relaxed);
+        ClearVerified(page, c, c + 1);  // A new checksum: the next FETCH checks it.
       } else if (top > sealed) {
         // Unchanged below the old sealed end (a write there would have checked it): extend.
         crcs[c].store(
             Crc32cExtend(crcs[c].load(std::memory_order_relaxed), base + sealed, top - sealed),
             std::memory_order_relaxed);
         sealed_bytes_.fetch_add(top - sealed, std::memory_order_relaxed);
+        ClearVerified(page, c, c + 1);  // New bytes under the checksum: the same.
       }
     }
     sealed_end_[page].store(new_end, std::memory_order_relaxed);
@@ -494,7 +506,44 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
                   ") changed outside the daemon; found when a request rewrote them");
 }
 
-Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason) const {
+bool PageAllocator::SkipVerified(uint64_t key, VerifyReason reason) const {
+  return reason == VerifyReason::kFetch && fetch_verify_ == FetchVerify::kUnverified &&
+         (chunk_verified_[key].load(std::memory_order_relaxed) & kVerifiedBit) != 0;
+}
+
+void PageAllocator::ClearVerified(uint32_t page, uint32_t lo, uint32_t hi) {
+  // Only the page's owner writes or frees it (holding what serializes its requests), so no check
+  // runs on these chunks meanwhile: a plain load and store suffice.
+  std::atomic<uint8_t>* bits = &chunk_verified_[uint64_t{page} * chunks_per_page_];
+  for (uint32_t c = lo; c < hi && c < chunks_per_page_; ++c) {
+    const uint8_t v = bits[c].load(std::memory_order_relaxed);
+    bits[c].store(static_cast<uint8_t>((v + kGenerationStep) & ~kVerifiedBit),
+                  std::memory_order_relaxed);
+  }
+}
+
+bool PageAllocator::ChunkVerified(uint32_t page, uint32_t chunk) const {
+  KVCTL_CHECK(checksums_ && page < pages_total_ && chunk < chunks_per_page_);
+  return (chunk_verified_[uint64_t{page} * chunks_per_page_ + chunk].load(
+              std::memory_order_relaxed) &
+          kVerifiedBit) != 0;
+}
+
+Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason,
+                                   VerifyBudget* budget) const {
+  if (budget != nullptr) {
+    uint64_t want = 0;
+    for (uint64_t key : keys) {
+      const auto page = static_cast<uint32_t>(key / chunks_per_page_);
+      const uint32_t begin = static_cast<uint32_t>(key % chunks_per_page_) * kChecksumChunkBytes;
+      const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
+      if (begin < sealed) want += std::min(begin + kChecksumChunkBytes, sealed) - begin;
+    }
+    if (want > budget->max_bytes) {
+      budget->exceeded = true;
+      return OkStatus();
+    }
+  }
   std::string bad;
   uint64_t bytes = 0, failures = 0;
   uint32_t last_bad_page = UINT32_MAX;
@@ -509,7 +558,23 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
         chunk < verified_hi_[page].load(std::memory_order_relaxed)) {
       continue;  // Checked by its first write below the seal in this request.
     }
-    if (ChunkIntact(page, chunk, sealed, &bytes)) continue;
+    // Read before the bytes are: a check that finds the chunk changed meanwhile bumps the
+    // generation, and the exchange below then leaves the bit clear.
+    uint8_t seen = chunk_verified_[key].load(std::memory_order_acquire);
+    if (ChunkIntact(page, chunk, sealed, &bytes)) {
+      // Only a FETCH's check sets the bit: the scrubber and copies leave FETCH's bookkeeping as
+      // it was (a chunk they pass is verified by the next FETCH that reads it).
+      if (reason == VerifyReason::kFetch && (seen & kVerifiedBit) == 0) {
+        chunk_verified_[key].compare_exchange_strong(
+            seen, static_cast<uint8_t>(seen | kVerifiedBit), std::memory_order_acq_rel);
+      }
+      continue;
+    }
+    // Found changed, by whichever check: every FETCH that reads it must check it again (another
+    // sequence borrowing the page from a cached prefix, or this one after a reload of its data).
+    // Read-modify-writes: FETCHes of other sequences may be checking a cached prefix's chunk now.
+    chunk_verified_[key].fetch_add(kGenerationStep, std::memory_order_acq_rel);
+    chunk_verified_[key].fetch_and(static_cast<uint8_t>(~kVerifiedBit), std::memory_order_acq_rel);
     last_bad_page = page;  // Keys are sorted: one report per page.
     if (++failures <= 4) {
       const uint32_t want =
@@ -534,34 +599,49 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
                                                   : "FETCH");
 }
 
-Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const {
+Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason,
+                                  VerifyBudget* budget) const {
   if (!checksums_) return OkStatus();
   std::vector<uint64_t> keys;
   for (uint32_t page : pages) {
     KVCTL_CHECK(page < pages_total_);
     const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
     for (uint32_t c = 0; c * kChecksumChunkBytes < sealed; ++c) {
-      keys.push_back(uint64_t{page} * chunks_per_page_ + c);
+      const uint64_t key = uint64_t{page} * chunks_per_page_ + c;
+      if (!SkipVerified(key, reason)) keys.push_back(key);
     }
   }
-  return VerifyChunks(keys, reason);
+  return VerifyChunks(keys, reason, budget);
 }
 
-Status PageAllocator::VerifyRanges(const std::vector<PageRange>& ranges,
-                                   VerifyReason reason) const {
+Status PageAllocator::VerifyRanges(const std::vector<PageRange>& ranges, VerifyReason reason,
+                                   VerifyBudget* budget) const {
   if (!checksums_) return OkStatus();
   std::vector<uint64_t> keys;
+  const bool skip_verified =
+      reason == VerifyReason::kFetch && fetch_verify_ == FetchVerify::kUnverified;
+  uint64_t last = UINT64_MAX;
   for (const PageRange& r : ranges) {
     KVCTL_CHECK(r.page < pages_total_ && r.begin < r.end && r.end <= page_bytes_);
     const uint64_t first = uint64_t{r.page} * chunks_per_page_;
-    for (uint32_t c = r.begin / kChecksumChunkBytes; c * kChecksumChunkBytes < r.end; ++c) {
-      // Neighbouring slots mostly share chunks: skip the repeat before sorting.
-      if (keys.empty() || keys.back() != first + c) keys.push_back(first + c);
+    const uint64_t begin = first + r.begin / kChecksumChunkBytes;
+    const uint64_t end = first + (r.end - 1) / kChecksumChunkBytes + 1;
+    for (uint64_t key = begin; key < end; ++key) {
+      // Neighbouring slots mostly share chunks: skip the repeat before sorting. Chunks a FETCH
+      // verified since they were written are left out here, so what is sorted and checked is
+      // what changed since (this walk over the slots is what a FETCH with nothing new costs).
+      if (key == last) continue;
+      last = key;
+      if (skip_verified &&
+          (chunk_verified_[key].load(std::memory_order_relaxed) & kVerifiedBit) != 0) {
+        continue;
+      }
+      keys.push_back(key);
     }
   }
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  return VerifyChunks(keys, reason);
+  return VerifyChunks(keys, reason, budget);
 }
 
 uint64_t PageAllocator::SealedBytes(uint32_t page) const {

@@ -112,6 +112,10 @@ struct PageAllocatorOptions {
   // Keep a CRC32C of every page in daemon memory (see "Page checksums" below). Ignored for
   // mirrored arenas: the host copy they work on is private to the daemon already.
   bool checksums = false;
+  // What a FETCH verifies (pool.verify_on_fetch): every sealed chunk it reads or refers to
+  // (kAll), or only those not verified since they were last written (kUnverified).
+  enum class FetchVerify : uint8_t { kAll, kUnverified };
+  FetchVerify fetch_verify = FetchVerify::kAll;
 };
 
 // A staging slot: [offset, offset + bytes) of the arena, owned by one session.
@@ -150,6 +154,7 @@ struct PoolStats {
 // Fixed-size pages [0, pages_total) at the start of the arena, staging slots at its end.
 class PageAllocator {
  public:
+  using FetchVerify = PageAllocatorOptions::FetchVerify;
   // INVALID_ARGUMENT if page_bytes is not a power of two >= 4KiB, or if staging leaves no page.
   static StatusOr<std::unique_ptr<PageAllocator>> Create(std::unique_ptr<Arena> arena,
                                                          const PageAllocatorOptions& options);
@@ -216,11 +221,25 @@ class PageAllocator {
   // then is reported by SealPages and marks the owner lost) and is skipped; the others are
   // checked now, their sealed bytes being untouched by the request so far.
   enum class VerifyReason { kFetch, kScrub, kCopy };
+  // Verified since written (FetchVerify::kUnverified): every chunk carries a bit, set when a
+  // FETCH's check of it passes and cleared by anything that changes what it holds or its checksum
+  // (MarkDirty, SealPages, Free) and by a check that finds it changed. A kFetch check skips
+  // chunks whose bit is set, so a FETCH costs the chunks written since the last FETCH (or scrub
+  // mismatch), not the sequence's length. kScrub and kCopy always check every chunk they are
+  // given: the scrubber is what finds a change made after a chunk was verified, and a copy must
+  // not launder one into a fresh checksum.
+  // A budget for a kFetch check (the daemon's I/O thread): when the chunks left to check hold
+  // more than max_bytes, nothing is checked, exceeded is set and OK returned.
+  struct VerifyBudget {
+    uint64_t max_bytes = 0;
+    bool exceeded = false;
+  };
   // OK when every page still holds what was sealed; otherwise DATA_LOSS naming each page that
   // does not (page id, pool offset, expected and found CRC32C of its first bad chunk), and
   // checksum_failures_total counts them. Counts the bytes checksummed (verified_ or
   // scrubbed_bytes_total).
-  Status VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason) const;
+  Status VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason,
+                     VerifyBudget* budget = nullptr) const;
   // [begin, end) of one page.
   struct PageRange {
     uint32_t page = 0;
@@ -229,7 +248,11 @@ class PageAllocator {
   };
   // As VerifyPages, for the sealed chunks the ranges touch (each chunk checked once however many
   // ranges touch it). REQUIRES: every range inside its page, begin < end.
-  Status VerifyRanges(const std::vector<PageRange>& ranges, VerifyReason reason) const;
+  Status VerifyRanges(const std::vector<PageRange>& ranges, VerifyReason reason,
+                      VerifyBudget* budget = nullptr) const;
+  // Whether a chunk's bit is set (tests). REQUIRES: page < pages_total(), chunk in the page.
+  bool ChunkVerified(uint32_t page, uint32_t chunk) const;
+  FetchVerify fetch_verify() const { return fetch_verify_; }
   // Bytes VerifyPages reads of `page` (0 without checksums).
   uint64_t SealedBytes(uint32_t page) const;
 
@@ -246,7 +269,7 @@ class PageAllocator {
  private:
   PageAllocator(std::unique_ptr<Arena> arena, uint64_t page_bytes, uint32_t pages_total,
                 uint32_t staging_slots, uint64_t staging_slot_bytes, uint64_t staging_stride,
-                bool checksums);
+                bool checksums, FetchVerify fetch_verify);
   bool tracks_writes() const { return mirrored_ || checksums_; }
   // Checksum helpers (checksummed arenas). The CRC32C of chunk `chunk`'s bytes below `sealed`.
   uint32_t ChunkCrc(uint32_t page, uint32_t chunk, uint32_t sealed) const;
@@ -255,9 +278,14 @@ class PageAllocator {
   // Widens the page's verified chunks to cover [lo, hi), checking the newly covered sealed ones
   // (a mismatch taints the page).
   void CoverVerified(uint32_t page, uint32_t lo, uint32_t hi, uint32_t sealed);
-  // VerifyPages/VerifyRanges: checks (page, chunk) keys (page * chunks_per_page_ + chunk,
-  // grouped by page, each once) and reports the pages found changed.
-  Status VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason) const;
+  // VerifyPages/VerifyRanges: whether a (page, chunk) key (page * chunks_per_page_ + chunk) is
+  // left out of a check for `reason` (its bit set and reason a kFetch that skips those).
+  bool SkipVerified(uint64_t key, VerifyReason reason) const;
+  // Clears the bits of chunks [lo, hi) of a page.
+  void ClearVerified(uint32_t page, uint32_t lo, uint32_t hi);
+  // Checks the keys (grouped by page, each once) and reports the pages found changed.
+  Status VerifyChunks(const std::vector<uint64_t>& keys, VerifyReason reason,
+                      VerifyBudget* budget) const;
   Status ExhaustedLocked(uint32_t count) KVCTL_REQUIRES(mu_);
 
   // Constant after construction.
@@ -270,6 +298,7 @@ class PageAllocator {
   const uint64_t staging_offset_;
   const bool mirrored_;
   const bool checksums_;  // Never together with mirrored_: the two share the dirty marks.
+  const FetchVerify fetch_verify_;
   // Per page (mirrored or checksummed arenas): the marked interval [dirty_begin_, dirty_end_) of
   // its bytes, empty (page_bytes, 0) when clean. Atomic because a page changes owner when freed.
   const std::unique_ptr<std::atomic<uint32_t>[]> dirty_begin_;
@@ -284,6 +313,14 @@ class PageAllocator {
   const std::unique_ptr<std::atomic<uint32_t>[]> sealed_end_;
   const std::unique_ptr<std::atomic<uint32_t>[]> verified_lo_;
   const std::unique_ptr<std::atomic<uint32_t>[]> verified_hi_;
+  // Per chunk (same index as chunk_crc_): kVerifiedBit when a FETCH verified it since it was
+  // last written (see VerifyReason), and a generation in the other 7 bits that every clear bumps,
+  // so that a FETCH whose check began before a clear (another sequence's FETCH of a cached
+  // prefix's chunk, racing the scrubber that found it changed) does not set the bit after it.
+  // A const check sets it: the bit is bookkeeping, not pool state.
+  static constexpr uint8_t kVerifiedBit = 1;
+  static constexpr uint8_t kGenerationStep = 2;
+  const std::unique_ptr<std::atomic<uint8_t>[]> chunk_verified_;
   // Per page: the check before a rewrite (MarkDirty) found a mismatch; reported by SealPages.
   const std::unique_ptr<std::atomic<uint8_t>[]> tainted_;
   mutable std::atomic<uint64_t> checksum_failures_{0};

@@ -51,9 +51,12 @@ void SlotArray::AppendRanges(size_t begin, size_t end,
   KVCTL_CHECK(begin <= end && end <= ids_.size());
   const auto bytes = static_cast<uint32_t>(slot_bytes());
   const auto per_page = static_cast<uint32_t>(slots_per_page());
+  const SlotDivider divide(per_page);
   for (size_t i = begin; i < end; ++i) {
-    const uint32_t first = ids_[i] % per_page * bytes;
-    ranges->push_back({ids_[i] / per_page, first, first + bytes});
+    const uint32_t id = ids_[i];
+    const uint32_t page = divide.Quotient(id);
+    const uint32_t first = (id - page * per_page) * bytes;
+    ranges->push_back({page, first, first + bytes});
   }
 }
 

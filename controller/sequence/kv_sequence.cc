@@ -100,18 +100,23 @@ Status KvSequence::MarkLost(const Status& loss) {
   return integrity_;
 }
 
-Status KvSequence::Verify(int layer_begin, int layer_end) {
+Status KvSequence::Verify(int layer_begin, int layer_end, PageAllocator::VerifyBudget* budget) {
   if (!integrity_.ok() || !pool_->checksums()) return integrity_;
   Status verified;
-  if (layer_begin == 0 && layer_end == geometry_.layers) {
+  if (layer_begin == 0 && layer_end == geometry_.layers && lender_ == nullptr) {
     std::vector<uint32_t> pages;
     slabs_.CollectPages(&pages);
-    verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kFetch);
+    verified = pool_->VerifyPages(pages, PageAllocator::VerifyReason::kFetch, budget);
   } else {
-    // Slabs share pages between layers: check only the chunks this range's slots lie in.
-    std::vector<PageAllocator::PageRange> ranges;
+    // Slabs share pages between layers: check only the chunks this range's slots lie in (which
+    // include the slots borrowed from a prefix, in the lender's pages).
+    // Per thread, kept between FETCHes so that a FETCH allocates nothing for it (a few hundred
+    // KB at most: one range per slot of the layers asked for), and bounded by the thread count
+    // rather than the sequence count, so host-memory accounting is not affected.
+    thread_local std::vector<PageAllocator::PageRange> ranges;
+    ranges.clear();
     CollectRanges(layer_begin, layer_end, &ranges);
-    verified = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kFetch);
+    verified = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kFetch, budget);
   }
   return verified.ok() ? verified : MarkLost(verified);
 }
@@ -136,6 +141,13 @@ StatusOr<uint64_t> KvSequence::Scrub(uint64_t max_bytes, bool* wrapped) {
   if (!verified.ok()) return MarkLost(verified);
   *wrapped = end >= pages.size();
   scrub_cursor_ = *wrapped ? 0 : end;
+  if (*wrapped && lender_ != nullptr) {
+    std::vector<PageAllocator::PageRange> ranges;
+    CollectBorrowedRanges(&ranges);
+    for (const PageAllocator::PageRange& r : ranges) bytes += r.end - r.begin;
+    verified = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kScrub);
+    if (!verified.ok()) return MarkLost(verified);
+  }
   return bytes;
 }
 

@@ -249,13 +249,19 @@ class KvSequence {
   // Where the full-precision rows (sinks, then tail) of one (layer, head) are.
   HeadWindow FetchWindow(int layer, int head) const;
 
-  // Page checksums of layers [layer_begin, layer_end) (rows, records, norms): OK, or the DATA_LOSS
-  // that marks the sequence lost (also when it was lost before).
+  // Page checksums of layers [layer_begin, layer_end) (rows, records, norms, borrowed slots
+  // included) as a FETCH checks them (pool.verify_on_fetch: the chunks not verified since they
+  // were written, or all): OK, or the DATA_LOSS that marks the sequence lost (also when it was
+  // lost before). With `budget` (the daemon's I/O thread) nothing is checked when more than its
+  // max_bytes are left to check: budget->exceeded is set and OK returned.
   // REQUIRES: 0 <= layer_begin < layer_end <= layers.
-  Status Verify(int layer_begin, int layer_end);
+  Status Verify(int layer_begin, int layer_end, PageAllocator::VerifyBudget* budget = nullptr);
   // Verifies the sequence's next pages, from where the last call stopped, until about max_bytes
-  // were checksummed or every page was; *wrapped says the walk reached the end (and starts over
-  // next time). Returns the bytes checksummed, or the DATA_LOSS that marks the sequence lost.
+  // were checksummed or every page was, and at the end of each walk the chunks of the slots it
+  // borrows from a frozen prefix (FETCH no longer re-checks a chunk it verified, so the scrubber
+  // is what finds a later change, also after the prefix left the cache); *wrapped says the walk
+  // reached the end (and starts over next time). Returns the bytes checksummed, or the DATA_LOSS
+  // that marks the sequence lost.
   StatusOr<uint64_t> Scrub(uint64_t max_bytes, bool* wrapped);
   // OK, or the DATA_LOSS that marked the sequence lost.
   const Status& integrity() const { return integrity_; }
@@ -337,6 +343,8 @@ class KvSequence {
   // Checks every page a copy of the sequence reads (image export): its own pages whole and the
   // chunks of the slots it borrows. OK or DATA_LOSS.
   Status VerifyForCopy() const;
+  // The byte range of every slot the sequence borrows from its lender, appended to *ranges.
+  void CollectBorrowedRanges(std::vector<PageAllocator::PageRange>* ranges) const;
   // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
   Status MarkLost(const Status& loss);
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,

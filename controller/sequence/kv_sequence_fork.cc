@@ -163,10 +163,16 @@ Status KvSequence::VerifyForCopy() const {
   std::vector<uint32_t> pages;
   slabs_.CollectPages(&pages);
   KVCTL_RETURN_IF_ERROR(pool_->VerifyPages(pages, PageAllocator::VerifyReason::kCopy));
-  if (lender_ == nullptr) return OkStatus();
   std::vector<PageAllocator::PageRange> ranges;
-  auto add_borrowed = [&ranges](const SlotArray& array) {
-    array.AppendRanges(0, array.borrowed(), &ranges);
+  CollectBorrowedRanges(&ranges);
+  if (ranges.empty()) return OkStatus();
+  return pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kCopy);
+}
+
+void KvSequence::CollectBorrowedRanges(std::vector<PageAllocator::PageRange>* ranges) const {
+  if (lender_ == nullptr) return;
+  auto add_borrowed = [ranges](const SlotArray& array) {
+    array.AppendRanges(0, array.borrowed(), ranges);
   };
   for (const auto& layer : layers_) {
     add_borrowed(layer->norms);
@@ -175,8 +181,6 @@ Status KvSequence::VerifyForCopy() const {
       add_borrowed(head.records);
     }
   }
-  if (ranges.empty()) return OkStatus();
-  return pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kCopy);
 }
 
 }  // namespace kvctl

@@ -148,6 +148,9 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
   PageAllocatorOptions options;
   options.page_bytes = config.pool.page_bytes;
   options.checksums = config.pool.checksums;
+  options.fetch_verify = config.pool.verify_on_fetch == VerifyOnFetch::kAll
+                             ? PageAllocatorOptions::FetchVerify::kAll
+                             : PageAllocatorOptions::FetchVerify::kUnverified;
   auto staging = std::make_unique<StagingObjects>("", 0, 0);
   if (config.pool.backend == PoolBackend::kCuda) {
     KVCTL_ASSIGN_OR_RETURN(arena, CreateCudaArena(config.pool.bytes, config.pool.cuda_device));
@@ -719,8 +722,8 @@ int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages)
 
 StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now,
                                            bool* deferred) {
-  // Verifying checksums and dense decoding grow with the sequence: a worker's job.
-  if (deferred != nullptr && (request.mode != ipc::FetchMode::kBlocks || pool_->checksums())) {
+  // Dense decoding grows with the sequence: a worker's job.
+  if (deferred != nullptr && request.mode != ipc::FetchMode::kBlocks) {
     *deferred = true;
     return Unavailable("deferred to a worker");
   }
@@ -754,12 +757,20 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
   // Fail closed: nothing is read or referred to unless its pages still match their checksums.
+  // On the I/O thread only when what is left to verify is small (pool.verify_on_fetch =
+  // "unverified": the chunks written since the last FETCH, a decode step's worth).
   const bool was_lost = !entry->seq->integrity().ok();
-  if (Status verified = entry->seq->Verify(begin, end); !verified.ok()) {
+  PageAllocator::VerifyBudget budget{.max_bytes = kInlineFetchVerifyBytes};
+  if (Status verified = entry->seq->Verify(begin, end, deferred != nullptr ? &budget : nullptr);
+      !verified.ok()) {
     if (!was_lost) {
       spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
     }
     return verified;
+  }
+  if (budget.exceeded) {  // Nothing was verified; the worker runs it all again.
+    *deferred = true;
+    return Unavailable("deferred to a worker");
   }
   const KvSequence& seq = *entry->seq;
   if (request.mode == ipc::FetchMode::kDense) {

@@ -71,8 +71,11 @@ class Controller {
   StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now,
                                     bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
   // With `deferred` (the daemon's I/O thread): only a FETCH that is cheap now is done, a
-  // blocks-mode FETCH with page checksums off (a page-table walk) whose sequence lock is free.
-  // Anything else sets *deferred and returns, for the caller to run it on a worker.
+  // blocks-mode FETCH (a page-table walk) whose sequence lock is free and whose pool chunks left
+  // to verify hold at most kInlineFetchVerifyBytes (about 3-6 us of CRC32C; with
+  // pool.verify_on_fetch = "unverified" a decode step's worth). Anything else sets *deferred and
+  // returns with nothing verified, for the caller to run it on a worker.
+  static constexpr uint64_t kInlineFetchVerifyBytes = 64 << 10;
   StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now,
                                  bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
   // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for

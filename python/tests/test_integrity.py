@@ -2,8 +2,9 @@
 """Clients cannot corrupt what they do not own (docs/reliability.md "Page checksums"): the pool is
 mapped read-only by clients and each session stages into its own object; a page changed by
 another process makes FETCH (dense and blocks) and APPEND of that sequence fail closed with
-DATA_LOSS, the scrubber finds it without any FETCH, other sequences are unaffected, STATS
-counts it."""
+DATA_LOSS (FETCH: when no FETCH verified the changed chunk since it was written, or with
+pool.verify_on_fetch = "all" always), the scrubber finds it without any FETCH, other sequences
+are unaffected, STATS counts it."""
 
 import mmap
 import os
@@ -78,23 +79,36 @@ def test_pool_is_read_only_to_clients_and_staging_is_private(kvarn_daemon, conne
     assert fk.shape == (LAYERS, TOKENS, HEADS, DIM)
 
 
+@pytest.mark.parametrize("verify", ["unverified", "all"])
 @pytest.mark.parametrize("mode,where", [("dense", "record"), ("blocks", "record"),
                                         ("dense", "window"), ("blocks", "window"),
                                         ("blocks_layer1", "window")])
 def test_a_page_changed_by_another_process_fails_fetch_closed(daemon_factory, connect, mode,
-                                                              where):
+                                                              where, verify):
     # A blocks FETCH names window rows in the pool, so it verifies their pages as it verifies the
     # records' (of every layer, or of the requested layers only: blocks_layer1).
-    d = daemon_factory(pool__scrub_interval_ms=0)  # Only FETCH can find it here.
-    c = connect(d)
-    c.hello(LAYERS, HEADS, DIM)
-    store(c, 1, seed=1)
+    def start():
+        d = daemon_factory(pool__scrub_interval_ms=0,  # Only FETCH can find it here.
+                           pool__verify_on_fetch=verify)
+        c = connect(d)
+        c.hello(LAYERS, HEADS, DIM)
+        store(c, 1, seed=1)
+        return d, c
+
+    def offset_of(c):
+        if where == "record":
+            return first_record_offset(c, 1)
+        # The first window row of layer 1, head 0 (a sink row: in the pool since the APPEND).
+        return int(c.fetch_blocks(1, layers=1).window_offsets[0])
+
+    d, c = start()
+    if verify == "all":
+        offset = offset_of(c)  # Every FETCH verifies every chunk again.
+    else:
+        # Asking this daemon where the row is would verify it, after which only the scrubber
+        # checks it again: a second daemon given the same requests places it at the same offset.
+        offset = offset_of(start()[1])
     k2, v2 = store(c, 2, seed=2)
-    if where == "record":
-        offset = first_record_offset(c, 1)
-    else:  # The first window row of layer 1, head 0 (a sink row: in the pool since the APPEND).
-        blocks = c.fetch_blocks(1, layers=1)
-        offset = int(blocks.window_offsets[0])
     assert c.stats("pool")["pool"]["checksum_failures_total"] == 0
     flip_in_other_process(d, offset + 5)
     with pytest.raises(kvctl.ServerError) as e:
@@ -118,13 +132,29 @@ def test_a_page_changed_by_another_process_fails_fetch_closed(daemon_factory, co
     assert c.close(1) > 0
 
 
+def test_a_change_after_fetch_verified_it_is_the_scrubbers_to_find(daemon_factory, connect):
+    # pool.verify_on_fetch = "unverified" (the default): a FETCH does not check again a chunk a
+    # FETCH verified and nothing wrote since, so a change made after that is answered until the
+    # scrubber's walk reaches it; from then on the sequence fails closed.
+    d = daemon_factory(pool__scrub_interval_ms=0)
+    c = connect(d)
+    c.hello(LAYERS, HEADS, DIM)
+    store(c, 1, seed=6)
+    offset = first_record_offset(c, 1)
+    flip_in_other_process(d, offset + 2)
+    c.fetch_blocks(1)  # The documented gap: verified before the change.
+    assert c.stats("pool")["pool"]["checksum_failures_total"] == 0
+    # test_the_scrubber_finds_a_changed_page_without_any_fetch: the scrubber then finds it.
+
+
 def test_the_scrubber_finds_a_changed_page_without_any_fetch(daemon_factory, connect):
     d = daemon_factory(pool__scrub_interval_ms=20, pool__scrub_bytes_per_second="64MiB")
     c = connect(d)
     c.hello(LAYERS, HEADS, DIM)
     store(c, 1, seed=4)
     store(c, 2, seed=5)
-    offset = first_record_offset(c, 2)  # Blocks FETCH verifies too: the page is good so far.
+    # Blocks FETCH verifies too: the page is good so far, and FETCH does not check it again.
+    offset = first_record_offset(c, 2)
     flip_in_other_process(d, offset)
     found = wait_for(lambda: c.stats("pool")["pool"]["checksum_failures_total"] >= 1,
                      timeout_s=120)

@@ -88,6 +88,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"pool.unlink_stale", "true"},
       {"pool.budget_fraction", "0.9"},
       {"pool.checksums", "true"},
+      {"pool.verify_on_fetch", "\"unverified\""},
       {"pool.scrub_interval_ms", "1000"},
       {"pool.scrub_bytes_per_second", "\"64MiB\""},
       {"quant.method", "\"kvarn\""},
@@ -242,6 +243,9 @@ TEST_CASE("Config: each bad value names the key, the value and what was expected
            {"[[model]]\nname = 7\n", "model.name: got 7, expected a string"},
            {"[server]\nworkers = \"2\"\n", "server.workers: got \"2\", expected an integer"},
            {"[[model]]\nname = \"m\"\nk_bits = 99\n", "quant.k_bits: got 99"},
+           {"[pool]\nverify_on_fetch = \"changed\"\n",
+            "pool.verify_on_fetch: got \"changed\", expected one of unverified, all"},
+           {"[pool]\nverify_on_fetch = true\n", "pool.verify_on_fetch: got true"},
        }) {
     INFO(toml);
     Config c;
@@ -258,7 +262,17 @@ TEST_CASE("Config: each bad value names the key, the value and what was expected
   CHECK(Has(s.message(), "pool.unlink_stale: got \"yes\", expected true or false"));
   s = ApplyOverride(c, "quant.override.layer", "1", ConfigSource::kCli);
   CHECK(Has(s.message(), "set it in the config file"));
+  s = ApplyOverride(c, "pool.verify_on_fetch", "every", ConfigSource::kCli);
+  CHECK(Has(s.message(), "pool.verify_on_fetch: got \"every\", expected one of unverified, all"));
   CHECK(c == Config());
+  // Both values parse, from a file and from the command line.
+  REQUIRE(ApplyOverride(c, "pool.verify_on_fetch", "all", ConfigSource::kCli).ok());
+  CHECK(c.pool.verify_on_fetch == VerifyOnFetch::kAll);
+  Config f;
+  REQUIRE(ApplyToml(f, "[pool]\nverify_on_fetch = \"all\"\n", "test.toml").ok());
+  CHECK(f.pool.verify_on_fetch == VerifyOnFetch::kAll);
+  REQUIRE(ApplyToml(f, "[pool]\nverify_on_fetch = \"unverified\"\n", "test.toml").ok());
+  CHECK(f.pool.verify_on_fetch == VerifyOnFetch::kUnverified);
 }
 
 TEST_CASE("Config: unknown keys and sections are errors", "[controller][config]") {

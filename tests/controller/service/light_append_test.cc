@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// Controller::Append with `deferred` (what the daemon's I/O thread calls for small APPENDs): a
-// light append is done exactly as a worker would do it, anything else is handed back with
-// nothing changed.
+// Controller::Append and Fetch with `deferred` (what the daemon's I/O thread calls for small
+// APPENDs and blocks FETCHes): a light request is done exactly as a worker would do it, anything
+// else is handed back with nothing changed.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -134,28 +134,71 @@ TEST_CASE("Light appends: a full pool hands the append back unchanged", "[contro
   if (taken > 0) CHECK(DenseBytes(*c, session, 2) == before);
 }
 
-TEST_CASE("Light fetches: a blocks FETCH without checksums, nothing else", "[controller][light]") {
-  for (bool checksums : {false, true}) {
-    INFO("checksums " << checksums);
-    Config config = LightConfig(checksums ? "fetch-sum" : "fetch", 16 << 20);
+uint64_t VerifiedBytes(Controller& c) {
+  StatusOr<std::string> text = c.Stats({0, "pool"}, Clock::now());
+  REQUIRE(text.ok());
+  const std::string key = "\nverified_bytes_total:";
+  const size_t at = text->find(key);
+  REQUIRE(at != std::string::npos);
+  return std::stoull(text->substr(at + key.size()));
+}
+
+// Blocks FETCH on the I/O thread: the same page table as a worker's, and only when what is left
+// to verify is at most Controller::kInlineFetchVerifyBytes.
+void CheckSameTable(Controller& c, const ipc::FetchRequest& blocks,
+                    StatusOr<ipc::ReplyBody> light) {
+  REQUIRE(light.ok());
+  StatusOr<ipc::ReplyBody> worker = c.Fetch(blocks, Clock::now());
+  REQUIRE(worker.ok());
+  StatusOr<ipc::Frames> a = ipc::Encode(1, std::move(light).value());
+  StatusOr<ipc::Frames> b = ipc::Encode(1, std::move(worker).value());
+  REQUIRE((a.ok() && b.ok()));
+  REQUIRE(a->size() == b->size());
+  for (size_t i = 0; i < a->size(); ++i) CHECK((*a)[i] == (*b)[i]);
+}
+
+TEST_CASE("Light fetches: a blocks FETCH with little left to verify, nothing else",
+          "[controller][light]") {
+  // 2048 tokens: about 160 KiB of rows and records per sequence, more than the inline budget.
+  constexpr uint32_t kLong = 2048;
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool checksums = mode != 0;
+    const bool all = mode == 2;
+    INFO("checksums " << checksums << ", verify_on_fetch " << (all ? "all" : "unverified"));
+    Config config = LightConfig("fetch-" + std::to_string(mode), 32 << 20);
     config.pool.checksums = checksums;
+    config.pool.verify_on_fetch = all ? VerifyOnFetch::kAll : VerifyOnFetch::kUnverified;
     std::unique_ptr<Controller> c = Make(config);
     const uint64_t session = OpenOne(*c, 1);
-    REQUIRE(c->Append(Step(session, 1, 0, 200), Clock::now()).ok());  // One flush: records.
+    REQUIRE(c->Append(Step(session, 1, 0, kLong), Clock::now()).ok());  // Flushes: records.
     const ipc::FetchRequest blocks{session, 1, 0, kLayers, ipc::FetchMode::kBlocks, DType::kF16};
     bool deferred = false;
+    uint64_t before = VerifiedBytes(*c);
     StatusOr<ipc::ReplyBody> light = c->Fetch(blocks, Clock::now(), &deferred);
-    CHECK(deferred == checksums);  // Verification is a worker's job.
+    // Unverified chunks beyond the budget: a worker's job, and nothing was verified meanwhile.
+    CHECK(deferred == checksums);
+    CHECK(VerifiedBytes(*c) == before);
     if (!checksums) {
-      REQUIRE(light.ok());
-      StatusOr<ipc::ReplyBody> worker = c->Fetch(blocks, Clock::now());
-      REQUIRE(worker.ok());
-      // The same page table either way.
-      StatusOr<ipc::Frames> a = ipc::Encode(1, std::move(light).value());
-      StatusOr<ipc::Frames> b = ipc::Encode(1, std::move(worker).value());
-      REQUIRE((a.ok() && b.ok()));
-      REQUIRE(a->size() == b->size());
-      for (size_t i = 0; i < a->size(); ++i) CHECK((*a)[i] == (*b)[i]);
+      CheckSameTable(*c, blocks, std::move(light));
+    } else {
+      REQUIRE(c->Fetch(blocks, Clock::now()).ok());  // The worker verifies it all.
+      CHECK(VerifiedBytes(*c) - before > Controller::kInlineFetchVerifyBytes);
+      // Verified and unchanged since: a page-table walk again, unless every FETCH verifies all.
+      deferred = false;
+      light = c->Fetch(blocks, Clock::now(), &deferred);
+      CHECK(deferred == all);
+      if (!all) CheckSameTable(*c, blocks, std::move(light));
+      // A decode step leaves a few chunks to verify: still on the I/O thread.
+      REQUIRE(c->Append(Step(session, 1, kLong, 1), Clock::now()).ok());
+      before = VerifiedBytes(*c);
+      deferred = false;
+      light = c->Fetch(blocks, Clock::now(), &deferred);
+      CHECK(deferred == all);
+      if (!all) {
+        REQUIRE(light.ok());
+        CHECK(VerifiedBytes(*c) > before);
+        CHECK(VerifiedBytes(*c) - before <= Controller::kInlineFetchVerifyBytes);
+      }
     }
     deferred = false;
     const ipc::FetchRequest dense{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
