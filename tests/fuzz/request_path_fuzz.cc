@@ -267,9 +267,13 @@ class Harness {
   void NewController() {
     DropController();
     Config config = variants_[0];
-    // Every other controller runs without page checksums: blocks FETCH then takes the light
-    // (I/O-thread) path, and the daemon's unchecked configuration is fuzzed too.
-    config.pool.checksums = controllers_ % 2 == 0;
+    // Controllers cycle through the integrity settings: checksums with FETCH verifying only the
+    // chunks written since their last check (the default; a blocks FETCH with little left to
+    // verify takes the light, I/O-thread path), checksums with every FETCH verifying everything,
+    // and no checksums (every blocks FETCH light).
+    config.pool.checksums = controllers_ % 3 != 2;
+    config.pool.verify_on_fetch = controllers_ % 3 == 1 ? VerifyOnFetch::kAll
+                                                         : VerifyOnFetch::kUnverified;
     config.pool.shm_name =
         "/kvctl-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(controllers_++);
     StatusOr<std::unique_ptr<Controller>> controller = Controller::Create(config);
@@ -279,6 +283,7 @@ class Harness {
     for (Config& v : variants_) {
       v.pool.shm_name = config.pool.shm_name;
       v.pool.checksums = config.pool.checksums;
+      v.pool.verify_on_fetch = config.pool.verify_on_fetch;
     }
     // The client's view of the pool (staging slots of a pool without per-session objects).
     const int fd = shm_open(config.pool.shm_name.c_str(), O_RDWR, 0);

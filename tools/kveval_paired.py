@@ -1,0 +1,42 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""Paired block bootstrap of every row of a kveval run against one of its rows.
+
+  python3 tools/kveval_paired.py results/reasonalloc-prose-2k/quality.json evict_rkv_25
+
+Both rows scored the same positions in the same run, so the change of dPPL (row against base,
+in %) and its 95 % interval come from kveval_stats.bootstrap_ci with the base row's NLL in place
+of the reference's. A row whose interval excludes 0 differs from the base on this sample."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kveval_stats  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("quality_json", help="quality.json written by tools/kveval")
+    ap.add_argument("base", help="the row the others are compared with")
+    args = ap.parse_args()
+    with open(args.quality_json) as f:
+        run = json.load(f)
+    rows = {r["row"]: r for r in run["rows"]}
+    if args.base not in rows:
+        print("base: got %r, expected one of %s" % (args.base, ", ".join(rows)), file=sys.stderr)
+        return 1
+    base = rows[args.base]
+    print("| row | vs %s: dPPL %% [95 %% CI] | blocks |" % args.base)
+    print("|---|---|---|")
+    for name, r in rows.items():
+        if name in (args.base, "uncompressed") or not r.get("nll"):
+            continue
+        ci = kveval_stats.bootstrap_ci(r["nll"], base["nll"], r["kl"])
+        print("| %s | %+.2f [%+.2f, %+.2f] | %d |" % (name, ci["dppl_pct"], ci["dppl_lo"],
+                                                     ci["dppl_hi"], ci["ci_blocks"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
