@@ -701,25 +701,6 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
                           static_cast<uint64_t>(usage.quantized_tokens), pool_->Stats().bytes_used};
 }
 
-int64_t Controller::LowerOthersForPool(const SequenceEntry& self, int64_t pages) {
-  if (pages < 1) return 0;
-  {
-    MutexLock lock(&mu_);
-    if (config_.budget.pressure_scope != PressureScope::kPool) return 0;
-  }
-  // try_lock: the caller holds its own sequence's mutex, and another APPEND may be doing the
-  // same the other way round; a busy sequence is skipped rather than waited for.
-  int64_t freed = 0;
-  for (const OpenSequenceRef& ref : OpenSequences(&self)) {
-    SequenceEntry* other = ref.entry.get();
-    if (freed >= pages) break;
-    if (!other->mu.TryLock()) continue;
-    MutexLock other_lock(&other->mu, AdoptLock{});
-    if (other->seq) freed += other->seq->LowerWidthsForOthers(pages - freed);
-  }
-  return freed;
-}
-
 StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now,
                                            bool* deferred) {
   // Dense decoding grows with the sequence: a worker's job.

@@ -322,10 +322,4 @@ StatusOr<ipc::OpenPrefixReply> Controller::OpenPrefix(const ipc::OpenPrefixReque
   return ipc::OpenPrefixReply{restored_tokens};
 }
 
-int64_t Controller::FreeForPool(const SequenceEntry& self, int64_t pages, SteadyTime now) {
-  if (pages < 1) return 0;
-  const int64_t shed = prefix_cache_ ? prefix_cache_->Shed(pages, pool_->page_bytes()) : 0;
-  return shed + SpillOthersForPool(self, pages - shed, now);
-}
-
 }  // namespace kvctl
