@@ -196,12 +196,6 @@ std::string FrameText(const ipc::Frames& frames) {
   return out;
 }
 
-ipc::Frames CopyFrames(const ipc::Frames& frames) {
-  ipc::Frames out;
-  for (const zmq::message_t& f : frames) out.emplace_back(f.data(), f.size());
-  return out;
-}
-
 class Harness {
  public:
   Harness() : verbose_(std::getenv("KVCTL_FUZZ_VERBOSE") != nullptr) {
@@ -272,8 +266,8 @@ class Harness {
     // verify takes the light, I/O-thread path), checksums with every FETCH verifying everything,
     // and no checksums (every blocks FETCH light).
     config.pool.checksums = controllers_ % 3 != 2;
-    config.pool.verify_on_fetch = controllers_ % 3 == 1 ? VerifyOnFetch::kAll
-                                                         : VerifyOnFetch::kUnverified;
+    config.pool.verify_on_fetch =
+        controllers_ % 3 == 1 ? VerifyOnFetch::kAll : VerifyOnFetch::kUnverified;
     config.pool.shm_name =
         "/kvctl-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(controllers_++);
     StatusOr<std::unique_ptr<Controller>> controller = Controller::Create(config);
