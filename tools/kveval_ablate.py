@@ -7,6 +7,8 @@ Rows come from the environment, then kveval's own arguments follow:
   ABL_DUMP=FILE      each finished batch's results appended as JSON lines (a run killed later
                      keeps them)
   ABL_PROFILE=FILE   reuse a kvcalib profile instead of calibrating (memory-starved machines)
+  ABL_MAX_APPEND_BYTES=N  the HF cache's largest APPEND (kvctl.hf_cache._MAX_APPEND_BYTES, 64 MiB):
+                     larger sends a long prefill as one APPEND, so eviction sees all of it at once
   ABL_ROWS='s=snapkv:0.25:evict.group=max' python3 tools/kveval_ablate.py --rows s --text F ...
 It patches kveval's row table and press factory; a rewrite of kveval may break it."""
 import os, sys
@@ -53,6 +55,9 @@ def make_press(name, keep):
             base_press=cls(**extra_kw), target_compression_ratio=ratio,
             compression_interval=int(interval)))
 kveval.make_press = make_press
+if os.environ.get("ABL_MAX_APPEND_BYTES"):
+    import kvctl.hf_cache
+    kvctl.hf_cache._MAX_APPEND_BYTES = int(os.environ["ABL_MAX_APPEND_BYTES"])
 import json
 if os.environ.get("ABL_PROFILE"):
     # The calibration profile of an earlier identical run (same model, same calibration text):
