@@ -213,6 +213,40 @@ def joint_turbo_rows():
                             profile="turbo", send_q=True,
                             note="as joint_turbo_1of%s_f8 with budget.eviction_scale %d"
                             % (label, rho)))
+        # The scorer (SnapKV instead of R-KV), and compressing every 8 tokens instead of 32 (a
+        # head then holds between cap - 7 and cap tokens; TurboQuant's re-packing is lossless).
+        rows.append(Row("joint_turbo_1of%s_f8_snapkv" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "evict.policy": "snapkv"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with evict.policy snapkv" % label))
+        rows.append(Row("joint_turbo_1of%s_f8_p8" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "evict.compression_period": "8"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with evict.compression_period 8" % label))
+        # Reserved bytes exceed the payload the plan bounds by the partly filled last page of
+        # each slab (one per slot size: records of each width pair, fp16 rows); 16 KiB pages
+        # instead of 64 KiB cut that slack about 4x.
+        rows.append(Row("joint_turbo_1of%s_f8_pg16k" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "pool.page_bytes": "16KiB"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with pool.page_bytes 16 KiB" % label))
+        # R-KV scored from the last 32 queries (SnapKV's observation window) instead of 8; the
+        # protected window grows to 32 fp16 tokens with it.
+        rows.append(Row("joint_turbo_1of%s_f8_obs32" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "evict.obs_window": "32"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with evict.obs_window 32" % label))
+        rows.append(Row("joint_1of%s_snapkv" % label, "kvctl",
+                        dict(joint(frac), **{"evict.policy": "snapkv"}), profile="kivi",
+                        send_q=True, note="as joint_1of%s (flush = block) with SnapKV" % label))
     return rows
 
 
