@@ -378,9 +378,14 @@ KVCTL_HOST_DEVICE inline uint32_t TurboCode(float y, const TurboCodebook& cb, in
   return code;
 }
 
-// One token row x[0..d) into d codes and its fp16 norm at meta[t] (§20.3): n = ||x|| summed in
+// One token row x[0..d) into d codes and its fp16 scale at meta[t] (§20.3): n = ||x|| summed in
 // index order; r = H (s ⊙ x) in `work` (d floats); code_c = TurboCode(r_c * (1 / n)), or of 0 when
-// n = 0. Returns false when n does not fit fp16.
+// n = 0; the scale is the least-squares a = (r · c) / (c · c) of the chosen centroids c, not n.
+// Why: decoding n c has norm n ||c|| < n (Lloyd-Max centroids shrink, ||c||^2 ~ 1 - D_mse), so
+// every re-encoding of a decoded row (eviction's compaction re-packs kept tokens, docs/budgets.md)
+// shrank the row by ||c|| again (0.94x per pass at 2 bits); with a the decoded row a c re-encodes
+// to the same codes and the same a, and a minimises the row's error for its codes. Returns false
+// when n or a does not fit fp16.
 KVCTL_HOST_DEVICE inline bool TurboEncodeRow(const float* x, int d, int bits,
                                              const TurboCodebook& cb, float* work, uint8_t* codes,
                                              uint8_t* meta, int t) {
@@ -390,16 +395,24 @@ KVCTL_HOST_DEVICE inline bool TurboEncodeRow(const float* x, int d, int bits,
   for (int c = 0; c < d; ++c) work[c] = TurboSignNegative(c) ? -x[c] : x[c];
   FwhtRow(work, d);
   const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
-  for (int c = 0; c < d; ++c) PutCode(codes, c, bits, TurboCode(work[c] * inv, cb, bits));
-  StoreHalf(meta, t, norm);
-  return FitsHalf(norm);
+  float rc = 0.0f, cc = 0.0f;
+  for (int c = 0; c < d; ++c) {
+    const uint32_t code = TurboCode(work[c] * inv, cb, bits);
+    PutCode(codes, c, bits, code);
+    rc += work[c] * cb.centroid[code];
+    cc += cb.centroid[code] * cb.centroid[code];
+  }
+  const float ls = rc / cc;  // cc > 0: no Lloyd-Max centroid is 0 (2^bits levels, antisymmetric).
+  const float scale = ls > 0.0f ? ls : 0.0f;  // A zero row: rc = 0. NaN (refused input): 0.
+  StoreHalf(meta, t, scale);
+  return FitsHalf(norm) && FitsHalf(scale);
 }
 
-// The inverse: out_c = s_c (H (centroid[code] * n_fp16))_c.
+// The inverse: out_c = s_c (H (centroid[code] * a_fp16))_c.
 KVCTL_HOST_DEVICE inline void TurboDecodeRow(const uint8_t* codes, const uint8_t* meta, int t,
                                              int d, int bits, const TurboCodebook& cb, float* out) {
-  const float norm = LoadHalf(meta, t);
-  for (int c = 0; c < d; ++c) out[c] = cb.centroid[GetCode(codes, c, bits)] * norm;
+  const float scale = LoadHalf(meta, t);
+  for (int c = 0; c < d; ++c) out[c] = cb.centroid[GetCode(codes, c, bits)] * scale;
   FwhtRow(out, d);
   for (int c = 0; c < d; ++c) out[c] = TurboSignNegative(c) ? -out[c] : out[c];
 }

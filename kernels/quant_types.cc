@@ -40,7 +40,7 @@ const MethodTraits kTraits[kNumQuantMethods] = {
      StreamingRules{32, 128}},
     {QuantMethod::kOscar, "oscar", "OScaR: Hadamard, omni-token K scaling, per-channel K", kLowBits,
      true, true, QuantSpec{QuantMethod::kOscar, 128, 2, 2, 32, 32, 32, 0}, StreamingRules{32, 128}},
-    {QuantMethod::kTurbo, "turbo", "TurboQuant: token norm, random-sign Hadamard, Lloyd-Max codes",
+    {QuantMethod::kTurbo, "turbo", "TurboQuant: token scale, random-sign Hadamard, Lloyd-Max codes",
      kTurboBits, true, false, QuantSpec{QuantMethod::kTurbo, 128, 3, 3, 32, 32, 128, 0},
      StreamingRules{0, 128}},
 };

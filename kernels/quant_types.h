@@ -34,7 +34,7 @@ enum class QuantMethod : uint8_t {
   kQuaRot = 2,  // QuaRot-style: Hadamard on K and V, per-token RTN over head_dim.
   kKvarn = 3,   // KVarN: Hadamard, Sinkhorn variance normalisation per tile, RTN per row.
   kOscar = 4,   // OScaR: Hadamard, per-token L2 norm over the layer, per-channel K, per-token V.
-  kTurbo = 5,   // TurboQuant: per-token norm, random sign + Hadamard, Lloyd-Max codebook.
+  kTurbo = 5,   // TurboQuant: per-token scale, random sign + Hadamard, Lloyd-Max codebook.
 };
 inline constexpr int kNumQuantMethods = 6;
 

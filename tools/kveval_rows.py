@@ -143,6 +143,7 @@ def all_rows() -> Dict[str, Row]:
                             profile="kivi", send_q=True,
                             note="joint_1of%s_flush32, eviction_scale %d, compression period 128"
                             % (label, rho)))
+    rows += joint_turbo_rows()
     for bits, fraction in PRESSURE_ROWS:
         for mode in ("requantize", "fail"):
             rows.append(Row("pressure_kivi%d%s" % (bits, "_fail" if mode == "fail" else ""),
@@ -178,6 +179,75 @@ SINK_FLUSH_GRID = {"kivi": (32, 64, 128, 256), "kvarn": (128, 256), "quarot": (3
                    "oscar": (32, 64, 128, 256), "turbo": (32, 64, 128, 256)}
 SINK_FLUSH_SINKS = (0, 4, 16, 32, 64, 128)
 SINK_FLUSH_BITS = {"kivi": (2, 3), "kvarn": (2,), "quarot": (2,), "oscar": (2,), "turbo": (2, 3)}
+
+
+def joint_turbo(fraction: float) -> Dict[str, str]:
+    """The joint planner over TurboQuant (issue #18, tight budgets): per-token codes at 2.25 /
+    3.25 / 4.25 b/e (head_dim 64) against KIVI's 3 / 4 / 5, and a 32-token flush (TurboQuant's
+    block), so the worst-case fp16 tail the plan charges is 31 rows per head."""
+    return dict(quant("turbo", 2, 2), **{"budget.mode": "joint",
+                                        "budget.fp16_fraction": "%.6f" % fraction,
+                                        "budget.plan_tokens": "PLAN_TOKENS",
+                                        "evict.policy": "rkv", "quant.flush_tokens": "32"})
+
+
+def joint_turbo_rows():
+    rows = []
+    for frac, label in ((1 / 8, "8"), (1 / 16, "16")):
+        rows.append(Row("joint_turbo_1of%s" % label, "kvctl", joint_turbo(frac), profile="turbo",
+                        send_q=True, note="joint planner over the TurboQuant profile, R-KV, "
+                        "flush 32"))
+        # TurboQuant has no per-record metadata (a scale per token), so 8-token records cost the
+        # same bytes per token as 32-token ones; a flush of 8 cuts the worst-case fp16 tail the
+        # plan charges from 31 rows to 7 (under the 4 sinks + 8-token window it already holds).
+        rows.append(Row("joint_turbo_1of%s_f8" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8"}),
+                        profile="turbo", send_q=True,
+                        note="joint planner over TurboQuant, R-KV, 8-token records and flush"))
+        for rho in (4, 16):
+            rows.append(Row("joint_turbo_1of%s_f8_rho%d" % (label, rho), "kvctl",
+                            dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                       "quant.flush_tokens": "8",
+                                                       "budget.eviction_scale": str(rho)}),
+                            profile="turbo", send_q=True,
+                            note="as joint_turbo_1of%s_f8 with budget.eviction_scale %d"
+                            % (label, rho)))
+        # The scorer (SnapKV instead of R-KV), and compressing every 8 tokens instead of 32 (a
+        # head then holds between cap - 7 and cap tokens; TurboQuant's re-packing is lossless).
+        rows.append(Row("joint_turbo_1of%s_f8_snapkv" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "evict.policy": "snapkv"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with evict.policy snapkv" % label))
+        rows.append(Row("joint_turbo_1of%s_f8_p8" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "evict.compression_period": "8"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with evict.compression_period 8" % label))
+        # Reserved bytes exceed the payload the plan bounds by the partly filled last page of
+        # each slab (one per slot size: records of each width pair, fp16 rows); 16 KiB pages
+        # instead of 64 KiB cut that slack about 4x.
+        rows.append(Row("joint_turbo_1of%s_f8_pg16k" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "pool.page_bytes": "16KiB"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with pool.page_bytes 16 KiB" % label))
+        # R-KV scored from the last 32 queries (SnapKV's observation window) instead of 8; the
+        # protected window grows to 32 fp16 tokens with it.
+        rows.append(Row("joint_turbo_1of%s_f8_obs32" % label, "kvctl",
+                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
+                                                   "quant.flush_tokens": "8",
+                                                   "evict.obs_window": "32"}),
+                        profile="turbo", send_q=True,
+                        note="as joint_turbo_1of%s_f8 with evict.obs_window 32" % label))
+        rows.append(Row("joint_1of%s_snapkv" % label, "kvctl",
+                        dict(joint(frac), **{"evict.policy": "snapkv"}), profile="kivi",
+                        send_q=True, note="as joint_1of%s (flush = block) with SnapKV" % label))
+    return rows
 
 
 def sink_flush_rows():

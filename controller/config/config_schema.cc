@@ -392,7 +392,8 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_QUANT_FLUSH_TOKENS",
            .doc = "fp16 tail length that triggers quantization, a multiple of block_tokens; 0 = "
-                  "method default rounded up to a multiple of block_tokens."}),
+                  "method default rounded up to a multiple of block_tokens (budget.mode = joint: "
+                  "block_tokens, since the plan charges each head flush_tokens - 1 fp16 rows)."}),
       // [budget]
       Row<&Config::budget, &BudgetConfig::mode>(
           {.key = "budget.mode",

@@ -559,6 +559,37 @@ TEST_CASE("Config: sinks and flush default per method, and explicit keys win",
   CHECK(Has(bad.message(), "128"));
 }
 
+TEST_CASE("Config: joint mode flushes every block unless quant.flush_tokens says otherwise",
+          "[controller][config]") {
+  // The joint plan charges each head flush_tokens - 1 fp16 tail rows (docs/joint_planner.md), so
+  // an unset flush is the method's block there; sinks keep the method's default.
+  const std::pair<const char*, StreamingRules> kJointDefaults[] = {
+      {"kivi", {16, 32}}, {"kvarn", {32, 128}}, {"turbo", {0, 32}}, {"quarot", {0, 32}}};
+  for (const auto& [method, rules] : kJointDefaults) {
+    INFO(method);
+    StatusOr<Config> c = LoadConfig({.cli = {{"quant.method", method}}});
+    REQUIRE(c.ok());
+    // The profile a joint config names is read at load; the rules depend on the mode only.
+    c->budget.mode = BudgetMode::kJoint;
+    StatusOr<StreamingRules> r = ResolveStreamingRules(*c, "m", 64);
+    REQUIRE(r.ok());
+    CHECK(*r == rules);
+    c->budget.mode = BudgetMode::kEvictOnly;  // Other modes keep the method's flush.
+    CHECK(ResolveStreamingRules(*c, "m", 64)->flush_tokens ==
+          TraitsOf(*ParseQuantMethod(method)).streaming.flush_tokens);
+  }
+  // An explicit flush wins, and a larger block moves the joint default with it.
+  StatusOr<Config> c =
+      LoadConfig({.cli = {{"quant.method", "kivi"}, {"quant.flush_tokens", "64"}}});
+  REQUIRE(c.ok());
+  c->budget.mode = BudgetMode::kJoint;
+  CHECK(*ResolveStreamingRules(*c, "m", 64) == StreamingRules{16, 64});
+  c = LoadConfig({.cli = {{"quant.method", "turbo"}, {"quant.block_tokens", "8"}}});
+  REQUIRE(c.ok());
+  c->budget.mode = BudgetMode::kJoint;
+  CHECK(*ResolveStreamingRules(*c, "m", 64) == StreamingRules{0, 8});
+}
+
 TEST_CASE("Config: PrintConfig output loads back to the same config", "[controller][config]") {
   Config c = Parsed(R"(
 [server]
