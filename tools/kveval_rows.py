@@ -200,50 +200,30 @@ def joint_turbo_rows():
         # TurboQuant has no per-record metadata (a scale per token), so 8-token records cost the
         # same bytes per token as 32-token ones; a flush of 8 cuts the worst-case fp16 tail the
         # plan charges from 31 rows to 7 (under the 4 sinks + 8-token window it already holds).
-        rows.append(Row("joint_turbo_1of%s_f8" % label, "kvctl",
-                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
-                                                   "quant.flush_tokens": "8"}),
-                        profile="turbo", send_q=True,
+        f8 = dict(joint_turbo(frac), **{"quant.block_tokens": "8", "quant.flush_tokens": "8"})
+
+        def f8_row(suffix: str, extra: Dict[str, str], what: str) -> Row:
+            return Row("joint_turbo_1of%s_f8%s" % (label, suffix), "kvctl", dict(f8, **extra),
+                       profile="turbo", send_q=True,
+                       note="as joint_turbo_1of%s_f8 with %s" % (label, what))
+
+        rows.append(Row("joint_turbo_1of%s_f8" % label, "kvctl", f8, profile="turbo", send_q=True,
                         note="joint planner over TurboQuant, R-KV, 8-token records and flush"))
         for rho in (4, 16):
-            rows.append(Row("joint_turbo_1of%s_f8_rho%d" % (label, rho), "kvctl",
-                            dict(joint_turbo(frac), **{"quant.block_tokens": "8",
-                                                       "quant.flush_tokens": "8",
-                                                       "budget.eviction_scale": str(rho)}),
-                            profile="turbo", send_q=True,
-                            note="as joint_turbo_1of%s_f8 with budget.eviction_scale %d"
-                            % (label, rho)))
+            rows.append(f8_row("_rho%d" % rho, {"budget.eviction_scale": str(rho)},
+                               "budget.eviction_scale %d" % rho))
         # The scorer (SnapKV instead of R-KV), and compressing every 8 tokens instead of 32 (a
         # head then holds between cap - 7 and cap tokens; TurboQuant's re-packing is lossless).
-        rows.append(Row("joint_turbo_1of%s_f8_snapkv" % label, "kvctl",
-                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
-                                                   "quant.flush_tokens": "8",
-                                                   "evict.policy": "snapkv"}),
-                        profile="turbo", send_q=True,
-                        note="as joint_turbo_1of%s_f8 with evict.policy snapkv" % label))
-        rows.append(Row("joint_turbo_1of%s_f8_p8" % label, "kvctl",
-                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
-                                                   "quant.flush_tokens": "8",
-                                                   "evict.compression_period": "8"}),
-                        profile="turbo", send_q=True,
-                        note="as joint_turbo_1of%s_f8 with evict.compression_period 8" % label))
+        rows.append(f8_row("_snapkv", {"evict.policy": "snapkv"}, "evict.policy snapkv"))
+        rows.append(f8_row("_p8", {"evict.compression_period": "8"},
+                           "evict.compression_period 8"))
         # Reserved bytes exceed the payload the plan bounds by the partly filled last page of
         # each slab (one per slot size: records of each width pair, fp16 rows); 16 KiB pages
         # instead of 64 KiB cut that slack about 4x.
-        rows.append(Row("joint_turbo_1of%s_f8_pg16k" % label, "kvctl",
-                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
-                                                   "quant.flush_tokens": "8",
-                                                   "pool.page_bytes": "16KiB"}),
-                        profile="turbo", send_q=True,
-                        note="as joint_turbo_1of%s_f8 with pool.page_bytes 16 KiB" % label))
+        rows.append(f8_row("_pg16k", {"pool.page_bytes": "16KiB"}, "pool.page_bytes 16 KiB"))
         # R-KV scored from the last 32 queries (SnapKV's observation window) instead of 8; the
         # protected window grows to 32 fp16 tokens with it.
-        rows.append(Row("joint_turbo_1of%s_f8_obs32" % label, "kvctl",
-                        dict(joint_turbo(frac), **{"quant.block_tokens": "8",
-                                                   "quant.flush_tokens": "8",
-                                                   "evict.obs_window": "32"}),
-                        profile="turbo", send_q=True,
-                        note="as joint_turbo_1of%s_f8 with evict.obs_window 32" % label))
+        rows.append(f8_row("_obs32", {"evict.obs_window": "32"}, "evict.obs_window 32"))
         rows.append(Row("joint_1of%s_snapkv" % label, "kvctl",
                         dict(joint(frac), **{"evict.policy": "snapkv"}), profile="kivi",
                         send_q=True, note="as joint_1of%s (flush = block) with SnapKV" % label))
