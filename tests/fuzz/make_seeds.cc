@@ -165,6 +165,21 @@ std::string PoolPressure(uint8_t variant) {
   return w.bytes();
 }
 
+// FETCH on the light path with page checksums (pool.verify_on_fetch): 24 lossless tokens of
+// head_dim 1024 write 96 KiB of fp16 rows, past the I/O thread's 64 KiB verify budget, so the
+// first blocks FETCH is handed to a worker (Dispatch); after one more token the next finds only
+// that step's chunks unverified and is answered on the light path, and a repeat finds none.
+std::string VerifyOnceFetch() {
+  const ipc::HelloRequest h = Hello("lossless", 1, 1, 0, 1024);
+  ScriptWriter w;
+  w.Request(Msg(h)).Request(Msg(ipc::OpenRequest{1, 7}));
+  w.Request(Msg(InlineAppend(h, 1, 0, 24)));
+  const ipc::FetchRequest fetch{1, 7, 0, 1, ipc::FetchMode::kBlocks, DType::kF16};
+  w.Request(Msg(fetch)).Request(Msg(InlineAppend(h, 1, 24, 1)));
+  w.Request(Msg(fetch)).Request(Msg(fetch));
+  return w.bytes();
+}
+
 // Known bugs, as scripts (tests/fuzz/regressions/README.md).
 // The issue #17 APPEND: staging_offset 2^64 - 2^32 with a 2^32-byte payload wrapped the slot
 // bounds check and read outside the pool (SIGSEGV).
@@ -236,8 +251,9 @@ int Main(int argc, char** argv) {
   Write(dir, "two-sessions-lease", TwoSessionsAndLease());
   Write(dir, "pool-pressure-pool-scope", PoolPressure(5));
   Write(dir, "pool-pressure-sequence-scope", PoolPressure(6));
+  Write(dir, "verify-once-fetch", VerifyOnceFetch());
   std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n,
-              std::size(models) + 10, dir.c_str());
+              std::size(models) + 11, dir.c_str());
   return 0;
 }
 
