@@ -12,6 +12,7 @@
 #include <cpuid.h>
 #endif
 
+#include "common/half.h"
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
 
@@ -72,6 +73,8 @@ using EncodeFn = simd::EncodeResult (*)(const QuantSpec&, const BlockLayout&, co
                                         const float*, int64_t, const float*, float*, uint8_t*);
 using DecodeFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
                           float*, float*, float*);
+using DecodeHalvesFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
+                                float*, uint8_t*, uint8_t*);
 
 // The SIMD codecs hold W tokens or W channels per vector: block_tokens and head_dim must be
 // multiples of the lane count (group sizes need not be).
@@ -82,15 +85,16 @@ bool SimdFits(const QuantSpec& spec, int lanes) {
 struct SimdCodec {
   EncodeFn encode = nullptr;
   DecodeFn decode = nullptr;
+  DecodeHalvesFn decode_halves = nullptr;
 };
 
 SimdCodec PickCodec(const QuantSpec& spec) {
   const SimdLevel level = g_level.load(std::memory_order_relaxed);
   if (level == SimdLevel::kAvx512 && SimdFits(spec, 16)) {
-    return {simd::EncodeRecordAvx512, simd::DecodeRecordAvx512};
+    return {simd::EncodeRecordAvx512, simd::DecodeRecordAvx512, simd::DecodeRecordHalvesAvx512};
   }
   if (level >= SimdLevel::kAvx2 && SimdFits(spec, 8)) {
-    return {simd::EncodeRecordAvx2, simd::DecodeRecordAvx2};
+    return {simd::EncodeRecordAvx2, simd::DecodeRecordAvx2, simd::DecodeRecordHalvesAvx2};
   }
   return {};
 }
@@ -172,6 +176,29 @@ void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* 
   if (codec.decode == nullptr) return DequantizeBlockRef(spec, record, token_norms, k_out, v_out);
   codec.decode(spec, BlockLayoutOf(spec), record, token_norms, Scratch(simd::ScratchFloats(spec)),
                k_out, v_out);
+}
+
+void DequantizeBlockHalvesRef(const QuantSpec& spec, const uint8_t* record,
+                              const float* token_norms, uint8_t* k_out, uint8_t* v_out) {
+  const int64_t n = static_cast<int64_t>(spec.block_tokens) * spec.head_dim;
+  thread_local std::vector<float> rows;
+  if (static_cast<int64_t>(rows.size()) < 2 * n) rows.resize(static_cast<size_t>(2 * n));
+  DequantizeBlockRef(spec, record, token_norms, rows.data(), rows.data() + n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t k = FloatToHalf(rows[i]), v = FloatToHalf(rows[n + i]);
+    std::memcpy(k_out + 2 * i, &k, 2);
+    std::memcpy(v_out + 2 * i, &v, 2);
+  }
+}
+
+void DequantizeBlockHalves(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
+                           uint8_t* k_out, uint8_t* v_out) {
+  const SimdCodec codec = PickCodec(spec);
+  if (codec.decode_halves == nullptr) {
+    return DequantizeBlockHalvesRef(spec, record, token_norms, k_out, v_out);
+  }
+  codec.decode_halves(spec, BlockLayoutOf(spec), record, token_norms,
+                      Scratch(simd::ScratchFloats(spec)), k_out, v_out);
 }
 
 void ComputeTokenNormsRef(const KvTensorView& k, float* norms_out) {

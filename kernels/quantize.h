@@ -64,6 +64,13 @@ void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const floa
                         float* k_out, float* v_out);
 void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
                      float* k_out, float* v_out);
+// The same rows as fp16 (2 bytes each, little endian, any alignment): element i is
+// FloatToHalf (common/half.h) of DequantizeBlock's element i, bit for bit. The SIMD decoders store
+// fp16 from their last pass instead of writing fp32 rows and converting them afterwards.
+void DequantizeBlockHalvesRef(const QuantSpec& spec, const uint8_t* record,
+                              const float* token_norms, uint8_t* k_out, uint8_t* v_out);
+void DequantizeBlockHalves(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
+                           uint8_t* k_out, uint8_t* v_out);
 
 // OScaR's omni-token norm: for each token, the L2 norm of K over all heads and channels of the
 // layer, in fp32, summed in (head, channel) order; 1 where the norm is not > 0. A Hadamard

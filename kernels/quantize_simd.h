@@ -48,16 +48,20 @@ inline int64_t ScratchFloats(const QuantSpec& s) { return PlanScratch(s).total; 
 // element). kOverflow: stored fp16 metadata would overflow (block::EncodeRecord's false).
 enum class EncodeResult : uint8_t { kOk, kNonFinite, kOverflow };
 
-#define KVCTL_DECLARE_SIMD_CODEC(Suffix)                                                       \
-  EncodeResult EncodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const float* k,  \
-                                    const float* v, int64_t stride, const float* norms,        \
-                                    float* scratch, uint8_t* rec);                             \
-  void DecodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,      \
-                            const float* norms, float* scratch, float* k_out, float* v_out);   \
-  void FwhtRows##Suffix(float* rows, int64_t n, int d);                                        \
-  /* ComputeTokenNormsRef's norms of the first tokens, a multiple of the lane count of them */ \
-  /* (0 when head_dim is not a multiple of it); returns how many. fp32 rows. */                \
-  int64_t TokenNorms##Suffix(const float* k, int64_t tokens, int64_t heads, int d,             \
+#define KVCTL_DECLARE_SIMD_CODEC(Suffix)                                                          \
+  EncodeResult EncodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const float* k,     \
+                                    const float* v, int64_t stride, const float* norms,           \
+                                    float* scratch, uint8_t* rec);                                \
+  void DecodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,         \
+                            const float* norms, float* scratch, float* k_out, float* v_out);      \
+  /* DecodeRecord's floats stored as fp16 (common/half.h's FloatToHalf of each), 2 bytes each. */ \
+  void DecodeRecordHalves##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,   \
+                                  const float* norms, float* scratch, uint8_t* k_out,             \
+                                  uint8_t* v_out);                                                \
+  void FwhtRows##Suffix(float* rows, int64_t n, int d);                                           \
+  /* ComputeTokenNormsRef's norms of the first tokens, a multiple of the lane count of them */    \
+  /* (0 when head_dim is not a multiple of it); returns how many. fp32 rows. */                   \
+  int64_t TokenNorms##Suffix(const float* k, int64_t tokens, int64_t heads, int d,                \
                              int64_t token_stride, int64_t head_stride, float* norms);
 
 KVCTL_DECLARE_SIMD_CODEC(Avx2)

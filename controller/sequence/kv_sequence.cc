@@ -213,9 +213,10 @@ void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& 
   auto* kd = static_cast<uint8_t*>(out.k);
   auto* vd = static_cast<uint8_t*>(out.v);
   auto* pd = static_cast<uint8_t*>(out.positions);
-  // One record decodes into fp32 here and is converted into the output from there; fp32 output at
-  // float alignment is decoded in place instead. Per thread and kept: a fresh buffer per request
-  // would be page-faulted in again whenever the allocator hands back trimmed memory.
+  // A record decodes straight into fp16 output (DequantizeBlockHalves) and fp32 output at float
+  // alignment; any other output decodes into fp32 here and is converted from there. Per thread and
+  // kept: a fresh buffer per request would be page-faulted in again whenever the allocator hands
+  // back trimmed memory.
   thread_local std::vector<float> scratch;
   const bool decode_in_place = out.dtype == DType::kF32 &&
                                reinterpret_cast<uintptr_t>(kd) % alignof(float) == 0 &&
@@ -235,13 +236,20 @@ void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& 
       copy_rows(0, head.sink_rows);
       const size_t records = head.records.size();
       const size_t block = static_cast<size_t>(g) * d;
-      if (records > 0 && !decode_in_place && scratch.size() < 2 * block) scratch.resize(2 * block);
+      if (records > 0 && !decode_in_place && out.dtype != DType::kF16 &&
+          scratch.size() < 2 * block) {
+        scratch.resize(2 * block);
+      }
       for (size_t r = 0; r < records; ++r, kd += block * width, vd += block * width) {
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
         if (decode_in_place) {
           DequantizeBlock(head.spec, head.records.Slot(r), norms, reinterpret_cast<float*>(kd),
                           reinterpret_cast<float*>(vd));
+          continue;
+        }
+        if (out.dtype == DType::kF16) {
+          DequantizeBlockHalves(head.spec, head.records.Slot(r), norms, kd, vd);
           continue;
         }
         DequantizeBlock(head.spec, head.records.Slot(r), norms, scratch.data(),

@@ -100,6 +100,46 @@ bool SameFloats(const std::vector<float>& a, const std::vector<float>& b, bool n
   return true;
 }
 
+// fp16 rows equal, bit for bit, or (nan_equal) both NaN whatever their signs: a NaN made by
+// arithmetic (Inf - Inf in a butterfly) takes its sign from the order of the operations.
+bool SameHalves(const std::vector<uint8_t>& a, const uint8_t* b, bool nan_equal) {
+  for (size_t i = 0; i < a.size(); i += 2) {
+    uint16_t x, y;
+    std::memcpy(&x, &a[i], 2);
+    std::memcpy(&y, b + i, 2);
+    if (nan_equal && (x & 0x7FFF) > 0x7C00 && (y & 0x7FFF) > 0x7C00) continue;
+    if (x != y) return false;
+  }
+  return true;
+}
+
+// DequantizeBlockHalves of `rec` at the active level against its reference, which must be
+// FloatToHalf of DequantizeBlockRef's floats: the same bytes (NaN as SameHalves says), written at
+// an odd address (frames have any alignment) with nothing written past the rows.
+void ExpectSameHalves(const QuantSpec& spec, const uint8_t* rec, const float* norms,
+                      bool nan_equal) {
+  const size_t n = static_cast<size_t>(spec.block_tokens) * spec.head_dim;
+  std::vector<float> kr(n), vr(n);
+  DequantizeBlockRef(spec, rec, norms, kr.data(), vr.data());
+  std::vector<uint8_t> k_ref(2 * n), v_ref(2 * n);
+  DequantizeBlockHalvesRef(spec, rec, norms, k_ref.data(), v_ref.data());
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t k = FloatToHalf(kr[i]), v = FloatToHalf(vr[i]);
+    REQUIRE(std::memcmp(&k_ref[2 * i], &k, 2) == 0);
+    REQUIRE(std::memcmp(&v_ref[2 * i], &v, 2) == 0);
+  }
+  std::vector<uint8_t> k_fast(1 + 2 * n + kGuard, kCanary), v_fast(1 + 2 * n + kGuard, kCanary);
+  DequantizeBlockHalves(spec, rec, norms, k_fast.data() + 1, v_fast.data() + 1);
+  REQUIRE(k_fast[0] == kCanary);
+  REQUIRE(v_fast[0] == kCanary);
+  REQUIRE(SameHalves(k_ref, k_fast.data() + 1, nan_equal));
+  REQUIRE(SameHalves(v_ref, v_fast.data() + 1, nan_equal));
+  for (size_t i = 1 + 2 * n; i < k_fast.size(); ++i) {
+    REQUIRE(k_fast[i] == kCanary);
+    REQUIRE(v_fast[i] == kCanary);
+  }
+}
+
 // QuantizeBlock at every SIMD level must return the reference's status and, on success, write
 // exactly the reference's bytes (into a record prefilled with junk, with a guard zone behind it)
 // and decode to exactly the reference's floats.
@@ -125,6 +165,7 @@ void ExpectSameAsReference(const QuantSpec& spec, const Block& blk) {
     DequantizeBlock(spec, ref.data(), blk.norms.data(), kf.data(), vf.data());
     REQUIRE(SameFloats(kr, kf, false));
     REQUIRE(SameFloats(vr, vf, false));
+    ExpectSameHalves(spec, ref.data(), blk.norms.data(), false);
   }
 }
 
@@ -363,8 +404,22 @@ TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[ker
         // fp16 NaN payloads may come back quieted by the hardware conversion; NaN stays NaN.
         REQUIRE(SameFloats(kr, kf, true));
         REQUIRE(SameFloats(vr, vf, true));
+        ExpectSameHalves(spec, rec.data(), norms.data(), true);
       }
     }
+  }
+  // fp16 records: random halves hold NaNs with payloads (quiet and signaling) and infinities.
+  const QuantSpec spec = Spec(QuantMethod::kFp16, 64, 48, 16, 16, 48, 64);
+  std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+  for (uint8_t& byte : rec) byte = static_cast<uint8_t>(rng());
+  const uint16_t specials[] = {0x7C01, 0xFE01, 0x7E00, 0x7C00, 0xFC00, 0x0001, 0x8000};
+  for (size_t i = 0; i < std::size(specials); ++i) std::memcpy(&rec[2 * i], &specials[i], 2);
+  std::vector<float> norms(spec.block_tokens, 1.0f);
+  for (SimdLevel level : Levels()) {
+    INFO("fp16 simd " << SimdLevelName(level));
+    REQUIRE(SetSimdLevel(level).ok());
+    // Stored NaNs (not made by arithmetic) keep their sign: canonical fp16 NaN on both paths.
+    ExpectSameHalves(spec, rec.data(), norms.data(), false);
   }
 }
 
