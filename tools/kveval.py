@@ -184,9 +184,11 @@ class Evaluator:
     # -- teacher-forced pseudo-decode -------------------------------------------------------
 
     def teacher_forced(self, make_cache, batch: int, press=None, shared: bool = False,
-                       at_end=None) -> List[Dict[str, list]]:
+                       at_end=None, at_step=None) -> List[Dict[str, list]]:
         """Per segment of C tokens: prefill C - scored - 1, then `scored` single-token steps,
-        each scored on the next token. at_end(cache, segment) runs before the cache closes."""
+        each scored on the next token. at_step(cache, seen) runs after each scored step, `seen`
+        tokens in the cache (the memory that prediction was made with), at_end(cache, segment)
+        before the cache closes."""
         torch, scored = self.torch, self.args.scored
         out = [{"nll": [], "kl": [], "top1": []} for _ in range(batch)]
         store_ref = self.ref_logprobs is None
@@ -218,6 +220,8 @@ class Evaluator:
                             out[b]["nll"][si].append(nll[b])
                             out[b]["kl"][si].append(max(0.0, kl[b]))
                             out[b]["top1"][si].append(int(top1[b]))
+                        if at_step is not None:
+                            at_step(cache, t + 1)
                     if at_end is not None:
                         at_end(cache, si)
             finally:
@@ -269,7 +273,18 @@ class Evaluator:
             return cache
 
         stats: List[List[dict]] = []   # Per segment, per row: STATS at the segment's end.
+        # Per row: the memory of every scored step (MEMORY_FIELDS of its sequence's STATS).
+        steps: List[List[Dict[str, float]]] = [[] for _ in rows]
         counters = {"appends": 0, "append_s": 0.0, "fetches": 0, "fetch_s": 0.0}
+
+        def at_step(cache, _seen):
+            for b in range(len(rows)):
+                s = cache.stats(b, "sequences")["sequences"]
+                fp16 = self.fp16_bytes(int(s["tokens"]))
+                steps[b].append({"mem": int(s["kv_pool_bytes"]) / fp16,
+                                 "pay": int(s["kv_payload_bytes"]) / fp16,
+                                 "bits": float(s["bits_per_element"]),
+                                 "rbits": float(s.get("reserved_bits_per_element", "nan"))})
 
         def at_end(cache, _segment):
             cache.sync()
@@ -278,7 +293,7 @@ class Evaluator:
                 counters[k] += cache.counters[k]
 
         t0 = time.perf_counter()
-        scores = self.teacher_forced(make, len(rows), shared=True, at_end=at_end)
+        scores = self.teacher_forced(make, len(rows), shared=True, at_end=at_end, at_step=at_step)
         tf_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         gen_len = int(self.args.prompt_ids.shape[1]) + self.args.gen_tokens
@@ -291,17 +306,21 @@ class Evaluator:
                 self.ref_greedy = gens[b]
             seqs = [seg[b]["sequences"] for seg in stats]
             st = seqs[-1]
-            mem = [int(s["kv_pool_bytes"]) / self.fp16_bytes(int(s["tokens"])) for s in seqs]
-            pay = [int(s["kv_payload_bytes"]) / self.fp16_bytes(int(s["tokens"])) for s in seqs]
+            end_mem = [int(s["kv_pool_bytes"]) / self.fp16_bytes(int(s["tokens"])) for s in seqs]
+            rbits = [x["rbits"] for x in steps[b]]
             rec = {"row": row.name, "kind": "kvctl", "batch": len(rows),
-                   "bits_per_element": _mean(float(s["bits_per_element"]) for s in seqs),
+                   # Memory is the mean over every scored step of every segment: what each
+                   # prediction was made with. A value at one length alone would flatter a
+                   # method (or a peer) whose fp16 tail happens to be empty there.
+                   "bits_per_element": _mean(x["bits"] for x in steps[b]),
                    "reserved_bits_per_element": (
-                       _mean(float(s["reserved_bits_per_element"]) for s in seqs)
-                       if all("reserved_bits_per_element" in s for s in seqs) else None),
+                       None if any(math.isnan(x) for x in rbits) else _mean(rbits)),
                    # Reserved: the pages the pool holds for the sequence (slack included); the
-                   # payload (records and rows) is its own column. Mean over segments, each at
-                   # its end (tokens seen = context - 1).
-                   "memory_vs_fp16": _mean(mem), "payload_vs_fp16": _mean(pay),
+                   # payload (records and rows) is its own column.
+                   "memory_vs_fp16": _mean(x["mem"] for x in steps[b]),
+                   "payload_vs_fp16": _mean(x["pay"] for x in steps[b]),
+                   "memory_end_vs_fp16": _mean(end_mem),
+                   "bits_end_per_element": float(st["bits_per_element"]),
                    "tokens_seen": int(st["tokens"]),
                    "tokens_quantized": int(st["tokens_quantized"]),
                    # STATS tokens_kept sums every (layer, head): the mean per head.
@@ -347,28 +366,35 @@ class Evaluator:
             def make():
                 return DynamicCache()
         per_segment = []
+        per_step = []  # peer_memory after each scored step.
 
-        def at_end(cache, segment):
-            seen = int(self.args.segments[segment].shape[1]) - 1  # The last token: a target.
+        def peer_memory(cache, seen):
+            """(memory vs fp16, bits per element, tokens kept, fp16 residual tokens)."""
             if row.kind == "quanto":
                 # Codes + one fp16 scale and zero point per 64-element group (quanto's default
                 # q_group_size), the fp16 residual window counted at 16 bits.
                 residual = sum(int(l.keys.shape[-2]) if l.keys is not None and l.keys.dim() == 4
                                else 0 for l in cache.layers) / len(cache.layers)
                 bits = ((seen - residual) * (row.nbits + 32.0 / 64) + residual * 16) / seen
-                per_segment.append((bits / 16, bits, seen, residual))
-            elif row.kind == "turboquant":
+                return bits / 16, bits, seen, residual
+            if row.kind == "turboquant":
                 from kveval_peer_turbo import turbo_bits
                 bits = turbo_bits(row.nbits, seen, self.head_dim)
-                per_segment.append((bits / 16, bits, seen, min(seen, 128)))
-            else:
-                kept = sum(int(l.keys.shape[-2]) for l in cache.layers) / len(cache.layers)
-                per_segment.append((kept / seen, 16.0, kept, 0))
+                return bits / 16, bits, seen, min(seen, 128)
+            kept = sum(int(l.keys.shape[-2]) for l in cache.layers) / len(cache.layers)
+            return kept / seen, 16.0, kept, 0
+
+        def at_step(cache, seen):
+            per_step.append(peer_memory(cache, seen))
+
+        def at_end(cache, segment):
+            seen = int(self.args.segments[segment].shape[1]) - 1  # The last token: a target.
+            per_segment.append(peer_memory(cache, seen))
 
         t0 = time.perf_counter()
-        scores = self.teacher_forced(make, 1, press=press, at_end=at_end)[0]
+        scores = self.teacher_forced(make, 1, press=press, at_end=at_end, at_step=at_step)[0]
         gens = self.greedy(make, 1, press=press) if self.args.gen_tokens else [[]]
-        mem = _mean(p[0] for p in per_segment)
+        mem = _mean(p[0] for p in per_step)
         if row.kind == "turboquant":
             note = ("turboquant TurboQuantCache(bits=%d); bits counted: packed codes + fp32 norm "
                     "per token and head + fp16 residual of %d tokens (it holds one uint8 per "
@@ -380,10 +406,11 @@ class Evaluator:
             note = "kept %.0f of %d tokens, counted as fp16 rows" % (
                 per_segment[-1][2], int(self.args.segments[-1].shape[1]) - 1)
         rec = {"row": row.name, "kind": row.kind, "batch": 1,
-               "bits_per_element": _mean(p[1] for p in per_segment),
+               "bits_per_element": _mean(p[1] for p in per_step),
                "reserved_bits_per_element": None,
                # A peer's cache has no pool: its tensors counted at the bits above, no slack.
-               "memory_vs_fp16": mem, "payload_vs_fp16": mem, "tokens_quantized": 0,
+               "memory_vs_fp16": mem, "payload_vs_fp16": mem,
+               "memory_end_vs_fp16": _mean(p[0] for p in per_segment), "tokens_quantized": 0,
                "tokens_kept": per_segment[-1][2],
                "tokens_seen": int(self.args.segments[-1].shape[1]) - 1,
                # quanto quantizes the prompt at prefill, kvpress compresses it there: lossy
@@ -593,8 +620,8 @@ def quick_checks(ev: Evaluator, dyn_logprobs) -> List[tuple]:
             # per 32 channels (V): 1 bit/element of metadata; unquantized rows are fp16.
             q = res[name]["tokens_quantized"]
             want = (q * (bits + 1.0) + (seen - q) * 16.0) / seen
-            got = res[name]["bits_per_element"]
-            out.append(("%s: b/e %.4f, designed %.4f (%d of %d tokens quantized)"
+            got = res[name]["bits_end_per_element"]
+            out.append(("%s: b/e at the end %.4f, designed %.4f (%d of %d tokens quantized)"
                         % (name, got, want, q, seen), abs(got - want) < 1e-3))
         if name in res:
             r = res[name]

@@ -84,6 +84,13 @@ def all_rows() -> Dict[str, Row]:
         Row("turbo2", "kvctl", quant("turbo", 2, 2)),
         Row("turbo3", "kvctl", quant("turbo", 3, 3)),
         Row("turbo4", "kvctl", quant("turbo", 4, 4)),
+        # 4-bit TurboQuant with a short fp16 tail (issue 18: the band of transformers' quanto 4-bit
+        # cache, ~4.5 bits per element): 16- or 32-token records flushed as soon as one is full.
+        Row("turbo4_g16", "kvctl", quant("turbo", 4, 4, quant__block_tokens=16,
+                                         quant__flush_tokens=16),
+            note="quant.block_tokens 16, quant.flush_tokens 16"),
+        Row("turbo4_f32", "kvctl", quant("turbo", 4, 4, quant__flush_tokens=32),
+            note="quant.flush_tokens 32"),
         Row("rq_kivi_2.5", "kvctl", quant("kivi", 2, 2),
             ratequant={"method": "kivi", "code_bits": 2.5}),
         Row("rq_kvarn_2.5", "kvctl", quant("kvarn", 2, 2),
