@@ -16,7 +16,7 @@
 namespace kvctl {
 namespace {
 
-constexpr int kLayers = 2, kKvHeads = 2, kQHeads = 4, kDim = 8;
+constexpr int kLayers = 2, kKvHeads = 2, kQHeads = 4, kDim = 32;
 
 SequenceGeometry Geometry() {
   return {.layers = kLayers,
