@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // APPEND_CONTINUES inside KvSequence: a prefill appended in flagged pieces, then one unflagged
 // append, keeps exactly what one append of it all keeps (every policy, lossless and quantized
-// layers, fixed and fractional budgets with head re-allocation); the cap; the no-op without
-// eviction; image export refused mid-prefill.
+// layers, fixed and fractional budgets with head re-allocation, joint caps); the cap; the no-op
+// without eviction; image export refused mid-prefill.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -44,7 +44,11 @@ std::vector<LayerPlan> Plans(bool lossless) {
   return plans;
 }
 
-EvictionSettings Settings(EvictPolicy policy, bool fractional) {
+// Budget schedules: a fixed average, a fraction of the tokens seen with head re-allocation, or
+// joint's fixed per-(layer, head) caps.
+enum class Schedule { kFixed, kFractionRealloc, kJointCaps };
+
+EvictionSettings Settings(EvictPolicy policy, Schedule schedule) {
   EvictionSettings s;
   s.enabled = true;
   s.policy = policy;
@@ -54,12 +58,13 @@ EvictionSettings Settings(EvictPolicy policy, bool fractional) {
   s.floor = s.sinks + s.window;
   s.compression_period = 4;
   s.max_deferred_tokens = 1000;
-  if (fractional) {
+  if (schedule == Schedule::kFractionRealloc) {
     s.token_fraction = 0.3;
     s.realloc_period = 16;  // Re-allocation between heads, due at the end of the prefill.
   } else {
     s.tokens_per_head = 24;
   }
+  if (schedule == Schedule::kJointCaps) s.head_caps = {20, 28, 32, 18};
   return s;
 }
 
@@ -126,14 +131,15 @@ TEST_CASE("Deferred eviction: flagged pieces keep exactly what one append keeps"
   for (EvictPolicy policy :
        {EvictPolicy::kStreaming, EvictPolicy::kH2O, EvictPolicy::kSnapKV, EvictPolicy::kRKV}) {
     for (bool lossless : {true, false}) {
-      for (bool fractional : {false, true}) {
+      for (Schedule schedule :
+           {Schedule::kFixed, Schedule::kFractionRealloc, Schedule::kJointCaps}) {
         for (const std::vector<int>& split : splits) {
           INFO(EvictPolicyName(policy)
-               << (lossless ? " lossless" : " kivi")
-               << (fractional ? " fraction+realloc" : " fixed") << " split of " << split.size());
+               << (lossless ? " lossless" : " kivi") << " schedule " << static_cast<int>(schedule)
+               << " split of " << split.size());
           const bool with_q = policy != EvictPolicy::kStreaming;
           auto pool = testing::MakeTestPool(8 << 20, 4096);
-          const EvictionSettings settings = Settings(policy, fractional);
+          const EvictionSettings settings = Settings(policy, schedule);
           KvSequence one(pool.get(), Geometry(), Plans(lossless), settings);
           KvSequence parts(pool.get(), Geometry(), Plans(lossless), settings);
           REQUIRE(data.Append(one, 0, prefill, with_q, false).ok());
@@ -171,7 +177,7 @@ TEST_CASE("Deferred eviction: past max_deferred_tokens an append evicts as if un
           "[controller][evict]") {
   const Data data(120, 5);
   auto pool = testing::MakeTestPool(8 << 20, 4096);
-  EvictionSettings settings = Settings(EvictPolicy::kSnapKV, /*fractional=*/false);
+  EvictionSettings settings = Settings(EvictPolicy::kSnapKV, Schedule::kFixed);
   settings.max_deferred_tokens = 50;
   KvSequence seq(pool.get(), Geometry(), Plans(true), settings);
   REQUIRE(data.Append(seq, 0, 40, true, true).ok());
