@@ -128,6 +128,7 @@ StatusOr<AppendReply> Client::AppendInline(const AppendArgs& args, std::span<con
                     .n_tokens = args.n_tokens,
                     .source = AppendSource::kInline,
                     .has_q = !q.empty()};
+  req.continues = args.continues;
   req.k = zmq::message_t(k.data(), k.size());
   req.v = zmq::message_t(v.data(), v.size());
   if (!q.empty()) req.q = zmq::message_t(q.data(), q.size());
@@ -142,7 +143,8 @@ StatusOr<AppendReply> Client::AppendStaging(const AppendArgs& args, uint64_t sta
                                            .n_tokens = args.n_tokens,
                                            .source = AppendSource::kStaging,
                                            .has_q = has_q,
-                                           .staging_offset = staging_offset});
+                                           .staging_offset = staging_offset,
+                                           .continues = args.continues});
 }
 
 StatusOr<FetchDenseReply> Client::FetchDense(uint64_t session_id, uint64_t sequence_id,

@@ -36,6 +36,9 @@ struct AppendArgs {
   uint64_t sequence_id = 0;
   uint64_t first_position = 0;
   uint32_t n_tokens = 0;
+  // APPEND_CONTINUES: more tokens of the same prefill follow; the daemon defers eviction until
+  // an APPEND without it (PROTOCOL.md 4.4).
+  bool continues = false;
 };
 
 class Client {

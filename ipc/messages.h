@@ -122,6 +122,9 @@ struct AppendRequest {
   bool has_q = false;
   uint64_t staging_offset = 0;  // Byte offset in the shm pool; 0 for inline.
   zmq::message_t k{}, v{}, q{};
+  // Header flag kFlagAppendContinues, not a body field: more tokens of the same prefill follow,
+  // so the daemon stores these without evicting (PROTOCOL.md 4.4, "Prefill in several APPENDs").
+  bool continues = false;
 };
 
 struct FetchRequest {

@@ -138,7 +138,14 @@ StatusOr<Header> DecodeHeader(const zmq::message_t& frame0) {
   if (h.version != kProtocolVersion) {
     return InvalidArgument("version: got ", h.version, ", expected ", kProtocolVersion);
   }
-  if (h.flags != 0) return InvalidArgument("flags: got ", h.flags, ", expected 0 (reserved)");
+  if ((h.flags & ~kKnownHeaderFlags) != 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf),
+                  "flags: got 0x%04X, expected only bit 0 (0x0001, APPEND_CONTINUES); every "
+                  "other bit is reserved in version 1",
+                  unsigned{h.flags});
+    return InvalidArgument(buf);
+  }
   return h;
 }
 
@@ -156,12 +163,31 @@ uint64_t PeekRequestId(const zmq::message_t& frame0) {
 
 namespace {
 
-void WriteHeader(WireWriter& w, uint16_t type, uint64_t request_id) {
+void WriteHeader(WireWriter& w, uint16_t type, uint64_t request_id, uint16_t flags) {
   w.U32(kMagic);
   w.U16(kProtocolVersion);
   w.U16(type);
   w.U64(request_id);
-  w.U16(0);
+  w.U16(flags);
+}
+
+// The header flags a message carries: only APPEND has one (PROTOCOL.md 2.1).
+template <typename M>
+uint16_t HeaderFlags(const M&) {
+  return 0;
+}
+uint16_t HeaderFlags(const AppendRequest& m) { return m.continues ? kFlagAppendContinues : 0; }
+
+// A known flag bit on a message it does not belong to (DecodeHeader refused unknown bits).
+Status CheckFlagsFor(uint16_t type, uint16_t flags) {
+  const uint16_t allowed = type == static_cast<uint16_t>(MsgType::kAppend) ? kKnownHeaderFlags : 0;
+  if ((flags & ~allowed) == 0) return OkStatus();
+  char buf[160];
+  std::snprintf(buf, sizeof(buf),
+                "flags: got 0x%04X on %s, expected 0 (APPEND_CONTINUES, 0x0001, is valid only on "
+                "APPEND)",
+                unsigned{flags}, TypeName(type).c_str());
+  return InvalidArgument(buf);
 }
 
 Status CheckSession(uint64_t session_id) {
@@ -413,7 +439,7 @@ StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
   const std::string what = TypeName(type);
   KVCTL_RETURN_IF_ERROR(Prefixed(what, Validate(msg)));
   WireWriter w;
-  WriteHeader(w, type, request_id);
+  WriteHeader(w, type, request_id, HeaderFlags(msg));
   WriteFields(w, msg);
   if (w.size() > kMaxHeaderFrameBytes) {
     return InvalidArgument(what, ": frame 0 would be ", w.size(), " bytes, limit ",
@@ -454,6 +480,13 @@ StatusOr<Out> DecodeInto(uint16_t type, uint64_t request_id, Frames& frames) {
   return Out{request_id, std::move(msg)};
 }
 
+// APPEND: the body, then the header's APPEND_CONTINUES bit into `continues`.
+StatusOr<Request> DecodeAppend(const Header& h, Frames& frames) {
+  KVCTL_ASSIGN_OR_RETURN(AppendRequest msg, DecodeAs<AppendRequest>(h.type, frames));
+  msg.continues = (h.flags & kFlagAppendContinues) != 0;
+  return Request{h.request_id, std::move(msg)};
+}
+
 constexpr uint16_t ReplyType(MsgType t) { return static_cast<uint16_t>(t) | kReplyBit; }
 
 }  // namespace
@@ -461,9 +494,11 @@ constexpr uint16_t ReplyType(MsgType t) { return static_cast<uint16_t>(t) | kRep
 StatusOr<Request> DecodeRequest(Frames frames) {
   if (frames.empty()) return InvalidArgument("message: no frames, expected a header frame");
   KVCTL_ASSIGN_OR_RETURN(Header h, DecodeHeader(frames[0]));
+  if (h.type == static_cast<uint16_t>(MsgType::kAppend)) return DecodeAppend(h, frames);
   switch (static_cast<MsgType>(h.type)) {
 #define KVCTL_WIRE_DECODE_REQUEST(cpp, NAME, number, Body) \
   case MsgType::cpp:                                       \
+    KVCTL_RETURN_IF_ERROR(CheckFlagsFor(h.type, h.flags)); \
     return DecodeInto<Body, Request>(h.type, h.request_id, frames);
     KVCTL_WIRE_MESSAGE_TYPES(KVCTL_WIRE_DECODE_REQUEST)
 #undef KVCTL_WIRE_DECODE_REQUEST
@@ -481,6 +516,8 @@ StatusOr<Request> DecodeRequest(Frames frames) {
 StatusOr<Reply> DecodeReply(Frames frames) {
   if (frames.empty()) return InvalidArgument("message: no frames, expected a header frame");
   KVCTL_ASSIGN_OR_RETURN(Header h, DecodeHeader(frames[0]));
+  // Replies carry no flag: APPEND_CONTINUES belongs to the APPEND request only.
+  KVCTL_RETURN_IF_ERROR(CheckFlagsFor(h.type, h.flags));
   const uint64_t id = h.request_id;
   switch (h.type) {
     case ReplyType(MsgType::kHello):

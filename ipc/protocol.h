@@ -37,7 +37,8 @@ struct Header {
 };
 
 // Parses and checks the header of frame 0: length >= kHeaderBytes and <= kMaxHeaderFrameBytes,
-// magic, version == kProtocolVersion, flags == 0. Does not look at the type.
+// magic, version == kProtocolVersion, no flag bit outside kKnownHeaderFlags. Does not look at the
+// type: DecodeRequest / DecodeReply refuse a known bit on a message it does not belong to.
 StatusOr<Header> DecodeHeader(const zmq::message_t& frame0);
 
 // The request id of a frame that starts with the magic, whatever else is wrong with it, so that

@@ -8,7 +8,9 @@ Rows come from the environment, then kveval's own arguments follow:
                      keeps them)
   ABL_PROFILE=FILE   reuse a kvcalib profile instead of calibrating (memory-starved machines)
   ABL_MAX_APPEND_BYTES=N  the HF cache's largest APPEND (kvctl.hf_cache._MAX_APPEND_BYTES, 64 MiB):
-                     larger sends a long prefill as one APPEND, so eviction sees all of it at once
+                     larger sends a long prefill as one APPEND. Since APPEND_CONTINUES (the HF
+                     cache flags every chunk but the last) the daemon evicts once either way, so
+                     this no longer changes the results; it checks that it does not
   ABL_ROWS='s=snapkv:0.25:evict.group=max' python3 tools/kveval_ablate.py --rows s --text F ...
 It patches kveval's row table and press factory; a rewrite of kveval may break it."""
 import os, sys

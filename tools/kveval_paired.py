@@ -5,7 +5,13 @@
 
 Both rows scored the same positions in the same run, so the change of dPPL (row against base,
 in %) and its 95 % interval come from kveval_stats.bootstrap_ci with the base row's NLL in place
-of the reference's. A row whose interval excludes 0 differs from the base on this sample."""
+of the reference's. A row whose interval excludes 0 differs from the base on this sample.
+
+  python3 tools/kveval_paired.py RUN/quality.json evict_snapkv_25@OTHER --also OTHER/quality.json
+
+--also adds the rows of other runs on the same positions (their uncompressed NLLs must be equal,
+else the runs did not score the same tokens), each named ROW@DIR (DIR: the run's directory name),
+so rows of different runs are paired too."""
 import argparse
 import json
 import os
@@ -19,10 +25,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("quality_json", help="quality.json written by tools/kveval")
     ap.add_argument("base", help="the row the others are compared with")
+    ap.add_argument("--also", action="append", default=[],
+                    help="quality.json of another run on the same positions; its rows join as "
+                         "ROW@DIR")
     args = ap.parse_args()
     with open(args.quality_json) as f:
         run = json.load(f)
     rows = {r["row"]: r for r in run["rows"]}
+    for path in args.also:
+        with open(path) as f:
+            other = json.load(f)
+        tag = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        theirs = {r["row"]: r for r in other["rows"]}
+        if theirs.get("uncompressed", {}).get("nll") != rows.get("uncompressed", {}).get("nll"):
+            print("--also %s: uncompressed NLLs differ from %s's, expected the same positions"
+                  % (path, args.quality_json), file=sys.stderr)
+            return 1
+        for name, r in theirs.items():
+            if name != "uncompressed":
+                rows["%s@%s" % (name, tag)] = r
     if args.base not in rows:
         print("base: got %r, expected one of %s" % (args.base, ", ".join(rows)), file=sys.stderr)
         return 1

@@ -144,6 +144,7 @@ struct EvictConfig {
   EvictSoftmax softmax{};
   double lambda = 0;
   int compression_period = 0;
+  int max_deferred_tokens = 0;  // APPEND_CONTINUES: tokens stored un-evicted before the cap.
   bool operator==(const EvictConfig&) const = default;
 };
 

@@ -638,6 +638,17 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "A head over its budget is compressed to budget - period + 1 tokens, so the "
                   "next period - 1 tokens need no scoring (R-KV's buffer); 1 = evict to the "
                   "budget at every overflow (costly on quantized layers: docs/budgets.md)."}),
+      Row<&Config::evict, &EvictConfig::max_deferred_tokens>(
+          {.key = "evict.max_deferred_tokens",
+           .default_text = "131072",
+           .min = 0,
+           .max = 16777216,
+           .flags = kRel,
+           .env = "KVCTL_EVICT_MAX_DEFERRED_TOKENS",
+           .doc = "A prefill sent as several APPENDs flagged APPEND_CONTINUES is evicted once, "
+                  "at its last APPEND; a sequence stores at most this many tokens so, beyond "
+                  "its budget, and an APPEND past it evicts as if unflagged (STATS "
+                  "deferral_cap_hits). 0 = never defer (docs/eviction.md)."}),
       // [[quant.override]] and [[model.override]]
       Row<&QuantOverride::layer>({.key = "quant.override.layer",
                                   .min = 0,

@@ -46,6 +46,9 @@ struct EvictionSettings {
   // joint: fixed per-(layer, head) caps from the joint plan, (layer, head) order; when set they
   // replace the average / layer profile / re-allocation schedule.
   std::vector<int64_t> head_caps;
+  // evict.max_deferred_tokens: tokens an APPEND_CONTINUES prefill may store before its end
+  // without eviction; an APPEND past it evicts as if the flag were absent. 0 = never defer.
+  int64_t max_deferred_tokens = 0;
 
   // Scorers that read the queries engines send with APPEND.
   bool NeedsQ() const { return enabled && policy != EvictPolicy::kStreaming; }

@@ -55,12 +55,12 @@ KvSequence::~KvSequence() = default;
 
 Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView>& k,
                           const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
-                          bool allow_relief) {
+                          bool allow_relief, bool continues) {
   if (!integrity_.ok()) return integrity_;
   // A relief frees what the model predicts; the pages may still fall short (page granularity,
   // another sequence taking pages meanwhile), so a few rounds are allowed.
-  Status appended =
-      AppendOnce(first_position, k, v, q, allow_relief && pressure_.lower_widths ? 3 : 0);
+  Status appended = AppendOnce(first_position, k, v, q,
+                               allow_relief && pressure_.lower_widths ? 3 : 0, continues);
   // Even a failed APPEND may have lowered widths (a relief) before failing.
   Status published = Publish();
   return appended.ok() ? published : appended;
@@ -344,6 +344,9 @@ SequenceUsage KvSequence::Usage() const {
   u.pressure_reliefs = pressure_reliefs_;
   u.pressure_cap_cuts = pressure_cap_cuts_;
   u.lowered_for_others = lowered_for_others_;
+  u.deferred_tokens = deferred_tokens_;
+  u.deferred_appends = deferred_appends_;
+  u.deferral_cap_hits = deferral_cap_hits_;
   return u;
 }
 

@@ -153,6 +153,9 @@ struct SequenceUsage {
   uint64_t pressure_reliefs = 0;    // Reliefs of a full pool: widths lowered or caps cut.
   uint64_t pressure_cap_cuts = 0;   // Of those, joint reliefs that lowered token caps instead.
   uint64_t lowered_for_others = 0;  // Times its widths were lowered for another sequence.
+  int64_t deferred_tokens = 0;      // Stored un-evicted by APPEND_CONTINUES, awaiting the end.
+  uint64_t deferred_appends = 0;    // Appends that deferred their eviction.
+  uint64_t deferral_cap_hits = 0;   // Flagged appends past evict.max_deferred_tokens: evicted.
 };
 
 struct PreparedHead;   // What an append writes into one head (kv_sequence_internal.h).
@@ -204,9 +207,19 @@ class KvSequence {
   // first (kept even if the retry still finds no pages, e.g. taken by another sequence meanwhile).
   // allow_relief = false: a full pool answers RESOURCE_EXHAUSTED with nothing changed, even with
   // lower_widths (callers that must not do slow work, the daemon's I/O thread).
+  // continues (APPEND_CONTINUES): more tokens of the same prefill follow. With eviction on and
+  // while the tokens stored since the last evicting append stay within
+  // eviction.max_deferred_tokens, the append stores its tokens and folds its queries into the
+  // scorer state (h2o; snapkv / rkv keep the newest observation rows) but neither scores, evicts
+  // nor flushes: heads may then hold more than their budget. The next append without the flag
+  // (or past the cap) evicts over everything, with the same result as one append of every
+  // token. Without eviction the flag changes nothing.
   Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
                 const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr,
-                bool allow_relief = true);
+                bool allow_relief = true, bool continues = false);
+  // Tokens stored by deferred appends since the last append that evicted (0 = none pending):
+  // the sequence is in the middle of a prefill sent with APPEND_CONTINUES.
+  int64_t deferred_tokens() const { return deferred_tokens_; }
   // True when an append of n tokens would only store rows: no flush into records, no eviction
   // (sequences with eviction are never light), the sequence not lost. Such an append costs about
   // a copy of its bytes.
@@ -300,13 +313,13 @@ class KvSequence {
   // relief_rounds: how many more times a full pool may be relieved before failing.
   Status AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
                     const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
-                    int relief_rounds);
+                    int relief_rounds, bool continues);
   // Shapes, position and values of an append; returns its token count.
   StatusOr<int64_t> ValidateAppend(int64_t first_position, const std::vector<KvTensorView>& k,
                                    const std::vector<KvTensorView>& v,
                                    const std::vector<KvTensorView>* q) const;
-  // The token budgets of an append of n tokens.
-  StatusOr<AppendContext> PlanAppend(int64_t n, bool have_q) const;
+  // The token budgets of an append of n tokens, and whether it defers its eviction.
+  StatusOr<AppendContext> PlanAppend(int64_t n, bool have_q, bool continues) const;
   // Adds the slots layer l's prepared append needs to *plan.
   void CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const;
   // Every page the plan needs, in one allocation; RESOURCE_EXHAUSTED (with
@@ -394,7 +407,10 @@ class KvSequence {
   int64_t last_shortfall_pages_ = 0;
   int64_t tokens_ = 0;
   int64_t first_position_ = 0;
-  int64_t since_realloc_ = 0;            // Tokens appended since the last head re-allocation.
+  int64_t since_realloc_ = 0;    // Tokens appended since the last head re-allocation.
+  int64_t deferred_tokens_ = 0;  // Stored by deferred appends since the last eviction.
+  uint64_t deferred_appends_ = 0;
+  uint64_t deferral_cap_hits_ = 0;
   Status integrity_;                     // DATA_LOSS once a page checksum mismatched.
   size_t scrub_cursor_ = 0;              // Index into slabs_.CollectPages where Scrub goes on.
   std::vector<PreparedLayer> prepared_;  // AppendOnce's plan, kept for its buffers' capacity.

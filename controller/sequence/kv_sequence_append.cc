@@ -240,9 +240,12 @@ Status KvSequence::FoldH2O(LayerPrep& p) const {
   // H2O: fold the pending queries into every head's accumulated attention (at least once per
   // compression period, and always before scoring).
   const EvictionSettings& ev = eviction_;
+  // A deferred append (APPEND_CONTINUES) folds its queries now, so a long prefill holds no more
+  // query rows than one chunk's: UpdateH2O adds each query's softmax to the accumulators in query
+  // order, so folding in chunks sums exactly what one fold of every query would.
   LayerScoring& scoring = p.out->scoring;
-  bool any_over = false;
-  for (int h = 0; h < geometry_.kv_heads; ++h) {
+  bool any_over = p.ctx.defer;
+  for (int h = 0; h < geometry_.kv_heads && !p.ctx.defer; ++h) {
     any_over |= p.layer.heads[h].count() + p.n > p.budget[h];
   }
   if (ev.policy != EvictPolicy::kH2O || scoring.h2o_pending == 0 ||
@@ -409,9 +412,13 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   ph.new_sinks = std::clamp<int>(sinks_target - head.sink_rows, 0, static_cast<int>(p.n));
   const int sinks_after = head.sink_rows + ph.new_sinks;
   const int64_t from = sinks_after + static_cast<int64_t>(head.records.size()) * g;
-  // Without eviction and flush the old tail stays where it is: only the new tokens are read.
-  const bool untouched = !ph.evicted && (lossless || TailAfterAppend(head, sinks_target, p.n) <
-                                                         int64_t{rules.flush_tokens});
+  // Without eviction and flush the old tail stays where it is: only the new tokens are read. A
+  // deferred append holds the flush too: the append that ends the prefill then scores and
+  // quantizes the same fp16 rows one append of it all would (the tail may pass flush_tokens
+  // meanwhile, bounded by evict.max_deferred_tokens).
+  const bool untouched =
+      !ph.evicted && (lossless || p.ctx.defer ||
+                      TailAfterAppend(head, sinks_target, p.n) < int64_t{rules.flush_tokens});
   const int64_t read_from = untouched ? std::max(from, old) : from;
   const bool decoded = eviction_.enabled && p.have_all[h];
   const size_t slot = 2 * p.layer.row_bytes;
@@ -490,15 +497,17 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     p.have_q = scoring.q_count > 0;
     p.obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
     p.regions = {.sinks = ev.sinks, .recent = ev.window};
-    KVCTL_RETURN_IF_ERROR(PlanHeadBudgets(p));
+    // A deferred append plans no budgets (the re-allocator's state stays as it was).
+    if (!ctx.defer) KVCTL_RETURN_IF_ERROR(PlanHeadBudgets(p));
     KVCTL_RETURN_IF_ERROR(FoldH2O(p));
     if (ctx.realloc_due && p.have_q) KVCTL_RETURN_IF_ERROR(ReallocateHeads(p));
   }
   for (int h = 0; h < heads; ++h) {
     PreparedHead& ph = out->heads[h];
-    ph.budget = ev.enabled ? p.budget[h] : 0;
+    ph.deferred = ctx.defer;
+    ph.budget = !ev.enabled ? 0 : ctx.defer ? p.layer.heads[h].usage.budget : p.budget[h];
     std::vector<uint8_t> keep;
-    if (ev.enabled && p.layer.heads[h].count() + ctx.n > p.budget[h]) {
+    if (ev.enabled && !ctx.defer && p.layer.heads[h].count() + ctx.n > p.budget[h]) {
       KVCTL_RETURN_IF_ERROR(EvictHead(p, h, &keep));
     }
     std::vector<float> loose_k, loose_v;  // Kept tokens decoded out of records, in order.

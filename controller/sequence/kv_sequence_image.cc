@@ -469,6 +469,13 @@ struct SequenceImageAccess {
       return FailedPrecondition("first_position: ", seq.first_position_,
                                 ", images hold positions up to 2^62");
     }
+    // A prefill sent with APPEND_CONTINUES has not evicted yet (and a quantized layer's tail may
+    // exceed flush_tokens meanwhile): exportable once the APPEND that ends it has run.
+    if (seq.deferred_tokens_ > 0) {
+      return FailedPrecondition("sequence: holds ", seq.deferred_tokens_,
+                                " tokens of a prefill sent with APPEND_CONTINUES that has not "
+                                "ended; send its last APPEND (without the flag) first");
+    }
     // With eviction on, a sequence is exportable while it holds no scoring state: no query rows
     // kept (every policy but streaming keeps them from its first append), no H2O accumulators,
     // no head re-allocation utility, and no token evicted yet (positions below). Then an

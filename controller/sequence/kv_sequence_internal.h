@@ -66,6 +66,10 @@ struct KvSequence::AppendContext {
   int64_t avg_budget = 0;
   std::vector<int64_t> layer_budgets;
   bool realloc_due = false;
+  // APPEND_CONTINUES within evict.max_deferred_tokens: store without scoring or evicting (and
+  // without flushing, so the APPEND that ends the prefill sees what one APPEND of it all would).
+  bool defer = false;
+  bool cap_hit = false;  // The flag was set but the cap was reached: evicts as without it.
 };
 
 // Everything an append will write into one head, computed before any stored state changes.
@@ -89,6 +93,7 @@ struct PreparedHead {
   bool h2o_changed = false;
   H2OState h2o;
   int64_t budget = 0;
+  bool deferred = false;  // A deferred append: the head may hold more than its budget.
   uint64_t evicted_tokens = 0, evicted_bytes = 0;
   uint64_t decoded_tokens = 0;  // Kept tokens taken out of records to be quantized again.
   double retained = -1;         // Attention mass kept, when queries were there to measure it.

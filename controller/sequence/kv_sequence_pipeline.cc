@@ -116,9 +116,21 @@ StatusOr<int64_t> KvSequence::ValidateAppend(int64_t first_position,
   return n;
 }
 
-StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_q) const {
+StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_q,
+                                                           bool continues) const {
   AppendContext ctx;
   ctx.n = n;
+  if (continues && eviction_.enabled) {
+    // The cap bounds what a client that never ends its prefill can make a sequence hold beyond
+    // its budget; past it the append evicts as if the flag were absent (counted in STATS).
+    ctx.defer = deferred_tokens_ + n <= eviction_.max_deferred_tokens;
+    ctx.cap_hit = !ctx.defer;
+  }
+  if (ctx.defer) {
+    // Nothing is scored: no budgets, no re-allocation (since_realloc_ still counts the tokens,
+    // so the append that ends the prefill re-allocates when one append of it all would).
+    return ctx;
+  }
   const int layers = geometry_.layers;
   if (eviction_.enabled && !eviction_.head_caps.empty()) {
     // Joint: fixed caps per head.
@@ -189,9 +201,10 @@ StatusOr<KvSequence::Reservation> KvSequence::ReservePages(const SlabPlan& plan)
 
 Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
                               const std::vector<KvTensorView>& v,
-                              const std::vector<KvTensorView>* q, int relief_rounds) {
+                              const std::vector<KvTensorView>* q, int relief_rounds,
+                              bool continues) {
   KVCTL_ASSIGN_OR_RETURN(const int64_t n, ValidateAppend(first_position, k, v, q));
-  KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr));
+  KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr, continues));
   // The plan buffers of the previous append are reused: a decode step then allocates little.
   std::vector<PreparedLayer>& prepared = prepared_;
   prepared.resize(static_cast<size_t>(geometry_.layers));
@@ -212,7 +225,7 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
       return ResourceExhausted(exhausted.message(), "; budget.pressure: ", relieved.message());
     }
     // Widths or caps changed: prepare again (narrower new records, or more evicted).
-    return AppendOnce(first_position, k, v, q, relief_rounds - 1);
+    return AppendOnce(first_position, k, v, q, relief_rounds - 1, continues);
   }
   KVCTL_RETURN_IF_ERROR(reserved.status());
   CommitAppend(first_position, ctx, &prepared, slab_plan, std::move(reserved).value());
@@ -272,7 +285,7 @@ void KvSequence::CommitHeadState(int64_t first_position, int64_t n, HeadStream& 
   if (ph.h2o_changed) head.h2o = std::move(ph.h2o);
   head.usage.budget = ph.budget;
   KVCTL_CHECK(head.count() == static_cast<int64_t>(head.positions.size()));
-  KVCTL_CHECK(!eviction_.enabled || head.count() <= ph.budget);
+  KVCTL_CHECK(!eviction_.enabled || ph.deferred || head.count() <= ph.budget);
 }
 
 void KvSequence::CommitLayerState(LayerState& layer, PreparedLayer& p,
@@ -331,6 +344,13 @@ void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
   if (tokens_ == 0) first_position_ = first_position;
   tokens_ += ctx.n;
   since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + ctx.n;
+  if (ctx.defer) {
+    deferred_tokens_ += ctx.n;
+    ++deferred_appends_;
+  } else {
+    deferred_tokens_ = 0;  // This append evicted over everything the prefill stored.
+    deferral_cap_hits_ += ctx.cap_hit ? 1 : 0;
+  }
 }
 
 }  // namespace kvctl

@@ -671,8 +671,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   const bool free_first =
       prefix_cache_ != nullptr || (tier_ && tier_->config().spill_on_pressure_idle_ms > 0);
   const auto first_position = static_cast<int64_t>(request.first_position);
-  Status appended = entry->seq->Append(first_position, k, v, q_views,
-                                       /*allow_relief=*/deferred == nullptr && !free_first);
+  Status appended =
+      entry->seq->Append(first_position, k, v, q_views,
+                         /*allow_relief=*/deferred == nullptr && !free_first, request.continues);
   // A full pool: the append changed nothing; relieving it is a worker's job.
   if (deferred != nullptr && appended.code() == StatusCode::kResourceExhausted) return defer();
   if (appended.code() == StatusCode::kDataLoss && !was_lost) {
@@ -693,7 +694,10 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
     if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
     // After the spills the sequence's own relief gets its turn even if nothing was spilled.
-    if (round == 0 || freed > 0) appended = entry->seq->Append(first_position, k, v, q_views);
+    if (round == 0 || freed > 0) {
+      appended = entry->seq->Append(first_position, k, v, q_views, /*allow_relief=*/true,
+                                    request.continues);
+    }
   }
   KVCTL_RETURN_IF_ERROR(appended);
   const SequenceUsage usage = entry->seq->Usage();

@@ -130,6 +130,12 @@ StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixReque
       return InvalidArgument("tokens: got ", tokens.size(), " ids, expected ", seq.tokens(),
                              " (the tokens sequence_id ", request.sequence_id, " holds)");
     }
+    if (seq.deferred_tokens() > 0) {
+      return FailedPrecondition("SAVE_PREFIX: sequence_id ", request.sequence_id, " holds ",
+                                seq.deferred_tokens(),
+                                " tokens of a prefill sent with APPEND_CONTINUES that has not "
+                                "ended; send its last APPEND (without the flag) first");
+    }
     if (const SequenceUsage usage = seq.Usage(); usage.evicted_tokens > 0) {
       return FailedPrecondition("SAVE_PREFIX: sequence_id ", request.sequence_id, " evicted ",
                                 usage.evicted_tokens,

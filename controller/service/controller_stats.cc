@@ -102,6 +102,9 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
   total.kept_tokens += u.kept_tokens;
   total.evicted_tokens += u.evicted_tokens;
   total.evicted_bytes += u.evicted_bytes;
+  total.deferred_tokens += u.deferred_tokens;
+  total.deferred_appends += u.deferred_appends;
+  total.deferral_cap_hits += u.deferral_cap_hits;
   if (sums->sequence_lines.size() < max_lines) {
     std::ostringstream line;
     line << "seq_" << label.session_number << "_" << label.sequence_id
@@ -112,6 +115,8 @@ void AddSequence(const KvSequence& seq, const SequenceLabel& label, const ipc::G
          << ",evicted_bytes=" << u.evicted_bytes << ",pressure_reliefs=" << u.pressure_reliefs
          << ",pressure_cap_cuts=" << u.pressure_cap_cuts
          << ",lowered_for_others=" << u.lowered_for_others
+         << ",deferred_tokens=" << u.deferred_tokens << ",deferred_appends=" << u.deferred_appends
+         << ",deferral_cap_hits=" << u.deferral_cap_hits
          << ",quant_onset_tokens=" << outlook.onset_tokens << ",compression_warning="
          << (outlook.warnings.empty() ? "none" : outlook.warnings[0].cause);
     sums->sequence_lines.push_back(line.str());
@@ -177,6 +182,9 @@ void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts
       << "tokens_kept:" << total.kept_tokens << "\n"
       << "tokens_evicted_total:" << total.evicted_tokens << "\n"
       << "evicted_bytes_total:" << total.evicted_bytes << "\n"
+      << "tokens_deferred:" << total.deferred_tokens << "\n"
+      << "appends_deferred_total:" << total.deferred_appends << "\n"
+      << "deferral_cap_hits_total:" << total.deferral_cap_hits << "\n"
       << "kv_payload_bytes:" << total.payload_bytes << "\n"
       << "kv_shared_bytes:" << total.shared_bytes << "\n"
       << "kv_pool_bytes:" << total.pool_bytes << "\n"

@@ -83,6 +83,9 @@ bool Controller::SpillLocked(SequenceEntry& entry, uint64_t sequence_id,
                              const std::string& model_name) {
   const auto start = std::chrono::steady_clock::now();
   KvSequence& seq = *entry.seq;
+  // In the middle of a deferred prefill (APPEND_CONTINUES): not now, but not refused for good
+  // either; a later pass spills it once the prefill has ended.
+  if (seq.deferred_tokens() > 0) return false;
   StatusOr<std::vector<uint8_t>> image = ExportImage(seq, seq.tokens(), model_name);
   if (!image.ok()) {
     entry.spill_refused = true;  // Its settings cannot be exported; not tried again.

@@ -613,7 +613,7 @@ class Client:
         return _to_wire(name, arr, s.dtype)
 
     def append(self, seq: int, k, v, q=None, first_position: Optional[int] = None,
-               use_staging: bool = False) -> p.AppendReply:
+               use_staging: bool = False, continues: bool = False) -> p.AppendReply:
         """Appends tokens to sequence `seq`.
 
         k, v: [layers, tokens, kv_heads, head_dim] (q: [layers, tokens, q_heads, head_dim], only
@@ -623,6 +623,10 @@ class Client:
         appended to `seq` (0 for a new sequence). use_staging writes the tensors into this
         session's slot of the shared pool instead of sending them on the socket (inline when the
         slot's shm object cannot be mapped, counted in staging_fallbacks).
+
+        continues=True sets APPEND_CONTINUES: more tokens of the same prefill follow, so the
+        daemon stores these without evicting; the APPEND without it that ends the prefill evicts
+        over all of them, exactly as one APPEND of every token would (PROTOCOL.md 4.4).
 
         After a Timeout the append may or may not have happened: pass first_position explicitly
         (or fetch) before the next append. With use_staging the daemon may still read the slot
@@ -658,7 +662,7 @@ class Client:
                     raise ValueError("use_staging: payload of %d bytes exceeds the staging slot "
                                      "of %d bytes; split the append" % (payload, s.staging_bytes))
                 frames = p.encode_append(0, s.session_id, seq, pos, n, (), p.SOURCE_STAGING,
-                                         has_q, s.staging_offset)
+                                         has_q, s.staging_offset, continues=continues)
                 if self._staging is None:
                     try:
                         self._staging = _Staging(s)
@@ -674,7 +678,7 @@ class Client:
                     reply = self._call(p.MsgType.APPEND, frames)
         if not use_staging:
             frames = p.encode_append(0, s.session_id, seq, pos, n, tensors, p.SOURCE_INLINE,
-                                     has_q)
+                                     has_q, continues=continues)
             reply = self._call(p.MsgType.APPEND, frames)
         self._next_position[seq] = pos + n
         return reply

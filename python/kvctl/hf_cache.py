@@ -84,7 +84,9 @@ from .protocol import KvctlError, SessionLostError
 _BYE_TIMEOUT_MS = 2000
 
 # One APPEND carries at most this many payload bytes (the daemon's default max message is
-# 256 MiB); longer prefills are split.
+# 256 MiB); longer prefills are split. Every chunk of a split but the last is flagged
+# APPEND_CONTINUES, so the daemon evicts once over the whole prefill, exactly as for one APPEND
+# (ipc/PROTOCOL.md 4.4): the message size does not change what is kept.
 _MAX_APPEND_BYTES = 64 << 20
 # STATS budget modes under which the daemon keeps every token (anything else may evict).
 _KEEPING_MODES = ("", "none", "quant-only", "quant_only")
@@ -343,7 +345,8 @@ class KvctlCache(PrefixReuse, Cache):
         self.appended = 0  # Tokens appended to every sequence.
         self.sessions_lost = 0  # Times a lost session was replaced (SessionLostError raised).
         self._start_keepalive(keepalive)
-        self.counters = {"appends": 0, "fetches": 0, "append_s": 0.0, "fetch_s": 0.0,
+        self.counters = {"appends": 0, "appends_continued": 0, "fetches": 0, "append_s": 0.0,
+                         "fetch_s": 0.0,
                          "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
                          "fused_steps": 0, "flushes": 0, "prefix_restored_tokens": 0,
                          "prefix_saved_tokens": 0, "prefix_open_s": 0.0, "prefix_save_s": 0.0}
@@ -544,10 +547,15 @@ class KvctlCache(PrefixReuse, Cache):
             for a, e in self._append_chunks(n, step):
                 staging = (self.use_staging and seq.session.has_staging
                            and per_token * (e - a) <= seq.session.staging_bytes)
+                # The chunk that ends at the prefix save point is not flagged: SAVE_PREFIX
+                # needs a sequence whose prefill has ended.
+                continues = e < n and self.appended + e != self._save_at
                 seq.last_append = seq.client.append(
                     seq.sequence_id, k[:, src, a:e], v[:, src, a:e],
                     q=q[:, src, a:e] if seq.send_q else None,
-                    first_position=self.appended + a, use_staging=staging)
+                    first_position=self.appended + a, use_staging=staging,
+                    continues=continues)
+                self.counters["appends_continued"] += int(continues)
                 self.counters["appends"] += 1
                 self._after_append(self.appended + e)
             seq.sent_last_row = k[0, src, -1, 0].copy()

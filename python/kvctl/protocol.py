@@ -36,7 +36,7 @@ from .wire_schema import (  # noqa: F401 (re-exported)
     MAX_LAYERS, MAX_LAYOUTS, MAX_NAME_BYTES, MAX_POSITION, MAX_PREFIX_TOKENS, MAX_SECTION_BYTES,
     MAX_SHM_NAME_BYTES,
     MAX_STATS_TEXT_BYTES, MAX_TENSOR_FRAME_BYTES, MIN_HEAD_DIM, NO_PAGE, REPLY_BIT, VERSION,
-    MsgType)
+    FLAG_APPEND_CONTINUES, KNOWN_HEADER_FLAGS, MsgType)
 
 # ---- Constants (PROTOCOL.md sections 2, 3 and 6; the numbers are ipc/messages.def's) -----------
 
@@ -216,8 +216,11 @@ SOURCE_INLINE, SOURCE_STAGING = ws.AppendSource.INLINE, ws.AppendSource.STAGING
 
 def encode_append(request_id: int, session_id: int, sequence_id: int, first_position: int,
                   n_tokens: int, tensors: Sequence = (), source: int = SOURCE_INLINE,
-                  has_q: bool = False, staging_offset: int = 0) -> list:
+                  has_q: bool = False, staging_offset: int = 0, continues: bool = False) -> list:
     """APPEND: tensors are K, V (and Q if has_q) as buffers for inline, nothing for staging.
+
+    continues sets the header flag APPEND_CONTINUES: more tokens of the same prefill follow, so
+    the daemon stores these without evicting until an APPEND without it (PROTOCOL.md 4.4).
 
     Checks what the message itself declares (as ipc's Validate(AppendRequest)); the sizes
     against the session geometry are checked by the caller and the server.
@@ -251,9 +254,13 @@ def encode_append(request_id: int, session_id: int, sequence_id: int, first_posi
             raise ValueError("v: frame has %d bytes, expected %d (same as k)"
                              % (sizes[1], sizes[0]))
     k, v, q = (tensors + [None, None, None])[:3]
-    return encode_message(MsgType.APPEND, request_id, ws.AppendRequest(
+    frames = encode_message(MsgType.APPEND, request_id, ws.AppendRequest(
         session_id, sequence_id, first_position, n_tokens, int(source), bool(has_q),
         staging_offset, k, v, q))
+    if continues:
+        frames[0] = header(MsgType.APPEND, request_id, flags=FLAG_APPEND_CONTINUES) + \
+            frames[0][HEADER_BYTES:]
+    return frames
 
 
 MODE_DENSE, MODE_BLOCKS = ws.FetchMode.DENSE, ws.FetchMode.BLOCKS
@@ -370,8 +377,25 @@ def peek_request_id(frame0) -> int:
     return request_id if magic == MAGIC else 0
 
 
+def header_flags(frame0: bytes) -> int:
+    """The flags field of a header (PROTOCOL.md 2.1); 0 for a frame too short to hold one."""
+    return HEADER.unpack_from(frame0)[4] if len(frame0) >= HEADER_BYTES else 0
+
+
+def _check_flags(msg_type: int, flags: int) -> None:
+    """Unknown bits anywhere, and APPEND_CONTINUES on anything but an APPEND request."""
+    _expect(flags & ~KNOWN_HEADER_FLAGS == 0,
+            "flags: got 0x%04X, expected only bit 0 (0x0001, APPEND_CONTINUES); every other bit "
+            "is reserved in version 1" % flags)
+    allowed = KNOWN_HEADER_FLAGS if msg_type == MsgType.APPEND else 0
+    _expect(flags & ~allowed == 0,
+            "flags: got 0x%04X on %s, expected 0 (APPEND_CONTINUES, 0x0001, is valid only on "
+            "APPEND)" % (flags, type_name(msg_type)))
+
+
 def decode_header(frame0: bytes) -> Tuple[int, int]:
-    """(type, request_id) of a valid header; raises ProtocolError naming the field."""
+    """(type, request_id) of a valid header; raises ProtocolError naming the field. A flag bit
+    is accepted only where it belongs (APPEND_CONTINUES on an APPEND request)."""
     _expect(len(frame0) <= MAX_HEADER_FRAME_BYTES,
             "frame 0: %d bytes, expected at most %d" % (len(frame0), MAX_HEADER_FRAME_BYTES))
     _expect(len(frame0) >= HEADER_BYTES, "header: frame 0 has %d bytes, expected at least %d"
@@ -379,7 +403,7 @@ def decode_header(frame0: bytes) -> Tuple[int, int]:
     magic, version, msg_type, request_id, flags = HEADER.unpack_from(frame0)
     _expect(magic == MAGIC, "magic: got 0x%08X, expected 0x%08X (\"KVCT\")" % (magic, MAGIC))
     _expect(version == VERSION, "version: got %d, expected %d" % (version, VERSION))
-    _expect(flags == 0, "flags: got %d, expected 0 (reserved)" % flags)
+    _check_flags(msg_type, flags)
     return msg_type, request_id
 
 

@@ -141,6 +141,34 @@ def test_batch_size_mismatch_is_refused(smollm2, tokens, hf_daemons):
         assert cache.appended == 0 and cache.get_seq_length() == 0  # Nothing half-sent.
 
 
+@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
+def test_split_prefill_is_flagged_and_keeps_what_one_append_keeps(smollm2, tokens,
+                                                                 _shared_factory, monkeypatch,
+                                                                 policy):
+    """A prefill split into several APPENDs (a small _MAX_APPEND_BYTES) flags all but the last
+    APPEND_CONTINUES, so the daemon evicts once: the logits equal those of one APPEND, bit for
+    bit (unflagged pieces would evict the first with its own last queries)."""
+    import kvctl.hf_cache as hf_cache
+    model, _ = smollm2
+    daemon = _shared_factory(quant__method="fp16", budget__mode="evict-only",
+                             budget__token_fraction=0.25, evict__policy=policy, evict__sinks=4,
+                             evict__window=16, evict__obs_window=16, evict__compression_period=4,
+                             pool__bytes="64MiB")
+    with KvctlCache(model, daemon.endpoint, send_q=True) as cache:
+        whole = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.counters["appends_continued"] == 0
+    # About 25 tokens per APPEND: 70 prefill tokens in 3 APPENDs, the first 2 flagged.
+    per_token = sum(2 * l.k_proj.out_features + l.q_proj.out_features
+                    for l in (layer.self_attn for layer in model.model.layers)) * 4
+    monkeypatch.setattr(hf_cache, "_MAX_APPEND_BYTES", per_token * 25)
+    with KvctlCache(model, daemon.endpoint, send_q=True) as cache:
+        split = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.counters["appends_continued"] == 2
+        seq = cache.stats(section="sequences")["sequences"]
+        assert int(seq["tokens_evicted_total"]) > 0 and int(seq["tokens_deferred"]) == 0
+    assert torch.equal(whole, split)
+
+
 @pytest.mark.parametrize("policy", ["streaming", "snapkv"])
 def test_evicting_daemon_masks_and_mirror_equals_refetch(smollm2, tokens, reference,
                                                          _shared_factory, policy):

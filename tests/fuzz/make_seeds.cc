@@ -180,6 +180,35 @@ std::string VerifyOnceFetch() {
   return w.bytes();
 }
 
+// A prefill in three APPENDs, the first two flagged APPEND_CONTINUES, under an evicting variant:
+// FETCH and a refused SAVE_PREFIX between them, then the unflagged APPEND that evicts over all of
+// it, a decode step and a blocks FETCH; a flagged PING at the end is refused.
+std::string DeferredPrefill(uint8_t variant) {
+  const ipc::HelloRequest h = Hello("fp16", 2, 2, 2, 8);
+  ScriptWriter w;
+  w.Reload(variant);
+  w.Request(Msg(h)).Request(Msg(ipc::OpenRequest{1, 7}));
+  ipc::AppendRequest first = InlineAppend(h, 1, 0, 20);
+  first.continues = true;
+  w.Request(Msg(std::move(first)));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF32}));
+  const std::vector<int32_t> ids(20, 42);
+  ipc::SavePrefixRequest save{1, 7};
+  save.tokens = zmq::message_t(ids.data(), ids.size() * sizeof(int32_t));
+  w.Request(Msg(std::move(save)));  // FAILED_PRECONDITION: the prefill has not ended.
+  ipc::AppendRequest second = InlineAppend(h, 1, 20, 15);
+  second.continues = true;
+  w.Request(Msg(std::move(second)));
+  w.Request(Msg(ipc::StatsRequest{1, "sequences"}));
+  w.Request(Msg(InlineAppend(h, 1, 35, 3)));
+  w.Request(Msg(InlineAppend(h, 1, 38, 1)));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
+  std::vector<std::string> ping = Msg(ipc::PingRequest{1});
+  ping[0][16] = 1;  // APPEND_CONTINUES on a PING: INVALID_ARGUMENT.
+  w.Request(ping);
+  return w.bytes();
+}
+
 // Known bugs, as scripts (tests/fuzz/regressions/README.md).
 // The issue #17 APPEND: staging_offset 2^64 - 2^32 with a 2^32-byte payload wrapped the slot
 // bounds check and read outside the pool (SIGSEGV).
@@ -252,8 +281,11 @@ int Main(int argc, char** argv) {
   Write(dir, "pool-pressure-pool-scope", PoolPressure(5));
   Write(dir, "pool-pressure-sequence-scope", PoolPressure(6));
   Write(dir, "verify-once-fetch", VerifyOnceFetch());
+  for (uint8_t variant = 1; variant <= 4; ++variant) {  // streaming, h2o, snapkv, rkv.
+    Write(dir, "deferred-prefill-" + std::to_string(variant), DeferredPrefill(variant));
+  }
   std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n,
-              std::size(models) + 11, dir.c_str());
+              std::size(models) + 15, dir.c_str());
   return 0;
 }
 

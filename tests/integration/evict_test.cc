@@ -222,3 +222,67 @@ TEST_CASE("Daemon evict: joint mode caps every head from the planned byte budget
 
 }  // namespace
 }  // namespace kvctl
+
+namespace kvctl {
+namespace {
+
+TEST_CASE("Daemon evict: a prefill in APPEND_CONTINUES pieces keeps what one APPEND keeps",
+          "[integration][evict]") {
+  DaemonProcess daemon(kEvictConfig);  // KIVI layers, snapkv, head re-allocation every 32.
+  auto client = daemon.Connect();
+  const int layers = 2, heads = 2, q_heads = 4, d = 32, n = 150;
+  auto hello =
+      client->Hello({.client_name = "ev", .geometry = {layers, heads, q_heads, d, DType::kF16}});
+  REQUIRE(hello.ok());
+  const uint64_t sid = hello->session_id;
+  REQUIRE(client->Open(sid, 1).ok());
+  REQUIRE(client->Open(sid, 2).ok());
+  std::mt19937_64 rng(9);
+  const auto k = Random(rng, layers, n, heads, d), v = Random(rng, layers, n, heads, d);
+  const auto q = Random(rng, layers, n, q_heads, d);
+  REQUIRE(client->AppendInline({sid, 1, 0, n}, Bytes(k), Bytes(v), Bytes(q)).ok());
+  // The same tokens in three pieces ([layers, piece, heads, d] each), the first two flagged.
+  int first = 0;
+  for (int piece : {60, 50, 40}) {
+    auto cut = [&](const std::vector<uint16_t>& x, int h) {
+      std::vector<uint16_t> out;
+      for (int l = 0; l < layers; ++l) {
+        const auto begin = x.begin() + (static_cast<ptrdiff_t>(l) * n + first) * h * d;
+        out.insert(out.end(), begin, begin + static_cast<ptrdiff_t>(piece) * h * d);
+      }
+      return out;
+    };
+    const bool last = first + piece == n;
+    auto r = client->AppendInline(
+        {sid, 2, static_cast<uint64_t>(first), static_cast<uint32_t>(piece), /*continues=*/!last},
+        Bytes(cut(k, heads)), Bytes(cut(v, heads)), Bytes(cut(q, q_heads)));
+    REQUIRE(r.ok());
+    first += piece;
+    if (!last) {
+      // Nothing evicted or quantized yet: every pair holds every token so far.
+      CHECK(r->tokens_quantized == 0);
+      auto mid = client->FetchDense(sid, 2, 0, layers);
+      REQUIRE(mid.ok());
+      for (uint32_t count : mid->counts) CHECK(count == static_cast<uint32_t>(first));
+    }
+  }
+  auto one = client->FetchDense(sid, 1, 0, layers, DType::kF32);
+  auto parts = client->FetchDense(sid, 2, 0, layers, DType::kF32);
+  REQUIRE((one.ok() && parts.ok()));
+  CHECK(one->counts == parts->counts);
+  CHECK(Positions(one->positions) == Positions(parts->positions));
+  REQUIRE(one->k.size() == parts->k.size());
+  CHECK(std::memcmp(one->k.data(), parts->k.data(), one->k.size()) == 0);
+  CHECK(std::memcmp(one->v.data(), parts->v.data(), one->v.size()) == 0);
+  for (uint32_t count : one->counts) CHECK(count < static_cast<uint32_t>(n));  // It evicted.
+  auto stats = client->Stats(sid, "sequences");
+  REQUIRE(stats.ok());
+  INFO(*stats);
+  CHECK(stats->find("deferred_tokens=0,deferred_appends=2,deferral_cap_hits=0") !=
+        std::string::npos);
+  CHECK(stats->find("appends_deferred_total:2\n") != std::string::npos);
+  CHECK(daemon.Stop() == 0);
+}
+
+}  // namespace
+}  // namespace kvctl

@@ -192,6 +192,12 @@ inline std::vector<SampleMessage> AllSampleMessages() {
       {"PING", true, [] { return MustEncode(PingRequest{42}); }},
       {"APPEND inline", true, [] { return MustEncode(SampleAppendInline()); }},
       {"APPEND staging", true, [] { return MustEncode(SampleAppendStaging()); }},
+      {"APPEND inline, APPEND_CONTINUES", true,
+       [] {
+         AppendRequest r = SampleAppendInline();
+         r.continues = true;
+         return MustEncode(std::move(r));
+       }},
       {"FETCH", true,
        [] {
          return MustEncode(FetchRequest{42, 7, 0, 2, FetchMode::kBlocks, DType::kBF16});

@@ -406,7 +406,17 @@ TEST_CASE("Protocol: decoders name the header problem", "[ipc]") {
   bad[16] = 1;
   f.clear();
   f.push_back(FrameOf(bad));
-  CHECK(DecodeRequest(std::move(f)).status().message() == "flags: got 1, expected 0 (reserved)");
+  CHECK(DecodeRequest(std::move(f)).status().message() ==
+        "flags: got 0x0001 on PING, expected 0 (APPEND_CONTINUES, 0x0001, is valid only on "
+        "APPEND)");
+
+  bad = bytes;
+  bad[17] = static_cast<char>(0x80);  // Bit 15: reserved.
+  f.clear();
+  f.push_back(FrameOf(bad));
+  CHECK(DecodeRequest(std::move(f)).status().message() ==
+        "flags: got 0x8000, expected only bit 0 (0x0001, APPEND_CONTINUES); every other bit is "
+        "reserved in version 1");
 
   bad = "KVCX" + bytes.substr(4);
   f.clear();
@@ -424,6 +434,45 @@ TEST_CASE("Protocol: decoders name the header problem", "[ipc]") {
   f.push_back(FrameOf("extra"));
   CHECK(DecodeRequest(std::move(f)).status().message() == "PING: frame count: got 2, expected 1");
   CHECK(DecodeRequest(Frames()).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Protocol: APPEND_CONTINUES is a header flag of APPEND requests only", "[ipc]") {
+  // Set: bit 0 of the header flags, the 38-byte body unchanged; decoded into `continues`.
+  AppendRequest flagged = testing::SampleAppendInline();
+  flagged.continues = true;
+  Frames frames = MustEncode(std::move(flagged));
+  const std::string with_flag = Bytes(frames[0]);
+  const std::string without_flag = Bytes(MustEncode(testing::SampleAppendInline())[0]);
+  CHECK(static_cast<uint8_t>(with_flag[16]) == kFlagAppendContinues);
+  CHECK(with_flag[17] == 0);
+  CHECK(with_flag.substr(18) == without_flag.substr(18));
+  CHECK(with_flag.size() == kHeaderBytes + 38);
+  AppendRequest again = testing::SampleAppendInline();
+  again.continues = true;
+  CHECK(RoundTripRequest(std::move(again)).continues);
+  CHECK_FALSE(RoundTripRequest(testing::SampleAppendInline()).continues);
+  AppendRequest staged = testing::SampleAppendStaging();
+  staged.continues = true;
+  CHECK(RoundTripRequest(std::move(staged)).continues);
+
+  // Unknown bits on APPEND, and the known one on a reply.
+  std::string bad = with_flag;
+  bad[16] = 3;
+  Frames f;
+  f.push_back(FrameOf(bad));
+  f.push_back(std::move(frames[1]));
+  f.push_back(std::move(frames[2]));
+  f.push_back(std::move(frames[3]));
+  CHECK(DecodeRequest(std::move(f)).status().message().find("flags: got 0x0003, expected only") ==
+        0);
+  Frames reply = MustEncode(AppendReply{2, 0, 8192});
+  std::string flagged_reply = Bytes(reply[0]);
+  flagged_reply[16] = 1;
+  f.clear();
+  f.push_back(FrameOf(flagged_reply));
+  const Status refused = DecodeReply(std::move(f)).status();
+  CHECK(refused.code() == StatusCode::kInvalidArgument);
+  CHECK(refused.message().find("flags: got 0x0001 on APPEND_REPLY, expected 0") == 0);
 }
 
 TEST_CASE("Protocol: APPEND tensors are checked against the session geometry", "[ipc]") {

@@ -1,0 +1,224 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// APPEND_CONTINUES inside KvSequence: a prefill appended in flagged pieces, then one unflagged
+// append, keeps exactly what one append of it all keeps (every policy, lossless and quantized
+// layers, fixed and fractional budgets with head re-allocation, joint caps); the cap; the no-op
+// without eviction; image export refused mid-prefill.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "controller/sequence/kv_sequence.h"
+#include "controller/sequence/sequence_image.h"
+#include "tests/controller/sequence/sequence_test_util.h"
+
+namespace kvctl {
+namespace {
+
+constexpr int kLayers = 2, kKvHeads = 2, kQHeads = 4, kDim = 32;
+
+SequenceGeometry Geometry() {
+  return {.layers = kLayers,
+          .kv_heads = kKvHeads,
+          .head_dim = kDim,
+          .dtype = DType::kF32,
+          .q_heads = kQHeads};
+}
+
+// Lossless fp32 rows, or KIVI 2-bit records of 8 tokens flushed every 16 (the deferred appends
+// then hold the flush).
+std::vector<LayerPlan> Plans(bool lossless) {
+  std::vector<LayerPlan> plans(kLayers);
+  for (LayerPlan& p : plans) {
+    p.lossless = lossless;
+    const QuantMethod m = lossless ? QuantMethod::kFp16 : QuantMethod::kKivi;
+    StatusOr<QuantSpec> spec = MakeQuantSpec(m, kDim, lossless ? 16 : 2, lossless ? 16 : 2);
+    REQUIRE(spec.ok());
+    if (!lossless) spec->block_tokens = spec->k_group_tokens = 8;
+    REQUIRE(ValidateQuantSpec(*spec).ok());
+    p.head_specs.assign(kKvHeads, *spec);
+    p.rules = testing::PinnedRules(m);
+    if (!lossless) p.rules.flush_tokens = 16, p.rules.sink_tokens = 0;
+  }
+  return plans;
+}
+
+// Budget schedules: a fixed average, a fraction of the tokens seen with head re-allocation, or
+// joint's fixed per-(layer, head) caps.
+enum class Schedule { kFixed, kFractionRealloc, kJointCaps };
+
+EvictionSettings Settings(EvictPolicy policy, Schedule schedule) {
+  EvictionSettings s;
+  s.enabled = true;
+  s.policy = policy;
+  s.sinks = 2;
+  s.window = 8;
+  s.obs_window = s.snapkv.obs_window = s.rkv.obs_window = 8;
+  s.floor = s.sinks + s.window;
+  s.compression_period = 4;
+  s.max_deferred_tokens = 1000;
+  if (schedule == Schedule::kFractionRealloc) {
+    s.token_fraction = 0.3;
+    s.realloc_period = 16;  // Re-allocation between heads, due at the end of the prefill.
+  } else {
+    s.tokens_per_head = 24;
+  }
+  if (schedule == Schedule::kJointCaps) s.head_caps = {20, 28, 32, 18};
+  return s;
+}
+
+struct Data {
+  int tokens;
+  std::vector<std::vector<float>> k, v, q;  // Per layer: [tokens, heads, kDim].
+  explicit Data(int tokens_, uint64_t seed) : tokens(tokens_) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int l = 0; l < kLayers; ++l) {
+      k.emplace_back(static_cast<size_t>(tokens) * kKvHeads * kDim);
+      v.emplace_back(k.back().size());
+      q.emplace_back(static_cast<size_t>(tokens) * kQHeads * kDim);
+      for (float& x : k.back()) x = normal(rng);
+      for (float& x : v.back()) x = normal(rng);
+      for (float& x : q.back()) x = 2.0f * normal(rng);
+    }
+  }
+  std::vector<KvTensorView> Views(const std::vector<std::vector<float>>& x, int heads, int first,
+                                  int n) const {
+    std::vector<KvTensorView> out;
+    for (int l = 0; l < kLayers; ++l) {
+      out.push_back(KvTensorView::Contiguous(
+          x[l].data() + static_cast<size_t>(first) * heads * kDim, DType::kF32, n, heads, kDim));
+    }
+    return out;
+  }
+  Status Append(KvSequence& seq, int first, int n, bool with_q, bool continues) const {
+    const auto q_views = Views(q, kQHeads, first, n);
+    return seq.Append(first, Views(k, kKvHeads, first, n), Views(v, kKvHeads, first, n),
+                      with_q ? &q_views : nullptr, /*allow_relief=*/true, continues);
+  }
+};
+
+void RequireSameContents(const KvSequence& a, const KvSequence& b) {
+  const DenseKv da = a.FetchDense(0, kLayers), db = b.FetchDense(0, kLayers);
+  REQUIRE(da.counts == db.counts);
+  REQUIRE(da.positions == db.positions);
+  REQUIRE(da.k.size() == db.k.size());
+  REQUIRE(da.v.size() == db.v.size());
+  CHECK(std::memcmp(da.k.data(), db.k.data(), da.k.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(da.v.data(), db.v.data(), da.v.size() * sizeof(float)) == 0);
+  const SequenceUsage ua = a.Usage(), ub = b.Usage();
+  CHECK(ua.tokens == ub.tokens);
+  CHECK(ua.kept_tokens == ub.kept_tokens);
+  CHECK(ua.evicted_tokens == ub.evicted_tokens);
+  CHECK(ua.evicted_bytes == ub.evicted_bytes);
+  CHECK(ua.quantized_tokens == ub.quantized_tokens);
+  CHECK(ua.payload_bytes == ub.payload_bytes);
+  for (int l = 0; l < kLayers; ++l) {
+    CHECK(a.LayerBudget(l) == b.LayerBudget(l));
+    for (int h = 0; h < kKvHeads; ++h) {
+      CHECK(a.HeadUsageOf(l, h).budget == b.HeadUsageOf(l, h).budget);
+    }
+  }
+}
+
+TEST_CASE("Deferred eviction: flagged pieces keep exactly what one append keeps",
+          "[controller][evict]") {
+  const int prefill = 96, decode = 6;
+  const Data data(prefill + decode, 11);
+  // The last piece shorter than the observation window too (its query rows join the kept ones).
+  const std::vector<std::vector<int>> splits = {{40, 30, 20, 6}, {50, 41, 5}, {95, 1}};
+  for (EvictPolicy policy :
+       {EvictPolicy::kStreaming, EvictPolicy::kH2O, EvictPolicy::kSnapKV, EvictPolicy::kRKV}) {
+    for (bool lossless : {true, false}) {
+      for (Schedule schedule :
+           {Schedule::kFixed, Schedule::kFractionRealloc, Schedule::kJointCaps}) {
+        for (const std::vector<int>& split : splits) {
+          INFO(EvictPolicyName(policy)
+               << (lossless ? " lossless" : " kivi") << " schedule " << static_cast<int>(schedule)
+               << " split of " << split.size());
+          const bool with_q = policy != EvictPolicy::kStreaming;
+          auto pool = testing::MakeTestPool(8 << 20, 4096);
+          const EvictionSettings settings = Settings(policy, schedule);
+          KvSequence one(pool.get(), Geometry(), Plans(lossless), settings);
+          KvSequence parts(pool.get(), Geometry(), Plans(lossless), settings);
+          REQUIRE(data.Append(one, 0, prefill, with_q, false).ok());
+          REQUIRE(one.Usage().evicted_tokens > 0);
+          int at = 0;
+          for (size_t i = 0; i < split.size(); ++i) {
+            const bool last = i + 1 == split.size();
+            REQUIRE(data.Append(parts, at, split[i], with_q, !last).ok());
+            at += split[i];
+            if (!last) {
+              // Stored whole, nothing evicted or flushed yet.
+              CHECK(parts.deferred_tokens() == at);
+              CHECK(parts.Usage().evicted_tokens == 0);
+              CHECK(parts.Usage().quantized_tokens == 0);
+              CHECK(parts.Usage().kept_tokens == int64_t{at} * kLayers * kKvHeads);
+            }
+          }
+          REQUIRE(at == prefill);
+          CHECK(parts.deferred_tokens() == 0);
+          CHECK(parts.Usage().deferred_appends == split.size() - 1);
+          RequireSameContents(one, parts);
+          // The scorer state is the same too: the decode steps after it evict alike.
+          for (int t = prefill; t < prefill + decode; ++t) {
+            REQUIRE(data.Append(one, t, 1, with_q, false).ok());
+            REQUIRE(data.Append(parts, t, 1, with_q, false).ok());
+          }
+          RequireSameContents(one, parts);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Deferred eviction: past max_deferred_tokens an append evicts as if unflagged",
+          "[controller][evict]") {
+  const Data data(120, 5);
+  auto pool = testing::MakeTestPool(8 << 20, 4096);
+  EvictionSettings settings = Settings(EvictPolicy::kSnapKV, Schedule::kFixed);
+  settings.max_deferred_tokens = 50;
+  KvSequence seq(pool.get(), Geometry(), Plans(true), settings);
+  REQUIRE(data.Append(seq, 0, 40, true, true).ok());
+  CHECK(seq.deferred_tokens() == 40);
+  CHECK(seq.Usage().kept_tokens == 40 * kLayers * kKvHeads);
+  REQUIRE(data.Append(seq, 40, 20, true, true).ok());  // 60 > 50: evicts.
+  CHECK(seq.deferred_tokens() == 0);
+  CHECK(seq.Usage().deferral_cap_hits == 1);
+  CHECK(seq.Usage().evicted_tokens > 0);
+  for (uint32_t count : seq.DenseCounts(0, kLayers)) CHECK(count <= 24u);
+  REQUIRE(data.Append(seq, 60, 30, true, true).ok());  // Counted from 0 again: deferred.
+  CHECK(seq.deferred_tokens() == 30);
+  CHECK(seq.Usage().deferred_appends == 2);
+
+  // Mid-prefill the sequence cannot be exported (spill, SAVE_PREFIX); after its end it can be
+  // asked again (snapkv's kept query rows are then what refuses it, as before).
+  const Status refused = ExportImage(seq, seq.tokens(), "m").status();
+  CHECK(refused.code() == StatusCode::kFailedPrecondition);
+  CHECK(refused.message().find("APPEND_CONTINUES") != std::string::npos);
+
+  EvictionSettings never = settings;
+  never.max_deferred_tokens = 0;
+  KvSequence eager(pool.get(), Geometry(), Plans(true), never);
+  REQUIRE(data.Append(eager, 0, 40, true, true).ok());
+  CHECK(eager.deferred_tokens() == 0);
+  CHECK(eager.Usage().deferral_cap_hits == 1);
+  CHECK(eager.Usage().evicted_tokens > 0);
+}
+
+TEST_CASE("Deferred eviction: without eviction the flag changes nothing", "[controller][evict]") {
+  const Data data(64, 9);
+  auto pool = testing::MakeTestPool(8 << 20, 4096);
+  KvSequence flagged(pool.get(), Geometry(), Plans(false));
+  KvSequence plain(pool.get(), Geometry(), Plans(false));
+  REQUIRE(data.Append(flagged, 0, 40, false, true).ok());
+  REQUIRE(data.Append(plain, 0, 40, false, false).ok());
+  CHECK(flagged.deferred_tokens() == 0);
+  CHECK(flagged.Usage().deferred_appends == 0);
+  CHECK(flagged.Usage().quantized_tokens == 32);  // Flushes run as usual.
+  RequireSameContents(flagged, plain);
+}
+
+}  // namespace
+}  // namespace kvctl
