@@ -182,14 +182,20 @@ Status CheckIndptr(std::string_view name, const std::vector<uint32_t>& indptr) {
 }
 
 // A slot id of a pool with `pool_pages` pages of `per_page` slots.
-// REQUIRES: per_page >= 1 (checked with the layout). id / per_page < pool_pages is tested as
-// id < per_page * pool_pages (u32 x u32 fits u64): no division per slot of a long sequence.
-Status CheckSlotId(std::string_view name, size_t index, uint32_t id, uint32_t per_page,
-                   uint32_t pool_pages) {
-  if (uint64_t{id} < uint64_t{per_page} * pool_pages) return OkStatus();
-  return InvalidArgument(name, "[", index, "]: got ", id, " (page ", id / per_page,
-                         "), expected an id on a page below pool_pages (", pool_pages, ") with ",
-                         per_page, " slots per page");
+// ids[begin, end) are slot ids of a pool with `pool_pages` pages of `per_page` slots (REQUIRES:
+// per_page >= 1, checked with the layout). id / per_page < pool_pages is tested as id < per_page
+// x pool_pages (u32 x u32 fits u64): one compare per slot of a long sequence, no division, and
+// the message is built only for the first bad id.
+Status CheckSlotIds(std::string_view name, const std::vector<uint32_t>& ids, uint64_t begin,
+                    uint64_t end, uint32_t per_page, uint32_t pool_pages) {
+  const uint64_t limit = uint64_t{per_page} * pool_pages;
+  for (uint64_t j = begin; j < end; ++j) {
+    if (ids[j] < limit) continue;
+    return InvalidArgument(name, "[", j, "]: got ", ids[j], " (page ", ids[j] / per_page,
+                           "), expected an id on a page below pool_pages (", pool_pages, ") with ",
+                           per_page, " slots per page");
+  }
+  return OkStatus();
 }
 
 // CheckRange of element `index` of array `name`; the name is formatted only for an error.
@@ -204,10 +210,8 @@ Status CheckElement(std::string_view name, uint64_t index, uint64_t value, uint6
 Status CheckWindow(const FetchBlocksReply& m, uint64_t i) {
   const RecordLayout& l = m.layouts[m.layout_index[i]];
   const uint32_t rows = m.window_indptr[i + 1] - m.window_indptr[i];
-  for (uint32_t j = m.window_indptr[i]; j < m.window_indptr[i + 1]; ++j) {
-    KVCTL_RETURN_IF_ERROR(
-        CheckSlotId("window_ids", j, m.window_ids[j], l.rows_per_page, m.pool_pages));
-  }
+  KVCTL_RETURN_IF_ERROR(CheckSlotIds("window_ids", m.window_ids, m.window_indptr[i],
+                                     m.window_indptr[i + 1], l.rows_per_page, m.pool_pages));
   KVCTL_RETURN_IF_ERROR(CheckElement("window_sinks", i, m.window_sinks[i], 0, rows));
   uint64_t covered = 0, next = 0;  // Rows of the runs so far; the least next start.
   for (uint32_t j = m.run_indptr[i]; j < m.run_indptr[i + 1]; ++j) {
@@ -278,17 +282,19 @@ Status Validate(const FetchBlocksReply& m) {
       if (m.indices[j] == kNoPage) {
         return InvalidArgument("indices[", j, "]: got ", kNoPage, " (no page), expected a page id");
       }
-      KVCTL_RETURN_IF_ERROR(
-          CheckSlotId("indices", j, m.indices[j], layout.records_per_page, m.pool_pages));
-      if (any_side && (m.side_indices[j] != kNoPage) != pair_has_side) {
+    }
+    KVCTL_RETURN_IF_ERROR(CheckSlotIds("indices", m.indices, m.indptr[i], m.indptr[i + 1],
+                                       layout.records_per_page, m.pool_pages));
+    for (uint64_t j = m.indptr[i]; any_side && j < m.indptr[i + 1]; ++j) {
+      if ((m.side_indices[j] != kNoPage) != pair_has_side) {
         return InvalidArgument("side_indices[", j, "]: got ", m.side_indices[j], ", expected ",
                                pair_has_side ? "a page id" : "4294967295 (no side record)",
                                " for the layout of pair ", i);
       }
-      if (any_side && pair_has_side) {
-        KVCTL_RETURN_IF_ERROR(CheckSlotId("side_indices", j, m.side_indices[j],
-                                          m.side_records_per_page, m.pool_pages));
-      }
+    }
+    if (any_side && pair_has_side) {
+      KVCTL_RETURN_IF_ERROR(CheckSlotIds("side_indices", m.side_indices, m.indptr[i],
+                                         m.indptr[i + 1], m.side_records_per_page, m.pool_pages));
     }
     KVCTL_RETURN_IF_ERROR(CheckWindow(m, i));
   }
