@@ -189,6 +189,11 @@ Status CheckIndptr(std::string_view name, const std::vector<uint32_t>& indptr) {
 Status CheckSlotIds(std::string_view name, const std::vector<uint32_t>& ids, uint64_t begin,
                     uint64_t end, uint32_t per_page, uint32_t pool_pages) {
   const uint64_t limit = uint64_t{per_page} * pool_pages;
+  // The largest id first: a max reduction the compiler vectorizes (a page table at 32K tokens
+  // holds thousands of ids); the loop that names the first bad id runs only for an error.
+  uint32_t max_id = 0;
+  for (uint64_t j = begin; j < end; ++j) max_id = std::max(max_id, ids[j]);
+  if (max_id < limit) return OkStatus();
   for (uint64_t j = begin; j < end; ++j) {
     if (ids[j] < limit) continue;
     return InvalidArgument(name, "[", j, "]: got ", ids[j], " (page ", ids[j] / per_page,
@@ -278,13 +283,19 @@ Status Validate(const FetchBlocksReply& m) {
     KVCTL_RETURN_IF_ERROR(CheckElement("last_page_len", i, m.last_page_len[i], has_pages ? 1 : 0,
                                        has_pages ? m.block_tokens : 0));
     const bool pair_has_side = layout.side_bytes_per_token > 0;
-    for (uint64_t j = m.indptr[i]; j < m.indptr[i + 1]; ++j) {
-      if (m.indices[j] == kNoPage) {
-        return InvalidArgument("indices[", j, "]: got ", kNoPage, " (no page), expected a page id");
+    // kNoPage (the largest u32) has its own message. It fails the slot bound unless the pool has
+    // 2^32 slots or more; only then, or for an error, are the ids searched for it.
+    const Status slots = CheckSlotIds("indices", m.indices, m.indptr[i], m.indptr[i + 1],
+                                      layout.records_per_page, m.pool_pages);
+    if (!slots.ok() || uint64_t{layout.records_per_page} * m.pool_pages > kNoPage) {
+      for (uint64_t j = m.indptr[i]; j < m.indptr[i + 1]; ++j) {
+        if (m.indices[j] == kNoPage) {
+          return InvalidArgument("indices[", j, "]: got ", kNoPage,
+                                 " (no page), expected a page id");
+        }
       }
+      KVCTL_RETURN_IF_ERROR(slots);
     }
-    KVCTL_RETURN_IF_ERROR(CheckSlotIds("indices", m.indices, m.indptr[i], m.indptr[i + 1],
-                                       layout.records_per_page, m.pool_pages));
     for (uint64_t j = m.indptr[i]; any_side && j < m.indptr[i + 1]; ++j) {
       if ((m.side_indices[j] != kNoPage) != pair_has_side) {
         return InvalidArgument("side_indices[", j, "]: got ", m.side_indices[j], ", expected ",
