@@ -44,7 +44,10 @@ StatusOr<ReplyBody> Client::Call(RequestBody request) {
   using Clock = std::chrono::steady_clock;
   const MsgType type = TypeOf(request);
   const uint64_t id = next_request_id_++;
-  const std::string what = TypeName(static_cast<uint16_t>(type)) + " request " + std::to_string(id);
+  // Named only in an error: building the string costs an allocation per call.
+  const auto what = [&] {
+    return TypeName(static_cast<uint16_t>(type)) + " request " + std::to_string(id);
+  };
   KVCTL_ASSIGN_OR_RETURN(Frames frames, Encode(id, std::move(request)));
   if (!socket_) KVCTL_RETURN_IF_ERROR(ResetSocket());
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
@@ -52,14 +55,14 @@ StatusOr<ReplyBody> Client::Call(RequestBody request) {
     Frames no_prefix;
     if (!SendMessage(socket_, no_prefix, frames)) {
       (void)ResetSocket();
-      return Unavailable(what, ": cannot queue the request to ", endpoint_, "; socket reset");
+      return Unavailable(what(), ": cannot queue the request to ", endpoint_, "; socket reset");
     }
     for (;;) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) {
         (void)ResetSocket();
-        return DeadlineExceeded(what, ": no reply from ", endpoint_, " within ", timeout_ms_,
+        return DeadlineExceeded(what(), ": no reply from ", endpoint_, " within ", timeout_ms_,
                                 " ms; socket reset");
       }
       zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
@@ -72,21 +75,22 @@ StatusOr<ReplyBody> Client::Call(RequestBody request) {
           continue;
         }
         if (discarded > 0) {
-          return Internal(what, ": malformed reply: more than ", kMaxFrames, " frames");
+          return Internal(what(), ": malformed reply: more than ", kMaxFrames, " frames");
         }
         StatusOr<Reply> decoded = DecodeReply(std::move(reply));
-        if (!decoded.ok()) return Internal(what, ": malformed reply: ", decoded.status().message());
+        if (!decoded.ok())
+          return Internal(what(), ": malformed reply: ", decoded.status().message());
         ReplyBody& body = decoded->body;
         if (const auto* error = std::get_if<ErrorReply>(&body)) return ToStatus(*error);
         if (TypeOf(body) != (static_cast<uint16_t>(type) | kReplyBit)) {
-          return Internal(what, ": reply has type ", TypeName(TypeOf(body)));
+          return Internal(what(), ": reply has type ", TypeName(TypeOf(body)));
         }
         return std::move(body);
       }
     }
   } catch (const zmq::error_t& e) {
     (void)ResetSocket();
-    return Unavailable(what, ": ", e.what());
+    return Unavailable(what(), ": ", e.what());
   }
 }
 

@@ -429,20 +429,20 @@ Status Validate(const ErrorReply& m) {
 // ---- Generic encode / decode
 // ---------------------------------------------------------------------
 
-Status Prefixed(std::string_view what, const Status& s) {
+// The message type's name is built only for an error: encode and decode run on every request.
+Status Prefixed(uint16_t type, const Status& s) {
   if (s.ok()) return s;
-  return Status(s.code(), std::string(what) + ": " + s.message());
+  return Status(s.code(), TypeName(type) + ": " + s.message());
 }
 
 template <typename M>
 StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
-  const std::string what = TypeName(type);
-  KVCTL_RETURN_IF_ERROR(Prefixed(what, Validate(msg)));
+  KVCTL_RETURN_IF_ERROR(Prefixed(type, Validate(msg)));
   WireWriter w;
   WriteHeader(w, type, request_id, HeaderFlags(msg));
   WriteFields(w, msg);
   if (w.size() > kMaxHeaderFrameBytes) {
-    return InvalidArgument(what, ": frame 0 would be ", w.size(), " bytes, limit ",
+    return InvalidArgument(TypeName(type), ": frame 0 would be ", w.size(), " bytes, limit ",
                            kMaxHeaderFrameBytes);
   }
   Frames frames;
@@ -454,23 +454,23 @@ StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
 // `frames[0]` has passed DecodeHeader.
 template <typename M>
 StatusOr<M> DecodeAs(uint16_t type, Frames& frames) {
-  const std::string what = TypeName(type);
   M msg;
   WireReader r(frames[0].data(), frames[0].size(), kHeaderBytes);
-  KVCTL_RETURN_IF_ERROR(Prefixed(what, ReadFields(r, &msg)));
-  KVCTL_RETURN_IF_ERROR(Prefixed(what, r.Finish()));
+  KVCTL_RETURN_IF_ERROR(Prefixed(type, ReadFields(r, &msg)));
+  KVCTL_RETURN_IF_ERROR(Prefixed(type, r.Finish()));
   const size_t want = 1 + TensorFrameCount(msg);
   if (frames.size() != want) {
-    return InvalidArgument(what, ": frame count: got ", frames.size(), ", expected ", want);
+    return InvalidArgument(TypeName(type), ": frame count: got ", frames.size(), ", expected ",
+                           want);
   }
   for (size_t i = 1; i < frames.size(); ++i) {
     if (frames[i].size() > kMaxTensorFrameBytes) {
-      return InvalidArgument(what, ": frame ", i, ": ", frames[i].size(),
+      return InvalidArgument(TypeName(type), ": frame ", i, ": ", frames[i].size(),
                              " bytes, expected at most ", kMaxTensorFrameBytes);
     }
   }
   KVCTL_RETURN_IF_ERROR(PutTensorFrames(frames, &msg));
-  KVCTL_RETURN_IF_ERROR(Prefixed(what, Validate(msg)));
+  KVCTL_RETURN_IF_ERROR(Prefixed(type, Validate(msg)));
   return msg;
 }
 
@@ -543,7 +543,7 @@ StatusOr<Reply> DecodeReply(Frames frames) {
     case ReplyType(MsgType::kFetch): {
       WireReader r(frames[0].data(), frames[0].size(), kHeaderBytes);
       uint8_t mode;
-      KVCTL_RETURN_IF_ERROR(Prefixed("FETCH_REPLY", r.U8("mode", &mode)));
+      KVCTL_RETURN_IF_ERROR(Prefixed(h.type, r.U8("mode", &mode)));
       if (mode == static_cast<uint8_t>(FetchMode::kDense)) {
         return DecodeInto<FetchDenseReply, Reply>(h.type, id, frames);
       }

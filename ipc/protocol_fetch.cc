@@ -44,15 +44,17 @@ Status CheckRowFrames(std::string_view prefix, uint64_t rows, uint32_t head_dim,
 }
 
 Status CheckLayout(size_t index, const RecordLayout& l, const FetchBlocksReply& m) {
-  const std::string at = "layouts[" + std::to_string(index) + "].";
-  KVCTL_RETURN_IF_ERROR(CheckRange(at + "method", l.method, 0, kNumWireQuantMethods - 1));
-  KVCTL_RETURN_IF_ERROR(CheckRange(at + "k_bits", l.k_bits, 1, 16));
-  KVCTL_RETURN_IF_ERROR(CheckRange(at + "v_bits", l.v_bits, 1, 16));
-  KVCTL_RETURN_IF_ERROR(CheckRange(at + "record_bytes", l.record_bytes, 1, m.page_bytes));
+  // The field names are built only for an error: this runs on every blocks FETCH reply.
+  const auto at = [&] { return internal::StrCat("layouts[", index, "]."); };
+  const auto named = [&](Status s) { return s.ok() ? s : Status(s.code(), at() + s.message()); };
+  KVCTL_RETURN_IF_ERROR(named(CheckRange("method", l.method, 0, kNumWireQuantMethods - 1)));
+  KVCTL_RETURN_IF_ERROR(named(CheckRange("k_bits", l.k_bits, 1, 16)));
+  KVCTL_RETURN_IF_ERROR(named(CheckRange("v_bits", l.v_bits, 1, 16)));
+  KVCTL_RETURN_IF_ERROR(named(CheckRange("record_bytes", l.record_bytes, 1, m.page_bytes)));
   // records_per_page * record_bytes <= page_bytes, checked as a quotient so it cannot overflow.
   const uint32_t max_per_page = m.page_bytes / l.record_bytes;
   if (l.records_per_page < 1 || l.records_per_page > max_per_page) {
-    return InvalidArgument(at, "records_per_page: got ", l.records_per_page, ", expected 1..",
+    return InvalidArgument(at(), "records_per_page: got ", l.records_per_page, ", expected 1..",
                            max_per_page, " with records_per_page x record_bytes (", l.record_bytes,
                            ") <= page_bytes (", m.page_bytes, ")");
   }
@@ -66,7 +68,7 @@ Status CheckLayout(size_t index, const RecordLayout& l, const FetchBlocksReply& 
                               {"v_meta", l.v_meta_offset, l.v_meta_bytes}};
   for (const Section& s : sections) {
     if (s.offset + s.bytes > l.record_bytes) {  // u32 + u32: no u64 overflow.
-      return InvalidArgument(at, s.name, ": offset ", s.offset, " + bytes ", s.bytes,
+      return InvalidArgument(at(), s.name, ": offset ", s.offset, " + bytes ", s.bytes,
                              " ends past record_bytes ", l.record_bytes);
     }
   }
@@ -74,25 +76,26 @@ Status CheckLayout(size_t index, const RecordLayout& l, const FetchBlocksReply& 
     for (const Section& b : sections) {
       if (&a >= &b || a.bytes == 0 || b.bytes == 0) continue;
       if (a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes) {
-        return InvalidArgument(at, a.name, " [", a.offset, ", ", a.offset + a.bytes, ") overlaps ",
-                               b.name, " [", b.offset, ", ", b.offset + b.bytes, ")");
+        return InvalidArgument(at(), a.name, " [", a.offset, ", ", a.offset + a.bytes,
+                               ") overlaps ", b.name, " [", b.offset, ", ", b.offset + b.bytes,
+                               ")");
       }
     }
   }
   // Window rows: K row then V row per slot, head_dim <= 1024 values of <= 4 bytes each.
-  KVCTL_RETURN_IF_ERROR(CheckDType(at + "row_dtype", l.row_dtype));
+  KVCTL_RETURN_IF_ERROR(named(CheckDType("row_dtype", l.row_dtype)));
   const uint64_t min_slot = 2 * uint64_t{m.head_dim} * DTypeSize(l.row_dtype);
   if (l.row_slot_bytes < min_slot || l.row_slot_bytes > m.page_bytes) {
-    return InvalidArgument(at, "row_slot_bytes: got ", l.row_slot_bytes, ", expected ", min_slot,
+    return InvalidArgument(at(), "row_slot_bytes: got ", l.row_slot_bytes, ", expected ", min_slot,
                            " (K and V rows of head_dim ", m.head_dim, ") .. page_bytes (",
                            m.page_bytes, ")");
   }
   KVCTL_RETURN_IF_ERROR(
-      CheckRange(at + "rows_per_page", l.rows_per_page, 1, m.page_bytes / l.row_slot_bytes));
+      named(CheckRange("rows_per_page", l.rows_per_page, 1, m.page_bytes / l.row_slot_bytes)));
   // a * b <= p  <=>  a <= p / b for b >= 1, without the product overflowing.
   const uint64_t side_record = uint64_t{l.side_bytes_per_token} * m.block_tokens;
   if (side_record > 0 && side_record > m.page_bytes / m.side_records_per_page) {
-    return InvalidArgument(at, "side_bytes_per_token: got ", l.side_bytes_per_token,
+    return InvalidArgument(at(), "side_bytes_per_token: got ", l.side_bytes_per_token,
                            ", expected side_records_per_page (", m.side_records_per_page,
                            ") * block_tokens (", m.block_tokens, ") * it <= page_bytes (",
                            m.page_bytes, ")");
@@ -179,12 +182,32 @@ Status CheckIndptr(std::string_view name, const std::vector<uint32_t>& indptr) {
 }
 
 // A slot id of a pool with `pool_pages` pages of `per_page` slots.
-Status CheckSlotId(std::string_view name, size_t index, uint32_t id, uint32_t per_page,
-                   uint32_t pool_pages) {
-  if (id / per_page < pool_pages) return OkStatus();
-  return InvalidArgument(name, "[", index, "]: got ", id, " (page ", id / per_page,
-                         "), expected an id on a page below pool_pages (", pool_pages, ") with ",
-                         per_page, " slots per page");
+// ids[begin, end) are slot ids of a pool with `pool_pages` pages of `per_page` slots (REQUIRES:
+// per_page >= 1, checked with the layout). id / per_page < pool_pages is tested as id < per_page
+// x pool_pages (u32 x u32 fits u64): one compare per slot of a long sequence, no division, and
+// the message is built only for the first bad id.
+Status CheckSlotIds(std::string_view name, const std::vector<uint32_t>& ids, uint64_t begin,
+                    uint64_t end, uint32_t per_page, uint32_t pool_pages) {
+  const uint64_t limit = uint64_t{per_page} * pool_pages;
+  // The largest id first: a max reduction the compiler vectorizes (a page table at 32K tokens
+  // holds thousands of ids); the loop that names the first bad id runs only for an error.
+  uint32_t max_id = 0;
+  for (uint64_t j = begin; j < end; ++j) max_id = std::max(max_id, ids[j]);
+  if (max_id < limit) return OkStatus();
+  for (uint64_t j = begin; j < end; ++j) {
+    if (ids[j] < limit) continue;
+    return InvalidArgument(name, "[", j, "]: got ", ids[j], " (page ", ids[j] / per_page,
+                           "), expected an id on a page below pool_pages (", pool_pages, ") with ",
+                           per_page, " slots per page");
+  }
+  return OkStatus();
+}
+
+// CheckRange of element `index` of array `name`; the name is formatted only for an error.
+Status CheckElement(std::string_view name, uint64_t index, uint64_t value, uint64_t lo,
+                    uint64_t hi) {
+  if (value >= lo && value <= hi) return OkStatus();
+  return CheckRange(internal::StrCat(name, "[", index, "]"), value, lo, hi);
 }
 
 // Pair i's window: its row ids lie in the pool, at most all of them are sinks, and its position
@@ -192,17 +215,14 @@ Status CheckSlotId(std::string_view name, size_t index, uint32_t id, uint32_t pe
 Status CheckWindow(const FetchBlocksReply& m, uint64_t i) {
   const RecordLayout& l = m.layouts[m.layout_index[i]];
   const uint32_t rows = m.window_indptr[i + 1] - m.window_indptr[i];
-  for (uint32_t j = m.window_indptr[i]; j < m.window_indptr[i + 1]; ++j) {
-    KVCTL_RETURN_IF_ERROR(
-        CheckSlotId("window_ids", j, m.window_ids[j], l.rows_per_page, m.pool_pages));
-  }
-  KVCTL_RETURN_IF_ERROR(
-      CheckRange("window_sinks[" + std::to_string(i) + "]", m.window_sinks[i], 0, rows));
+  KVCTL_RETURN_IF_ERROR(CheckSlotIds("window_ids", m.window_ids, m.window_indptr[i],
+                                     m.window_indptr[i + 1], l.rows_per_page, m.pool_pages));
+  KVCTL_RETURN_IF_ERROR(CheckElement("window_sinks", i, m.window_sinks[i], 0, rows));
   uint64_t covered = 0, next = 0;  // Rows of the runs so far; the least next start.
   for (uint32_t j = m.run_indptr[i]; j < m.run_indptr[i + 1]; ++j) {
     const uint64_t start = m.run_starts[j], length = m.run_lengths[j];
-    KVCTL_RETURN_IF_ERROR(CheckRange("run_lengths[" + std::to_string(j) + "]", length, 1,
-                                     uint64_t{rows} - std::min<uint64_t>(covered, rows)));
+    KVCTL_RETURN_IF_ERROR(CheckElement("run_lengths", j, length, 1,
+                                       uint64_t{rows} - std::min<uint64_t>(covered, rows)));
     if (start < next) {
       return InvalidArgument("run_starts[", j, "]: got ", start, ", expected >= ", next,
                              " (past the previous run of pair ", i, ")");
@@ -256,28 +276,36 @@ Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckIndptr("window_indptr", m.window_indptr));
   KVCTL_RETURN_IF_ERROR(CheckIndptr("run_indptr", m.run_indptr));
   for (uint64_t i = 0; i < pairs; ++i) {
-    KVCTL_RETURN_IF_ERROR(CheckRange("layout_index[" + std::to_string(i) + "]", m.layout_index[i],
-                                     0, m.layouts.size() - 1));
+    KVCTL_RETURN_IF_ERROR(
+        CheckElement("layout_index", i, m.layout_index[i], 0, m.layouts.size() - 1));
     const RecordLayout& layout = m.layouts[m.layout_index[i]];
     const bool has_pages = m.indptr[i + 1] > m.indptr[i];
-    KVCTL_RETURN_IF_ERROR(CheckRange("last_page_len[" + std::to_string(i) + "]", m.last_page_len[i],
-                                     has_pages ? 1 : 0, has_pages ? m.block_tokens : 0));
+    KVCTL_RETURN_IF_ERROR(CheckElement("last_page_len", i, m.last_page_len[i], has_pages ? 1 : 0,
+                                       has_pages ? m.block_tokens : 0));
     const bool pair_has_side = layout.side_bytes_per_token > 0;
-    for (uint64_t j = m.indptr[i]; j < m.indptr[i + 1]; ++j) {
-      if (m.indices[j] == kNoPage) {
-        return InvalidArgument("indices[", j, "]: got ", kNoPage, " (no page), expected a page id");
+    // kNoPage (the largest u32) has its own message. It fails the slot bound unless the pool has
+    // 2^32 slots or more; only then, or for an error, are the ids searched for it.
+    const Status slots = CheckSlotIds("indices", m.indices, m.indptr[i], m.indptr[i + 1],
+                                      layout.records_per_page, m.pool_pages);
+    if (!slots.ok() || uint64_t{layout.records_per_page} * m.pool_pages > kNoPage) {
+      for (uint64_t j = m.indptr[i]; j < m.indptr[i + 1]; ++j) {
+        if (m.indices[j] == kNoPage) {
+          return InvalidArgument("indices[", j, "]: got ", kNoPage,
+                                 " (no page), expected a page id");
+        }
       }
-      KVCTL_RETURN_IF_ERROR(
-          CheckSlotId("indices", j, m.indices[j], layout.records_per_page, m.pool_pages));
-      if (any_side && (m.side_indices[j] != kNoPage) != pair_has_side) {
+      KVCTL_RETURN_IF_ERROR(slots);
+    }
+    for (uint64_t j = m.indptr[i]; any_side && j < m.indptr[i + 1]; ++j) {
+      if ((m.side_indices[j] != kNoPage) != pair_has_side) {
         return InvalidArgument("side_indices[", j, "]: got ", m.side_indices[j], ", expected ",
                                pair_has_side ? "a page id" : "4294967295 (no side record)",
                                " for the layout of pair ", i);
       }
-      if (any_side && pair_has_side) {
-        KVCTL_RETURN_IF_ERROR(CheckSlotId("side_indices", j, m.side_indices[j],
-                                          m.side_records_per_page, m.pool_pages));
-      }
+    }
+    if (any_side && pair_has_side) {
+      KVCTL_RETURN_IF_ERROR(CheckSlotIds("side_indices", m.side_indices, m.indptr[i],
+                                         m.indptr[i + 1], m.side_records_per_page, m.pool_pages));
     }
     KVCTL_RETURN_IF_ERROR(CheckWindow(m, i));
   }

@@ -38,22 +38,26 @@ class ReplyChannel {
     ++in_flight_;
   }
 
-  // Queues an answer to a request counted by BeginRequest. False once closed.
-  bool Answer(Outgoing out) KVCTL_EXCLUDES(mu_) {
+  // Queues an answer to a request counted by BeginRequest. False once closed. An answer given on
+  // the I/O thread while it runs the handler (`inline_answer`) wakes nobody: that thread sends it
+  // as soon as the handler returns (ZmqServer::HandleIncoming), behind anything queued earlier.
+  bool Answer(Outgoing out, bool inline_answer) KVCTL_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     --in_flight_;
     if (closed_) return false;
     const bool was_empty = items_.empty();
     items_.push_back(std::move(out));
-    if (was_empty) WakeLocked();
+    if (was_empty && !inline_answer) WakeLocked();
     return true;
   }
 
-  // Everything queued, and the number of requests still unanswered after it.
-  std::vector<Outgoing> TakeAll(int64_t* in_flight) KVCTL_EXCLUDES(mu_) {
+  // Moves everything queued into *out (REQUIRES: empty; its capacity goes back to the queue, so
+  // that a steady stream of replies allocates nothing) and returns the number of requests still
+  // unanswered after it.
+  int64_t TakeAll(std::vector<Outgoing>* out) KVCTL_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
-    *in_flight = in_flight_;
-    return std::exchange(items_, {});
+    items_.swap(*out);
+    return in_flight_;
   }
 
   int64_t in_flight() const KVCTL_EXCLUDES(mu_) {
@@ -90,6 +94,10 @@ class ReplyChannel {
   bool closed_ KVCTL_GUARDED_BY(mu_) = false;
 };
 
+// The channel whose I/O thread is running a handler on this thread right now, else null: set by
+// ZmqServer::HandleIncoming around the handler call.
+thread_local const ReplyChannel* tls_handler_channel = nullptr;
+
 struct PendingRequest {
   std::shared_ptr<ReplyChannel> channel;
   std::string routing_id;
@@ -100,7 +108,8 @@ struct PendingRequest {
 
   bool Answer(Frames frames, bool is_error) {
     if (answered.exchange(true)) return false;
-    return channel->Answer({routing_id, delimiter, std::move(frames), is_error});
+    return channel->Answer({std::move(routing_id), delimiter, std::move(frames), is_error},
+                           /*inline_answer=*/tls_handler_channel == channel.get());
   }
 
   ~PendingRequest() {
@@ -231,16 +240,16 @@ void ZmqServer::Shutdown() {
   wake_pull_.close();
 }
 
-void ZmqServer::SendDirect(std::string routing_id, bool delimiter, Frames frames, bool is_error) {
-  Frames prefix;
-  prefix.emplace_back(routing_id.data(), routing_id.size());
-  if (delimiter) prefix.emplace_back();
+void ZmqServer::SendDirect(const std::string& routing_id, bool delimiter, Frames& frames,
+                           bool is_error) {
+  zmq::message_t prefix[2] = {zmq::message_t(routing_id.data(), routing_id.size()),
+                              zmq::message_t()};
   const uint64_t bytes = TotalBytes(frames);
   bool sent = false;
   try {
     // Never blocks: a reply to a vanished client (EHOSTUNREACH) or to one whose send_hwm replies
     // are unread (EAGAIN) is dropped and counted, so one slow reader cannot stall the others.
-    sent = SendMessage(router_, prefix, frames);
+    sent = SendMessage(router_, std::span(prefix, delimiter ? 2 : 1), frames);
   } catch (const zmq::error_t&) {
     sent = false;
   }
@@ -280,7 +289,8 @@ void ZmqServer::HandleIncoming(Frames frames, size_t discarded, bool draining) {
   StatusOr<Request> request = reject.ok() ? DecodeRequest(std::move(frames)) : reject;
   if (!request.ok()) {
     channel_->rejected.fetch_add(1);
-    SendDirect(std::move(routing_id), delimiter, EncodeError(peek_id, request.status()), true);
+    Frames error = EncodeError(peek_id, request.status());
+    SendDirect(routing_id, delimiter, error, true);
     return;
   }
   auto pending = std::make_shared<internal::PendingRequest>();
@@ -291,13 +301,29 @@ void ZmqServer::HandleIncoming(Frames frames, size_t discarded, bool draining) {
   pending->type = TypeOf(request->body);
   channel_->BeginRequest();
   channel_->requests.fetch_add(1);
-  Responder responder(std::move(pending));
-  try {
-    handler_(std::move(request).value(), responder);
-  } catch (const std::exception& e) {
-    // Exceptions stop at the ipc edge; the client still gets an answer.
-    responder.Error(Internal("request handler threw: ", e.what()));
+  internal::tls_handler_channel = channel_.get();
+  {
+    Responder responder(std::move(pending));
+    try {
+      handler_(std::move(request).value(), responder);
+    } catch (const std::exception& e) {
+      // Exceptions stop at the ipc edge; the client still gets an answer.
+      responder.Error(Internal("request handler threw: ", e.what()));
+    }
+  }  // A Responder dropped unanswered here answers INTERNAL, inline too.
+  internal::tls_handler_channel = nullptr;
+  // A reply given by the handler on this thread goes out now, with no wake-up and no second poll
+  // (it was queued behind any earlier replies from other threads, which go first).
+  FlushReplies();
+}
+
+int64_t ZmqServer::FlushReplies() {
+  const int64_t in_flight = channel_->TakeAll(&flushing_);
+  for (internal::Outgoing& out : flushing_) {
+    SendDirect(out.routing_id, out.delimiter, out.frames, out.is_error);
   }
+  flushing_.clear();
+  return in_flight;
 }
 
 void ZmqServer::Run() {
@@ -312,10 +338,7 @@ void ZmqServer::Run() {
       draining = true;
       deadline = Clock::now() + std::chrono::milliseconds(options_.stop_timeout_ms);
     }
-    int64_t in_flight = 0;
-    for (internal::Outgoing& out : channel_->TakeAll(&in_flight)) {
-      SendDirect(std::move(out.routing_id), out.delimiter, std::move(out.frames), out.is_error);
-    }
+    const int64_t in_flight = FlushReplies();
     auto timeout = std::chrono::milliseconds(-1);
     if (draining) {
       const auto left =

@@ -9,8 +9,10 @@
 // Thread safety: the handler runs on the I/O thread and must not block it for long; to do slow
 // work it hands the Request and its Responder to another thread. Responder is copyable and
 // thread-safe: replying from any thread queues the frames and wakes the I/O thread, which sends
-// them. A request whose Responders are all destroyed unanswered gets an INTERNAL error reply, so a
-// client never waits on a lost request. Bind, Start and Stop are for the owning thread.
+// them. A reply given while the handler runs on the I/O thread is sent as soon as the handler
+// returns, without a wake-up (behind replies queued earlier). A request whose Responders are all
+// destroyed unanswered gets an INTERNAL error reply, so a client never waits on a lost request.
+// Bind, Start and Stop are for the owning thread.
 //
 //   KVCTL_ASSIGN_OR_RETURN(auto server, ZmqServer::Bind({.endpoint = "ipc:///run/kvctl.sock"}));
 //   KVCTL_RETURN_IF_ERROR(server->Start([](Request req, Responder r) { r.Reply(PingReply{1}); }));
@@ -24,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 #include <zmq.hpp>
 
 #include "common/status.h"
@@ -61,6 +64,7 @@ struct ServerCounters {
 
 namespace internal {
 class ReplyChannel;
+struct Outgoing;
 struct PendingRequest;
 }  // namespace internal
 
@@ -125,7 +129,9 @@ class ZmqServer {
   ZmqServer() = default;
   void Run();
   void HandleIncoming(Frames frames, size_t discarded, bool draining);
-  void SendDirect(std::string routing_id, bool delimiter, Frames frames, bool is_error);
+  void SendDirect(const std::string& routing_id, bool delimiter, Frames& frames, bool is_error);
+  // Sends every queued reply; returns the requests still unanswered. I/O thread only.
+  int64_t FlushReplies();
   void Shutdown();
 
   // Constant after Bind.
@@ -138,6 +144,7 @@ class ZmqServer {
   zmq::socket_t router_;
   zmq::socket_t wake_pull_;
   std::shared_ptr<internal::ReplyChannel> channel_;
+  std::vector<internal::Outgoing> flushing_;  // FlushReplies' buffer, reused (I/O thread only).
   Handler handler_;
   std::thread io_thread_;
   bool started_ = false;

@@ -167,11 +167,11 @@ bool RecvMessage(zmq::socket_t& socket, Frames* out, size_t max_frames, size_t* 
   }
 }
 
-bool SendMessage(zmq::socket_t& socket, Frames& prefix, Frames& frames) {
+bool SendMessage(zmq::socket_t& socket, std::span<zmq::message_t> prefix, Frames& frames) {
   const size_t total = prefix.size() + frames.size();
   size_t sent = 0;
-  for (Frames* part : {&prefix, &frames}) {
-    for (zmq::message_t& frame : *part) {
+  for (std::span<zmq::message_t> part : {prefix, std::span<zmq::message_t>(frames)}) {
+    for (zmq::message_t& frame : part) {
       const bool last = ++sent == total;
       const auto flags =
           last ? zmq::send_flags::dontwait : (zmq::send_flags::dontwait | zmq::send_flags::sndmore);

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <zmq.hpp>
@@ -50,7 +51,7 @@ bool RecvMessage(zmq::socket_t& socket, Frames* out, size_t max_frames, size_t* 
 
 // Queues `frames` as one multipart message without blocking; false if the socket would block.
 // `prefix` frames (routing id, delimiter) go first.
-bool SendMessage(zmq::socket_t& socket, Frames& prefix, Frames& frames);
+bool SendMessage(zmq::socket_t& socket, std::span<zmq::message_t> prefix, Frames& frames);
 
 uint64_t TotalBytes(const Frames& frames);
 

@@ -1,9 +1,14 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "ipc/wire.h"
 
+#include <bit>
 #include <cstring>
 
 namespace kvctl::ipc {
+
+static_assert(std::endian::native == std::endian::little,
+              "WireWriter and WireReader copy little-endian values as they lie in memory");
+
 namespace {
 
 // Length of the UTF-8 sequence starting at s[i], or 0 if it is malformed (RFC 3629 table 3-7).
@@ -63,8 +68,15 @@ std::string SanitizeUtf8(std::string_view s, size_t max_bytes) {
   return out;
 }
 
+// The wire is little-endian and so is every host kvctl builds for (static_assert above): values
+// and arrays are copied as they lie in memory, one append per field or array.
 void WireWriter::Le(uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  buf_.append(reinterpret_cast<const char*>(&v), bytes);
+}
+
+template <typename T>
+void WireWriter::Array(const std::vector<T>& a) {
+  if (!a.empty()) buf_.append(reinterpret_cast<const char*>(a.data()), a.size() * sizeof(T));
 }
 
 void WireWriter::Str(std::string_view s) {
@@ -72,17 +84,9 @@ void WireWriter::Str(std::string_view s) {
   buf_.append(s);
 }
 
-void WireWriter::U16Array(const std::vector<uint16_t>& a) {
-  for (uint16_t v : a) U16(v);
-}
-
-void WireWriter::U32Array(const std::vector<uint32_t>& a) {
-  for (uint32_t v : a) U32(v);
-}
-
-void WireWriter::U64Array(const std::vector<uint64_t>& a) {
-  for (uint64_t v : a) U64(v);
-}
+void WireWriter::U16Array(const std::vector<uint16_t>& a) { Array(a); }
+void WireWriter::U32Array(const std::vector<uint32_t>& a) { Array(a); }
+void WireWriter::U64Array(const std::vector<uint64_t>& a) { Array(a); }
 
 Status WireReader::Need(std::string_view field, uint64_t bytes) const {
   if (bytes > remaining()) {
@@ -99,9 +103,17 @@ Status WireReader::TooShortForArray(std::string_view field, uint64_t count, int 
 
 uint64_t WireReader::Le(int bytes) {
   uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{data_[pos_ + i]} << (8 * i);
+  std::memcpy(&v, data_ + pos_, bytes);  // Little-endian host: the low `bytes` bytes of v.
   pos_ += bytes;
   return v;
+}
+
+// REQUIRES: count elements of T fit in the frame (the callers check first).
+template <typename T>
+void WireReader::Array(uint64_t count, std::vector<T>* out) {
+  out->resize(count);
+  if (count > 0) std::memcpy(out->data(), data_ + pos_, count * sizeof(T));
+  pos_ += count * sizeof(T);
 }
 
 Status WireReader::U8(std::string_view field, uint8_t* out) {
@@ -153,22 +165,19 @@ Status WireReader::Bytes(std::string_view field, size_t n, uint8_t* out) {
 
 Status WireReader::U16Array(std::string_view field, uint64_t count, std::vector<uint16_t>* out) {
   if (count > remaining() / 2) return TooShortForArray(field, count, 2);
-  out->resize(count);
-  for (uint64_t i = 0; i < count; ++i) (*out)[i] = static_cast<uint16_t>(Le(2));
+  Array(count, out);
   return OkStatus();
 }
 
 Status WireReader::U32Array(std::string_view field, uint64_t count, std::vector<uint32_t>* out) {
   if (count > remaining() / 4) return TooShortForArray(field, count, 4);
-  out->resize(count);
-  for (uint64_t i = 0; i < count; ++i) (*out)[i] = static_cast<uint32_t>(Le(4));
+  Array(count, out);
   return OkStatus();
 }
 
 Status WireReader::U64Array(std::string_view field, uint64_t count, std::vector<uint64_t>* out) {
   if (count > remaining() / 8) return TooShortForArray(field, count, 8);
-  out->resize(count);
-  for (uint64_t i = 0; i < count; ++i) (*out)[i] = Le(8);
+  Array(count, out);
   return OkStatus();
 }
 

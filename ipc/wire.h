@@ -49,6 +49,8 @@ class WireWriter {
 
  private:
   void Le(uint64_t v, int bytes);
+  template <typename T>
+  void Array(const std::vector<T>& a);
   std::string buf_;
 };
 
@@ -79,6 +81,8 @@ class WireReader {
   Status Need(std::string_view field, uint64_t bytes) const;
   Status TooShortForArray(std::string_view field, uint64_t count, int elem_bytes) const;
   uint64_t Le(int bytes);
+  template <typename T>
+  void Array(uint64_t count, std::vector<T>* out);
 
   const uint8_t* data_;
   size_t size_;

@@ -304,6 +304,20 @@ TEST_CASE("Protocol: blocks replies check ids against the pool and the window ru
   CHECK(error_of([](FetchBlocksReply& b) { b.pool_pages = 11; }) ==
         "FETCH_REPLY: indices[3]: got 11 (page 11), expected an id on a page below pool_pages "
         "(11) with 1 slots per page");
+  // kNoPage has its own message, also behind an earlier in-range id and in a huge pool (where it
+  // is below the slot bound); the first of several bad ids is the one named.
+  CHECK(error_of([](FetchBlocksReply& b) { b.indices[2] = kNoPage; }) ==
+        "FETCH_REPLY: indices[2]: got 4294967295 (no page), expected a page id");
+  CHECK(error_of([](FetchBlocksReply& b) {
+          b.pool_pages = UINT32_MAX;
+          b.indices[2] = kNoPage;
+        }) == "FETCH_REPLY: indices[2]: got 4294967295 (no page), expected a page id");
+  CHECK(error_of([](FetchBlocksReply& b) {
+          b.window_ids[1] = 330;
+          b.window_ids[2] = 320;
+        }) ==
+        "FETCH_REPLY: window_ids[1]: got 330 (page 20), expected an id on a page below "
+        "pool_pages (20) with 16 slots per page");
   CHECK(error_of([](FetchBlocksReply& b) { b.side_indices[3] = 80; }) ==
         "FETCH_REPLY: side_indices[3]: got 80 (page 20), expected an id on a page below "
         "pool_pages (20) with 4 slots per page");
