@@ -5,12 +5,12 @@
 // without eviction; image export refused mid-prefill.
 #include <catch2/catch.hpp>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/sequence_image.h"
+#include "tests/controller/sequence/evict_test_util.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 
 namespace kvctl {
@@ -68,37 +68,6 @@ EvictionSettings Settings(EvictPolicy policy, Schedule schedule) {
   return s;
 }
 
-struct Data {
-  int tokens;
-  std::vector<std::vector<float>> k, v, q;  // Per layer: [tokens, heads, kDim].
-  explicit Data(int tokens_, uint64_t seed) : tokens(tokens_) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (int l = 0; l < kLayers; ++l) {
-      k.emplace_back(static_cast<size_t>(tokens) * kKvHeads * kDim);
-      v.emplace_back(k.back().size());
-      q.emplace_back(static_cast<size_t>(tokens) * kQHeads * kDim);
-      for (float& x : k.back()) x = normal(rng);
-      for (float& x : v.back()) x = normal(rng);
-      for (float& x : q.back()) x = 2.0f * normal(rng);
-    }
-  }
-  std::vector<KvTensorView> Views(const std::vector<std::vector<float>>& x, int heads, int first,
-                                  int n) const {
-    std::vector<KvTensorView> out;
-    for (int l = 0; l < kLayers; ++l) {
-      out.push_back(KvTensorView::Contiguous(
-          x[l].data() + static_cast<size_t>(first) * heads * kDim, DType::kF32, n, heads, kDim));
-    }
-    return out;
-  }
-  Status Append(KvSequence& seq, int first, int n, bool with_q, bool continues) const {
-    const auto q_views = Views(q, kQHeads, first, n);
-    return seq.Append(first, Views(k, kKvHeads, first, n), Views(v, kKvHeads, first, n),
-                      with_q ? &q_views : nullptr, /*allow_relief=*/true, continues);
-  }
-};
-
 void RequireSameContents(const KvSequence& a, const KvSequence& b) {
   const DenseKv da = a.FetchDense(0, kLayers), db = b.FetchDense(0, kLayers);
   REQUIRE(da.counts == db.counts);
@@ -125,7 +94,7 @@ void RequireSameContents(const KvSequence& a, const KvSequence& b) {
 TEST_CASE("Deferred eviction: flagged pieces keep exactly what one append keeps",
           "[controller][evict]") {
   const int prefill = 96, decode = 6;
-  const Data data(prefill + decode, 11);
+  const testing::Stream data(kLayers, prefill + decode, kKvHeads, kQHeads, kDim, 11);
   // The last piece shorter than the observation window too (its query rows join the kept ones).
   const std::vector<std::vector<int>> splits = {{40, 30, 20, 6}, {50, 41, 5}, {95, 1}};
   for (EvictPolicy policy :
@@ -175,7 +144,7 @@ TEST_CASE("Deferred eviction: flagged pieces keep exactly what one append keeps"
 
 TEST_CASE("Deferred eviction: past max_deferred_tokens an append evicts as if unflagged",
           "[controller][evict]") {
-  const Data data(120, 5);
+  const testing::Stream data(kLayers, 120, kKvHeads, kQHeads, kDim, 5);
   auto pool = testing::MakeTestPool(8 << 20, 4096);
   EvictionSettings settings = Settings(EvictPolicy::kSnapKV, Schedule::kFixed);
   settings.max_deferred_tokens = 50;
@@ -208,7 +177,7 @@ TEST_CASE("Deferred eviction: past max_deferred_tokens an append evicts as if un
 }
 
 TEST_CASE("Deferred eviction: without eviction the flag changes nothing", "[controller][evict]") {
-  const Data data(64, 9);
+  const testing::Stream data(kLayers, 64, kKvHeads, kQHeads, kDim, 9);
   auto pool = testing::MakeTestPool(8 << 20, 4096);
   KvSequence flagged(pool.get(), Geometry(), Plans(false));
   KvSequence plain(pool.get(), Geometry(), Plans(false));

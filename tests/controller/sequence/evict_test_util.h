@@ -2,9 +2,10 @@
 //
 // File: tests/controller/sequence/evict_test_util.h
 // Shared by the controller eviction and pressure tests and the daemon evict integration tests:
-// the small RateQuant fit they plan budgets from, so the suites test against the same profile.
+// the small RateQuant fit they plan budgets from, so the suites test against the same profile;
+// and the random K/V/Q rows the sequence eviction tests append (Stream).
 //
-// Thread safety: a plain function that builds a fresh value per call.
+// Thread safety: plain functions and values, built fresh per call.
 //
 //   RateQuantFit fit = testing::TwoHeadFit(*MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2), 1);
 //   std::ofstream(path) << FormatRateQuantProfile(fit);
@@ -14,13 +15,65 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "common/tensor.h"
+#include "controller/sequence/kv_sequence.h"
 #include "kernels/quant_types.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
 
 namespace kvctl::testing {
+
+// Random [tokens, heads, d] fp32 rows per layer, for K, V and Q.
+struct Stream {
+  int layers, tokens, kv_heads, q_heads, d;
+  std::vector<std::vector<float>> k, v, q;
+  Stream(int layers_, int tokens_, int kv_heads_, int q_heads_, int d_, uint64_t seed)
+      : layers(layers_), tokens(tokens_), kv_heads(kv_heads_), q_heads(q_heads_), d(d_) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int l = 0; l < layers; ++l) {
+      k.emplace_back(static_cast<size_t>(tokens) * kv_heads * d);
+      v.emplace_back(k.back().size());
+      q.emplace_back(static_cast<size_t>(tokens) * q_heads * d);
+      for (float& x : k.back()) x = normal(rng);
+      for (float& x : v.back()) x = normal(rng);
+      for (float& x : q.back()) x = 2.0f * normal(rng);
+    }
+  }
+  std::vector<KvTensorView> Views(const std::vector<std::vector<float>>& x, int heads, int first,
+                                  int n) const {
+    std::vector<KvTensorView> out;
+    for (int l = 0; l < layers; ++l) {
+      out.push_back(KvTensorView::Contiguous(x[l].data() + static_cast<size_t>(first) * heads * d,
+                                             DType::kF32, n, heads, d));
+    }
+    return out;
+  }
+  // Tokens [first, first + n) as one APPEND; `continues`: APPEND_CONTINUES (more follow).
+  Status Append(KvSequence& seq, int first, int n, bool with_q = true,
+                bool continues = false) const {
+    const auto q_views = Views(q, q_heads, first, n);
+    return seq.Append(first, Views(k, kv_heads, first, n), Views(v, kv_heads, first, n),
+                      with_q ? &q_views : nullptr, /*allow_relief=*/true, continues);
+  }
+  // Keys of head h of layer l for tokens [0, n), row-major.
+  std::vector<float> Keys(int l, int h, int n) const {
+    std::vector<float> out;
+    for (int t = 0; t < n; ++t) {
+      const float* row = &k[l][(static_cast<size_t>(t) * kv_heads + h) * d];
+      out.insert(out.end(), row, row + d);
+    }
+    return out;
+  }
+  KvTensorView QueryRows(int l, int first, int n) const {
+    return KvTensorView::Contiguous(q[l].data() + static_cast<size_t>(first) * q_heads * d,
+                                    DType::kF32, n, q_heads, d);
+  }
+};
 
 // A fit of `layers` x 2 heads at widths 2 and 4 (beta 4): head 1's error is 100x head 0's, so a
 // budget between the two widths lifts head 1 only. Not validated; callers check what they need.

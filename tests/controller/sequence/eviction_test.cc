@@ -29,6 +29,8 @@
 namespace kvctl {
 namespace {
 
+using testing::Stream;
+
 // fp32 rows of `layers` x `kv_heads` x `d`, with Q of `q_heads` heads.
 SequenceGeometry F32Geometry(int layers, int kv_heads, int d, int q_heads) {
   return {.layers = layers,
@@ -55,52 +57,6 @@ std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int d, bool l
   }
   return plans;
 }
-
-// Random [tokens, heads, d] fp32 rows per layer, for K, V and Q.
-struct Stream {
-  int layers, tokens, kv_heads, q_heads, d;
-  std::vector<std::vector<float>> k, v, q;
-  Stream(int layers_, int tokens_, int kv_heads_, int q_heads_, int d_, uint64_t seed)
-      : layers(layers_), tokens(tokens_), kv_heads(kv_heads_), q_heads(q_heads_), d(d_) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (int l = 0; l < layers; ++l) {
-      k.emplace_back(static_cast<size_t>(tokens) * kv_heads * d);
-      v.emplace_back(k.back().size());
-      q.emplace_back(static_cast<size_t>(tokens) * q_heads * d);
-      for (float& x : k.back()) x = normal(rng);
-      for (float& x : v.back()) x = normal(rng);
-      for (float& x : q.back()) x = 2.0f * normal(rng);
-    }
-  }
-  std::vector<KvTensorView> Views(const std::vector<std::vector<float>>& x, int heads, int first,
-                                  int n) const {
-    std::vector<KvTensorView> out;
-    for (int l = 0; l < layers; ++l) {
-      out.push_back(KvTensorView::Contiguous(x[l].data() + static_cast<size_t>(first) * heads * d,
-                                             DType::kF32, n, heads, d));
-    }
-    return out;
-  }
-  Status Append(KvSequence& seq, int first, int n, bool with_q = true) const {
-    const auto q_views = Views(q, q_heads, first, n);
-    return seq.Append(first, Views(k, kv_heads, first, n), Views(v, kv_heads, first, n),
-                      with_q ? &q_views : nullptr);
-  }
-  // Keys of head h of layer l for tokens [0, n), row-major.
-  std::vector<float> Keys(int l, int h, int n) const {
-    std::vector<float> out;
-    for (int t = 0; t < n; ++t) {
-      const float* row = &k[l][(static_cast<size_t>(t) * kv_heads + h) * d];
-      out.insert(out.end(), row, row + d);
-    }
-    return out;
-  }
-  KvTensorView QueryRows(int l, int first, int n) const {
-    return KvTensorView::Contiguous(q[l].data() + static_cast<size_t>(first) * q_heads * d,
-                                    DType::kF32, n, q_heads, d);
-  }
-};
 
 EvictionSettings Settings(EvictPolicy policy, int64_t budget, int64_t sinks, int64_t window,
                           int64_t obs) {
