@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "common/tsan_hand_off.h"
 #include "ipc/transport.h"
 
 namespace kvctl::ipc {
@@ -245,6 +246,7 @@ void ZmqServer::SendDirect(const std::string& routing_id, bool delimiter, Frames
   zmq::message_t prefix[2] = {zmq::message_t(routing_id.data(), routing_id.size()),
                               zmq::message_t()};
   const uint64_t bytes = TotalBytes(frames);
+  for (const zmq::message_t& frame : frames) TsanHandOff(frame.data());
   bool sent = false;
   try {
     // Never blocks: a reply to a vanished client (EHOSTUNREACH) or to one whose send_hwm replies

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "common/thread_annotations.h"
+#include "common/tsan_hand_off.h"
 
 namespace kvctl {
 namespace {
@@ -80,6 +81,7 @@ zmq::message_t ReplyBufferPool::Frame(size_t bytes) {
   }
   auto* lease = new Lease{state_, capacity};
   auto release = [](void* buffer, void* hint) {
+    TsanTakeBack(buffer);  // ZeroMQ's I/O thread, after the sender's TsanHandOff.
     std::unique_ptr<Lease> l(static_cast<Lease*>(hint));
     State& st = *l->state;
     {
