@@ -122,6 +122,16 @@ void ConvertBf16ToF32(const void* src, size_t n, void* dst) {
   }
 }
 
+void RoundToHalfInPlace(float* values, size_t n) {
+  constexpr size_t kChunk = 512;
+  uint16_t halves[kChunk];
+  for (size_t i = 0; i < n; i += kChunk) {
+    const size_t m = std::min(kChunk, n - i);
+    ConvertF32ToF16(values + i, m, halves);
+    ConvertF16ToF32(halves, m, values + i);
+  }
+}
+
 void ConvertElements(DType from, const void* src, DType to, void* dst, size_t n) {
   if (from == to) {
     if (src != dst) std::memmove(dst, src, n * DTypeSize(from));

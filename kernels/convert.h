@@ -30,6 +30,10 @@ void ConvertF16ToF32(const void* src, size_t n, void* dst);
 void ConvertF32ToBf16(const void* src, size_t n, void* dst);
 void ConvertBf16ToF32(const void* src, size_t n, void* dst);
 
+// Each of n floats replaced by RoundToHalf of it (common/half.h: HalfToFloat(FloatToHalf(x))), in
+// place, through the SIMD conversions: what a value stored as fp16 reads back as.
+void RoundToHalfInPlace(float* values, size_t n);
+
 // n elements of `from` to `to`: a copy when the dtypes match, fp16 <-> bf16 through fp32 (each
 // element exactly as HalfToFloat/Bf16ToFloat then FloatToBf16/FloatToHalf would give it).
 void ConvertElements(DType from, const void* src, DType to, void* dst, size_t n);

@@ -100,6 +100,9 @@ CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& js
   cmd->add_option("--tokens", options.fetch_tokens,
                   "Comma-separated sequence lengths of the FETCH rows (default: 1024,8192)")
       ->delimiter(',');
+  cmd->add_option("--append-context", options.append_context,
+                  "Tokens the APPEND rows' sequences hold before the first timed step")
+      ->capture_default_str();
   cmd->add_option("--prefill-chunk", options.prefill_chunk,
                   "Tokens per APPEND when filling the FETCH sequences")
       ->capture_default_str();

@@ -501,7 +501,9 @@ Status RunAppendRow(Bench& b, bool staging) {
   row.name = staging ? "append staging, 1 token" : "append inline, 1 token";
   row.baseline_64 = staging;
   row.target = staging ? kStagingTarget : kAppendTarget;
-  KVCTL_ASSIGN_OR_RETURN(const uint64_t seq, b.OpenBoth(b.quant));
+  const int64_t context = b.options.append_context;
+  KVCTL_ASSIGN_OR_RETURN(const uint64_t seq, b.Prefill(b.quant, context));
+  if (context > 0) row.name += internal::StrCat(" at ", TokensLabel(context));
   std::unique_ptr<PoolMapping> map, direct_map;
   if (staging) {
     KVCTL_ASSIGN_OR_RETURN(map, PoolMapping::Map(b.hello));
@@ -511,7 +513,8 @@ Status RunAppendRow(Bench& b, bool staging) {
   ipc::AppendRequest direct_req;
   int64_t position = 0;
   RowOps ops;
-  ops.prepare = [&](int64_t i) {
+  ops.prepare = [&](int64_t iteration) {
+    const int64_t i = context + iteration;
     position = i;
     b.data.Fill(i, 1, &k, &v);
     if (staging) {
@@ -623,6 +626,9 @@ Status ValidateOptions(const IpcBenchOptions& o) {
   for (int64_t t : o.fetch_tokens) {
     if (t < 1 || t > 65536) return InvalidArgument("--tokens: got ", t, ", expected 1..65536");
   }
+  if (o.append_context < 0 || o.append_context > 65536) {
+    return InvalidArgument("--append-context: got ", o.append_context, ", expected 0..65536");
+  }
   if (o.prefill_chunk < 1 || o.prefill_chunk > 4096) {
     return InvalidArgument("--prefill-chunk: got ", o.prefill_chunk, ", expected 1..4096");
   }
@@ -646,6 +652,7 @@ uint64_t PoolBytesFor(const IpcBenchOptions& o) {
   const uint64_t token_bytes = 2 * kStepBytes;
   uint64_t tokens = 0;
   for (int64_t t : o.fetch_tokens) tokens += static_cast<uint64_t>(t);
+  tokens += 2 * static_cast<uint64_t>(o.append_context);  // Both APPEND rows' sequences.
   const uint64_t sequences = 2 + 2 * o.fetch_tokens.size();
   const uint64_t bytes = tokens * token_bytes * 5 / 4 +
                          2 * token_bytes * static_cast<uint64_t>(o.warmup + o.iterations) +

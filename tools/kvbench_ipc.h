@@ -43,9 +43,12 @@ struct IpcBenchOptions {
   int warmup = 50;        // Untimed round trips per row and side first.
   std::vector<int64_t> fetch_tokens = {1024, 8192};  // Sequence lengths of the FETCH rows.
   int prefill_chunk = 512;                           // Tokens per APPEND when filling them.
-  int workers = 2;                                   // The daemon's server.workers.
-  std::vector<std::string> rows{};                   // Subset of kIpcRowGroups; empty = all.
-  bool quick = false;                                // Recorded in the report only.
+  // Tokens the APPEND rows' sequences hold before their first timed step (a decode step at this
+  // context length; 0: from an empty sequence).
+  int64_t append_context = 0;
+  int workers = 2;                  // The daemon's server.workers.
+  std::vector<std::string> rows{};  // Subset of kIpcRowGroups; empty = all.
+  bool quick = false;               // Recorded in the report only.
   // KEY=VALUE config settings for both daemons, after the bench's own (e.g. pool.checksums=false).
   std::vector<std::string> settings{};
 };

@@ -87,7 +87,25 @@ uint8_t* Slab::MutableSlot(uint32_t id) {
   const uint32_t page = static_cast<uint32_t>(id / per_page_);
   const size_t begin = (id % per_page_) * slot_bytes_;
   pool_->MarkDirty(page, static_cast<uint32_t>(begin), static_cast<uint32_t>(begin + slot_bytes_));
+  if (page != last_touched_) {
+    last_touched_ = page;
+    touched_.push_back(page);
+    if (touched_.size() > 2 * pages_.size() + 64) {
+      std::sort(touched_.begin(), touched_.end());
+      touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+    }
+  }
   return pool_->PagePointer(page) + begin;
+}
+
+void Slab::TakeTouchedPages(std::vector<uint32_t>* pages) {
+  std::sort(touched_.begin(), touched_.end());
+  touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+  for (uint32_t page : touched_) {
+    if (pages_.count(page) != 0) pages->push_back(page);
+  }
+  touched_.clear();
+  last_touched_ = UINT32_MAX;
 }
 
 void Slab::ReleaseEmptyPages(std::vector<uint32_t>* released) {
@@ -213,6 +231,10 @@ Status SlabSet::Compact() {
 
 void SlabSet::CollectPages(std::vector<uint32_t>* pages) const {
   for (const auto& [size, slab] : slabs_) slab->CollectPages(pages);
+}
+
+void SlabSet::TakeTouchedPages(std::vector<uint32_t>* pages) {
+  for (const auto& [size, slab] : slabs_) slab->TakeTouchedPages(pages);
 }
 
 void SlabPlan::Count(const SlotArray& array, size_t size_after) {

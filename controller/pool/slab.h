@@ -96,6 +96,11 @@ class Slab {
 
   // Appends the slab's pages, in id order, to *pages.
   void CollectPages(std::vector<uint32_t>* pages) const;
+  // Appends the held pages MutableSlot wrote to since the last call, each once, and forgets them:
+  // what the owner seals or publishes after a request, in time proportional to what it changed
+  // rather than to what it holds. Pages written and then let go are not reported (they may
+  // belong to another owner by now).
+  void TakeTouchedPages(std::vector<uint32_t>* pages);
 
  private:
   friend class SlotArray;
@@ -124,6 +129,11 @@ class Slab {
   size_t empty_pages_ = 0;        // Held pages with no live slot (ReleaseEmptyPages' work).
   std::set<SlotArray*> arrays_;   // Who holds ids (Compact rewrites them).
   uint64_t slots_moved_ = 0;
+  // Pages written since TakeTouchedPages, with repeats (a run of writes to one page is recorded
+  // once); deduplicated when it outgrows the pages held, so an owner that never takes it stays
+  // bounded.
+  std::vector<uint32_t> touched_;
+  uint32_t last_touched_ = UINT32_MAX;
 };
 
 // One slab per slot size, created on first use; what a sequence holds its pool bytes in.
@@ -137,6 +147,8 @@ class SlabSet {
   Status Compact();
   uint64_t slots_moved() const;
   void CollectPages(std::vector<uint32_t>* pages) const;
+  // Slab::TakeTouchedPages of every slab.
+  void TakeTouchedPages(std::vector<uint32_t>* pages);
 
  private:
   PageAllocator* const pool_;

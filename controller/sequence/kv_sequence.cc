@@ -152,14 +152,19 @@ StatusOr<uint64_t> KvSequence::Scrub(uint64_t max_bytes, bool* wrapped) {
 }
 
 Status KvSequence::Publish() {
-  if (!pool_->mirrored() && !pool_->checksums()) return OkStatus();
   std::vector<uint32_t> pages;
-  slabs_.CollectPages(&pages);
+  slabs_.TakeTouchedPages(&pages);  // Always taken, so the list stays short.
+  if (!pool_->mirrored() && !pool_->checksums()) return OkStatus();
+  if (publish_all_) {
+    pages.clear();
+    slabs_.CollectPages(&pages);
+  }
   if (pool_->checksums()) {
     Status sealed = pool_->SealPages(pages);
     return sealed.ok() ? sealed : MarkLost(sealed);
   }
   Status published = pool_->PublishPages(std::move(pages));
+  publish_all_ = !published.ok();
   if (published.ok()) return OkStatus();
   return Unavailable("pool.backend: copying the sequence's changed pages to the device failed (",
                      published.message(),
@@ -319,6 +324,14 @@ HeadUsage KvSequence::QualityTotals() const {
   return total;
 }
 
+int64_t KvSequence::KeptTokens() const {
+  int64_t kept = 0;
+  for (const auto& layer : layers_) {
+    for (const HeadStream& head : layer->heads) kept += head.count();
+  }
+  return kept;
+}
+
 SequenceUsage KvSequence::Usage() const {
   SequenceUsage u;
   u.tokens = tokens_;
@@ -331,7 +344,6 @@ SequenceUsage KvSequence::Usage() const {
                          head.records.size() * head.records.slot_bytes();
       u.shared_bytes += head.rows.borrowed() * head.rows.slot_bytes() +
                         head.records.borrowed() * head.records.slot_bytes();
-      u.kept_tokens += head.count();
       u.evicted_tokens += head.usage.evicted_tokens;
       u.evicted_bytes += head.usage.evicted_bytes;
     }
@@ -340,6 +352,7 @@ SequenceUsage KvSequence::Usage() const {
     const HeadStream& h0 = layers_[0]->heads[0];
     u.quantized_tokens = static_cast<int64_t>(h0.records.size()) * h0.spec.block_tokens;
   }
+  u.kept_tokens = KeptTokens();
   u.elements = 2 * static_cast<uint64_t>(u.kept_tokens) * geometry_.head_dim;
   u.pressure_reliefs = pressure_reliefs_;
   u.pressure_cap_cuts = pressure_cap_cuts_;

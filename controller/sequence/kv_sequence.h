@@ -280,6 +280,8 @@ class KvSequence {
   const Status& integrity() const { return integrity_; }
 
   SequenceUsage Usage() const;
+  // Usage().kept_tokens without the rest (what the host-memory settlement of every APPEND reads).
+  int64_t KeptTokens() const;
   HeadUsage HeadUsageOf(int layer, int head) const;
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;
@@ -346,9 +348,11 @@ class KvSequence {
   Status MoveRecords(SlotArray* records, size_t record_bytes);
   // LowerWidth without the publish: the relief paths lower several heads, then publish once.
   Status LowerWidthInPlace(int layer, int head, int k_bits, int v_bits);
-  // Mirrored pools (PageAllocator::mirrored): copies the bytes this sequence changed to the
-  // device, so engines reading the device copy see every completed request. UNAVAILABLE on a
-  // device copy error. Every public method that writes calls it once before returning.
+  // Seals the pages this sequence wrote since the last call (pool checksums), or, for mirrored
+  // pools (PageAllocator::mirrored), copies the bytes it changed to the device, so engines
+  // reading the device copy see every completed request. UNAVAILABLE on a device copy error.
+  // Every public method that writes calls it once before returning. Visits only the pages
+  // written (Slab::TakeTouchedPages), so a decode step does not pay for the pages held.
   Status Publish();
   // The byte range of every slot of layers [layer_begin, layer_end), appended to *ranges.
   void CollectRanges(int layer_begin, int layer_end,
@@ -411,8 +415,10 @@ class KvSequence {
   int64_t deferred_tokens_ = 0;  // Stored by deferred appends since the last eviction.
   uint64_t deferred_appends_ = 0;
   uint64_t deferral_cap_hits_ = 0;
-  Status integrity_;                     // DATA_LOSS once a page checksum mismatched.
-  size_t scrub_cursor_ = 0;              // Index into slabs_.CollectPages where Scrub goes on.
+  Status integrity_;         // DATA_LOSS once a page checksum mismatched.
+  size_t scrub_cursor_ = 0;  // Index into slabs_.CollectPages where Scrub goes on.
+  // A device copy failed: the next Publish visits every held page, whose marks stayed.
+  bool publish_all_ = false;
   std::vector<PreparedLayer> prepared_;  // AppendOnce's plan, kept for its buffers' capacity.
 };
 

@@ -9,6 +9,7 @@
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/kv_sequence_internal.h"
+#include "kernels/convert.h"
 #include "kernels/quantize.h"
 
 namespace kvctl {
@@ -143,6 +144,10 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
   const int g = head.spec.block_tokens;
   const int64_t rec_begin = head.sink_rows;
   const int64_t rec_end = rec_begin + static_cast<int64_t>(head.records.size()) * g;
+  // Rows wait as fp16 before they are quantized, and decoded tokens re-enter as fp16: values
+  // that did not come as fp16 are rounded to it (stored rows of a quantized layer are fp16).
+  const bool round = !layer.plan.lossless;
+  const auto row = static_cast<size_t>(d);
   std::vector<float> bk, bv;
   int64_t j = from;
   for (; j < total; ++j, kd += d, vd += d) {
@@ -150,6 +155,9 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       const uint8_t* slot = head.rows.Slot(j < rec_begin ? j : head.sink_rows + (j - rec_end));
       LoadRow(slot, d, layer.row_dtype, kd);
       LoadRow(slot + layer.row_bytes, d, layer.row_dtype, vd);
+      if (round && layer.row_dtype != DType::kF16) {
+        RoundToHalfInPlace(kd, row), RoundToHalfInPlace(vd, row);
+      }
     } else if (j < rec_end) {
       const int64_t r = (j - rec_begin) / g, t = (j - rec_begin) % g;
       if (t == 0 || bk.empty()) {
@@ -158,16 +166,16 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
         DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(), bv.data());
+        if (round)
+          RoundToHalfInPlace(bk.data(), bk.size()), RoundToHalfInPlace(bv.data(), bv.size());
       }
       std::memcpy(kd, &bk[t * d], sizeof(float) * d);
       std::memcpy(vd, &bv[t * d], sizeof(float) * d);
     } else {
       k.LoadRow(j - old, h, kd);
       v.LoadRow(j - old, h, vd);
-    }
-    if (!layer.plan.lossless) {
-      // Rows wait as fp16 before they are quantized (and decoded tokens re-enter as fp16).
-      for (int i = 0; i < d; ++i) kd[i] = RoundToHalf(kd[i]), vd[i] = RoundToHalf(vd[i]);
+      if (round && k.dtype != DType::kF16) RoundToHalfInPlace(kd, row);
+      if (round && v.dtype != DType::kF16) RoundToHalfInPlace(vd, row);
     }
   }
 }

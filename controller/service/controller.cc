@@ -656,7 +656,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
       }
       const uint64_t now_bytes =
           entry.open_host_bytes +
-          static_cast<uint64_t>(entry.seq->Usage().kept_tokens) * kHostBytesPerStreamToken;
+          static_cast<uint64_t>(entry.seq->KeptTokens()) * kHostBytesPerStreamToken;
       const uint64_t held = entry.host_bytes + reserved;
       // Kept tokens grow by at most n_tokens per stream, so now_bytes <= held.
       budget.Release(held - std::min(held, now_bytes));

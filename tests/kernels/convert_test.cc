@@ -151,6 +151,32 @@ TEST_CASE("Convert: fp32 narrows to fp16 and bf16 as FloatToHalf and FloatToBf16
   }
 }
 
+TEST_CASE("Convert: RoundToHalfInPlace gives RoundToHalf of every value, past a chunk") {
+  const std::vector<SimdLevel> levels = LevelsWithScalar();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  const std::vector<uint32_t> bits = Float32Cases();
+  REQUIRE(bits.size() > 1024);  // More than one stack chunk of the implementation.
+  for (SimdLevel level : levels) {
+    INFO("level " << SimdLevelName(level));
+    REQUIRE(SetSimdLevel(level).ok());
+    for (const size_t n : {bits.size(), size_t{513}, size_t{7}}) {
+      std::vector<float> values(n);
+      std::memcpy(values.data(), bits.data(), 4 * n);
+      RoundToHalfInPlace(values.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float want = RoundToHalf(BitsToFloat(bits[i]));
+        INFO("element " << i << " of " << n << ", input bits " << bits[i]);
+        if (std::isnan(want)) {
+          REQUIRE(std::isnan(values[i]));
+        } else {
+          REQUIRE(FloatBits(values[i]) == FloatBits(want));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("Convert: any length at any alignment writes exactly n elements") {
   const std::vector<SimdLevel> levels = LevelsWithScalar();
   if (levels.empty()) return Skip(kNoSimd);

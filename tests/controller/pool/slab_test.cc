@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -104,6 +105,54 @@ TEST_CASE("Slab: Take hands out the lowest free slot, empty pages go back", "[po
   CHECK(slab.pages_held() == 1);
   CHECK(pool->Stats().pages_used == 1);
   CHECK(Intact(a, 1));
+}
+
+TEST_CASE("Slab: TakeTouchedPages names each written page once, and only pages still held",
+          "[pool][slab]") {
+  auto pool = MakePool(8 << 20, true);
+  Slab slab(pool.get(), 1024);  // 64 per page.
+  SlotArray a(&slab), b(&slab);
+  Grow(pool.get(), &a, 64, 1);   // Page of a.
+  Grow(pool.get(), &b, 128, 2);  // Two pages of b.
+  std::vector<uint32_t> touched, held;
+  slab.TakeTouchedPages(&touched);
+  slab.CollectPages(&held);
+  CHECK(touched == held);  // Every page written, sorted, each once.
+  REQUIRE(pool->SealPages(touched).ok());
+  touched.clear();
+  slab.TakeTouchedPages(&touched);
+  CHECK(touched.empty());  // Taken: forgotten.
+  // Writes to a's page and b's second page, interleaved and repeated.
+  const uint32_t page_a = a.ids()[0] / 64, page_b2 = b.ids()[64] / 64;
+  for (int i = 0; i < 5; ++i) {
+    std::memset(a.MutableSlot(3), 7, a.slot_bytes());
+    std::memset(b.MutableSlot(70), 8, b.slot_bytes());
+  }
+  slab.TakeTouchedPages(&touched);
+  std::vector<uint32_t> want = {page_a, page_b2};
+  std::sort(want.begin(), want.end());
+  CHECK(touched == want);
+  REQUIRE(pool->SealPages(touched).ok());
+  // A page written and then let go is not reported: it may be another owner's by now.
+  touched.clear();
+  std::memset(b.MutableSlot(70), 9, b.slot_bytes());
+  b.Resize(64, nullptr);
+  slab.ReleaseEmptyPages(nullptr);
+  REQUIRE(slab.pages_held() == 2);
+  slab.TakeTouchedPages(&touched);
+  CHECK(touched.empty());
+  // Many writes between two takes (past the point where the list is compacted) still name each
+  // page once.
+  for (int i = 0; i < 10000; ++i) {
+    std::memset(a.MutableSlot(static_cast<size_t>(i % 2)), 1, 16);
+    std::memset(b.MutableSlot(static_cast<size_t>(i % 2)), 1, 16);
+  }
+  slab.TakeTouchedPages(&touched);
+  CHECK(touched.size() == 2);
+  CHECK(pool->SealPages(touched).ok());
+  held.clear();
+  slab.CollectPages(&held);
+  CHECK(pool->VerifyPages(held, PageAllocator::VerifyReason::kFetch).ok());
 }
 
 TEST_CASE("Slab: Compact packs freed slots away, contents and checksums intact", "[pool][slab]") {
