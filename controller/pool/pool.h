@@ -186,7 +186,8 @@ class PageAllocator {
   // changed (each page keeps one interval covering its marks), and the owner of those pages
   // publishes them before anyone outside may read them (the daemon: before it replies). Both are
   // no-ops for host arenas, except that MarkDirty also feeds the page checksums when they are on.
-  // Any thread; a page is marked and published by its owner only.
+  // Any thread; a page is marked and published by its owner only, one thread at a time (the
+  // owner's lock orders its marks: they are not atomic read-modify-writes).
   // REQUIRES: page < pages_total(), begin < end <= page_bytes().
   bool mirrored() const { return mirrored_; }
   void MarkDirty(uint32_t page, uint32_t begin, uint32_t end);

@@ -332,6 +332,12 @@ int64_t KvSequence::KeptTokens() const {
   return kept;
 }
 
+int64_t KvSequence::QuantizedTokens() const {
+  if (layers_.empty() || layers_[0]->heads.empty()) return 0;
+  const HeadStream& h0 = layers_[0]->heads[0];
+  return static_cast<int64_t>(h0.records.size()) * h0.spec.block_tokens;
+}
+
 SequenceUsage KvSequence::Usage() const {
   SequenceUsage u;
   u.tokens = tokens_;
@@ -348,10 +354,7 @@ SequenceUsage KvSequence::Usage() const {
       u.evicted_bytes += head.usage.evicted_bytes;
     }
   }
-  if (!layers_.empty() && !layers_[0]->heads.empty()) {
-    const HeadStream& h0 = layers_[0]->heads[0];
-    u.quantized_tokens = static_cast<int64_t>(h0.records.size()) * h0.spec.block_tokens;
-  }
+  u.quantized_tokens = QuantizedTokens();
   u.kept_tokens = KeptTokens();
   u.elements = 2 * static_cast<uint64_t>(u.kept_tokens) * geometry_.head_dim;
   u.pressure_reliefs = pressure_reliefs_;

@@ -280,8 +280,9 @@ class KvSequence {
   const Status& integrity() const { return integrity_; }
 
   SequenceUsage Usage() const;
-  // Usage().kept_tokens without the rest (what the host-memory settlement of every APPEND reads).
+  // Usage().kept_tokens and .quantized_tokens without the rest (what every APPEND reads).
   int64_t KeptTokens() const;
+  int64_t QuantizedTokens() const;
   HeadUsage HeadUsageOf(int layer, int head) const;
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;

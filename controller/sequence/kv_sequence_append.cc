@@ -172,8 +172,9 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       std::memcpy(kd, &bk[t * d], sizeof(float) * d);
       std::memcpy(vd, &bv[t * d], sizeof(float) * d);
     } else {
-      k.LoadRow(j - old, h, kd);
-      v.LoadRow(j - old, h, vd);
+      // SIMD conversions (KvTensorView::LoadRow converts element by element).
+      ConvertElements(k.dtype, k.RowBytes(j - old, h), DType::kF32, kd, row);
+      ConvertElements(v.dtype, v.RowBytes(j - old, h), DType::kF32, vd, row);
       if (round && k.dtype != DType::kF16) RoundToHalfInPlace(kd, row);
       if (round && v.dtype != DType::kF16) RoundToHalfInPlace(vd, row);
     }

@@ -700,9 +700,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     }
   }
   KVCTL_RETURN_IF_ERROR(appended);
-  const SequenceUsage usage = entry->seq->Usage();
-  return ipc::AppendReply{static_cast<uint64_t>(usage.tokens),
-                          static_cast<uint64_t>(usage.quantized_tokens), pool_->Stats().bytes_used};
+  return ipc::AppendReply{static_cast<uint64_t>(entry->seq->tokens()),
+                          static_cast<uint64_t>(entry->seq->QuantizedTokens()),
+                          pool_->Stats().bytes_used};
 }
 
 StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now,
