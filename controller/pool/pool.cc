@@ -593,7 +593,8 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
   (reason == VerifyReason::kScrub ? scrubbed_bytes_ : verified_bytes_)
       .fetch_add(bytes, std::memory_order_relaxed);
   if (failures == 0) return OkStatus();
-  checksum_failures_.fetch_add(failures, std::memory_order_relaxed);
+  // Release: whoever reads the new count (checksum_failures()) also sees the bits cleared above.
+  checksum_failures_.fetch_add(failures, std::memory_order_release);
   return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages",
                   " changed outside the daemon (", bad, failures > 4 ? "; ..." : "", "); found by ",
                   reason == VerifyReason::kScrub  ? "the scrubber"

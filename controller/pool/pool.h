@@ -254,6 +254,11 @@ class PageAllocator {
   // Whether a chunk's bit is set (tests). REQUIRES: page < pages_total(), chunk in the page.
   bool ChunkVerified(uint32_t page, uint32_t chunk) const;
   FetchVerify fetch_verify() const { return fetch_verify_; }
+  // Checksum mismatches found so far (PoolStats::checksum_failures_total without the lock). A
+  // mismatch is the one event besides its owner's writes that unsets a chunk's verified bit, so
+  // an owner may cache "these chunks are verified" against this count and its own writes, read
+  // before it checks (a check that found a mismatch clears the bits before it counts it).
+  uint64_t checksum_failures() const { return checksum_failures_.load(std::memory_order_acquire); }
   // Bytes VerifyPages reads of `page` (0 without checksums).
   uint64_t SealedBytes(uint32_t page) const;
 

@@ -87,6 +87,7 @@ uint8_t* Slab::MutableSlot(uint32_t id) {
   const uint32_t page = static_cast<uint32_t>(id / per_page_);
   const size_t begin = (id % per_page_) * slot_bytes_;
   pool_->MarkDirty(page, static_cast<uint32_t>(begin), static_cast<uint32_t>(begin + slot_bytes_));
+  ++writes_;
   if (page != last_touched_) {
     last_touched_ = page;
     touched_.push_back(page);
@@ -231,6 +232,12 @@ Status SlabSet::Compact() {
 
 void SlabSet::CollectPages(std::vector<uint32_t>* pages) const {
   for (const auto& [size, slab] : slabs_) slab->CollectPages(pages);
+}
+
+uint64_t SlabSet::writes() const {
+  uint64_t writes = 0;
+  for (const auto& [size, slab] : slabs_) writes += slab->writes();
+  return writes;
 }
 
 void SlabSet::TakeTouchedPages(std::vector<uint32_t>* pages) {

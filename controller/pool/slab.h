@@ -77,6 +77,8 @@ class Slab {
   }
   // Marks the slot's bytes changed (PageAllocator::MarkDirty): every write goes through it.
   uint8_t* MutableSlot(uint32_t id);
+  // MutableSlot calls so far: a reader can tell whether anything was written since it looked.
+  uint64_t writes() const { return writes_; }
 
   // Pages with no live slot leave the slab: onto *released, or back to the pool when null.
   void ReleaseEmptyPages(std::vector<uint32_t>* released);
@@ -134,6 +136,7 @@ class Slab {
   // bounded.
   std::vector<uint32_t> touched_;
   uint32_t last_touched_ = UINT32_MAX;
+  uint64_t writes_ = 0;
 };
 
 // One slab per slot size, created on first use; what a sequence holds its pool bytes in.
@@ -149,6 +152,8 @@ class SlabSet {
   void CollectPages(std::vector<uint32_t>* pages) const;
   // Slab::TakeTouchedPages of every slab.
   void TakeTouchedPages(std::vector<uint32_t>* pages);
+  // The sum of Slab::writes over every slab (slabs are never removed, so it only grows).
+  uint64_t writes() const;
 
  private:
   PageAllocator* const pool_;

@@ -102,6 +102,28 @@ Status KvSequence::MarkLost(const Status& loss) {
 
 Status KvSequence::Verify(int layer_begin, int layer_end, PageAllocator::VerifyBudget* budget) {
   if (!integrity_.ok() || !pool_->checksums()) return integrity_;
+  // pool.verify_on_fetch = "unverified" checks what was written since the last FETCH. When that is
+  // nothing (no write by this sequence, no mismatch anywhere in the pool since these layers were
+  // verified: a decode step's repeated FETCHes between APPENDs), the walk over every slot's chunk
+  // bits would find them all set; skip it.
+  const bool cacheable = pool_->fetch_verify() == PageAllocator::FetchVerify::kUnverified;
+  const VerifiedStamp now{.writes = slabs_.writes(), .failures = pool_->checksum_failures()};
+  if (cacheable) {
+    layer_verified_.resize(layers_.size());
+    const bool all =
+        std::all_of(layer_verified_.begin() + layer_begin, layer_verified_.begin() + layer_end,
+                    [&now](const VerifiedStamp& s) { return s == now; });
+    if (all) return OkStatus();
+  }
+  Status verified = VerifyUncached(layer_begin, layer_end, budget);
+  if (cacheable && verified.ok() && (budget == nullptr || !budget->exceeded)) {
+    std::fill(layer_verified_.begin() + layer_begin, layer_verified_.begin() + layer_end, now);
+  }
+  return verified;
+}
+
+Status KvSequence::VerifyUncached(int layer_begin, int layer_end,
+                                  PageAllocator::VerifyBudget* budget) {
   Status verified;
   if (layer_begin == 0 && layer_end == geometry_.layers && lender_ == nullptr) {
     std::vector<uint32_t> pages;

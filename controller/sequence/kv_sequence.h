@@ -269,6 +269,7 @@ class KvSequence {
   // max_bytes are left to check: budget->exceeded is set and OK returned.
   // REQUIRES: 0 <= layer_begin < layer_end <= layers.
   Status Verify(int layer_begin, int layer_end, PageAllocator::VerifyBudget* budget = nullptr);
+
   // Verifies the sequence's next pages, from where the last call stopped, until about max_bytes
   // were checksummed or every page was, and at the end of each walk the chunks of the slots it
   // borrows from a frozen prefix (FETCH no longer re-checks a chunk it verified, so the scrubber
@@ -355,6 +356,8 @@ class KvSequence {
   // Every public method that writes calls it once before returning. Visits only the pages
   // written (Slab::TakeTouchedPages), so a decode step does not pay for the pages held.
   Status Publish();
+  // Verify without the per-layer cache: the checks of the pool's chunks themselves.
+  Status VerifyUncached(int layer_begin, int layer_end, PageAllocator::VerifyBudget* budget);
   // The byte range of every slot of layers [layer_begin, layer_end), appended to *ranges.
   void CollectRanges(int layer_begin, int layer_end,
                      std::vector<PageAllocator::PageRange>* ranges) const;
@@ -420,6 +423,14 @@ class KvSequence {
   size_t scrub_cursor_ = 0;  // Index into slabs_.CollectPages where Scrub goes on.
   // A device copy failed: the next Publish visits every held page, whose marks stayed.
   bool publish_all_ = false;
+  // Per layer: the state in which Verify last found every chunk of the layer's slots verified
+  // (pool.verify_on_fetch = "unverified" only). Equal to the current state: nothing to check.
+  struct VerifiedStamp {
+    uint64_t writes = UINT64_MAX;  // slabs_.writes(); UINT64_MAX: never verified.
+    uint64_t failures = 0;         // pool_->checksum_failures().
+    bool operator==(const VerifiedStamp&) const = default;
+  };
+  std::vector<VerifiedStamp> layer_verified_;
   std::vector<PreparedLayer> prepared_;  // AppendOnce's plan, kept for its buffers' capacity.
 };
 
