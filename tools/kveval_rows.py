@@ -107,6 +107,7 @@ def all_rows() -> Dict[str, Row]:
             ratequant={"method": "kvarn", "code_bits": 2.5, "beta": 1.5},
             note="mismatched slope: kvcalib plan --beta-override 1.5"),
     ]
+    rows += rq_turbo_rows()
     for policy in ("streaming", "h2o", "snapkv", "rkv"):
         for keep in (0.5, 0.25):
             rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
@@ -186,6 +187,11 @@ SINK_FLUSH_GRID = {"kivi": (32, 64, 128, 256), "kvarn": (128, 256), "quarot": (3
                    "oscar": (32, 64, 128, 256), "turbo": (32, 64, 128, 256)}
 SINK_FLUSH_SINKS = (0, 4, 16, 32, 64, 128)
 SINK_FLUSH_BITS = {"kivi": (2, 3), "kvarn": (2,), "quarot": (2,), "oscar": (2,), "turbo": (2, 3)}
+# Average code widths of the RateQuant-over-TurboQuant rows (strings: they name the rows), set by
+# the step-mean reserved memory of their plans at 2K (SmolLM2, calibration on Apache-2.0,
+# synthetic appends through the daemon): 2.97 -> 0.2318 (turbo3: 0.2318), 3.0 -> 0.2347,
+# 3.25 -> 0.2490, 3.3 -> 0.2519 (over the band).
+RQ_TURBO_CODE_BITS_EQUAL, RQ_TURBO_CODE_BITS_EDGE = "2.97", "3.25"
 
 
 def joint_turbo(fraction: float) -> Dict[str, str]:
@@ -234,6 +240,25 @@ def joint_turbo_rows():
         rows.append(Row("joint_1of%s_snapkv" % label, "kvctl",
                         dict(joint(frac), **{"evict.policy": "snapkv"}), profile="kivi",
                         send_q=True, note="as joint_1of%s (flush = block) with SnapKV" % label))
+    return rows
+
+
+def rq_turbo_rows():
+    """Issue #18's band "reserved memory <= 0.25 of fp16": uniform TurboQuant 3-bit reserves
+    0.232 (step mean at 2K), 4-bit 0.291, so about 0.059 per average code bit. RateQuant over
+    TurboQuant's 2..4-bit widths at RQ_TURBO_CODE_BITS_EQUAL reserves what turbo3 does (the
+    allocation at equal memory), at RQ_TURBO_CODE_BITS_EDGE just under the band's edge; the
+    extra slabs of mixed width pairs (a partly filled page each, docs/algorithms.md section 16)
+    cost 0.003 of fp16, which is why the averages sit below 3.0 / 3.3. The asymmetric uniform
+    rows reserve what turbo3 does and show whether K or V wants the bits."""
+    rows = []
+    for code_bits in (RQ_TURBO_CODE_BITS_EQUAL, RQ_TURBO_CODE_BITS_EDGE):
+        rows.append(Row("rq_turbo_%s_b234" % code_bits, "kvctl", quant("turbo", 2, 2),
+                        ratequant={"method": "turbo", "code_bits": float(code_bits),
+                                   "bits": "2,3,4"},
+                        note="kvcalib fit --method turbo --bits 2,3,4"))
+    rows.append(Row("turbo_k4v2", "kvctl", quant("turbo", 4, 2)))
+    rows.append(Row("turbo_k2v4", "kvctl", quant("turbo", 2, 4)))
     return rows
 
 
