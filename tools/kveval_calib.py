@@ -88,10 +88,23 @@ def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
     return profiles[key]
 
 
+def ratequant_budget_bpe(lowest_bpe: float, code_bits: float, bits: str) -> float:
+    """The b/e budget of code_bits average code bits, given the b/e of the all-narrowest plan
+    (kvcalib's lower end): every method's metadata per element does not depend on the width, so
+    the budget is lowest_bpe plus the code bits above the narrowest fitted width (2 unless `bits`,
+    "3,4", names others; "" = kvcalib's default widths, which start at 2)."""
+    lowest = min(int(b) for b in bits.split(",")) if bits else 2
+    if code_bits < lowest:
+        raise EvalError("ratequant code_bits: got %g, expected at least %d, the narrowest of "
+                        "the fitted widths %s" % (code_bits, lowest, bits or "2,..."))
+    return lowest_bpe + code_bits - lowest
+
+
 def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
                      workdir: str) -> str:
     """A daemon config file: [quant] of the row plus kvcalib's per-head overrides for
-    code_bits average code bits (b/e = the method's 2-bit b/e + code_bits - 2)."""
+    code_bits average code bits (b/e = the method's b/e at the narrowest fitted width w +
+    code_bits - w; w = 2 unless rq["bits"] starts higher)."""
     rq = row.ratequant
     method = rq["method"]
     profile = fit_profile(args, method, profiles, dumps, workdir, rq.get("bits", ""))
@@ -102,7 +115,7 @@ def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
     found = re.search(r"expected ([0-9.]+)\.\.([0-9.]+)", proc.stderr)
     if not found:
         raise EvalError("kvcalib plan: no b/e range in %r" % proc.stderr.strip())
-    budget = float(found.group(1)) + rq["code_bits"] - 2.0
+    budget = ratequant_budget_bpe(float(found.group(1)), rq["code_bits"], rq.get("bits", ""))
     overrides = os.path.join(workdir, "overrides-%s.toml" % row.name)
     plan = [args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe",
             "%.6f" % budget, "--json", "--overrides-toml", overrides]

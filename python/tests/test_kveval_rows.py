@@ -1,14 +1,19 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """tools/kveval_rows.py: the rows issue #18's tight-budget measurements added (sinks/flush grid,
 joint planner exchange rate and compression period) configure what their names say, and the
-STATS summary counts re-quantized tokens per head. No daemon, no model."""
+STATS summary counts re-quantized tokens per head, and RateQuant budgets over widths that do not
+start at 2 bits (with the real kvcalib). No daemon, no model."""
 
 import os
 import sys
+import tomllib
+import types
 
+import pytest
 from helpers import PYTHON_DIR
 
 sys.path.insert(0, os.path.join(os.path.dirname(PYTHON_DIR), "tools"))
+import kveval_calib  # noqa: E402
 import kveval_rows  # noqa: E402
 
 
@@ -76,3 +81,40 @@ def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
     for name, k, v in (("turbo_k4v2", "4", "2"), ("turbo_k2v4", "2", "4")):
         s = rows[name].settings
         assert (s["quant.method"], s["quant.k_bits"], s["quant.v_bits"]) == ("turbo", k, v)
+
+
+def kvcalib_binary() -> str:
+    return os.environ.get("KVCALIB_BIN") or os.path.join(os.path.dirname(PYTHON_DIR), "build",
+                                                         "bin", "kvcalib")
+
+
+def test_ratequant_budget_counts_code_bits_above_the_narrowest_fitted_width():
+    # TurboQuant at head_dim 64: 2.25 / 3.25 b/e at 2 / 3 bits (a 16-bit scale per 64 elements).
+    assert kveval_calib.ratequant_budget_bpe(2.25, 3.25, "2,3,4") == 3.5
+    assert kveval_calib.ratequant_budget_bpe(2.25, 2.5, "") == 2.75
+    assert kveval_calib.ratequant_budget_bpe(3.25, 3.25, "3,4") == 3.5
+    with pytest.raises(kveval_rows.EvalError, match="code_bits: got 2.5, expected at least 3"):
+        kveval_calib.ratequant_budget_bpe(3.25, 2.5, "3,4")
+
+
+def test_ratequant_config_plans_turbo_over_widths_3_and_4(tmp_path):
+    """The real kvcalib: a TurboQuant profile fitted over 3 and 4 bits only, planned at 3.25
+    average code bits, gives overrides with widths 3 and 4 averaging 3.25 (before the budget
+    counted code bits above 2 bits, kvcalib refused 4.5 b/e)."""
+    binary = kvcalib_binary()
+    if not os.access(binary, os.X_OK):
+        pytest.fail("kvcalib binary not found at %s: build it (cmake --build build --target "
+                    "kvcalib) or set KVCALIB_BIN" % binary, pytrace=False)
+    profile = str(tmp_path / "profile-turbo-34.toml")
+    kveval_calib.run_tool([binary, "fit", "--synthetic", "2", "--quick", "--method", "turbo",
+                           "--bits", "3,4", "--out", profile])
+    row = kveval_rows.Row("rq", "kvctl", kveval_rows.quant("turbo", 3, 3),
+                          ratequant={"method": "turbo", "code_bits": 3.25, "bits": "3,4"})
+    args = types.SimpleNamespace(kvcalib_bin=binary)
+    config = kveval_calib.ratequant_config(args, row, {"turbo/3,4": profile}, [], str(tmp_path))
+    with open(config, "rb") as f:
+        overrides = tomllib.load(f)["quant"]["override"]
+    widths = [o[kind] for o in overrides for kind in ("k_bits", "v_bits")]
+    assert set(widths) == {3, 4}
+    assert sum(widths) / len(widths) == 3.25
+    assert "b/e 3.5000 (requested 3.5000)" in row.note
