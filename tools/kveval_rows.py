@@ -190,8 +190,10 @@ SINK_FLUSH_BITS = {"kivi": (2, 3), "kvarn": (2,), "quarot": (2,), "oscar": (2,),
 # Average code widths of the RateQuant-over-TurboQuant rows (strings: they name the rows), set by
 # the step-mean reserved memory of their plans at 2K (SmolLM2, calibration on Apache-2.0,
 # synthetic appends through the daemon): 2.97 -> 0.2318 (turbo3: 0.2318), 3.0 -> 0.2347,
-# 3.25 -> 0.2490, 3.3 -> 0.2519 (over the band).
+# 3.25 -> 0.2490, 3.3 -> 0.2519 (over the band); over widths 3 and 4 only (fewer width pairs, so
+# fewer slabs) 3.25 -> 0.2461, 3.3 -> 0.2490, 3.35 -> 0.2533.
 RQ_TURBO_CODE_BITS_EQUAL, RQ_TURBO_CODE_BITS_EDGE = "2.97", "3.25"
+RQ_TURBO_CODE_BITS_EDGE_B34 = "3.3"
 
 
 def joint_turbo(fraction: float) -> Dict[str, str]:
@@ -259,6 +261,18 @@ def rq_turbo_rows():
                         note="kvcalib fit --method turbo --bits 2,3,4"))
     rows.append(Row("turbo_k4v2", "kvctl", quant("turbo", 4, 2)))
     rows.append(Row("turbo_k2v4", "kvctl", quant("turbo", 2, 4)))
+    # Added after the first prose run (2-bit K cost +10 % against turbo3 there, 2-bit V nothing,
+    # and the 2..4-bit plans gave 2-bit K to whole early layers): RateQuant over 3 and 4 bits
+    # only, at the band's edge (0.2490), and 4-bit K / 3-bit V with the fp16 tail shortened to
+    # fit the band (flush 128: 0.2605; 64: 0.2489; 32: 0.2426).
+    rows.append(Row("rq_turbo_%s_b34" % RQ_TURBO_CODE_BITS_EDGE_B34, "kvctl", quant("turbo", 3, 3),
+                    ratequant={"method": "turbo", "code_bits": float(RQ_TURBO_CODE_BITS_EDGE_B34),
+                               "bits": "3,4"},
+                    note="kvcalib fit --method turbo --bits 3,4"))
+    for flush in (64, 32):
+        rows.append(Row("turbo_k4v3_f%d" % flush, "kvctl",
+                        quant("turbo", 4, 3, quant__flush_tokens=flush),
+                        note="quant.flush_tokens %d" % flush))
     return rows
 
 

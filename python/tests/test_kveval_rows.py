@@ -67,20 +67,23 @@ def test_pressure_summary_counts_requantized_tokens_per_head():
 def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
     rows = kveval_rows.all_rows()
     rq = [r for r in kveval_rows.rq_turbo_rows() if r.ratequant]
-    assert [r.name for r in rq] == ["rq_turbo_2.97_b234", "rq_turbo_3.25_b234"]
+    assert [r.name for r in rq] == ["rq_turbo_2.97_b234", "rq_turbo_3.25_b234",
+                                    "rq_turbo_3.3_b34"]
     for r in rq:
         assert rows[r.name].ratequant == r.ratequant
         # kveval_calib.ratequant_config plans code_bits over the widths of the [quant] method,
         # so the base method must be the one the profile was fitted for.
         assert r.settings["quant.method"] == r.ratequant["method"] == "turbo"
-        assert r.ratequant["bits"] == "2,3,4"
+        assert r.ratequant["bits"] == ",".join(r.name.split("_")[3][1:])
         assert r.ratequant["code_bits"] == float(r.name.split("_")[2])
         assert r.name in kveval_rows.FULL_ROWS
     # The equal-memory row sits at turbo3's code width or below, the band-edge row above it.
     assert rq[0].ratequant["code_bits"] <= 3 < rq[1].ratequant["code_bits"]
-    for name, k, v in (("turbo_k4v2", "4", "2"), ("turbo_k2v4", "2", "4")):
+    for name, k, v in (("turbo_k4v2", "4", "2"), ("turbo_k2v4", "2", "4"),
+                       ("turbo_k4v3_f64", "4", "3"), ("turbo_k4v3_f32", "4", "3")):
         s = rows[name].settings
         assert (s["quant.method"], s["quant.k_bits"], s["quant.v_bits"]) == ("turbo", k, v)
+        assert s.get("quant.flush_tokens") == (name.split("_f")[1] if "_f" in name else None)
 
 
 def kvcalib_binary() -> str:
