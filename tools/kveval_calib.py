@@ -108,7 +108,7 @@ def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
     rq = row.ratequant
     method = rq["method"]
     profile = fit_profile(args, method, profiles, dumps, workdir, rq.get("bits", ""))
-    # The method's all-2-bit b/e: kvcalib refuses a budget outside the fitted widths' range and
+    # The b/e at the narrowest fitted width: kvcalib refuses a budget outside the widths' range and
     # names the range ("expected 2.5625..4.5625 for kvarn").
     proc = subprocess.run([args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe", "0.01",
                            "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

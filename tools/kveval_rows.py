@@ -273,6 +273,12 @@ def rq_turbo_rows():
         rows.append(Row("turbo_k4v3_f%d" % flush, "kvctl",
                         quant("turbo", 4, 3, quant__flush_tokens=flush),
                         note="quant.flush_tokens %d" % flush))
+    # RateQuant over 3 and 4 bits with the same 64-token flush, at turbo_k4v3_f64's memory
+    # (0.2489; 3.49 code bits crosses a page: 0.2503): the fitted allocation against the
+    # per-kind one at equal memory.
+    rows.append(Row("rq_turbo_3.48_b34_f64", "kvctl", quant("turbo", 3, 3, quant__flush_tokens=64),
+                    ratequant={"method": "turbo", "code_bits": 3.48, "bits": "3,4"},
+                    note="kvcalib fit --method turbo --bits 3,4; quant.flush_tokens 64"))
     return rows
 
 

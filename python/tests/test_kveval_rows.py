@@ -68,7 +68,7 @@ def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
     rows = kveval_rows.all_rows()
     rq = [r for r in kveval_rows.rq_turbo_rows() if r.ratequant]
     assert [r.name for r in rq] == ["rq_turbo_2.97_b234", "rq_turbo_3.25_b234",
-                                    "rq_turbo_3.3_b34"]
+                                    "rq_turbo_3.3_b34", "rq_turbo_3.48_b34_f64"]
     for r in rq:
         assert rows[r.name].ratequant == r.ratequant
         # kveval_calib.ratequant_config plans code_bits over the widths of the [quant] method,
@@ -79,6 +79,7 @@ def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
         assert r.name in kveval_rows.FULL_ROWS
     # The equal-memory row sits at turbo3's code width or below, the band-edge row above it.
     assert rq[0].ratequant["code_bits"] <= 3 < rq[1].ratequant["code_bits"]
+    assert rq[3].settings["quant.flush_tokens"] == "64"
     for name, k, v in (("turbo_k4v2", "4", "2"), ("turbo_k2v4", "2", "4"),
                        ("turbo_k4v3_f64", "4", "3"), ("turbo_k4v3_f32", "4", "3")):
         s = rows[name].settings
