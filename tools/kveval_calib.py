@@ -67,14 +67,38 @@ def run_tool(args: List[str]) -> str:
     return proc.stdout
 
 
+def profile_key(method: str, bits: str = "", target: str = "") -> str:
+    """The key of a fitted profile in kveval's profile cache: "turbo", "turbo/2,3,4",
+    "turbo/3,4/attention" (target "" = kvcalib's default, mse with attention importance)."""
+    return "/".join(x for x in (method, bits, target) if x)
+
+
+def profile_file(key: str) -> str:
+    """profile-<method>[-<widths>][-<target>].toml: "turbo/3,4/attention" ->
+    profile-turbo-34-attention.toml (every width is one digit: 2, 3, 4, 8)."""
+    return "profile-%s.toml" % key.replace("/", "-").replace(",", "")
+
+
+def profile_key_of_file(name: str) -> str:
+    """The inverse of profile_file, for --calib-profiles: profile-turbo-34.toml -> "turbo/3,4"."""
+    if not (name.startswith("profile-") and name.endswith(".toml")):
+        raise EvalError("--calib-profiles: %s is not a profile-<method>[-<widths>][-<target>].toml"
+                        % name)
+    method, *rest = name[len("profile-"):-len(".toml")].split("-")
+    bits = [",".join(p) for p in rest if p.isdigit()]
+    target = [p for p in rest if not p.isdigit()]
+    return profile_key(method, bits[0] if bits else "", target[0] if target else "")
+
+
 def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
-                workdir: str, bits: str = "") -> str:
+                workdir: str, bits: str = "", target: str = "") -> str:
     """kvcalib fit of `method` on the calibration dumps (RateQuant units and layer demand), over
-    the widths `bits` ("2,3,4"; "" = kvcalib's default 2,3,4,8)."""
-    key = method + ("/" + bits if bits else "")
+    the widths `bits` ("2,3,4"; "" = kvcalib's default 2,3,4,8). target "attention": the curves
+    fit the measured attention-output error (kvcalib --target attention, uniform importance)
+    instead of importance x MSE."""
+    key = profile_key(method, bits, target)
     if key not in profiles:
-        path = os.path.join(workdir, "profile-%s%s.toml" % (method, "-" + bits.replace(",", "")
-                                                             if bits else ""))
+        path = os.path.join(workdir, profile_file(key))
         extra = []
         if getattr(args, "calib_decode_flush", None) is not None:
             extra = ["--decode-flush", str(args.calib_decode_flush)]
@@ -82,6 +106,8 @@ def fit_profile(args, method: str, profiles: Dict[str, str], dumps: List[str],
             extra.append("--absolute-errors")
         if bits:
             extra += ["--bits", bits]
+        if target:
+            extra += ["--target", target, "--importance", "uniform"]
         run_tool([args.kvcalib_bin, "fit", "--input"] + dumps + ["--method", method,
                                                                   "--out", path] + extra)
         profiles[key] = path
@@ -107,7 +133,8 @@ def ratequant_config(args, row: Row, profiles: Dict[str, str], dumps: List[str],
     code_bits - w; w = 2 unless rq["bits"] starts higher)."""
     rq = row.ratequant
     method = rq["method"]
-    profile = fit_profile(args, method, profiles, dumps, workdir, rq.get("bits", ""))
+    profile = fit_profile(args, method, profiles, dumps, workdir, rq.get("bits", ""),
+                          rq.get("target", ""))
     # The b/e at the narrowest fitted width: kvcalib refuses a budget outside the widths' range and
     # names the range ("expected 2.5625..4.5625 for kvarn").
     proc = subprocess.run([args.kvcalib_bin, "plan", "--profile", profile, "--budget-bpe", "0.01",
