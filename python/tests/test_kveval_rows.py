@@ -9,6 +9,7 @@ import sys
 import tomllib
 import types
 
+import numpy as np
 import pytest
 from helpers import PYTHON_DIR
 
@@ -67,9 +68,12 @@ def test_pressure_summary_counts_requantized_tokens_per_head():
 def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
     rows = kveval_rows.all_rows()
     rq = [r for r in kveval_rows.rq_turbo_rows() if r.ratequant]
-    assert [r.name for r in rq] == ["rq_turbo_2.97_b234", "rq_turbo_3.25_b234",
-                                    "rq_turbo_3.3_b34", "rq_turbo_3.48_b34_f64"]
+    names = ["rq_turbo_2.97_b234", "rq_turbo_3.25_b234", "rq_turbo_3.3_b34",
+             "rq_turbo_3.48_b34_f64"]
+    assert [r.name for r in rq] == names + [n + "_att" for n in names]
     for r in rq:
+        assert r.ratequant.get("target", "") == ("attention" if r.name.endswith("_att") else "")
+        assert r.settings.get("quant.flush_tokens") == ("64" if "_f64" in r.name else None)
         assert rows[r.name].ratequant == r.ratequant
         # kveval_calib.ratequant_config plans code_bits over the widths of the [quant] method,
         # so the base method must be the one the profile was fitted for.
@@ -79,7 +83,6 @@ def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
         assert r.name in kveval_rows.FULL_ROWS
     # The equal-memory row sits at turbo3's code width or below, the band-edge row above it.
     assert rq[0].ratequant["code_bits"] <= 3 < rq[1].ratequant["code_bits"]
-    assert rq[3].settings["quant.flush_tokens"] == "64"
     for name, k, v in (("turbo_k4v2", "4", "2"), ("turbo_k2v4", "2", "4"),
                        ("turbo_k4v3_f64", "4", "3"), ("turbo_k4v3_f32", "4", "3")):
         s = rows[name].settings
@@ -122,3 +125,43 @@ def test_ratequant_config_plans_turbo_over_widths_3_and_4(tmp_path):
     assert set(widths) == {3, 4}
     assert sum(widths) / len(widths) == 3.25
     assert "b/e 3.5000 (requested 3.5000)" in row.note
+
+
+def test_profile_files_name_method_widths_and_target_both_ways():
+    for key, name in (("kivi", "profile-kivi.toml"), ("kvarn/2,3,4", "profile-kvarn-234.toml"),
+                      ("turbo/3,4", "profile-turbo-34.toml"),
+                      ("turbo/2,3,4/attention", "profile-turbo-234-attention.toml")):
+        assert kveval_calib.profile_file(key) == name
+        assert kveval_calib.profile_key_of_file(name) == key
+    assert kveval_calib.profile_key("turbo", "3,4", "attention") == "turbo/3,4/attention"
+    with pytest.raises(kveval_rows.EvalError, match="overrides-x.toml is not a profile"):
+        kveval_calib.profile_key_of_file("overrides-x.toml")
+
+
+def test_fit_profile_with_target_attention_fits_the_attention_error(tmp_path):
+    """fit_profile on dumps in kvcalib's layout (random K/V/Q, 2 layers, 256 tokens): target
+    "attention" writes a profile whose curves are the attention error with uniform importance,
+    kept apart from the default profile of the same widths."""
+    binary = kvcalib_binary()
+    if not os.access(binary, os.X_OK):
+        pytest.fail("kvcalib binary not found at %s: build it (cmake --build build --target "
+                    "kvcalib) or set KVCALIB_BIN" % binary, pytrace=False)
+    rng = np.random.default_rng(3)
+    seq = tmp_path / "seq_0"
+    for layer in range(2):
+        d = seq / ("layer_%d" % layer)
+        d.mkdir(parents=True)
+        for name, heads in (("k", 2), ("v", 2), ("q", 4)):
+            np.save(d / (name + ".npy"), rng.standard_normal((256, heads, 64)).astype(np.float16))
+    args = types.SimpleNamespace(kvcalib_bin=binary)
+    profiles = {}
+    att = kveval_calib.fit_profile(args, "turbo", profiles, [str(seq)], str(tmp_path), "3,4",
+                                   "attention")
+    mse = kveval_calib.fit_profile(args, "turbo", profiles, [str(seq)], str(tmp_path), "3,4")
+    assert sorted(profiles) == ["turbo/3,4", "turbo/3,4/attention"]
+    assert os.path.basename(att) == "profile-turbo-34-attention.toml"
+    with open(att, "rb") as f:
+        fit = tomllib.load(f)["ratequant"]
+    assert (fit["target"], fit["importance"], fit["bits"]) == ("attention", "uniform", [3, 4])
+    with open(mse, "rb") as f:
+        assert tomllib.load(f)["ratequant"]["target"] == "mse"
