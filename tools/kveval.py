@@ -507,8 +507,8 @@ def parse_args(argv):
     p.add_argument("--calib-absolute-errors", action="store_true",
                    help="kvcalib fit --absolute-errors (importance not relative to the layer)")
     p.add_argument("--calib-profiles", default=None, metavar="DIR",
-                   help="reuse the kvcalib profiles (profile-<method>.toml) of an earlier run "
-                   "on the same --calib-text instead of calibrating")
+                   help="reuse the kvcalib profiles (profile-<method>[-<widths>][-<target>].toml) "
+                   "of an earlier run on the same --calib-text instead of calibrating")
     p.add_argument("--tokens", type=int, default=None,
                    help="context length of each segment (default 2048; --quick 384; SmolLM2's "
                    "positions allow 8192)")
