@@ -50,7 +50,8 @@ DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
 DEFAULT_CALIB_TEXT = "/usr/share/common-licenses/Apache-2.0"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # kveval_rows, kveval_calib.
-from kveval_calib import dump_calibration, fit_profile, ratequant_config  # noqa: E402
+from kveval_calib import (dump_calibration, fit_profile, profile_key_of_file,  # noqa: E402
+                          ratequant_config)
 from kveval_output import merge_outputs, render_from_json, write_outputs  # noqa: E402
 from kveval_stats import (agreement, bootstrap_ci, onset_index,  # noqa: E402
                           segment_dppl)
@@ -506,8 +507,8 @@ def parse_args(argv):
     p.add_argument("--calib-absolute-errors", action="store_true",
                    help="kvcalib fit --absolute-errors (importance not relative to the layer)")
     p.add_argument("--calib-profiles", default=None, metavar="DIR",
-                   help="reuse the kvcalib profiles (profile-<method>.toml) of an earlier run "
-                   "on the same --calib-text instead of calibrating")
+                   help="reuse the kvcalib profiles (profile-<method>[-<widths>][-<target>].toml) "
+                   "of an earlier run on the same --calib-text instead of calibrating")
     p.add_argument("--tokens", type=int, default=None,
                    help="context length of each segment (default 2048; --quick 384; SmolLM2's "
                    "positions allow 8192)")
@@ -694,11 +695,10 @@ def main(argv=None) -> int:
         profiles, dumps = {}, []
         if args.calib_profiles:
             # Profiles of an earlier run on the same calibration text (its workdir's
-            # profile-<method>[-<bits>].toml): no dumps, no fit.
+            # profile-<method>[-<bits>][-<target>].toml): no dumps, no fit.
             for f in sorted(os.listdir(args.calib_profiles)):
                 if f.startswith("profile-") and f.endswith(".toml"):
-                    key = f[8:-5].replace("-", "/").replace("/234", "/2,3,4")
-                    profiles[key] = os.path.join(args.calib_profiles, f)
+                    profiles[profile_key_of_file(f)] = os.path.join(args.calib_profiles, f)
         elif any(r.ratequant or r.profile for r in kv_rows):
             print("kveval: calibrating on %s ..." % args.calib_text, flush=True)
             dumps = dump_calibration(torch, model, tok, read_text("--calib-text",

@@ -1,14 +1,20 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """tools/kveval_rows.py: the rows issue #18's tight-budget measurements added (sinks/flush grid,
 joint planner exchange rate and compression period) configure what their names say, and the
-STATS summary counts re-quantized tokens per head. No daemon, no model."""
+STATS summary counts re-quantized tokens per head, and RateQuant budgets over widths that do not
+start at 2 bits (with the real kvcalib). No daemon, no model."""
 
 import os
 import sys
+import tomllib
+import types
 
+import numpy as np
+import pytest
 from helpers import PYTHON_DIR
 
 sys.path.insert(0, os.path.join(os.path.dirname(PYTHON_DIR), "tools"))
+import kveval_calib  # noqa: E402
 import kveval_rows  # noqa: E402
 
 
@@ -57,3 +63,105 @@ def test_pressure_summary_counts_requantized_tokens_per_head():
     assert got["requantized_per_head"] == 20
     assert got["k_bits_mean"] == 3
     assert got["pressure_reliefs"] == 2
+
+
+def test_ratequant_turbo_rows_plan_the_code_bits_they_name_over_turbo_widths():
+    rows = kveval_rows.all_rows()
+    rq = [r for r in kveval_rows.rq_turbo_rows() if r.ratequant]
+    names = ["rq_turbo_2.97_b234", "rq_turbo_3.25_b234", "rq_turbo_3.3_b34",
+             "rq_turbo_3.48_b34_f64"]
+    assert [r.name for r in rq] == names + [n + "_att" for n in names]
+    for r in rq:
+        assert r.ratequant.get("target", "") == ("attention" if r.name.endswith("_att") else "")
+        assert r.settings.get("quant.flush_tokens") == ("64" if "_f64" in r.name else None)
+        assert rows[r.name].ratequant == r.ratequant
+        # kveval_calib.ratequant_config plans code_bits over the widths of the [quant] method,
+        # so the base method must be the one the profile was fitted for.
+        assert r.settings["quant.method"] == r.ratequant["method"] == "turbo"
+        assert r.ratequant["bits"] == ",".join(r.name.split("_")[3][1:])
+        assert r.ratequant["code_bits"] == float(r.name.split("_")[2])
+        assert r.name in kveval_rows.FULL_ROWS
+    # The equal-memory row sits at turbo3's code width or below, the band-edge row above it.
+    assert rq[0].ratequant["code_bits"] <= 3 < rq[1].ratequant["code_bits"]
+    for name, k, v in (("turbo_k4v2", "4", "2"), ("turbo_k2v4", "2", "4"),
+                       ("turbo_k4v3_f64", "4", "3"), ("turbo_k4v3_f32", "4", "3")):
+        s = rows[name].settings
+        assert (s["quant.method"], s["quant.k_bits"], s["quant.v_bits"]) == ("turbo", k, v)
+        assert s.get("quant.flush_tokens") == (name.split("_f")[1] if "_f" in name else None)
+
+
+def kvcalib_binary() -> str:
+    return os.environ.get("KVCALIB_BIN") or os.path.join(os.path.dirname(PYTHON_DIR), "build",
+                                                         "bin", "kvcalib")
+
+
+def test_ratequant_budget_counts_code_bits_above_the_narrowest_fitted_width():
+    # TurboQuant at head_dim 64: 2.25 / 3.25 b/e at 2 / 3 bits (a 16-bit scale per 64 elements).
+    assert kveval_calib.ratequant_budget_bpe(2.25, 3.25, "2,3,4") == 3.5
+    assert kveval_calib.ratequant_budget_bpe(2.25, 2.5, "") == 2.75
+    assert kveval_calib.ratequant_budget_bpe(3.25, 3.25, "3,4") == 3.5
+    with pytest.raises(kveval_rows.EvalError, match="code_bits: got 2.5, expected at least 3"):
+        kveval_calib.ratequant_budget_bpe(3.25, 2.5, "3,4")
+
+
+def test_ratequant_config_plans_turbo_over_widths_3_and_4(tmp_path):
+    """The real kvcalib: a TurboQuant profile fitted over 3 and 4 bits only, planned at 3.25
+    average code bits, gives overrides with widths 3 and 4 averaging 3.25 (before the budget
+    counted code bits above 2 bits, kvcalib refused 4.5 b/e)."""
+    binary = kvcalib_binary()
+    if not os.access(binary, os.X_OK):
+        pytest.fail("kvcalib binary not found at %s: build it (cmake --build build --target "
+                    "kvcalib) or set KVCALIB_BIN" % binary, pytrace=False)
+    profile = str(tmp_path / "profile-turbo-34.toml")
+    kveval_calib.run_tool([binary, "fit", "--synthetic", "2", "--quick", "--method", "turbo",
+                           "--bits", "3,4", "--out", profile])
+    row = kveval_rows.Row("rq", "kvctl", kveval_rows.quant("turbo", 3, 3),
+                          ratequant={"method": "turbo", "code_bits": 3.25, "bits": "3,4"})
+    args = types.SimpleNamespace(kvcalib_bin=binary)
+    config = kveval_calib.ratequant_config(args, row, {"turbo/3,4": profile}, [], str(tmp_path))
+    with open(config, "rb") as f:
+        overrides = tomllib.load(f)["quant"]["override"]
+    widths = [o[kind] for o in overrides for kind in ("k_bits", "v_bits")]
+    assert set(widths) == {3, 4}
+    assert sum(widths) / len(widths) == 3.25
+    assert "b/e 3.5000 (requested 3.5000)" in row.note
+
+
+def test_profile_files_name_method_widths_and_target_both_ways():
+    for key, name in (("kivi", "profile-kivi.toml"), ("kvarn/2,3,4", "profile-kvarn-234.toml"),
+                      ("turbo/3,4", "profile-turbo-34.toml"),
+                      ("turbo/2,3,4/attention", "profile-turbo-234-attention.toml")):
+        assert kveval_calib.profile_file(key) == name
+        assert kveval_calib.profile_key_of_file(name) == key
+    assert kveval_calib.profile_key("turbo", "3,4", "attention") == "turbo/3,4/attention"
+    with pytest.raises(kveval_rows.EvalError, match="overrides-x.toml is not a profile"):
+        kveval_calib.profile_key_of_file("overrides-x.toml")
+
+
+def test_fit_profile_with_target_attention_fits_the_attention_error(tmp_path):
+    """fit_profile on dumps in kvcalib's layout (random K/V/Q, 2 layers, 256 tokens): target
+    "attention" writes a profile whose curves are the attention error with uniform importance,
+    kept apart from the default profile of the same widths."""
+    binary = kvcalib_binary()
+    if not os.access(binary, os.X_OK):
+        pytest.fail("kvcalib binary not found at %s: build it (cmake --build build --target "
+                    "kvcalib) or set KVCALIB_BIN" % binary, pytrace=False)
+    rng = np.random.default_rng(3)
+    seq = tmp_path / "seq_0"
+    for layer in range(2):
+        d = seq / ("layer_%d" % layer)
+        d.mkdir(parents=True)
+        for name, heads in (("k", 2), ("v", 2), ("q", 4)):
+            np.save(d / (name + ".npy"), rng.standard_normal((256, heads, 64)).astype(np.float16))
+    args = types.SimpleNamespace(kvcalib_bin=binary)
+    profiles = {}
+    att = kveval_calib.fit_profile(args, "turbo", profiles, [str(seq)], str(tmp_path), "3,4",
+                                   "attention")
+    mse = kveval_calib.fit_profile(args, "turbo", profiles, [str(seq)], str(tmp_path), "3,4")
+    assert sorted(profiles) == ["turbo/3,4", "turbo/3,4/attention"]
+    assert os.path.basename(att) == "profile-turbo-34-attention.toml"
+    with open(att, "rb") as f:
+        fit = tomllib.load(f)["ratequant"]
+    assert (fit["target"], fit["importance"], fit["bits"]) == ("attention", "uniform", [3, 4])
+    with open(mse, "rb") as f:
+        assert tomllib.load(f)["ratequant"]["target"] == "mse"
