@@ -121,8 +121,9 @@ struct DenseOut {
 };
 
 // Where one (layer, head) keeps its records, for readers that map the pool (blocks-mode FETCH).
+// A view into the sequence, valid until it changes.
 struct HeadBlocks {
-  std::vector<uint32_t> record_ids;  // Slot ids in order: page * records_per_page + slot.
+  std::span<const uint32_t> record_ids;  // Slot ids in order: page * records_per_page + slot.
   uint32_t records = 0;              // Records in use.
   uint32_t records_per_page = 0;
   uint32_t sink_rows = 0, tail_rows = 0;

@@ -51,16 +51,23 @@ namespace {
 // Pair positions as runs of consecutive positions, appended to the reply (sinks, then tail: the
 // two lists are each increasing and every sink precedes every tail token).
 void AppendRuns(std::span<const int64_t> positions, ipc::FetchBlocksReply* reply) {
-  for (const int64_t p : positions) {
-    const auto pos = static_cast<uint64_t>(p);
-    const size_t last = reply->run_starts.size();
-    if (last > reply->run_indptr.back() &&
-        reply->run_starts[last - 1] + reply->run_lengths[last - 1] == pos) {
-      ++reply->run_lengths[last - 1];
-    } else {
-      reply->run_starts.push_back(pos);
-      reply->run_lengths.push_back(1);
-    }
+  size_t i = 0;
+  const size_t n = positions.size();
+  // The first position may continue the pair's last run (a tail right after its sinks).
+  const size_t last = reply->run_starts.size();
+  if (n > 0 && last > reply->run_indptr.back() &&
+      reply->run_starts[last - 1] + reply->run_lengths[last - 1] ==
+          static_cast<uint64_t>(positions[0])) {
+    while (i < n && positions[i] == positions[0] + static_cast<int64_t>(i)) ++i;
+    reply->run_lengths[last - 1] += static_cast<uint32_t>(i);
+  }
+  while (i < n) {
+    const int64_t start = positions[i];
+    size_t j = i + 1;
+    while (j < n && positions[j] == start + static_cast<int64_t>(j - i)) ++j;
+    reply->run_starts.push_back(static_cast<uint64_t>(start));
+    reply->run_lengths.push_back(static_cast<uint32_t>(j - i));
+    i = j;
   }
 }
 
@@ -110,10 +117,12 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       while (index < reply.layouts.size() && !(reply.layouts[index] == layout)) ++index;
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);
       reply.layout_index.push_back(static_cast<uint16_t>(index));
-      for (uint32_t r = 0; r < b.records; ++r) {
-        reply.indices.push_back(b.record_ids[r]);
-        if (any_side)
+      const std::span<const uint32_t> ids = b.record_ids.first(b.records);
+      reply.indices.insert(reply.indices.end(), ids.begin(), ids.end());
+      if (any_side) {
+        for (uint32_t r = 0; r < b.records; ++r) {
           reply.side_indices.push_back(norms == nullptr ? ipc::kNoPage : norms->ids()[r]);
+        }
       }
       reply.indptr.push_back(static_cast<uint32_t>(reply.indices.size()));
       reply.last_page_len.push_back(b.records > 0 ? reply.block_tokens : 0);

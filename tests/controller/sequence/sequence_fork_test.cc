@@ -89,7 +89,7 @@ TEST_CASE("Fork: equals an import of the prefix, shares its pages, and goes on a
               (fu.pool_bytes + (*b)->Usage().pool_bytes) / pool->page_bytes());
       for (int l = 0; l < kLayers; ++l) {
         for (int h = 0; h < kHeads; ++h) {
-          REQUIRE((*a)->Blocks(l, h).record_ids == frozen->Blocks(l, h).record_ids);
+          REQUIRE(std::ranges::equal((*a)->Blocks(l, h).record_ids, frozen->Blocks(l, h).record_ids));
         }
       }
       // Fork a goes on as the original does; b takes other tokens; the prefix never changes.
@@ -108,7 +108,7 @@ TEST_CASE("Fork: equals an import of the prefix, shares its pages, and goes on a
         REQUIRE((*a)->LowerWidth(0, 1, to, spec.v_bits).ok());
         REQUIRE(original.LowerWidth(0, 1, to, spec.v_bits).ok());
         ExpectSame(*pool, original, *pool, **a, /*counters=*/false);
-        REQUIRE((*a)->Blocks(0, 1).record_ids != frozen->Blocks(0, 1).record_ids);
+        REQUIRE(!std::ranges::equal((*a)->Blocks(0, 1).record_ids, frozen->Blocks(0, 1).record_ids));
         ExpectUnchanged(frozen_before, Take(*pool, *frozen));
       }
       // The prefix's pages live while a fork reads them, and go with the last one.
