@@ -39,15 +39,17 @@ Slab::~Slab() {
   for (const auto& [page, slots] : pages_) KVCTL_CHECK(pool_->Free(page).ok());
 }
 
-uint32_t Slab::TakeFrom(uint32_t page) {
-  PageSlots& p = pages_.at(page);
+uint32_t Slab::TakeLowest() {
+  const auto lowest = with_free_.begin();
+  const uint32_t page = lowest->first;
+  PageSlots& p = *lowest->second;
   size_t word = 0;
   while (p.free_bits[word] == 0) ++word;
   const size_t index = word * 64 + static_cast<size_t>(__builtin_ctzll(p.free_bits[word]));
   p.free_bits[word] &= p.free_bits[word] - 1;
   if (p.live++ == 0) --empty_pages_;
   --free_count_;
-  if (p.live == per_page_) with_free_.erase(page);
+  if (p.live == per_page_) with_free_.erase(lowest);
   return page * static_cast<uint32_t>(per_page_) + static_cast<uint32_t>(index);
 }
 
@@ -61,12 +63,12 @@ uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
     PageSlots slots;
     slots.free_bits.assign((per_page_ + 63) / 64, ~uint64_t{0});
     if (per_page_ % 64 != 0) slots.free_bits.back() = (uint64_t{1} << (per_page_ % 64)) - 1;
-    pages_.emplace(page, std::move(slots));
-    with_free_.insert(page);
+    PageSlots& held = pages_.emplace(page, std::move(slots)).first->second;
+    with_free_.emplace(page, &held);
     free_count_ += per_page_;
     ++empty_pages_;
   }
-  return TakeFrom(*with_free_.begin());
+  return TakeLowest();
 }
 
 void Slab::Give(uint32_t id) {
@@ -80,7 +82,7 @@ void Slab::Give(uint32_t id) {
   word |= bit;
   if (--it->second.live == 0) ++empty_pages_;
   ++free_count_;
-  with_free_.insert(page);
+  with_free_.emplace(page, &it->second);
 }
 
 uint8_t* Slab::MutableSlot(uint32_t id) {
@@ -178,7 +180,7 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
       uint32_t& id = array->ids_[i];
       if (!is_victim(id)) continue;
       KVCTL_CHECK(!with_free_.empty());
-      const uint32_t to = TakeFrom(*with_free_.begin());
+      const uint32_t to = TakeLowest();
       std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
       if (--pages_.at(static_cast<uint32_t>(id / per_page_)).live == 0) ++empty_pages_;
       id = to;

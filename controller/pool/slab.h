@@ -111,8 +111,8 @@ class Slab {
   // The pages (emptiest first) whose live slots fit the free slots of the others, chosen until
   // fewer than a page's worth of free slots would be left.
   std::vector<uint32_t> PickVictims() const;
-  // Takes the lowest free slot of `page`. REQUIRES: the page has one.
-  uint32_t TakeFrom(uint32_t page);
+  // Takes the lowest free slot of the lowest page with one. REQUIRES: with_free_ not empty.
+  uint32_t TakeLowest();
 
   struct PageSlots {
     uint32_t live = 0;
@@ -126,10 +126,12 @@ class Slab {
   // Held pages. Take takes the lowest free id: the lowest page with a free slot, its lowest
   // free bit (O(log pages) per slot, no allocation per slot).
   std::map<uint32_t, PageSlots> pages_;
-  std::set<uint32_t> with_free_;  // Held pages with at least one free slot.
-  size_t free_count_ = 0;         // Free slots of held pages (victims excluded during Compact).
-  size_t empty_pages_ = 0;        // Held pages with no live slot (ReleaseEmptyPages' work).
-  std::set<SlotArray*> arrays_;   // Who holds ids (Compact rewrites them).
+  // Held pages with at least one free slot, each with its entry of pages_ (map nodes do not move;
+  // an entry leaves here before it leaves pages_), so taking a slot costs no page lookup.
+  std::map<uint32_t, PageSlots*> with_free_;
+  size_t free_count_ = 0;        // Free slots of held pages (victims excluded during Compact).
+  size_t empty_pages_ = 0;       // Held pages with no live slot (ReleaseEmptyPages' work).
+  std::set<SlotArray*> arrays_;  // Who holds ids (Compact rewrites them).
   uint64_t slots_moved_ = 0;
   // Pages written since TakeTouchedPages, with repeats (a run of writes to one page is recorded
   // once); deduplicated when it outgrows the pages held, so an owner that never takes it stays
