@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 
 class EvalError(Exception):
@@ -394,6 +394,22 @@ def kivi_pages_per_head(bits: int, tokens: int, head_dim: int, page_bytes: int) 
     tail_rows = min(tokens, KIVI_FLUSH - 1)
     rows_per_page = page_bytes // (2 * 2 * head_dim)
     return math.ceil(records / per_page) + math.ceil(tail_rows / rows_per_page)
+
+
+def pool_settings(fp16_segment_bytes: int) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """Pool keys of kveval's daemons (lossless row, every other row) for segments whose fp16
+    K/V take fp16_segment_bytes. A daemon's pool is allocated whole when it starts, so it is
+    sized to one segment: the lossless reference's float32 rows + 25 %, every other row's fp16
+    rows + 30 % (quantized and evicting rows hold less; page slack is within a few %), plus 40
+    MiB: 2 staging slots of 8 MiB, which the daemon allows in at most half of pool.bytes, and
+    room."""
+    mib = 1 << 20
+    pool = {"pool.staging_slots": "2", "pool.staging_bytes_per_session": "8MiB"}
+    lossless = dict(pool, **{"pool.bytes": "%dMiB" % (-(-5 * 2 * fp16_segment_bytes // (4 * mib))
+                                                      + 40)})
+    other = dict(pool, **{"pool.bytes": "%dMiB" % (-(-13 * fp16_segment_bytes // (10 * mib))
+                                                   + 40)})
+    return lossless, other
 
 
 def pressure_settings(row: Row, tokens: int, layers: int, kv_heads: int,
