@@ -56,7 +56,8 @@ from kveval_output import merge_outputs, render_from_json, write_outputs  # noqa
 from kveval_stats import (agreement, bootstrap_ci, onset_index,  # noqa: E402
                           segment_dppl)
 from kveval_rows import (FULL_ROWS, QUICK_ROWS, DaemonError, EvalError,  # noqa: E402
-                         MissingStack, Row, all_rows, peer_turbo_rows, pressure_settings,
+                         MissingStack, Row, all_rows, peer_turbo_rows, pool_settings,
+                         pressure_settings,
                          pressure_summary)
 from kvctl.process import DaemonStartError, ManagedDaemon  # noqa: E402
 
@@ -680,16 +681,7 @@ def main(argv=None) -> int:
     ev = Evaluator(args, torch, model, tok, kvctl)
     daemons: List[Daemon] = []
     t_start = time.perf_counter()
-    # A daemon's pool is allocated whole when it starts, so it is sized to one segment: the
-    # lossless reference's float32 rows + 25 %, every other row's fp16 rows + 30 % (quantized
-    # and evicting rows hold less; page slack is within a few %), plus 40 MiB: 2 staging slots
-    # of 8 MiB, which the daemon allows in at most half of pool.bytes, and room.
-    mib = 1 << 20
-    pool = {"pool.staging_slots": "2", "pool.staging_bytes_per_session": "8MiB"}
-    pool_lossless = dict(pool, **{"pool.bytes": "%dMiB" % (
-        -(-5 * 2 * ev.fp16_bytes(args.tokens) // (4 * mib)) + 40)})
-    pool_other = dict(pool, **{"pool.bytes": "%dMiB" % (
-        -(-13 * ev.fp16_bytes(args.tokens) // (10 * mib)) + 40)})
+    pool_lossless, pool_other = pool_settings(ev.fp16_bytes(args.tokens))
     try:
         kv_rows = [r for r in rows if r.kind == "kvctl"]
         profiles, dumps = {}, []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 
 class EvalError(Exception):
@@ -109,6 +109,7 @@ def all_rows() -> Dict[str, Row]:
             note="mismatched slope: kvcalib plan --beta-override 1.5"),
     ]
     rows += rq_turbo_rows()
+    rows += k4v3_rows()
     for policy in ("streaming", "h2o", "snapkv", "rkv"):
         for keep in (0.5, 0.25):
             rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
@@ -302,6 +303,37 @@ def rq_turbo_rows():
     return rows
 
 
+def k4v3_rows():
+    """4-bit K / 3-bit V TurboQuant (turbo_k4v3_f64: 0.2489 of fp16, +2.19 % prose, +1.87 % code)
+    with the band's last few thousandths spent on fp16 attention sinks or a longer tail. What
+    pays for them: a shorter flush (each tail row saved frees one sink), or 16 KiB pages instead
+    of 64 KiB (the slack of the last page of each slab: 0.0024 of fp16 at 64 KiB, 0.0013 at
+    16 KiB). quant.block_tokens (b) only makes the flush a multiple of it: a TurboQuant record
+    has no per-record metadata and every token is coded alone, so b changes neither the bytes
+    nor the codes (the _b8 row checks that). Names: s<S> sinks, f<F> flush, pg16k 16 KiB pages;
+    step-mean reserved memory at 2K (synthetic appends through the daemon, as for the rows
+    above) in the comments."""
+    rows = []
+    for name, sinks, flush, block, extra in (
+            ("turbo_k4v3_f64_b8", 0, 64, 8, {}),                    # 0.2489, = turbo_k4v3_f64
+            ("turbo_k4v3_s4_f56", 4, 56, 8, {}),                    # 0.2486
+            ("turbo_k4v3_s8_f48", 8, 48, 16, {}),                   # 0.2480
+            ("turbo_k4v3_s12_f48", 12, 48, 16, {}),                 # 0.2498
+            ("turbo_k4v3_s8_f40", 8, 40, 8, {}),                    # 0.2478
+            ("turbo_k4v3_s16_f32", 16, 32, 32, {}),                 # 0.2490
+            # 16 KiB pages with 32-token records reserve more (0.2621 at s0 f64): the records
+            # of 32 tokens fill those pages badly; 16- and 8-token records do not.
+            ("turbo_k4v3_s4_f64_pg16k", 4, 64, 16, {"pool.page_bytes": "16KiB"}),  # 0.2493
+            ("turbo_k4v3_f80_pg16k", 0, 80, 16, {"pool.page_bytes": "16KiB"})):    # 0.2485
+        settings = quant("turbo", 4, 3, quant__sink_tokens=sinks, quant__flush_tokens=flush,
+                         quant__block_tokens=block)
+        settings.update(extra)
+        rows.append(Row(name, "kvctl", settings,
+                        note="quant.sink_tokens %d, quant.flush_tokens %d, quant.block_tokens %d%s"
+                        % (sinks, flush, block, "; pool.page_bytes 16 KiB" if extra else "")))
+    return rows
+
+
 def sink_flush_rows():
     rows = []
     for method, flushes in SINK_FLUSH_GRID.items():
@@ -362,6 +394,22 @@ def kivi_pages_per_head(bits: int, tokens: int, head_dim: int, page_bytes: int) 
     tail_rows = min(tokens, KIVI_FLUSH - 1)
     rows_per_page = page_bytes // (2 * 2 * head_dim)
     return math.ceil(records / per_page) + math.ceil(tail_rows / rows_per_page)
+
+
+def pool_settings(fp16_segment_bytes: int) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """Pool keys of kveval's daemons (lossless row, every other row) for segments whose fp16
+    K/V take fp16_segment_bytes. A daemon's pool is allocated whole when it starts, so it is
+    sized to one segment: the lossless reference's float32 rows + 25 %, every other row's fp16
+    rows + 30 % (quantized and evicting rows hold less; page slack is within a few %), plus 40
+    MiB: 2 staging slots of 8 MiB, which the daemon allows in at most half of pool.bytes, and
+    room."""
+    mib = 1 << 20
+    pool = {"pool.staging_slots": "2", "pool.staging_bytes_per_session": "8MiB"}
+    lossless = dict(pool, **{"pool.bytes": "%dMiB" % (-(-5 * 2 * fp16_segment_bytes // (4 * mib))
+                                                      + 40)})
+    other = dict(pool, **{"pool.bytes": "%dMiB" % (-(-13 * fp16_segment_bytes // (10 * mib))
+                                                   + 40)})
+    return lossless, other
 
 
 def pressure_settings(row: Row, tokens: int, layers: int, kv_heads: int,

@@ -165,3 +165,27 @@ def test_fit_profile_with_target_attention_fits_the_attention_error(tmp_path):
     assert (fit["target"], fit["importance"], fit["bits"]) == ("attention", "uniform", [3, 4])
     with open(mse, "rb") as f:
         assert tomllib.load(f)["ratequant"]["target"] == "mse"
+
+
+def test_k4v3_rows_set_the_sinks_flush_and_pages_they_name():
+    rows = kveval_rows.k4v3_rows()
+    assert len(rows) == 8
+    for r in rows:
+        s = r.settings
+        assert (s["quant.method"], s["quant.k_bits"], s["quant.v_bits"]) == ("turbo", "4", "3")
+        parts = r.name.split("_")[2:]
+        sinks = next((int(p[1:]) for p in parts if p.startswith("s")), 0)
+        flush = next(int(p[1:]) for p in parts if p.startswith("f"))
+        assert int(s["quant.sink_tokens"]) == sinks
+        assert int(s["quant.flush_tokens"]) == flush
+        # The daemon refuses a flush that is not a multiple of the record length.
+        assert flush % int(s["quant.block_tokens"]) == 0
+        assert s.get("pool.page_bytes") == ("16KiB" if r.name.endswith("_pg16k") else None)
+        assert r.name in kveval_rows.FULL_ROWS
+
+
+def test_pool_settings_size_one_segment_plus_staging():
+    # SmolLM2-135M at 2048 tokens: 47,185,920 fp16 bytes (docs/quality.md: 153 / 99 MiB).
+    lossless, other = kveval_rows.pool_settings(2 * 2 * 30 * 3 * 64 * 2048)
+    assert lossless["pool.bytes"] == "153MiB" and other["pool.bytes"] == "99MiB"
+    assert other["pool.staging_slots"] == "2"

@@ -1,0 +1,70 @@
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""tools/kveval_memprobe.py against the real daemon: the payload it reads over kveval's scored
+steps is the TurboQuant layout's (codes + an fp16 scale per token row, sinks and the tail fp16),
+the reserved bytes are whole pages at or above it, and rows whose memory depends on the K/V are
+refused."""
+
+import os
+import sys
+import tempfile
+
+import pytest
+from helpers import PYTHON_DIR, kvctl_binary
+
+sys.path.insert(0, os.path.join(os.path.dirname(PYTHON_DIR), "tools"))
+import kveval_memprobe  # noqa: E402
+
+LAYERS, KV_HEADS, DIM, TOKENS, SCORED = 2, 2, 64, 512, 64
+
+
+def turbo_payload(t: int, k_bits: int, v_bits: int, sinks: int, flush: int) -> int:
+    """Bytes of t tokens: sinks and (t - sinks) mod flush tail rows fp16 (K and V), every other
+    token one TurboQuant row per kind (bits x DIM / 8 code bytes and an fp16 scale)."""
+    fp16_rows = min(t, sinks) + (max(0, t - sinks) % flush)
+    quantized = t - fp16_rows
+    per_token = (k_bits + v_bits) * DIM // 8 + 2 * 2
+    return LAYERS * KV_HEADS * (quantized * per_token + fp16_rows * 2 * DIM * 2)
+
+
+@pytest.fixture
+def binary():
+    path = kvctl_binary()
+    if not os.access(path, os.X_OK):
+        pytest.fail("kvctl binary not found at %s: build it (cmake --build build --target kvctl) "
+                    "or set KVCTL_BIN" % path, pytrace=False)
+    return path
+
+
+@pytest.mark.parametrize("sinks,flush,block,page", [(0, 64, 32, "64KiB"), (4, 56, 8, "64KiB"),
+                                                    (8, 48, 16, "16KiB")])
+def test_probe_reads_the_turbo_layout_over_the_scored_steps(binary, sinks, flush, block, page):
+    settings = {"quant.method": "turbo", "quant.k_bits": "4", "quant.v_bits": "3",
+                "quant.sink_tokens": str(sinks), "quant.flush_tokens": str(flush),
+                "quant.block_tokens": str(block), "pool.page_bytes": page}
+    workdir = tempfile.mkdtemp(prefix="kvmem-", dir="/tmp")
+    got = kveval_memprobe.probe(binary, workdir, "t", settings, TOKENS, SCORED, LAYERS,
+                                KV_HEADS, DIM)
+    fp16 = lambda t: 2 * 2 * LAYERS * KV_HEADS * DIM * t  # noqa: E731
+    # After the s-th scored APPEND the sequence holds TOKENS - SCORED + s tokens.
+    steps = range(TOKENS - SCORED, TOKENS)
+    want = sum(turbo_payload(t, 4, 3, sinks, flush) / fp16(t) for t in steps) / SCORED
+    assert got["payload_vs_fp16"] == pytest.approx(want, rel=1e-12)
+    assert got["memory_vs_fp16"] >= got["payload_vs_fp16"]
+    # Reserved memory is whole pages.
+    page_bytes = int(page[:-3]) * 1024
+    last = got["memory_last"] * fp16(TOKENS - 1)
+    assert abs(last - round(last)) < 1e-6 and round(last) % page_bytes == 0
+    assert got["memory_max"] >= got["memory_vs_fp16"]
+
+
+def test_rows_whose_memory_depends_on_the_kv_are_refused():
+    assert kveval_memprobe.rows_to_probe(["turbo_k4v3_s4_f56"], [])[0][1]["quant.sink_tokens"] \
+        == "4"
+    for name, why in (("rq_turbo_3.3_b34", "RateQuant"), ("evict_snapkv_25", "evicts"),
+                      ("joint_1of8", "RateQuant plan, profile"), ("nope", "unknown row")):
+        with pytest.raises(ValueError, match=why):
+            kveval_memprobe.rows_to_probe([name], [])
+    with pytest.raises(ValueError, match="expected key=value"):
+        kveval_memprobe.rows_to_probe([], [["x", "quant.method"]])
+    assert kveval_memprobe.rows_to_probe([], [["x", "quant.method=turbo, quant.k_bits=4"]]) == [
+        ("x", {"quant.method": "turbo", "quant.k_bits": "4"})]
