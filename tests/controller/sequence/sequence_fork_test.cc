@@ -89,7 +89,8 @@ TEST_CASE("Fork: equals an import of the prefix, shares its pages, and goes on a
               (fu.pool_bytes + (*b)->Usage().pool_bytes) / pool->page_bytes());
       for (int l = 0; l < kLayers; ++l) {
         for (int h = 0; h < kHeads; ++h) {
-          REQUIRE(std::ranges::equal((*a)->Blocks(l, h).record_ids, frozen->Blocks(l, h).record_ids));
+          REQUIRE(
+              std::ranges::equal((*a)->Blocks(l, h).record_ids, frozen->Blocks(l, h).record_ids));
         }
       }
       // Fork a goes on as the original does; b takes other tokens; the prefix never changes.
@@ -108,7 +109,8 @@ TEST_CASE("Fork: equals an import of the prefix, shares its pages, and goes on a
         REQUIRE((*a)->LowerWidth(0, 1, to, spec.v_bits).ok());
         REQUIRE(original.LowerWidth(0, 1, to, spec.v_bits).ok());
         ExpectSame(*pool, original, *pool, **a, /*counters=*/false);
-        REQUIRE(!std::ranges::equal((*a)->Blocks(0, 1).record_ids, frozen->Blocks(0, 1).record_ids));
+        REQUIRE(
+            !std::ranges::equal((*a)->Blocks(0, 1).record_ids, frozen->Blocks(0, 1).record_ids));
         ExpectUnchanged(frozen_before, Take(*pool, *frozen));
       }
       // The prefix's pages live while a fork reads them, and go with the last one.
@@ -291,65 +293,68 @@ TEST_CASE("Fork: pressure relief leaves borrowed records alone", "[controller][f
   REQUIRE(original.LowerWidthsForOthers(1) >= 1);
 }
 
+// A checksummed pool holding a frozen 300-token prefix (KIVI layer, lossless layer) and a fork of
+// it, for the tests that change a shared page behind the daemon's back.
+struct ChecksummedFork {
+  explicit ChecksummedFork(const std::string& name, PageAllocator::FetchVerify fetch_verify) {
+    auto arena = ShmArena::Create(name + std::to_string(getpid()), 16 << 20);
+    REQUIRE(arena.ok());
+    auto created = PageAllocator::Create(
+        std::move(*arena),
+        {.page_bytes = 16 << 10, .checksums = true, .fetch_verify = fetch_verify});
+    REQUIRE(created.ok());
+    pool = std::move(*created);
+    const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}),
+                                          LosslessPlan(kHeads)};
+    original = std::make_unique<KvSequence>(pool.get(), geometry, plans);
+    REQUIRE(AppendRange(original.get(), data, 0, 0, 300).ok());
+    frozen = Freeze(pool.get(), *original, 300, geometry);
+    StatusOr<std::unique_ptr<KvSequence>> forked = KvSequence::Fork(frozen, 0);
+    REQUIRE(forked.ok());
+    fork = std::move(*forked);
+  }
+  // Flips a byte of the prefix's first record of (layer 0, head 0).
+  void ChangeSharedRecord() {
+    const HeadBlocks b = frozen->Blocks(0, 0);
+    REQUIRE(b.records > 0);
+    pool->PagePointer(b.record_ids[0] / b.records_per_page)[0] ^= 1;
+  }
+  const SequenceGeometry geometry = Geometry(DType::kF32);
+  const Data data = MakeData(kLayers, 500, kHeads, DType::kF32, 4);
+  std::unique_ptr<PageAllocator> pool;
+  std::unique_ptr<KvSequence> original;
+  std::shared_ptr<KvSequence> frozen;
+  std::unique_ptr<KvSequence> fork;
+};
+
 TEST_CASE("Fork: a shared page changed behind the daemon's back is found through the fork",
           "[controller][fork]") {
-  auto arena = ShmArena::Create("/kvctl-test-fork-" + std::to_string(getpid()), 16 << 20);
-  REQUIRE(arena.ok());
-  auto pool = PageAllocator::Create(std::move(*arena), {.page_bytes = 16 << 10, .checksums = true});
-  REQUIRE(pool.ok());
-  const SequenceGeometry geometry = Geometry(DType::kF32);
-  const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}),
-                                        LosslessPlan(kHeads)};
-  KvSequence original(pool->get(), geometry, plans);
-  const Data data = MakeData(kLayers, 500, kHeads, DType::kF32, 4);
-  REQUIRE(AppendRange(&original, data, 0, 0, 300).ok());
-  std::shared_ptr<KvSequence> frozen = Freeze(pool->get(), original, 300, geometry);
-  StatusOr<std::unique_ptr<KvSequence>> fork = KvSequence::Fork(frozen, 0);
-  REQUIRE(fork.ok());
-  REQUIRE((*fork)->Verify(0, kLayers).ok());
-  REQUIRE(AppendRange(fork->get(), data, 0, 300, 100).ok());
-  REQUIRE((*fork)->Verify(0, kLayers).ok());
-  const HeadBlocks b = frozen->Blocks(0, 0);
-  REQUIRE(b.records > 0);
-  (*pool)->PagePointer(b.record_ids[0] / b.records_per_page)[0] ^= 1;
-  REQUIRE(ExportImage(**fork, 400, "").status().code() == StatusCode::kDataLoss);
-  REQUIRE((*fork)->Verify(0, 1).code() == StatusCode::kDataLoss);
-  REQUIRE(AppendRange(fork->get(), data, 0, 400, 1).code() == StatusCode::kDataLoss);
+  ChecksummedFork f("/kvctl-test-fork-", PageAllocator::FetchVerify::kAll);
+  REQUIRE(f.fork->Verify(0, kLayers).ok());
+  REQUIRE(AppendRange(f.fork.get(), f.data, 0, 300, 100).ok());
+  REQUIRE(f.fork->Verify(0, kLayers).ok());
+  f.ChangeSharedRecord();
+  REQUIRE(ExportImage(*f.fork, 400, "").status().code() == StatusCode::kDataLoss);
+  REQUIRE(f.fork->Verify(0, 1).code() == StatusCode::kDataLoss);
+  REQUIRE(AppendRange(f.fork.get(), f.data, 0, 400, 1).code() == StatusCode::kDataLoss);
 }
 
 TEST_CASE("Fork: with verify-once, a change the lender's scrub finds is found by the fork's FETCH",
           "[controller][fork]") {
   // The fork's Verify skips layers it verified when nothing was written since; a mismatch found
   // anywhere in the pool (here by the scrub of the prefix the fork borrows from) must end that.
-  auto arena = ShmArena::Create("/kvctl-test-fork1-" + std::to_string(getpid()), 16 << 20);
-  REQUIRE(arena.ok());
-  auto pool = PageAllocator::Create(std::move(*arena),
-                                    {.page_bytes = 16 << 10,
-                                     .checksums = true,
-                                     .fetch_verify = PageAllocator::FetchVerify::kUnverified});
-  REQUIRE(pool.ok());
-  const SequenceGeometry geometry = Geometry(DType::kF32);
-  const std::vector<LayerPlan> plans = {Plan(QuantMethod::kKivi, kHeads, {{2, 2}}),
-                                        LosslessPlan(kHeads)};
-  KvSequence original(pool->get(), geometry, plans);
-  const Data data = MakeData(kLayers, 500, kHeads, DType::kF32, 4);
-  REQUIRE(AppendRange(&original, data, 0, 0, 300).ok());
-  std::shared_ptr<KvSequence> frozen = Freeze(pool->get(), original, 300, geometry);
-  StatusOr<std::unique_ptr<KvSequence>> fork = KvSequence::Fork(frozen, 0);
-  REQUIRE(fork.ok());
-  REQUIRE(AppendRange(fork->get(), data, 0, 300, 10).ok());
-  REQUIRE((*fork)->Verify(0, 1).ok());
-  REQUIRE((*fork)->Verify(0, 1).ok());  // Verified, nothing written since.
-  const HeadBlocks b = frozen->Blocks(0, 0);
-  REQUIRE(b.records > 0);
-  (*pool)->PagePointer(b.record_ids[0] / b.records_per_page)[0] ^= 1;
+  ChecksummedFork f("/kvctl-test-fork1-", PageAllocator::FetchVerify::kUnverified);
+  REQUIRE(AppendRange(f.fork.get(), f.data, 0, 300, 10).ok());
+  REQUIRE(f.fork->Verify(0, 1).ok());
+  REQUIRE(f.fork->Verify(0, 1).ok());  // Verified, nothing written since.
+  f.ChangeSharedRecord();
   // Verified before the change and not written since: FETCH does not look again (the scrubber's
   // job, docs/reliability.md).
-  REQUIRE((*fork)->Verify(0, 1).ok());
+  REQUIRE(f.fork->Verify(0, 1).ok());
   bool wrapped = false;
-  REQUIRE(frozen->Scrub(uint64_t{1} << 30, &wrapped).status().code() == StatusCode::kDataLoss);
-  REQUIRE((*pool)->checksum_failures() == 1);
-  REQUIRE((*fork)->Verify(0, 1).code() == StatusCode::kDataLoss);
+  REQUIRE(f.frozen->Scrub(uint64_t{1} << 30, &wrapped).status().code() == StatusCode::kDataLoss);
+  REQUIRE(f.pool->checksum_failures() == 1);
+  REQUIRE(f.fork->Verify(0, 1).code() == StatusCode::kDataLoss);
   // (A write by the sequence itself ends the skip too: checksum_test's "a FETCH verifies what
   // was written since the last one".)
 }
