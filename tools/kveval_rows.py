@@ -359,6 +359,15 @@ EVICT_TURBO_ROWS = (
     (0.26, 3, 3, 32),                 # 0.0608 (0.25: 0.0590)
     (0.445, 4, 4, 32),                # 0.1244 (0.42: 0.1177)
     (0.21, 4, 4, 32),                 # 0.0618
+    # Added after the first runs (SnapKV 47 % x K4/V3 best at 1/8; at 1/16 more tokens at fewer
+    # bits led on code, and the shorter flush did): 2-bit V (2-bit V cost nothing against turbo3
+    # at <= 0.25, 2-bit K +10 %) buys tokens, and 16-token records with a 16-token flush hold
+    # half the fp16 tail of flush 32 (a TurboQuant record has no per-record metadata).
+    (0.57, 4, 2, 32),                 # 0.1244 (0.54: 0.1183, 0.565: 0.1235; f64 0.55: 0.1267)
+    (0.26, 4, 2, 32),                 # 0.0608
+    (0.30, 3, 2, 32),                 # 0.0607 (0.28: 0.0572)
+    (0.28, 3, 3, 16),                 # 0.0620 (0.27: 0.0596)
+    (0.24, 4, 3, 16),                 # 0.0607
 )
 
 
@@ -366,11 +375,17 @@ def evict_turbo_rows():
     rows = []
     for keep, k, v, flush in EVICT_TURBO_ROWS:
         bits = "%d" % k if k == v else "_k%dv%d" % (k, v)
+        # TurboQuant's records are 32 tokens (the registry's block); a shorter flush needs
+        # records that divide it.
+        extra = {"quant__block_tokens": flush} if flush < 32 else {}
         rows.append(Row("evict_snapkv_%d_turbo%s_f%d" % (round(keep * 100), bits, flush), "kvctl",
-                        evict_quant("snapkv", keep, "turbo", k, v, quant__flush_tokens=flush),
+                        evict_quant("snapkv", keep, "turbo", k, v, quant__flush_tokens=flush,
+                                    **extra),
                         send_q=True,
                         note="SnapKV evict-only token_fraction %g, TurboQuant K%d/V%d, "
-                        "quant.flush_tokens %d" % (keep, k, v, flush)))
+                        "quant.flush_tokens %d%s" % (keep, k, v, flush,
+                                                     ", quant.block_tokens %d" % flush
+                                                     if extra else "")))
     return rows
 
 

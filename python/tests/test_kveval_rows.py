@@ -193,7 +193,7 @@ def test_pool_settings_size_one_segment_plus_staging():
 
 def test_evict_turbo_rows_evict_and_quantize_what_they_name():
     rows = kveval_rows.evict_turbo_rows()
-    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) == 7
+    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) == 12
     for r in rows:
         s = r.settings
         # evict_snapkv_<keep %>_turbo<bits>_f<flush>: bits "3", "4" or "_k4v3".
@@ -204,6 +204,8 @@ def test_evict_turbo_rows_evict_and_quantize_what_they_name():
             "evict-only", "snapkv", "turbo")
         assert round(float(s["budget.token_fraction"]) * 100) == int(keep)
         assert (s["quant.k_bits"], s["quant.v_bits"], s["quant.flush_tokens"]) == (k, v, flush)
+        # The daemon refuses a flush that is not a multiple of the record length (32 unless set).
+        assert int(flush) % int(s.get("quant.block_tokens", "32")) == 0
         # SnapKV scores with the queries: the daemon refuses it without them.
         assert r.send_q and r.kind == "kvctl" and not r.profile
         assert kveval_rows.all_rows()[r.name] is not None and r.name in kveval_rows.FULL_ROWS
