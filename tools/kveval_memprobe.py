@@ -13,6 +13,11 @@ prefix of C - S - 1 tokens in one APPEND, then S single-token APPENDs with STATS
     python3 tools/kveval_memprobe.py --kvctl-bin build/bin/kvctl \\
         --rows turbo3,turbo_k4v3_f64 --config try quant.method=turbo,quant.k_bits=4,...
 
+--evict also takes evict-only rows and sends random Q with every APPEND: which tokens a scorer
+keeps then differs from the model's, but how many (each head at its budget, compressed
+evict.compression_period - 1 below it) does not, so the mean is an estimate to within the page
+slack of partly evicted records, not a measurement (kveval's own column is).
+
 Prints one line per row: mean reserved and payload memory vs fp16 over the scored steps, the
 largest reserved value, and the value at the last step. Exit 0 ok, 1 bad input, 2 a daemon that
 does not start.
@@ -49,7 +54,8 @@ def parse_config(name: str, spec: str) -> Dict[str, str]:
     return out
 
 
-def rows_to_probe(row_names: List[str], configs: List[List[str]]) -> List[Tuple[str, dict]]:
+def rows_to_probe(row_names: List[str], configs: List[List[str]],
+                  evict: bool = False) -> List[Tuple[str, dict]]:
     rows = all_rows()
     out = []
     for name in row_names:
@@ -60,9 +66,11 @@ def rows_to_probe(row_names: List[str], configs: List[List[str]]) -> List[Tuple[
             raise ValueError("--rows: %s: expected a quantizer row (kvctl, no RateQuant plan, "
                              "profile or pressure pool): its memory depends on more than the "
                              "token count" % name)
-        if row.settings.get("budget.mode", "none") != "none":
+        mode = row.settings.get("budget.mode", "none")
+        if mode != "none" and not (evict and mode == "evict-only"):
             raise ValueError("--rows: %s: budget.mode %s evicts by score; its memory depends on "
-                             "the K/V" % (name, row.settings["budget.mode"]))
+                             "the K/V (--evict takes evict-only rows as an estimate)"
+                             % (name, mode))
         out.append((name, dict(row.settings)))
     for name, spec in configs:
         out.append((name, parse_config(name, spec)))
@@ -70,7 +78,8 @@ def rows_to_probe(row_names: List[str], configs: List[List[str]]) -> List[Tuple[
 
 
 def probe(binary: str, workdir: str, name: str, settings: Dict[str, str], tokens: int,
-          scored: int, layers: int, kv_heads: int, head_dim: int, seed: int = 0) -> dict:
+          scored: int, layers: int, kv_heads: int, head_dim: int, seed: int = 0,
+          q_heads: int = 0) -> dict:
     """Mean / max / last reserved and mean payload memory vs fp16 over the scored steps."""
     fp16 = lambda t: 2 * 2 * layers * kv_heads * head_dim * t  # noqa: E731
     lossless, other = pool_settings(fp16(tokens))
@@ -81,14 +90,21 @@ def probe(binary: str, workdir: str, name: str, settings: Dict[str, str], tokens
     mem, pay = [], []
     try:
         with kvctl.Client(daemon.endpoint, timeout_ms=600000) as c:
-            c.hello(layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype="float16")
+            c.hello(layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype="float16",
+                    q_heads=q_heads)
+
+            def rand(tokens, heads):
+                return rng.standard_normal((layers, tokens, heads, head_dim)).astype(np.float16)
+
+            def append(tokens):
+                kv = rand(tokens, kv_heads)
+                c.append(0, kv, kv, q=rand(tokens, q_heads) if q_heads else None)
+
             c.open(0)
             prefix = tokens - scored - 1
-            kv = rng.standard_normal((layers, prefix, kv_heads, head_dim)).astype(np.float16)
-            c.append(0, kv, kv)
+            append(prefix)
             for _ in range(scored):
-                kv = rng.standard_normal((layers, 1, kv_heads, head_dim)).astype(np.float16)
-                c.append(0, kv, kv)
+                append(1)
                 s = c.stats("sequences")["sequences"]
                 mem.append(int(s["kv_pool_bytes"]) / fp16(int(s["tokens"])))
                 pay.append(int(s["kv_payload_bytes"]) / fp16(int(s["tokens"])))
@@ -109,6 +125,9 @@ def parse_args(argv):
     ap.add_argument("--layers", type=int, default=30, help="SmolLM2-135M: 30")
     ap.add_argument("--kv-heads", type=int, default=3, help="SmolLM2-135M: 3")
     ap.add_argument("--head-dim", type=int, default=64, help="SmolLM2-135M: 64")
+    ap.add_argument("--evict", action="store_true",
+                    help="also evict-only rows, with random Q (an estimate: see above)")
+    ap.add_argument("--q-heads", type=int, default=9, help="with --evict; SmolLM2-135M: 9")
     ap.add_argument("--kvctl-bin", default=os.path.join(REPO, "build", "bin", "kvctl"))
     return ap.parse_args(argv)
 
@@ -121,7 +140,7 @@ def main(argv=None) -> int:
                              % (args.scored, args.tokens - 2, args.tokens))
         if not os.access(args.kvctl_bin, os.X_OK):
             raise ValueError("--kvctl-bin: %s is not an executable file" % args.kvctl_bin)
-        todo = rows_to_probe([r for r in args.rows.split(",") if r], args.config)
+        todo = rows_to_probe([r for r in args.rows.split(",") if r], args.config, args.evict)
         if not todo:
             raise ValueError("--rows / --config: expected at least one row")
     except ValueError as e:
@@ -131,7 +150,8 @@ def main(argv=None) -> int:
     try:
         for name, settings in todo:
             r = probe(args.kvctl_bin, workdir, name, settings, args.tokens, args.scored,
-                      args.layers, args.kv_heads, args.head_dim)
+                      args.layers, args.kv_heads, args.head_dim,
+                      q_heads=args.q_heads if args.evict else 0)
             print("%-28s mem %.4f  payload %.4f  max %.4f  last %.4f" % (
                 name, r["memory_vs_fp16"], r["payload_vs_fp16"], r["memory_max"],
                 r["memory_last"]), flush=True)

@@ -57,6 +57,13 @@ def evict(policy: str, keep: float) -> Dict[str, str]:
             "budget.token_fraction": str(keep), "evict.policy": policy}
 
 
+def evict_quant(policy: str, keep: float, method: str, k: int, v: int,
+                **extra) -> Dict[str, str]:
+    """Evict-only with quantized kept rows: evict() with quant() over it (oscar is refused for
+    eviction by the daemon; TurboQuant re-packs the kept tokens of a partly evicted record)."""
+    return dict(evict(policy, keep), **quant(method, k, v, **extra))
+
+
 def joint(fraction: float) -> Dict[str, str]:
     return dict(quant("kivi", 2, 2), **{"budget.mode": "joint",
                                        "budget.fp16_fraction": "%.6f" % fraction,
@@ -110,6 +117,7 @@ def all_rows() -> Dict[str, Row]:
     ]
     rows += rq_turbo_rows()
     rows += k4v3_rows()
+    rows += evict_turbo_rows()
     for policy in ("streaming", "h2o", "snapkv", "rkv"):
         for keep in (0.5, 0.25):
             rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
@@ -331,6 +339,53 @@ def k4v3_rows():
         rows.append(Row(name, "kvctl", settings,
                         note="quant.sink_tokens %d, quant.flush_tokens %d, quant.block_tokens %d%s"
                         % (sinks, flush, block, "; pool.page_bytes 16 KiB" if extra else "")))
+    return rows
+
+
+# Issue #18's tight bands (<= 0.125 and <= 0.0625 of fp16): SnapKV eviction (evict-only, Q
+# sent) with the kept rows TurboQuant-coded. Names: evict_snapkv_<keep %>_turbo<bits>_f<flush>, keep
+# (budget.token_fraction, in % rounded as in evict_*_12) set so the step mean lands inside the
+# band: the fp16 tail (up to flush - 1 rows per head) and the compression period (a head grows
+# back to its budget between compressions) lift it above keep x the quantizer's own ratio. At
+# ~0.0625 a head keeps only ~450 tokens of 2K, of which a 64-token flush holds 31.5 fp16 rows on
+# average: flush 32 halves that. Step-mean reserved memory at 2K from tools/kveval_memprobe.py
+# --evict (synthetic K/V/Q: the token counts are the model's, the kept tokens are not).
+EVICT_TURBO_ROWS = (
+    # keep, k_bits, v_bits, flush    # step mean (probe), and the fractions tried before
+    (0.47, 4, 3, 64),                 # 0.1239 (0.475: 0.1251)
+    (0.205, 4, 3, 64),                # 0.0616 (0.235: 0.0687, 0.21: 0.0627)
+    (0.23, 4, 3, 32),                 # 0.0614 (0.235: 0.0628)
+    (0.56, 3, 3, 32),                 # 0.1225 (0.5: 0.1102)
+    (0.26, 3, 3, 32),                 # 0.0608 (0.25: 0.0590)
+    (0.445, 4, 4, 32),                # 0.1244 (0.42: 0.1177)
+    (0.21, 4, 4, 32),                 # 0.0618
+    # Added after the first runs (SnapKV 47 % x K4/V3 best at 1/8; at 1/16 more tokens at fewer
+    # bits led on code, and the shorter flush did): 2-bit V (2-bit V cost nothing against turbo3
+    # at <= 0.25, 2-bit K +10 %) buys tokens, and 16-token records with a 16-token flush hold
+    # half the fp16 tail of flush 32 (a TurboQuant record has no per-record metadata).
+    (0.57, 4, 2, 32),                 # 0.1244 (0.54: 0.1183, 0.565: 0.1235; f64 0.55: 0.1267)
+    (0.26, 4, 2, 32),                 # 0.0608
+    (0.30, 3, 2, 32),                 # 0.0607 (0.28: 0.0572)
+    (0.28, 3, 3, 16),                 # 0.0620 (0.27: 0.0596)
+    (0.24, 4, 3, 16),                 # 0.0607
+)
+
+
+def evict_turbo_rows():
+    rows = []
+    for keep, k, v, flush in EVICT_TURBO_ROWS:
+        bits = "%d" % k if k == v else "_k%dv%d" % (k, v)
+        # TurboQuant's records are 32 tokens (the registry's block); a shorter flush needs
+        # records that divide it.
+        extra = {"quant__block_tokens": flush} if flush < 32 else {}
+        rows.append(Row("evict_snapkv_%d_turbo%s_f%d" % (round(keep * 100), bits, flush), "kvctl",
+                        evict_quant("snapkv", keep, "turbo", k, v, quant__flush_tokens=flush,
+                                    **extra),
+                        send_q=True,
+                        note="SnapKV evict-only token_fraction %g, TurboQuant K%d/V%d, "
+                        "quant.flush_tokens %d%s" % (keep, k, v, flush,
+                                                     ", quant.block_tokens %d" % flush
+                                                     if extra else "")))
     return rows
 
 

@@ -57,6 +57,26 @@ def test_probe_reads_the_turbo_layout_over_the_scored_steps(binary, sinks, flush
     assert got["memory_max"] >= got["memory_vs_fp16"]
 
 
+def test_evict_probe_holds_each_head_near_its_budget(binary):
+    # SnapKV at 10 % over TurboQuant K4/V3 with random Q: after each scored APPEND a head holds
+    # between budget - period + 1 and budget tokens (budget = 0.1 x tokens seen, period 32), so
+    # the payload lies between that many quantized rows and that many fp16 rows. Without the
+    # eviction it would be ~0.22 of fp16, over the upper bound.
+    keep, period = 0.1, 32
+    settings = dict(kveval_memprobe.all_rows()["evict_snapkv_47_turbo_k4v3_f64"].settings,
+                    **{"budget.token_fraction": str(keep)})
+    workdir = tempfile.mkdtemp(prefix="kvmem-", dir="/tmp")
+    got = kveval_memprobe.probe(binary, workdir, "e", settings, TOKENS, SCORED, LAYERS,
+                                KV_HEADS, DIM, q_heads=2 * KV_HEADS)
+    steps = range(TOKENS - SCORED, TOKENS)
+    heads, quantized_row, fp16_row = LAYERS * KV_HEADS, (4 + 3) * DIM // 8 + 4, 2 * DIM * 2
+    low = sum(heads * (keep * t - period) * quantized_row / (t * heads * fp16_row)
+              for t in steps) / SCORED
+    high = sum(heads * (keep * t + 1) * fp16_row / (t * heads * fp16_row) for t in steps) / SCORED
+    assert low <= got["payload_vs_fp16"] <= high
+    assert got["payload_vs_fp16"] < 0.15
+
+
 def test_rows_whose_memory_depends_on_the_kv_are_refused():
     assert kveval_memprobe.rows_to_probe(["turbo_k4v3_s4_f56"], [])[0][1]["quant.sink_tokens"] \
         == "4"
@@ -64,6 +84,11 @@ def test_rows_whose_memory_depends_on_the_kv_are_refused():
                       ("joint_1of8", "RateQuant plan, profile"), ("nope", "unknown row")):
         with pytest.raises(ValueError, match=why):
             kveval_memprobe.rows_to_probe([name], [])
+    # --evict takes evict-only rows (an estimate), never joint ones.
+    assert kveval_memprobe.rows_to_probe(["evict_snapkv_25"], [], evict=True)[0][1][
+        "budget.mode"] == "evict-only"
+    with pytest.raises(ValueError, match="RateQuant plan, profile"):
+        kveval_memprobe.rows_to_probe(["joint_1of8"], [], evict=True)
     with pytest.raises(ValueError, match="expected key=value"):
         kveval_memprobe.rows_to_probe([], [["x", "quant.method"]])
     assert kveval_memprobe.rows_to_probe([], [["x", "quant.method=turbo, quant.k_bits=4"]]) == [

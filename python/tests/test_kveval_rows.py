@@ -189,3 +189,25 @@ def test_pool_settings_size_one_segment_plus_staging():
     lossless, other = kveval_rows.pool_settings(2 * 2 * 30 * 3 * 64 * 2048)
     assert lossless["pool.bytes"] == "153MiB" and other["pool.bytes"] == "99MiB"
     assert other["pool.staging_slots"] == "2"
+
+
+def test_evict_turbo_rows_evict_and_quantize_what_they_name():
+    rows = kveval_rows.evict_turbo_rows()
+    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) == 12
+    for r in rows:
+        s = r.settings
+        # evict_snapkv_<keep %>_turbo<bits>_f<flush>: bits "3", "4" or "_k4v3".
+        head, flush = r.name.rsplit("_f", 1)
+        keep, bits = head[len("evict_snapkv_"):].split("_turbo")
+        k, v = (bits[2], bits[4]) if bits.startswith("_k") else (bits, bits)
+        assert (s["budget.mode"], s["evict.policy"], s["quant.method"]) == (
+            "evict-only", "snapkv", "turbo")
+        assert round(float(s["budget.token_fraction"]) * 100) == int(keep)
+        assert (s["quant.k_bits"], s["quant.v_bits"], s["quant.flush_tokens"]) == (k, v, flush)
+        # The daemon refuses a flush that is not a multiple of the record length (32 unless set).
+        assert int(flush) % int(s.get("quant.block_tokens", "32")) == 0
+        # SnapKV scores with the queries: the daemon refuses it without them.
+        assert r.send_q and r.kind == "kvctl" and not r.profile
+        assert kveval_rows.all_rows()[r.name] is not None and r.name in kveval_rows.FULL_ROWS
+    assert kveval_rows.all_rows()["evict_snapkv_20_turbo_k4v3_f64"].settings[
+        "budget.token_fraction"] == "0.205"
