@@ -270,7 +270,6 @@ class KvSequence {
   // max_bytes are left to check: budget->exceeded is set and OK returned.
   // REQUIRES: 0 <= layer_begin < layer_end <= layers.
   Status Verify(int layer_begin, int layer_end, PageAllocator::VerifyBudget* budget = nullptr);
-
   // Verifies the sequence's next pages, from where the last call stopped, until about max_bytes
   // were checksummed or every page was, and at the end of each walk the chunks of the slots it
   // borrows from a frozen prefix (FETCH no longer re-checks a chunk it verified, so the scrubber
