@@ -106,19 +106,19 @@ Status KvSequence::Verify(int layer_begin, int layer_end, PageAllocator::VerifyB
   // nothing (no write by this sequence, no mismatch anywhere in the pool since these layers were
   // verified: a decode step's repeated FETCHes between APPENDs), the walk over every slot's chunk
   // bits would find them all set; skip it.
-  const bool cacheable = pool_->fetch_verify() == PageAllocator::FetchVerify::kUnverified;
+  if (pool_->fetch_verify() != PageAllocator::FetchVerify::kUnverified) {
+    return VerifyUncached(layer_begin, layer_end, budget);
+  }
+  // Read before the walk: a mismatch counted after it sends the next FETCH through the walk.
   const VerifiedStamp now{.writes = slabs_.writes(), .failures = pool_->checksum_failures()};
-  if (cacheable) {
-    layer_verified_.resize(layers_.size());
-    const bool all =
-        std::all_of(layer_verified_.begin() + layer_begin, layer_verified_.begin() + layer_end,
-                    [&now](const VerifiedStamp& s) { return s == now; });
-    if (all) return OkStatus();
+  layer_verified_.resize(layers_.size());
+  const auto first = layer_verified_.begin() + layer_begin;
+  const auto end = layer_verified_.begin() + layer_end;
+  if (std::all_of(first, end, [&now](const VerifiedStamp& s) { return s == now; })) {
+    return OkStatus();
   }
   Status verified = VerifyUncached(layer_begin, layer_end, budget);
-  if (cacheable && verified.ok() && (budget == nullptr || !budget->exceeded)) {
-    std::fill(layer_verified_.begin() + layer_begin, layer_verified_.begin() + layer_end, now);
-  }
+  if (verified.ok() && (budget == nullptr || !budget->exceeded)) std::fill(first, end, now);
   return verified;
 }
 

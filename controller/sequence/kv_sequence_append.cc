@@ -145,7 +145,8 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
   const int64_t rec_begin = head.sink_rows;
   const int64_t rec_end = rec_begin + static_cast<int64_t>(head.records.size()) * g;
   // Rows wait as fp16 before they are quantized, and decoded tokens re-enter as fp16: values
-  // that did not come as fp16 are rounded to it (stored rows of a quantized layer are fp16).
+  // that did not come as fp16 are rounded to it. Stored rows of a quantized layer are fp16
+  // already (LayerState::row_dtype), so only decoded records and non-fp16 input are rounded.
   const bool round = !layer.plan.lossless;
   const auto row = static_cast<size_t>(d);
   std::vector<float> bk, bv;
@@ -155,9 +156,6 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       const uint8_t* slot = head.rows.Slot(j < rec_begin ? j : head.sink_rows + (j - rec_end));
       LoadRow(slot, d, layer.row_dtype, kd);
       LoadRow(slot + layer.row_bytes, d, layer.row_dtype, vd);
-      if (round && layer.row_dtype != DType::kF16) {
-        RoundToHalfInPlace(kd, row), RoundToHalfInPlace(vd, row);
-      }
     } else if (j < rec_end) {
       const int64_t r = (j - rec_begin) / g, t = (j - rec_begin) % g;
       if (t == 0 || bk.empty()) {
@@ -172,9 +170,9 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       std::memcpy(kd, &bk[t * d], sizeof(float) * d);
       std::memcpy(vd, &bv[t * d], sizeof(float) * d);
     } else {
-      // SIMD conversions (KvTensorView::LoadRow converts element by element).
-      ConvertElements(k.dtype, k.RowBytes(j - old, h), DType::kF32, kd, row);
-      ConvertElements(v.dtype, v.RowBytes(j - old, h), DType::kF32, vd, row);
+      // The SIMD LoadRow (KvTensorView::LoadRow converts element by element).
+      LoadRow(k.RowBytes(j - old, h), d, k.dtype, kd);
+      LoadRow(v.RowBytes(j - old, h), d, v.dtype, vd);
       if (round && k.dtype != DType::kF16) RoundToHalfInPlace(kd, row);
       if (round && v.dtype != DType::kF16) RoundToHalfInPlace(vd, row);
     }

@@ -136,7 +136,7 @@ void KeepQueryWindow(const EvictionSettings& ev, size_t q_row, LayerScoring* sco
 inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
   ConvertElements(DType::kF32, src, dtype, dst, static_cast<size_t>(d));
 }
-inline void LoadRow(const uint8_t* src, int d, DType dtype, float* dst) {
+inline void LoadRow(const void* src, int d, DType dtype, float* dst) {
   ConvertElements(dtype, src, DType::kF32, dst, static_cast<size_t>(d));
 }
 

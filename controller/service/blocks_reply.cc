@@ -51,23 +51,21 @@ namespace {
 // Pair positions as runs of consecutive positions, appended to the reply (sinks, then tail: the
 // two lists are each increasing and every sink precedes every tail token).
 void AppendRuns(std::span<const int64_t> positions, ipc::FetchBlocksReply* reply) {
-  size_t i = 0;
   const size_t n = positions.size();
-  // The first position may continue the pair's last run (a tail right after its sinks).
-  const size_t last = reply->run_starts.size();
-  if (n > 0 && last > reply->run_indptr.back() &&
-      reply->run_starts[last - 1] + reply->run_lengths[last - 1] ==
-          static_cast<uint64_t>(positions[0])) {
-    while (i < n && positions[i] == positions[0] + static_cast<int64_t>(i)) ++i;
-    reply->run_lengths[last - 1] += static_cast<uint32_t>(i);
-  }
-  while (i < n) {
+  for (size_t i = 0, j = 0; i < n; i = j) {
     const int64_t start = positions[i];
-    size_t j = i + 1;
-    while (j < n && positions[j] == start + static_cast<int64_t>(j - i)) ++j;
-    reply->run_starts.push_back(static_cast<uint64_t>(start));
-    reply->run_lengths.push_back(static_cast<uint32_t>(j - i));
-    i = j;
+    for (j = i + 1; j < n && positions[j] == start + static_cast<int64_t>(j - i);) ++j;
+    const auto length = static_cast<uint32_t>(j - i);
+    // The first run may continue the pair's last one (a tail right after its sinks).
+    const size_t last = reply->run_starts.size();
+    if (i == 0 && last > reply->run_indptr.back() &&
+        reply->run_starts[last - 1] + reply->run_lengths[last - 1] ==
+            static_cast<uint64_t>(start)) {
+      reply->run_lengths[last - 1] += length;
+    } else {
+      reply->run_starts.push_back(static_cast<uint64_t>(start));
+      reply->run_lengths.push_back(length);
+    }
   }
 }
 
