@@ -30,6 +30,7 @@ Slab::Slab(PageAllocator* pool, size_t slot_bytes)
     : pool_(pool),
       slot_bytes_(slot_bytes),
       per_page_(slot_bytes > 0 ? pool->page_bytes() / slot_bytes : 0),
+      per_page_divider_(static_cast<uint32_t>(std::max<size_t>(per_page_, 1))),
       page_bytes_(pool->page_bytes()) {
   KVCTL_CHECK(slot_bytes > 0 && per_page_ > 0);
 }
@@ -86,8 +87,8 @@ void Slab::Give(uint32_t id) {
 }
 
 uint8_t* Slab::MutableSlot(uint32_t id) {
-  const uint32_t page = static_cast<uint32_t>(id / per_page_);
-  const size_t begin = (id % per_page_) * slot_bytes_;
+  const uint32_t page = per_page_divider_.Quotient(id);
+  const size_t begin = (id - page * per_page_) * slot_bytes_;
   pool_->MarkDirty(page, static_cast<uint32_t>(begin), static_cast<uint32_t>(begin + slot_bytes_));
   ++writes_;
   if (page != last_touched_) {

@@ -37,6 +37,25 @@ namespace kvctl {
 
 class SlotArray;
 
+// id / divisor for 32-bit ids without a division instruction: a multiply-high by
+// ceil(2^64 / divisor), exact for every 32-bit id and divisor (Lemire, Kaser and Kurz, "Faster
+// remainder by direct computation", 2019). A FETCH walks every slot of its layers to find the
+// pool chunks to verify, and a division per slot was most of that walk.
+class SlotDivider {
+ public:
+  // REQUIRES: divisor > 0.
+  explicit SlotDivider(uint32_t divisor)
+      : divisor_(divisor), magic_(divisor == 1 ? 0 : UINT64_MAX / divisor + 1) {}
+  uint32_t Quotient(uint32_t id) const {
+    if (divisor_ == 1) return id;  // ceil(2^64 / 1) does not fit 64 bits.
+    return static_cast<uint32_t>((static_cast<unsigned __int128>(magic_) * id) >> 64);
+  }
+
+ private:
+  uint32_t divisor_;
+  uint64_t magic_;
+};
+
 // Slot ids are uint32 on the wire (blocks FETCH record ids). OK when every slot of `slot_bytes` in
 // a pool of `pool_bytes` cut into `page_bytes` pages has an id below 2^32; otherwise
 // INVALID_ARGUMENT naming `field` (the setting that chose the slot size) and the pool settings.
@@ -73,7 +92,8 @@ class Slab {
   void Give(uint32_t id);
 
   const uint8_t* Slot(uint32_t id) const {
-    return pool_->PagePointer(id / per_page_) + (id % per_page_) * slot_bytes_;
+    const uint32_t page = per_page_divider_.Quotient(id);
+    return pool_->PagePointer(page) + (id - page * per_page_) * slot_bytes_;
   }
   // Marks the slot's bytes changed (PageAllocator::MarkDirty): every write goes through it.
   uint8_t* MutableSlot(uint32_t id);
@@ -122,6 +142,7 @@ class Slab {
   PageAllocator* const pool_;
   const size_t slot_bytes_;
   const size_t per_page_;
+  const SlotDivider per_page_divider_;  // id / per_page_ without a division (every slot write).
   const uint64_t page_bytes_;
   // Held pages. Take takes the lowest free id: the lowest page with a free slot, its lowest
   // free bit (O(log pages) per slot, no allocation per slot).

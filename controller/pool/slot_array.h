@@ -32,25 +32,6 @@
 
 namespace kvctl {
 
-// id / divisor for 32-bit ids without a division instruction: a multiply-high by
-// ceil(2^64 / divisor), exact for every 32-bit id and divisor (Lemire, Kaser and Kurz, "Faster
-// remainder by direct computation", 2019). A FETCH walks every slot of its layers to find the
-// pool chunks to verify, and a division per slot was most of that walk.
-class SlotDivider {
- public:
-  // REQUIRES: divisor > 0.
-  explicit SlotDivider(uint32_t divisor)
-      : divisor_(divisor), magic_(divisor == 1 ? 0 : UINT64_MAX / divisor + 1) {}
-  uint32_t Quotient(uint32_t id) const {
-    if (divisor_ == 1) return id;  // ceil(2^64 / 1) does not fit 64 bits.
-    return static_cast<uint32_t>((static_cast<unsigned __int128>(magic_) * id) >> 64);
-  }
-
- private:
-  uint32_t divisor_;
-  uint64_t magic_;
-};
-
 class SlotArray {
  public:
   explicit SlotArray(Slab* slab);

@@ -318,6 +318,15 @@ class KvSequence {
   Status AppendOnce(int64_t first_position, const std::vector<KvTensorView>& k,
                     const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q,
                     int relief_rounds, bool continues);
+  // The light append (AppendIsLight: rows only, no eviction, no tail reaching its flush) without
+  // the per-head plan: takes the slots, then converts each new row straight from the request into
+  // its slot, and commits what the stages would. False, with nothing changed, when the pool cannot
+  // give the pages at once (the stages then relieve pressure) or a head tops up its sinks while
+  // it holds a tail (never in a sequence the stages built; they handle it).
+  bool TryAppendRows(int64_t first_position, int64_t n, const std::vector<KvTensorView>& k,
+                     const std::vector<KvTensorView>& v, bool have_q);
+  // The sequence-wide counters at the end of every committed append.
+  void CommitCounters(int64_t first_position, const AppendContext& ctx);
   // Shapes, position and values of an append; returns its token count.
   StatusOr<int64_t> ValidateAppend(int64_t first_position, const std::vector<KvTensorView>& k,
                                    const std::vector<KvTensorView>& v,

@@ -204,6 +204,8 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
                               const std::vector<KvTensorView>* q, int relief_rounds,
                               bool continues) {
   KVCTL_ASSIGN_OR_RETURN(const int64_t n, ValidateAppend(first_position, k, v, q));
+  // A decode step that only stores rows needs none of the stages' per-head planning.
+  if (AppendIsLight(n) && TryAppendRows(first_position, n, k, v, q != nullptr)) return OkStatus();
   KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr, continues));
   // The plan buffers of the previous append are reused: a decode step then allocates little.
   std::vector<PreparedLayer>& prepared = prepared_;
@@ -341,6 +343,10 @@ void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
     CommitLayerState(layer, (*prepared)[l], &reserved);
   }
   for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // Released, not reused.
+  CommitCounters(first_position, ctx);
+}
+
+void KvSequence::CommitCounters(int64_t first_position, const AppendContext& ctx) {
   if (tokens_ == 0) first_position_ = first_position;
   tokens_ += ctx.n;
   since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + ctx.n;
@@ -351,6 +357,66 @@ void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
     deferred_tokens_ = 0;  // This append evicted over everything the prefill stored.
     deferral_cap_hits_ += ctx.cap_hit ? 1 : 0;
   }
+}
+
+bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
+                               const std::vector<KvTensorView>& k,
+                               const std::vector<KvTensorView>& v, bool have_q) {
+  // The stages would write a head's new sinks, then its new tail tokens, from slot
+  // sink_rows + tail_rows on: the request's rows in order, as long as a head that tops up its
+  // sinks holds no tail (sinks fill first).
+  std::vector<std::pair<Slab*, size_t>> growth;  // Slots per slab (rows of one size share one).
+  for (const auto& layer : layers_) {
+    const int sink_target = layer->plan.lossless ? 0 : layer->plan.rules.sink_tokens;
+    for (const HeadStream& head : layer->heads) {
+      if (head.sink_rows < sink_target && head.tail_rows > 0) return false;
+      Slab* slab = head.rows.slab();
+      auto it = std::find_if(growth.begin(), growth.end(),
+                             [slab](const auto& entry) { return entry.first == slab; });
+      if (it == growth.end()) it = growth.insert(growth.end(), {slab, 0});
+      it->second += static_cast<size_t>(n);
+    }
+  }
+  size_t pages = 0;
+  for (const auto& [slab, slots] : growth) pages += slab->PagesFor(slots);
+  std::vector<uint32_t> reserved;
+  if (pages > 0) {
+    StatusOr<std::vector<uint32_t>> got = pool_->AllocateMany(static_cast<uint32_t>(pages));
+    if (!got.ok()) return false;
+    reserved = std::move(got).value();
+  }
+  const auto d = static_cast<size_t>(geometry_.head_dim);
+  for (int l = 0; l < geometry_.layers; ++l) {
+    LayerState& layer = *layers_[l];
+    const int sink_target = layer.plan.lossless ? 0 : layer.plan.rules.sink_tokens;
+    for (int h = 0; h < geometry_.kv_heads; ++h) {
+      HeadStream& head = layer.heads[h];
+      const size_t first_slot = head.rows.size();
+      head.rows.Resize(first_slot + static_cast<size_t>(n), &reserved);
+      for (int64_t t = 0; t < n; ++t) {
+        uint8_t* slot = head.rows.MutableSlot(first_slot + static_cast<size_t>(t));
+        ConvertElements(k[l].dtype, k[l].RowBytes(t, h), layer.row_dtype, slot, d);
+        ConvertElements(v[l].dtype, v[l].RowBytes(t, h), layer.row_dtype, slot + layer.row_bytes,
+                        d);
+        head.positions.push_back(first_position + t);
+      }
+      const int new_sinks =
+          static_cast<int>(std::clamp<int64_t>(int64_t{sink_target} - head.sink_rows, 0, n));
+      head.sink_rows += new_sinks;
+      head.tail_rows += static_cast<int>(n) - new_sinks;
+      head.usage.budget = 0;
+    }
+    if (!have_q) {
+      // As TakeQueries: query rows kept from earlier appends no longer end at the newest token.
+      layer.scoring.q_rows.clear();
+      layer.scoring.q_count = layer.scoring.h2o_pending = 0;
+    }
+  }
+  for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // None: PagesFor is exact.
+  AppendContext ctx;
+  ctx.n = n;
+  CommitCounters(first_position, ctx);
+  return true;
 }
 
 }  // namespace kvctl
