@@ -32,10 +32,12 @@ float* Scratch(int64_t floats) {
 Status CheckPointers(const QuantSpec& spec, const BlockInput& in) {
   const bool f32 = in.k != nullptr || in.v != nullptr;
   if (f32 && in.f16()) {
-    return InvalidArgument("block input: both fp32 (k, v) and fp16 (k_f16, v_f16) rows set, "
-                           "expected one pair");
+    return InvalidArgument(
+        "block input: both fp32 (k, v) and fp16 (k_f16, v_f16) rows set, "
+        "expected one pair");
   }
-  if (in.f16() ? (in.k_f16 == nullptr || in.v_f16 == nullptr) : (in.k == nullptr || in.v == nullptr)) {
+  if (in.f16() ? (in.k_f16 == nullptr || in.v_f16 == nullptr)
+               : (in.k == nullptr || in.v == nullptr)) {
     return InvalidArgument("block input: null K or V rows");
   }
   if (in.row_stride < spec.head_dim) {
@@ -181,10 +183,10 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
   const BlockLayout layout = BlockLayoutOf(spec);
   float* scratch = Scratch(simd::ScratchFloats(spec));
   const simd::EncodeResult result =
-      in.f16() ? codec.encode_f16(spec, layout, in.k_f16, in.v_f16, in.row_stride, in.token_norms,
-                                  scratch, record)
-               : codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch,
-                              record);
+      in.f16()
+          ? codec.encode_f16(spec, layout, in.k_f16, in.v_f16, in.row_stride, in.token_norms,
+                             scratch, record)
+          : codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record);
   switch (result) {
     case simd::EncodeResult::kOk:
       return OkStatus();
@@ -296,8 +298,8 @@ void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
     // Widened in registers (exact), then the fp32 sums: the reference's LoadRow does the same.
     const auto* data = static_cast<const uint16_t*>(k.data);
     if (level == SimdLevel::kAvx512) {
-      done = simd::TokenNormsF16InAvx512(data, k.tokens, k.heads, d, k.token_stride,
-                                         k.head_stride, norms_out);
+      done = simd::TokenNormsF16InAvx512(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
+                                         norms_out);
     } else if (level == SimdLevel::kAvx2) {
       done = simd::TokenNormsF16InAvx2(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
                                        norms_out);

@@ -46,8 +46,9 @@ struct BlockInput {
 };
 
 // Writes one record of BlockLayoutOf(spec).record_bytes bytes (padding zeroed). Fails with
-// INVALID_ARGUMENT when both or neither pair of row pointers is set, on non-finite input or when stored fp16 metadata would overflow (|value| beyond
-// 65504), naming the token and channel. REQUIRES: ValidateQuantSpec(spec).ok().
+// INVALID_ARGUMENT when both or neither pair of row pointers is set, on non-finite input or when
+// stored fp16 metadata would overflow (|value| beyond 65504), naming the token and channel.
+// REQUIRES: ValidateQuantSpec(spec).ok().
 Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
 Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
 

@@ -96,8 +96,8 @@ inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
 #pragma GCC unroll 4
     for (int il = 0; il < 4; ++il) {
       const uint16_t* p = src + il * stride + 4 * jb;
-      const __m256i h = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(LoadHalfPair(p, 4 * stride)), LoadHalfPair(p + 8 * stride, 4 * stride), 1);
+      const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(LoadHalfPair(p, 4 * stride)),
+                                                LoadHalfPair(p + 8 * stride, 4 * stride), 1);
       a[il] = _mm512_cvtph_ps(h);
     }
     TransposeBlocks4(a, jb, out);

@@ -51,9 +51,7 @@ struct Rows {
 
   int64_t K(int t, int c) const { return t * stride + c; }
   int64_t V(int t, int c) const { return v_offset + t * stride + c; }
-  BlockInput F32() const {
-    return {f32.data(), f32.data() + v_offset, stride, norms.data()};
-  }
+  BlockInput F32() const { return {f32.data(), f32.data() + v_offset, stride, norms.data()}; }
   BlockInput F16() const {
     return {nullptr, nullptr, stride, norms.data(), f16.data(), f16.data() + v_offset};
   }
@@ -112,9 +110,9 @@ void ExpectSameRecords(const QuantSpec& spec, const Rows& rows) {
       Status (*fn)(const QuantSpec&, const BlockInput&, uint8_t*);
       BlockInput in;
     };
-    for (const Path& p : {Path{"fp16", QuantizeBlock, rows.F16()},
-                          Path{"fp16 ref", QuantizeBlockRef, rows.F16()},
-                          Path{"fp32", QuantizeBlock, rows.F32()}}) {
+    for (const Path& p :
+         {Path{"fp16", QuantizeBlock, rows.F16()}, Path{"fp16 ref", QuantizeBlockRef, rows.F16()},
+          Path{"fp32", QuantizeBlock, rows.F32()}}) {
       INFO(p.name);
       std::vector<uint8_t> rec(bytes, 0x5A);
       const Status s = p.fn(spec, p.in, rec.data());
@@ -198,11 +196,11 @@ TEST_CASE("fp16 input: Inf and NaN are refused naming the token and channel, as 
     const std::vector<int> bits = AllowedBits(m);
     const QuantSpec spec = SpecOf(m, d, bits.front(), bits.front());
     const int g = spec.block_tokens;
-    for (const Bad& bad : {Bad{true, 0, 0, 0x7C00}, Bad{false, 0, 5, 0xFC00},
-                           Bad{true, g - 1, d - 1, 0x7E00}, Bad{false, g / 2, 17, 0xFE01},
-                           Bad{true, 3, 64, 0x7C01}}) {
-      INFO(QuantMethodName(m) << (bad.k ? " k" : " v") << " token " << bad.t << " channel "
-                              << bad.c << " bits " << bad.bits);
+    for (const Bad& bad :
+         {Bad{true, 0, 0, 0x7C00}, Bad{false, 0, 5, 0xFC00}, Bad{true, g - 1, d - 1, 0x7E00},
+          Bad{false, g / 2, 17, 0xFE01}, Bad{true, 3, 64, 0x7C01}}) {
+      INFO(QuantMethodName(m) << (bad.k ? " k" : " v") << " token " << bad.t << " channel " << bad.c
+                              << " bits " << bad.bits);
       Rows rows = MakeRows(g, d, 2 * d, d, 1.0f, 31);
       rows.Set(bad.k ? rows.K(bad.t, bad.c) : rows.V(bad.t, bad.c), bad.bits);
       std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
