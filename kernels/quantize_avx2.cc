@@ -93,9 +93,8 @@ inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
     for (int il = 0; il < 4; ++il) {
       const uint16_t* p = src + il * stride + 4 * jb;
       const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-      const __m128d both =
-          _mm_loadh_pd(_mm_castsi128_pd(lo), reinterpret_cast<const double*>(p + 4 * stride));
-      a[il] = _mm256_cvtph_ps(_mm_castpd_si128(both));
+      const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4 * stride));
+      a[il] = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
     }
     TransposeHalves4(a, jb, out);
   }

@@ -85,9 +85,8 @@ inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
 // The same from fp16 rows: the 4 halves (8 bytes) of rows il, il + 4, il + 8 and il + 12 go into
 // one 256-bit register, which vcvtph2ps widens into the layout above.
 inline __m128i LoadHalfPair(const uint16_t* p, int64_t stride) {
-  const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm_castpd_si128(
-      _mm_loadh_pd(_mm_castsi128_pd(lo), reinterpret_cast<const double*>(p + stride)));
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + stride)));
 }
 inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
 #pragma GCC unroll 4

@@ -179,6 +179,21 @@ TEST_CASE("fp16 input: QuantizeBlocks over the daemon's row slots equals block-b
       std::vector<uint8_t> out(bytes * n_blocks, 0x5A);
       REQUIRE(QuantizeBlocks(spec, batch, out.data()).ok());
       REQUIRE(out == ref);
+      // A NaN in block 1 stops the batch there, named with the block's index as for fp32 rows.
+      Rows bad = rows;
+      bad.Set(bad.V(g + 2, 7), 0x7E00);
+      BlockBatch bad_batch = batch;
+      bad_batch.k_f16 = bad.f16.data();
+      bad_batch.v_f16 = bad.f16.data() + d;
+      BlockBatch bad_f32 = bad_batch;
+      bad_f32.k_f16 = bad_f32.v_f16 = nullptr;
+      bad_f32.k = bad.f32.data();
+      bad_f32.v = bad.f32.data() + d;
+      const Status s16 = QuantizeBlocks(spec, bad_batch, out.data());
+      const Status s32 = QuantizeBlocks(spec, bad_f32, out.data());
+      REQUIRE(s16.code() == StatusCode::kInvalidArgument);
+      REQUIRE(s16.message() == s32.message());
+      REQUIRE(s16.message().rfind("block 1: v: element (token 2, channel 7)", 0) == 0);
     }
   }
 }
