@@ -28,22 +28,43 @@ float* Scratch(int64_t floats) {
   return buf.data();
 }
 
-Status CheckInput(const QuantSpec& spec, const BlockInput& in) {
-  if (in.k == nullptr || in.v == nullptr) return InvalidArgument("block input: null K or V rows");
+// Exactly one pair of row pointers; the element type follows from which.
+Status CheckPointers(const QuantSpec& spec, const BlockInput& in) {
+  const bool f32 = in.k != nullptr || in.v != nullptr;
+  if (f32 && in.f16()) {
+    return InvalidArgument(
+        "block input: both fp32 (k, v) and fp16 (k_f16, v_f16) rows set, "
+        "expected one pair");
+  }
+  if (in.f16() ? (in.k_f16 == nullptr || in.v_f16 == nullptr)
+               : (in.k == nullptr || in.v == nullptr)) {
+    return InvalidArgument("block input: null K or V rows");
+  }
   if (in.row_stride < spec.head_dim) {
     return InvalidArgument("row_stride: got ", in.row_stride, ", expected >= head_dim ",
                            spec.head_dim);
   }
+  return OkStatus();
+}
+
+// Element c of token t's K (or V) row, as fp32 (fp16 widens exactly).
+float InputAt(const BlockInput& in, bool k, int t, int c) {
+  const int64_t i = t * in.row_stride + c;
+  if (in.f16()) return HalfToFloat((k ? in.k_f16 : in.v_f16)[i]);
+  return (k ? in.k : in.v)[i];
+}
+
+Status CheckInput(const QuantSpec& spec, const BlockInput& in) {
+  KVCTL_RETURN_IF_ERROR(CheckPointers(spec, in));
   for (int t = 0; t < spec.block_tokens; ++t) {
-    const float* k = in.k + t * in.row_stride;
-    const float* v = in.v + t * in.row_stride;
     for (int c = 0; c < spec.head_dim; ++c) {
-      if (!std::isfinite(k[c])) {
-        return InvalidArgument("k: element (token ", t, ", channel ", c, ") is ", k[c],
+      const float k = InputAt(in, true, t, c), v = InputAt(in, false, t, c);
+      if (!std::isfinite(k)) {
+        return InvalidArgument("k: element (token ", t, ", channel ", c, ") is ", k,
                                ", expected a finite value");
       }
-      if (!std::isfinite(v[c])) {
-        return InvalidArgument("v: element (token ", t, ", channel ", c, ") is ", v[c],
+      if (!std::isfinite(v)) {
+        return InvalidArgument("v: element (token ", t, ", channel ", c, ") is ", v,
                                ", expected a finite value");
       }
     }
@@ -71,6 +92,9 @@ Status OverflowError(const QuantSpec& spec) {
 
 using EncodeFn = simd::EncodeResult (*)(const QuantSpec&, const BlockLayout&, const float*,
                                         const float*, int64_t, const float*, float*, uint8_t*);
+using EncodeF16Fn = simd::EncodeResult (*)(const QuantSpec&, const BlockLayout&, const uint16_t*,
+                                           const uint16_t*, int64_t, const float*, float*,
+                                           uint8_t*);
 using DecodeFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
                           float*, float*, float*);
 using DecodeHalvesFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
@@ -84,6 +108,7 @@ bool SimdFits(const QuantSpec& spec, int lanes) {
 
 struct SimdCodec {
   EncodeFn encode = nullptr;
+  EncodeF16Fn encode_f16 = nullptr;
   DecodeFn decode = nullptr;
   DecodeHalvesFn decode_halves = nullptr;
 };
@@ -91,10 +116,12 @@ struct SimdCodec {
 SimdCodec PickCodec(const QuantSpec& spec) {
   const SimdLevel level = g_level.load(std::memory_order_relaxed);
   if (level == SimdLevel::kAvx512 && SimdFits(spec, 16)) {
-    return {simd::EncodeRecordAvx512, simd::DecodeRecordAvx512, simd::DecodeRecordHalvesAvx512};
+    return {simd::EncodeRecordAvx512, simd::EncodeRecordF16InAvx512, simd::DecodeRecordAvx512,
+            simd::DecodeRecordHalvesAvx512};
   }
   if (level >= SimdLevel::kAvx2 && SimdFits(spec, 8)) {
-    return {simd::EncodeRecordAvx2, simd::DecodeRecordAvx2, simd::DecodeRecordHalvesAvx2};
+    return {simd::EncodeRecordAvx2, simd::EncodeRecordF16InAvx2, simd::DecodeRecordAvx2,
+            simd::DecodeRecordHalvesAvx2};
   }
   return {};
 }
@@ -105,9 +132,27 @@ Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* re
   KVCTL_RETURN_IF_ERROR(CheckInput(spec, in));
   const BlockLayout layout = BlockLayoutOf(spec);
   std::memset(record, 0, layout.record_bytes);
+  const float* k = in.k;
+  const float* v = in.v;
+  int64_t stride = in.row_stride;
+  if (in.f16()) {
+    // The spec is the fp32 encoder on the widened values (exact), so fp16 rows give the bytes
+    // their fp32 values give.
+    const int64_t n = static_cast<int64_t>(spec.block_tokens) * spec.head_dim;
+    thread_local std::vector<float> rows;
+    if (static_cast<int64_t>(rows.size()) < 2 * n) rows.resize(static_cast<size_t>(2 * n));
+    for (int t = 0; t < spec.block_tokens; ++t) {
+      for (int c = 0; c < spec.head_dim; ++c) {
+        rows[t * spec.head_dim + c] = InputAt(in, true, t, c);
+        rows[n + t * spec.head_dim + c] = InputAt(in, false, t, c);
+      }
+    }
+    k = rows.data();
+    v = rows.data() + n;
+    stride = spec.head_dim;
+  }
   float* scratch = Scratch(block::ScratchFloats(spec));
-  if (!block::EncodeRecord(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch,
-                           record)) {
+  if (!block::EncodeRecord(spec, layout, k, v, stride, in.token_norms, scratch, record)) {
     return OverflowError(spec);
   }
   return OkStatus();
@@ -117,7 +162,7 @@ namespace {
 
 // What CheckInput verifies besides finiteness, which the SIMD codecs check on the fly.
 bool PointersAndNormsOk(const QuantSpec& spec, const BlockInput& in) {
-  if (in.k == nullptr || in.v == nullptr || in.row_stride < spec.head_dim) return false;
+  if (!CheckPointers(spec, in).ok()) return false;
   if (!TraitsOf(spec.method).needs_token_norms) return true;
   if (in.token_norms == nullptr) return false;
   for (int t = 0; t < spec.block_tokens; ++t) {
@@ -137,7 +182,12 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
   }
   const BlockLayout layout = BlockLayoutOf(spec);
   float* scratch = Scratch(simd::ScratchFloats(spec));
-  switch (codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record)) {
+  const simd::EncodeResult result =
+      in.f16()
+          ? codec.encode_f16(spec, layout, in.k_f16, in.v_f16, in.row_stride, in.token_norms,
+                             scratch, record)
+          : codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record);
+  switch (result) {
     case simd::EncodeResult::kOk:
       return OkStatus();
     case simd::EncodeResult::kOverflow:
@@ -153,12 +203,17 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
 
 Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  // Offsets only on the pair that is set: arithmetic on a null pointer is undefined.
+  auto at = [&](auto* p, int b) { return p != nullptr ? p + b * batch.block_stride : nullptr; };
   for (int b = 0; b < batch.n_blocks; ++b) {
-    const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride,
+    const BlockInput in{at(batch.k, b),
+                        at(batch.v, b),
                         batch.row_stride,
                         batch.token_norms != nullptr
                             ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
-                            : nullptr};
+                            : nullptr,
+                        at(batch.k_f16, b),
+                        at(batch.v_f16, b)};
     Status s = QuantizeBlock(spec, in, records + b * record_bytes);
     if (!s.ok()) return Status(s.code(), internal::StrCat("block ", b, ": ", s.message()));
   }
@@ -229,15 +284,25 @@ void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
   // row and sums eight tokens at a time in scalar chains; the SIMD path puts one token per lane.
   const SimdLevel level = g_level.load(std::memory_order_relaxed);
   int64_t done = 0;
-  if (k.dtype == DType::kF32 && k.head_dim <= std::numeric_limits<int>::max()) {
+  const int d = static_cast<int>(std::min<int64_t>(k.head_dim, std::numeric_limits<int>::max()));
+  if (k.dtype == DType::kF32 && k.head_dim == d) {
     const auto* data = static_cast<const float*>(k.data);
-    const int d = static_cast<int>(k.head_dim);
     if (level == SimdLevel::kAvx512) {
       done = simd::TokenNormsAvx512(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
                                     norms_out);
     } else if (level == SimdLevel::kAvx2) {
       done = simd::TokenNormsAvx2(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
                                   norms_out);
+    }
+  } else if (k.dtype == DType::kF16 && k.head_dim == d) {
+    // Widened in registers (exact), then the fp32 sums: the reference's LoadRow does the same.
+    const auto* data = static_cast<const uint16_t*>(k.data);
+    if (level == SimdLevel::kAvx512) {
+      done = simd::TokenNormsF16InAvx512(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
+                                         norms_out);
+    } else if (level == SimdLevel::kAvx2) {
+      done = simd::TokenNormsF16InAvx2(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
+                                       norms_out);
     }
   }
   if (done < k.tokens) ComputeTokenNormsRef(k.Tokens(done, k.tokens - done), norms_out + done);

@@ -2,8 +2,11 @@
 //
 // File: kernels/quantize.h
 // Quantize and dequantize block records (see kernels/quant_types.h): K and V of block_tokens tokens
-// of one (layer, KV head) to one record, and back. Inputs and outputs are fp32 rows of head_dim in
-// the engine's frame: rotating methods apply the Hadamard inside and undo it on dequantize.
+// of one (layer, KV head) to one record, and back. Inputs are fp32 or fp16 rows of head_dim in the
+// engine's frame, outputs fp32 (or fp16) rows: rotating methods apply the Hadamard inside and undo
+// it on dequantize. fp16 input is the form the engines and the daemon's stored rows hold: the
+// encoders read it as it is (half the bytes of fp32) and convert in registers, so a record from
+// fp16 rows is byte for byte the record from their fp32 values.
 //
 // Three implementations produce identical bytes: the scalar reference (`*Ref`, the spec, per-block
 // math in kernels/quant_block.h shared with CUDA), and the SIMD path (AVX2, or AVX-512 where the
@@ -27,23 +30,33 @@
 
 namespace kvctl {
 
-// One head's tokens for one block. Row t of K starts at k + t * row_stride (floats).
+// One head's tokens for one block, as fp32 rows (k, v) or fp16 rows (k_f16, v_f16): exactly one
+// of the two pairs is set. Row t of K starts at k + t * row_stride (elements of the rows' type).
 struct BlockInput {
   const float* k = nullptr;
   const float* v = nullptr;
   int64_t row_stride = 0;              // >= head_dim.
   const float* token_norms = nullptr;  // block_tokens norms from ComputeTokenNorms; OScaR only.
+  // IEEE binary16 bit patterns (2-byte aligned). Separate pointers rather than a dtype beside
+  // untyped ones, so the many fp32 callers keep their typed arithmetic on k and v.
+  const uint16_t* k_f16 = nullptr;
+  const uint16_t* v_f16 = nullptr;
+
+  bool f16() const { return k_f16 != nullptr || v_f16 != nullptr; }
 };
 
 // Writes one record of BlockLayoutOf(spec).record_bytes bytes (padding zeroed). Fails with
-// INVALID_ARGUMENT on non-finite input or when stored fp16 metadata would overflow (|value| beyond
-// 65504), naming the token and channel. REQUIRES: ValidateQuantSpec(spec).ok().
+// INVALID_ARGUMENT when both or neither pair of row pointers is set, on non-finite input or when
+// stored fp16 metadata would overflow (|value| beyond 65504), naming the token and channel.
+// REQUIRES: ValidateQuantSpec(spec).ok().
 Status QuantizeBlockRef(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
 Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record);
 
-// n_blocks blocks of one head: block b's K rows start at k + b * block_stride (floats), row t of
+// n_blocks blocks of one head: block b's K rows start at k + b * block_stride (elements), row t of
 // it at + t * row_stride; the same for v. token_norms: block_tokens norms per block, back to back
-// (OScaR), else null.
+// (OScaR), else null. fp16 rows: k_f16 and v_f16 instead of k and v, as in BlockInput. A stored
+// row slot of the daemon (K row then V row, fp16) is {.row_stride = 2 * head_dim, .k_f16 = slot,
+// .v_f16 = slot + head_dim}.
 struct BlockBatch {
   const float* k = nullptr;
   const float* v = nullptr;
@@ -51,6 +64,10 @@ struct BlockBatch {
   int64_t block_stride = 0;
   const float* token_norms = nullptr;
   int n_blocks = 0;
+  const uint16_t* k_f16 = nullptr;
+  const uint16_t* v_f16 = nullptr;
+
+  bool f16() const { return k_f16 != nullptr || v_f16 != nullptr; }
 };
 
 // QuantizeBlock over a batch; records back to back, record_bytes apart. The first error stops it,
@@ -76,7 +93,7 @@ void DequantizeBlockHalves(const QuantSpec& spec, const uint8_t* record, const f
 // layer, in fp32, summed in (head, channel) order; 1 where the norm is not > 0. A Hadamard
 // preserves norms, so this is computed on the unrotated K. `k` must be valid and finite.
 // ComputeTokenNormsRef is the scalar reference; ComputeTokenNorms gives the same bits, with the
-// active SIMD level for fp32 views.
+// active SIMD level for fp32 and fp16 views.
 void ComputeTokenNormsRef(const KvTensorView& k, float* norms_out);
 void ComputeTokenNorms(const KvTensorView& k, float* norms_out);
 

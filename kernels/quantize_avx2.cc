@@ -58,6 +58,18 @@ inline VF Lookup16(const float* table, VU code) {
 // only the 4 x 4 transposes inside the halves take shuffles (16 in-lane unpacks instead of the
 // register transpose's cross-lane permutes and blends).
 #define KVCTL_LOAD_TRANSPOSED 1
+// a[il]'s half b holds row 4b + il, elements 4jb..4jb+3: transposes each half's 4 x 4 into
+// out[4jb..4jb+3].
+inline void TransposeHalves4(const __m256* a, int jb, VU* out) {
+  const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+  const __m256d d0 = _mm256_castps_pd(t0), d1 = _mm256_castps_pd(t1);
+  const __m256d d2 = _mm256_castps_pd(t2), d3 = _mm256_castps_pd(t3);
+  out[4 * jb + 0] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d0, d2));
+  out[4 * jb + 1] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d0, d2));
+  out[4 * jb + 2] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d1, d3));
+  out[4 * jb + 3] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d1, d3));
+}
 inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
 #pragma GCC unroll 2
   for (int jb = 0; jb < 2; ++jb) {
@@ -68,15 +80,23 @@ inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
       a[il] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)),
                                    _mm_loadu_ps(p + 4 * stride), 1);
     }
-    // Half b of a[il] holds row 4b + il, elements 4jb..4jb+3; transpose each half's 4 x 4.
-    const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
-    const __m256d d0 = _mm256_castps_pd(t0), d1 = _mm256_castps_pd(t1);
-    const __m256d d2 = _mm256_castps_pd(t2), d3 = _mm256_castps_pd(t3);
-    out[4 * jb + 0] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d0, d2));
-    out[4 * jb + 1] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d0, d2));
-    out[4 * jb + 2] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d1, d3));
-    out[4 * jb + 3] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d1, d3));
+    TransposeHalves4(a, jb, out);
+  }
+}
+// The same from fp16 rows: the 4 halves (8 bytes) of rows il and il + 4 go into one 128-bit
+// register, which vcvtph2ps widens into the layout above; the transposes are the same.
+inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
+#pragma GCC unroll 2
+  for (int jb = 0; jb < 2; ++jb) {
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int il = 0; il < 4; ++il) {
+      const uint16_t* p = src + il * stride + 4 * jb;
+      const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4 * stride));
+      a[il] = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+    }
+    TransposeHalves4(a, jb, out);
   }
 }
 }  // namespace

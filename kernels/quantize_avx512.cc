@@ -55,6 +55,18 @@ inline VF Lookup16(const float* table, VU code) {
 // on the load ports and either vector port); only the 4 x 4 transposes inside the blocks take
 // shuffles: 32 one-port permutes instead of the 64 of a register transpose.
 #define KVCTL_LOAD_TRANSPOSED 1
+// a[il]'s block b holds row 4b + il, elements 4jb..4jb+3: transposes each block's 4 x 4 into
+// out[4jb..4jb+3].
+inline void TransposeBlocks4(const __m512* a, int jb, VU* out) {
+  const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+  const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+  const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
+  const __m512d d2 = _mm512_castps_pd(t2), d3 = _mm512_castps_pd(t3);
+  out[4 * jb + 0] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d0, d2));
+  out[4 * jb + 1] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d0, d2));
+  out[4 * jb + 2] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d1, d3));
+  out[4 * jb + 3] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d1, d3));
+}
 inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
 #pragma GCC unroll 4
   for (int jb = 0; jb < 4; ++jb) {
@@ -67,15 +79,27 @@ inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
       v = _mm512_insertf32x4(v, _mm_loadu_ps(p + 8 * stride), 2);
       a[il] = _mm512_insertf32x4(v, _mm_loadu_ps(p + 12 * stride), 3);
     }
-    // Block b of a[il] holds row 4b + il, elements 4jb..4jb+3; transpose each block's 4 x 4.
-    const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
-    const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
-    const __m512d d0 = _mm512_castps_pd(t0), d1 = _mm512_castps_pd(t1);
-    const __m512d d2 = _mm512_castps_pd(t2), d3 = _mm512_castps_pd(t3);
-    out[4 * jb + 0] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d0, d2));
-    out[4 * jb + 1] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d0, d2));
-    out[4 * jb + 2] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d1, d3));
-    out[4 * jb + 3] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d1, d3));
+    TransposeBlocks4(a, jb, out);
+  }
+}
+// The same from fp16 rows: the 4 halves (8 bytes) of rows il, il + 4, il + 8 and il + 12 go into
+// one 256-bit register, which vcvtph2ps widens into the layout above.
+inline __m128i LoadHalfPair(const uint16_t* p, int64_t stride) {
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + stride)));
+}
+inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
+#pragma GCC unroll 4
+  for (int jb = 0; jb < 4; ++jb) {
+    __m512 a[4];
+#pragma GCC unroll 4
+    for (int il = 0; il < 4; ++il) {
+      const uint16_t* p = src + il * stride + 4 * jb;
+      const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(LoadHalfPair(p, 4 * stride)),
+                                                LoadHalfPair(p + 8 * stride, 4 * stride), 1);
+      a[il] = _mm512_cvtph_ps(h);
+    }
+    TransposeBlocks4(a, jb, out);
   }
 }
 }  // namespace

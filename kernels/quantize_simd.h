@@ -52,6 +52,10 @@ enum class EncodeResult : uint8_t { kOk, kNonFinite, kOverflow };
   EncodeResult EncodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const float* k,     \
                                     const float* v, int64_t stride, const float* norms,           \
                                     float* scratch, uint8_t* rec);                                \
+  /* The same record from fp16 rows (stride in fp16 elements), converted in the loaders. */       \
+  EncodeResult EncodeRecordF16In##Suffix(const QuantSpec& s, const BlockLayout& l,                \
+                                         const uint16_t* k, const uint16_t* v, int64_t stride,    \
+                                         const float* norms, float* scratch, uint8_t* rec);       \
   void DecodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,         \
                             const float* norms, float* scratch, float* k_out, float* v_out);      \
   /* DecodeRecord's floats stored as fp16 (common/half.h's FloatToHalf of each), 2 bytes each. */ \
@@ -62,7 +66,9 @@ enum class EncodeResult : uint8_t { kOk, kNonFinite, kOverflow };
   /* ComputeTokenNormsRef's norms of the first tokens, a multiple of the lane count of them */    \
   /* (0 when head_dim is not a multiple of it); returns how many. fp32 rows. */                   \
   int64_t TokenNorms##Suffix(const float* k, int64_t tokens, int64_t heads, int d,                \
-                             int64_t token_stride, int64_t head_stride, float* norms);
+                             int64_t token_stride, int64_t head_stride, float* norms);            \
+  int64_t TokenNormsF16In##Suffix(const uint16_t* k, int64_t tokens, int64_t heads, int d,        \
+                                  int64_t token_stride, int64_t head_stride, float* norms);
 
 KVCTL_DECLARE_SIMD_CODEC(Avx2)
 KVCTL_DECLARE_SIMD_CODEC(Avx512)

@@ -1,7 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // kvbench: benchmarks of kvctl's building blocks, one subcommand each.
 //   kvbench quant [--input DIR | --tokens N --heads H --head-dim D --seed S] [--methods ...]
-//                 [--bits ...] [--simd scalar|avx2|avx512] [--json] [--quick]
+//                 [--bits ...] [--simd scalar|avx2|avx512] [--input-form fp32|fp16] [--json]
+//                 [--quick]
 //   kvbench ipc [--iterations N] [--warmup N] [--tokens 1024,8192] [--rows ...] [--workers N]
 //               [--json] [--quick]
 //   kvbench attention [--tokens 4096,32768,131072] [--geometries smollm2,llama3-8b]
@@ -65,6 +66,10 @@ CLI::App* AddQuantCommand(CLI::App& app, kvctl::QuantBenchOptions& options, bool
       ->delimiter(',');
   cmd->add_option("--simd", options.simd,
                   "Force the SIMD path: scalar, avx2 or avx512 (default: best the CPU has)");
+  cmd->add_option("--input-form", options.input_form,
+                  "Element type of the rows the quantizers read: fp32 or fp16 (the engines' and "
+                  "the daemon's stored rows)")
+      ->capture_default_str();
   CLI::Option* reps =
       cmd->add_option("--reps", options.reps, "Timed repetitions per measurement (median)")
           ->capture_default_str();

@@ -119,9 +119,10 @@ StatusOr<QuantRowAccuracy> ComputeQuantRow(const QuantBenchContext& ctx, const Q
 // Median GB/s over `reps` timed runs (thread CPU time) after one warm-up, one thread, of
 // quantizing (and then dequantizing) the pure-mode tokens of every head. GB counts fp16 input
 // bytes: 2 * Tq * H * D * 2.
-// The input is what the daemon's flush path hands the quantizer: fp32 rows, each head's rows
-// contiguous (row_stride = head_dim), head by head; token_rows_quantize_gbps reads the [T, H, D]
-// tensor in place instead (row_stride = H * head_dim, block-major).
+// The input is what the daemon's flush path hands the quantizer: rows of `form` (fp32, or fp16
+// through BlockInput's k_f16/v_f16), each head's rows contiguous (row_stride = head_dim), head by
+// head; token_rows_quantize_gbps reads the [T, H, D] tensor in the same form in place instead
+// (row_stride = H * head_dim, block-major). fp16 rows hold RoundToHalf of the input.
 struct QuantThroughput {
   int64_t tokens = 0;                                     // Tq.
   double bytes = 0;                                       // fp16 bytes of K and V for Tq tokens.
@@ -129,16 +130,19 @@ struct QuantThroughput {
   double token_rows_quantize_gbps = 0;                    // QuantizeBlock on [T, H, D] rows.
   double ref_quantize_gbps = 0, ref_dequantize_gbps = 0;  // *Ref scalar reference.
 };
+enum class QuantInputForm { kF32, kF16 };
 StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
-                                                 const QuantSpec& spec, int reps);
+                                                 const QuantSpec& spec, int reps,
+                                                 QuantInputForm form = QuantInputForm::kF32);
 
 // Median GB/s of memcpy of `bytes` bytes (bytes copied / thread CPU seconds), after a warm-up.
 double MeasureMemcpyGbps(size_t bytes, int reps);
 
-// GB/s (fp16 bytes, as the quantizers count them) of reading the fp32 K and V once, sequentially,
-// doing nothing but keeping a running maximum of the bits: what a quantizer that reads this input
-// could reach at best. Median thread CPU time of `reps` reads after a warm-up.
-double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v, int reps);
+// GB/s (fp16 bytes, as the quantizers count them) of reading K and V once in `form`
+// (elements each of K and V, 4 or 2 bytes each), sequentially, doing nothing but OR-ing the bits:
+// what a quantizer that reads this input could reach at best. Median thread CPU time of `reps`
+// reads after a warm-up.
+double MeasureReadGbps(const QuantBenchContext& ctx, QuantInputForm form, int reps);
 
 // Quantize speed goal relative to memcpy (benchmark, not asserted; issue 14): 0.5 for KIVI, QuaRot
 // and OScaR, 0.1 for KVarN at the registry's Sinkhorn iterations, 0 (none) otherwise.
@@ -150,6 +154,7 @@ struct QuantBenchOptions {
   std::vector<std::string> methods, bits;  // Filters, see SelectQuantRows.
   std::vector<int> sinkhorn_iters;         // KVarN rows once per value; empty: the registry's.
   std::string simd;                        // "", "scalar", "avx2" or "avx512".
+  std::string input_form = "fp32";         // "fp32" or "fp16": rows the quantizers read.
   int reps = 5;
   int attn_queries = 64;
   bool throughput = true;
@@ -170,7 +175,8 @@ struct QuantBenchReport {
   bool throughput = true;
   bool quick = false;
   double memcpy_bytes = 0, memcpy_gbps = 0;
-  double read_gbps = 0;  // MeasureReadGbps of the fp32 input.
+  std::string input_form;  // "fp32" or "fp16".
+  double read_gbps = 0;    // MeasureReadGbps of the input in that form.
   std::vector<QuantBenchRow> rows;
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/half.h"
 #include "common/tensor.h"
 #include "kernels/quantize.h"
 #include "tools/kvbench_quant.h"
@@ -43,9 +44,9 @@ double MedianSeconds(int reps, Fn&& run) {
 }
 
 // Where the quantizer's input rows lie. kHeadRows is what the daemon hands the quantizer
-// (KvSequence::EncodeNewRecords: each head's flushed rows are fp32, contiguous, row_stride =
-// head_dim, one QuantizeBlocks batch per head); kTokenRows is the engine's [T, H, D] tensor read in
-// place (row_stride = H * D: a block's rows of one head lie H * D * 4 bytes apart).
+// (KvSequence::EncodeNewRecords: each head's flushed rows contiguous, row_stride = head_dim, one
+// QuantizeBlocks batch per head); kTokenRows is the engine's [T, H, D] tensor read in place
+// (row_stride = H * D: a block's rows of one head lie H * D elements apart).
 enum class InputRows { kHeadRows, kTokenRows };
 
 // The pure-mode workload: every full block of every head. OScaR's token norms are part of the
@@ -53,9 +54,10 @@ enum class InputRows { kHeadRows, kTokenRows };
 // does before its per-head batches).
 class Workload {
  public:
-  Workload(const QuantBenchContext& ctx, const QuantSpec& spec)
+  Workload(const QuantBenchContext& ctx, const QuantSpec& spec, QuantInputForm form)
       : in_(ctx.input),
         spec_(spec),
+        f16_(form == QuantInputForm::kF16),
         layout_(BlockLayoutOf(spec)),
         needs_norms_(TraitsOf(spec.method).needs_token_norms),
         g_(spec.block_tokens),
@@ -73,6 +75,12 @@ class Workload {
         std::memcpy(&k_heads_[(h * tq + t) * d], &in_.k[(t * h_kv + h) * d], sizeof(float) * d);
         std::memcpy(&v_heads_[(h * tq + t) * d], &in_.v[(t * h_kv + h) * d], sizeof(float) * d);
       }
+    }
+    if (f16_) {  // The same rows as fp16 (and the [T, H, D] tensor), the engines' own form.
+      k_heads16_ = ToHalves(k_heads_);
+      v_heads16_ = ToHalves(v_heads_);
+      k_tokens16_ = ToHalves(in_.k);
+      v_tokens16_ = ToHalves(in_.v);
     }
   }
 
@@ -98,14 +106,20 @@ class Workload {
   Status QuantizeHeadRows(QuantizeFn fn) {
     const int64_t h_kv = in_.heads, d = in_.head_dim, tq = tokens();
     if (needs_norms_) {
-      KvTensorView view{k_heads_.data(), DType::kF32, tq, h_kv, d, d, tq * d};
+      KvTensorView view{f16_ ? static_cast<const void*>(k_heads16_.data()) : k_heads_.data(),
+                        f16_ ? DType::kF16 : DType::kF32,
+                        tq,
+                        h_kv,
+                        d,
+                        d,
+                        tq * d};
       ComputeTokenNorms(view, norms_.data());
     }
     for (int64_t h = 0; h < h_kv; ++h) {
       for (int64_t b = 0; b < blocks_; ++b) {
         const int64_t first = (h * tq + b * g_) * d;
-        const BlockInput block{k_heads_.data() + first, v_heads_.data() + first, d,
-                               needs_norms_ ? &norms_[b * g_] : nullptr};
+        const BlockInput block = Input(k_heads_, v_heads_, k_heads16_, v_heads16_, first, d,
+                                       needs_norms_ ? &norms_[b * g_] : nullptr);
         KVCTL_RETURN_IF_ERROR(fn(spec_, block, Record(b, h)));
       }
     }
@@ -116,7 +130,8 @@ class Workload {
   Status QuantizeTokenRows(QuantizeFn fn) {
     const int64_t h_kv = in_.heads, d = in_.head_dim;
     const KvTensorView k_view =
-        KvTensorView::Contiguous(in_.k.data(), DType::kF32, in_.tokens, h_kv, d);
+        KvTensorView::Contiguous(f16_ ? static_cast<const void*>(k_tokens16_.data()) : in_.k.data(),
+                                 f16_ ? DType::kF16 : DType::kF32, in_.tokens, h_kv, d);
     for (int64_t b = 0; b < blocks_; ++b) {
       const int64_t s = b * g_;
       const float* norms = nullptr;
@@ -125,12 +140,26 @@ class Workload {
         norms = &norms_[s];
       }
       for (int64_t h = 0; h < h_kv; ++h) {
-        const BlockInput block{in_.k.data() + (s * h_kv + h) * d, in_.v.data() + (s * h_kv + h) * d,
-                               h_kv * d, norms};
+        const BlockInput block =
+            Input(in_.k, in_.v, k_tokens16_, v_tokens16_, (s * h_kv + h) * d, h_kv * d, norms);
         KVCTL_RETURN_IF_ERROR(fn(spec_, block, Record(b, h)));
       }
     }
     return OkStatus();
+  }
+
+  static std::vector<uint16_t> ToHalves(const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = FloatToHalf(x[i]);
+    return h;
+  }
+
+  // Rows from element `first` on, fp32 or fp16 as the workload's form says.
+  BlockInput Input(const std::vector<float>& k, const std::vector<float>& v,
+                   const std::vector<uint16_t>& k16, const std::vector<uint16_t>& v16,
+                   int64_t first, int64_t stride, const float* norms) const {
+    if (f16_) return {nullptr, nullptr, stride, norms, k16.data() + first, v16.data() + first};
+    return {k.data() + first, v.data() + first, stride, norms};
   }
 
   // Records of one head back to back, as the daemon keeps them.
@@ -140,11 +169,13 @@ class Workload {
 
   const QuantBenchInput& in_;
   const QuantSpec spec_;
+  const bool f16_;
   const BlockLayout layout_;
   const bool needs_norms_;
   const int64_t g_, blocks_;
   std::vector<uint8_t> records_;
   std::vector<float> norms_, k_heads_, v_heads_, k_out_, v_out_;
+  std::vector<uint16_t> k_heads16_, v_heads16_, k_tokens16_, v_tokens16_;  // fp16 form only.
 };
 
 StatusOr<double> QuantizeGbps(Workload& w, QuantizeFn fn, InputRows rows, double bytes, int reps) {
@@ -194,8 +225,9 @@ StatusOr<std::vector<QuantRowSpec>> WithSinkhornIters(const std::vector<QuantRow
 }  // namespace
 
 StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
-                                                 const QuantSpec& spec, int reps) {
-  Workload w(ctx, spec);
+                                                 const QuantSpec& spec, int reps,
+                                                 QuantInputForm form) {
+  Workload w(ctx, spec, form);
   QuantThroughput p;
   p.tokens = w.tokens();
   p.bytes = 2.0 * static_cast<double>(p.tokens) * ctx.input.heads * ctx.input.head_dim * 2;
@@ -214,14 +246,24 @@ StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
   return p;
 }
 
-double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v, int reps) {
+double MeasureReadGbps(const QuantBenchContext& ctx, QuantInputForm form, int reps) {
+  const std::vector<float>& k = ctx.input.k;
+  const std::vector<float>& v = ctx.input.v;
+  std::vector<uint16_t> k16, v16;
+  if (form == QuantInputForm::kF16) {
+    k16.resize(k.size());
+    v16.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = FloatToHalf(k[i]);
+    for (size_t i = 0; i < v.size(); ++i) v16[i] = FloatToHalf(v[i]);
+  }
+  const size_t elem = form == QuantInputForm::kF16 ? 2 : 4;
   // OR of every 16-byte piece into four independent accumulators: one vector OR per load at the
   // baseline ISA, so the loop is bound by the loads, not by arithmetic.
   typedef uint64_t V2 __attribute__((vector_size(16)));
-  auto read = [](const std::vector<float>& x) {
+  auto read = [elem](const void* x, size_t n) {
     V2 acc[4] = {};
-    const auto* bytes = reinterpret_cast<const char*>(x.data());
-    const size_t pieces = x.size() * sizeof(float) / sizeof(V2) / 4 * 4;
+    const auto* bytes = static_cast<const char*>(x);
+    const size_t pieces = n * elem / sizeof(V2) / 4 * 4;
     for (size_t i = 0; i < pieces; i += 4) {
       for (int j = 0; j < 4; ++j) {
         V2 piece;
@@ -233,7 +275,13 @@ double MeasureReadGbps(const std::vector<float>& k, const std::vector<float>& v,
     return all[0] | all[1];
   };
   volatile uint64_t sink = 0;
-  const double s = MedianSeconds(std::max(reps, 25), [&] { sink = sink | read(k) | read(v); });
+  const double s = MedianSeconds(std::max(reps, 25), [&] {
+    if (elem == 2) {
+      sink = sink | read(k16.data(), k16.size()) | read(v16.data(), v16.size());
+    } else {
+      sink = sink | read(k.data(), k.size()) | read(v.data(), v.size());
+    }
+  });
   // fp16 bytes of the same elements, the unit of every GB/s figure here.
   return static_cast<double>(k.size() + v.size()) * 2 / s / 1e9;
 }
@@ -270,6 +318,10 @@ StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
   if (o.reps < 1 || o.reps > 1000) {
     return InvalidArgument("--reps: got ", o.reps, ", expected 1..1000");
   }
+  if (o.input_form != "fp32" && o.input_form != "fp16") {
+    return InvalidArgument("--input-form: got \"", o.input_form, "\", expected fp32 or fp16");
+  }
+  const QuantInputForm form = o.input_form == "fp16" ? QuantInputForm::kF16 : QuantInputForm::kF32;
   if (!o.simd.empty()) {
     KVCTL_ASSIGN_OR_RETURN(SimdLevel level, ParseSimdLevel(o.simd));
     const Status st = SetSimdLevel(level);
@@ -316,17 +368,18 @@ StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
   report.reps = o.reps;
   report.throughput = o.throughput;
   report.quick = o.quick;
+  report.input_form = o.input_form;
   report.memcpy_bytes = 2.0 * static_cast<double>(in.tokens) * in.heads * in.head_dim * 2;
   if (o.throughput) {
     report.memcpy_gbps = MeasureMemcpyGbps(static_cast<size_t>(report.memcpy_bytes), o.reps);
-    report.read_gbps = MeasureReadGbps(in.k, in.v, o.reps);
+    report.read_gbps = MeasureReadGbps(ctx, form, o.reps);
   }
   for (const QuantRowSpec& row : rows) {
     QuantBenchRow r;
     KVCTL_ASSIGN_OR_RETURN(r.accuracy, ComputeQuantRow(ctx, row));
     r.target = QuantizeTarget(r.accuracy.spec);
     if (o.throughput) {
-      KVCTL_ASSIGN_OR_RETURN(r.perf, MeasureQuantThroughput(ctx, r.accuracy.spec, o.reps));
+      KVCTL_ASSIGN_OR_RETURN(r.perf, MeasureQuantThroughput(ctx, r.accuracy.spec, o.reps, form));
     }
     report.rows.push_back(std::move(r));
   }

@@ -151,8 +151,8 @@ std::string FormatQuantTable(const QuantBenchReport& r) {
   Appendf(&s, "memcpy of %.1f MB (T x H x D x 2 B x 2): %.2f GB/s\n", r.memcpy_bytes / 1e6,
           r.memcpy_gbps);
   Appendf(&s,
-          "read of the fp32 input once (no work): %.2f GB/s, %.4f x memcpy (a quantizer's bound)\n",
-          r.read_gbps, r.read_gbps / r.memcpy_gbps);
+          "read of the %s input once (no work): %.2f GB/s, %.4f x memcpy (a quantizer's bound)\n",
+          r.input_form.c_str(), r.read_gbps, r.read_gbps / r.memcpy_gbps);
   Appendf(&s, "%-11s %8s %9s  %-12s %8s %9s | %9s %11s | %8s %9s\n", "row", "quant", "x memcpy",
           "target", "dequant", "x memcpy", "ref quant", "ref dequant", "quant", "[T,H,D]");
   for (const QuantBenchRow& row : r.rows) {
@@ -166,9 +166,11 @@ std::string FormatQuantTable(const QuantBenchReport& r) {
   }
   s += "  quant/dequant: QuantizeBlock/DequantizeBlock at the active SIMD level; ref: the scalar "
        "*Ref path\n";
-  s += "  input: fp32 rows of one head contiguous, head by head, as the daemon's flush hands them "
-       "over;\n  quant [T,H,D]: QuantizeBlock reading the [T, H, D] tensor in place (rows H x D "
-       "apart), x memcpy\n";
+  s += "  input: " + r.input_form +
+       " rows of one head contiguous, head by head, as the daemon's flush hands them over "
+       "(--input-form fp32|fp16);\n  quant [T,H,D]: QuantizeBlock reading the [T, H, D] tensor in "
+       "place "
+       "(rows H x D apart), x memcpy\n";
   s += "  targets (benchmark, not asserted): kivi/quarot/oscar quantize >= 0.5x memcpy, kvarn (the "
        "registry's " +
        std::to_string(TraitsOf(QuantMethod::kKvarn).defaults.sinkhorn_iters) +
@@ -203,7 +205,8 @@ std::string FormatQuantJson(const QuantBenchReport& r) {
   j.Key("bytes").Number(r.memcpy_bytes);
   j.Key("gbps").Number(r.throughput ? r.memcpy_gbps : NAN);
   j.End('}');
-  j.Key("fp32_input_read").Begin('{');
+  j.Key("input_form").String(r.input_form);
+  j.Key("input_read").Begin('{');
   j.Key("gbps").Number(r.throughput ? r.read_gbps : NAN);
   j.Key("vs_memcpy").Number(r.throughput ? r.read_gbps / r.memcpy_gbps : NAN);
   j.End('}');

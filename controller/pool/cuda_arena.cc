@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "kernels/convert.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/quant_cuda.h"
 #include "kernels/cuda/scatter_cuda.h"
@@ -126,6 +127,18 @@ class CudaArena final : public Arena {
     if (batch.n_blocks <= 0) return OkStatus();
     const int g = spec.block_tokens, d = spec.head_dim;
     const int64_t span = (batch.n_blocks - 1) * batch.block_stride + (g - 1) * batch.row_stride + d;
+    if (batch.f16()) {
+      // The device encoder reads fp32 rows (kernels/cuda/quant_cuda.h): widen the span exactly on
+      // the host and encode that, so fp16 batches give the records their fp32 values give.
+      std::vector<float> k(static_cast<size_t>(span)), v(k.size());
+      ConvertF16ToF32(batch.k_f16, k.size(), k.data());
+      ConvertF16ToF32(batch.v_f16, v.size(), v.data());
+      BlockBatch wide = batch;
+      wide.k = k.data();
+      wide.v = v.data();
+      wide.k_f16 = wide.v_f16 = nullptr;
+      return EncodeBlocks(spec, wide, records);
+    }
     const bool norms = batch.token_norms != nullptr;
     const int64_t norm_count = static_cast<int64_t>(batch.n_blocks) * g;
     // The device encoder assumes finite input; the CPU path names the first bad element. Rows

@@ -49,6 +49,15 @@ __global__ void DecodeRecordsKernel(QuantSpec spec, BlockLayout layout, const ui
                       k_out + b * elems, v_out + b * elems);
 }
 
+// The device encoder runs block::EncodeRecord, which reads fp32 rows; fp16 batches (k_f16, v_f16)
+// are refused here rather than misread (controller/pool/cuda_arena.cc widens them on the host).
+Status RefuseF16(const BlockBatch& batch) {
+  if (!batch.f16()) return OkStatus();
+  return Unimplemented(
+      "block batch: fp16 rows (k_f16, v_f16) on the CUDA encoder, expected fp32 "
+      "rows (k, v); widen them first or use the CPU QuantizeBlocks");
+}
+
 }  // namespace
 
 int CudaDeviceCount() {
@@ -64,6 +73,7 @@ int64_t QuantizeScratchFloats(const QuantSpec& spec, int n_blocks) {
 Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records,
                                  float* scratch, int* overflow, void* stream) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  KVCTL_RETURN_IF_ERROR(RefuseF16(batch));
   if (batch.n_blocks <= 0) {
     return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
   }
@@ -79,6 +89,7 @@ Status EnqueueQuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch,
 
 Status QuantizeBlocksCuda(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  KVCTL_RETURN_IF_ERROR(RefuseF16(batch));
   if (batch.n_blocks <= 0)
     return InvalidArgument("n_blocks: got ", batch.n_blocks, ", expected > 0");
   DeviceBuffer<float> scratch;
@@ -115,6 +126,7 @@ Status DequantizeBlocksCuda(const QuantSpec& spec, const uint8_t* records, const
 Status QuantizeBlocksCudaHost(const QuantSpec& spec, const BlockBatch& host,
                               uint8_t* host_records) {
   KVCTL_RETURN_IF_ERROR(ValidateQuantSpec(spec));
+  KVCTL_RETURN_IF_ERROR(RefuseF16(host));
   if (host.n_blocks <= 0) return InvalidArgument("n_blocks: got ", host.n_blocks, ", expected > 0");
   // The host batch may be strided: copy the span that covers every row of every block.
   const int64_t span = (host.n_blocks - 1) * host.block_stride +

@@ -30,6 +30,8 @@ int CudaDeviceCount();
 
 // Batches are kernels/quantize.h BlockBatch (the CPU batch's layout) holding device pointers,
 // except where a function says host. Records are written back to back, record_bytes apart.
+// fp32 rows only: a batch with fp16 rows (k_f16, v_f16) is refused with UNIMPLEMENTED (the
+// device encoder is the shared fp32 block::EncodeRecord).
 
 // Device pointers. Fails with INVALID_ARGUMENT on fp16 metadata overflow (as the CPU path) and
 // UNAVAILABLE/INTERNAL on CUDA errors, with the CUDA error string. Inputs must be finite (the

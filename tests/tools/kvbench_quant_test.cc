@@ -297,6 +297,9 @@ TEST_CASE("KvbenchQuant: bad input exits 1 with one clear message", "[tools]") {
   o.simd = "neon";
   ExpectFailure(o, "--simd: got \"neon\"");
   o = SmallOptions();
+  o.input_form = "bf16";
+  ExpectFailure(o, "--input-form: got \"bf16\", expected fp32 or fp16");
+  o = SmallOptions();
   o.synthetic.head_dim = 96;  // No Hadamard of size 96.
   ExpectFailure(o, "quarot 2: head_dim: got 96");
   o = SmallOptions();
