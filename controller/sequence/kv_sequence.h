@@ -401,6 +401,9 @@ class KvSequence {
                        std::vector<float>* pk, std::vector<float>* pv) const;
   void PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep, std::vector<float>* lk,
                     std::vector<float>* lv) const;
+  // PlanHeadRows' flush of a head that evicts nothing: its stored fp16 rows from read_from on and
+  // the new ones, without an fp32 copy.
+  void FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const;
   // Prepare's last step: encodes every head's flushed rows (out->heads[h].qk/qv) into
   // out->heads[h].records (OScaR: the layer's token norms first) and samples their quality.
   Status EncodeNewRecords(int layer, PreparedLayer* out) const;

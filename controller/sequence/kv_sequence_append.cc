@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/half.h"
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/kv_sequence_internal.h"
 #include "kernels/convert.h"
@@ -27,13 +28,22 @@ void SampleQuality(const QuantSpec& spec, const BlockInput& in, const uint8_t* r
   double ek = 0, rk = 0, ev = 0, rv = 0;
   for (int t = 0; t < g; ++t) {
     for (int c = 0; c < d; ++c) {
-      const double xk = in.k[t * in.row_stride + c], xv = in.v[t * in.row_stride + c];
+      const double xk = HalfToFloat(in.k_f16[t * in.row_stride + c]);
+      const double xv = HalfToFloat(in.v_f16[t * in.row_stride + c]);
       ek += (k[t * d + c] - xk) * (k[t * d + c] - xk), rk += xk * xk;
       ev += (v[t * d + c] - xv) * (v[t * d + c] - xv), rv += xv * xv;
     }
   }
   out->k_rel_error = rk > 0 ? ek / rk : 0;
   out->v_rel_error = rv > 0 ? ev / rv : 0;
+}
+
+// Appends n fp32 values as fp16. Exact for the rows a flush quantizes: a quantized layer's
+// values are fp16 already (stored rows, or decoded and rounded by Materialize).
+void AppendAsHalves(const float* src, size_t n, std::vector<uint16_t>* dst) {
+  const size_t at = dst->size();
+  dst->resize(at + n);
+  ConvertElements(DType::kF32, src, DType::kF16, dst->data() + at, n);
 }
 
 Status WithLayerHead(int l, int h, const Status& s) {
@@ -86,16 +96,17 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
   const bool needs_norms = !layer.plan.lossless && TraitsOf(spec0.method).needs_token_norms;
   const int rows0 = static_cast<int>(out->heads[0].qk.size() / d);
   if (needs_norms && rows0 > 0) {
-    std::vector<float> inter(static_cast<size_t>(rows0) * heads * d);
+    // A strided fp16 view over the heads' rows: token t of head h at qk of h, row t.
+    std::vector<uint16_t> inter(static_cast<size_t>(rows0) * heads * d);
     for (int h = 0; h < heads; ++h) {
       KVCTL_CHECK(out->heads[h].qk.size() == static_cast<size_t>(rows0) * d);
       for (int t = 0; t < rows0; ++t) {
         std::memcpy(&inter[(static_cast<size_t>(t) * heads + h) * d], &out->heads[h].qk[t * d],
-                    sizeof(float) * d);
+                    sizeof(uint16_t) * d);
       }
     }
     out->norms.resize(static_cast<size_t>(rows0));
-    ComputeTokenNorms(KvTensorView::Contiguous(inter.data(), DType::kF32, rows0, heads, d),
+    ComputeTokenNorms(KvTensorView::Contiguous(inter.data(), DType::kF16, rows0, heads, d),
                       out->norms.data());
   }
   for (int h = 0; h < heads; ++h) {
@@ -107,12 +118,12 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
     const int blocks = static_cast<int>(ph.qk.size() / (static_cast<size_t>(g) * d));
     ph.records.resize(rb * blocks);
     // One batch per head: a device pool encodes it on its device (Arena::EncodeBlocks).
-    const BlockBatch batch{ph.qk.data(),
-                           ph.qv.data(),
-                           d,
-                           static_cast<int64_t>(g) * d,
-                           needs_norms ? out->norms.data() : nullptr,
-                           blocks};
+    const BlockBatch batch{.row_stride = d,
+                           .block_stride = static_cast<int64_t>(g) * d,
+                           .token_norms = needs_norms ? out->norms.data() : nullptr,
+                           .n_blocks = blocks,
+                           .k_f16 = ph.qk.data(),
+                           .v_f16 = ph.qv.data()};
     Status encoded = pool_->EncodeBlocks(spec, batch, ph.records.data());
     if (!encoded.ok()) return WithLayerHead(l, h, encoded);
     if (geometry_.quality_sample_period == 0) continue;
@@ -121,8 +132,11 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
     for (int b = 0; b < blocks; ++b, ++index) {
       while (ph.record_plan[index - ph.records_in_place] >= 0) ++index;
       if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
-      const BlockInput in{batch.k + b * batch.block_stride, batch.v + b * batch.block_stride, d,
-                          needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr};
+      const BlockInput in{
+          .row_stride = d,
+          .token_norms = needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr,
+          .k_f16 = batch.k_f16 + b * batch.block_stride,
+          .v_f16 = batch.v_f16 + b * batch.block_stride};
       out->samples.push_back({h, 0, 0});
       SampleQuality(spec, in, ph.records.data() + b * rb, &out->samples.back());
     }
@@ -395,8 +409,8 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
     }
     if (pk->size() >= static_cast<size_t>(g) * d) {
       const auto cut = static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * d);
-      ph.qk.insert(ph.qk.end(), pk->begin(), pk->begin() + cut);
-      ph.qv.insert(ph.qv.end(), pv->begin(), pv->begin() + cut);
+      AppendAsHalves(pk->data(), static_cast<size_t>(cut), &ph.qk);
+      AppendAsHalves(pv->data(), static_cast<size_t>(cut), &ph.qv);
       pk->erase(pk->begin(), pk->begin() + cut);
       pv->erase(pv->begin(), pv->begin() + cut);
       ph.record_plan.push_back(-1);
@@ -448,13 +462,14 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     for (int64_t j = read_from; j < total; ++j) store(j - old);
     return;
   }
-  std::vector<float> src_k, src_v;
-  const float* sk = decoded ? p.all_k[h].data() + read_from * d : nullptr;
-  const float* sv = decoded ? p.all_v[h].data() + read_from * d : nullptr;
   if (!decoded) {
-    Materialize(p.layer, h, read_from, p.k, p.v, &src_k, &src_v);
-    sk = src_k.data(), sv = src_v.data();
+    // Not evicted (eviction decodes), not lossless (never flushes): a flush of stored fp16 rows.
+    KVCTL_CHECK(!ph.evicted && !lossless);
+    FlushStoredRows(p, h, read_from);
+    return;
   }
+  const float* sk = p.all_k[h].data() + read_from * d;
+  const float* sv = p.all_v[h].data() + read_from * d;
   for (int64_t j = read_from; j < total; ++j) {
     if (ph.evicted && !keep[j]) continue;
     lk->insert(lk->end(), sk + (j - read_from) * d, sk + (j - read_from + 1) * d);
@@ -463,9 +478,8 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   const int l_rows = static_cast<int>(lk->size() / d);
   // A lossless layer never flushes, evicting or not: its rows stay exactly as appended.
   const int flushed = untouched || lossless ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
-  const auto flushed_floats = static_cast<std::ptrdiff_t>(flushed * d);
-  ph.qk.insert(ph.qk.end(), lk->begin(), lk->begin() + flushed_floats);
-  ph.qv.insert(ph.qv.end(), lv->begin(), lv->begin() + flushed_floats);
+  AppendAsHalves(lk->data(), static_cast<size_t>(flushed) * d, &ph.qk);
+  AppendAsHalves(lv->data(), static_cast<size_t>(flushed) * d, &ph.qv);
   for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
   ph.tail_after = untouched ? static_cast<int>(total - from) : l_rows - flushed;
   ph.rows_after = sinks_after + ph.tail_after;
@@ -481,6 +495,54 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   for (int t = first_tail; t < l_rows; ++t, dst += slot) {
     StoreRow(&(*lk)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst);
     StoreRow(&(*lv)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst + p.layer.row_bytes);
+  }
+}
+
+void KvSequence::FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const {
+  // The rows from read_from on (the tail after the sinks, then the new tokens) as fp16, taken
+  // as they are stored and converted from the request: the whole flush_tokens multiples go to
+  // the quantizer as they are, the rest are written back as the new tail after the new sinks.
+  const HeadStream& head = p.layer.heads[h];
+  PreparedHead& ph = p.out->heads[h];
+  KVCTL_CHECK(p.layer.row_dtype == DType::kF16);  // A quantized layer's rows (kv_sequence.cc).
+  const StreamingRules& rules = p.layer.plan.rules;
+  const int g = head.spec.block_tokens, d = geometry_.head_dim;
+  const auto row = static_cast<size_t>(d);
+  const int64_t old = head.count(), total = old + p.n;
+  const int64_t rec_end = head.sink_rows + static_cast<int64_t>(head.records.size()) * g;
+  KVCTL_CHECK(read_from >= rec_end);  // Records are never read back here.
+  const auto l_rows = static_cast<int>(total - read_from);
+  std::vector<uint16_t> k(static_cast<size_t>(l_rows) * row), v(k.size());
+  for (int64_t j = read_from; j < total; ++j) {
+    uint16_t* kd = &k[static_cast<size_t>(j - read_from) * row];
+    uint16_t* vd = &v[static_cast<size_t>(j - read_from) * row];
+    if (j < old) {
+      const uint8_t* slot = head.rows.Slot(head.sink_rows + (j - rec_end));
+      std::memcpy(kd, slot, p.layer.row_bytes);
+      std::memcpy(vd, slot + p.layer.row_bytes, p.layer.row_bytes);
+    } else {
+      ConvertElements(p.k.dtype, p.k.RowBytes(j - old, h), DType::kF16, kd, row);
+      ConvertElements(p.v.dtype, p.v.RowBytes(j - old, h), DType::kF16, vd, row);
+    }
+  }
+  const int flushed = l_rows / rules.flush_tokens * rules.flush_tokens;
+  const auto flushed_elems = static_cast<std::ptrdiff_t>(static_cast<size_t>(flushed) * row);
+  ph.qk.assign(k.begin(), k.begin() + flushed_elems);
+  ph.qv.assign(v.begin(), v.begin() + flushed_elems);
+  for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
+  ph.tail_after = l_rows - flushed;
+  ph.rows_after = head.sink_rows + ph.new_sinks + ph.tail_after;
+  ph.write_start = head.sink_rows;
+  const size_t slot = 2 * p.layer.row_bytes;
+  ph.rows.resize((ph.new_sinks + static_cast<size_t>(ph.tail_after)) * slot);
+  uint8_t* dst = ph.rows.data();
+  for (int t = 0; t < ph.new_sinks; ++t, dst += slot) {
+    ConvertElements(p.k.dtype, p.k.RowBytes(t, h), DType::kF16, dst, row);
+    ConvertElements(p.v.dtype, p.v.RowBytes(t, h), DType::kF16, dst + p.layer.row_bytes, row);
+  }
+  for (int t = flushed; t < l_rows; ++t, dst += slot) {
+    std::memcpy(dst, &k[static_cast<size_t>(t) * row], p.layer.row_bytes);
+    std::memcpy(dst + p.layer.row_bytes, &v[static_cast<size_t>(t) * row], p.layer.row_bytes);
   }
 }
 

@@ -83,7 +83,9 @@ struct PreparedHead {
   std::vector<int> record_plan;
   size_t final_records() const { return records_in_place + record_plan.size(); }
   std::vector<uint8_t> records;  // New records (re-packed kept tokens, then flushed) back to back.
-  std::vector<float> qk, qv;     // The fp32 rows those records were quantized from.
+  // The rows those records were quantized from, fp16 (2 bytes each): what a quantized layer's
+  // rows are stored as, so a flush copies them and the quantizers read half the bytes of fp32.
+  std::vector<uint16_t> qk, qv;
   int write_start = 0;
   int rows_after = 0;
   int tail_after = 0;
