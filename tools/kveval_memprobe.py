@@ -17,9 +17,10 @@ prefix of C - S - 1 tokens in one APPEND, then S single-token APPENDs with STATS
 keeps then differs from the model's, but how many (each head at its budget, compressed
 evict.compression_period - 1 below it) does not, so the mean is an estimate to within the page
 slack of partly evicted records, not a measurement (kveval's own column is). With --profiles DIR
-(kveval's --calib-profiles: profile-<method>.toml) it also takes joint rows: the plan (each
-head's widths and token cap) comes from the profile alone, so it is the one kveval's daemon
-makes with the same profile, and budget.plan_tokens is resolved as kveval does.
+(kveval's --calib-profiles: profile-<method>.toml) it also takes joint rows and evict-only rows
+with a profile (layer budgets from its demand): the plan (each head's widths and token cap, or
+each layer's budget) comes from the profile alone, so it is the one kveval's daemon makes with
+the same profile, and budget.plan_tokens is resolved as kveval does.
 
 Prints one line per row: mean reserved and payload memory vs fp16 over the scored steps, the
 largest reserved value, and the value at the last step. Exit 0 ok, 1 bad input, 2 a daemon that
@@ -67,12 +68,15 @@ def rows_to_probe(row_names: List[str], configs: List[List[str]], evict: bool = 
         if row is None:
             raise ValueError("--rows: unknown row %r" % name)
         mode = row.settings.get("budget.mode", "none")
-        joint = evict and profiles and mode == "joint" and row.profile and not row.ratequant
+        # A profile fixes a joint plan and evict-only's layer split (budget.layer_profile).
+        joint = (evict and profiles and mode in ("joint", "evict-only") and row.profile and
+                 not row.ratequant)
         if row.kind != "kvctl" or row.ratequant or row.pool_fraction or (row.profile and
                                                                          not joint):
             raise ValueError("--rows: %s: expected a quantizer row (kvctl, no RateQuant plan, "
-                             "profile or pressure pool; joint rows with --evict and --profiles): "
-                             "its memory depends on more than the token count" % name)
+                             "profile or pressure pool; with --evict and --profiles also joint "
+                             "and profiled evict-only rows): its memory depends on more than the "
+                             "token count" % name)
         if mode != "none" and not (evict and mode == "evict-only") and not joint:
             raise ValueError("--rows: %s: budget.mode %s evicts by score; its memory depends on "
                              "the K/V (--evict takes evict-only rows as an estimate)"

@@ -431,6 +431,22 @@ EVICT_TURBO_ROWS = (
 )
 
 
+# Issue #18's 1/8 band, the scorer and the layer split (chosen on prose, confirmed on code): the
+# SnapKV 47 % x K4/V3 f64 layout (0.1239) with R-KV or H2O scoring, with ReasonAlloc-like layer
+# budgets (budget.layer_profile demand from the KIVI profile's [reasonalloc], with and without
+# head re-allocation every 32 tokens), and flush 32 at the keep that fills the band. Step means
+# (probe) in the comments.
+# (policy, keep, k_bits, v_bits, flush, name suffix, extra settings, profile)
+EVICT_TURBO_ROWS_B = (
+    ("rkv", 0.47, 4, 3, 64, "", {}, ""),                               # 0.1239
+    ("h2o", 0.47, 4, 3, 64, "", {}, ""),                               # 0.1239
+    ("snapkv", 0.495, 4, 3, 32, "", {}, ""),   # 0.1237 (0.48: 0.1201, 0.49: 0.1224, 0.5: 0.1249)
+    ("snapkv", 0.47, 4, 3, 64, "_demand", {"budget.layer_profile": "demand"}, "kivi"),  # 0.1238
+    ("snapkv", 0.47, 4, 3, 64, "_ra", {"budget.layer_profile": "demand",
+                                       "budget.realloc_period": "32"}, "kivi"),         # 0.1239
+)
+
+
 def evict_turbo_rows():
     rows = []
     for keep, k, v, flush in EVICT_TURBO_ROWS:
@@ -446,6 +462,16 @@ def evict_turbo_rows():
                         "quant.flush_tokens %d%s" % (keep, k, v, flush,
                                                      ", quant.block_tokens %d" % flush
                                                      if extra else "")))
+    for policy, keep, k, v, flush, suffix, extra, profile in EVICT_TURBO_ROWS_B:
+        bits = "%d" % k if k == v else "_k%dv%d" % (k, v)
+        settings = evict_quant(policy, keep, "turbo", k, v, quant__flush_tokens=flush)
+        settings.update(extra)
+        rows.append(Row("evict_%s_%d_turbo%s_f%d%s" % (policy, round(keep * 100), bits, flush,
+                                                       suffix), "kvctl", settings,
+                        profile=profile, send_q=True,
+                        note="%s evict-only token_fraction %g, TurboQuant K%d/V%d, "
+                        "quant.flush_tokens %d%s" % (policy, keep, k, v, flush, "".join(
+                            ", %s %s" % kv for kv in sorted(extra.items())))))
     return rows
 
 

@@ -193,8 +193,20 @@ def test_pool_settings_size_one_segment_plus_staging():
 
 def test_evict_turbo_rows_evict_and_quantize_what_they_name():
     rows = kveval_rows.evict_turbo_rows()
-    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) == 12
-    for r in rows:
+    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) + len(kveval_rows.EVICT_TURBO_ROWS_B)
+    for r in rows[len(kveval_rows.EVICT_TURBO_ROWS):]:
+        # evict_<policy>_<keep %>_turbo<bits>_f<flush>[_suffix]: the extra settings and profile.
+        policy, keep, k, v, flush, suffix, extra, profile = next(
+            b for b in kveval_rows.EVICT_TURBO_ROWS_B if r.name == "evict_%s_%d_turbo_k%dv%d_f%d%s"
+            % (b[0], round(b[1] * 100), b[2], b[3], b[4], b[5]))
+        s = r.settings
+        assert (s["budget.mode"], s["evict.policy"], s["budget.token_fraction"]) == (
+            "evict-only", policy, str(keep))
+        assert (s["quant.k_bits"], s["quant.v_bits"], s["quant.flush_tokens"]) == (
+            str(k), str(v), str(flush))
+        assert all(s[key] == value for key, value in extra.items()) and r.profile == profile
+        assert r.send_q and r.name in kveval_rows.FULL_ROWS
+    for r in rows[:len(kveval_rows.EVICT_TURBO_ROWS)]:
         s = r.settings
         # evict_snapkv_<keep %>_turbo<bits>_f<flush>: bits "3", "4" or "_k4v3".
         head, flush = r.name.rsplit("_f", 1)
