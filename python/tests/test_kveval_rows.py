@@ -197,8 +197,9 @@ def test_evict_turbo_rows_evict_and_quantize_what_they_name():
     for r in rows[len(kveval_rows.EVICT_TURBO_ROWS):]:
         # evict_<policy>_<keep %>_turbo<bits>_f<flush>[_suffix]: the extra settings and profile.
         policy, keep, k, v, flush, suffix, extra, profile = next(
-            b for b in kveval_rows.EVICT_TURBO_ROWS_B if r.name == "evict_%s_%d_turbo_k%dv%d_f%d%s"
-            % (b[0], round(b[1] * 100), b[2], b[3], b[4], b[5]))
+            b for b in kveval_rows.EVICT_TURBO_ROWS_B if r.name == "evict_%s_%d_turbo%s_f%d%s"
+            % (b[0], round(b[1] * 100), b[2] if b[2] == b[3] else "_k%dv%d" % b[2:4], b[4],
+               b[5]))
         s = r.settings
         assert (s["budget.mode"], s["evict.policy"], s["budget.token_fraction"]) == (
             "evict-only", policy, str(keep))
