@@ -452,6 +452,14 @@ EVICT_TURBO_ROWS_B = (
     ("rkv", 0.47, 4, 3, 64, "_obs32", {"evict.obs_window": "32"}, ""),  # 0.1239
     ("rkv", 0.23, 4, 3, 32, "", {}, ""),                               # 0.0614
     ("rkv", 0.26, 3, 3, 32, "", {}, ""),                               # 0.0608
+    # Added after both texts' runs of the rows above, so code is not held out for these: R-KV
+    # won prose and lost code in one segment (repeated lines dropped for redundancy), so its
+    # redundancy weight is lowered (evict.lambda 0.07 -> 0.3, 0.6; score = lambda x importance -
+    # (1 - lambda) x redundancy).
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l30", {"evict.obs_window": "32", "evict.lambda": "0.3"},
+     ""),                                                              # 0.1239 (token counts)
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
+     ""),                                                              # 0.1239
 )
 
 
