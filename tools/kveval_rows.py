@@ -460,6 +460,12 @@ EVICT_TURBO_ROWS_B = (
      ""),                                                              # 0.1239 (token counts)
     ("rkv", 0.47, 4, 3, 64, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
      ""),                                                              # 0.1239
+    # And after those (0.6 better than 0.3 on both texts): 0.8 and 1 (importance only: SnapKV's
+    # window with R-KV's max pooling of kernel 7).
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l80", {"evict.obs_window": "32", "evict.lambda": "0.8"},
+     ""),                                                              # 0.1239
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l100", {"evict.obs_window": "32", "evict.lambda": "1"},
+     ""),                                                              # 0.1239
 )
 
 
