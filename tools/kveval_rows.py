@@ -466,6 +466,11 @@ EVICT_TURBO_ROWS_B = (
      ""),                                                              # 0.1239
     ("rkv", 0.47, 4, 3, 64, "_obs32_l100", {"evict.obs_window": "32", "evict.lambda": "1"},
      ""),                                                              # 0.1239
+    # The 1/8 choice (32 observation queries, lambda 0.6) on the two 1/16 layouts.
+    ("rkv", 0.23, 4, 3, 32, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
+     ""),                                                              # 0.0614
+    ("rkv", 0.26, 3, 3, 32, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
+     ""),                                                              # 0.0608
 )
 
 
