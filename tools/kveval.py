@@ -57,8 +57,7 @@ from kveval_stats import (agreement, bootstrap_ci, onset_index,  # noqa: E402
                           segment_dppl)
 from kveval_rows import (FULL_ROWS, QUICK_ROWS, DaemonError, EvalError,  # noqa: E402
                          MissingStack, Row, all_rows, peer_turbo_rows, pool_settings,
-                         pressure_settings,
-                         pressure_summary)
+                         pressure_settings, pressure_summary, resolve_plan_tokens)
 from kvctl.process import DaemonStartError, ManagedDaemon  # noqa: E402
 
 
@@ -702,8 +701,7 @@ def main(argv=None) -> int:
             if r.profile:
                 r.settings["budget.profile"] = fit_profile(args, r.profile, profiles, dumps,
                                                            workdir)
-            if r.settings.get("budget.plan_tokens") == "PLAN_TOKENS":
-                r.settings["budget.plan_tokens"] = str(args.tokens)
+            resolve_plan_tokens(r.settings, args.tokens, args.scored)
             if r.pool_fraction:
                 # The last token of a segment is a target, never appended.
                 pool = pressure_settings(r, args.tokens - 1, ev.layers, ev.kv_heads, ev.head_dim)

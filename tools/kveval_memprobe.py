@@ -16,7 +16,11 @@ prefix of C - S - 1 tokens in one APPEND, then S single-token APPENDs with STATS
 --evict also takes evict-only rows and sends random Q with every APPEND: which tokens a scorer
 keeps then differs from the model's, but how many (each head at its budget, compressed
 evict.compression_period - 1 below it) does not, so the mean is an estimate to within the page
-slack of partly evicted records, not a measurement (kveval's own column is).
+slack of partly evicted records, not a measurement (kveval's own column is). With --profiles DIR
+(kveval's --calib-profiles: profile-<method>.toml) it also takes joint rows and evict-only rows
+with a profile (layer budgets from its demand): the plan (each head's widths and token cap, or
+each layer's budget) comes from the profile alone, so it is the one kveval's daemon makes with
+the same profile, and budget.plan_tokens is resolved as kveval does.
 
 Prints one line per row: mean reserved and payload memory vs fp16 over the scored steps, the
 largest reserved value, and the value at the last step. Exit 0 ok, 1 bad input, 2 a daemon that
@@ -39,7 +43,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvctl  # noqa: E402
 from kvctl.process import DaemonStartError, ManagedDaemon  # noqa: E402
-from kveval_rows import all_rows, pool_settings  # noqa: E402
+from kveval_rows import EvalError, all_rows, pool_settings, resolve_plan_tokens  # noqa: E402
 
 
 def parse_config(name: str, spec: str) -> Dict[str, str]:
@@ -54,24 +58,40 @@ def parse_config(name: str, spec: str) -> Dict[str, str]:
     return out
 
 
-def rows_to_probe(row_names: List[str], configs: List[List[str]],
-                  evict: bool = False) -> List[Tuple[str, dict]]:
+def rows_to_probe(row_names: List[str], configs: List[List[str]], evict: bool = False,
+                  profiles: str = "", tokens: int = 2048,
+                  scored: int = 128) -> List[Tuple[str, dict]]:
     rows = all_rows()
     out = []
     for name in row_names:
         row = rows.get(name)
         if row is None:
             raise ValueError("--rows: unknown row %r" % name)
-        if row.kind != "kvctl" or row.ratequant or row.profile or row.pool_fraction:
-            raise ValueError("--rows: %s: expected a quantizer row (kvctl, no RateQuant plan, "
-                             "profile or pressure pool): its memory depends on more than the "
-                             "token count" % name)
         mode = row.settings.get("budget.mode", "none")
-        if mode != "none" and not (evict and mode == "evict-only"):
+        # A profile fixes a joint plan and evict-only's layer split (budget.layer_profile).
+        joint = (evict and profiles and mode in ("joint", "evict-only") and row.profile and
+                 not row.ratequant)
+        if row.kind != "kvctl" or row.ratequant or row.pool_fraction or (row.profile and
+                                                                         not joint):
+            raise ValueError("--rows: %s: expected a quantizer row (kvctl, no RateQuant plan, "
+                             "profile or pressure pool; with --evict and --profiles also joint "
+                             "and profiled evict-only rows): its memory depends on more than the "
+                             "token count" % name)
+        if mode != "none" and not (evict and mode == "evict-only") and not joint:
             raise ValueError("--rows: %s: budget.mode %s evicts by score; its memory depends on "
                              "the K/V (--evict takes evict-only rows as an estimate)"
                              % (name, mode))
-        out.append((name, dict(row.settings)))
+        settings = dict(row.settings)
+        if joint:
+            path = os.path.join(profiles, "profile-%s.toml" % row.profile)
+            if not os.path.isfile(path):
+                raise ValueError("--profiles: %s: no %s" % (name, path))
+            settings["budget.profile"] = path
+            try:
+                resolve_plan_tokens(settings, tokens, scored)
+            except EvalError as e:
+                raise ValueError(str(e)) from None
+        out.append((name, settings))
     for name, spec in configs:
         out.append((name, parse_config(name, spec)))
     return out
@@ -111,7 +131,7 @@ def probe(binary: str, workdir: str, name: str, settings: Dict[str, str], tokens
     finally:
         daemon.stop()
     return {"row": name, "memory_vs_fp16": sum(mem) / len(mem),
-            "payload_vs_fp16": sum(pay) / len(pay), "memory_max": max(mem),
+            "payload_vs_fp16": sum(pay) / len(pay), "payload_max": max(pay), "memory_max": max(mem),
             "memory_last": mem[-1]}
 
 
@@ -128,6 +148,9 @@ def parse_args(argv):
     ap.add_argument("--evict", action="store_true",
                     help="also evict-only rows, with random Q (an estimate: see above)")
     ap.add_argument("--q-heads", type=int, default=9, help="with --evict; SmolLM2-135M: 9")
+    ap.add_argument("--profiles", default="", metavar="DIR",
+                    help="with --evict, joint rows too: kvcalib profiles (kveval's "
+                    "--calib-profiles, profile-<method>.toml)")
     ap.add_argument("--kvctl-bin", default=os.path.join(REPO, "build", "bin", "kvctl"))
     return ap.parse_args(argv)
 
@@ -140,7 +163,8 @@ def main(argv=None) -> int:
                              % (args.scored, args.tokens - 2, args.tokens))
         if not os.access(args.kvctl_bin, os.X_OK):
             raise ValueError("--kvctl-bin: %s is not an executable file" % args.kvctl_bin)
-        todo = rows_to_probe([r for r in args.rows.split(",") if r], args.config, args.evict)
+        todo = rows_to_probe([r for r in args.rows.split(",") if r], args.config, args.evict,
+                             args.profiles, args.tokens, args.scored)
         if not todo:
             raise ValueError("--rows / --config: expected at least one row")
     except ValueError as e:

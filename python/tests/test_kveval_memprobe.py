@@ -5,6 +5,7 @@ the reserved bytes are whole pages at or above it, and rows whose memory depends
 refused."""
 
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -93,3 +94,43 @@ def test_rows_whose_memory_depends_on_the_kv_are_refused():
         kveval_memprobe.rows_to_probe([], [["x", "quant.method"]])
     assert kveval_memprobe.rows_to_probe([], [["x", "quant.method=turbo, quant.k_bits=4"]]) == [
         ("x", {"quant.method": "turbo", "quant.k_bits": "4"})]
+
+
+def test_joint_rows_planned_for_the_first_scored_length_stay_in_budget(binary, tmp_path):
+    """A joint row through the real kvcalib and daemon (a synthetic KIVI profile): with
+    --profiles the probe takes it, points budget.profile at the profile and resolves the _ps
+    row's plan length to TOKENS - SCORED; the plan's payload then stays within the fraction of
+    fp16 at every scored step, and reserved pages are at or above it."""
+    kvcalib = os.environ.get("KVCALIB_BIN") or os.path.join(os.path.dirname(binary), "kvcalib")
+    if not os.access(kvcalib, os.X_OK):
+        pytest.fail("kvcalib binary not found at %s: build it or set KVCALIB_BIN" % kvcalib,
+                    pytrace=False)
+    profile = tmp_path / "profile-kivi.toml"
+    subprocess.run([kvcalib, "fit", "--synthetic", "2", "--quick", "--method", "kivi",
+                    "--layers", str(LAYERS), "--heads", str(KV_HEADS), "--q-heads",
+                    str(2 * KV_HEADS), "--head-dim", str(DIM), "--out", str(profile)],
+                   check=True, capture_output=True)
+    with pytest.raises(ValueError, match="RateQuant plan, profile"):
+        kveval_memprobe.rows_to_probe(["joint_1of8_flush32_ps"], [], evict=True)
+    with pytest.raises(ValueError, match="no .*profile-turbo.toml"):
+        kveval_memprobe.rows_to_probe(["joint_turbo_1of8_f8_ps"], [], evict=True,
+                                      profiles=str(tmp_path), tokens=TOKENS, scored=SCORED)
+    [(name, settings)] = kveval_memprobe.rows_to_probe(
+        ["joint_1of8_flush32_ps"], [], evict=True, profiles=str(tmp_path), tokens=TOKENS,
+        scored=SCORED)
+    assert settings["budget.plan_tokens"] == str(TOKENS - SCORED)
+    assert settings["budget.profile"] == str(profile)
+    got = kveval_memprobe.probe(binary, str(tmp_path), name, settings, TOKENS, SCORED, LAYERS,
+                                KV_HEADS, DIM, q_heads=2 * KV_HEADS)
+    assert got["payload_max"] <= 1 / 8
+    assert got["payload_vs_fp16"] > 1 / 16  # It keeps and codes tokens, not nothing.
+    assert got["memory_vs_fp16"] >= got["payload_vs_fp16"]
+    # The same plan made for the context length (joint_1of8_flush32): its bytes are 1/8 of the
+    # fp16 size of TOKENS, above 1/8 of what the scored steps hold (0.132 here).
+    [(name, settings)] = kveval_memprobe.rows_to_probe(
+        ["joint_1of8_flush32"], [], evict=True, profiles=str(tmp_path), tokens=TOKENS,
+        scored=SCORED)
+    assert settings["budget.plan_tokens"] == str(TOKENS)
+    got = kveval_memprobe.probe(binary, str(tmp_path), name, settings, TOKENS, SCORED, LAYERS,
+                                KV_HEADS, DIM, q_heads=2 * KV_HEADS)
+    assert got["payload_max"] > 1 / 8

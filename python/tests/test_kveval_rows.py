@@ -193,8 +193,21 @@ def test_pool_settings_size_one_segment_plus_staging():
 
 def test_evict_turbo_rows_evict_and_quantize_what_they_name():
     rows = kveval_rows.evict_turbo_rows()
-    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) == 12
-    for r in rows:
+    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) + len(kveval_rows.EVICT_TURBO_ROWS_B)
+    for r in rows[len(kveval_rows.EVICT_TURBO_ROWS):]:
+        # evict_<policy>_<keep %>_turbo<bits>_f<flush>[_suffix]: the extra settings and profile.
+        policy, keep, k, v, flush, suffix, extra, profile = next(
+            b for b in kveval_rows.EVICT_TURBO_ROWS_B if r.name == "evict_%s_%d_turbo%s_f%d%s"
+            % (b[0], round(b[1] * 100), b[2] if b[2] == b[3] else "_k%dv%d" % b[2:4], b[4],
+               b[5]))
+        s = r.settings
+        assert (s["budget.mode"], s["evict.policy"], s["budget.token_fraction"]) == (
+            "evict-only", policy, str(keep))
+        assert (s["quant.k_bits"], s["quant.v_bits"], s["quant.flush_tokens"]) == (
+            str(k), str(v), str(flush))
+        assert all(s[key] == value for key, value in extra.items()) and r.profile == profile
+        assert r.send_q and r.name in kveval_rows.FULL_ROWS
+    for r in rows[:len(kveval_rows.EVICT_TURBO_ROWS)]:
         s = r.settings
         # evict_snapkv_<keep %>_turbo<bits>_f<flush>: bits "3", "4" or "_k4v3".
         head, flush = r.name.rsplit("_f", 1)
@@ -211,3 +224,32 @@ def test_evict_turbo_rows_evict_and_quantize_what_they_name():
         assert kveval_rows.all_rows()[r.name] is not None and r.name in kveval_rows.FULL_ROWS
     assert kveval_rows.all_rows()["evict_snapkv_20_turbo_k4v3_f64"].settings[
         "budget.token_fraction"] == "0.205"
+
+
+def test_first_scored_joint_rows_plan_for_the_first_scored_length():
+    """The _ps joint rows are planned for --tokens - --scored tokens (the sequence at the first
+    scored step), so the plan's bytes, fraction x fp16 of that length, are at most fraction x
+    fp16 of the tokens held at every scored step; the other joint rows stay planned for the
+    context length (their published figures)."""
+    rows = kveval_rows.all_rows()
+    for name, frac, method in (("joint_1of8_flush32_ps", 1 / 8, "kivi"),
+                               ("joint_1of16_flush32_ps", 1 / 16, "kivi"),
+                               ("joint_turbo_1of8_f8_ps", 1 / 8, "turbo"),
+                               ("joint_turbo_1of16_f8_ps", 1 / 16, "turbo")):
+        settings = dict(rows[name].settings)
+        assert settings["budget.plan_tokens"] == kveval_rows.PLAN_FIRST_SCORED
+        assert float(settings["budget.fp16_fraction"]) == pytest.approx(frac, abs=1e-6)
+        assert settings["quant.method"] == method and rows[name].profile == method
+        kveval_rows.resolve_plan_tokens(settings, 2048, 128)
+        assert settings["budget.plan_tokens"] == "1920"
+        base = dict(rows[name[:-3]].settings)
+        for key in set(base) | set(settings):
+            if key != "budget.plan_tokens":
+                assert base.get(key) == settings.get(key), key
+        kveval_rows.resolve_plan_tokens(base, 2048, 128)
+        assert base["budget.plan_tokens"] == "2048"
+    fixed = {"budget.plan_tokens": "512"}
+    kveval_rows.resolve_plan_tokens(fixed, 2048, 128)
+    assert fixed == {"budget.plan_tokens": "512"}
+    with pytest.raises(kveval_rows.EvalError, match="--scored 2048, expected 1..2047"):
+        kveval_rows.resolve_plan_tokens({"budget.plan_tokens": "PLAN_FIRST_SCORED"}, 2048, 2048)
