@@ -285,25 +285,20 @@ void ComputeTokenNorms(const KvTensorView& k, float* norms_out) {
   const SimdLevel level = g_level.load(std::memory_order_relaxed);
   int64_t done = 0;
   const int d = static_cast<int>(std::min<int64_t>(k.head_dim, std::numeric_limits<int>::max()));
+  // The SIMD level's kernel for the view's dtype (none at the scalar level).
+  const auto run = [&](auto* avx512, auto* avx2, const auto* data) -> int64_t {
+    auto* kernel = level == SimdLevel::kAvx512 ? avx512
+                   : level == SimdLevel::kAvx2 ? avx2
+                                               : nullptr;
+    if (kernel == nullptr) return 0;
+    return kernel(data, k.tokens, k.heads, d, k.token_stride, k.head_stride, norms_out);
+  };
   if (k.dtype == DType::kF32 && k.head_dim == d) {
-    const auto* data = static_cast<const float*>(k.data);
-    if (level == SimdLevel::kAvx512) {
-      done = simd::TokenNormsAvx512(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
-                                    norms_out);
-    } else if (level == SimdLevel::kAvx2) {
-      done = simd::TokenNormsAvx2(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
-                                  norms_out);
-    }
+    done = run(&simd::TokenNormsAvx512, &simd::TokenNormsAvx2, static_cast<const float*>(k.data));
   } else if (k.dtype == DType::kF16 && k.head_dim == d) {
     // Widened in registers (exact), then the fp32 sums: the reference's LoadRow does the same.
-    const auto* data = static_cast<const uint16_t*>(k.data);
-    if (level == SimdLevel::kAvx512) {
-      done = simd::TokenNormsF16InAvx512(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
-                                         norms_out);
-    } else if (level == SimdLevel::kAvx2) {
-      done = simd::TokenNormsF16InAvx2(data, k.tokens, k.heads, d, k.token_stride, k.head_stride,
-                                       norms_out);
-    }
+    done = run(&simd::TokenNormsF16InAvx512, &simd::TokenNormsF16InAvx2,
+               static_cast<const uint16_t*>(k.data));
   }
   if (done < k.tokens) ComputeTokenNormsRef(k.Tokens(done, k.tokens - done), norms_out + done);
 }
