@@ -471,6 +471,17 @@ EVICT_TURBO_ROWS_B = (
      ""),                                                              # 0.0614
     ("rkv", 0.26, 3, 3, 32, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
      ""),                                                              # 0.0608
+    # Issue #18 at 1/8, after the e8e runs (nearly all the loss in one segment per text): does
+    # protecting more of the newest tokens (evict.window; 0 = the 32 observation queries) or more
+    # sinks (evict.sinks, 4 by default) rescue it? The window counts inside the head's budget, so
+    # it costs no memory; the extra sinks do, so that row keeps 45 %.
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l60_w64", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                "evict.window": "64"}, ""),          # 0.1239
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l60_w128", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                 "evict.window": "128"}, ""),        # 0.1239
+    ("rkv", 0.45, 4, 3, 64, "_obs32_l60_s16", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                "evict.sinks": "16"}, ""),  # 0.1236 (0.46: 0.1259)
+    ("snapkv", 0.47, 4, 3, 64, "_w128", {"evict.window": "128"}, ""),              # 0.1239
 )
 
 
