@@ -451,11 +451,8 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     ph.write_start = head.sink_rows + head.tail_rows;
     ph.rows.resize((ph.new_sinks + static_cast<size_t>(total - read_from)) * slot);
     uint8_t* dst = ph.rows.data();
-    const auto d_elems = static_cast<size_t>(d);
     auto store = [&](int64_t t) {
-      ConvertElements(p.k.dtype, p.k.RowBytes(t, h), p.layer.row_dtype, dst, d_elems);
-      ConvertElements(p.v.dtype, p.v.RowBytes(t, h), p.layer.row_dtype, dst + p.layer.row_bytes,
-                      d_elems);
+      StoreRequestRow(p.k, p.v, t, h, p.layer.row_dtype, p.layer.row_bytes, dst);
       dst += slot;
     };
     for (int t = 0; t < ph.new_sinks; ++t) store(t);
@@ -488,9 +485,7 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   ph.rows.resize((ph.new_sinks + static_cast<size_t>(l_rows - first_tail)) * slot);
   uint8_t* dst = ph.rows.data();
   for (int t = 0; t < ph.new_sinks; ++t, dst += slot) {
-    ConvertElements(p.k.dtype, p.k.RowBytes(t, h), p.layer.row_dtype, dst, static_cast<size_t>(d));
-    ConvertElements(p.v.dtype, p.v.RowBytes(t, h), p.layer.row_dtype, dst + p.layer.row_bytes,
-                    static_cast<size_t>(d));
+    StoreRequestRow(p.k, p.v, t, h, p.layer.row_dtype, p.layer.row_bytes, dst);
   }
   for (int t = first_tail; t < l_rows; ++t, dst += slot) {
     StoreRow(&(*lk)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst);
@@ -537,8 +532,7 @@ void KvSequence::FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const {
   ph.rows.resize((ph.new_sinks + static_cast<size_t>(ph.tail_after)) * slot);
   uint8_t* dst = ph.rows.data();
   for (int t = 0; t < ph.new_sinks; ++t, dst += slot) {
-    ConvertElements(p.k.dtype, p.k.RowBytes(t, h), DType::kF16, dst, row);
-    ConvertElements(p.v.dtype, p.v.RowBytes(t, h), DType::kF16, dst + p.layer.row_bytes, row);
+    StoreRequestRow(p.k, p.v, t, h, DType::kF16, p.layer.row_bytes, dst);
   }
   for (int t = flushed; t < l_rows; ++t, dst += slot) {
     std::memcpy(dst, &k[static_cast<size_t>(t) * row], p.layer.row_bytes);

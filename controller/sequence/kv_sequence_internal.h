@@ -141,6 +141,14 @@ inline void StoreRow(const float* src, int d, DType dtype, uint8_t* dst) {
 inline void LoadRow(const void* src, int d, DType dtype, float* dst) {
   ConvertElements(dtype, src, DType::kF32, dst, static_cast<size_t>(d));
 }
+// Token t of head h of a request into a row slot: its K row, then its V row at row_bytes, in the
+// stored dtype (a byte copy when the request's dtype is that one).
+inline void StoreRequestRow(const KvTensorView& k, const KvTensorView& v, int64_t t, int64_t h,
+                            DType dtype, size_t row_bytes, uint8_t* slot) {
+  const auto d = static_cast<size_t>(k.head_dim);
+  ConvertElements(k.dtype, k.RowBytes(t, h), dtype, slot, d);
+  ConvertElements(v.dtype, v.RowBytes(t, h), dtype, slot + row_bytes, d);
+}
 
 // Tokens a head's tail holds after an append of n tokens with no eviction (what follows its
 // sinks, topped up to sink_target, and its records); the tail flushes into records when this

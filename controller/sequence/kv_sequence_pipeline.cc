@@ -385,7 +385,6 @@ bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
     if (!got.ok()) return false;
     reserved = std::move(got).value();
   }
-  const auto d = static_cast<size_t>(geometry_.head_dim);
   for (int l = 0; l < geometry_.layers; ++l) {
     LayerState& layer = *layers_[l];
     const int sink_target = layer.plan.lossless ? 0 : layer.plan.rules.sink_tokens;
@@ -394,10 +393,8 @@ bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
       const size_t first_slot = head.rows.size();
       head.rows.Resize(first_slot + static_cast<size_t>(n), &reserved);
       for (int64_t t = 0; t < n; ++t) {
-        uint8_t* slot = head.rows.MutableSlot(first_slot + static_cast<size_t>(t));
-        ConvertElements(k[l].dtype, k[l].RowBytes(t, h), layer.row_dtype, slot, d);
-        ConvertElements(v[l].dtype, v[l].RowBytes(t, h), layer.row_dtype, slot + layer.row_bytes,
-                        d);
+        StoreRequestRow(k[l], v[l], t, h, layer.row_dtype, layer.row_bytes,
+                        head.rows.MutableSlot(first_slot + static_cast<size_t>(t)));
         head.positions.push_back(first_position + t);
       }
       const int new_sinks =
@@ -406,10 +403,9 @@ bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
       head.tail_rows += static_cast<int>(n) - new_sinks;
       head.usage.budget = 0;
     }
+    // What Prepare does with the query rows: without eviction, only drops them when none came.
     if (!have_q) {
-      // As TakeQueries: query rows kept from earlier appends no longer end at the newest token.
-      layer.scoring.q_rows.clear();
-      layer.scoring.q_count = layer.scoring.h2o_pending = 0;
+      TakeQueries(eviction_, nullptr, n, geometry_.q_heads, geometry_.head_dim, &layer.scoring);
     }
   }
   for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // None: PagesFor is exact.
