@@ -63,6 +63,10 @@ struct StreamingRules {
 
   bool operator==(const StreamingRules&) const = default;
 };
+// The most appends a sequence may spread the flushes of its layers over (quant.flush_spread_steps,
+// controller/sequence/kv_sequence.h): a tail then holds up to flush_tokens + this - 2 rows, which
+// sequence images accept whatever the exporter's setting was.
+inline constexpr int kMaxFlushSpreadSteps = 64;
 
 struct MethodTraits {
   QuantMethod method;

@@ -394,6 +394,19 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "fp16 tail length that triggers quantization, a multiple of block_tokens; 0 = "
                   "method default rounded up to a multiple of block_tokens (budget.mode = joint: "
                   "block_tokens, since the plan charges each head flush_tokens - 1 fp16 rows)."}),
+      Row<&QuantSettings::flush_spread_steps>(
+          {.key = "quant.flush_spread_steps",
+           .default_text = "1",
+           .min = 1,
+           .max = kMaxFlushSpreadSteps,
+           .flags = kRel,
+           .env = "KVCTL_QUANT_FLUSH_SPREAD_STEPS",
+           .doc = "Appends over which a sequence spreads the flushes of its quantized layers "
+                  "that fall due together: at most ceil(layers / steps) layers quantize their "
+                  "tails per append, the others hold up to steps - 1 more fp16 rows meanwhile "
+                  "(the same records, written later). 1 = every layer on the step its tail "
+                  "reaches flush_tokens. Trades the decode step that carries the whole flush "
+                  "for a few steps that carry part of it."}),
       // [budget]
       Row<&Config::budget, &BudgetConfig::mode>(
           {.key = "budget.mode",

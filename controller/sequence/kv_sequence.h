@@ -71,6 +71,12 @@ struct SequenceGeometry {
   // and its relative reconstruction error recorded. 0 = off.
   int quality_sample_period = 0;
   int q_heads = 0;  // Query heads of the Q an append may carry (0 = never).
+  // quant.flush_spread_steps: the flushes of the quantized layers that fall due together are
+  // spread over this many appends, at most ceil(quantized layers / steps) layers per append; a
+  // held layer's tail grows up to steps - 1 rows past flush_tokens meanwhile. 1 = every due layer
+  // flushes at once. The records are the same either way (a flush always takes whole
+  // flush_tokens groups from the front of the tail); only when they are written changes.
+  int flush_spread_steps = 1;
 };
 
 // What an APPEND does when the pool cannot give it the pages it needs (budget.pressure).
@@ -333,6 +339,11 @@ class KvSequence {
                                    const std::vector<KvTensorView>* q) const;
   // The token budgets of an append of n tokens, and whether it defers its eviction.
   StatusOr<AppendContext> PlanAppend(int64_t n, bool have_q, bool continues) const;
+  // flush_spread_steps > 1: which quantized layers whose tails reach flush_tokens in an append
+  // of n tokens wait for a later append (ctx->held_flush). A layer whose tail would reach
+  // flush_tokens + steps - 1 flushes; so do the others due, longest tail first (then the lowest
+  // layer), until ceil(quantized layers / steps) layers flush in this append.
+  void PlanFlushSpread(int64_t n, AppendContext* ctx) const;
   // Adds the slots layer l's prepared append needs to *plan.
   void CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const;
   // Every page the plan needs, in one allocation; RESOURCE_EXHAUSTED (with

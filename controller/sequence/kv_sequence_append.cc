@@ -437,8 +437,9 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   // deferred append holds the flush too: the append that ends the prefill then scores and
   // quantizes the same fp16 rows one append of it all would (the tail may pass flush_tokens
   // meanwhile, bounded by evict.max_deferred_tokens).
+  // A held flush (flush_spread_steps) stores rows the same way.
   const bool untouched =
-      !ph.evicted && (lossless || p.ctx.defer ||
+      !ph.evicted && (lossless || p.ctx.defer || p.ctx.HoldsFlush(p.l) ||
                       TailAfterAppend(head, sinks_target, p.n) < int64_t{rules.flush_tokens});
   const int64_t read_from = untouched ? std::max(from, old) : from;
   const bool decoded = eviction_.enabled && p.have_all[h];

@@ -349,12 +349,15 @@ StatusOr<LayerBody> ReadLayer(Reader& outer, int l, const LayerPlan& plan,
     const uint64_t quantized = uint64_t{hb.records} * g_tokens;  // < 2^32 * 2^16: no wrap.
     const uint64_t held = uint64_t{hb.sink_rows} + quantized + hb.tail_rows;
     // What Append leaves: sinks first (up to sink_tokens), whole flush groups in records, a tail
-    // shorter than a flush group; lossless layers hold every token as a tail row.
+    // shorter than a flush group plus what a spread flush holds (any exporter's
+    // flush_spread_steps); lossless layers hold every token as a tail row.
     const uint64_t sinks = plan.lossless ? 0 : std::min<uint64_t>(plan.rules.sink_tokens, t);
+    const uint64_t max_tail = static_cast<uint64_t>(plan.rules.flush_tokens) +
+                              static_cast<uint64_t>(kMaxFlushSpreadSteps) - 1;
     const bool consistent =
         head_reserved == 0 && held == t && hb.sink_rows == sinks &&
         (plan.lossless ? hb.records == 0
-                       : hb.tail_rows < static_cast<uint64_t>(plan.rules.flush_tokens) &&
+                       : hb.tail_rows < max_tail &&
                              quantized % static_cast<uint64_t>(plan.rules.flush_tokens) == 0) &&
         (!norms || hb.records == body.norm_slots);
     if (!consistent) {

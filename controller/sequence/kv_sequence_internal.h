@@ -70,6 +70,11 @@ struct KvSequence::AppendContext {
   // without flushing, so the APPEND that ends the prefill sees what one APPEND of it all would).
   bool defer = false;
   bool cap_hit = false;  // The flag was set but the cap was reached: evicts as without it.
+  // Per layer (empty = none): a layer whose tail reached flush_tokens but whose flush waits for a
+  // later append (SequenceGeometry::flush_spread_steps); its heads that evict nothing only store
+  // rows.
+  std::vector<uint8_t> held_flush;
+  bool HoldsFlush(int l) const { return !held_flush.empty() && held_flush[l] != 0; }
 };
 
 // Everything an append will write into one head, computed before any stored state changes.

@@ -145,7 +145,47 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
     ctx.realloc_due =
         eviction_.realloc_period > 0 && have_q && since_realloc_ + n >= eviction_.realloc_period;
   }
+  PlanFlushSpread(n, &ctx);
   return ctx;
+}
+
+void KvSequence::PlanFlushSpread(int64_t n, AppendContext* ctx) const {
+  // Every quantized layer's tail reaches flush_tokens on the same decode step (they all grow one
+  // row per step), so without spreading that step encodes every record of the flush at once
+  // (milliseconds for KVarN over 90 streams) and the others none. Holding some of them a few
+  // steps costs up to steps - 1 more fp16 rows per head, transiently.
+  const int steps = geometry_.flush_spread_steps;
+  if (steps <= 1) return;
+  struct Due {
+    int64_t tail;
+    int layer;
+  };
+  std::vector<Due> due;
+  int quantized = 0, flushing = 0;
+  for (int l = 0; l < geometry_.layers; ++l) {
+    const LayerState& layer = *layers_[l];
+    if (layer.plan.lossless) continue;
+    ++quantized;
+    const StreamingRules& rules = layer.plan.rules;
+    int64_t tail = 0;
+    for (const HeadStream& head : layer.heads) {
+      tail = std::max(tail, TailAfterAppend(head, rules.sink_tokens, n));
+    }
+    if (tail < rules.flush_tokens) continue;
+    if (tail >= int64_t{rules.flush_tokens} + steps - 1) {
+      ++flushing;  // Held as long as allowed.
+    } else {
+      due.push_back({tail, l});
+    }
+  }
+  const int per_append = (quantized + steps - 1) / steps;
+  const auto first_held = static_cast<size_t>(std::max(per_append - flushing, 0));
+  if (due.size() <= first_held) return;
+  std::sort(due.begin(), due.end(), [](const Due& a, const Due& b) {
+    return a.tail != b.tail ? a.tail > b.tail : a.layer < b.layer;
+  });
+  ctx->held_flush.assign(static_cast<size_t>(geometry_.layers), 0);
+  for (size_t i = first_held; i < due.size(); ++i) ctx->held_flush[due[i].layer] = 1;
 }
 
 void KvSequence::CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const {

@@ -101,6 +101,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"quant.lossless", "false"},
       {"quant.sink_tokens", "-1"},
       {"quant.flush_tokens", "0"},
+      {"quant.flush_spread_steps", "1"},
       {"budget.mode", "\"none\""},
       {"budget.tokens_per_head", "0"},
       {"budget.token_fraction", "0.0"},

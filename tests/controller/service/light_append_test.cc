@@ -104,6 +104,37 @@ TEST_CASE("Light appends: done when they only store rows, handed back when they 
   CHECK(wrong.status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("Light appends: quant.flush_spread_steps spreads the flush over two handed-back steps",
+          "[controller][light]") {
+  // Two quantized layers, spread over 2 steps: the step whose tails reach 128 (after KIVI's 16
+  // sinks) flushes layer 0 only, so its dense rows differ from the unspread controller's in layer
+  // 1, still fp16; the next step flushes layer 1. Both steps are handed back (they flush), and
+  // then the two agree again.
+  Config spread_config = LightConfig("spread", 16 << 20);
+  spread_config.quant.flush_spread_steps = 2;
+  std::unique_ptr<Controller> spread = Make(spread_config);
+  std::unique_ptr<Controller> once = Make(LightConfig("once", 16 << 20));
+  const uint64_t s_spread = OpenOne(*spread, 1);
+  const uint64_t s_once = OpenOne(*once, 1);
+  std::vector<uint64_t> handed_back;
+  std::vector<uint64_t> differ;
+  for (uint64_t pos = 0; pos < 200; ++pos) {
+    bool deferred = false;
+    StatusOr<ipc::AppendReply> light =
+        spread->Append(Step(s_spread, 1, pos, 1), Clock::now(), &deferred);
+    if (deferred) {
+      handed_back.push_back(pos);
+      REQUIRE(spread->Append(Step(s_spread, 1, pos, 1), Clock::now()).ok());
+    } else {
+      REQUIRE(light.ok());
+    }
+    REQUIRE(once->Append(Step(s_once, 1, pos, 1), Clock::now()).ok());
+    if (DenseBytes(*spread, s_spread, 1) != DenseBytes(*once, s_once, 1)) differ.push_back(pos);
+  }
+  CHECK(handed_back == std::vector<uint64_t>{143, 144});  // 16 sinks + 128 tail rows.
+  CHECK(differ == std::vector<uint64_t>{143});
+}
+
 TEST_CASE("Light appends: a full pool hands the append back unchanged", "[controller][light]") {
   std::unique_ptr<Controller> c = Make(LightConfig("full", 1 << 20));
   const uint64_t filler = OpenOne(*c, 1);
