@@ -47,7 +47,9 @@ constexpr uint64_t kPoolBytes = 256 << 10;
 // validation; two 64 KiB staging slots) so that pool pressure, slab compaction on a full pool,
 // width lowering, staging exhaustion and inline fallbacks are all reachable with short inputs. The
 // [[model]] tables let a HELLO's model_name pick each quantizer with blocks of 8 tokens, so a few
-// tokens quantize. kivi and oscar keep v_group_channels 32: head_dim must be a multiple of 32 for
+// tokens quantize; kvarn and quarot spread their flushes over 3 and 2 appends
+// (quant.flush_spread_steps), so held tails and their images are reached too. kivi and oscar keep
+// v_group_channels 32: head_dim must be a multiple of 32 for
 // them (the registry defaults are checked at the session's head_dim before the configured values
 // apply).
 constexpr const char* kBaseToml = R"(
@@ -81,12 +83,14 @@ name = "quarot"
 method = "quarot"
 k_bits = 4
 v_bits = 2
+flush_spread_steps = 2
 [[model]]
 name = "kvarn"
 method = "kvarn"
 k_bits = 4
 v_bits = 2
 sink_tokens = 4
+flush_spread_steps = 3
 [[model]]
 name = "turbo"
 method = "turbo"
