@@ -241,6 +241,16 @@ Status CheckWindow(const FetchBlocksReply& m, uint64_t i) {
   return OkStatus();
 }
 
+size_t BodyBytes(const FetchBlocksReply& m) {
+  constexpr size_t kFixed = 1 + 4 * 8 + 2;  // mode, eight u32 fields, n_layouts.
+  constexpr size_t kLayoutBytes = 64;       // PROTOCOL.md "Layout (64 bytes)".
+  return kFixed + kLayoutBytes * m.layouts.size() + 2 * m.layout_index.size() +
+         4 * (m.indptr.size() + m.indices.size() + m.last_page_len.size() + m.side_indices.size() +
+              m.window_indptr.size() + m.window_ids.size() + m.window_sinks.size() +
+              m.run_indptr.size() + m.run_lengths.size()) +
+         8 * m.run_starts.size();
+}
+
 Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
   KVCTL_RETURN_IF_ERROR(CheckRange("page_bytes", m.page_bytes, 1, UINT32_MAX));
