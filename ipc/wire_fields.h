@@ -293,7 +293,7 @@ class FieldReader {
   // Runs `read` with the bare field name; inside a nested struct, and only if it fails, runs it
   // again from the same offset with the full name ("layouts[0].record_bytes") for the error.
   // Formatting the full name for every field (an allocation each) was most of the time a client
-  // spent decoding a blocks FETCH reply (docs/kvbench_ipc.md "Fewer system calls per request").
+  // spent decoding a blocks FETCH reply (docs/kvbench_ipc.md "The request path, third round").
   // A read fails the same way twice: same bytes, same offset, same checks.
   template <typename F>
   Status Named(std::string_view name, F&& read) {
