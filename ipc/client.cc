@@ -65,11 +65,10 @@ StatusOr<ReplyBody> Client::Call(RequestBody request) {
         return DeadlineExceeded(what(), ": no reply from ", endpoint_, " within ", timeout_ms_,
                                 " ms; socket reset");
       }
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, left);
+      const WaitResult wait = WaitForInput(socket_, /*wake_fd=*/-1, static_cast<int>(left.count()));
       Frames reply;
       size_t discarded = 0;
-      while ((item.revents & ZMQ_POLLIN) && RecvMessage(socket_, &reply, kMaxFrames, &discarded)) {
+      while (wait.readable && RecvMessage(socket_, &reply, kMaxFrames, &discarded)) {
         if (reply.empty() || PeekRequestId(reply[0]) != id) {
           ++stale_replies_;  // The late answer to a request that already timed out.
           continue;

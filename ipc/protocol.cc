@@ -439,6 +439,7 @@ template <typename M>
 StatusOr<Frames> EncodeAs(uint16_t type, uint64_t request_id, M& msg) {
   KVCTL_RETURN_IF_ERROR(Prefixed(type, Validate(msg)));
   WireWriter w;
+  if constexpr (std::is_same_v<M, FetchBlocksReply>) w.Reserve(kHeaderBytes + BodyBytes(msg));
   WriteHeader(w, type, request_id, HeaderFlags(msg));
   WriteFields(w, msg);
   if (w.size() > kMaxHeaderFrameBytes) {

@@ -139,10 +139,9 @@ class ZmqServer {
   std::string endpoint_;
   std::string ipc_path_;  // Empty for TCP.
   uint64_t ipc_inode_ = 0;
-  // Sockets: router_ and wake_pull_ belong to the I/O thread once started.
+  // router_ belongs to the I/O thread once started.
   zmq::context_t ctx_;
   zmq::socket_t router_;
-  zmq::socket_t wake_pull_;
   std::shared_ptr<internal::ReplyChannel> channel_;
   std::vector<internal::Outgoing> flushing_;  // FlushReplies' buffer, reused (I/O thread only).
   Handler handler_;

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -185,6 +186,26 @@ uint64_t TotalBytes(const Frames& frames) {
   uint64_t total = 0;
   for (const zmq::message_t& f : frames) total += f.size();
   return total;
+}
+
+WaitResult WaitForInput(zmq::socket_t& socket, int wake_fd, int timeout_ms) {
+  WaitResult r;
+  if (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) {
+    r.readable = true;
+    return r;
+  }
+  pollfd fds[2] = {{socket.get(zmq::sockopt::fd), POLLIN, 0}, {wake_fd, POLLIN, 0}};
+  const int n = ::poll(fds, wake_fd >= 0 ? 2 : 1, timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return r;
+    throw zmq::error_t();
+  }
+  r.woken = wake_fd >= 0 && (fds[1].revents & POLLIN) != 0;
+  // The ZMQ_FD edge (or a timeout) says only that the socket's state may have changed.
+  if (n > 0 && (fds[0].revents & POLLIN) != 0) {
+    r.readable = (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  }
+  return r;
 }
 
 }  // namespace kvctl::ipc

@@ -45,6 +45,7 @@ class WireWriter {
   void U32Array(const std::vector<uint32_t>& a);
   void U64Array(const std::vector<uint64_t>& a);
   size_t size() const { return buf_.size(); }
+  void Reserve(size_t bytes) { buf_.reserve(bytes); }
   zmq::message_t ToFrame() const { return zmq::message_t(buf_.data(), buf_.size()); }
 
  private:
@@ -76,6 +77,9 @@ class WireReader {
   Status Finish() const;
 
   size_t remaining() const { return size_ - pos_; }
+  size_t offset() const { return pos_; }
+  // Back to an offset read before (REQUIRES: offset <= offset()), to read the same bytes again.
+  void Rewind(size_t offset) { pos_ = offset; }
 
  private:
   Status Need(std::string_view field, uint64_t bytes) const;

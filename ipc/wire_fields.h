@@ -201,45 +201,53 @@ class FieldReader {
   template <int kBytes, typename T>
   Status Int(std::string_view name, T& out) {
     static_assert(std::is_unsigned_v<T> && sizeof(T) == kBytes, "messages.def: width mismatch");
-    if constexpr (kBytes == 1) return r_.U8(Name(name), &out);
-    if constexpr (kBytes == 2) return r_.U16(Name(name), &out);
-    if constexpr (kBytes == 4) return r_.U32(Name(name), &out);
-    if constexpr (kBytes == 8) return r_.U64(Name(name), &out);
+    return Named(name, [&](std::string_view n) {
+      if constexpr (kBytes == 1) return r_.U8(n, &out);
+      if constexpr (kBytes == 2) return r_.U16(n, &out);
+      if constexpr (kBytes == 4) return r_.U32(n, &out);
+      if constexpr (kBytes == 8) return r_.U64(n, &out);
+    });
   }
   template <int kBytes, typename E>
   Status Enum(std::string_view name, E& out) {
     static_assert(std::is_enum_v<E> && (kBytes == 4 || sizeof(E) == kBytes),
                   "messages.def: enum width mismatch");
-    uint32_t raw = 0;
-    if constexpr (kBytes == 1) {
-      uint8_t byte;
-      KVCTL_RETURN_IF_ERROR(r_.U8(Name(name), &byte));
-      raw = byte;
-    } else {
-      KVCTL_RETURN_IF_ERROR(r_.U32(Name(name), &raw));
-    }
-    KVCTL_RETURN_IF_ERROR(CheckRange(Name(name), raw, WireEnum<E>::kMin, WireEnum<E>::kMax));
-    out = static_cast<E>(raw);
-    return OkStatus();
+    return Named(name, [&](std::string_view n) -> Status {
+      uint32_t raw = 0;
+      if constexpr (kBytes == 1) {
+        uint8_t byte;
+        KVCTL_RETURN_IF_ERROR(r_.U8(n, &byte));
+        raw = byte;
+      } else {
+        KVCTL_RETURN_IF_ERROR(r_.U32(n, &raw));
+      }
+      KVCTL_RETURN_IF_ERROR(CheckRange(n, raw, WireEnum<E>::kMin, WireEnum<E>::kMax));
+      out = static_cast<E>(raw);
+      return OkStatus();
+    });
   }
   Status Bool(std::string_view name, bool& out) {
-    uint8_t byte;
-    KVCTL_RETURN_IF_ERROR(r_.U8(Name(name), &byte));
-    KVCTL_RETURN_IF_ERROR(CheckRange(Name(name), byte, 0, 1));
-    out = byte != 0;
-    return OkStatus();
+    return Named(name, [&](std::string_view n) -> Status {
+      uint8_t byte;
+      KVCTL_RETURN_IF_ERROR(r_.U8(n, &byte));
+      KVCTL_RETURN_IF_ERROR(CheckRange(n, byte, 0, 1));
+      out = byte != 0;
+      return OkStatus();
+    });
   }
   Status Str(std::string_view name, std::string& out, size_t max_bytes) {
-    return r_.Str(Name(name), max_bytes, &out);
+    return Named(name, [&](std::string_view n) { return r_.Str(n, max_bytes, &out); });
   }
   template <size_t kN>
   Status Bytes(std::string_view name, std::array<uint8_t, kN>& out) {
-    return r_.Bytes(Name(name), kN, out.data());
+    return Named(name, [&](std::string_view n) { return r_.Bytes(n, kN, out.data()); });
   }
   Status Tag(std::string_view name, uint8_t value) {
-    uint8_t byte;
-    KVCTL_RETURN_IF_ERROR(r_.U8(Name(name), &byte));
-    return CheckRange(Name(name), byte, value, value);
+    return Named(name, [&](std::string_view n) -> Status {
+      uint8_t byte;
+      KVCTL_RETURN_IF_ERROR(r_.U8(n, &byte));
+      return CheckRange(n, byte, value, value);
+    });
   }
   template <typename S>
   Status Struct(std::string_view name, S& s) {
@@ -249,11 +257,13 @@ class FieldReader {
   }
   template <typename S>
   Status Count16(std::string_view name, std::vector<S>& items, uint32_t max) {
-    uint16_t n;
-    KVCTL_RETURN_IF_ERROR(r_.U16(Name(name), &n));
-    KVCTL_RETURN_IF_ERROR(CheckRange(Name(name), n, 1, max));
-    items.resize(n);
-    return OkStatus();
+    return Named(name, [&](std::string_view n) -> Status {
+      uint16_t count;
+      KVCTL_RETURN_IF_ERROR(r_.U16(n, &count));
+      KVCTL_RETURN_IF_ERROR(CheckRange(n, count, 1, max));
+      items.resize(count);
+      return OkStatus();
+    });
   }
   template <typename S>
   Status Structs(std::string_view name, std::vector<S>& items) {
@@ -268,25 +278,35 @@ class FieldReader {
     static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, uint32_t> ||
                   std::is_same_v<T, uint64_t>);
     KVCTL_ASSIGN_OR_RETURN(const uint64_t count, ArrayCount(rule, m));
-    if constexpr (std::is_same_v<T, uint16_t>) {
-      return r_.U16Array(Name(name), count, &out);
-    } else if constexpr (std::is_same_v<T, uint32_t>) {
-      return r_.U32Array(Name(name), count, &out);
-    } else {
-      return r_.U64Array(Name(name), count, &out);
-    }
+    return Named(name, [&](std::string_view n) {
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        return r_.U16Array(n, count, &out);
+      } else if constexpr (std::is_same_v<T, uint32_t>) {
+        return r_.U32Array(n, count, &out);
+      } else {
+        return r_.U64Array(n, count, &out);
+      }
+    });
   }
 
  private:
-  // The field's full name; no allocation for top-level fields (the common case).
-  std::string_view Name(std::string_view name) {
-    if (prefix_.empty()) return name;
-    scratch_ = prefix_ + std::string(name);
-    return scratch_;
+  // Runs `read` with the bare field name; inside a nested struct, and only if it fails, runs it
+  // again from the same offset with the full name ("layouts[0].record_bytes") for the error.
+  // Formatting the full name for every field (an allocation each) was most of the time a client
+  // spent decoding a blocks FETCH reply (docs/kvbench_ipc.md "The request path, third round").
+  // A read fails the same way twice: same bytes, same offset, same checks.
+  template <typename F>
+  Status Named(std::string_view name, F&& read) {
+    if (prefix_.empty()) return read(name);
+    const size_t offset = r_.offset();
+    Status s = read(name);
+    if (s.ok()) return s;
+    r_.Rewind(offset);
+    const std::string full = prefix_ + std::string(name);
+    return read(std::string_view(full));
   }
   WireReader& r_;
   std::string prefix_;
-  std::string scratch_;
 };
 
 template <typename M>

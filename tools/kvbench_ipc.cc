@@ -118,14 +118,13 @@ class RawEchoServer {
   RawEchoServer() = default;
 
   void Run() {
-    zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
     ipc::Frames frames;
     while (!stop_.load()) {
       try {
-        zmq::poll(&item, 1, std::chrono::milliseconds(50));
+        // The loop of ZmqServer::Run: one message per turn, the wait of ipc/transport.h.
+        const ipc::WaitResult wait = ipc::WaitForInput(router_, /*wake_fd=*/-1, 50);
         size_t discarded = 0;
-        while ((item.revents & ZMQ_POLLIN) &&
-               ipc::RecvMessage(router_, &frames, ipc::kMaxFrames + 1, &discarded)) {
+        if (wait.readable && ipc::RecvMessage(router_, &frames, ipc::kMaxFrames + 1, &discarded)) {
           Answer(frames);
           frames = ipc::Frames();
         }
@@ -212,17 +211,16 @@ class RawClient {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) return DeadlineExceeded("raw baseline: no reply in time");
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      ipc::WaitResult wait;
       try {
-        zmq::poll(&item, 1, left);
+        wait = ipc::WaitForInput(socket_, /*wake_fd=*/-1, static_cast<int>(left.count()));
       } catch (const zmq::error_t& e) {
         if (e.num() == EINTR) continue;
         return Unavailable("raw baseline: poll: ", e.what());
       }
       ipc::Frames reply;
       size_t discarded = 0;
-      if ((item.revents & ZMQ_POLLIN) &&
-          ipc::RecvMessage(socket_, &reply, ipc::kMaxFrames, &discarded)) {
+      if (wait.readable && ipc::RecvMessage(socket_, &reply, ipc::kMaxFrames, &discarded)) {
         if (FrameSizes(reply) != shape.reply) {
           return Internal("raw baseline: reply frames differ from the requested shape");
         }
