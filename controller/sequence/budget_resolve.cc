@@ -164,12 +164,12 @@ Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vecto
     o.budget_fraction = c.budget.fp16_fraction;
     o.min_tokens = EvictionFloor(c, o.sinks);
     o.eviction_scale = c.budget.eviction_scale;
-    // Every head is charged the worst-case fp16 tail of its layer (flush_tokens - 1 rows, and
-    // flush_spread_steps - 1 more while a spread flush holds it).
+    // Every head is charged the worst-case fp16 tail of its layer (flush_tokens - 1 rows). A
+    // spread flush (quant.flush_spread_steps) holds some tails longer but never raises the
+    // sequence's total past that: docs/budgets.md.
     for (const LayerPlan& lp : *plans) {
       if (!lp.lossless) o.flush_tokens = std::max<int64_t>(o.flush_tokens, lp.rules.flush_tokens);
     }
-    if (o.flush_tokens > 0) o.flush_tokens += shape.flush_spread_steps - 1;
     StatusOr<JointPlanInput> input = MakeJointInput(profile, o);
     if (!input.ok()) return InvalidArgument("budget (joint): ", input.status().message());
     StatusOr<JointPlan> plan = PlanJoint(*input, JointMode::kJoint);

@@ -29,8 +29,7 @@ struct SequenceShape {
   int kv_heads = 0;
   int q_heads = 0;
   int head_dim = 0;
-  int quant_sinks = 0;         // fp16 sink rows of the layers (0 when lossless).
-  int flush_spread_steps = 1;  // quant.flush_spread_steps: a tail may hold steps - 1 more rows.
+  int quant_sinks = 0;  // fp16 sink rows of the layers (0 when lossless).
 };
 
 // Eviction settings of a new sequence (enabled in evict-only and joint). `head_caps` (joint only):

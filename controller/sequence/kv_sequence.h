@@ -72,10 +72,11 @@ struct SequenceGeometry {
   int quality_sample_period = 0;
   int q_heads = 0;  // Query heads of the Q an append may carry (0 = never).
   // quant.flush_spread_steps: the flushes of the quantized layers that fall due together are
-  // spread over this many appends, at most ceil(quantized layers / steps) layers per append; a
-  // held layer's tail grows up to steps - 1 rows past flush_tokens meanwhile. 1 = every due layer
-  // flushes at once. The records are the same either way (a flush always takes whole
-  // flush_tokens groups from the front of the tail); only when they are written changes.
+  // spread over this many appends (at most flush_tokens), at most ceil(quantized layers / steps)
+  // layers per append; a held layer's tail grows up to steps - 1 rows past flush_tokens
+  // meanwhile. 1 = every due layer flushes at once. The records are the same either way (a flush
+  // always takes whole flush_tokens groups from the front of the tail); only when they are
+  // written changes.
   int flush_spread_steps = 1;
 };
 

@@ -154,7 +154,14 @@ void KvSequence::PlanFlushSpread(int64_t n, AppendContext* ctx) const {
   // row per step), so without spreading that step encodes every record of the flush at once
   // (milliseconds for KVarN over 90 streams) and the others none. Holding some of them a few
   // steps costs up to steps - 1 more fp16 rows per head, transiently.
-  const int steps = geometry_.flush_spread_steps;
+  // Never over more appends than a flush has tokens: then the flushed layers' shorter tails
+  // always make up for the held ones' longer tails (ceil(layers / steps) x flush_tokens >=
+  // layers), so the sequence never holds more fp16 rows than with every tail at
+  // flush_tokens - 1, which is what a joint plan charges (docs/budgets.md).
+  int steps = geometry_.flush_spread_steps;
+  for (const auto& layer : layers_) {
+    if (!layer->plan.lossless) steps = std::min(steps, layer->plan.rules.flush_tokens);
+  }
   if (steps <= 1) return;
   struct Due {
     int64_t tail;

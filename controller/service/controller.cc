@@ -32,11 +32,10 @@ int64_t Micros(SteadyTime t) {
 
 std::string ShmNameFor(const Config& config) { return config.pool.shm_name; }
 
-SequenceShape ShapeOf(const ipc::Geometry& g, const StreamingRules& rules, bool lossless,
-                      int flush_spread_steps) {
-  return SequenceShape{static_cast<int>(g.layers),       static_cast<int>(g.kv_heads),
-                       static_cast<int>(g.q_heads),      static_cast<int>(g.head_dim),
-                       lossless ? 0 : rules.sink_tokens, flush_spread_steps};
+SequenceShape ShapeOf(const ipc::Geometry& g, const StreamingRules& rules, bool lossless) {
+  return SequenceShape{static_cast<int>(g.layers), static_cast<int>(g.kv_heads),
+                       static_cast<int>(g.q_heads), static_cast<int>(g.head_dim),
+                       lossless ? 0 : rules.sink_tokens};
 }
 
 HostShape HostShapeOf(const Config& config, const ipc::Geometry& g) {
@@ -109,8 +108,8 @@ StatusOr<std::vector<LayerPlan>> PlanLayers(const Config& config, const std::str
       plans[l].head_specs.push_back(*spec);
     }
   }
-  KVCTL_RETURN_IF_ERROR(ApplyBudgetWidths(config, ShapeOf(g, rules, lossless, q.flush_spread_steps),
-                                          &plans, head_caps, joint_input));
+  KVCTL_RETURN_IF_ERROR(
+      ApplyBudgetWidths(config, ShapeOf(g, rules, lossless), &plans, head_caps, joint_input));
   return plans;
 }
 
@@ -441,7 +440,7 @@ StatusOr<Controller::OpenPlan> Controller::PlanOpen(const Config& config,
   JointPlanInput joint_input;
   KVCTL_ASSIGN_OR_RETURN(plan.plans, PlanLayers(config, model_name, g, &head_caps, &joint_input));
   const QuantSettings q = EffectiveQuantSettings(config, FindModel(config, model_name));
-  const auto shape = ShapeOf(g, plan.plans[0].rules, plan.plans[0].lossless, q.flush_spread_steps);
+  const auto shape = ShapeOf(g, plan.plans[0].rules, plan.plans[0].lossless);
   KVCTL_ASSIGN_OR_RETURN(plan.eviction, ResolveEviction(config, shape, head_caps));
   KVCTL_ASSIGN_OR_RETURN(plan.pressure, ResolvePressure(config, shape, &joint_input));
   plan.outlook = CompressionOutlookOf(config, shape, plan.plans, plan.eviction);
