@@ -6,10 +6,8 @@
 // tail rows, and writes the same records: whenever both hold the same records everywhere their
 // dense FETCH is equal byte for byte.
 #include <catch2/catch.hpp>
-#include <random>
 #include <vector>
 
-#include "common/half.h"
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/sequence_image.h"
 #include "tests/controller/sequence/sequence_test_util.h"
@@ -21,28 +19,9 @@ constexpr int kLayers = 9, kHeads = 2, kD = 64;
 constexpr int kQuantized = kLayers - 1;  // The last layer is lossless.
 constexpr int kFlush = 32, kSinks = 2;
 
-struct Tokens {
-  std::vector<std::vector<uint16_t>> k, v;  // fp16 [tokens, kHeads, kD] per layer.
-  explicit Tokens(int64_t tokens, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    k.resize(kLayers), v.resize(kLayers);
-    for (int l = 0; l < kLayers; ++l) {
-      for (auto* x : {&k[l], &v[l]}) {
-        x->resize(static_cast<size_t>(tokens) * kHeads * kD);
-        for (uint16_t& e : *x) e = FloatToHalf(normal(rng) * (1.0f + 0.25f * l));
-      }
-    }
-  }
-  std::vector<KvTensorView> Views(const std::vector<std::vector<uint16_t>>& x, int64_t first,
-                                  int64_t n) const {
-    std::vector<KvTensorView> out;
-    for (int l = 0; l < kLayers; ++l) {
-      out.push_back(KvTensorView::Contiguous(&x[l][static_cast<size_t>(first) * kHeads * kD],
-                                             DType::kF16, n, kHeads, kD));
-    }
-    return out;
-  }
+// fp16 decode steps of kLayers layers (layer l scaled by 1 + l / 4).
+struct Tokens : testing::HalfSteps {
+  Tokens(int64_t tokens, uint32_t seed) : HalfSteps(kLayers, kHeads, kD, tokens, seed, 0.25f) {}
 };
 
 std::vector<LayerPlan> Plans() {

@@ -7,43 +7,15 @@
 // for its decode steps.
 #include <catch2/catch.hpp>
 #include <cstring>
-#include <random>
 #include <vector>
 
-#include "common/half.h"
 #include "controller/sequence/kv_sequence.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 
 namespace kvctl {
 namespace {
 
-struct Steps {
-  int layers, heads, d;
-  int64_t tokens;
-  std::vector<std::vector<uint16_t>> k, v;  // fp16 [tokens, heads, d] per layer.
-
-  Steps(int layers_in, int heads_in, int d_in, int64_t tokens_in, uint32_t seed)
-      : layers(layers_in), heads(heads_in), d(d_in), tokens(tokens_in) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    k.resize(layers), v.resize(layers);
-    for (int l = 0; l < layers; ++l) {
-      for (auto* x : {&k[l], &v[l]}) {
-        x->resize(static_cast<size_t>(tokens) * heads * d);
-        for (uint16_t& e : *x) e = FloatToHalf(normal(rng) * (1.0f + 0.5f * l));
-      }
-    }
-  }
-  std::vector<KvTensorView> Views(const std::vector<std::vector<uint16_t>>& x, int64_t first,
-                                  int64_t n) const {
-    std::vector<KvTensorView> out;
-    for (int l = 0; l < layers; ++l) {
-      out.push_back(KvTensorView::Contiguous(&x[l][static_cast<size_t>(first) * heads * d],
-                                             DType::kF16, n, heads, d));
-    }
-    return out;
-  }
-};
+using Steps = testing::HalfSteps;
 
 // KIVI 2-bit (32-token records of about 1 KiB), `sinks` fp16 sinks, a flush every 32 tail tokens.
 std::vector<LayerPlan> KiviPlans(int layers, int heads, int d, int sinks) {

@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: tests/controller/sequence/sequence_test_util.h
-// Shared by the KvSequence tests: a fresh shm-backed page pool per call, a KIVI spec and per-layer
-// plans of one quantizer at chosen widths.
+// Shared by the KvSequence tests: a fresh shm-backed page pool per call, random fp16 decode steps,
+// a KIVI spec and per-layer plans of one quantizer at chosen widths.
 //
 // Thread safety: MakeTestPool keeps a process-wide counter; call it from the test thread.
 //
@@ -16,9 +16,11 @@
 #include <catch2/catch.hpp>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "common/half.h"
 #include "controller/pool/pool.h"
 #include "controller/sequence/kv_sequence.h"
 
@@ -35,6 +37,38 @@ inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page
   REQUIRE(pool.ok());
   return std::move(pool).value();
 }
+
+// Random fp16 K and V of `tokens` decode steps, [tokens, heads, d] per layer (layer l scaled by
+// 1 + l_scale * l), and views of any run of them: what the light-append and spread-flush tests
+// append.
+struct HalfSteps {
+  int layers, heads, d;
+  int64_t tokens;
+  std::vector<std::vector<uint16_t>> k, v;
+
+  HalfSteps(int layers_in, int heads_in, int d_in, int64_t tokens_in, uint32_t seed,
+            float l_scale = 0.5f)
+      : layers(layers_in), heads(heads_in), d(d_in), tokens(tokens_in) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    k.resize(layers), v.resize(layers);
+    for (int l = 0; l < layers; ++l) {
+      for (auto* x : {&k[l], &v[l]}) {
+        x->resize(static_cast<size_t>(tokens) * heads * d);
+        for (uint16_t& e : *x) e = FloatToHalf(normal(rng) * (1.0f + l_scale * l));
+      }
+    }
+  }
+  std::vector<KvTensorView> Views(const std::vector<std::vector<uint16_t>>& x, int64_t first,
+                                  int64_t n) const {
+    std::vector<KvTensorView> out;
+    for (int l = 0; l < layers; ++l) {
+      out.push_back(KvTensorView::Contiguous(&x[l][static_cast<size_t>(first) * heads * d],
+                                             DType::kF16, n, heads, d));
+    }
+    return out;
+  }
+};
 
 // The KIVI spec at these widths (the registry's defaults otherwise).
 inline QuantSpec KiviSpec(int head_dim, int k_bits, int v_bits) {
