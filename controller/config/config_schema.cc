@@ -402,11 +402,11 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_QUANT_FLUSH_SPREAD_STEPS",
            .doc = "Appends over which a sequence spreads the flushes of its quantized layers "
-                  "that fall due together: at most ceil(layers / steps) layers quantize their "
-                  "tails per append, the others hold up to steps - 1 more fp16 rows meanwhile "
-                  "(the same records, written later). 1 = every layer on the step its tail "
-                  "reaches flush_tokens. Trades the decode step that carries the whole flush "
-                  "for a few steps that carry part of it."}),
+                  "that fall due together (at most flush_tokens): at most ceil(layers / steps) "
+                  "layers quantize their tails per append, the others hold up to steps - 1 more "
+                  "fp16 rows meanwhile (the same records, written later). 1 = every layer on the "
+                  "step its tail reaches flush_tokens. Trades the decode step that carries the "
+                  "whole flush for a few steps that carry part of it."}),
       // [budget]
       Row<&Config::budget, &BudgetConfig::mode>(
           {.key = "budget.mode",
