@@ -104,6 +104,21 @@ def report(path, tok, top_steps=6, top_pos=4):
     print("share of the evicted attention mass on positions still held at the first scored step "
           "(dropped during the scored steps): %.0f %%; positions dropped during them: %.0f per "
           "(layer, head)" % (100 * later_mass, dropped_later.sum((-1)).mean()))
+    worst = np.argsort(-d)[:16]
+    for name, steps in (("worst 16 steps", worst), ("all steps", np.arange(scored))):
+        a = att[steps][:, :, :, sink:cand]
+        hv = a > 0.05
+        hh = held[steps][:, :, :, sink:cand]
+        print("%s: (step, layer, head, position) links with attention > 0.05 to a position between "
+              "the sinks and the window: %d, held %.0f %% (their attention %.0f %% held); all positions held "
+              "%.0f %%" % (name, hv.sum(), 100 * (hv & hh).sum() / max(1, hv.sum()),
+                          100 * (a * hv * hh).sum() / max(1e-9, (a * hv).sum()), 100 * hh.mean()))
+    hv = att[worst][:, :, :, sink:cand] > 0.05
+    per_lh = hv.sum((0, 3))
+    print("  worst 16 steps: the (layer, head) pairs giving most such links: " + ", ".join(
+        "L%dH%d %d (held %.0f %%)" % (li, h, per_lh[li, h], 100 * (
+            hv[:, li, h] & held[worst][:, li, h, sink:cand]).sum() / max(1, per_lh[li, h]))
+        for li, h in zip(*np.unravel_index(np.argsort(-per_lh.ravel())[:6], per_lh.shape))))
     print("worst steps:")
     for i in np.argsort(-d)[:top_steps]:
         t = prefix + i
