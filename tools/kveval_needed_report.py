@@ -15,6 +15,7 @@ prefill's kept positions in the proxy's top of the same size).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -109,9 +110,9 @@ def report(path, tok, top_steps=6, top_pos=4):
         a = att[steps][:, :, :, sink:cand]
         hv = a > 0.05
         hh = held[steps][:, :, :, sink:cand]
-        print("%s: (step, layer, head, position) links with attention > 0.05 to a position between "
-              "the sinks and the window: %d, held %.0f %% (their attention %.0f %% held); all positions held "
-              "%.0f %%" % (name, hv.sum(), 100 * (hv & hh).sum() / max(1, hv.sum()),
+        print("%s: (step, layer, head, position) links with attention > 0.05 to a position "
+              "between the sinks and the window: %d, held %.0f %% (their attention %.0f %% "
+              "held); all positions held %.0f %%" % (name, hv.sum(), 100 * (hv & hh).sum() / max(1, hv.sum()),
                           100 * (a * hv * hh).sum() / max(1e-9, (a * hv).sum()), 100 * hh.mean()))
     hv = att[worst][:, :, :, sink:cand] > 0.05
     per_lh = hv.sum((0, 3))
@@ -143,23 +144,16 @@ def report(path, tok, top_steps=6, top_pos=4):
 
 def main(argv) -> int:
     try:
-        from kvctl.model import load_smollm2  # noqa: F401
-        from transformers import AutoTokenizer  # noqa: F401
-        import kvctl.model as km
-        tok = km.load_tokenizer() if hasattr(km, "load_tokenizer") else None
-    except Exception:  # noqa: BLE001 - token text is a convenience
+        from kvctl.model import load_smollm2
+        _, tok = load_smollm2()
+    except Exception:  # noqa: BLE001 - token text is a convenience; ids are printed instead
         tok = None
-    if tok is None:
-        try:
-            from kvctl.model import load_smollm2
-            _, tok = load_smollm2()
-        except Exception:  # noqa: BLE001
-            tok = None
     for p in argv:
         report(p, tok)
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, "python")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "python"))
     sys.exit(main(sys.argv[1:]))
