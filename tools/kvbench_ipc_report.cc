@@ -60,25 +60,28 @@ std::string FormatIpcTable(const IpcBenchReport& r) {
           "samples:  %d per row and side after %d warm-up, interleaved (kvctl, raw, handler); "
           "microseconds, nearest-rank p50/p99\n\n",
           r.iterations, r.warmup);
-  Appendf(&out, "%-34s %9s %9s | %8s %8s | %8s %8s %-5s | %6s %6s %-6s | %8s %8s\n", "row", "req B",
-          "reply B", "kvctl50", "kvctl99", "raw50", "raw99", "raw", "ratio", "target", "result",
-          "same-B50", "handler");
+  Appendf(&out, "%-34s %9s %9s | %8s %8s | %8s %8s %-5s | %6s %6s %-6s | %8s %8s %9s\n", "row",
+          "req B", "reply B", "kvctl50", "kvctl99", "raw50", "raw99", "raw", "ratio", "target",
+          "result", "same-B50", "handler", "hdl max");
   for (const IpcBenchRow& row : r.rows) {
     const LatencyStats& base = Baseline(row);
     Appendf(&out,
-            "%-34s %9llu %9llu | %8.1f %8.1f | %8.1f %8.1f %-5s | %6.2f %6s %-6s | %8.1f %8.1f\n",
+            "%-34s %9llu %9llu | %8.1f %8.1f | %8.1f %8.1f %-5s | %6.2f %6s %-6s | %8.1f %8.1f "
+            "%9.1f\n",
             row.name.c_str(), static_cast<unsigned long long>(row.request_bytes),
             static_cast<unsigned long long>(row.reply_bytes), row.kvctl.p50_us, row.kvctl.p99_us,
             base.p50_us, base.p99_us, row.baseline_64 ? "64 B" : "same", row.ratio_p50,
             row.target > 0 ? ("<=" + Num(row.target)).c_str() : "-",
             row.target > 0 ? (row.met ? "PASS" : "MISS") : "-", row.raw_same.p50_us,
-            row.handler.p50_us);
+            row.handler.p50_us, row.handler.max_us);
   }
   out +=
       "  raw: the baseline round trip of the target, \"same\" = the same frames as the kvctl\n"
       "  request and reply, \"64 B\" = a 64-byte request and reply; ratio = kvctl p50 / raw p50.\n"
       "  same-B50: p50 of the same-frames raw round trip; handler: p50 of the same Controller\n"
-      "  call in-process, no sockets. Staging APPEND times include the copy into the slot.\n";
+      "  call in-process, no sockets; hdl max: its slowest sample (for APPEND rows, the decode\n"
+      "  step that flushed: quant.flush_spread_steps spreads it). Staging APPEND times include\n"
+      "  the copy into the slot.\n";
   Appendf(&out,
           "requests: %llu APPEND/FETCH sent, %llu counted by the daemon, %llu errors; %.1f s\n",
           static_cast<unsigned long long>(r.requests_sent),
