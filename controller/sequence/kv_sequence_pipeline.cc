@@ -159,6 +159,7 @@ void KvSequence::PlanFlushSpread(int64_t n, AppendContext* ctx) const {
   // layers), so the sequence never holds more fp16 rows than with every tail at
   // flush_tokens - 1, which is what a joint plan charges (docs/budgets.md).
   int steps = geometry_.flush_spread_steps;
+  if (steps <= 1) return;  // The default: no walk over the layers.
   for (const auto& layer : layers_) {
     if (!layer->plan.lossless) steps = std::min(steps, layer->plan.rules.flush_tokens);
   }

@@ -209,6 +209,22 @@ std::string DeferredPrefill(uint8_t variant) {
   return w.bytes();
 }
 
+// Spread flushes (the "quarot" model spreads over 2 appends; 2 layers, 2 sinks, flush 16): the
+// 18th token makes both tails due, layer 0 flushes and layer 1 holds its 16 rows; FETCH both ways
+// while it holds, then the append that flushes layer 1 and a FETCH after it.
+std::string SpreadFlush() {
+  const ipc::HelloRequest h = Hello("quarot", 2, 2, 0, 8);
+  ScriptWriter w;
+  w.Request(Msg(h)).Request(Msg(ipc::OpenRequest{1, 7}));
+  w.Request(Msg(InlineAppend(h, 1, 0, 17)));
+  w.Request(Msg(InlineAppend(h, 1, 17, 1)));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF32}));
+  w.Request(Msg(InlineAppend(h, 1, 18, 1)));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF16}));
+  return w.bytes();
+}
+
 // Known bugs, as scripts (tests/fuzz/regressions/README.md).
 // The issue #17 APPEND: staging_offset 2^64 - 2^32 with a 2^32-byte payload wrapped the slot
 // bounds check and read outside the pool (SIGSEGV).
@@ -281,11 +297,12 @@ int Main(int argc, char** argv) {
   Write(dir, "pool-pressure-pool-scope", PoolPressure(5));
   Write(dir, "pool-pressure-sequence-scope", PoolPressure(6));
   Write(dir, "verify-once-fetch", VerifyOnceFetch());
+  Write(dir, "spread-flush", SpreadFlush());
   for (uint8_t variant = 1; variant <= 4; ++variant) {  // streaming, h2o, snapkv, rkv.
     Write(dir, "deferred-prefill-" + std::to_string(variant), DeferredPrefill(variant));
   }
   std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n,
-              std::size(models) + 15, dir.c_str());
+              std::size(models) + 16, dir.c_str());
   return 0;
 }
 
