@@ -4,6 +4,7 @@
 //                 [--bits ...] [--simd scalar|avx2|avx512] [--input-form fp32|fp16] [--json]
 //                 [--quick]
 //   kvbench ipc [--iterations N] [--warmup N] [--tokens 1024,8192] [--rows ...] [--workers N]
+//               [--think-us N]
 //               [--json] [--quick]
 //   kvbench attention [--tokens 4096,32768,131072] [--geometries smollm2,llama3-8b]
 //                     [--methods kivi,kvarn,quarot,oscar] [--bits 2] [--threads N] [--reps N]
@@ -112,6 +113,10 @@ CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& js
                   "Tokens per APPEND when filling the FETCH sequences")
       ->capture_default_str();
   cmd->add_option("--workers", options.workers, "The daemon's server.workers")
+      ->capture_default_str();
+  cmd->add_option("--think-us", options.think_us,
+                  "Untimed pause before each iteration, in us: the engine's own step between "
+                  "decode steps (what quant.flush_after_reply overlaps with)")
       ->capture_default_str();
   cmd->add_option("--rows", options.rows,
                   "Comma-separated subset of ping, append_inline, append_staging, fetch_dense, "

@@ -46,7 +46,11 @@ struct IpcBenchOptions {
   // Tokens the APPEND rows' sequences hold before their first timed step (a decode step at this
   // context length; 0: from an empty sequence).
   int64_t append_context = 0;
-  int workers = 2;                  // The daemon's server.workers.
+  int workers = 2;  // The daemon's server.workers.
+  // Untimed pause before each iteration (microseconds): the engine's own step between two
+  // requests, during which the daemon may finish work it does after a reply
+  // (quant.flush_after_reply). 0 = back to back.
+  int64_t think_us = 0;
   std::vector<std::string> rows{};  // Subset of kIpcRowGroups; empty = all.
   bool quick = false;               // Recorded in the report only.
   // KEY=VALUE config settings for both daemons, after the bench's own (e.g. pool.checksums=false).
@@ -84,6 +88,7 @@ struct IpcBenchReport {
   std::string cpu;        // /proc/cpuinfo model name.
   std::string quantizer;  // "kvarn k2v2, block 128, 128 sinks, flush 128".
   int iterations = 0, warmup = 0, workers = 0;
+  int64_t think_us = 0;
   int layers = 30, kv_heads = 3, head_dim = 64;
   bool quick = false;
   uint64_t pool_bytes = 0;

@@ -58,8 +58,13 @@ std::string FormatIpcTable(const IpcBenchReport& r) {
           r.kv_heads, r.head_dim);
   Appendf(&out,
           "samples:  %d per row and side after %d warm-up, interleaved (kvctl, raw, handler); "
-          "microseconds, nearest-rank p50/p99\n\n",
+          "microseconds, nearest-rank p50/p99\n",
           r.iterations, r.warmup);
+  if (r.think_us > 0) {
+    Appendf(&out, "think:    %lld us untimed before each iteration (the engine's step)\n",
+            static_cast<long long>(r.think_us));
+  }
+  out += "\n";
   Appendf(&out, "%-34s %9s %9s | %8s %8s | %8s %8s %-5s | %6s %6s %-6s | %8s %8s %9s\n", "row",
           "req B", "reply B", "kvctl50", "kvctl99", "raw50", "raw99", "raw", "ratio", "target",
           "result", "same-B50", "handler", "hdl max");
@@ -98,6 +103,7 @@ std::string FormatIpcJson(const IpcBenchReport& r) {
   s += std::string("  \"quick\": ") + (r.quick ? "true" : "false") + ",\n";
   Appendf(&s, "  \"iterations\": %d,\n  \"warmup\": %d,\n  \"workers\": %d,\n", r.iterations,
           r.warmup, r.workers);
+  Appendf(&s, "  \"think_us\": %lld,\n", static_cast<long long>(r.think_us));
   Appendf(&s,
           "  \"geometry\": {\"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
           "\"dtype\": \"float16\"},\n",

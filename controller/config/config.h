@@ -94,7 +94,8 @@ struct QuantSettings {
   bool lossless = false;  // Compression off: rows kept exactly in the session dtype.
   int sink_tokens = 0;
   int flush_tokens = 0;
-  int flush_spread_steps = 1;  // SequenceGeometry::flush_spread_steps.
+  int flush_spread_steps = 1;      // SequenceGeometry::flush_spread_steps.
+  bool flush_after_reply = false;  // SequenceGeometry::flush_after_reply.
   bool operator==(const QuantSettings&) const = default;
 };
 

@@ -407,6 +407,17 @@ std::vector<ConfigOption> BuildSchema() {
                   "fp16 rows meanwhile (the same records, written later). 1 = every layer on the "
                   "step its tail reaches flush_tokens. Trades the decode step that carries the "
                   "whole flush for a few steps that carry part of it."}),
+      Row<&QuantSettings::flush_after_reply>(
+          {.key = "quant.flush_after_reply",
+           .default_text = "false",
+           .flags = kRel,
+           .env = "KVCTL_QUANT_FLUSH_AFTER_REPLY",
+           .doc = "A decode step whose tails reach flush_tokens only stores its rows and is "
+                  "answered; a worker then encodes that flush's records (nothing an engine "
+                  "reads changes) and the next APPEND writes them. A tail may pass "
+                  "flush_tokens by up to 15 rows while the encoding is not done; then the "
+                  "APPEND flushes itself. The same records. Sequences with eviction flush on "
+                  "the request path as before."}),
       // [budget]
       Row<&Config::budget, &BudgetConfig::mode>(
           {.key = "budget.mode",

@@ -186,6 +186,15 @@ void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
                              !reply.ok());
   reply.ok() ? (void)responder.Reply(std::move(reply).value())
              : (void)responder.Error(reply.status());
+  RunHeldFlushesAfterReply();
+}
+
+void Daemon::RunHeldFlushesAfterReply() {
+  // quant.flush_after_reply: the APPEND just answered left flushes held; they run on a worker
+  // while the engine computes its next step. Not counted in on_workers: no request waits for
+  // them in order, and an APPEND that needs the sequence meanwhile waits for its lock.
+  if (!controller_->HeldFlushesQueued()) return;
+  boost::asio::post(*impl_->workers, [this] { controller_->RunHeldFlushes(); });
 }
 
 void Daemon::Handle(ipc::Request request, ipc::Responder responder) {
@@ -229,6 +238,7 @@ bool Daemon::ServeLight(ipc::Request& request, ipc::Responder& responder) {
                              !reply.ok());
   reply.ok() ? (void)responder.Reply(std::move(reply).value())
              : (void)responder.Error(reply.status());
+  RunHeldFlushesAfterReply();
   return true;
 }
 
@@ -336,6 +346,7 @@ int Daemon::Run() {
   Impl& impl = *impl_;
   const Config config = controller_->config();
   impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
+  controller_->EnableHeldFlushQueue();  // Its flushes run on `workers` (RunHeldFlushesAfterReply).
   impl.light = {.append_tokens = config.server.inline_append_tokens,
                 .blocks_fetch = config.server.inline_blocks_fetch};
   impl.stats_worker = std::make_unique<boost::asio::thread_pool>(1);

@@ -55,6 +55,8 @@ class Daemon {
   // On the I/O thread: answers a light APPEND or blocks FETCH (Controller::Append / Fetch with
   // `deferred`) and returns true, or returns false with nothing done.
   bool ServeLight(ipc::Request& request, ipc::Responder& responder);
+  // After a reply: hands the flushes an APPEND held (quant.flush_after_reply) to a worker.
+  void RunHeldFlushesAfterReply();
   void Reload();
   // ZeroMQ PUB of the STATS text every server.stats_interval_ms (kvtop's feed); off when the
   // endpoint is "".

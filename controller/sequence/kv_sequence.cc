@@ -68,14 +68,74 @@ Status KvSequence::Append(int64_t first_position, const std::vector<KvTensorView
 
 bool KvSequence::AppendIsLight(int64_t n) const {
   if (!integrity_.ok() || eviction_.enabled) return false;
+  // A flush held for after the reply (PrepareHeldFlushStep) lets the tail pass flush_tokens, by
+  // a bounded margin.
+  const int64_t margin = geometry_.flush_after_reply ? kMaxHeldFlushRows : 0;
   for (const auto& layer : layers_) {
     if (layer->plan.lossless) continue;
     const StreamingRules& rules = layer->plan.rules;
     for (const HeadStream& head : layer->heads) {
-      if (TailAfterAppend(head, rules.sink_tokens, n) >= rules.flush_tokens) return false;
+      if (TailAfterAppend(head, rules.sink_tokens, n) >= rules.flush_tokens + margin) return false;
     }
   }
   return true;
+}
+
+bool KvSequence::HeldFlushDue() const {
+  if (!geometry_.flush_after_reply || !integrity_.ok() || eviction_.enabled) return false;
+  for (const auto& layer : layers_) {
+    if (layer->plan.lossless) continue;
+    const StreamingRules& rules = layer->plan.rules;
+    for (const HeadStream& head : layer->heads) {
+      if (TailAfterAppend(head, rules.sink_tokens, 0) >= rules.flush_tokens) return true;
+    }
+  }
+  return false;
+}
+
+bool KvSequence::HeldFlushPending() const {
+  if (!HeldFlushDue()) return false;
+  return !held_prep_ || held_prep_->publishes != publishes_ ||
+         held_prep_->next_layer < geometry_.layers;
+}
+
+StatusOr<bool> KvSequence::PrepareHeldFlushStep() {
+  if (!HeldFlushDue()) {
+    held_prep_.reset();
+    return true;
+  }
+  if (!held_prep_ || held_prep_->publishes != publishes_) {
+    held_prep_ = std::make_unique<HeldFlushPrep>();
+    held_prep_->publishes = publishes_;
+    held_prep_->layers.resize(static_cast<size_t>(geometry_.layers));
+  }
+  if (held_prep_->next_layer == geometry_.layers) return true;
+  // An append of no tokens: a layer whose tail holds flush_tokens rows or more flushes whole
+  // flush_tokens groups from its stored rows; the others prepare nothing.
+  const AppendContext ctx;
+  const int l = held_prep_->next_layer;
+  Status prepared = AppendLayerPrepare(l, ctx, KvTensorView{}, KvTensorView{}, nullptr,
+                                       &held_prep_->layers[static_cast<size_t>(l)]);
+  if (!prepared.ok()) {
+    held_prep_.reset();
+    return prepared;
+  }
+  return ++held_prep_->next_layer == geometry_.layers;
+}
+
+Status KvSequence::CommitPreparedFlush() {
+  if (!held_prep_) return OkStatus();
+  const std::unique_ptr<HeldFlushPrep> prep = std::move(held_prep_);
+  if (prep->publishes != publishes_ || prep->next_layer < geometry_.layers) return OkStatus();
+  SlabPlan plan;
+  for (int l = 0; l < geometry_.layers; ++l) CountSlots(l, prep->layers[l], &plan);
+  StatusOr<Reservation> reserved = ReservePages(plan);
+  if (reserved.status().code() == StatusCode::kResourceExhausted) return OkStatus();
+  KVCTL_RETURN_IF_ERROR(reserved.status());  // DATA_LOSS, already marked.
+  CommitAppend(first_position_ + tokens_, AppendContext{}, &prep->layers, plan,
+               std::move(reserved).value());
+  Status compacted = slabs_.Compact();
+  return compacted.ok() ? compacted : MarkLost(compacted);
 }
 
 void KvSequence::CollectRanges(int layer_begin, int layer_end,
@@ -174,6 +234,7 @@ StatusOr<uint64_t> KvSequence::Scrub(uint64_t max_bytes, bool* wrapped) {
 }
 
 Status KvSequence::Publish() {
+  ++publishes_;  // Invalidates a held flush prepared for the state before this write.
   std::vector<uint32_t> pages;
   slabs_.TakeTouchedPages(&pages);  // Always taken, so the list stays short.
   if (!pool_->mirrored() && !pool_->checksums()) return OkStatus();

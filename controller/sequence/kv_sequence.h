@@ -78,7 +78,19 @@ struct SequenceGeometry {
   // always takes whole flush_tokens groups from the front of the tail); only when they are
   // written changes.
   int flush_spread_steps = 1;
+  // quant.flush_after_reply: a decode step whose tails reach flush_tokens only stores its rows
+  // (AppendIsLight); PrepareHeldFlushStep encodes that flush's records ahead (the daemon, on a
+  // worker after the reply) and the next append writes them. A tail may grow up to
+  // kMaxHeldFlushRows - 1 rows past flush_tokens before an append flushes it on the request path
+  // itself. The records are the same.
+  bool flush_after_reply = false;
 };
+
+// How far past flush_tokens a tail may grow while its flush waits for PrepareHeldFlushStep
+// (SequenceGeometry::flush_after_reply); sequence images accept tails up to flush_tokens +
+// kMaxFlushSpreadSteps - 2, so this stays below kMaxFlushSpreadSteps.
+inline constexpr int kMaxHeldFlushRows = 16;
+static_assert(kMaxHeldFlushRows < kMaxFlushSpreadSteps);
 
 // What an APPEND does when the pool cannot give it the pages it needs (budget.pressure).
 struct PressureSettings {
@@ -230,8 +242,19 @@ class KvSequence {
   int64_t deferred_tokens() const { return deferred_tokens_; }
   // True when an append of n tokens would only store rows: no flush into records, no eviction
   // (sequences with eviction are never light), the sequence not lost. Such an append costs about
-  // a copy of its bytes.
+  // a copy of its bytes. With flush_after_reply a tail reaching flush_tokens does not count, as
+  // long as it stays under flush_tokens + kMaxHeldFlushRows.
   bool AppendIsLight(int64_t n) const;
+  // flush_after_reply only: true when a quantized layer's tail holds flush_tokens rows or more
+  // and the records of that flush are not prepared yet (PrepareHeldFlushStep has work).
+  bool HeldFlushPending() const;
+  // Encodes one more layer of the held flush (the records the next append would write, from the
+  // stored rows) into a private buffer. Nothing a reader sees changes, so it may run while an
+  // engine reads the page tables of its last FETCH. True once every layer is prepared: the next
+  // append then commits those records instead of encoding them (a copy of the records and the
+  // tails' shrink, which a FETCH's page tables may not outlive anyway). Any write to the sequence
+  // meanwhile (an append) discards what was prepared; the next call starts over.
+  StatusOr<bool> PrepareHeldFlushStep();
 
   // Re-quantizes every record of (layer, head) at k_bits / v_bits (each <= the current width, one
   // of them lower): decoded, rounded to fp16 and quantized again, in place, so the pages the
@@ -455,7 +478,16 @@ class KvSequence {
     bool operator==(const VerifiedStamp&) const = default;
   };
   std::vector<VerifiedStamp> layer_verified_;
-  std::vector<PreparedLayer> prepared_;  // AppendOnce's plan, kept for its buffers' capacity.
+  std::vector<PreparedLayer> prepared_;  // The stages' plan, kept for its buffers' capacity.
+  // flush_after_reply: a quantized layer's tail holds flush_tokens rows or more (no eviction).
+  bool HeldFlushDue() const;
+  // Commits a held flush that PrepareHeldFlushStep prepared completely for the current state;
+  // drops it otherwise, or when the pool cannot give its pages (the stages then flush, with
+  // pressure relief). Fails only with DATA_LOSS.
+  Status CommitPreparedFlush();
+  struct HeldFlushPrep;  // kv_sequence_internal.h.
+  std::unique_ptr<HeldFlushPrep> held_prep_;
+  uint64_t publishes_ = 0;  // Publish calls: every public method that writes makes one.
 };
 
 }  // namespace kvctl

@@ -554,7 +554,9 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   // Query rows: the kept ones, then this append's (fp32).
   LayerScoring& scoring = out->scoring;
   scoring = p.layer.scoring;
-  TakeQueries(ev, q, ctx.n, geometry_.q_heads, geometry_.head_dim, &scoring);
+  // A held flush prepared ahead (PrepareHeldFlushStep, no tokens) leaves the query rows as they
+  // are.
+  if (ctx.n > 0) TakeQueries(ev, q, ctx.n, geometry_.q_heads, geometry_.head_dim, &scoring);
   if (ev.enabled) {
     p.all_k.resize(heads), p.all_v.resize(heads);
     p.have_all.assign(heads, false);

@@ -130,6 +130,13 @@ struct PreparedLayer {
   LayerScoring scoring;         // The layer's scoring state after the append.
 };
 
+// A held flush prepared ahead of the append that commits it (PrepareHeldFlushStep).
+struct KvSequence::HeldFlushPrep {
+  uint64_t publishes = 0;  // KvSequence::publishes_ when preparation began: valid while equal.
+  int next_layer = 0;      // Layers [0, next_layer) are prepared.
+  std::vector<PreparedLayer> layers;
+};
+
 // Prepare's query step: appends this append's query rows (fp32) to the layer's kept ones, as the
 // eviction policy needs them: every row for h2o, the newest obs_window rows otherwise; without
 // Q the kept rows are dropped (they no longer end at the newest token); without eviction nothing.

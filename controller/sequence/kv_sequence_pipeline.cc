@@ -252,6 +252,9 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
                               const std::vector<KvTensorView>* q, int relief_rounds,
                               bool continues) {
   KVCTL_ASSIGN_OR_RETURN(const int64_t n, ValidateAppend(first_position, k, v, q));
+  // A flush held for after the reply and prepared since (PrepareHeldFlushStep): its records are
+  // written now, before this append's rows, as the append that held it would have.
+  KVCTL_RETURN_IF_ERROR(CommitPreparedFlush());
   // A decode step that only stores rows needs none of the stages' per-head planning.
   if (AppendIsLight(n) && TryAppendRows(first_position, n, k, v, q != nullptr)) return OkStatus();
   KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr, continues));

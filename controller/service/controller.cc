@@ -450,7 +450,8 @@ StatusOr<Controller::OpenPlan> Controller::PlanOpen(const Config& config,
                                    .dtype = g.dtype,
                                    .quality_sample_period = config.server.quality_sample_period,
                                    .q_heads = static_cast<int>(g.q_heads),
-                                   .flush_spread_steps = q.flush_spread_steps};
+                                   .flush_spread_steps = q.flush_spread_steps,
+                                   .flush_after_reply = q.flush_after_reply};
   return plan;
 }
 
@@ -702,6 +703,12 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     }
   }
   KVCTL_RETURN_IF_ERROR(appended);
+  if (held_flush_queue_on_.load(std::memory_order_relaxed) && entry->seq->HeldFlushPending() &&
+      !entry->held_flush_queued.exchange(true)) {
+    MutexLock lock(&held_flush_mu_);
+    held_flushes_.push_back(entry);
+    held_flushes_queued_.fetch_add(1);
+  }
   return ipc::AppendReply{static_cast<uint64_t>(entry->seq->tokens()),
                           static_cast<uint64_t>(entry->seq->QuantizedTokens()),
                           pool_->Stats().bytes_used};

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <iosfwd>
 #include <map>
@@ -118,6 +119,19 @@ class Controller {
   Status Reload(const Config& config, std::vector<ConfigChange>* changes = nullptr)
       KVCTL_EXCLUDES(mu_);
 
+  // quant.flush_after_reply (SequenceGeometry::flush_after_reply): a decode step whose tails
+  // reach flush_tokens only stores its rows, and its sequence is queued (once) for
+  // RunHeldFlushes, which the caller runs after the reply has left. Only a caller that called
+  // EnableHeldFlushQueue (the daemon, before serving) gets the queue; without one the APPEND
+  // whose tails reach flush_tokens + kMaxHeldFlushRows flushes, on the request path.
+  void EnableHeldFlushQueue() { held_flush_queue_on_.store(true); }
+  bool HeldFlushesQueued() const { return held_flushes_queued_.load() > 0; }
+  // Encodes the records of every queued sequence's held flush (KvSequence::PrepareHeldFlushStep),
+  // one layer per hold of its lock, so a FETCH or APPEND on it waits for one layer at most; the
+  // sequence's next APPEND writes them. Page tables an engine holds stay valid meanwhile. Returns
+  // the layers prepared.
+  int64_t RunHeldFlushes() KVCTL_EXCLUDES(held_flush_mu_);
+
   // Records one served request for STATS (type, latency, error or not).
   void RecordRequest(uint16_t type, std::chrono::microseconds latency, bool error);
 
@@ -174,6 +188,7 @@ class Controller {
     SteadyTime last_used KVCTL_GUARDED_BY(mu) = opened;   // Last APPEND, FETCH or SAVE_PREFIX.
     // Charged to the host budget now (0 once retired).
     uint64_t host_bytes KVCTL_GUARDED_BY(mu);
+    std::atomic<bool> held_flush_queued{false};  // In Controller::held_flushes_.
   };
   struct Session;
 
@@ -305,6 +320,13 @@ class Controller {
   size_t scrub_next_ KVCTL_GUARDED_BY(scrub_mu_) = 0;  // Where the next pass starts.
   Mutex retired_mu_;
   HeadUsage retired_quality_ KVCTL_GUARDED_BY(retired_mu_);  // Quality of freed sequences.
+  // Sequences whose flushes wait for RunHeldFlushes (quant.flush_after_reply); each at most once
+  // (SequenceEntry::held_flush_queued), so the queue is bounded by the open sequences.
+  std::atomic<bool> held_flush_queue_on_{false};
+  std::atomic<int64_t> held_flushes_queued_{0};  // held_flushes_.size(), read without the lock.
+  std::atomic<uint64_t> held_flush_layers_{0};   // Layers prepared after replies (STATS).
+  Mutex held_flush_mu_;
+  std::deque<std::weak_ptr<SequenceEntry>> held_flushes_ KVCTL_GUARDED_BY(held_flush_mu_);
 };
 
 }  // namespace kvctl

@@ -164,6 +164,7 @@ std::map<int, HeadTotals> SumLayers(const std::map<std::pair<int, int>, HeadTota
 
 struct SessionCounts {
   uint64_t sessions = 0, expired = 0, ended = 0;
+  uint64_t held_flush_layers = 0;  // Controller::RunHeldFlushes, daemon lifetime.
 };
 
 // frozen_bytes: pool bytes of the frozen prefixes alive (Controller::prefix_frozen_bytes_).
@@ -185,6 +186,7 @@ void WriteSequencesSection(const SequenceSums& sums, const SessionCounts& counts
       << "tokens_deferred:" << total.deferred_tokens << "\n"
       << "appends_deferred_total:" << total.deferred_appends << "\n"
       << "deferral_cap_hits_total:" << total.deferral_cap_hits << "\n"
+      << "held_flush_layers_total:" << counts.held_flush_layers << "\n"
       << "kv_payload_bytes:" << total.payload_bytes << "\n"
       << "kv_shared_bytes:" << total.shared_bytes << "\n"
       << "kv_pool_bytes:" << total.pool_bytes << "\n"
@@ -420,7 +422,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
       KVCTL_RETURN_IF_ERROR(FindSessionLocked(request.session_id, now).status());
     }
     config = config_;
-    counts = {sessions_.size(), sessions_expired_, sessions_ended_};
+    counts = {sessions_.size(), sessions_expired_, sessions_ended_, held_flush_layers_.load()};
     for (auto& [sid, session] : sessions_) {
       for (auto& [qid, entry] : session->sequences) {
         if (!config_only) {

@@ -76,6 +76,8 @@ constexpr Help kHelp[] = {
      "APPENDs of the open sequences that deferred their eviction (APPEND_CONTINUES)."},
     {"kvctl_deferral_cap_hits_total",
      "Flagged APPENDs past evict.max_deferred_tokens that evicted as if unflagged."},
+    {"kvctl_held_flush_layers_total",
+     "Layers of held flushes encoded on a worker after an APPEND's reply."},
     {"kvctl_kv_payload_bytes", "Bytes of stored K/V payload (records and fp16 rows), no slack."},
     {"kvctl_kv_shared_bytes",
      "Of the payload, bytes the open sequences read from frozen prefix pages they share."},

@@ -225,6 +225,26 @@ std::string SpreadFlush() {
   return w.bytes();
 }
 
+// quant.flush_after_reply (the turbo model): the harness runs held flushes after odd request
+// ids only, so the even ones leave the 16-token flush held over an APPEND and two FETCHes.
+std::string HeldFlush() {
+  const ipc::HelloRequest h = Hello("turbo", 2, 2, 0, 8);
+  auto even = [](auto msg) {
+    StatusOr<ipc::Frames> f = ipc::Encode(8, std::move(msg));
+    KVCTL_CHECK(f.ok());
+    return Strings(*f);
+  };
+  ScriptWriter w;
+  w.Request(Msg(h)).Request(Msg(ipc::OpenRequest{1, 7}));
+  w.Request(even(InlineAppend(h, 1, 0, 16)));
+  w.Request(even(InlineAppend(h, 1, 16, 1)));
+  w.Request(even(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
+  w.Request(even(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF32}));
+  w.Request(Msg(InlineAppend(h, 1, 17, 1)));
+  w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF16}));
+  return w.bytes();
+}
+
 // Known bugs, as scripts (tests/fuzz/regressions/README.md).
 // The issue #17 APPEND: staging_offset 2^64 - 2^32 with a 2^32-byte payload wrapped the slot
 // bounds check and read outside the pool (SIGSEGV).
@@ -298,11 +318,12 @@ int Main(int argc, char** argv) {
   Write(dir, "pool-pressure-sequence-scope", PoolPressure(6));
   Write(dir, "verify-once-fetch", VerifyOnceFetch());
   Write(dir, "spread-flush", SpreadFlush());
+  Write(dir, "held-flush", HeldFlush());
   for (uint8_t variant = 1; variant <= 4; ++variant) {  // streaming, h2o, snapkv, rkv.
     Write(dir, "deferred-prefill-" + std::to_string(variant), DeferredPrefill(variant));
   }
   std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n,
-              std::size(models) + 16, dir.c_str());
+              std::size(models) + 17, dir.c_str());
   return 0;
 }
 

@@ -48,7 +48,8 @@ constexpr uint64_t kPoolBytes = 256 << 10;
 // width lowering, staging exhaustion and inline fallbacks are all reachable with short inputs. The
 // [[model]] tables let a HELLO's model_name pick each quantizer with blocks of 8 tokens, so a few
 // tokens quantize; kvarn and quarot spread their flushes over 3 and 2 appends
-// (quant.flush_spread_steps), so held tails and their images are reached too. kivi and oscar keep
+// (quant.flush_spread_steps), kvarn and turbo hold them for after the reply
+// (quant.flush_after_reply), so held tails and their images are reached too. kivi and oscar keep
 // v_group_channels 32: head_dim must be a multiple of 32 for
 // them (the registry defaults are checked at the session's head_dim before the configured values
 // apply).
@@ -91,11 +92,13 @@ k_bits = 4
 v_bits = 2
 sink_tokens = 4
 flush_spread_steps = 3
+flush_after_reply = true
 [[model]]
 name = "turbo"
 method = "turbo"
 k_bits = 3
 v_bits = 2
+flush_after_reply = true
 [[model]]
 name = "mixed"
 method = "kivi"
@@ -277,6 +280,7 @@ class Harness {
     StatusOr<std::unique_ptr<Controller>> controller = Controller::Create(config);
     Check(controller.status(), "Controller::Create");
     controller_ = std::move(controller).value();
+    controller_->EnableHeldFlushQueue();  // As the daemon does; run after replies (below).
     // Variant configs must name the same pool for Reload to accept them.
     for (Config& v : variants_) {
       v.pool.shm_name = config.pool.shm_name;
@@ -397,6 +401,10 @@ class Harness {
         *controller_, request->body, now_, {.append_tokens = 4, .blocks_fetch = true}, &deferred);
     if (deferred) reply = Dispatch(*controller_, request->body, now_);
     controller_->RecordRequest(type, std::chrono::microseconds(1), !reply.ok());
+    // The daemon runs held flushes on a worker after the reply; here after every odd request id,
+    // so tails also stay held over several appends (and the image, FETCH and CLOSE paths see
+    // them).
+    if ((request_id & 1) != 0 && controller_->HeldFlushesQueued()) controller_->RunHeldFlushes();
     if (verbose_) {
       std::fprintf(stderr, "%s -> %s\n", ipc::TypeName(type).c_str(),
                    reply.ok() ? "OK" : reply.status().ToString().c_str());

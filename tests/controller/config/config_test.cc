@@ -102,6 +102,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"quant.sink_tokens", "-1"},
       {"quant.flush_tokens", "0"},
       {"quant.flush_spread_steps", "1"},
+      {"quant.flush_after_reply", "false"},
       {"budget.mode", "\"none\""},
       {"budget.tokens_per_head", "0"},
       {"budget.token_fraction", "0.0"},

@@ -135,6 +135,85 @@ TEST_CASE("Light appends: quant.flush_spread_steps spreads the flush over two ha
   CHECK(differ == std::vector<uint64_t>{143});
 }
 
+uint64_t StatsValue(Controller& c, const std::string& section, const std::string& key) {
+  StatusOr<std::string> text = c.Stats({0, section}, Clock::now());
+  REQUIRE(text.ok());
+  const size_t at = text->find("\n" + key + ":");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(text->substr(at + key.size() + 2));
+}
+
+TEST_CASE("Light appends: quant.flush_after_reply answers the flush step and queues the flush",
+          "[controller][light]") {
+  // Every decode step is done on the I/O thread path. The flush each 128th step would have done
+  // is queued; RunHeldFlushes (the daemon: on a worker after the reply) encodes it without
+  // changing what FETCH returns, and the next step writes it. Only the held step's bytes differ
+  // from the controller that flushes on the step.
+  Config held_config = LightConfig("held", 16 << 20);
+  held_config.quant.flush_after_reply = true;
+  std::unique_ptr<Controller> held = Make(held_config);
+  held->EnableHeldFlushQueue();
+  std::unique_ptr<Controller> once = Make(LightConfig("held-ref", 16 << 20));
+  const uint64_t s_held = OpenOne(*held, 1);
+  const uint64_t s_once = OpenOne(*once, 1);
+  std::vector<uint64_t> queued, differ;
+  for (uint64_t pos = 0; pos < 300; ++pos) {
+    bool deferred = false;
+    StatusOr<ipc::AppendReply> light =
+        held->Append(Step(s_held, 1, pos, 1), Clock::now(), &deferred);
+    REQUIRE_FALSE(deferred);
+    REQUIRE(light.ok());
+    REQUIRE(once->Append(Step(s_once, 1, pos, 1), Clock::now()).ok());
+    const std::string bytes = DenseBytes(*held, s_held, 1);
+    if (held->HeldFlushesQueued()) {
+      queued.push_back(pos);
+      CHECK(held->RunHeldFlushes() == kLayers);  // One pass per layer.
+      CHECK_FALSE(held->HeldFlushesQueued());
+      CHECK(DenseBytes(*held, s_held, 1) == bytes);  // Nothing a reader sees changed.
+    }
+    if (bytes != DenseBytes(*once, s_once, 1)) differ.push_back(pos);
+  }
+  CHECK(queued == std::vector<uint64_t>{143, 271});  // 16 sinks + 128 and + 256 tail rows.
+  CHECK(differ == queued);
+  CHECK(StatsValue(*held, "sequences", "held_flush_layers_total") == 2 * kLayers);
+  CHECK(StatsValue(*held, "sequences", "tokens_quantized") ==
+        StatsValue(*once, "sequences", "tokens_quantized"));
+}
+
+TEST_CASE("Light appends: held flushes without the queue, and of a closed sequence",
+          "[controller][light]") {
+  Config held_config = LightConfig("held-noq", 16 << 20);
+  held_config.quant.flush_after_reply = true;
+  std::unique_ptr<Controller> c = Make(held_config);
+  const uint64_t session = OpenOne(*c, 1);
+  // No queue (no daemon): the step 16 rows past the flush is handed back and flushes itself.
+  std::vector<uint64_t> handed_back;
+  for (uint64_t pos = 0; pos < 170; ++pos) {
+    bool deferred = false;
+    StatusOr<ipc::AppendReply> light = c->Append(Step(session, 1, pos, 1), Clock::now(), &deferred);
+    if (deferred) {
+      handed_back.push_back(pos);
+      StatusOr<ipc::AppendReply> heavy = c->Append(Step(session, 1, pos, 1), Clock::now());
+      REQUIRE(heavy.ok());
+      CHECK(heavy->tokens_quantized == 128);
+    } else {
+      REQUIRE(light.ok());
+    }
+    CHECK_FALSE(c->HeldFlushesQueued());
+  }
+  CHECK(handed_back == std::vector<uint64_t>{159});  // 16 sinks + 128 + 16 rows.
+  // Queued, then closed before the flush ran: nothing to do, nothing breaks.
+  c->EnableHeldFlushQueue();
+  REQUIRE(c->Open({session, 2}, Clock::now()).ok());
+  for (uint64_t pos = 0; pos < 144; ++pos) {
+    REQUIRE(c->Append(Step(session, 2, pos, 1), Clock::now()).ok());
+  }
+  REQUIRE(c->HeldFlushesQueued());
+  REQUIRE(c->Close({session, 2}, Clock::now()).ok());
+  CHECK(c->RunHeldFlushes() == 0);
+  CHECK_FALSE(c->HeldFlushesQueued());
+}
+
 TEST_CASE("Light appends: a full pool hands the append back unchanged", "[controller][light]") {
   std::unique_ptr<Controller> c = Make(LightConfig("full", 1 << 20));
   const uint64_t filler = OpenOne(*c, 1);
