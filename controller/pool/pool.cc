@@ -136,7 +136,10 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(const std::string& name, ui
                                   name, ": ", ErrnoText(err),
                                   "; lower pool.bytes or enlarge /dev/shm (docker: --shm-size)"));
   }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: the pages fallocate reserved are mapped now, once, rather than one minor fault
+  // per 4 KiB on the request that first writes them (a flush's new record pages spent more in
+  // faults than in the copies).
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base == MAP_FAILED) {
     return fail(
         ResourceExhausted("pool.bytes: mmap of ", bytes, " bytes failed: ", ErrnoText(errno)));

@@ -50,8 +50,21 @@ uint32_t Slab::TakeLowest() {
   p.free_bits[word] &= p.free_bits[word] - 1;
   if (p.live++ == 0) --empty_pages_;
   --free_count_;
-  if (p.live == per_page_) with_free_.erase(lowest);
+  if (p.live == per_page_) {
+    p.listed = false;
+    with_free_.erase(lowest);
+  }
   return page * static_cast<uint32_t>(per_page_) + static_cast<uint32_t>(index);
+}
+
+Slab::PageSlots& Slab::Held(uint32_t page) {
+  if (page != memo_page_) {
+    auto it = pages_.find(page);
+    KVCTL_CHECK(it != pages_.end());
+    memo_page_ = page;
+    memo_slots_ = &it->second;
+  }
+  return *memo_slots_;
 }
 
 uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
@@ -65,6 +78,7 @@ uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
     slots.free_bits.assign((per_page_ + 63) / 64, ~uint64_t{0});
     if (per_page_ % 64 != 0) slots.free_bits.back() = (uint64_t{1} << (per_page_ % 64)) - 1;
     PageSlots& held = pages_.emplace(page, std::move(slots)).first->second;
+    held.listed = true;
     with_free_.emplace(page, &held);
     free_count_ += per_page_;
     ++empty_pages_;
@@ -73,17 +87,21 @@ uint32_t Slab::Take(std::vector<uint32_t>* reserved) {
 }
 
 void Slab::Give(uint32_t id) {
-  const uint32_t page = static_cast<uint32_t>(id / per_page_);
-  const size_t index = id % per_page_;
-  auto it = pages_.find(page);
-  KVCTL_CHECK(it != pages_.end() && it->second.live > 0);
-  uint64_t& word = it->second.free_bits[index / 64];
+  // A flush gives back thousands of slots, mostly runs in one page: no map operation for them.
+  const uint32_t page = per_page_divider_.Quotient(id);
+  const size_t index = id - page * per_page_;
+  PageSlots& p = Held(page);
+  KVCTL_CHECK(p.live > 0);
+  uint64_t& word = p.free_bits[index / 64];
   const uint64_t bit = uint64_t{1} << (index % 64);
   KVCTL_CHECK((word & bit) == 0);
   word |= bit;
-  if (--it->second.live == 0) ++empty_pages_;
+  if (--p.live == 0) ++empty_pages_;
   ++free_count_;
-  with_free_.emplace(page, &it->second);
+  if (!p.listed) {
+    p.listed = true;
+    with_free_.emplace(page, &p);
+  }
 }
 
 uint8_t* Slab::MutableSlot(uint32_t id) {
@@ -126,6 +144,7 @@ void Slab::ReleaseEmptyPages(std::vector<uint32_t>* released) {
     } else {
       KVCTL_CHECK(pool_->Free(it->first).ok());
     }
+    if (it->first == memo_page_) memo_page_ = UINT32_MAX;
     it = pages_.erase(it);
     --empty_pages_;
   }
@@ -162,7 +181,13 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
   }
   std::vector<uint32_t> victims = PickVictims();
   if (verify == Verify::kCheck && pool_->checksums()) {
-    KVCTL_RETURN_IF_ERROR(pool_->VerifyPages(victims, PageAllocator::VerifyReason::kCopy));
+    // Only the victims slots move out of: an emptied page (a flush empties many) is released,
+    // not read.
+    std::vector<uint32_t> read;
+    for (uint32_t page : victims) {
+      if (Held(page).live > 0) read.push_back(page);
+    }
+    KVCTL_RETURN_IF_ERROR(pool_->VerifyPages(read, PageAllocator::VerifyReason::kCopy));
   }
   std::sort(victims.begin(), victims.end());
   auto is_victim = [&victims, this](uint32_t id) {
@@ -173,7 +198,9 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
   // count and the victims leave the candidates.
   for (uint32_t page : victims) {
     with_free_.erase(page);
-    free_count_ -= per_page_ - pages_.at(page).live;
+    PageSlots& p = Held(page);
+    p.listed = false;
+    free_count_ -= per_page_ - p.live;
   }
   for (SlotArray* array : arrays_) {
     // Borrowed slots live in another slab's pages: never victims here, skipped outright.
@@ -183,11 +210,12 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
       KVCTL_CHECK(!with_free_.empty());
       const uint32_t to = TakeLowest();
       std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
-      if (--pages_.at(static_cast<uint32_t>(id / per_page_)).live == 0) ++empty_pages_;
+      if (--Held(per_page_divider_.Quotient(id)).live == 0) ++empty_pages_;
       id = to;
       ++slots_moved_;
     }
   }
+  memo_page_ = UINT32_MAX;  // The victims leave pages_.
   for (uint32_t page : victims) {
     KVCTL_CHECK(pages_.at(page).live == 0);
     pages_.erase(page);

@@ -136,8 +136,12 @@ class Slab {
 
   struct PageSlots {
     uint32_t live = 0;
+    bool listed = false;              // In with_free_.
     std::vector<uint64_t> free_bits;  // Bit i set: slot i of the page is free.
   };
+  // The held page `page` (a flush gives back runs of slots of one page: the last one looked up
+  // is remembered). REQUIRES: held.
+  PageSlots& Held(uint32_t page);
 
   PageAllocator* const pool_;
   const size_t slot_bytes_;
@@ -160,6 +164,9 @@ class Slab {
   std::vector<uint32_t> touched_;
   uint32_t last_touched_ = UINT32_MAX;
   uint64_t writes_ = 0;
+  // Held's memo: map nodes do not move, and it is reset whenever a page leaves pages_.
+  uint32_t memo_page_ = UINT32_MAX;
+  PageSlots* memo_slots_ = nullptr;
 };
 
 // One slab per slot size, created on first use; what a sequence holds its pool bytes in.
