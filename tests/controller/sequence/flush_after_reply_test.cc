@@ -11,44 +11,12 @@
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/sequence_image.h"
-#include "tests/controller/sequence/sequence_test_util.h"
+#include "tests/controller/sequence/flush_test_util.h"
 
 namespace kvctl {
 namespace {
 
-constexpr int kLayers = 9, kHeads = 2, kD = 64;
-constexpr int kQuantized = kLayers - 1;  // The last layer is lossless.
-constexpr int kFlush = 32, kSinks = 2;
-
-struct Tokens : testing::HalfSteps {
-  Tokens(int64_t tokens, uint32_t seed) : HalfSteps(kLayers, kHeads, kD, tokens, seed, 0.25f) {}
-};
-
-std::vector<LayerPlan> Plans() {
-  const QuantSpec spec = testing::KiviSpec(kD, 2, 2);
-  std::vector<LayerPlan> plans(kLayers);
-  for (int l = 0; l < kLayers; ++l) {
-    plans[l].head_specs.assign(kHeads, spec);
-    plans[l].rules = {.sink_tokens = kSinks, .flush_tokens = kFlush};
-    plans[l].lossless = l == kLayers - 1;
-  }
-  return plans;
-}
-
-SequenceGeometry Geometry(bool after_reply, int spread = 1) {
-  SequenceGeometry g{kLayers, kHeads, kD, DType::kF16};
-  g.flush_after_reply = after_reply;
-  g.flush_spread_steps = spread;
-  return g;
-}
-
-std::vector<uint32_t> RecordCounts(const KvSequence& seq) {
-  std::vector<uint32_t> out;
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kHeads; ++h) out.push_back(seq.Blocks(l, h).records);
-  }
-  return out;
-}
+using namespace flush_test;  // NOLINT: the shared fixture of the flush tests.
 
 int MaxQuantizedTail(const KvSequence& seq) {
   int most = 0;
@@ -56,18 +24,6 @@ int MaxQuantizedTail(const KvSequence& seq) {
     for (int h = 0; h < kHeads; ++h) most = std::max<int>(most, seq.Blocks(l, h).tail_rows);
   }
   return most;
-}
-
-void RequireSameDense(const KvSequence& a, const KvSequence& b) {
-  const DenseKv x = a.FetchDense(0, kLayers), y = b.FetchDense(0, kLayers);
-  REQUIRE(x.counts == y.counts);
-  REQUIRE(x.positions == y.positions);
-  REQUIRE(x.k == y.k);
-  REQUIRE(x.v == y.v);
-}
-
-void AppendStep(KvSequence& seq, const Tokens& data, int64_t t) {
-  REQUIRE(seq.Append(t, data.Views(data.k, t, 1), data.Views(data.v, t, 1)).ok());
 }
 
 // Runs PrepareHeldFlushStep to the end; returns the calls.
@@ -87,8 +43,8 @@ TEST_CASE("KvSequence held flush: every decode step is light, the next one write
   const int64_t tokens = 200;
   const Tokens data(tokens, 21);
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
-  KvSequence held(pool.get(), Geometry(true), Plans());
-  KvSequence ref(pool.get(), Geometry(false), Plans());
+  KvSequence held(pool.get(), Geometry(1, true), Plans());
+  KvSequence ref(pool.get(), Geometry(1), Plans());
   int held_steps = 0, ref_heavy = 0;
   for (int64_t t = 0; t < tokens; ++t) {
     REQUIRE(held.AppendIsLight(1));  // Even on the step whose tails reach flush_tokens.
@@ -122,8 +78,8 @@ TEST_CASE("KvSequence held flush: an append between the steps discards the prepa
   const int64_t tokens = kSinks + kFlush + 6;
   const Tokens data(tokens, 22);
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
-  KvSequence held(pool.get(), Geometry(true), Plans());
-  KvSequence ref(pool.get(), Geometry(false), Plans());
+  KvSequence held(pool.get(), Geometry(1, true), Plans());
+  KvSequence ref(pool.get(), Geometry(1), Plans());
   int64_t t = 0;
   for (; t < kSinks + kFlush; ++t) {
     AppendStep(held, data, t);
@@ -154,8 +110,8 @@ TEST_CASE(
   const int64_t tokens = 150;
   const Tokens data(tokens, 23);
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
-  KvSequence held(pool.get(), Geometry(true), Plans());
-  KvSequence ref(pool.get(), Geometry(false), Plans());
+  KvSequence held(pool.get(), Geometry(1, true), Plans());
+  KvSequence ref(pool.get(), Geometry(1), Plans());
   int most_tail = 0, not_light = 0;
   for (int64_t t = 0; t < tokens; ++t) {
     not_light += held.AppendIsLight(1) ? 0 : 1;
@@ -173,8 +129,8 @@ TEST_CASE("KvSequence held flush: with flush_spread_steps too, the same records"
   const int64_t tokens = 120;
   const Tokens data(tokens, 24);
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
-  KvSequence held(pool.get(), Geometry(true, spread), Plans());
-  KvSequence ref(pool.get(), Geometry(false), Plans());
+  KvSequence held(pool.get(), Geometry(spread, true), Plans());
+  KvSequence ref(pool.get(), Geometry(1), Plans());
   for (int64_t t = 0; t < tokens; ++t) {
     AppendStep(held, data, t);
     AppendStep(ref, data, t);
@@ -189,8 +145,8 @@ TEST_CASE("KvSequence held flush: an image taken while a flush is held imports a
   const int64_t tokens = 80;
   const Tokens data(tokens, 25);
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
-  KvSequence held(pool.get(), Geometry(true), Plans());
-  KvSequence ref(pool.get(), Geometry(false), Plans());
+  KvSequence held(pool.get(), Geometry(1, true), Plans());
+  KvSequence ref(pool.get(), Geometry(1), Plans());
   int64_t t = 0;
   for (; t < kSinks + kFlush + 5; ++t) {  // Tails at flush_tokens + 5, nothing prepared.
     AppendStep(held, data, t);
@@ -200,7 +156,8 @@ TEST_CASE("KvSequence held flush: an image taken while a flush is held imports a
   CHECK(PrepareAll(held) == kLayers);  // The preparation is not part of the image.
   StatusOr<std::vector<uint8_t>> image = ExportImage(held, held.tokens(), "m");
   REQUIRE(image.ok());
-  StatusOr<std::unique_ptr<KvSequence>> back = ImportImage(pool.get(), *image, Geometry(true), "m");
+  StatusOr<std::unique_ptr<KvSequence>> back =
+      ImportImage(pool.get(), *image, Geometry(1, true), "m");
   REQUIRE(back.ok());
   RequireSameDense(**back, held);
   REQUIRE((*back)->HeldFlushPending());
@@ -221,8 +178,8 @@ TEST_CASE("KvSequence held flush: in a full pool the append writes it from the r
   const int64_t tokens = kSinks + kFlush + 1;
   const Tokens data(tokens, 26);
   auto pool = testing::MakeTestPool(4 << 20, 16 << 10);
-  KvSequence held(pool.get(), Geometry(true), Plans());
-  KvSequence ref(pool.get(), Geometry(false), Plans());
+  KvSequence held(pool.get(), Geometry(1, true), Plans());
+  KvSequence ref(pool.get(), Geometry(1), Plans());
   for (int64_t t = 0; t < tokens - 1; ++t) {
     AppendStep(held, data, t);
     AppendStep(ref, data, t);
@@ -253,7 +210,7 @@ TEST_CASE("KvSequence held flush: sequences with eviction never hold", "[control
   ev.floor = 12;
   const Tokens data(60, 27);
   auto pool = testing::MakeTestPool(16 << 20, 16 << 10);
-  KvSequence evicting(pool.get(), Geometry(true), Plans(), ev);
+  KvSequence evicting(pool.get(), Geometry(1, true), Plans(), ev);
   for (int64_t t = 0; t < 60; ++t) {
     CHECK_FALSE(evicting.AppendIsLight(1));
     AppendStep(evicting, data, t);

@@ -10,53 +10,12 @@
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/sequence_image.h"
-#include "tests/controller/sequence/sequence_test_util.h"
+#include "tests/controller/sequence/flush_test_util.h"
 
 namespace kvctl {
 namespace {
 
-constexpr int kLayers = 9, kHeads = 2, kD = 64;
-constexpr int kQuantized = kLayers - 1;  // The last layer is lossless.
-constexpr int kFlush = 32, kSinks = 2;
-
-// fp16 decode steps of kLayers layers (layer l scaled by 1 + l / 4).
-struct Tokens : testing::HalfSteps {
-  Tokens(int64_t tokens, uint32_t seed) : HalfSteps(kLayers, kHeads, kD, tokens, seed, 0.25f) {}
-};
-
-std::vector<LayerPlan> Plans() {
-  const QuantSpec spec = testing::KiviSpec(kD, 2, 2);
-  std::vector<LayerPlan> plans(kLayers);
-  for (int l = 0; l < kLayers; ++l) {
-    plans[l].head_specs.assign(kHeads, spec);
-    plans[l].rules = {.sink_tokens = kSinks, .flush_tokens = kFlush};
-    plans[l].lossless = l == kLayers - 1;
-  }
-  return plans;
-}
-
-SequenceGeometry Geometry(int spread) {
-  SequenceGeometry g{kLayers, kHeads, kD, DType::kF16};
-  g.flush_spread_steps = spread;
-  return g;
-}
-
-// Records held per (layer, head).
-std::vector<uint32_t> RecordCounts(const KvSequence& seq) {
-  std::vector<uint32_t> out;
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kHeads; ++h) out.push_back(seq.Blocks(l, h).records);
-  }
-  return out;
-}
-
-void RequireSameDense(const KvSequence& a, const KvSequence& b) {
-  const DenseKv x = a.FetchDense(0, kLayers), y = b.FetchDense(0, kLayers);
-  REQUIRE(x.counts == y.counts);
-  REQUIRE(x.positions == y.positions);
-  REQUIRE(x.k == y.k);
-  REQUIRE(x.v == y.v);
-}
+using namespace flush_test;  // NOLINT: the shared fixture of the flush tests.
 
 // Checks the spread sequence against the reference after the same appends; returns how many
 // layers flushed in the last append (records grew), given the counts before it.
