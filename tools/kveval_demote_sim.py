@@ -8,8 +8,8 @@ prefix in full precision once; each (layer, KV head) ranks the prefix tokens wit
 scorer of tools/kveval_needed_sim.py (the last W prefix queries' attention, mean over the group and
 the queries, max-pooled with --kernel; 4 sinks and the W newest protected). Per variant the
 cache's prefix K / V rows are replaced: the top f_hi tokens by a TurboQuant-like
-quantize-dequantize at --hi-bits (K/V; "fp" leaves them as they are), the next f_lo at b_lo bits
-(K and V), and the rest masked out. Tokens appended after the prefill stay full precision and
+quantize-dequantize at --hi-bits (K,V; "fp" leaves them as they are), the next f_lo at the low
+bits (K/V), and the rest masked out. Tokens appended after the prefill stay full precision and
 nothing is compressed during the scored steps. NLL per scored position is compared with the same
 path unmasked and unquantized (the "fp" reference).
 
@@ -21,7 +21,7 @@ b + 16/d bits per element (d = head_dim; 0.25 b/e of scale at d = 64).
 Variants (--variants, ';'-separated), each 'hi=F[,lo=G@B][,fp]': F the high-precision share of
 the prefix (a number, or 'base' = --keep / prefix, or 'eq' = solved for equal memory with 'base'
 at --hi-bits), G the demoted share (a number, 'rest' = every other prefix token, or 'eq'), B its
-bits; ',fp' leaves the high set unquantized. 'fp' alone is the reference (always run).
+bits (K and V, or K/V as '2/1'); ',fp' leaves the high set unquantized. 'fp' alone is the reference (always run).
 
     nice -n 10 python3 tools/kveval_demote_sim.py --text prose --label prose --seg 0,1,2,3 \
         --variants 'hi=base;hi=eq,lo=rest@1' --out results/q18e-demote
@@ -104,13 +104,13 @@ def turbo_qdq(x: np.ndarray, bits: int) -> np.ndarray:
 
 def memory_vs_fp16(f_hi: float, f_lo: float, hi_bits, lo_bits, d: int) -> float:
     """Payload per prefix token relative to fp16 K and V: f_hi at hi_bits (K, V; None = fp16),
-    f_lo at lo_bits (K and V)."""
+    f_lo at lo_bits (K, V)."""
     hi = 16.0 if hi_bits is None else sum(bits_per_element(b, d) for b in hi_bits) / 2
-    lo = bits_per_element(lo_bits, d) if f_lo else 0.0
+    lo = sum(bits_per_element(b, d) for b in lo_bits) / 2 if f_lo else 0.0
     return (f_hi * hi + f_lo * lo) / 16.0
 
 
-def solve_equal(base: float, hi_bits, lo_bits: int, d: int, f_hi=None, f_lo=None) -> float:
+def solve_equal(base: float, hi_bits, lo_bits, d: int, f_hi=None, f_lo=None) -> float:
     """The missing share (f_hi when f_hi is None, else f_lo) such that f_hi at hi_bits plus f_lo
     at lo_bits costs what `base` at hi_bits does. f_lo 'rest' is passed as f_lo = 1 - f_hi."""
     hi = memory_vs_fp16(1.0, 0.0, hi_bits, lo_bits, d)
@@ -161,7 +161,9 @@ def parse_variant(spec: str, base: float, hi_bits, d: int) -> dict:
         raise ValueError("variant %r: expected hi=F[,lo=G@B][,fp]" % spec)
     hb = None if "fp" in parts else tuple(hi_bits)
     g, lo_bits = (parts["lo"].split("@") + [None])[:2] if "lo" in parts else ("0", None)
-    lo_bits = int(lo_bits) if lo_bits else None
+    if lo_bits:
+        lo_bits = tuple(int(b) for b in lo_bits.split("/"))
+        lo_bits = lo_bits * 2 if len(lo_bits) == 1 else lo_bits
     f = parts["hi"]
     if f == "eq":
         if g != "rest":
@@ -216,8 +218,8 @@ def run_segment(torch, model, ids, scored: int, variants, w: int, kernel: int, k
         hi, lo = tiers(r, n_hi, n_lo)
         q = {"hi_k": k0 if v["hi_bits"] is None else qdq("k", v["hi_bits"][0]),
              "hi_v": v0 if v["hi_bits"] is None else qdq("v", v["hi_bits"][1]),
-             "lo_k": qdq("k", v["lo_bits"]) if n_lo else k0,
-             "lo_v": qdq("v", v["lo_bits"]) if n_lo else v0}
+             "lo_k": qdq("k", v["lo_bits"][0]) if n_lo else k0,
+             "lo_v": qdq("v", v["lo_bits"][1]) if n_lo else v0}
         k2, v2, kept = demote_rows(k0, v0, hi, lo, q)
         t0 = time.perf_counter()
         out[v["name"]] = step_nll(torch, model, cache, ids, prefix, scored, k2, v2, kept)
@@ -324,6 +326,12 @@ def main(argv=None) -> int:
     path = os.path.join(a.out, "%s.json" % a.label)
     res = {"label": a.label, "args": vars(a), "head_dim": d, "variants": variants,
            "segments": {}}
+    if os.path.isfile(path):   # Add segments to an earlier run of the same variants.
+        with open(path) as f:
+            old = json.load(f)
+        if [v["name"] for v in old["variants"]] != [v["name"] for v in variants]:
+            p.error("%s holds other variants; choose another --label or --out" % path)
+        res["segments"] = old["segments"]
     for si in [int(x) for x in a.seg.split(",")]:
         t0 = time.perf_counter()
         print("%s segment %d:" % (a.label, si), flush=True)

@@ -23,18 +23,21 @@ def test_bits_per_element_counts_the_fp16_scale_per_row():
     assert ds.bits_per_element(2, 128) == 2.125
     # K4/V3 at head_dim 64: 3.75 b/e, 0.234 of fp16; 1 bit: 1.25 b/e.
     assert ds.memory_vs_fp16(1.0, 0.0, (4, 3), None, 64) == pytest.approx(3.75 / 16)
-    assert ds.memory_vs_fp16(0.0, 1.0, (4, 3), 1, 64) == pytest.approx(1.25 / 16)
+    assert ds.memory_vs_fp16(0.0, 1.0, (4, 3), (1, 1), 64) == pytest.approx(1.25 / 16)
     assert ds.memory_vs_fp16(0.5, 0.0, None, None, 64) == pytest.approx(0.5)
 
 
 def test_equal_memory_shares():
     base = 871 / 1919
-    f_hi = ds.solve_equal(base, (4, 3), 1, 64)
+    f_hi = ds.solve_equal(base, (4, 3), (1, 1), 64)
     assert f_hi == pytest.approx((base * 3.75 - 1.25) / 2.5)
-    assert ds.memory_vs_fp16(f_hi, 1 - f_hi, (4, 3), 1, 64) == pytest.approx(
+    assert ds.memory_vs_fp16(f_hi, 1 - f_hi, (4, 3), (1, 1), 64) == pytest.approx(
         ds.memory_vs_fp16(base, 0, (4, 3), None, 64))
-    f_lo = ds.solve_equal(base, (4, 3), 2, 64, f_hi=0.3)
-    assert ds.memory_vs_fp16(0.3, f_lo, (4, 3), 2, 64) == pytest.approx(base * 3.75 / 16)
+    f_lo = ds.solve_equal(base, (4, 3), (2, 2), 64, f_hi=0.3)
+    assert ds.memory_vs_fp16(0.3, f_lo, (4, 3), (2, 2), 64) == pytest.approx(base * 3.75 / 16)
+    v = ds.parse_variant("hi=0.3,lo=eq@2/1", base, (4, 3), 64)   # K 2.25, V 1.25 b/e.
+    assert v["lo_bits"] == (2, 1)
+    assert v["f_lo"] == pytest.approx((base - 0.3) * 3.75 / 1.75)
     v = ds.parse_variant("hi=eq,lo=rest@1", base, (4, 3), 64)
     assert v["f_hi"] == pytest.approx(f_hi) and v["f_lo"] == pytest.approx(1 - f_hi)
     assert v["mem"] == pytest.approx(base * 3.75 / 16)
