@@ -21,7 +21,9 @@ b + 16/d bits per element (d = head_dim; 0.25 b/e of scale at d = 64).
 Variants (--variants, ';'-separated), each 'hi=F[,lo=G@B][,fp]': F the high-precision share of
 the prefix (a number, or 'base' = --keep / prefix, or 'eq' = solved for equal memory with 'base'
 at --hi-bits), G the demoted share (a number, 'rest' = every other prefix token, or 'eq'), B its
-bits (K and V, or K/V as '2/1'); ',fp' leaves the high set unquantized. 'fp' alone is the reference (always run).
+bits (K and V, or K/V as '2/1'); ',fp' leaves the high set unquantized. The reference 'fp' (no
+mask, no quantization) always runs. Written: <out>/<label>.json (NLL per variant and segment); a
+later run of the same variants and label adds its segments to it.
 
     nice -n 10 python3 tools/kveval_demote_sim.py --text prose --label prose --seg 0,1,2,3 \
         --variants 'hi=base;hi=eq,lo=rest@1' --out results/q18e-demote

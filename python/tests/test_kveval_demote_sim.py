@@ -1,8 +1,8 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-"""tools/kveval_demote_sim.py without the model: the stand-in TurboQuant's distortion and bits
-accounting and least-squares scale, the equal-memory shares, the tiers (nested, exact counts, sinks and window first,
-the same high set as kveval_needed_sim's kept set) and which rows demote_rows replaces. Pure
-numpy."""
+"""tools/kveval_demote_sim.py without the model: the stand-in TurboQuant's distortion, bits
+accounting and least-squares scale, the equal-memory shares, the tiers (nested, exact counts,
+sinks and window first, the same high set as kveval_needed_sim's kept set) and which rows
+demote_rows replaces. Pure numpy."""
 
 import os
 import sys
@@ -96,6 +96,7 @@ def test_demote_rows_replaces_hi_and_lo_and_masks_the_rest():
     q = {"hi_k": k + 1, "hi_v": v + 1, "lo_k": k + 2, "lo_v": v + 2}
     k2, v2, kept = ds.demote_rows(k, v, hi, lo, q)
     assert (k2[:, :, :4] == k[:, :, :4] + 1).all() and (v2[:, :, :4] == v[:, :, :4] + 1).all()
-    assert (k2[:, :, 4:10] == k[:, :, 4:10] + 2).all() and (v2[:, :, 4:10] == v[:, :, 4:10] + 2).all()
+    assert (k2[:, :, 4:10] == k[:, :, 4:10] + 2).all()
+    assert (v2[:, :, 4:10] == v[:, :, 4:10] + 2).all()
     assert (k2[:, :, 10:] == k[:, :, 10:]).all()
     assert kept[:, :, :10].all() and not kept[:, :, 10:].any()
