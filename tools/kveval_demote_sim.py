@@ -126,11 +126,7 @@ def rank(obs: np.ndarray, w: int, kernel: int, sinks: int = 4) -> np.ndarray:
     """[L, H, prefix] rank of each prefix token (0 = kept first): sinks, then the w newest, then
     the candidates by the pooled window score of kveval_needed_sim.simulated_keep (stable)."""
     L, H, _, prefix = obs.shape
-    cand = prefix - w
-    score = obs[:, :, -w:, :cand].mean(2)
-    pad = kernel // 2
-    padded = np.pad(score, ((0, 0), (0, 0), (pad, pad)), constant_values=-1)
-    pooled = np.max(np.stack([padded[:, :, k:k + cand] for k in range(kernel)]), 0)
+    pooled = sim.pooled_window_score(obs, w, kernel)
     key = np.concatenate([pooled, np.full((L, H, w), 2.0)], -1)
     key[:, :, :sinks] = 3.0
     order = np.argsort(-key, -1, kind="stable")

@@ -71,14 +71,20 @@ def obs_attention(torch, model, ids, prefix: int, w: int):
                      for a in out.attentions])
 
 
+def pooled_window_score(obs, w: int, kernel: int) -> np.ndarray:
+    """[L, H, prefix - w]: the last w queries' mean attention on each candidate, max-pooled."""
+    cand = obs.shape[-1] - w
+    score = obs[:, :, -w:, :cand].mean(2)
+    pad = kernel // 2
+    padded = np.pad(score, ((0, 0), (0, 0), (pad, pad)), constant_values=-1)
+    return np.max(np.stack([padded[:, :, k:k + cand] for k in range(kernel)]), 0)
+
+
 def simulated_keep(obs, w: int, kernel: int, keep: int, sinks: int = 4):
     """[L, H, prefix] bool: sinks + the w newest + the top of the pooled score, keep in all."""
     L, H, _, prefix = obs.shape
     cand = prefix - w
-    score = obs[:, :, -w:, :cand].mean(2)
-    pad = kernel // 2
-    padded = np.pad(score, ((0, 0), (0, 0), (pad, pad)), constant_values=-1)
-    pooled = np.max(np.stack([padded[:, :, k:k + cand] for k in range(kernel)]), 0)
+    pooled = pooled_window_score(obs, w, kernel)
     pooled[:, :, :sinks] = -2
     kept = np.zeros((L, H, prefix), bool)
     kept[:, :, :sinks] = True
