@@ -662,6 +662,28 @@ std::vector<ConfigOption> BuildSchema() {
            .doc = "A head over its budget is compressed to budget - period + 1 tokens, so the "
                   "next period - 1 tokens need no scoring (R-KV's buffer); 1 = evict to the "
                   "budget at every overflow (costly on quantized layers: docs/budgets.md)."}),
+      Row<&Config::evict, &EvictConfig::stagger_layers>(
+          {.key = "evict.stagger_layers",
+           .default_text = "false",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_STAGGER_LAYERS",
+           .doc = "Each layer compresses on its own step of the compression period (layer l at "
+                  "the steps where tokens + l * period / layers is a multiple of the period) "
+                  "when it holds more than budget - period + 1 tokens, instead of every layer on "
+                  "the step they all overflow: at most ceil(layers / period) layers score and "
+                  "re-pack per decode step. The same budgets hold; with a growing budget "
+                  "(token_fraction) a layer compresses every period steps, a few tokens each "
+                  "time (docs/budgets.md)."}),
+      Row<&Config::evict, &EvictConfig::whole_records>(
+          {.key = "evict.whole_records",
+           .default_text = "true",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_WHOLE_RECORDS",
+           .doc = "streaming: a compression whose cut falls inside the oldest quantized record "
+                  "evicts up to the record's end, so whole records are dropped and none is "
+                  "decoded and quantized again (up to block_tokens - 1 more tokens evicted, the "
+                  "budget never exceeded). false = evict exactly to budget - period + 1 and "
+                  "re-pack every record behind the cut."}),
       Row<&Config::evict, &EvictConfig::max_deferred_tokens>(
           {.key = "evict.max_deferred_tokens",
            .default_text = "131072",

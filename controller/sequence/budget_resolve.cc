@@ -90,6 +90,8 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   KVCTL_RETURN_IF_ERROR(ValidateSnapKvParams(s.snapkv));
   KVCTL_RETURN_IF_ERROR(ValidateRkvParams(s.rkv));
   s.compression_period = e.compression_period;
+  s.stagger_layers = e.stagger_layers;
+  s.whole_records = e.whole_records;
   s.max_deferred_tokens = e.max_deferred_tokens;
   s.tokens_per_head = b.tokens_per_head;
   s.token_fraction = b.token_fraction;

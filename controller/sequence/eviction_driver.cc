@@ -8,6 +8,13 @@
 
 namespace kvctl {
 
+bool CompressionDue(int64_t period, int layer, int layers, int64_t tokens_before,
+                    int64_t tokens_after) {
+  if (period <= 1) return true;
+  const int64_t phase = static_cast<int64_t>(layer) * period / std::max(layers, 1);
+  return (tokens_after + phase) / period != (tokens_before + phase) / period;
+}
+
 std::string_view EvictPolicyName(EvictPolicy policy) {
   switch (policy) {
     case EvictPolicy::kStreaming:

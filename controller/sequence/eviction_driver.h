@@ -35,6 +35,12 @@ struct EvictionSettings {
   SnapKvParams snapkv;
   RkvParams rkv;
   int64_t compression_period = 1;
+  // evict.stagger_layers: layer l is also compressed at the appends where tokens + phase(l)
+  // crosses a multiple of compression_period (CompressionDue), whenever it holds more than its
+  // compressed size; layers then take turns instead of all overflowing on the same step.
+  bool stagger_layers = false;
+  // evict.whole_records: streaming evicts up to a record boundary rather than re-pack records.
+  bool whole_records = false;
   int64_t tokens_per_head = 0;  // Fixed average budget; 0 = token_fraction of the tokens seen.
   double token_fraction = 0;
   LayerProfile layer_profile = LayerProfile::kUniform;
@@ -53,6 +59,12 @@ struct EvictionSettings {
   // Scorers that read the queries engines send with APPEND.
   bool NeedsQ() const { return enabled && policy != EvictPolicy::kStreaming; }
 };
+
+// evict.stagger_layers: whether layer `layer` of `layers` is due for a scheduled compression at
+// an append that takes the sequence from `tokens_before` to `tokens_after` appended tokens: its
+// phase layer * period / layers plus the token count crosses a multiple of the period.
+bool CompressionDue(int64_t period, int layer, int layers, int64_t tokens_before,
+                    int64_t tokens_after);
 
 std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "snapkv", "rkv".
 

@@ -413,10 +413,11 @@ class KvSequence {
   // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
   Status MarkLost(const Status& loss);
   // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
-  // then the new tokens (rounded to fp16 unless the layer is lossless).
+  // then the new tokens (rounded to fp16 unless the layer is lossless). With `records` false the
+  // records' rows are left as zeros, not decoded (for callers that never read them).
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
-                   const KvTensorView& v, std::vector<float>* out_k,
-                   std::vector<float>* out_v) const;
+                   const KvTensorView& v, std::vector<float>* out_k, std::vector<float>* out_v,
+                   bool records = true) const;
   // Rows of a head a fork borrows from its frozen prefix (kv_sequence_fork.cc).
   static size_t SharedRows(const LayerState& layer, const HeadStream& head);
   // Tokens a head's tail holds after an append of n tokens without eviction (inline in
@@ -426,11 +427,20 @@ class KvSequence {
   // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
   struct LayerPrep;
   KeyRows FullKeys(LayerPrep& p, int h) const;
+  // FullKeys without decoding the records: for an eviction that keeps or drops whole records.
+  void RowsPastRecords(LayerPrep& p, int h) const;
+  // Streaming: the target EvictHead keeps, lowered to a whole-record boundary when that drops
+  // whole records instead of re-packing them (evict.whole_records).
+  int64_t WholeRecordTarget(const LayerPrep& p, int h, int64_t total, int64_t target,
+                            int64_t protect) const;
   StatusOr<KvTensorView> RecentQueries(const LayerPrep& p, int64_t rows, int h) const;
   const H2OState* H2OOf(const LayerPrep& p, int h) const;
   Status PlanHeadBudgets(LayerPrep& p) const;
   Status FoldH2O(LayerPrep& p) const;
   Status ReallocateHeads(LayerPrep& p) const;
+  // Whether head h evicts in this append: over its budget, or (evict.stagger_layers) its layer's
+  // scheduled step with more than its compressed size.
+  bool Compresses(const LayerPrep& p, int h) const;
   Status EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) const;
   void PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
                        std::vector<float>* pk, std::vector<float>* pv) const;

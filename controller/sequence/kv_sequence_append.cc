@@ -147,7 +147,7 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
 
 void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const KvTensorView& k,
                              const KvTensorView& v, std::vector<float>* out_k,
-                             std::vector<float>* out_v) const {
+                             std::vector<float>* out_v, bool records) const {
   const HeadStream& head = layer.heads[h];
   const int d = geometry_.head_dim;
   const int64_t old = head.count(), total = old + k.tokens;
@@ -170,6 +170,9 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       const uint8_t* slot = head.rows.Slot(j < rec_begin ? j : head.sink_rows + (j - rec_end));
       LoadRow(slot, d, layer.row_dtype, kd);
       LoadRow(slot + layer.row_bytes, d, layer.row_dtype, vd);
+    } else if (j < rec_end && !records) {
+      std::fill(kd, kd + d, 0.0f);
+      std::fill(vd, vd + d, 0.0f);
     } else if (j < rec_end) {
       const int64_t r = (j - rec_begin) / g, t = (j - rec_begin) % g;
       if (t == 0 || bk.empty()) {
@@ -205,17 +208,41 @@ struct KvSequence::LayerPrep {
   // Each head's tokens in fp32 (old and new), decoded only when scoring needs them (never
   // without eviction: a decode step then allocates none of this).
   std::vector<std::vector<float>> all_k{}, all_v{};
-  std::vector<bool> have_all{};
-  std::vector<int64_t> budget{};  // Per head, with eviction.
-  bool have_q = false;            // Query rows to score with.
-  int64_t obs = 0;                // Observation rows among them.
+  std::vector<bool> have_all{};      // The rows past the records are decoded (all_k/all_v).
+  std::vector<bool> have_records{};  // The records' rows too.
+  std::vector<int64_t> budget{};     // Per head, with eviction.
+  bool have_q = false;               // Query rows to score with.
+  int64_t obs = 0;                   // Observation rows among them.
   ProtectedRegions regions{};
 };
 
 KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
-  if (!p.have_all[h]) Materialize(p.layer, h, 0, p.k, p.v, &p.all_k[h], &p.all_v[h]);
-  p.have_all[h] = true;
+  if (!p.have_records[h]) Materialize(p.layer, h, 0, p.k, p.v, &p.all_k[h], &p.all_v[h]);
+  p.have_all[h] = p.have_records[h] = true;
   return KeyRows{p.all_k[h].data(), p.layer.heads[h].count() + p.n, geometry_.head_dim};
+}
+
+void KvSequence::RowsPastRecords(LayerPrep& p, int h) const {
+  if (!p.have_all[h]) Materialize(p.layer, h, 0, p.k, p.v, &p.all_k[h], &p.all_v[h], false);
+  p.have_all[h] = true;
+}
+
+int64_t KvSequence::WholeRecordTarget(const LayerPrep& p, int h, int64_t total, int64_t target,
+                                      int64_t protect) const {
+  // Streaming evicts the oldest candidates, the first tokens after the sinks: when those are the
+  // first records' tokens and the cut falls inside a record, every record behind it would be
+  // decoded and quantized again (records hold consecutive tokens). Evicting to the next record
+  // boundary drops whole records instead: up to block_tokens - 1 more tokens go, never fewer.
+  const HeadStream& head = p.layer.heads[h];
+  const int64_t g = head.spec.block_tokens;
+  const int64_t record_tokens = static_cast<int64_t>(head.records.size()) * g;
+  const int64_t evict = total - target;
+  if (!eviction_.whole_records || p.layer.plan.lossless || eviction_.sinks != head.sink_rows ||
+      evict <= 0 || evict >= record_tokens) {
+    return target;
+  }
+  const int64_t whole = (evict + g - 1) / g * g;
+  return total - whole >= protect ? total - whole : target;
 }
 
 StatusOr<KvTensorView> KvSequence::RecentQueries(const LayerPrep& p, int64_t rows, int h) const {
@@ -266,9 +293,7 @@ Status KvSequence::FoldH2O(LayerPrep& p) const {
   // order, so folding in chunks sums exactly what one fold of every query would.
   LayerScoring& scoring = p.out->scoring;
   bool any_over = p.ctx.defer;
-  for (int h = 0; h < geometry_.kv_heads && !p.ctx.defer; ++h) {
-    any_over |= p.layer.heads[h].count() + p.n > p.budget[h];
-  }
+  for (int h = 0; h < geometry_.kv_heads && !p.ctx.defer; ++h) any_over |= Compresses(p, h);
   if (ev.policy != EvictPolicy::kH2O || scoring.h2o_pending == 0 ||
       !(any_over || p.ctx.realloc_due || scoring.h2o_pending >= ev.compression_period)) {
     return OkStatus();
@@ -327,6 +352,15 @@ Status KvSequence::ReallocateHeads(LayerPrep& p) const {
   return OkStatus();
 }
 
+bool KvSequence::Compresses(const LayerPrep& p, int h) const {
+  const int64_t total = p.layer.heads[h].count() + p.n;
+  if (total > p.budget[h]) return true;
+  if (!p.ctx.CompressDue(p.l)) return false;
+  // What EvictHead compresses to (its protected tokens at least): nothing to do at or below it.
+  const EvictionSettings& ev = eviction_;
+  return total > std::max(p.budget[h] - (ev.compression_period - 1), ev.sinks + ev.window);
+}
+
 Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) const {
   // Scores head h's old and new tokens and keeps its budget (less the compression headroom),
   // protected sinks and recent window first; records what the eviction drops.
@@ -334,10 +368,15 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
   const HeadStream& head = p.layer.heads[h];
   PreparedHead& ph = p.out->heads[h];
   const int64_t total = head.count() + p.n;
-  const KeyRows keys = FullKeys(p, h);
+  // Streaming scores by position: without queries to measure the kept mass with, no key is
+  // decoded for scoring.
+  const bool positional = ev.policy == EvictPolicy::kStreaming && !p.have_q;
+  const KeyRows keys = positional ? KeyRows{nullptr, total, geometry_.head_dim} : FullKeys(p, h);
   const std::vector<uint8_t> mask = ProtectedMask(total, p.regions);
   const int64_t protect = std::count(mask.begin(), mask.end(), uint8_t{1});
-  const int64_t target = std::max(protect, p.budget[h] - (ev.compression_period - 1));
+  int64_t target = std::max(protect, p.budget[h] - (ev.compression_period - 1));
+  if (ev.policy == EvictPolicy::kStreaming)
+    target = WholeRecordTarget(p, h, total, target, protect);
   std::optional<KvTensorView> gq;
   if (p.have_q) {
     KVCTL_ASSIGN_OR_RETURN(gq, RecentQueries(p, p.obs, h));
@@ -364,6 +403,18 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
   for (int64_t j : ph.kept) (*keep)[j] = 1;
   const int g = head.spec.block_tokens;
   const int64_t rec_end = head.sink_rows + static_cast<int64_t>(head.records.size()) * g;
+  // The rows the compaction reads (PlanHeadRecords, PlanHeadRows): a record is decoded only
+  // when it is partly evicted or follows one.
+  bool whole_records = true;
+  for (int64_t base = head.sink_rows; base < rec_end && whole_records; base += g) {
+    const auto kept_here = std::count(keep->begin() + base, keep->begin() + base + g, uint8_t{1});
+    whole_records = kept_here == 0 || kept_here == g;
+  }
+  if (whole_records) {
+    RowsPastRecords(p, h);
+  } else {
+    FullKeys(p, h);
+  }
   const uint64_t record_share = BlockLayoutOf(head.spec).record_bytes / g;
   for (int64_t j = 0; j < total; ++j) {
     if ((*keep)[j]) continue;
@@ -560,6 +611,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   if (ev.enabled) {
     p.all_k.resize(heads), p.all_v.resize(heads);
     p.have_all.assign(heads, false);
+    p.have_records.assign(heads, false);
     p.have_q = scoring.q_count > 0;
     p.obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
     p.regions = {.sinks = ev.sinks, .recent = ev.window};
@@ -573,7 +625,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     ph.deferred = ctx.defer;
     ph.budget = !ev.enabled ? 0 : ctx.defer ? p.layer.heads[h].usage.budget : p.budget[h];
     std::vector<uint8_t> keep;
-    if (ev.enabled && !ctx.defer && p.layer.heads[h].count() + ctx.n > p.budget[h]) {
+    if (ev.enabled && !ctx.defer && Compresses(p, h)) {
       KVCTL_RETURN_IF_ERROR(EvictHead(p, h, &keep));
     }
     std::vector<float> loose_k, loose_v;  // Kept tokens decoded out of records, in order.

@@ -75,6 +75,9 @@ struct KvSequence::AppendContext {
   // rows.
   std::vector<uint8_t> held_flush;
   bool HoldsFlush(int l) const { return !held_flush.empty() && held_flush[l] != 0; }
+  // Per layer (empty = none): evict.stagger_layers' scheduled compression falls on this append.
+  std::vector<uint8_t> compress_due;
+  bool CompressDue(int l) const { return !compress_due.empty() && compress_due[l] != 0; }
 };
 
 // Everything an append will write into one head, computed before any stored state changes.

@@ -145,6 +145,13 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
     ctx.realloc_due =
         eviction_.realloc_period > 0 && have_q && since_realloc_ + n >= eviction_.realloc_period;
   }
+  if (eviction_.enabled && eviction_.stagger_layers && eviction_.compression_period > 1) {
+    ctx.compress_due.resize(static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l) {
+      ctx.compress_due[l] =
+          CompressionDue(eviction_.compression_period, l, layers, tokens_, tokens_ + n) ? 1 : 0;
+    }
+  }
   PlanFlushSpread(n, &ctx);
   return ctx;
 }

@@ -1,0 +1,190 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// When eviction compresses, and how much it re-packs: evict.stagger_layers (layers take turns
+// instead of all compressing on the decode step they overflow together) and evict.whole_records
+// (streaming drops whole quantized records instead of re-quantizing the ones behind its cut).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "controller/sequence/eviction_driver.h"
+#include "controller/sequence/kv_sequence.h"
+#include "tests/controller/sequence/evict_test_util.h"
+#include "tests/controller/sequence/sequence_test_util.h"
+
+namespace kvctl {
+namespace {
+
+using testing::Stream;
+
+// KIVI 2-bit records of `block` tokens flushed every `flush`, `sinks` fp16 sink rows.
+std::vector<LayerPlan> KiviPlans(int layers, int heads, int d, int block, int flush, int sinks) {
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kKivi, d, 2, 2);
+  REQUIRE(spec.ok());
+  spec->block_tokens = spec->k_group_tokens = block;
+  REQUIRE(ValidateQuantSpec(*spec).ok());
+  std::vector<LayerPlan> plans(static_cast<size_t>(layers));
+  for (LayerPlan& p : plans) {
+    p.head_specs.assign(static_cast<size_t>(heads), *spec);
+    p.rules = testing::PinnedRules(QuantMethod::kKivi);
+    p.rules.flush_tokens = flush;
+    p.rules.sink_tokens = sinks;
+  }
+  return plans;
+}
+
+EvictionSettings Fixed(EvictPolicy policy, int64_t budget, int64_t period) {
+  EvictionSettings s;
+  s.enabled = true;
+  s.policy = policy;
+  s.sinks = 4;
+  s.window = 8;
+  s.obs_window = s.snapkv.obs_window = s.rkv.obs_window = 8;
+  s.tokens_per_head = budget;
+  s.floor = s.sinks + s.window;
+  s.compression_period = period;
+  return s;
+}
+
+SequenceGeometry Geometry(int layers, int kv_heads, int d) {
+  return {.layers = layers,
+          .kv_heads = kv_heads,
+          .head_dim = d,
+          .dtype = DType::kF32,
+          .q_heads = 2 * kv_heads};
+}
+
+TEST_CASE("CompressionDue: every layer once per period, in turns", "[controller][evict]") {
+  const int layers = 8;
+  for (int64_t period : {2, 4, 8, 32}) {
+    INFO("period " << period);
+    std::vector<int> due_count(layers, 0);
+    for (int64_t t = 100; t < 100 + period; ++t) {
+      int due_now = 0;
+      for (int l = 0; l < layers; ++l) {
+        if (CompressionDue(period, l, layers, t, t + 1)) ++due_count[l], ++due_now;
+      }
+      CHECK(due_now <= (layers + period - 1) / period);
+    }
+    for (int c : due_count) CHECK(c == 1);
+    // An append of a whole period or more is due for every layer.
+    for (int l = 0; l < layers; ++l) CHECK(CompressionDue(period, l, layers, 7, 7 + period));
+  }
+  CHECK(CompressionDue(1, 3, layers, 5, 6));
+}
+
+// Per decode step, the layers whose head 0 compressed during it.
+std::vector<int> CompressedLayers(const KvSequence& seq, int layers, std::vector<uint64_t>* last) {
+  std::vector<int> out;
+  for (int l = 0; l < layers; ++l) {
+    const uint64_t c = seq.HeadUsageOf(l, 0).compressions;
+    if (c != (*last)[l]) out.push_back(l);
+    (*last)[l] = c;
+  }
+  return out;
+}
+
+TEST_CASE("Eviction: staggered layers compress in turns, as often, within their budgets",
+          "[controller][evict]") {
+  const int layers = 8, kv_heads = 2, d = 32, prefill = 60, total = 220;
+  const int64_t budget = 48, period = 4;
+  const EvictPolicy policy = GENERATE(EvictPolicy::kStreaming, EvictPolicy::kSnapKV);
+  INFO("policy " << EvictPolicyName(policy));
+  const Stream s(layers, total, kv_heads, 2 * kv_heads, d, 21);
+  auto pool = testing::MakeTestPool(16 << 20, 4096);
+  auto pool_sync = testing::MakeTestPool(16 << 20, 4096);
+  EvictionSettings staggered = Fixed(policy, budget, period);
+  staggered.stagger_layers = true;
+  KvSequence seq(pool.get(), Geometry(layers, kv_heads, d),
+                 KiviPlans(layers, kv_heads, d, 8, 16, 4), staggered);
+  KvSequence sync(pool_sync.get(), Geometry(layers, kv_heads, d),
+                  KiviPlans(layers, kv_heads, d, 8, 16, 4), Fixed(policy, budget, period));
+  REQUIRE(s.Append(seq, 0, prefill).ok());
+  REQUIRE(s.Append(sync, 0, prefill).ok());
+  std::vector<uint64_t> last(layers, 0), last_sync(layers, 0);
+  CompressedLayers(seq, layers, &last);
+  CompressedLayers(sync, layers, &last_sync);
+  size_t most = 0, most_sync = 0;
+  for (int t = prefill; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1).ok());
+    REQUIRE(s.Append(sync, t, 1).ok());
+    INFO("token " << t);
+    const std::vector<int> now = CompressedLayers(seq, layers, &last);
+    most = std::max(most, now.size());
+    most_sync = std::max(most_sync, CompressedLayers(sync, layers, &last_sync).size());
+    for (int l : now) CHECK(CompressionDue(period, l, layers, t, t + 1));
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < kv_heads; ++h) {
+        const HeadUsage u = seq.HeadUsageOf(l, h);
+        CHECK(u.tokens <= u.budget);
+        CHECK(u.tokens >= budget - period + 1);  // Never compressed below its target.
+      }
+    }
+    CHECK(pool->Stats().pages_used == testing::PackedPages(seq, layers, kv_heads, 2 * d * 2, 4096));
+  }
+  // Unstaggered, every layer overflows on the same step; staggered, two layers per step at most.
+  CHECK(most_sync == layers);
+  CHECK(most <= static_cast<size_t>((layers + period - 1) / period));
+  // With a fixed budget a layer compresses as often either way (its first turn may come earlier).
+  for (int l = 0; l < layers; ++l) {
+    const uint64_t a = seq.HeadUsageOf(l, 0).compressions, b = sync.HeadUsageOf(l, 0).compressions;
+    CHECK(a >= b);
+    CHECK(a <= b + 1);
+  }
+}
+
+TEST_CASE("Eviction: streaming drops whole records and never re-quantizes a kept token",
+          "[controller][evict]") {
+  // Records of 8 tokens, compression period 3: the cut at budget - 2 falls inside a record, so
+  // without whole_records every compression re-packs the records behind it.
+  const int d = 32, total = 160, kv_heads = 2;
+  const int64_t budget = 40, period = 3;
+  const Stream s(1, total, kv_heads, 2 * kv_heads, d, 5);
+  auto pool = testing::MakeTestPool(8 << 20, 4096);
+  auto pool_q = testing::MakeTestPool(8 << 20, 4096);
+  auto pool_exact = testing::MakeTestPool(8 << 20, 4096);
+  EvictionSettings whole = Fixed(EvictPolicy::kStreaming, budget, period);
+  whole.whole_records = true;
+  EvictionSettings exact = whole;
+  exact.whole_records = false;
+  KvSequence seq(pool.get(), Geometry(1, kv_heads, d), KiviPlans(1, kv_heads, d, 8, 8, 4), whole);
+  // The same sequence given Q: it decodes every key to measure the kept attention mass, so its
+  // compaction reads decoded records where `seq` reads none; both must store the same.
+  KvSequence with_q(pool_q.get(), Geometry(1, kv_heads, d), KiviPlans(1, kv_heads, d, 8, 8, 4),
+                    whole);
+  KvSequence repack(pool_exact.get(), Geometry(1, kv_heads, d), KiviPlans(1, kv_heads, d, 8, 8, 4),
+                    exact);
+  int64_t min_kept = budget;
+  for (int t = 0; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1, /*with_q=*/false).ok());
+    REQUIRE(s.Append(with_q, t, 1, /*with_q=*/true).ok());
+    REQUIRE(s.Append(repack, t, 1, /*with_q=*/false).ok());
+    INFO("token " << t);
+    const DenseKv a = seq.FetchDense(0, 1), b = with_q.FetchDense(0, 1);
+    CHECK(a.positions == b.positions);
+    CHECK(a.k == b.k);
+    CHECK(a.v == b.v);
+    for (int h = 0; h < kv_heads; ++h) {
+      const HeadUsage u = seq.HeadUsageOf(0, h);
+      CHECK(u.tokens <= budget);
+      if (u.compressions > 0) min_kept = std::min(min_kept, u.tokens);
+    }
+    // Streaming keeps the sinks and a contiguous run of the newest tokens.
+    for (size_t i = 0; i + 1 < a.counts[0]; ++i) {
+      if (a.positions[i] >= 4) CHECK(a.positions[i + 1] == a.positions[i] + 1);
+    }
+    CHECK(pool->Stats().pages_used == testing::PackedPages(seq, 1, kv_heads, 2 * d * 2, 4096));
+  }
+  const HeadUsage u = seq.HeadUsageOf(0, 0);
+  CHECK(u.compressions > 0);
+  CHECK(u.requantized_tokens == 0);
+  CHECK(u.evicted_bytes % BlockLayoutOf(seq.HeadSpec(0, 0)).record_bytes == 0);
+  // Up to a record's worth more is evicted than the cut asks: never below target - (block - 1).
+  CHECK(min_kept >= budget - period + 1 - 7);
+  CHECK(min_kept < budget - period + 1);
+  // The exact cut re-quantizes the records behind it.
+  CHECK(repack.HeadUsageOf(0, 0).requantized_tokens > 0);
+  CHECK(repack.HeadUsageOf(0, 0).tokens <= budget);
+}
+
+}  // namespace
+}  // namespace kvctl
