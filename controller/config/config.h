@@ -146,7 +146,7 @@ struct EvictConfig {
   EvictSoftmax softmax{};
   double lambda = 0;
   int compression_period = 0;
-  bool stagger_layers = false;  // EvictionSettings::stagger_layers.
+  bool stagger_layers = true;   // EvictionSettings::stagger_layers.
   bool whole_records = true;    // EvictionSettings::whole_records.
   int max_deferred_tokens = 0;  // APPEND_CONTINUES: tokens stored un-evicted before the cap.
   bool operator==(const EvictConfig&) const = default;

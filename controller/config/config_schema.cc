@@ -664,7 +664,7 @@ std::vector<ConfigOption> BuildSchema() {
                   "budget at every overflow (costly on quantized layers: docs/budgets.md)."}),
       Row<&Config::evict, &EvictConfig::stagger_layers>(
           {.key = "evict.stagger_layers",
-           .default_text = "false",
+           .default_text = "true",
            .flags = kRel,
            .env = "KVCTL_EVICT_STAGGER_LAYERS",
            .doc = "Each layer compresses on its own step of the compression period (layer l at "
@@ -673,7 +673,8 @@ std::vector<ConfigOption> BuildSchema() {
                   "the step they all overflow: at most ceil(layers / period) layers score and "
                   "re-pack per decode step. The same budgets hold; with a growing budget "
                   "(token_fraction) a layer compresses every period steps, a few tokens each "
-                  "time (docs/budgets.md)."}),
+                  "time (docs/budgets.md). false = each layer when it overflows, all on one "
+                  "step."}),
       Row<&Config::evict, &EvictConfig::whole_records>(
           {.key = "evict.whole_records",
            .default_text = "true",

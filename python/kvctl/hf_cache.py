@@ -345,7 +345,8 @@ class KvctlCache(PrefixReuse, Cache):
         self.appended = 0  # Tokens appended to every sequence.
         self.sessions_lost = 0  # Times a lost session was replaced (SessionLostError raised).
         self._start_keepalive(keepalive)
-        self.counters = {"appends": 0, "appends_continued": 0, "fetches": 0, "append_s": 0.0,
+        self.counters = {"appends": 0, "appends_continued": 0, "fetches": 0,
+                         "fetched_layers": 0, "append_s": 0.0,
                          "fetch_s": 0.0,
                          "block_fetches": 0, "block_fetch_s": 0.0, "block_reuses": 0,
                          "fused_steps": 0, "flushes": 0, "prefix_restored_tokens": 0,
@@ -601,6 +602,7 @@ class KvctlCache(PrefixReuse, Cache):
                 begin, end = min(seq.dirty_layers), max(seq.dirty_layers) + 1
             res = seq.client.fetch(seq.sequence_id, layers=(begin, end), dtype="float32")
             self.counters["fetches"] += 1
+            self.counters["fetched_layers"] += end - begin
             complete = True
             for i in range(end - begin):
                 self.layers[begin + i].load(b, res.k[i], res.v[i], res.positions[i])

@@ -126,11 +126,15 @@ def test_joint_rows_planned_for_the_first_scored_length_stay_in_budget(binary, t
     assert got["payload_vs_fp16"] > 1 / 16  # It keeps and codes tokens, not nothing.
     assert got["memory_vs_fp16"] >= got["payload_vs_fp16"]
     # The same plan made for the context length (joint_1of8_flush32): its bytes are 1/8 of the
-    # fp16 size of TOKENS, above 1/8 of what the scored steps hold (0.132 here).
+    # fp16 size of TOKENS, above 1/8 of what the scored steps hold (0.132 here) when every layer
+    # fills its caps together. Staggered compressions (evict.stagger_layers, the default) bring
+    # some layers down early and happened to keep this probe's peak at 0.120: the check is on
+    # the plan's bytes, so it pins the unstaggered schedule.
     [(name, settings)] = kveval_memprobe.rows_to_probe(
         ["joint_1of8_flush32"], [], evict=True, profiles=str(tmp_path), tokens=TOKENS,
         scored=SCORED)
     assert settings["budget.plan_tokens"] == str(TOKENS)
+    settings["evict.stagger_layers"] = "false"
     got = kveval_memprobe.probe(binary, str(tmp_path), name, settings, TOKENS, SCORED, LAYERS,
                                 KV_HEADS, DIM, q_heads=2 * KV_HEADS)
     assert got["payload_max"] > 1 / 8

@@ -136,6 +136,7 @@ policy = "streaming"
 sinks = 2
 window = 4
 compression_period = 4
+stagger_layers = true
 )",
       R"(
 [budget]
@@ -173,6 +174,7 @@ window = 4
 obs_window = 2
 kernel = 3
 compression_period = 3
+stagger_layers = true
 )",
       R"(
 [budget]

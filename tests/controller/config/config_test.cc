@@ -130,7 +130,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"evict.softmax", "\"default\""},
       {"evict.lambda", "0.07"},
       {"evict.compression_period", "32"},
-      {"evict.stagger_layers", "false"},
+      {"evict.stagger_layers", "true"},
       {"evict.whole_records", "true"},
       {"evict.max_deferred_tokens", "131072"},
       {"limits.host_memory_bytes", "\"0B\""},
