@@ -145,6 +145,7 @@ def all_rows() -> Dict[str, Row]:
             rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
                             evict(policy, keep), send_q=policy != "streaming",
                             note="fp16 rows, evict-only token_fraction %g" % keep))
+    rows += evict_schedule_rows()
     for keep in (0.5, 0.25):
         rows.append(Row("reasonalloc_rkv_%d" % round(keep * 100), "kvctl",
                         dict(evict("rkv", keep), **{"budget.layer_profile": "demand"}),
@@ -496,6 +497,25 @@ EVICT_TURBO_ROWS_B = (
                                                "evict.kernel": "3"}, ""),          # 0.1239
     ("snapkv", 0.47, 4, 3, 64, "_k1", {"evict.kernel": "1"}, ""),                  # 0.1239
 )
+
+
+def evict_schedule_rows():
+    """When eviction compresses (session 19): the unstaggered schedule of the evict rows
+    (evict.stagger_layers = false: every layer compresses on the step it overflows), and streaming
+    over KVarN K4/V2 with whole records dropped (the default) or the cut re-packed."""
+    rows = []
+    for policy in ("snapkv", "rkv"):
+        rows.append(Row("evict_%s_25_sync" % policy, "kvctl",
+                        dict(evict(policy, 0.25), **{"evict.stagger_layers": "false"}),
+                        send_q=True,
+                        note="fp16 rows, evict-only token_fraction 0.25, stagger_layers false"))
+    for suffix, whole in (("", "true"), ("_repack", "false")):
+        rows.append(Row("evict_streaming_25_kvarn_k4v2" + suffix, "kvctl",
+                        dict(evict_quant("streaming", 0.25, "kvarn", 4, 2),
+                             **{"evict.whole_records": whole}),
+                        note="streaming evict-only token_fraction 0.25, KVarN K4/V2, "
+                        "evict.whole_records %s" % whole))
+    return rows
 
 
 def evict_turbo_rows():
