@@ -49,13 +49,7 @@ std::vector<LayerPlan> Plans(bool lossless) {
 enum class Schedule { kFixed, kFractionRealloc, kJointCaps };
 
 EvictionSettings Settings(EvictPolicy policy, Schedule schedule) {
-  EvictionSettings s;
-  s.enabled = true;
-  s.policy = policy;
-  s.sinks = 2;
-  s.window = 8;
-  s.obs_window = s.snapkv.obs_window = s.rkv.obs_window = 8;
-  s.floor = s.sinks + s.window;
+  EvictionSettings s = testing::EvictOn(policy, 2, 8, 8);
   s.compression_period = 4;
   s.max_deferred_tokens = 1000;
   if (schedule == Schedule::kFractionRealloc) {

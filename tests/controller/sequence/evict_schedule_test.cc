@@ -33,14 +33,8 @@ std::vector<LayerPlan> KiviPlans(int layers, int heads, int d, int block, int fl
 }
 
 EvictionSettings Fixed(EvictPolicy policy, int64_t budget, int64_t period) {
-  EvictionSettings s;
-  s.enabled = true;
-  s.policy = policy;
-  s.sinks = 4;
-  s.window = 8;
-  s.obs_window = s.snapkv.obs_window = s.rkv.obs_window = 8;
+  EvictionSettings s = testing::EvictOn(policy, 4, 8, 8);
   s.tokens_per_head = budget;
-  s.floor = s.sinks + s.window;
   s.compression_period = period;
   return s;
 }

@@ -3,7 +3,7 @@
 // File: tests/controller/sequence/evict_test_util.h
 // Shared by the controller eviction and pressure tests and the daemon evict integration tests:
 // the small RateQuant fit they plan budgets from, so the suites test against the same profile;
-// and the random K/V/Q rows the sequence eviction tests append (Stream).
+// the random K/V/Q rows the sequence eviction tests append (Stream); eviction settings (EvictOn).
 //
 // Thread safety: plain functions and values, built fresh per call.
 //
@@ -20,12 +20,26 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "controller/sequence/eviction_driver.h"
 #include "controller/sequence/kv_sequence.h"
 #include "kernels/quant_types.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
 
 namespace kvctl::testing {
+
+// Eviction on with `policy`, `sinks` protected first tokens, `window` protected newest ones and
+// `obs` observation query rows for every scorer; the floor is sinks + window. No budget is set.
+inline EvictionSettings EvictOn(EvictPolicy policy, int64_t sinks, int64_t window, int64_t obs) {
+  EvictionSettings s;
+  s.enabled = true;
+  s.policy = policy;
+  s.sinks = sinks;
+  s.window = window;
+  s.obs_window = s.snapkv.obs_window = s.rkv.obs_window = obs;
+  s.floor = sinks + window;
+  return s;
+}
 
 // Random [tokens, heads, d] fp32 rows per layer, for K, V and Q.
 struct Stream {

@@ -61,15 +61,8 @@ std::vector<LayerPlan> Plans(int layers, int heads, QuantMethod m, int d, bool l
 
 EvictionSettings Settings(EvictPolicy policy, int64_t budget, int64_t sinks, int64_t window,
                           int64_t obs) {
-  EvictionSettings s;
-  s.enabled = true;
-  s.policy = policy;
-  s.sinks = sinks;
-  s.window = window;
-  s.obs_window = obs;
-  s.snapkv.obs_window = s.rkv.obs_window = obs;
+  EvictionSettings s = testing::EvictOn(policy, sinks, window, obs);
   s.tokens_per_head = budget;
-  s.floor = sinks + window;
   return s;
 }
 
