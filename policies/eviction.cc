@@ -47,8 +47,8 @@
 // Cost per head: importance O(m g T D); redundancy O(T^2 D / 2) using the symmetry of S, with
 // O(T) extra memory: column sums come from the upper triangle, and because each row's partners
 // are visited in increasing index order, "the largest j above the threshold" is the last one
-// seen. Dot products use eight independent accumulators so the compiler can vectorise them
-// without reassociating a single sum.
+// seen. Dot products are kernels/dot.h's (one fixed order of the sums, AVX2 where the CPU has it,
+// the same bits on every CPU), a row of them per call.
 #include "policies/eviction.h"
 
 #include <algorithm>
@@ -56,21 +56,12 @@
 #include <limits>
 #include <numeric>
 
+#include "kernels/dot.h"
+
 namespace kvctl {
 namespace {
 
 constexpr float kProtectedScore = std::numeric_limits<float>::infinity();
-
-float Dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    for (int u = 0; u < 8; ++u) acc[u] += a[d + u] * b[d + u];
-  }
-  float tail = 0;
-  for (; d < n; ++d) tail += a[d] * b[d];
-  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
-}
 
 Status CheckKeys(const KeyRows& keys) {
   if (keys.tokens <= 0) return InvalidArgument("keys: tokens must be > 0, got ", keys.tokens);
@@ -161,12 +152,14 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
 void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double weight,
                               double* out) {
   std::vector<double> z(static_cast<size_t>(keys.tokens));
+  std::vector<float> logits(static_cast<size_t>(keys.tokens));
   for (int64_t i = 0; i < q.m; ++i) {
     const int64_t n = keys.tokens - q.m + i + 1;
     for (int64_t h = 0; h < q.g; ++h) {
+      DotRows(q.Row(i, h), keys.data, keys.head_dim, n, keys.head_dim, logits.data());
       double zmax = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < n; ++j) {
-        z[j] = Dot(q.Row(i, h), keys.data + j * keys.head_dim, keys.head_dim);
+        z[j] = logits[j];
         zmax = std::max(zmax, z[j]);
       }
       double sum = 0;
@@ -183,6 +176,7 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
                                GqaReduce group, SoftmaxScope scope) {
   std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
   std::vector<double> z(static_cast<size_t>(keys.tokens));
+  std::vector<float> logits(static_cast<size_t>(keys.tokens)), other(logits.size());
   // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
   auto add_softmax = [&](int64_t n, double w) {
     double zmax = -std::numeric_limits<double>::infinity();
@@ -196,19 +190,19 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
     const int64_t seen = keys.tokens - q.m + i + 1;  // Causal: query i sees keys [0, seen).
     const int64_t n = scope == SoftmaxScope::kCausal ? seen : std::min(n_imp, seen);
     if (n <= 0 || std::min(n, n_imp) <= 0) continue;
+    const int64_t d = keys.head_dim;
     if (group == GqaReduce::kMaxLogit) {
-      for (int64_t j = 0; j < n; ++j) {
-        const float* k = keys.data + j * keys.head_dim;
-        float best = Dot(q.Row(i, 0), k, keys.head_dim);
-        for (int64_t h = 1; h < q.g; ++h) best = std::max(best, Dot(q.Row(i, h), k, keys.head_dim));
-        z[j] = best;
+      DotRows(q.Row(i, 0), keys.data, d, n, d, logits.data());
+      for (int64_t h = 1; h < q.g; ++h) {
+        DotRows(q.Row(i, h), keys.data, d, n, d, other.data());
+        for (int64_t j = 0; j < n; ++j) logits[j] = std::max(logits[j], other[j]);
       }
+      for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
       add_softmax(n, 1.0 / static_cast<double>(q.m));
     } else {
       for (int64_t h = 0; h < q.g; ++h) {
-        for (int64_t j = 0; j < n; ++j) {
-          z[j] = Dot(q.Row(i, h), keys.data + j * keys.head_dim, keys.head_dim);
-        }
+        DotRows(q.Row(i, h), keys.data, d, n, d, logits.data());
+        for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
         add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
       }
     }
@@ -239,24 +233,32 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   std::vector<float> unit(static_cast<size_t>(t_n * d_n));
   for (int64_t t = 0; t < t_n; ++t) {
     const float* k = keys.data + t * d_n;
-    const float norm = std::sqrt(Dot(k, k, d_n)) + 1e-8f;
+    const float norm = std::sqrt(DotRef(k, k, d_n)) + 1e-8f;
     for (int64_t c = 0; c < d_n; ++c) unit[t * d_n + c] = k[c] / norm;
   }
   std::vector<double> col(static_cast<size_t>(t_n), 0.0);
   std::vector<int64_t> last(static_cast<size_t>(t_n), -1);
   std::vector<float> last_value(static_cast<size_t>(t_n), 0.0f);
+  std::vector<float> row(static_cast<size_t>(t_n));
   for (int64_t i = 0; i < t_n; ++i) {
-    const float* ui = unit.data() + i * d_n;
-    for (int64_t j = i + 1; j < t_n; ++j) {
-      const float s = Dot(ui, unit.data() + j * d_n, d_n);
-      col[j] += s;
-      col[i] += s;
-      if (s > threshold) {
+    // Row i of S right of the diagonal. Three passes over it make the additions of one pass in
+    // j order would (column i's in j order, every other column's once), so the sums are the same
+    // bits; the second and third have no dependence between elements.
+    const int64_t rest = t_n - i - 1;
+    DotRows(unit.data() + i * d_n, unit.data() + (i + 1) * d_n, d_n, rest, d_n, row.data());
+    double col_i = col[i];
+    for (int64_t k = 0; k < rest; ++k) col_i += row[k];
+    col[i] = col_i;
+    double* right = col.data() + i + 1;
+    for (int64_t k = 0; k < rest; ++k) right[k] += row[k];
+    for (int64_t k = 0; k < rest; ++k) {
+      if (row[k] > threshold) {
         // Partners of a row arrive in increasing index order, so this is the latest so far.
+        const int64_t j = i + 1 + k;
         last[i] = j;
-        last_value[i] = s;
+        last_value[i] = row[k];
         last[j] = i;
-        last_value[j] = s;
+        last_value[j] = row[k];
       }
     }
   }

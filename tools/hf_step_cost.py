@@ -5,6 +5,7 @@ kvctl.hf.KvctlCache (fused attention by default), against the same steps with tr
 DynamicCache, in one run (issue 14: daemon CPU per decode step <= 5 % of the engine's step).
 
     python3 tools/hf_step_cost.py [--context 2048] [--steps 64] [--set quant.method=kivi] [--json]
+    python3 tools/hf_step_cost.py --send-q --set budget.mode=evict-only --set evict.policy=snapkv ...
 
 Per step it reports the engine's wall time (kvctl and DynamicCache), the engine process's CPU
 time, and the daemon's CPU time (the run time of the daemon's threads from /proc, over the timed
@@ -51,19 +52,23 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def timed_decode(model, cache, ids, context, steps, daemon_pid=None):
-    """Prefills `context` tokens, then `steps` single-token forwards; per-step wall and CPU of
-    this process, and the daemon's CPU seconds over the steps."""
+    """Prefills `context` tokens, then `steps` single-token forwards; per step: the wall and CPU
+    time of this process and the daemon's CPU seconds (read after each step, so a step's figure
+    also holds what the daemon's background threads did meanwhile)."""
     import torch
-    walls, cpus = [], []
+    walls, cpus, daemon = [], [], []
     with torch.no_grad():
         model(ids[:, :context], past_key_values=cache, use_cache=True)
-        daemon0 = process_cpu_seconds(daemon_pid) if daemon_pid else 0.0
+        last = process_cpu_seconds(daemon_pid) if daemon_pid else 0.0
         for i in range(context, context + steps):
             w0, c0 = time.perf_counter(), time.process_time()
             model(ids[:, i:i + 1], past_key_values=cache, use_cache=True)
             walls.append(time.perf_counter() - w0)
             cpus.append(time.process_time() - c0)
-        daemon = process_cpu_seconds(daemon_pid) - daemon0 if daemon_pid else 0.0
+            if daemon_pid:
+                now = process_cpu_seconds(daemon_pid)
+                daemon.append(now - last)
+                last = now
     return walls, cpus, daemon
 
 
@@ -72,7 +77,7 @@ def summary(xs):
             "max_ms": 1e3 * max(xs)}
 
 
-def measure(model, ids, context, steps, attention, settings, kvctl_bin):
+def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=False):
     """The figures of one run (the JSON object main prints): `ids` [1, >= context + steps]."""
     from transformers import DynamicCache
     from kvctl.hf import KvctlCache
@@ -82,22 +87,32 @@ def measure(model, ids, context, steps, attention, settings, kvctl_bin):
     with tempfile.TemporaryDirectory(prefix="kvctl-stepcost-") as workdir:
         daemon = ManagedDaemon(kvctl_bin, workdir, "stepcost", settings).start()
         try:
-            with KvctlCache(model, daemon.endpoint, attention=attention,
-                            fused_min_tokens=1) as cache:
-                walls, cpus, daemon_cpu = timed_decode(model, cache, ids, context, steps,
-                                                       daemon.proc.pid)
+            with KvctlCache(model, daemon.endpoint, attention=attention, fused_min_tokens=1,
+                            send_q=send_q) as cache:
+                walls, cpus, daemon_cpus = timed_decode(model, cache, ids, context, steps,
+                                                        daemon.proc.pid)
                 fused_steps = cache.counters["fused_steps"]
+                block_fetches = cache.counters["block_fetches"]
         finally:
             daemon.stop()
-    per_step = daemon_cpu / steps
+    per_step = statistics.fmean(daemon_cpus)
+    # The first decode step is not like the others (the engine fetches every layer's blocks,
+    # the daemon answers for the whole prefilled context): reported on its own as well.
+    later = daemon_cpus[1:] or daemon_cpus
+    later_walls = walls[1:] or walls
     out = {
         "model": "SmolLM2-135M-Instruct", "context": context, "steps": steps,
-        "attention": attention, "fused_steps": fused_steps, "settings": dict(settings),
+        "attention": attention, "fused_steps": fused_steps, "block_fetches": block_fetches,
+        "send_q": send_q, "settings": dict(settings),
         "cpu": cpu_model(), "cpus": os.cpu_count(), "load_end": os.getloadavg()[0],
         "dynamic_cache_step": summary(base_walls),
         "dynamic_cache_cpu_ms": 1e3 * statistics.fmean(base_cpus),
         "kvctl_step": summary(walls), "kvctl_engine_cpu_ms": 1e3 * statistics.fmean(cpus),
         "daemon_cpu_ms_per_step": 1e3 * per_step,
+        "daemon_cpu_step": summary(daemon_cpus),
+        "daemon_cpu_first_step_ms": 1e3 * daemon_cpus[0],
+        "daemon_cpu_ms_per_later_step": 1e3 * statistics.fmean(later),
+        "daemon_cpu_later_vs_engine_step": statistics.fmean(later) / statistics.fmean(later_walls),
         "daemon_cpu_vs_engine_step": per_step / statistics.fmean(walls),
         "daemon_cpu_vs_dynamic_cache_step": per_step / statistics.fmean(base_walls),
         "target": 0.05,
@@ -118,6 +133,9 @@ def main(argv=None) -> int:
                                                         "kvctl"))
     p.add_argument("--text", default=DEFAULT_TEXT, help="a UTF-8 text file (default GPL-3)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    p.add_argument("--send-q", action="store_true",
+                   help="send each step's queries with its APPEND (what the h2o, snapkv and rkv "
+                        "eviction scorers need: OPEN of such a sequence is refused without them)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.context < 1 or args.steps < 1:
@@ -141,7 +159,7 @@ def main(argv=None) -> int:
         p.error("--text has %d tokens, expected at least --context + --steps = %d"
                 % (ids.shape[1], need))
     out = measure(model, ids[:, :need], args.context, args.steps, args.attention, settings,
-                  args.kvctl_bin)
+                  args.kvctl_bin, args.send_q)
     out["threads"] = args.threads
     engine = out["kvctl_step"]
     fused_steps = out["fused_steps"]
@@ -159,6 +177,11 @@ def main(argv=None) -> int:
                                          100 * out["daemon_cpu_vs_engine_step"],
                                          "met" if out["met"] else "MISS",
                                          100 * out["daemon_cpu_vs_dynamic_cache_step"]))
+    print("daemon CPU of the first step %.1f ms; of the later steps %.3f ms = %.2f %% of their "
+          "kvctl step (p50 %.3f ms, max %.1f ms over all steps)"
+          % (out["daemon_cpu_first_step_ms"], out["daemon_cpu_ms_per_later_step"],
+             100 * out["daemon_cpu_later_vs_engine_step"], out["daemon_cpu_step"]["p50_ms"],
+             out["daemon_cpu_step"]["max_ms"]))
     return 0
 
 

@@ -156,7 +156,9 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_SERVER_QUALITY_SAMPLE_PERIOD",
            .doc = "Live quality telemetry: every Nth quantized record of each (layer, head) is "
-                  "decoded and its relative error recorded (new sequences); 0 = off."}),
+                  "decoded and its relative error recorded, and an evicting head with queries "
+                  "measures the attention mass it retains on its first compression and every "
+                  "Nth after it (new sequences); 0 = off."}),
       // [pool]
       Row<&Config::pool, &PoolConfig::backend>(
           {.key = "pool.backend",

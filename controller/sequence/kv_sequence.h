@@ -68,7 +68,8 @@ struct SequenceGeometry {
   int head_dim = 0;
   DType dtype = DType::kF32;  // Session dtype: appended data and lossless rows.
   // Live quality telemetry: every Nth record of a head is decoded right after it is quantized
-  // and its relative reconstruction error recorded. 0 = off.
+  // and its relative reconstruction error recorded; with queries, a head's first compression and
+  // every Nth after it measure the attention mass the kept tokens retain. 0 = off.
   int quality_sample_period = 0;
   int q_heads = 0;  // Query heads of the Q an append may carry (0 = never).
   // quant.flush_spread_steps: the flushes of the quantized layers that fall due together are
@@ -119,9 +120,11 @@ struct HeadUsage {
   uint64_t compressions = 0;    // Appends that evicted from this head.
   // Kept tokens that compaction decoded out of records: they are quantized again (error compounds).
   uint64_t requantized_tokens = 0;
-  uint64_t width_lowerings = 0;   // Times LowerWidth re-quantized this head's records narrower.
-  uint64_t retained_samples = 0;  // Evictions with queries, and the sum of the attention mass of
-  double retained_mass_sum = 0;   // the observation queries that the kept tokens hold.
+  uint64_t width_lowerings = 0;  // Times LowerWidth re-quantized this head's records narrower.
+  // Evictions with queries that measured it (SequenceGeometry::quality_sample_period), and the
+  // sum of the attention mass of the observation queries that the kept tokens hold.
+  uint64_t retained_samples = 0;
+  double retained_mass_sum = 0;
 };
 
 // Dense rows of a layer range, concatenated per (layer, head) in that order.

@@ -388,7 +388,11 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
   if (!kept.ok()) return WithLayerHead(p.l, h, kept.status());
   ph.kept = std::move(*kept);
   ph.evicted = true;
-  if (gq) {
+  // The retained mass is telemetry, and measuring it costs about what SnapKV's scoring does (a
+  // softmax per observation query and group head over every key): like the records' errors it is
+  // sampled, on a head's first compression (usually the prefill's) and every Nth after it.
+  const int period = geometry_.quality_sample_period;
+  if (gq && period > 0 && head.usage.compressions % static_cast<uint64_t>(period) == 0) {
     StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, *gq);
     if (!mass.ok()) return WithLayerHead(p.l, h, mass.status());
     ph.retained = *RetainedMass(*mass, ph.kept);

@@ -26,5 +26,16 @@ def test_step_cost_times_fused_steps_and_reads_the_daemon_cpu(smollm2):
     assert out["kvctl_step"]["p50_ms"] > 0 and out["dynamic_cache_step"]["p50_ms"] > 0
     assert out["daemon_cpu_vs_engine_step"] == pytest.approx(
         out["daemon_cpu_ms_per_step"] / out["kvctl_step"]["mean_ms"], rel=1e-9)
+    assert len(out["daemon_cpu_step"]) == 3 and out["daemon_cpu_step"]["max_ms"] >= max(
+        out["daemon_cpu_first_step_ms"], out["daemon_cpu_ms_per_later_step"])
+    assert out["daemon_cpu_ms_per_step"] == pytest.approx(
+        (out["daemon_cpu_first_step_ms"] + 7 * out["daemon_cpu_ms_per_later_step"]) / 8, rel=1e-9)
+    # An evicting sequence whose scorer needs the queries: refused without them, served with.
+    evict = {"quant.method": "fp16", "budget.mode": "evict-only", "evict.policy": "snapkv",
+             "budget.token_fraction": "0.5"}
+    with pytest.raises(Exception, match="q_heads: got 0"):
+        hf_step_cost.measure(model, ids, 64, 2, "fused", evict, binary)
+    scored = hf_step_cost.measure(model, ids, 64, 4, "fused", evict, binary, send_q=True)
+    assert scored["send_q"] and scored["fused_steps"] == 4
     dense = hf_step_cost.measure(model, ids, 64, 4, "dense", {"quant.method": "kivi"}, binary)
     assert dense["fused_steps"] == 0

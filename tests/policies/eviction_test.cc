@@ -10,12 +10,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/half.h"
+#include "kernels/quantize.h"
+#include "tests/kernels/simd_levels.h"
 
 namespace kvctl {
 namespace {
@@ -413,9 +417,71 @@ TEST_CASE("Eviction: bad input gives named errors", "[policies]") {
   }
 }
 
-// Timings for docs/eviction.md: one KV head, 256 keys, 8 observation query tokens, D = 64.
+std::vector<uint32_t> FloatBits(const std::vector<float>& v) {
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+std::vector<uint64_t> DoubleBits(const std::vector<double>& v) {
+  std::vector<uint64_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(double));
+  return bits;
+}
+
+// Which tokens a scorer keeps must not depend on the CPU: the dot products are kernels/dot.h's,
+// bit-identical on every SIMD level, so every score is too.
+TEST_CASE("Eviction: every scorer gives the same bits at every SIMD level", "[policies]") {
+  const std::vector<SimdLevel> levels = testing::SimdLevelsUnderTest();
+  if (levels.empty()) return testing::Skip(testing::kNoSimd);
+  testing::SimdLevelGuard guard;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 1);
+  for (int64_t d : {64, 60}) {  // 60: every dot product has a 4-element tail.
+    constexpr int64_t kT = 203, kG = 3, kObs = 32;
+    std::vector<float> keys(kT * d), q(kObs * kG * d);
+    for (float& v : keys) v = normal(rng);
+    for (int64_t t = 40; t < 60; ++t) {  // Near-duplicates, so R-KV's threshold is crossed.
+      for (int64_t c = 0; c < d; ++c) keys[t * d + c] = keys[(t - 40) * d + c] * 1.5f;
+    }
+    for (float& v : q) v = normal(rng);
+    const KeyRows rows{keys.data(), kT, d};
+    const KvTensorView view = Queries(q, kObs, kG, d);
+    const ProtectedRegions regions{4, 16};
+    auto all = [&] {
+      H2OState h2o;
+      REQUIRE(UpdateH2O(&h2o, rows, view).ok());
+      return std::make_tuple(FloatBits(*ScoreRKV(rows, view, regions, {.obs_window = kObs})),
+                             FloatBits(*ScoreSnapKV(rows, view, regions)), DoubleBits(h2o.acc),
+                             DoubleBits(*TokenAttentionMass(rows, view)));
+    };
+    REQUIRE(SetSimdLevel(SimdLevel::kScalar).ok());
+    const auto reference = all();
+    for (SimdLevel level : levels) {
+      INFO(SimdLevelName(level) << ", D " << d);
+      REQUIRE(SetSimdLevel(level).ok());
+      CHECK(all() == reference);
+    }
+  }
+}
+
+void ScorerTimings(int64_t kT);
+
+// Timings for docs/eviction.md: one KV head, T keys, 8 observation query tokens, D = 64; each at
+// the scalar level (the reference's dot products) and the best level this CPU runs.
 TEST_CASE("Eviction: scorer timings", "[.bench][policies]") {
-  constexpr int64_t kT = 256, kD = 64, kObs = 8;
+  testing::SimdLevelGuard guard;
+  for (int64_t kT : {256, 1024}) {
+    for (SimdLevel level : {SimdLevel::kScalar, DetectSimdLevel()}) {
+      REQUIRE(SetSimdLevel(level).ok());
+      std::printf("T=%lld, %s\n", static_cast<long long>(kT), SimdLevelName(level).data());
+      ScorerTimings(kT);
+    }
+  }
+}
+
+void ScorerTimings(int64_t kT) {
+  constexpr int64_t kD = 64, kObs = 8;
   std::mt19937 rng(1);
   std::normal_distribution<float> n(0, 1);
   std::vector<float> keys(kT * kD);

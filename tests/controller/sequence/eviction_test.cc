@@ -77,13 +77,15 @@ std::vector<int64_t> PositionsOf(const DenseKv& dense, int pair) {
 TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks",
           "[controller][evict]") {
   const int kv_heads = 2, q_heads = 4, d = 8, first = 24, budget = 16;
-  const Stream s(1, first + 1, kv_heads, q_heads, d, 7);
+  const Stream s(1, first + 4, kv_heads, q_heads, d, 7);
   for (EvictPolicy policy :
        {EvictPolicy::kStreaming, EvictPolicy::kH2O, EvictPolicy::kSnapKV, EvictPolicy::kRKV}) {
     INFO(EvictPolicyName(policy));
     auto pool = testing::MakeTestPool(4 << 20, 4096);
     const EvictionSettings settings = Settings(policy, budget, 2, 4, 4);
-    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
+    SequenceGeometry geometry = F32Geometry(1, kv_heads, d, q_heads);
+    geometry.quality_sample_period = 4;  // The retained mass: compressions 0, 4, 8, ...
+    KvSequence seq(pool.get(), geometry,
                    Plans(1, kv_heads, QuantMethod::kFp16, d, /*lossless=*/true), settings);
     // The first append (24 tokens) already passes the budget, and so does the next one.
     REQUIRE(s.Append(seq, 0, first).ok());
@@ -128,7 +130,8 @@ TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks"
       CHECK(u.tokens == budget);
       CHECK(u.evicted_tokens == first - budget);
       CHECK(u.budget == budget);
-      CHECK(u.retained_samples == 1);  // Q came with the append: the mass was measured.
+      // Q came with the append and it is the head's first compression: the mass was measured.
+      CHECK(u.retained_samples == 1);
     }
     // One more token: 17 > 16, so exactly one token goes, the one the scorer ranks lowest among
     // the survivors.
@@ -148,6 +151,14 @@ TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks"
         CHECK(pos[1] == 1);
         CHECK(pos[2] == first - 13);
       }
+      // The second compression is not sampled (period 4); the fifth is.
+      CHECK(seq.HeadUsageOf(0, h).compressions == 2);
+      CHECK(seq.HeadUsageOf(0, h).retained_samples == 1);
+    }
+    for (int64_t t = first + 1; t < first + 4; ++t) REQUIRE(s.Append(seq, t, 1).ok());
+    for (int h = 0; h < kv_heads; ++h) {
+      CHECK(seq.HeadUsageOf(0, h).compressions == 5);
+      CHECK(seq.HeadUsageOf(0, h).retained_samples == 2);
     }
   }
 }

@@ -1,0 +1,28 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+#include "kernels/dot.h"
+
+#include "kernels/quantize.h"
+
+namespace kvctl {
+
+float DotRef(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int u = 0; u < 8; ++u) acc[u] += a[d + u] * b[d + u];
+  }
+  float tail = 0;
+  for (; d < n; ++d) tail += a[d] * b[d];
+  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
+}
+
+void DotRows(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
+             float* out) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::DotRowsAvx2(a, rows, stride, count, n, out);
+    return;
+  }
+  for (int64_t r = 0; r < count; ++r) out[r] = DotRef(a, rows + r * stride, n);
+}
+
+}  // namespace kvctl

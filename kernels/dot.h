@@ -1,0 +1,39 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+//
+// File: kernels/dot.h
+// Float dot products in one fixed order: the inner loop of the eviction scorers (policies/
+// eviction.cc: the observation queries against every key, and R-KV's T^2 / 2 key similarities).
+//
+// The order (the spec, DotRef): eight running sums s_u = sum over the whole chunks c of
+// a[8c + u] * b[8c + u], each product rounded to float before it is added (no fused multiply-add);
+// then ((s_0 + s_1) + (s_2 + s_3)) + ((s_4 + s_5) + (s_6 + s_7)); then plus the tail, the sum of
+// a[d] * b[d] over the last n % 8 elements in index order (0 when there are none). Every SIMD path
+// returns DotRef's bits, so which tokens a scorer keeps never depends on the CPU.
+//
+// Thread safety: reentrant, no state (the SIMD level is the process-wide one of
+// kernels/quantize.h).
+#ifndef KVCTL_KERNELS_DOT_H_
+#define KVCTL_KERNELS_DOT_H_
+
+#include <cstdint>
+
+namespace kvctl {
+
+// The reference: sum of a[d] * b[d] over d < n in the order above. n >= 0.
+float DotRef(const float* a, const float* b, int64_t n);
+
+// out[r] = DotRef(a, rows + r * stride, n) for r in [0, count), on the active SIMD level (AVX2
+// when the CPU has it, AVX-512 CPUs included; the scalar reference otherwise). stride >= n;
+// count >= 0; `out` must not overlap the inputs.
+void DotRows(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
+             float* out);
+
+namespace simd {
+// DotRows on AVX2 (kernels/dot_avx2.cc); only called when the CPU has it.
+void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
+                 float* out);
+}  // namespace simd
+
+}  // namespace kvctl
+
+#endif  // KVCTL_KERNELS_DOT_H_

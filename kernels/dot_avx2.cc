@@ -1,0 +1,72 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// AVX2 instance of DotRows (kernels/dot.h). A vector's lane u is DotRef's running sum s_u, so the
+// products and sums are DotRef's own; four rows share each load of `a`, and their four final
+// combinations run as one horizontal-add tree. No FMA: the target below does not enable it, and
+// the build compiles with -ffp-contract=off.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/dot.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2")
+
+namespace kvctl::simd {
+namespace {
+
+// DotRef's tail: the last n % 8 products, in index order.
+inline float Tail(const float* a, const float* b, int64_t whole, int64_t n) {
+  float tail = 0;
+  for (int64_t d = whole; d < n; ++d) tail += a[d] * b[d];
+  return tail;
+}
+
+// Lane r of the result: ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) of row r's sums.
+// hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3 | x4+x5, x6+x7, y4+y5, y6+y7]; IEEE addition is
+// commutative, so each pair sum equals DotRef's.
+inline __m128 Combine4(__m256 r0, __m256 r1, __m256 r2, __m256 r3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(r0, r1), _mm256_hadd_ps(r2, r3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+}  // namespace
+
+void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
+                 float* out) {
+  const int64_t whole = n - n % 8;
+  alignas(16) float sums[4];
+  int64_t r = 0;
+  for (; r + 4 <= count; r += 4) {
+    const float* b0 = rows + r * stride;
+    const float* b1 = b0 + stride;
+    const float* b2 = b1 + stride;
+    const float* b3 = b2 + stride;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t d = 0; d < whole; d += 8) {
+      const __m256 x = _mm256_loadu_ps(a + d);
+      s0 = _mm256_add_ps(s0, _mm256_mul_ps(x, _mm256_loadu_ps(b0 + d)));
+      s1 = _mm256_add_ps(s1, _mm256_mul_ps(x, _mm256_loadu_ps(b1 + d)));
+      s2 = _mm256_add_ps(s2, _mm256_mul_ps(x, _mm256_loadu_ps(b2 + d)));
+      s3 = _mm256_add_ps(s3, _mm256_mul_ps(x, _mm256_loadu_ps(b3 + d)));
+    }
+    _mm_store_ps(sums, Combine4(s0, s1, s2, s3));
+    out[r] = sums[0] + Tail(a, b0, whole, n);
+    out[r + 1] = sums[1] + Tail(a, b1, whole, n);
+    out[r + 2] = sums[2] + Tail(a, b2, whole, n);
+    out[r + 3] = sums[3] + Tail(a, b3, whole, n);
+  }
+  for (; r < count; ++r) {
+    const float* b = rows + r * stride;
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t d = 0; d < whole; d += 8) {
+      s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d)));
+    }
+    _mm_store_ps(sums, Combine4(s, s, s, s));
+    out[r] = sums[0] + Tail(a, b, whole, n);
+  }
+}
+
+}  // namespace kvctl::simd
+
+#pragma GCC pop_options

@@ -1,0 +1,106 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// kernels/dot.h: DotRef's order on known answers, and DotRows bit for bit against DotRef at every
+// SIMD level this CPU runs, over lengths with and without a tail, row counts around the 4-row
+// blocks, strides, signed zeros and magnitudes where the order of the sums shows.
+#include "kernels/dot.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tests/kernels/simd_levels.h"
+
+namespace kvctl {
+namespace {
+
+using testing::kNoSimd;
+using testing::SimdLevelGuard;
+using testing::SimdLevelsUnderTest;
+using testing::Skip;
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+TEST_CASE("DotRef: the eight lane sums, their tree, then the tail") {
+  const float tiny = std::ldexp(1.0f, -24);  // Half an ulp of 1: lost when added to 1 alone.
+  // Lane sums first: lane 0 gets 1e8 and then -1e8, lane 1 gets 1 and then 0.5. Summed in index
+  // order the 1 and the 0.5 would be lost against 1e8 (0.25 at the end); DotRef gives 1.75.
+  std::vector<float> a(17, 0.0f), b(17, 1.0f);
+  a[0] = 1e8f;
+  a[8] = -1e8f;
+  a[1] = 1.0f;
+  a[9] = 0.5f;
+  a[16] = 0.25f;  // The tail.
+  CHECK(DotRef(a.data(), b.data(), 17) == 1.75f);
+  CHECK(DotRef(a.data(), b.data(), 16) == 1.5f);
+  CHECK(DotRef(a.data(), b.data(), 0) == 0.0f);
+  // The tree: (s0 + s1) + (s2 + s3), so two tiny lane sums meet each other before they meet 1
+  // (in lane order each would be lost against 1).
+  const std::vector<float> ones(8, 1.0f);
+  std::vector<float> x = {1.0f, 0, tiny, tiny, 0, 0, 0, 0};
+  CHECK(DotRef(x.data(), ones.data(), 8) == 1.0f + 2 * tiny);
+  x = {1.0f, 0, 0, 0, tiny, tiny, 0, 0};  // And the first half before the second.
+  CHECK(DotRef(x.data(), ones.data(), 8) == 1.0f + 2 * tiny);
+  x = {1.0f, tiny, tiny, 0, 0, 0, 0, 0};  // 1 + tiny rounds to 1 (a tie, to even) first.
+  CHECK(DotRef(x.data(), ones.data(), 8) == 1.0f);
+  // Each product is rounded before it is added (no FMA): lane 0 holds -(1 + 2^-11), then adds
+  // (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24, whose float is 1 + 2^-11: the sum is exactly 0 (a fused
+  // multiply-add would leave 2^-24).
+  const float e = 1.0f + std::ldexp(1.0f, -12);
+  std::vector<float> p(16, 0.0f), q(16, 0.0f);
+  p[0] = -(1.0f + std::ldexp(1.0f, -11));
+  q[0] = 1.0f;
+  p[8] = q[8] = e;
+  CHECK(DotRef(p.data(), q.data(), 16) == 0.0f);
+}
+
+TEST_CASE("DotRows: bit-identical to DotRef at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 128, 131, 256}) {
+      for (int64_t count : {0, 1, 3, 4, 5, 8, 13}) {
+        const int64_t stride = n + (count % 3);  // Rows back to back, or with a gap.
+        std::vector<float> a(static_cast<size_t>(n)), rows(static_cast<size_t>(stride * count + 1));
+        // Magnitudes over 60 binades so the order of the sums decides the low bits.
+        for (float& v : a) v = std::ldexp(unit(rng), exponent(rng));
+        for (float& v : rows) v = std::ldexp(unit(rng), exponent(rng));
+        if (n > 0) a[0] = -0.0f;
+        std::vector<float> out(static_cast<size_t>(count) + 1, 42.0f);
+        DotRows(a.data(), rows.data(), stride, count, n, out.data());
+        for (int64_t r = 0; r < count; ++r) {
+          const float want = DotRef(a.data(), rows.data() + r * stride, n);
+          INFO(SimdLevelName(level) << " n " << n << " count " << count << " row " << r);
+          CHECK(Bits(out[static_cast<size_t>(r)]) == Bits(want));
+        }
+        CHECK(out[static_cast<size_t>(count)] == 42.0f);  // Nothing written past count.
+      }
+    }
+    // The product rounding of the known answer above, through the SIMD path.
+    std::vector<float> p(16, 0.0f), q(16, 0.0f), one(1);
+    p[0] = -(1.0f + std::ldexp(1.0f, -11));
+    q[0] = 1.0f;
+    p[8] = q[8] = 1.0f + std::ldexp(1.0f, -12);
+    DotRows(p.data(), q.data(), 16, 1, 16, one.data());
+    CHECK(Bits(one[0]) == Bits(0.0f));
+    // A negative zero sum: every product -0 (signs differ), the tail +0 added as DotRef does.
+    std::vector<float> neg(16, -0.0f), pos(64, 0.0f);
+    std::vector<float> out(4);
+    DotRows(neg.data(), pos.data(), 16, 4, 16, out.data());
+    for (float v : out) CHECK(Bits(v) == Bits(DotRef(neg.data(), pos.data(), 16)));
+  }
+}
+
+}  // namespace
+}  // namespace kvctl
