@@ -520,9 +520,9 @@ std::vector<ConfigOption> BuildSchema() {
            .max = 1000000,
            .flags = kRel,
            .env = "KVCTL_BUDGET_REALLOC_PERIOD",
-           .doc =
-               "evict-only: every this many appended tokens each layer's budget is re-split "
-               "over its heads by attention utility (needs Q: h2o, snapkv, rkv); 0 = even split."}),
+           .doc = "evict-only: every this many appended tokens each layer's budget is re-split "
+                  "over its heads by attention utility (needs Q: h2o, snapkv, rkv), the layers in "
+                  "turns with evict.stagger_layers; 0 = even split."}),
       Row<&Config::budget, &BudgetConfig::floor>(
           {.key = "budget.floor",
            .default_text = "0",
@@ -675,8 +675,9 @@ std::vector<ConfigOption> BuildSchema() {
                   "the step they all overflow: at most ceil(layers / period) layers score and "
                   "re-pack per decode step. The same budgets hold; with a growing budget "
                   "(token_fraction) a layer compresses every period steps, a few tokens each "
-                  "time (docs/budgets.md). false = each layer when it overflows, all on one "
-                  "step."}),
+                  "time (docs/budgets.md). Head re-allocation (budget.realloc_period) takes "
+                  "turns the same way after a layer's first re-split. false = each layer when it "
+                  "overflows, all on one step, and every layer re-splits on the same append."}),
       Row<&Config::evict, &EvictConfig::whole_records>(
           {.key = "evict.whole_records",
            .default_text = "true",

@@ -371,6 +371,9 @@ class KvSequence {
   // flush_tokens + steps - 1 flushes; so do the others due, longest tail first (then the lowest
   // layer), until ceil(quantized layers / steps) layers flush in this append.
   void PlanFlushSpread(int64_t n, AppendContext* ctx) const;
+  // budget.realloc_period: which layers re-split their heads' budgets in an append of n tokens
+  // (ctx->realloc_due); all together, or staggered like compressions (evict.stagger_layers).
+  void PlanReallocation(int64_t n, bool have_q, AppendContext* ctx) const;
   // Adds the slots layer l's prepared append needs to *plan.
   void CountSlots(int l, const PreparedLayer& p, SlabPlan* plan) const;
   // Every page the plan needs, in one allocation; RESOURCE_EXHAUSTED (with

@@ -295,7 +295,7 @@ Status KvSequence::FoldH2O(LayerPrep& p) const {
   bool any_over = p.ctx.defer;
   for (int h = 0; h < geometry_.kv_heads && !p.ctx.defer; ++h) any_over |= Compresses(p, h);
   if (ev.policy != EvictPolicy::kH2O || scoring.h2o_pending == 0 ||
-      !(any_over || p.ctx.realloc_due || scoring.h2o_pending >= ev.compression_period)) {
+      !(any_over || p.ctx.ReallocDue(p.l) || scoring.h2o_pending >= ev.compression_period)) {
     return OkStatus();
   }
   for (int h = 0; h < geometry_.kv_heads; ++h) {
@@ -622,7 +622,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     // A deferred append plans no budgets (the re-allocator's state stays as it was).
     if (!ctx.defer) KVCTL_RETURN_IF_ERROR(PlanHeadBudgets(p));
     KVCTL_RETURN_IF_ERROR(FoldH2O(p));
-    if (ctx.realloc_due && p.have_q) KVCTL_RETURN_IF_ERROR(ReallocateHeads(p));
+    if (ctx.ReallocDue(l) && p.have_q) KVCTL_RETURN_IF_ERROR(ReallocateHeads(p));
   }
   for (int h = 0; h < heads; ++h) {
     PreparedHead& ph = out->heads[h];

@@ -65,7 +65,9 @@ struct KvSequence::AppendContext {
   int64_t n = 0;
   int64_t avg_budget = 0;
   std::vector<int64_t> layer_budgets;
-  bool realloc_due = false;
+  // Per layer (empty = none): budget.realloc_period's head re-allocation falls on this append.
+  std::vector<uint8_t> realloc_due;
+  bool ReallocDue(int l) const { return !realloc_due.empty() && realloc_due[l] != 0; }
   // APPEND_CONTINUES within evict.max_deferred_tokens: store without scoring or evicting (and
   // without flushing, so the APPEND that ends the prefill sees what one APPEND of it all would).
   bool defer = false;

@@ -142,8 +142,7 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
     ctx.avg_budget = AverageBudget(eviction_, tokens_ + n);
     KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets, LayerBudgets(eviction_, layers, geometry_.kv_heads,
                                                            ctx.avg_budget, tokens_ + n));
-    ctx.realloc_due =
-        eviction_.realloc_period > 0 && have_q && since_realloc_ + n >= eviction_.realloc_period;
+    PlanReallocation(n, have_q, &ctx);
   }
   if (eviction_.enabled && eviction_.stagger_layers && eviction_.compression_period > 1) {
     ctx.compress_due.resize(static_cast<size_t>(layers));
@@ -154,6 +153,30 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
   }
   PlanFlushSpread(n, &ctx);
   return ctx;
+}
+
+void KvSequence::PlanReallocation(int64_t n, bool have_q, AppendContext* ctx) const {
+  const int64_t period = eviction_.realloc_period;
+  if (period <= 0 || !have_q) return;
+  const int layers = geometry_.layers;
+  if (!eviction_.stagger_layers) {
+    // Every layer re-splits on the first append with queries once `period` tokens have come.
+    if (since_realloc_ + n >= period) ctx->realloc_due.assign(static_cast<size_t>(layers), 1);
+    return;
+  }
+  // Re-splitting scores every head of the layer, so all layers at once is a stall of one decode
+  // step (as compressions were). A layer's first re-split comes as without staggering (period
+  // tokens into a new sequence, at once in a forked or imported one: since_realloc_); after it,
+  // layer l re-splits where tokens + floor(l * period / layers) crosses a multiple of period. The
+  // span starts before any deferred tokens, which nothing scored, so the append that ends a
+  // prefill re-splits where one append of it all would.
+  ctx->realloc_due.resize(static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    ctx->realloc_due[l] =
+        layers_[l]->scoring.has_utility
+            ? CompressionDue(period, l, layers, tokens_ - deferred_tokens_, tokens_ + n)
+            : since_realloc_ + n >= period;
+  }
 }
 
 void KvSequence::PlanFlushSpread(int64_t n, AppendContext* ctx) const {
@@ -407,7 +430,9 @@ void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
 void KvSequence::CommitCounters(int64_t first_position, const AppendContext& ctx) {
   if (tokens_ == 0) first_position_ = first_position;
   tokens_ += ctx.n;
-  since_realloc_ = ctx.realloc_due ? 0 : since_realloc_ + ctx.n;
+  // Tokens since layer 0 last re-split: the schedule without staggering, and the first re-split
+  // of every layer with it (they all make it on one append).
+  since_realloc_ = ctx.ReallocDue(0) ? 0 : since_realloc_ + ctx.n;
   if (ctx.defer) {
     deferred_tokens_ += ctx.n;
     ++deferred_appends_;

@@ -8,6 +8,7 @@
 
 #include "controller/sequence/eviction_driver.h"
 #include "controller/sequence/kv_sequence.h"
+#include "policies/reasonalloc.h"
 #include "tests/controller/sequence/evict_test_util.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 
@@ -124,6 +125,67 @@ TEST_CASE("Eviction: staggered layers compress in turns, as often, within their 
     CHECK(a >= b);
     CHECK(a <= b + 1);
   }
+}
+
+// Per decode step, the layers whose head 0 budget moved (re-allocation is what moves a head's
+// budget when the layer's is fixed).
+std::vector<int> ResplitLayers(const KvSequence& seq, int layers, std::vector<int64_t>* last) {
+  std::vector<int> out;
+  for (int l = 0; l < layers; ++l) {
+    const int64_t b = seq.HeadUsageOf(l, 0).budget;
+    if (b != (*last)[l]) out.push_back(l);
+    (*last)[l] = b;
+  }
+  return out;
+}
+
+TEST_CASE("Eviction: staggered layers re-split their heads' budgets in turns",
+          "[controller][evict]") {
+  const int layers = 8, kv_heads = 2, d = 32, prefill = 64, total = 260;
+  const int64_t budget = 48, realloc = 16;
+  const Stream s(layers, total, kv_heads, 2 * kv_heads, d, 33);
+  auto pool = testing::MakeTestPool(16 << 20, 4096);
+  auto pool_sync = testing::MakeTestPool(16 << 20, 4096);
+  EvictionSettings sync_settings = Fixed(EvictPolicy::kSnapKV, budget, 4);
+  sync_settings.realloc_period = realloc;
+  sync_settings.floor = StarvationFloor(8, budget);
+  EvictionSettings staggered = sync_settings;
+  staggered.stagger_layers = true;
+  KvSequence seq(pool.get(), Geometry(layers, kv_heads, d),
+                 KiviPlans(layers, kv_heads, d, 8, 16, 4), staggered);
+  KvSequence sync(pool_sync.get(), Geometry(layers, kv_heads, d),
+                  KiviPlans(layers, kv_heads, d, 8, 16, 4), sync_settings);
+  REQUIRE(s.Append(seq, 0, prefill).ok());
+  REQUIRE(s.Append(sync, 0, prefill).ok());
+  std::vector<int64_t> last(layers, 0), last_sync(layers, 0);
+  ResplitLayers(seq, layers, &last);
+  ResplitLayers(sync, layers, &last_sync);
+  size_t most = 0, most_sync = 0, moves = 0;
+  for (int t = prefill; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1).ok());
+    REQUIRE(s.Append(sync, t, 1).ok());
+    INFO("token " << t);
+    const std::vector<int> now = ResplitLayers(seq, layers, &last);
+    most = std::max(most, now.size());
+    moves += now.size();
+    most_sync = std::max(most_sync, ResplitLayers(sync, layers, &last_sync).size());
+    for (int l : now) CHECK(CompressionDue(realloc, l, layers, t, t + 1));
+    for (int l = 0; l < layers; ++l) {
+      int64_t sum = 0;
+      for (int h = 0; h < kv_heads; ++h) {
+        const HeadUsage u = seq.HeadUsageOf(l, h);
+        CHECK(u.tokens <= u.budget);
+        CHECK(u.budget >= staggered.floor);
+        sum += u.budget;
+      }
+      CHECK(sum == seq.LayerBudget(l));
+    }
+  }
+  // Re-splits did move budgets (the test is not vacuous); unstaggered, several layers move on one
+  // step; staggered, one layer per step at most (ceil(8 / 16)).
+  CHECK(moves >= static_cast<size_t>(layers));
+  CHECK(most_sync > 1);
+  CHECK(most == 1);
 }
 
 TEST_CASE("Eviction: streaming drops whole records and never re-quantizes a kept token",
