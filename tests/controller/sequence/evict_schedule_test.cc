@@ -67,15 +67,23 @@ TEST_CASE("CompressionDue: every layer once per period, in turns", "[controller]
   CHECK(CompressionDue(1, 3, layers, 5, 6));
 }
 
-// Per decode step, the layers whose head 0 compressed during it.
-std::vector<int> CompressedLayers(const KvSequence& seq, int layers, std::vector<uint64_t>* last) {
+// Per decode step, the layers whose head 0 `field` of HeadUsage moved during it: compressions
+// (each compression counts), or the budget (which, with the layer's budget fixed, only a head
+// re-allocation moves).
+template <typename T>
+std::vector<int> MovedLayers(const KvSequence& seq, int layers, T HeadUsage::*field,
+                             std::vector<T>* last) {
   std::vector<int> out;
   for (int l = 0; l < layers; ++l) {
-    const uint64_t c = seq.HeadUsageOf(l, 0).compressions;
-    if (c != (*last)[l]) out.push_back(l);
-    (*last)[l] = c;
+    const T now = seq.HeadUsageOf(l, 0).*field;
+    if (now != (*last)[l]) out.push_back(l);
+    (*last)[l] = now;
   }
   return out;
+}
+
+std::vector<int> CompressedLayers(const KvSequence& seq, int layers, std::vector<uint64_t>* last) {
+  return MovedLayers(seq, layers, &HeadUsage::compressions, last);
 }
 
 TEST_CASE("Eviction: staggered layers compress in turns, as often, within their budgets",
@@ -127,16 +135,8 @@ TEST_CASE("Eviction: staggered layers compress in turns, as often, within their 
   }
 }
 
-// Per decode step, the layers whose head 0 budget moved (re-allocation is what moves a head's
-// budget when the layer's is fixed).
 std::vector<int> ResplitLayers(const KvSequence& seq, int layers, std::vector<int64_t>* last) {
-  std::vector<int> out;
-  for (int l = 0; l < layers; ++l) {
-    const int64_t b = seq.HeadUsageOf(l, 0).budget;
-    if (b != (*last)[l]) out.push_back(l);
-    (*last)[l] = b;
-  }
-  return out;
+  return MovedLayers(seq, layers, &HeadUsage::budget, last);
 }
 
 TEST_CASE("Eviction: staggered layers re-split their heads' budgets in turns",
