@@ -45,10 +45,13 @@
 // exactly zero, so it is not computed.
 //
 // Cost per head: importance O(m g T D); redundancy O(T^2 D / 2) using the symmetry of S, with
-// O(T) extra memory: column sums come from the upper triangle, and because each row's partners
-// are visited in increasing index order, "the largest j above the threshold" is the last one
-// seen. Dot products are kernels/dot.h's (one fixed order of the sums, AVX2 where the CPU has it,
-// the same bits on every CPU), a row of them per call.
+// O(T) extra memory: column sums come from the upper triangle; row i's newest partner is the last
+// one above the threshold right of the diagonal, or else the latest earlier row that had i above
+// it. Dot products are kernels/dot.h's (one fixed order of the sums, AVX2 where the CPU has it,
+// the same bits on every CPU), a row of them per call. [ours] The column sums are exact integer
+// sums of S_ij rounded to multiples of 2^-40 (FixedSimilarity): any order of the additions gives
+// the same bits, so they vectorise, and a sum kept between compressions and updated for the rows
+// that changed would equal a recomputed one. The mean is then col * 2^-40 / T in double.
 #include "policies/eviction.h"
 
 #include <algorithm>
@@ -57,6 +60,7 @@
 #include <numeric>
 
 #include "kernels/dot.h"
+#include "kernels/similarity_row.h"
 
 namespace kvctl {
 namespace {
@@ -236,41 +240,40 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
     const float norm = std::sqrt(DotRef(k, k, d_n)) + 1e-8f;
     for (int64_t c = 0; c < d_n; ++c) unit[t * d_n + c] = k[c] / norm;
   }
-  std::vector<double> col(static_cast<size_t>(t_n), 0.0);
-  std::vector<int64_t> last(static_cast<size_t>(t_n), -1);
-  std::vector<float> last_value(static_cast<size_t>(t_n), 0.0f);
+  std::vector<int64_t> col(static_cast<size_t>(t_n), 0);
+  // The newest partner of row i: right of the diagonal from row i's own pass; left of it (the
+  // latest earlier row above the threshold) from the passes before, a select per element.
+  std::vector<int64_t> right_partner(static_cast<size_t>(t_n), -1);
+  std::vector<int32_t> left_partner(static_cast<size_t>(t_n), -1);
+  std::vector<float> left_value(static_cast<size_t>(t_n), 0.0f);
   std::vector<float> row(static_cast<size_t>(t_n));
   for (int64_t i = 0; i < t_n; ++i) {
-    // Row i of S right of the diagonal. Three passes over it make the additions of one pass in
-    // j order would (column i's in j order, every other column's once), so the sums are the same
-    // bits; the second and third have no dependence between elements.
     const int64_t rest = t_n - i - 1;
     DotRows(unit.data() + i * d_n, unit.data() + (i + 1) * d_n, d_n, rest, d_n, row.data());
-    double col_i = col[i];
-    for (int64_t k = 0; k < rest; ++k) col_i += row[k];
-    col[i] = col_i;
-    double* right = col.data() + i + 1;
-    for (int64_t k = 0; k < rest; ++k) right[k] += row[k];
-    for (int64_t k = 0; k < rest; ++k) {
-      if (row[k] > threshold) {
-        // Partners of a row arrive in increasing index order, so this is the latest so far.
-        const int64_t j = i + 1 + k;
-        last[i] = j;
-        last_value[i] = row[k];
-        last[j] = i;
-        last_value[j] = row[k];
-      }
+    const SimilarityRowSums sums =
+        SimilarityRow(row.data(), rest, threshold, static_cast<int32_t>(i), col.data() + i + 1,
+                      left_partner.data() + i + 1, left_value.data() + i + 1);
+    col[i] += sums.row_sum;
+    if (sums.last_above >= 0) {
+      right_partner[i] = i + 1 + sums.last_above;
+      col[right_partner[i]] -= FixedSimilarity(row[sums.last_above]);
     }
   }
   for (int64_t i = 0; i < t_n; ++i) {
-    if (last[i] >= 0) col[last[i]] -= last_value[i];
+    if (right_partner[i] < 0 && left_partner[i] >= 0) {
+      col[left_partner[i]] -= FixedSimilarity(left_value[i]);
+    }
   }
-  double cmax = -std::numeric_limits<double>::infinity();
-  for (double& c : col) cmax = std::max(cmax, c /= static_cast<double>(t_n));
+  std::vector<double> r(static_cast<size_t>(t_n));
+  double rmax = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < t_n; ++j) {
+    r[j] = static_cast<double>(col[j]) * 0x1p-40 / static_cast<double>(t_n);
+    rmax = std::max(rmax, r[j]);
+  }
   double sum = 0;
-  for (double& c : col) sum += (c = std::exp(c - cmax));
-  for (double& c : col) c /= sum;
-  return col;
+  for (double& c : r) sum += (c = std::exp(c - rmax));
+  for (double& c : r) c /= sum;
+  return r;
 }
 
 StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorView& group_queries,
@@ -286,7 +289,15 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
   // The pooling runs over every non-window key, sinks included, as in R-KV and SnapKV.
   const std::vector<double> pooled = Pool(Importance(keys, q, c.hi, group, scope), kernel, pool);
   std::vector<double> r;
-  if (lambda < 1.0f) r = Redundancy(keys, threshold);
+  if (lambda < 1.0f) {
+    // Bounds FixedSimilarity's sums below 2^63 (and the O(T^2) work far past any real budget).
+    constexpr int64_t kMaxRedundancyTokens = int64_t{1} << 22;
+    if (keys.tokens > kMaxRedundancyTokens) {
+      return InvalidArgument("keys: tokens ", keys.tokens,
+                             " is more than R-KV's redundancy takes (", kMaxRedundancyTokens, ")");
+    }
+    r = Redundancy(keys, threshold);
+  }
   for (int64_t j = c.lo; j < c.hi; ++j) {
     double s = static_cast<double>(lambda) * pooled[j];
     if (!r.empty()) s -= (1.0 - static_cast<double>(lambda)) * r[j];

@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // kernels/dot.h: DotRef's order on known answers, and DotRows bit for bit against DotRef at every
-// SIMD level this CPU runs, over lengths with and without a tail, row counts around the 4-row
-// blocks, strides, signed zeros and magnitudes where the order of the sums shows.
+// SIMD level this CPU runs, over lengths with and without a tail, row counts around the 8- and
+// 4-row blocks, strides, signed zeros and magnitudes where the order of the sums shows.
 #include "kernels/dot.h"
 
 #include <catch2/catch.hpp>
@@ -70,7 +70,7 @@ TEST_CASE("DotRows: bit-identical to DotRef at every SIMD level") {
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
     for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 128, 131, 256}) {
-      for (int64_t count : {0, 1, 3, 4, 5, 8, 13}) {
+      for (int64_t count : {0, 1, 3, 4, 5, 8, 12, 13, 17}) {
         const int64_t stride = n + (count % 3);  // Rows back to back, or with a gap.
         std::vector<float> a(static_cast<size_t>(n)), rows(static_cast<size_t>(stride * count + 1));
         // Magnitudes over 60 binades so the order of the sums decides the low bits.
