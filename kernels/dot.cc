@@ -25,4 +25,17 @@ void DotRows(const float* a, const float* rows, int64_t stride, int64_t count, i
   for (int64_t r = 0; r < count; ++r) out[r] = DotRef(a, rows + r * stride, n);
 }
 
+void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
+                 int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::DotRowsManyAvx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+    return;
+  }
+  for (int64_t q = 0; q < a_count; ++q) {
+    for (int64_t r = 0; r < count; ++r) {
+      out[q * out_stride + r] = DotRef(a + q * a_stride, rows + r * stride, n);
+    }
+  }
+}
+
 }  // namespace kvctl

@@ -151,25 +151,56 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
   return out;
 }
 
+// Observation query tokens scored together: enough rows (g per token) for DotRowsMany's block of
+// four, so the keys are read once per four rows; at least one token.
+int64_t ChunkTokens(const ObsQueries& q) { return std::max<int64_t>(1, (4 + q.g - 1) / q.g); }
+
+// The logits of query tokens [i0, i1), every head, against their keys: row r = (i - i0) * g + h at
+// (*out)[r * ld + j] = DotRef(q_ih, k_j) for j < counts[i] (counts non-decreasing in i; ld =
+// counts[i1 - 1]). The keys all of them see in one DotRowsMany, each token's later keys row by
+// row: every logit is DotRef's, whichever call computes it.
+int64_t ChunkLogits(const KeyRows& keys, const ObsQueries& q, const std::vector<int64_t>& counts,
+                    int64_t i0, int64_t i1, std::vector<float>* out) {
+  const int64_t d = keys.head_dim, rows = (i1 - i0) * q.g;
+  const int64_t ld = std::max<int64_t>(counts[i1 - 1], 0);
+  out->resize(static_cast<size_t>(rows * ld));
+  const int64_t common = std::max<int64_t>(counts[i0], 0);
+  DotRowsMany(q.Row(i0, 0), d, rows, keys.data, d, common, d, out->data(), ld);
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t extra = counts[i] - common;
+    for (int64_t h = 0; h < q.g && extra > 0; ++h) {
+      DotRows(q.Row(i, h), keys.data + common * d, d, extra, d,
+              out->data() + ((i - i0) * q.g + h) * ld + common);
+    }
+  }
+  return ld;
+}
+
 // For each query token i and head h: the causal softmax over keys [0, p_i], each probability
 // times `weight` added to out[j]. One softmax per head (H2O and the mass metric).
 void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double weight,
                               double* out) {
+  std::vector<int64_t> counts(static_cast<size_t>(q.m));
+  for (int64_t i = 0; i < q.m; ++i) counts[i] = keys.tokens - q.m + i + 1;
   std::vector<double> z(static_cast<size_t>(keys.tokens));
-  std::vector<float> logits(static_cast<size_t>(keys.tokens));
-  for (int64_t i = 0; i < q.m; ++i) {
-    const int64_t n = keys.tokens - q.m + i + 1;
-    for (int64_t h = 0; h < q.g; ++h) {
-      DotRows(q.Row(i, h), keys.data, keys.head_dim, n, keys.head_dim, logits.data());
-      double zmax = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        z[j] = logits[j];
-        zmax = std::max(zmax, z[j]);
+  std::vector<float> chunk;
+  for (int64_t i0 = 0; i0 < q.m; i0 += ChunkTokens(q)) {
+    const int64_t i1 = std::min(q.m, i0 + ChunkTokens(q));
+    const int64_t ld = ChunkLogits(keys, q, counts, i0, i1, &chunk);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t n = counts[i];
+      for (int64_t h = 0; h < q.g; ++h) {
+        const float* logits = chunk.data() + ((i - i0) * q.g + h) * ld;
+        double zmax = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          z[j] = logits[j];
+          zmax = std::max(zmax, z[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
+        const double w = weight / sum;
+        for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
       }
-      double sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
-      const double w = weight / sum;
-      for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
     }
   }
 }
@@ -180,7 +211,6 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
                                GqaReduce group, SoftmaxScope scope) {
   std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
   std::vector<double> z(static_cast<size_t>(keys.tokens));
-  std::vector<float> logits(static_cast<size_t>(keys.tokens)), other(logits.size());
   // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
   auto add_softmax = [&](int64_t n, double w) {
     double zmax = -std::numeric_limits<double>::infinity();
@@ -190,24 +220,33 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
     const double scale = w / sum;
     for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += z[j] * scale;
   };
+  // Query i sees keys [0, seen) (causal), and the softmax runs over its first n of them.
+  std::vector<int64_t> counts(static_cast<size_t>(q.m));
   for (int64_t i = 0; i < q.m; ++i) {
-    const int64_t seen = keys.tokens - q.m + i + 1;  // Causal: query i sees keys [0, seen).
-    const int64_t n = scope == SoftmaxScope::kCausal ? seen : std::min(n_imp, seen);
-    if (n <= 0 || std::min(n, n_imp) <= 0) continue;
-    const int64_t d = keys.head_dim;
-    if (group == GqaReduce::kMaxLogit) {
-      DotRows(q.Row(i, 0), keys.data, d, n, d, logits.data());
-      for (int64_t h = 1; h < q.g; ++h) {
-        DotRows(q.Row(i, h), keys.data, d, n, d, other.data());
-        for (int64_t j = 0; j < n; ++j) logits[j] = std::max(logits[j], other[j]);
-      }
-      for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
-      add_softmax(n, 1.0 / static_cast<double>(q.m));
-    } else {
-      for (int64_t h = 0; h < q.g; ++h) {
-        DotRows(q.Row(i, h), keys.data, d, n, d, logits.data());
-        for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
-        add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
+    const int64_t seen = keys.tokens - q.m + i + 1;
+    counts[i] = scope == SoftmaxScope::kCausal ? seen : std::min(n_imp, seen);
+  }
+  std::vector<float> chunk;
+  for (int64_t i0 = 0; i0 < q.m; i0 += ChunkTokens(q)) {
+    const int64_t i1 = std::min(q.m, i0 + ChunkTokens(q));
+    const int64_t ld = ChunkLogits(keys, q, counts, i0, i1, &chunk);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t n = counts[i];
+      if (n <= 0 || std::min(n, n_imp) <= 0) continue;
+      const float* row = chunk.data() + (i - i0) * q.g * ld;
+      if (group == GqaReduce::kMaxLogit) {
+        for (int64_t j = 0; j < n; ++j) z[j] = row[j];
+        for (int64_t h = 1; h < q.g; ++h) {
+          const float* other = row + h * ld;
+          for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], static_cast<double>(other[j]));
+        }
+        add_softmax(n, 1.0 / static_cast<double>(q.m));
+      } else {
+        for (int64_t h = 0; h < q.g; ++h) {
+          const float* logits = row + h * ld;
+          for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
+          add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
+        }
       }
     }
   }
@@ -246,17 +285,30 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   std::vector<int64_t> right_partner(static_cast<size_t>(t_n), -1);
   std::vector<int32_t> left_partner(static_cast<size_t>(t_n), -1);
   std::vector<float> left_value(static_cast<size_t>(t_n), 0.0f);
-  std::vector<float> row(static_cast<size_t>(t_n));
-  for (int64_t i = 0; i < t_n; ++i) {
-    const int64_t rest = t_n - i - 1;
-    DotRows(unit.data() + i * d_n, unit.data() + (i + 1) * d_n, d_n, rest, d_n, row.data());
-    const SimilarityRowSums sums =
-        SimilarityRow(row.data(), rest, threshold, static_cast<int32_t>(i), col.data() + i + 1,
-                      left_partner.data() + i + 1, left_value.data() + i + 1);
-    col[i] += sums.row_sum;
-    if (sums.last_above >= 0) {
-      right_partner[i] = i + 1 + sums.last_above;
-      col[right_partner[i]] -= FixedSimilarity(row[sums.last_above]);
+  // Rows of S right of the diagonal, four at a time: the keys after the block are read once for
+  // the four (DotRowsMany), the pairs inside the block one row at a time. Row q of the block is
+  // at rows[q * t_n], its element k the similarity with key i + q + 1 + k.
+  constexpr int64_t kBlock = 4;
+  std::vector<float> rows(static_cast<size_t>(kBlock * t_n));
+  for (int64_t i = 0; i < t_n; i += kBlock) {
+    const int64_t nb = std::min(kBlock, t_n - i);
+    const float* block = unit.data() + i * d_n;
+    DotRowsMany(block, d_n, nb, block + nb * d_n, d_n, t_n - i - nb, d_n, rows.data() + nb - 1,
+                t_n - 1);
+    for (int64_t q = 0; q + 1 < nb; ++q) {
+      DotRows(block + q * d_n, block + (q + 1) * d_n, d_n, nb - 1 - q, d_n, rows.data() + q * t_n);
+    }
+    for (int64_t q = 0; q < nb; ++q) {
+      const int64_t row = i + q;
+      const float* s = rows.data() + q * t_n;
+      const SimilarityRowSums sums = SimilarityRow(
+          s, t_n - row - 1, threshold, static_cast<int32_t>(row), col.data() + row + 1,
+          left_partner.data() + row + 1, left_value.data() + row + 1);
+      col[row] += sums.row_sum;
+      if (sums.last_above >= 0) {
+        right_partner[row] = row + 1 + sums.last_above;
+        col[right_partner[row]] -= FixedSimilarity(s[sums.last_above]);
+      }
     }
   }
   for (int64_t i = 0; i < t_n; ++i) {

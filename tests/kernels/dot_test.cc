@@ -1,7 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// kernels/dot.h: DotRef's order on known answers, and DotRows bit for bit against DotRef at every
-// SIMD level this CPU runs, over lengths with and without a tail, row counts around the 8- and
-// 4-row blocks, strides, signed zeros and magnitudes where the order of the sums shows.
+// kernels/dot.h: DotRef's order on known answers, and DotRows and DotRowsMany bit for bit against
+// DotRef at every SIMD level this CPU runs, over lengths with and without a tail, row counts
+// around the blocks (8 and 4 rows; 4 x 2), strides, signed zeros and magnitudes where the order of
+// the sums shows.
 #include "kernels/dot.h"
 
 #include <catch2/catch.hpp>
@@ -99,6 +100,47 @@ TEST_CASE("DotRows: bit-identical to DotRef at every SIMD level") {
     std::vector<float> out(4);
     DotRows(neg.data(), pos.data(), 16, 4, 16, out.data());
     for (float v : out) CHECK(Bits(v) == Bits(DotRef(neg.data(), pos.data(), 16)));
+  }
+}
+
+TEST_CASE("DotRowsMany: bit-identical to DotRef at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 8, 9, 64, 67}) {
+      for (int64_t a_count : {0, 1, 3, 4, 5, 8, 9}) {
+        for (int64_t count : {0, 1, 2, 3, 7}) {
+          const int64_t a_stride = n + 1, stride = n + (count % 2);
+          const int64_t out_stride = count + 2;  // Gaps between the output rows stay untouched.
+          std::vector<float> a(static_cast<size_t>(a_stride * a_count + 1));
+          std::vector<float> rows(static_cast<size_t>(stride * count + 1));
+          for (float& v : a) v = std::ldexp(unit(rng), exponent(rng));
+          for (float& v : rows) v = std::ldexp(unit(rng), exponent(rng));
+          std::vector<float> out(static_cast<size_t>(out_stride * a_count + 1), 42.0f);
+          DotRowsMany(a.data(), a_stride, a_count, rows.data(), stride, count, n, out.data(),
+                      out_stride);
+          for (int64_t q = 0; q < a_count; ++q) {
+            for (int64_t r = 0; r < out_stride; ++r) {
+              INFO(SimdLevelName(level) << " n " << n << " a_count " << a_count << " count "
+                                        << count << " q " << q << " r " << r);
+              const float got = out[static_cast<size_t>(q * out_stride + r)];
+              if (r >= count) {
+                CHECK(got == 42.0f);
+                continue;
+              }
+              const float want = DotRef(a.data() + q * a_stride, rows.data() + r * stride, n);
+              CHECK(Bits(got) == Bits(want));
+            }
+          }
+          CHECK(out.back() == 42.0f);
+        }
+      }
+    }
   }
 }
 
