@@ -496,6 +496,13 @@ EVICT_TURBO_ROWS_B = (
     ("rkv", 0.47, 4, 3, 64, "_obs32_l60_k3", {"evict.obs_window": "32", "evict.lambda": "0.6",
                                                "evict.kernel": "3"}, ""),          # 0.1239
     ("snapkv", 0.47, 4, 3, 64, "_k1", {"evict.kernel": "1"}, ""),                  # 0.1239
+    # Issue #14 (session 21): R-KV's redundancy is O(T^2) per compression, so the daemon's CPU per
+    # decode step falls with the compression period (32 by default; R-KV's own buffer is 128).
+    # What a longer period costs in quality: the best 1/8 row with periods 64 and 128.
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l60_p64", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                "evict.compression_period": "64"}, ""),
+    ("rkv", 0.47, 4, 3, 64, "_obs32_l60_p128", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                 "evict.compression_period": "128"}, ""),
 )
 
 
