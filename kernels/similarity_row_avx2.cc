@@ -51,16 +51,10 @@ SimilarityRowSums SimilarityRowAvx2(const float* s, int64_t n, float threshold, 
   alignas(32) int64_t lanes[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
   out.row_sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  for (; k < n; ++k) {
-    const int64_t q = FixedSimilarity(s[k]);
-    col[k] += q;
-    out.row_sum += q;
-    if (s[k] > threshold) {
-      partner[k] = row;
-      value[k] = s[k];
-      out.last_above = k;
-    }
-  }
+  const SimilarityRowSums tail =
+      SimilarityRowRef(s + k, n - k, threshold, row, col + k, partner + k, value + k);
+  out.row_sum += tail.row_sum;
+  if (tail.last_above >= 0) out.last_above = k + tail.last_above;
   return out;
 }
 

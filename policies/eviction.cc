@@ -151,29 +151,33 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
   return out;
 }
 
-// Observation query tokens scored together: enough rows (g per token) for DotRowsMany's block of
-// four, so the keys are read once per four rows; at least one token.
-int64_t ChunkTokens(const ObsQueries& q) { return std::max<int64_t>(1, (4 + q.g - 1) / q.g); }
-
-// The logits of query tokens [i0, i1), every head, against their keys: row r = (i - i0) * g + h at
-// (*out)[r * ld + j] = DotRef(q_ih, k_j) for j < counts[i] (counts non-decreasing in i; ld =
-// counts[i1 - 1]). The keys all of them see in one DotRowsMany, each token's later keys row by
-// row: every logit is DotRef's, whichever call computes it.
-int64_t ChunkLogits(const KeyRows& keys, const ObsQueries& q, const std::vector<int64_t>& counts,
-                    int64_t i0, int64_t i1, std::vector<float>* out) {
-  const int64_t d = keys.head_dim, rows = (i1 - i0) * q.g;
-  const int64_t ld = std::max<int64_t>(counts[i1 - 1], 0);
-  out->resize(static_cast<size_t>(rows * ld));
-  const int64_t common = std::max<int64_t>(counts[i0], 0);
-  DotRowsMany(q.Row(i0, 0), d, rows, keys.data, d, common, d, out->data(), ld);
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t extra = counts[i] - common;
-    for (int64_t h = 0; h < q.g && extra > 0; ++h) {
-      DotRows(q.Row(i, h), keys.data + common * d, d, extra, d,
-              out->data() + ((i - i0) * q.g + h) * ld + common);
+// Calls visit(i, logits, ld) for each observation query token i in order, where
+// logits[h * ld + j] = DotRef(q_ih, k_j) for head h < g and key j < counts[i] (counts
+// non-decreasing in i). Tokens go in chunks with enough rows (g per token) for DotRowsMany's block
+// of four, so the keys are read once per four rows: the keys a whole chunk sees in one
+// DotRowsMany, each token's later keys row by row. Every logit is DotRef's, whichever call
+// computes it; the buffer is O(max(4, g) T).
+template <typename Visit>
+void ForEachQueryLogits(const KeyRows& keys, const ObsQueries& q,
+                        const std::vector<int64_t>& counts, Visit visit) {
+  const int64_t d = keys.head_dim;
+  const int64_t chunk_tokens = std::max<int64_t>(1, (4 + q.g - 1) / q.g);
+  std::vector<float> chunk;
+  for (int64_t i0 = 0; i0 < q.m; i0 += chunk_tokens) {
+    const int64_t i1 = std::min(q.m, i0 + chunk_tokens);
+    const int64_t ld = std::max<int64_t>(counts[i1 - 1], 0);
+    const int64_t common = std::max<int64_t>(counts[i0], 0);
+    chunk.resize(static_cast<size_t>((i1 - i0) * q.g * ld));
+    DotRowsMany(q.Row(i0, 0), d, (i1 - i0) * q.g, keys.data, d, common, d, chunk.data(), ld);
+    for (int64_t i = i0; i < i1; ++i) {
+      float* rows = chunk.data() + (i - i0) * q.g * ld;
+      const int64_t extra = counts[i] - common;
+      for (int64_t h = 0; h < q.g && extra > 0; ++h) {
+        DotRows(q.Row(i, h), keys.data + common * d, d, extra, d, rows + h * ld + common);
+      }
+      visit(i, static_cast<const float*>(rows), ld);
     }
   }
-  return ld;
 }
 
 // For each query token i and head h: the causal softmax over keys [0, p_i], each probability
@@ -183,26 +187,21 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
   for (int64_t i = 0; i < q.m; ++i) counts[i] = keys.tokens - q.m + i + 1;
   std::vector<double> z(static_cast<size_t>(keys.tokens));
-  std::vector<float> chunk;
-  for (int64_t i0 = 0; i0 < q.m; i0 += ChunkTokens(q)) {
-    const int64_t i1 = std::min(q.m, i0 + ChunkTokens(q));
-    const int64_t ld = ChunkLogits(keys, q, counts, i0, i1, &chunk);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t n = counts[i];
-      for (int64_t h = 0; h < q.g; ++h) {
-        const float* logits = chunk.data() + ((i - i0) * q.g + h) * ld;
-        double zmax = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
-          z[j] = logits[j];
-          zmax = std::max(zmax, z[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
-        const double w = weight / sum;
-        for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
+  ForEachQueryLogits(keys, q, counts, [&](int64_t i, const float* rows, int64_t ld) {
+    const int64_t n = counts[i];
+    for (int64_t h = 0; h < q.g; ++h) {
+      const float* logits = rows + h * ld;
+      double zmax = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        z[j] = logits[j];
+        zmax = std::max(zmax, z[j]);
       }
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
+      const double w = weight / sum;
+      for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
     }
-  }
+  });
 }
 
 // Importance before pooling over keys [0, n_imp): per observation query, the group reduced by
@@ -226,30 +225,24 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
     const int64_t seen = keys.tokens - q.m + i + 1;
     counts[i] = scope == SoftmaxScope::kCausal ? seen : std::min(n_imp, seen);
   }
-  std::vector<float> chunk;
-  for (int64_t i0 = 0; i0 < q.m; i0 += ChunkTokens(q)) {
-    const int64_t i1 = std::min(q.m, i0 + ChunkTokens(q));
-    const int64_t ld = ChunkLogits(keys, q, counts, i0, i1, &chunk);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t n = counts[i];
-      if (n <= 0 || std::min(n, n_imp) <= 0) continue;
-      const float* row = chunk.data() + (i - i0) * q.g * ld;
-      if (group == GqaReduce::kMaxLogit) {
-        for (int64_t j = 0; j < n; ++j) z[j] = row[j];
-        for (int64_t h = 1; h < q.g; ++h) {
-          const float* other = row + h * ld;
-          for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], static_cast<double>(other[j]));
-        }
-        add_softmax(n, 1.0 / static_cast<double>(q.m));
-      } else {
-        for (int64_t h = 0; h < q.g; ++h) {
-          const float* logits = row + h * ld;
-          for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
-          add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
-        }
+  ForEachQueryLogits(keys, q, counts, [&](int64_t i, const float* rows, int64_t ld) {
+    const int64_t n = counts[i];
+    if (n <= 0 || std::min(n, n_imp) <= 0) return;
+    if (group == GqaReduce::kMaxLogit) {
+      for (int64_t j = 0; j < n; ++j) z[j] = rows[j];
+      for (int64_t h = 1; h < q.g; ++h) {
+        const float* other = rows + h * ld;
+        for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], static_cast<double>(other[j]));
+      }
+      add_softmax(n, 1.0 / static_cast<double>(q.m));
+    } else {
+      for (int64_t h = 0; h < q.g; ++h) {
+        const float* logits = rows + h * ld;
+        for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
+        add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
       }
     }
-  }
+  });
   return a;
 }
 
