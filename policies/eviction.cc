@@ -326,6 +326,11 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
                                             int kernel, PoolKind pool, GqaReduce group,
                                             SoftmaxScope scope, float lambda, float threshold) {
   KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
+  // Bounds FixedSimilarity's sums below 2^63 (and the O(T^2) work far past any real budget).
+  if (lambda < 1.0f && keys.tokens > kMaxRedundancyTokens) {
+    return InvalidArgument("keys: tokens ", keys.tokens, " is more than R-KV's redundancy takes (",
+                           kMaxRedundancyTokens, ")");
+  }
   KVCTL_RETURN_IF_ERROR(CheckRegions(regions));
   KVCTL_ASSIGN_OR_RETURN(ObsQueries q, LoadQueries(group_queries, obs_window, keys));
   std::vector<float> scores(static_cast<size_t>(keys.tokens), kProtectedScore);
@@ -334,15 +339,7 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
   // The pooling runs over every non-window key, sinks included, as in R-KV and SnapKV.
   const std::vector<double> pooled = Pool(Importance(keys, q, c.hi, group, scope), kernel, pool);
   std::vector<double> r;
-  if (lambda < 1.0f) {
-    // Bounds FixedSimilarity's sums below 2^63 (and the O(T^2) work far past any real budget).
-    constexpr int64_t kMaxRedundancyTokens = int64_t{1} << 22;
-    if (keys.tokens > kMaxRedundancyTokens) {
-      return InvalidArgument("keys: tokens ", keys.tokens,
-                             " is more than R-KV's redundancy takes (", kMaxRedundancyTokens, ")");
-    }
-    r = Redundancy(keys, threshold);
-  }
+  if (lambda < 1.0f) r = Redundancy(keys, threshold);
   for (int64_t j = c.lo; j < c.hi; ++j) {
     double s = static_cast<double>(lambda) * pooled[j];
     if (!r.empty()) s -= (1.0 - static_cast<double>(lambda)) * r[j];

@@ -395,6 +395,10 @@ TEST_CASE("Eviction: bad input gives named errors", "[policies]") {
              Contains("rkv.kernel: got 4"));
   CHECK_THAT(message(ScoreRKV(kRows6, q, {}, {.lambda = 1.5f}).status()),
              Contains("rkv.lambda: got 1.5"));
+  // Past the redundancy term's limit (refused before any scoring work).
+  const std::vector<float> many(static_cast<size_t>((kMaxRedundancyTokens + 1) * 2), 0.5f);
+  CHECK_THAT(message(ScoreRKV({many.data(), kMaxRedundancyTokens + 1, 2}, q, {}).status()),
+             Contains("keys: tokens 4194305 is more than R-KV's redundancy takes (4194304)"));
   CHECK_THAT(message(ScoreSnapKV(kRows6, q, {}, {.obs_window = 0}).status()),
              Contains("snapkv.obs_window: got 0"));
   std::vector<float> bad = kKeys6;
