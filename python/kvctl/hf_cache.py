@@ -41,7 +41,9 @@ One step (layer l's update() runs right before layer l's attention):
   gathered from the pool once per reply (kvctl.pool_view.PoolView; GQA, per-head layouts,
   ragged evicted heads), the step's own K/V passed as one more fp32 window row per head.
   Multi-token steps (prefill) refetch the mirror and stay dense. Lossless daemons are refused (no
-  block records).
+  block records). With eviction a fused step asks no STATS: which layers evicted (the per-layer
+  eviction counters against their last read) is asked once, before the next dense step, whose
+  refetch then covers every layer that changed in between.
 
 A lost session (the daemon restarted, e.g. after kill -9, or the lease expired) is noticed at
 the next request: the cache starts a new session and an empty daemon sequence on each client,
@@ -501,6 +503,13 @@ class KvctlCache(PrefixReuse, Cache):
         if self.fused_step:
             self._fetch_blocks()
             return
+        for seq in self.seqs:
+            if seq.evictions_unchecked:
+                # The counters moved for every layer that evicted since they were last read.
+                seq.evictions_unchecked = False
+                changed = self._changed_layers(seq)
+                if changed is None or changed:
+                    seq.mark_dirty(changed)
         dirty = [b for b, s in enumerate(self.seqs) if s.dirty]
         if dirty:
             self._fetch(dirty)
@@ -569,10 +578,9 @@ class KvctlCache(PrefixReuse, Cache):
             else:
                 for l in layers:
                     l.commit(b, n, seq.rounding)
-                if seq.evicting:
-                    changed = self._changed_layers(seq)
-                    if changed is None or changed:
-                        seq.mark_dirty(changed)
+                # Which layers evicted is asked only before a dense step (_start_step): fused
+                # decode steps read page tables and never the mirror, so they skip the STATS.
+                seq.evictions_unchecked = seq.evictions_unchecked or seq.evicting
         self.appended += n
         self.counters["append_s"] += time.perf_counter() - t0
 

@@ -49,6 +49,9 @@ class CacheSequence:
         self.dirty = False        # Rows of `dirty_layers` (None = all) must be fetched.
         self.dirty_layers: Optional[set] = None
         self.layer_evictions: Optional[List[int]] = None  # STATS per-layer counters.
+        # APPENDs of an evicting sequence since the counters were last read: which layers they
+        # changed is asked (one STATS) only when a dense step needs the mirror.
+        self.evictions_unchecked = False
         self.last_append = None
         self.sent_last_row: Optional[np.ndarray] = None
         if self.view is not None:  # It maps the pool of the daemon that lost the sequence.

@@ -182,6 +182,50 @@ def test_hf_fused_multi_token_step_after_decode_refetches_dense(smollm2, tokens,
             assert torch.equal(mirror, torch.from_numpy(res[0][layer])), layer
 
 
+def test_hf_fused_eviction_then_dense_chunk_refetches_what_changed(smollm2, tokens,
+                                                                   _shared_factory):
+    """Fused decode steps with eviction ask no STATS; the dense chunk after them learns which
+    layers evicted in the meantime (one STATS against the counters read at the last dense
+    fetch) and refetches those: every logit equals a cache that refetches everything."""
+    model, _ = smollm2
+    # fp16 rows: the adapter learns that they are stored as sent (rounded to fp16), so an APPEND
+    # that evicts nowhere leaves the mirror valid and only evicted layers need a refetch.
+    daemon = _shared_factory(pool__bytes="64MiB", quant__method="fp16", budget__mode="evict-only",
+                             budget__token_fraction=0.5, evict__policy="snapkv", evict__sinks=4,
+                             evict__window=32, evict__compression_period=8)
+    fused_from, dense_from = PREFILL + 10, PREFILL + 14
+    steps = [(0, PREFILL), (PREFILL, fused_from)]
+    steps += [(i, i + 1) for i in range(fused_from, dense_from)]
+    steps += [(dense_from, dense_from + 10), (dense_from + 10, dense_from + 11)]
+    logits = {}
+    for refetch in ("auto", "always"):
+        with KvctlCache(model, daemon.endpoint, attention="fused", send_q=True,
+                        refetch=refetch) as cache, torch.no_grad():
+            stats_calls = []
+            real_stats = cache.seqs[0].client.stats
+
+            def counting_stats(*args, **kwargs):
+                stats_calls.append(args)
+                return real_stats(*args, **kwargs)
+
+            cache.seqs[0].client.stats = counting_stats
+            out = []
+            for a, b in steps:
+                before = len(stats_calls)
+                out.append(model(tokens[:, a:b], past_key_values=cache).logits[0, -1])
+                if refetch == "auto" and b - a == 1:
+                    assert len(stats_calls) == before, (a, stats_calls)  # Fused: no STATS.
+                if refetch == "auto" and a == dense_from:
+                    assert len(stats_calls) == before + 1, stats_calls
+            logits[refetch] = torch.stack(out)
+            if refetch == "auto":
+                assert cache.counters["fused_steps"] == dense_from - fused_from + 1
+                assert cache.seqs[0].evicting
+                seq = cache.stats(section="sequences")["sequences"]
+                assert int(seq["tokens_evicted_total"]) > 0
+    assert torch.equal(logits["auto"], logits["always"])
+
+
 def test_hf_auto_attention_goes_fused_from_fused_min_tokens(smollm2, tokens, _shared_factory):
     """attention="auto" (the default) decodes dense below fused_min_tokens and fused from there
     on; a lossless daemon (no records) or a short context keeps it dense without an error."""
