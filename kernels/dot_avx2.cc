@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // AVX2 instance of DotRows (kernels/dot.h). A vector's lane u is DotRef's running sum s_u, so the
-// products and sums are DotRef's own; eight rows (then four, then one) share each load of `a`,
-// and each four rows' final combinations run as one horizontal-add tree. No FMA: the target below
-// does not enable it, and the build compiles with -ffp-contract=off.
+// products and sums are DotRef's own; four rows share each load of `a`, and their four final
+// combinations run as one horizontal-add tree. No FMA: the target below does not enable it, and
+// the build compiles with -ffp-contract=off.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -37,29 +37,6 @@ void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t coun
   const int64_t whole = n - n % 8;
   alignas(16) float sums[4];
   int64_t r = 0;
-  for (; r + 8 <= count; r += 8) {
-    const float* b0 = rows + r * stride;
-    __m256 s[8];
-    for (int u = 0; u < 8; ++u) s[u] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < whole; d += 8) {
-      const __m256 x = _mm256_loadu_ps(a + d);
-      for (int u = 0; u < 8; ++u) {
-        s[u] = _mm256_add_ps(s[u], _mm256_mul_ps(x, _mm256_loadu_ps(b0 + u * stride + d)));
-      }
-    }
-    // DotRef adds the tail even when it is empty (which turns -0 into +0).
-    __m128 t0 = _mm_setzero_ps(), t1 = t0;
-    if (whole < n) {
-      const float* b = b0;
-      t0 = _mm_setr_ps(Tail(a, b, whole, n), Tail(a, b + stride, whole, n),
-                       Tail(a, b + 2 * stride, whole, n), Tail(a, b + 3 * stride, whole, n));
-      b += 4 * stride;
-      t1 = _mm_setr_ps(Tail(a, b, whole, n), Tail(a, b + stride, whole, n),
-                       Tail(a, b + 2 * stride, whole, n), Tail(a, b + 3 * stride, whole, n));
-    }
-    _mm_storeu_ps(out + r, _mm_add_ps(Combine4(s[0], s[1], s[2], s[3]), t0));
-    _mm_storeu_ps(out + r + 4, _mm_add_ps(Combine4(s[4], s[5], s[6], s[7]), t1));
-  }
   for (; r + 4 <= count; r += 4) {
     const float* b0 = rows + r * stride;
     const float* b1 = b0 + stride;

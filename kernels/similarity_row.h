@@ -6,8 +6,8 @@
 // key i with the keys after it (k < n, key i + 1 + k).
 //
 // Fixed point: FixedSimilarity(s) = round(s * 2^40) to nearest, ties to even. The sums are exact
-// integer sums, so any order of the additions gives the same bits: the SIMD path is free to
-// reorder them, and a scalar, AVX2 or CUDA pass all agree.
+// integer sums, so any order of the additions gives the same bits: the AVX2 path is free to
+// reorder them and agrees with the scalar reference (a GPU pass, not written, would too).
 //
 // Thread safety: reentrant, no state (the SIMD level is the process-wide one of
 // kernels/quantize.h).

@@ -175,7 +175,7 @@ void ForEachQueryLogits(const KeyRows& keys, const ObsQueries& q,
       for (int64_t h = 0; h < q.g && extra > 0; ++h) {
         DotRows(q.Row(i, h), keys.data + common * d, d, extra, d, rows + h * ld + common);
       }
-      visit(i, static_cast<const float*>(rows), ld);
+      visit(i, rows, ld);
     }
   }
 }
@@ -275,7 +275,7 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   std::vector<int64_t> col(static_cast<size_t>(t_n), 0);
   // The newest partner of row i: right of the diagonal from row i's own pass; left of it (the
   // latest earlier row above the threshold) from the passes before, a select per element.
-  std::vector<int64_t> right_partner(static_cast<size_t>(t_n), -1);
+  std::vector<uint8_t> has_right_partner(static_cast<size_t>(t_n), 0);
   std::vector<int32_t> left_partner(static_cast<size_t>(t_n), -1);
   std::vector<float> left_value(static_cast<size_t>(t_n), 0.0f);
   // Rows of S right of the diagonal, four at a time: the keys after the block are read once for
@@ -299,13 +299,13 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
           left_partner.data() + row + 1, left_value.data() + row + 1);
       col[row] += sums.row_sum;
       if (sums.last_above >= 0) {
-        right_partner[row] = row + 1 + sums.last_above;
-        col[right_partner[row]] -= FixedSimilarity(s[sums.last_above]);
+        has_right_partner[row] = 1;
+        col[row + 1 + sums.last_above] -= FixedSimilarity(s[sums.last_above]);
       }
     }
   }
   for (int64_t i = 0; i < t_n; ++i) {
-    if (right_partner[i] < 0 && left_partner[i] >= 0) {
+    if (!has_right_partner[i] && left_partner[i] >= 0) {
       col[left_partner[i]] -= FixedSimilarity(left_value[i]);
     }
   }
