@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // kernels/dot.h: DotRef's order on known answers, and DotRows and DotRowsMany bit for bit against
 // DotRef at every SIMD level this CPU runs, over lengths with and without a tail, row counts
-// around the blocks (8 and 4 rows; 4 x 2), strides, signed zeros and magnitudes where the order of
+// around the blocks (4 rows; 4 x 2), strides, signed zeros and magnitudes where the order of
 // the sums shows.
 #include "kernels/dot.h"
 
