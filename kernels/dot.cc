@@ -38,4 +38,24 @@ void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float*
   }
 }
 
+int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n) {
+  // int64, so the requirement is on the result only (the SIMD paths wrap in between, harmlessly).
+  int64_t sum = 0;
+  for (int64_t d = 0; d < n; ++d) sum += int32_t{a[d]} * int32_t{b[d]};
+  return static_cast<int32_t>(sum);
+}
+
+void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                    int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::DotRowsManyI16Avx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+    return;
+  }
+  for (int64_t q = 0; q < a_count; ++q) {
+    for (int64_t r = 0; r < count; ++r) {
+      out[q * out_stride + r] = DotI16Ref(a + q * a_stride, rows + r * stride, n);
+    }
+  }
+}
+
 }  // namespace kvctl

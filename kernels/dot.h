@@ -1,8 +1,9 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: kernels/dot.h
-// Float dot products in one fixed order: the inner loop of the eviction scorers (policies/
-// eviction.cc: the observation queries against every key, and R-KV's T^2 / 2 key similarities).
+// Dot products in one fixed result: the inner loop of the eviction scorers (policies/eviction.cc).
+// Float ones for the observation queries against every key; exact int16 ones for R-KV's T^2 / 2
+// key similarities, whose unit keys are rounded to int16 first (docs/algorithms.md §12.4).
 //
 // The order (the spec, DotRef): eight running sums s_u = sum over the whole chunks c of
 // a[8c + u] * b[8c + u], each product rounded to float before it is added (no fused multiply-add);
@@ -36,12 +37,28 @@ void DotRows(const float* a, const float* rows, int64_t stride, int64_t count, i
 void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                  int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride);
 
+// The int16 reference: the exact sum of a[d] * b[d] over d < n. Integer sums do not depend on
+// their order, so every SIMD path returns the same value. REQUIRES: n >= 0; every element in
+// [-32767, 32767]; the exact sum in int32 (it is for vectors of norm <= 2^15 - 8, e.g. unit
+// vectors scaled by 2^14 and rounded: by Cauchy-Schwarz no partial sum exceeds the product of
+// the norms).
+int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n);
+
+// DotRowsMany on int16 rows: out[q * out_stride + r] = DotI16Ref(a + q * a_stride,
+// rows + r * stride, n), on the active SIMD level. Same layout rules as DotRowsMany, strides in
+// elements; DotI16Ref's requirements on every pair.
+void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                    int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
+
 namespace simd {
-// DotRows and DotRowsMany on AVX2 (kernels/dot_avx2.cc); only called when the CPU has it.
+// DotRows, DotRowsMany and DotRowsManyI16 on AVX2 (kernels/dot_avx2.cc); only called when the CPU has it.
 void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
                  float* out);
 void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                      int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride);
+void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                        int64_t stride, int64_t count, int64_t n, int32_t* out,
+                        int64_t out_stride);
 }  // namespace simd
 
 }  // namespace kvctl

@@ -1,8 +1,9 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// AVX2 instance of DotRows (kernels/dot.h). A vector's lane u is DotRef's running sum s_u, so the
+// AVX2 instances of kernels/dot.h. Float: a vector's lane u is DotRef's running sum s_u, so the
 // products and sums are DotRef's own; four rows share each load of `a`, and their four final
 // combinations run as one horizontal-add tree. No FMA: the target below does not enable it, and
-// the build compiles with -ffp-contract=off.
+// the build compiles with -ffp-contract=off. int16: vpmaddwd (16 products, summed in pairs into
+// eight int32 lanes) per 16 elements; integer sums in any order equal DotI16Ref's.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -28,6 +29,89 @@ inline float Tail(const float* a, const float* b, int64_t whole, int64_t n) {
 inline __m128 Combine4(__m256 r0, __m256 r1, __m256 r2, __m256 r3) {
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(r0, r1), _mm256_hadd_ps(r2, r3));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Lane r: the total of the eight int32 lanes of x_r (wrapping, so in any order the same).
+inline __m128i Sum4(__m256i x0, __m256i x1, __m256i x2, __m256i x3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(x0, x1), _mm256_hadd_epi32(x2, x3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// One A x B block of int16 dot products: out[i * out_stride + j] = a_i . b_j. Each load of a row
+// of `b` serves A products, each load of a row of `a` B of them; A * B accumulators stay in
+// registers (the loops unroll: A and B are constants). kTail: n is not a multiple of 16, the
+// last n % 16 products are added one by one. Inlined: the block's bookkeeping is a large part of
+// its cost at R-KV's head dimensions (4 vector steps per row at D = 64).
+template <int A, int B, bool kTail>
+__attribute__((always_inline)) inline void BlockI16(const int16_t* a, int64_t a_stride,
+                                                    const int16_t* b, int64_t stride, int64_t n,
+                                                    int32_t* out, int64_t out_stride) {
+  const int64_t whole = kTail ? n - n % 16 : n;
+  __m256i acc[A * B];
+  for (int k = 0; k < A * B; ++k) acc[k] = _mm256_setzero_si256();
+  for (int64_t d = 0; d < whole; d += 16) {
+    __m256i y[B];
+    for (int j = 0; j < B; ++j) {
+      y[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + j * stride + d));
+    }
+    for (int i = 0; i < A; ++i) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * a_stride + d));
+      for (int j = 0; j < B; ++j) {
+        acc[i * B + j] = _mm256_add_epi32(acc[i * B + j], _mm256_madd_epi16(x, y[j]));
+      }
+    }
+  }
+  // The A * B lane totals, four at a time (Sum4), in row-major order.
+  constexpr int kOut = A * B;
+  alignas(16) int32_t total[(kOut + 3) / 4 * 4];
+  for (int k = 0; k < kOut; k += 4) {
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i x1 = k + 1 < kOut ? acc[k + 1] : zero;
+    const __m256i x2 = k + 2 < kOut ? acc[k + 2] : zero;
+    const __m256i x3 = k + 3 < kOut ? acc[k + 3] : zero;
+    _mm_store_si128(reinterpret_cast<__m128i*>(total + k), Sum4(acc[k], x1, x2, x3));
+  }
+  for (int i = 0; i < A; ++i) {
+    for (int j = 0; j < B; ++j) {
+      // uint32: the lanes wrapped modulo 2^32 like this tail may; the true sum fits int32.
+      uint32_t sum = static_cast<uint32_t>(total[i * B + j]);
+      if constexpr (kTail) {
+        for (int64_t d = whole; d < n; ++d) {
+          sum += static_cast<uint32_t>(int32_t{a[i * a_stride + d]} * int32_t{b[j * stride + d]});
+        }
+      }
+      out[i * out_stride + j] = static_cast<int32_t>(sum);
+    }
+  }
+}
+
+// DotRowsManyI16Avx2 for one value of kTail.
+template <bool kTail>
+void RowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                 int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
+  int64_t q = 0;
+  for (; q + 4 <= a_count; q += 4) {
+    const int16_t* aq = a + q * a_stride;
+    int32_t* o = out + q * out_stride;
+    int64_t r = 0;
+    for (; r + 2 <= count; r += 2) {
+      BlockI16<4, 2, kTail>(aq, a_stride, rows + r * stride, stride, n, o + r, out_stride);
+    }
+    if (r < count) {
+      BlockI16<4, 1, kTail>(aq, a_stride, rows + r * stride, stride, n, o + r, out_stride);
+    }
+  }
+  for (; q < a_count; ++q) {
+    const int16_t* aq = a + q * a_stride;
+    int32_t* o = out + q * out_stride;
+    int64_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+      BlockI16<1, 4, kTail>(aq, a_stride, rows + r * stride, stride, n, o + r, out_stride);
+    }
+    for (; r < count; ++r) {
+      BlockI16<1, 1, kTail>(aq, a_stride, rows + r * stride, stride, n, o + r, out_stride);
+    }
+  }
 }
 
 }  // namespace
@@ -121,6 +205,16 @@ void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const fl
   }
   for (; q < a_count; ++q) {
     DotRowsAvx2(a + q * a_stride, rows, stride, count, n, out + q * out_stride);
+  }
+}
+
+void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                        int64_t stride, int64_t count, int64_t n, int32_t* out,
+                        int64_t out_stride) {
+  if (n % 16 == 0) {
+    RowsManyI16<false>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+  } else {
+    RowsManyI16<true>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
   }
 }
 

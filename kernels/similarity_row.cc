@@ -5,13 +5,12 @@
 
 namespace kvctl {
 
-SimilarityRowSums SimilarityRowRef(const float* s, int64_t n, float threshold, int32_t row,
-                                   int64_t* col, int32_t* partner, float* value) {
+SimilarityRowSums SimilarityRowRef(const int32_t* s, int64_t n, int32_t threshold, int32_t row,
+                                   int64_t* col, int32_t* partner, int32_t* value) {
   SimilarityRowSums out;
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t q = FixedSimilarity(s[k]);
-    col[k] += q;
-    out.row_sum += q;
+    col[k] += s[k];
+    out.row_sum += s[k];
     if (s[k] > threshold) {
       partner[k] = row;
       value[k] = s[k];
@@ -21,8 +20,8 @@ SimilarityRowSums SimilarityRowRef(const float* s, int64_t n, float threshold, i
   return out;
 }
 
-SimilarityRowSums SimilarityRow(const float* s, int64_t n, float threshold, int32_t row,
-                                int64_t* col, int32_t* partner, float* value) {
+SimilarityRowSums SimilarityRow(const int32_t* s, int64_t n, int32_t threshold, int32_t row,
+                                int64_t* col, int32_t* partner, int32_t* value) {
   if (ActiveSimdLevel() != SimdLevel::kScalar) {
     return simd::SimilarityRowAvx2(s, n, threshold, row, col, partner, value);
   }

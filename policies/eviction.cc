@@ -47,11 +47,14 @@
 // Cost per head: importance O(m g T D); redundancy O(T^2 D / 2) using the symmetry of S, with
 // O(T) extra memory: column sums come from the upper triangle; row i's newest partner is the last
 // one above the threshold right of the diagonal, or else the latest earlier row that had i above
-// it. Dot products are kernels/dot.h's (one fixed order of the sums, AVX2 where the CPU has it,
-// the same bits on every CPU), a row of them per call. [ours] The column sums are exact integer
-// sums of S_ij rounded to multiples of 2^-40 (FixedSimilarity): any order of the additions gives
-// the same bits, so they vectorise, and a sum kept between compressions and updated for the rows
-// that changed would equal a recomputed one. The mean is then col * 2^-40 / T in double.
+// it. The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
+// AVX2 where the CPU has it, the same bits on every CPU). [ours] The unit keys are rounded to
+// int16, round(u * 2^14), and S_ij is their exact int32 dot product times 2^-28: a cosine off by
+// at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5 typically, the rounding errors of
+// 2^-15 or less per element having random signs), in exchange for integer SIMD (half the loads and half the vector operations of float
+// products) and exact column sums in int64, which any order of the additions gives with the same
+// bits, so they vectorise, and a sum kept between compressions and updated for the rows that
+// changed would equal a recomputed one. The mean is then col * 2^-28 / T in double.
 #include "policies/eviction.h"
 
 #include <algorithm>
@@ -59,6 +62,7 @@
 #include <limits>
 #include <numeric>
 
+#include "kernels/convert.h"
 #include "kernels/dot.h"
 #include "kernels/similarity_row.h"
 
@@ -66,6 +70,8 @@ namespace kvctl {
 namespace {
 
 constexpr float kProtectedScore = std::numeric_limits<float>::infinity();
+// R-KV's unit keys are rounded to multiples of 1 / kUnitScale (int16; see Redundancy).
+constexpr double kUnitScale = 0x1p14;
 
 Status CheckKeys(const KeyRows& keys) {
   if (keys.tokens <= 0) return InvalidArgument("keys: tokens must be > 0, got ", keys.tokens);
@@ -73,16 +79,14 @@ Status CheckKeys(const KeyRows& keys) {
     return InvalidArgument("keys: head_dim must be > 0, got ", keys.head_dim);
   }
   if (keys.data == nullptr) return InvalidArgument("keys: data pointer is null");
-  for (int64_t t = 0; t < keys.tokens; ++t) {
-    const float* row = keys.data + t * keys.head_dim;
-    for (int64_t d = 0; d < keys.head_dim; ++d) {
-      if (!std::isfinite(row[d])) {
-        return InvalidArgument("keys: element (token ", t, ", channel ", d, ") is ", row[d],
-                               ", expected a finite value");
-      }
-    }
-  }
-  return OkStatus();
+  // The rows are back to back: one SIMD scan (kernels/convert.h) over all of them.
+  const size_t bad = FirstNonFinite(DType::kF32, keys.data,
+                                    static_cast<size_t>(keys.tokens * keys.head_dim));
+  if (bad == static_cast<size_t>(keys.tokens * keys.head_dim)) return OkStatus();
+  const int64_t t = static_cast<int64_t>(bad) / keys.head_dim;
+  const int64_t d = static_cast<int64_t>(bad) % keys.head_dim;
+  return InvalidArgument("keys: element (token ", t, ", channel ", d, ") is ", keys.data[bad],
+                         ", expected a finite value");
 }
 
 Status CheckRegions(ProtectedRegions regions) {
@@ -153,15 +157,17 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
 
 // Calls visit(i, logits, ld) for each observation query token i in order, where
 // logits[h * ld + j] = DotRef(q_ih, k_j) for head h < g and key j < counts[i] (counts
-// non-decreasing in i). Tokens go in chunks with enough rows (g per token) for DotRowsMany's block
-// of four, so the keys are read once per four rows: the keys a whole chunk sees in one
+// non-decreasing in i). Tokens go in chunks whose rows (g per token) fill DotRowsMany's blocks of
+// four, so the keys are read once per four rows: the keys a whole chunk sees in one
 // DotRowsMany, each token's later keys row by row. Every logit is DotRef's, whichever call
-// computes it; the buffer is O(max(4, g) T).
+// computes it; the buffer is O(lcm(4, g) T).
 template <typename Visit>
 void ForEachQueryLogits(const KeyRows& keys, const ObsQueries& q,
                         const std::vector<int64_t>& counts, Visit visit) {
   const int64_t d = keys.head_dim;
-  const int64_t chunk_tokens = std::max<int64_t>(1, (4 + q.g - 1) / q.g);
+  // The fewest tokens whose g rows each make whole blocks of four (4 / gcd(g, 4) tokens): a row
+  // left over would go through DotRows alone and read every key once more.
+  const int64_t chunk_tokens = 4 / std::gcd<int64_t>(q.g, 4);
   std::vector<float> chunk;
   for (int64_t i0 = 0; i0 < q.m; i0 += chunk_tokens) {
     const int64_t i1 = std::min(q.m, i0 + chunk_tokens);
@@ -266,53 +272,65 @@ std::vector<double> Pool(const std::vector<double>& a, int kernel, PoolKind kind
 // R-KV redundancy r_j over all T keys (see the essay above).
 std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   const int64_t t_n = keys.tokens, d_n = keys.head_dim;
-  std::vector<float> unit(static_cast<size_t>(t_n * d_n));
+  // Unit keys in int16: round(u * 2^14), |u| <= 1 (to a float rounding), so every dot product of
+  // two of them is exact in int32 (kernels/dot.h) and S_ij = dot * 2^-28. u * 2^14 is exact in
+  // float; adding and subtracting 1.5 * 2^23 rounds it to nearest, ties to even (|u * 2^14| is
+  // far below 2^22), without a libm call per element.
+  constexpr float kRound = 0x1.8p23f;
+  std::vector<int16_t> unit(static_cast<size_t>(t_n * d_n));
   for (int64_t t = 0; t < t_n; ++t) {
     const float* k = keys.data + t * d_n;
     const float norm = std::sqrt(DotRef(k, k, d_n)) + 1e-8f;
-    for (int64_t c = 0; c < d_n; ++c) unit[t * d_n + c] = k[c] / norm;
+    int16_t* u = unit.data() + t * d_n;
+    for (int64_t c = 0; c < d_n; ++c) {
+      const float scaled = k[c] / norm * static_cast<float>(kUnitScale);
+      u[c] = static_cast<int16_t>((scaled + kRound) - kRound);
+    }
   }
+  // S_ij > threshold <=> dot > threshold * 2^28 <=> dot > floor(threshold * 2^28) (dot is an
+  // integer; threshold * 2^28 is exact in double and, for |threshold| <= 1, in int32's range).
+  const auto fixed_threshold = static_cast<int32_t>(
+      std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
   std::vector<int64_t> col(static_cast<size_t>(t_n), 0);
   // The newest partner of row i: right of the diagonal from row i's own pass; left of it (the
   // latest earlier row above the threshold) from the passes before, a select per element.
   std::vector<uint8_t> has_right_partner(static_cast<size_t>(t_n), 0);
   std::vector<int32_t> left_partner(static_cast<size_t>(t_n), -1);
-  std::vector<float> left_value(static_cast<size_t>(t_n), 0.0f);
+  std::vector<int32_t> left_value(static_cast<size_t>(t_n), 0);
   // Rows of S right of the diagonal, four at a time: the keys after the block are read once for
-  // the four (DotRowsMany), the pairs inside the block one row at a time. Row q of the block is
+  // the four (DotRowsManyI16), the pairs inside the block one row at a time. Row q of the block is
   // at rows[q * t_n], its element k the similarity with key i + q + 1 + k.
   constexpr int64_t kBlock = 4;
-  std::vector<float> rows(static_cast<size_t>(kBlock * t_n));
+  std::vector<int32_t> rows(static_cast<size_t>(kBlock * t_n));
   for (int64_t i = 0; i < t_n; i += kBlock) {
     const int64_t nb = std::min(kBlock, t_n - i);
-    const float* block = unit.data() + i * d_n;
-    DotRowsMany(block, d_n, nb, block + nb * d_n, d_n, t_n - i - nb, d_n, rows.data() + nb - 1,
-                t_n - 1);
+    const int16_t* block = unit.data() + i * d_n;
+    DotRowsManyI16(block, d_n, nb, block + nb * d_n, d_n, t_n - i - nb, d_n, rows.data() + nb - 1,
+                   t_n - 1);
     for (int64_t q = 0; q + 1 < nb; ++q) {
-      DotRows(block + q * d_n, block + (q + 1) * d_n, d_n, nb - 1 - q, d_n, rows.data() + q * t_n);
+      DotRowsManyI16(block + q * d_n, d_n, 1, block + (q + 1) * d_n, d_n, nb - 1 - q, d_n,
+                     rows.data() + q * t_n, t_n);
     }
     for (int64_t q = 0; q < nb; ++q) {
       const int64_t row = i + q;
-      const float* s = rows.data() + q * t_n;
+      const int32_t* s = rows.data() + q * t_n;
       const SimilarityRowSums sums = SimilarityRow(
-          s, t_n - row - 1, threshold, static_cast<int32_t>(row), col.data() + row + 1,
+          s, t_n - row - 1, fixed_threshold, static_cast<int32_t>(row), col.data() + row + 1,
           left_partner.data() + row + 1, left_value.data() + row + 1);
       col[row] += sums.row_sum;
       if (sums.last_above >= 0) {
         has_right_partner[row] = 1;
-        col[row + 1 + sums.last_above] -= FixedSimilarity(s[sums.last_above]);
+        col[row + 1 + sums.last_above] -= s[sums.last_above];
       }
     }
   }
   for (int64_t i = 0; i < t_n; ++i) {
-    if (!has_right_partner[i] && left_partner[i] >= 0) {
-      col[left_partner[i]] -= FixedSimilarity(left_value[i]);
-    }
+    if (!has_right_partner[i] && left_partner[i] >= 0) col[left_partner[i]] -= left_value[i];
   }
   std::vector<double> r(static_cast<size_t>(t_n));
   double rmax = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < t_n; ++j) {
-    r[j] = static_cast<double>(col[j]) * 0x1p-40 / static_cast<double>(t_n);
+    r[j] = static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n);
     rmax = std::max(rmax, r[j]);
   }
   double sum = 0;
@@ -326,7 +344,7 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
                                             int kernel, PoolKind pool, GqaReduce group,
                                             SoftmaxScope scope, float lambda, float threshold) {
   KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
-  // Bounds FixedSimilarity's sums below 2^63 (and the O(T^2) work far past any real budget).
+  // Bounds the O(T^2) work far past any real budget (and the column sums far below 2^63).
   if (lambda < 1.0f && keys.tokens > kMaxRedundancyTokens) {
     return InvalidArgument("keys: tokens ", keys.tokens, " is more than R-KV's redundancy takes (",
                            kMaxRedundancyTokens, ")");

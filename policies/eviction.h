@@ -68,8 +68,9 @@ enum class GqaReduce : uint8_t { kMaxLogit = 0, kMeanProb = 1 };
 // mostly at the window adds little to the candidates' importance.
 enum class SoftmaxScope : uint8_t { kCandidates = 0, kCausal = 1 };
 
-// The most keys R-KV's redundancy term (lambda < 1) takes: its fixed-point column sums stay below
-// 2^63, and O(T^2) work beyond it is far past any real budget. More is INVALID_ARGUMENT.
+// The most keys R-KV's redundancy term (lambda < 1) takes: O(T^2) work beyond it is far past any
+// real budget (and its int64 column sums, at most T * 2^28, stay far below 2^63; its row indices
+// in int32). More is INVALID_ARGUMENT.
 inline constexpr int64_t kMaxRedundancyTokens = int64_t{1} << 22;
 
 // R-KV (arXiv 2505.24133, repo Zefan-Cai/R-KV defaults). score = lambda*a - (1-lambda)*r.

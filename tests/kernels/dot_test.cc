@@ -144,5 +144,62 @@ TEST_CASE("DotRowsMany: bit-identical to DotRef at every SIMD level") {
   }
 }
 
+TEST_CASE("DotI16Ref: exact sums, including intermediate sums past int32") {
+  const std::vector<int16_t> a = {1, -2, 3, 32767, -32767};
+  const std::vector<int16_t> b = {4, 5, -6, 2, 1};
+  CHECK(DotI16Ref(a.data(), b.data(), 0) == 0);
+  CHECK(DotI16Ref(a.data(), b.data(), 3) == 4 - 10 - 18);
+  CHECK(DotI16Ref(a.data(), b.data(), 5) == 4 - 10 - 18 + 65534 - 32767);
+  // Three products of 32767^2: the running sum passes 2^31 before the last term brings it back.
+  const std::vector<int16_t> x = {32767, 32767, 32767, -32767};
+  const std::vector<int16_t> y = {32767, 32767, -32767, 32767};
+  CHECK(DotI16Ref(x.data(), x.data(), 2) == 2 * 32767 * 32767);
+  CHECK(DotI16Ref(x.data(), y.data(), 4) == 0);
+}
+
+TEST_CASE("DotRowsManyI16: DotI16Ref's values at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(17);
+  // Elements up to 2^11, so no sum of n <= 128 products leaves int32 (the requirement); the
+  // largest elements allowed (+-32767) in the short rows below.
+  std::uniform_int_distribution<int> element(-2048, 2048);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 15, 16, 17, 64, 67, 128}) {
+      for (int64_t a_count : {0, 1, 3, 4, 5, 8, 9}) {
+        for (int64_t count : {0, 1, 2, 3, 4, 5, 7}) {
+          const int64_t a_stride = n + 1, stride = n + (count % 2);
+          const int64_t out_stride = count + 2;  // Gaps between the output rows stay untouched.
+          std::vector<int16_t> a(static_cast<size_t>(a_stride * a_count + 1));
+          std::vector<int16_t> rows(static_cast<size_t>(stride * count + 1));
+          for (int16_t& v : a) v = static_cast<int16_t>(element(rng));
+          for (int16_t& v : rows) v = static_cast<int16_t>(element(rng));
+          if (a_count > 0 && count > 0 && n <= 2) {  // 2 * 32767^2 < 2^31.
+            for (int64_t d = 0; d < n; ++d) a[d] = rows[d] = (d % 2) ? -32767 : 32767;
+          }
+          std::vector<int32_t> out(static_cast<size_t>(out_stride * a_count + 1), 42);
+          DotRowsManyI16(a.data(), a_stride, a_count, rows.data(), stride, count, n, out.data(),
+                         out_stride);
+          for (int64_t q = 0; q < a_count; ++q) {
+            for (int64_t r = 0; r < out_stride; ++r) {
+              INFO(SimdLevelName(level) << " n " << n << " a_count " << a_count << " count "
+                                        << count << " q " << q << " r " << r);
+              const int32_t got = out[static_cast<size_t>(q * out_stride + r)];
+              if (r >= count) {
+                CHECK(got == 42);
+                continue;
+              }
+              CHECK(got == DotI16Ref(a.data() + q * a_stride, rows.data() + r * stride, n));
+            }
+          }
+          CHECK(out.back() == 42);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvctl
