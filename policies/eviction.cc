@@ -48,7 +48,8 @@
 // O(T) extra memory: column sums come from the upper triangle; row i's newest partner is the last
 // one above the threshold right of the diagonal, or else the latest earlier row that had i above
 // it. The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
-// AVX2 where the CPU has it, the same bits on every CPU). [ours] The unit keys are rounded to
+// AVX2 where the CPU has it, the same bits on every CPU), and every softmax's exponentials are
+// kernels/exp.h's ExpRef (within 1-2 ulp of libm's, the same bits on every CPU and C library). [ours] The unit keys are rounded to
 // int16, round(u * 2^14), and S_ij is their exact int32 dot product times 2^-28: a cosine off by
 // at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5 typically, the rounding errors of
 // 2^-15 or less per element having random signs), in exchange for integer SIMD (half the loads and half the vector operations of float
@@ -64,6 +65,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/dot.h"
+#include "kernels/exp.h"
 #include "kernels/similarity_row.h"
 
 namespace kvctl {
@@ -202,8 +204,9 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
         z[j] = logits[j];
         zmax = std::max(zmax, z[j]);
       }
+      ExpShiftedInPlace(z.data(), n, zmax);
       double sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
+      for (int64_t j = 0; j < n; ++j) sum += z[j];
       const double w = weight / sum;
       for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
     }
@@ -220,8 +223,9 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
   auto add_softmax = [&](int64_t n, double w) {
     double zmax = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < n; ++j) zmax = std::max(zmax, z[j]);
+    ExpShiftedInPlace(z.data(), n, zmax);
     double sum = 0;
-    for (int64_t j = 0; j < n; ++j) sum += (z[j] = std::exp(z[j] - zmax));
+    for (int64_t j = 0; j < n; ++j) sum += z[j];
     const double scale = w / sum;
     for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += z[j] * scale;
   };
@@ -333,8 +337,9 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
     r[j] = static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n);
     rmax = std::max(rmax, r[j]);
   }
+  ExpShiftedInPlace(r.data(), t_n, rmax);
   double sum = 0;
-  for (double& c : r) sum += (c = std::exp(c - rmax));
+  for (double c : r) sum += c;
   for (double& c : r) c /= sum;
   return r;
 }
