@@ -61,6 +61,14 @@ __attribute__((always_inline)) inline void BlockI16(const int16_t* a, int64_t a_
       }
     }
   }
+  if constexpr (B == 4 && !kTail) {
+    // A row's four totals are adjacent in `out`: one store each.
+    for (int i = 0; i < A; ++i) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i * out_stride),
+                       Sum4(acc[i * 4], acc[i * 4 + 1], acc[i * 4 + 2], acc[i * 4 + 3]));
+    }
+    return;
+  }
   // The A * B lane totals, four at a time (Sum4), in row-major order.
   constexpr int kOut = A * B;
   alignas(16) int32_t total[(kOut + 3) / 4 * 4];
@@ -94,10 +102,15 @@ void RowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int1
     const int16_t* aq = a + q * a_stride;
     int32_t* o = out + q * out_stride;
     int64_t r = 0;
-    for (; r + 2 <= count; r += 2) {
-      BlockI16<4, 2, kTail>(aq, a_stride, rows + r * stride, stride, n, o + r, out_stride);
+    // Four rows of `rows` (in L1 after the first pair) against two pairs of `a` rows: each
+    // block's four totals per `a` row are one store.
+    for (; r + 4 <= count; r += 4) {
+      const int16_t* b = rows + r * stride;
+      BlockI16<2, 4, kTail>(aq, a_stride, b, stride, n, o + r, out_stride);
+      BlockI16<2, 4, kTail>(aq + 2 * a_stride, a_stride, b, stride, n, o + 2 * out_stride + r,
+                            out_stride);
     }
-    if (r < count) {
+    for (; r < count; ++r) {
       BlockI16<4, 1, kTail>(aq, a_stride, rows + r * stride, stride, n, o + r, out_stride);
     }
   }
