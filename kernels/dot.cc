@@ -39,9 +39,10 @@ void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float*
 }
 
 int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n) {
-  // int64, so the requirement is on the result only (the SIMD paths wrap in between, harmlessly).
-  int64_t sum = 0;
-  for (int64_t d = 0; d < n; ++d) sum += int32_t{a[d]} * int32_t{b[d]};
+  // Modulo 2^32 (uint32: wrapping is defined), so the requirement is on the result only: the
+  // exact sum fits int32, so the wrapped one equals it. A loop the compiler vectorises (SSE2).
+  uint32_t sum = 0;
+  for (int64_t d = 0; d < n; ++d) sum += static_cast<uint32_t>(int32_t{a[d]} * int32_t{b[d]});
   return static_cast<int32_t>(sum);
 }
 
