@@ -51,14 +51,14 @@ void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const i
                     int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 
 namespace simd {
-// DotRows, DotRowsMany and DotRowsManyI16 on AVX2 (kernels/dot_avx2.cc); only called when the CPU has it.
+// DotRows, DotRowsMany and DotRowsManyI16 on AVX2 (kernels/dot_avx2.cc); only called when the CPU
+// has it.
 void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
                  float* out);
 void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                      int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride);
 void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
-                        int64_t stride, int64_t count, int64_t n, int32_t* out,
-                        int64_t out_stride);
+                        int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 }  // namespace simd
 
 }  // namespace kvctl

@@ -49,13 +49,14 @@
 // one above the threshold right of the diagonal, or else the latest earlier row that had i above
 // it. The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
 // AVX2 where the CPU has it, the same bits on every CPU), and every softmax's exponentials are
-// kernels/exp.h's ExpRef (within 1-2 ulp of libm's, the same bits on every CPU and C library). [ours] The unit keys are rounded to
-// int16, round(u * 2^14), and S_ij is their exact int32 dot product times 2^-28: a cosine off by
-// at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5 typically, the rounding errors of
-// 2^-15 or less per element having random signs), in exchange for integer SIMD (half the loads and half the vector operations of float
-// products) and exact column sums in int64, which any order of the additions gives with the same
-// bits, so they vectorise, and a sum kept between compressions and updated for the rows that
-// changed would equal a recomputed one. The mean is then col * 2^-28 / T in double.
+// kernels/exp.h's ExpRef (within 1-2 ulp of libm's, the same bits on every CPU and C library).
+// [ours] The unit keys are rounded to int16, round(u * 2^14), and S_ij is their exact int32 dot
+// product times 2^-28: a cosine off by at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5
+// typically, the rounding errors of 2^-15 or less per element having random signs), in exchange for
+// integer SIMD (half the loads and half the vector operations of float products) and exact column
+// sums in int64, which any order of the additions gives with the same bits, so they vectorise, and
+// a sum kept between compressions and updated for the rows that changed would equal a recomputed
+// one. The mean is then col * 2^-28 / T in double.
 #include "policies/eviction.h"
 
 #include <algorithm>
@@ -82,8 +83,8 @@ Status CheckKeys(const KeyRows& keys) {
   }
   if (keys.data == nullptr) return InvalidArgument("keys: data pointer is null");
   // The rows are back to back: one SIMD scan (kernels/convert.h) over all of them.
-  const size_t bad = FirstNonFinite(DType::kF32, keys.data,
-                                    static_cast<size_t>(keys.tokens * keys.head_dim));
+  const size_t bad =
+      FirstNonFinite(DType::kF32, keys.data, static_cast<size_t>(keys.tokens * keys.head_dim));
   if (bad == static_cast<size_t>(keys.tokens * keys.head_dim)) return OkStatus();
   const int64_t t = static_cast<int64_t>(bad) / keys.head_dim;
   const int64_t d = static_cast<int64_t>(bad) % keys.head_dim;
@@ -293,8 +294,8 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   }
   // S_ij > threshold <=> dot > threshold * 2^28 <=> dot > floor(threshold * 2^28) (dot is an
   // integer; threshold * 2^28 is exact in double and, for |threshold| <= 1, in int32's range).
-  const auto fixed_threshold = static_cast<int32_t>(
-      std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
+  const auto fixed_threshold =
+      static_cast<int32_t>(std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
   std::vector<int64_t> col(static_cast<size_t>(t_n), 0);
   // The newest partner of row i: right of the diagonal from row i's own pass; left of it (the
   // latest earlier row above the threshold) from the passes before, a select per element.

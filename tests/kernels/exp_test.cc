@@ -77,8 +77,9 @@ TEST_CASE("ExpShiftedInPlace: ExpRef's bits at every SIMD level") {
   SimdLevelGuard guard;
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<double> value(-800.0, 800.0);
-  const double specials[] = {0.0,    -0.0,  kInf,   -kInf, std::numeric_limits<double>::quiet_NaN(),
-                             -745.0, 710.0, 709.78, -746.0, 1e-300};
+  const double specials[] = {
+      0.0,    -0.0,  kInf,   -kInf,  std::numeric_limits<double>::quiet_NaN(),
+      -745.0, 710.0, 709.78, -746.0, 1e-300};
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
     for (int64_t n : {0, 1, 3, 4, 5, 8, 13, 37, 1000}) {
