@@ -4,6 +4,20 @@
 #include "kernels/quantize.h"
 
 namespace kvctl {
+namespace {
+
+// The scalar DotRowsMany of either element type: one reference dot product per output.
+template <typename In, typename Out, typename Ref>
+void RowsManyRef(Ref ref, const In* a, int64_t a_stride, int64_t a_count, const In* rows,
+                 int64_t stride, int64_t count, int64_t n, Out* out, int64_t out_stride) {
+  for (int64_t q = 0; q < a_count; ++q) {
+    for (int64_t r = 0; r < count; ++r) {
+      out[q * out_stride + r] = ref(a + q * a_stride, rows + r * stride, n);
+    }
+  }
+}
+
+}  // namespace
 
 float DotRef(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -31,11 +45,7 @@ void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float*
     simd::DotRowsManyAvx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }
-  for (int64_t q = 0; q < a_count; ++q) {
-    for (int64_t r = 0; r < count; ++r) {
-      out[q * out_stride + r] = DotRef(a + q * a_stride, rows + r * stride, n);
-    }
-  }
+  RowsManyRef(DotRef, a, a_stride, a_count, rows, stride, count, n, out, out_stride);
 }
 
 int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n) {
@@ -52,11 +62,7 @@ void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const i
     simd::DotRowsManyI16Avx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }
-  for (int64_t q = 0; q < a_count; ++q) {
-    for (int64_t r = 0; r < count; ++r) {
-      out[q * out_stride + r] = DotI16Ref(a + q * a_stride, rows + r * stride, n);
-    }
-  }
+  RowsManyRef(DotI16Ref, a, a_stride, a_count, rows, stride, count, n, out, out_stride);
 }
 
 }  // namespace kvctl

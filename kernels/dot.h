@@ -1,7 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: kernels/dot.h
-// Dot products in one fixed result: the inner loop of the eviction scorers (policies/eviction.cc).
+// Dot products whose results do not depend on the CPU: the inner loop of the eviction scorers
+// (policies/eviction.cc).
 // Float ones for the observation queries against every key; exact int16 ones for R-KV's T^2 / 2
 // key similarities, whose unit keys are rounded to int16 first (docs/algorithms.md §12.4).
 //

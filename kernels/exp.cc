@@ -2,7 +2,7 @@
 #include "kernels/exp.h"
 
 #include <bit>
-#include <cmath>
+#include <iterator>
 
 #include "kernels/quantize.h"
 
@@ -20,13 +20,12 @@ double ExpRef(double x) {
   const double r = (xc - k * kLn2Hi) - k * kLn2Lo;
   double p = kTaylor[0];
   for (size_t i = 1; i < std::size(kTaylor); ++i) p = p * r + kTaylor[i];
-  // floor(k / 2) is exact in double; the biased bits of an integer-valued double give it as int64.
-  const double k1 = std::floor(k * 0.5);
-  const double k2 = k - k1;
-  const int64_t i1 = std::bit_cast<int64_t>(k1 + kRoundMagic) - std::bit_cast<int64_t>(kRoundMagic);
-  const int64_t i2 = std::bit_cast<int64_t>(k2 + kRoundMagic) - std::bit_cast<int64_t>(kRoundMagic);
+  // k as an integer from the rounding's own bits, split as k1 = floor(k / 2) (an arithmetic
+  // shift) and k2 = k - k1, both in [-538, 512]: normal powers of two.
+  const int64_t ik = std::bit_cast<int64_t>(biased) - std::bit_cast<int64_t>(kRoundMagic);
+  const int64_t i1 = ik >> 1;
   const double s1 = std::bit_cast<double>((i1 + 1023) << 52);
-  const double s2 = std::bit_cast<double>((i2 + 1023) << 52);
+  const double s2 = std::bit_cast<double>((ik - i1 + 1023) << 52);
   return (p * s1) * s2;
 }
 

@@ -20,11 +20,8 @@ namespace exp_detail {
 namespace simd {
 namespace {
 
-// 2^k for four integer-valued doubles k in [-1022, 1023].
-inline __m256d Pow2(__m256d k) {
-  const __m256d magic = _mm256_set1_pd(exp_detail::kRoundMagic);
-  const __m256i i =
-      _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(k, magic)), _mm256_castpd_si256(magic));
+// 2^i for four int64 lanes i in [-1022, 1023].
+inline __m256d Pow2(__m256i i) {
   return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(i, _mm256_set1_epi64x(1023)), 52));
 }
 
@@ -45,9 +42,14 @@ inline __m256d Exp4(__m256d x) {
   for (size_t i = 1; i < std::size(kTaylor); ++i) {
     p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(kTaylor[i]));
   }
-  const __m256d k1 = _mm256_floor_pd(_mm256_mul_pd(k, _mm256_set1_pd(0.5)));
-  const __m256d k2 = _mm256_sub_pd(k, k1);
-  const __m256d e = _mm256_mul_pd(_mm256_mul_pd(p, Pow2(k1)), Pow2(k2));
+  // ExpRef's k1 = floor(k / 2), k2 = k - k1 from the integer k (ik >= -1076). AVX2 has no
+  // arithmetic 64-bit shift: floor(ik / 2) = ((ik + 2048) >> 1) - 1024 with a logical one.
+  const __m256i ik = _mm256_sub_epi64(_mm256_castpd_si256(biased), _mm256_castpd_si256(magic));
+  const __m256i offset = _mm256_set1_epi64x(1024);
+  const __m256i i1 = _mm256_sub_epi64(
+      _mm256_srli_epi64(_mm256_add_epi64(ik, _mm256_add_epi64(offset, offset)), 1), offset);
+  const __m256i i2 = _mm256_sub_epi64(ik, i1);
+  const __m256d e = _mm256_mul_pd(_mm256_mul_pd(p, Pow2(i1)), Pow2(i2));
   return _mm256_blendv_pd(e, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
 }
 

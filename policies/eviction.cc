@@ -49,7 +49,8 @@
 // one above the threshold right of the diagonal, or else the latest earlier row that had i above
 // it. The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
 // AVX2 where the CPU has it, the same bits on every CPU), and every softmax's exponentials are
-// kernels/exp.h's ExpRef (within 1-2 ulp of libm's, the same bits on every CPU and C library).
+// kernels/exp.h's ExpRef (within 1 ulp of glibc's where measured, the same bits on every CPU and
+// C library).
 // [ours] The unit keys are rounded to int16, round(u * 2^14), and S_ij is their exact int32 dot
 // product times 2^-28: a cosine off by at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5
 // typically, the rounding errors of 2^-15 or less per element having random signs), in exchange for
@@ -158,6 +159,17 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
   return out;
 }
 
+// A softmax's numerators in place, exp(z[j] - max z) by ExpRef (kernels/exp.h), and their sum in
+// index order (0 when n is 0).
+double ExpAndSum(double* z, int64_t n) {
+  double zmax = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) zmax = std::max(zmax, z[j]);
+  ExpShiftedInPlace(z, n, zmax);
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += z[j];
+  return sum;
+}
+
 // Calls visit(i, logits, ld) for each observation query token i in order, where
 // logits[h * ld + j] = DotRef(q_ih, k_j) for head h < g and key j < counts[i] (counts
 // non-decreasing in i). Tokens go in chunks whose rows (g per token) fill DotRowsMany's blocks of
@@ -200,15 +212,8 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
     const int64_t n = counts[i];
     for (int64_t h = 0; h < q.g; ++h) {
       const float* logits = rows + h * ld;
-      double zmax = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        z[j] = logits[j];
-        zmax = std::max(zmax, z[j]);
-      }
-      ExpShiftedInPlace(z.data(), n, zmax);
-      double sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += z[j];
-      const double w = weight / sum;
+      for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
+      const double w = weight / ExpAndSum(z.data(), n);
       for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
     }
   });
@@ -222,12 +227,7 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
   std::vector<double> z(static_cast<size_t>(keys.tokens));
   // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
   auto add_softmax = [&](int64_t n, double w) {
-    double zmax = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < n; ++j) zmax = std::max(zmax, z[j]);
-    ExpShiftedInPlace(z.data(), n, zmax);
-    double sum = 0;
-    for (int64_t j = 0; j < n; ++j) sum += z[j];
-    const double scale = w / sum;
+    const double scale = w / ExpAndSum(z.data(), n);
     for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += z[j] * scale;
   };
   // Query i sees keys [0, seen) (causal), and the softmax runs over its first n of them.
@@ -333,14 +333,10 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
     if (!has_right_partner[i] && left_partner[i] >= 0) col[left_partner[i]] -= left_value[i];
   }
   std::vector<double> r(static_cast<size_t>(t_n));
-  double rmax = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < t_n; ++j) {
     r[j] = static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n);
-    rmax = std::max(rmax, r[j]);
   }
-  ExpShiftedInPlace(r.data(), t_n, rmax);
-  double sum = 0;
-  for (double c : r) sum += c;
+  const double sum = ExpAndSum(r.data(), t_n);
   for (double& c : r) c /= sum;
   return r;
 }
