@@ -20,6 +20,18 @@ SimilarityRowSums SimilarityRowRef(const int32_t* s, int64_t n, int32_t threshol
   return out;
 }
 
+int64_t LastAboveRef(const int32_t* s, int64_t n, int32_t threshold, int64_t skip) {
+  for (int64_t k = n - 1; k >= 0; --k) {
+    if (s[k] > threshold && k != skip) return k;
+  }
+  return -1;
+}
+
+int64_t LastAbove(const int32_t* s, int64_t n, int32_t threshold, int64_t skip) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) return simd::LastAboveAvx2(s, n, threshold, skip);
+  return LastAboveRef(s, n, threshold, skip);
+}
+
 SimilarityRowSums SimilarityRow(const int32_t* s, int64_t n, int32_t threshold, int32_t row,
                                 int64_t* col, int32_t* partner, int32_t* value) {
   if (ActiveSimdLevel() != SimdLevel::kScalar) {

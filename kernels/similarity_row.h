@@ -1,9 +1,10 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: kernels/similarity_row.h
-// One row of R-KV's key-similarity pass (policies/eviction.cc, docs/algorithms.md §12.4): the
-// column sums of S and the near-duplicate bookkeeping, for the similarities s[k] of key i with the
-// keys after it (k < n, key i + 1 + k).
+// Rows of R-KV's key similarities (policies/redundancy.h, docs/algorithms.md §12.4). SimilarityRow:
+// the full pass's column sums of S and near-duplicate bookkeeping, for the similarities s[k] of
+// key i with the keys after it (k < n, key i + 1 + k). LastAbove: the newest-first scan's search
+// for the newest similarity above the threshold in one step of keys.
 //
 // The similarities are exact int32 dot products of the int16 unit keys (kernels/dot.h,
 // DotRowsManyI16), so S is in fixed point already (a unit of 2^-28 for keys scaled by 2^14) and
@@ -37,7 +38,17 @@ SimilarityRowSums SimilarityRowRef(const int32_t* s, int64_t n, int32_t threshol
 SimilarityRowSums SimilarityRow(const int32_t* s, int64_t n, int32_t threshold, int32_t row,
                                 int64_t* col, int32_t* partner, int32_t* value);
 
+// The largest k < n with s[k] > threshold and k != skip (-1 when none): a row's newest
+// near-duplicate among n keys, itself excluded (skip < 0 or >= n excludes nothing). n >= 0.
+int64_t LastAboveRef(const int32_t* s, int64_t n, int32_t threshold, int64_t skip);
+
+// The same on the active SIMD level.
+int64_t LastAbove(const int32_t* s, int64_t n, int32_t threshold, int64_t skip);
+
 namespace simd {
+// LastAbove on AVX2: eight compares per step from the end, stopping at the first step with one.
+int64_t LastAboveAvx2(const int32_t* s, int64_t n, int32_t threshold, int64_t skip);
+
 // SimilarityRow on AVX2 (kernels/similarity_row_avx2.cc); only called when the CPU has it.
 SimilarityRowSums SimilarityRowAvx2(const int32_t* s, int64_t n, int32_t threshold, int32_t row,
                                     int64_t* col, int32_t* partner, int32_t* value);

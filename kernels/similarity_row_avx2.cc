@@ -1,5 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// AVX2 instance of SimilarityRow (kernels/similarity_row.h): eight similarities per step, widened
+// AVX2 instances of LastAbove and SimilarityRow (kernels/similarity_row.h). LastAbove: eight
+// compares per step from the end, a movemask, the highest bit. SimilarityRow: eight similarities
+// per step, widened
 // to int64 four at a time for the column and row sums (exact, so the order does not matter), and
 // the threshold as a compare mask that blends the partner and value arrays.
 #include <immintrin.h>
@@ -13,6 +15,21 @@
 #pragma GCC target("avx2")
 
 namespace kvctl::simd {
+
+int64_t LastAboveAvx2(const int32_t* s, int64_t n, int32_t threshold, int64_t skip) {
+  const __m256i thr = _mm256_set1_epi32(threshold);
+  int64_t end = n;
+  for (; end >= 8; end -= 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + end - 8));
+    auto mask =
+        static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x, thr))));
+    // Unsigned: skip < 0 wraps to a large value, outside the step.
+    const auto at = static_cast<uint64_t>(skip - (end - 8));
+    if (at < 8) mask &= ~(uint32_t{1} << at);
+    if (mask != 0) return end - 8 + 31 - std::countl_zero(mask);
+  }
+  return LastAboveRef(s, end, threshold, skip);
+}
 
 SimilarityRowSums SimilarityRowAvx2(const int32_t* s, int64_t n, int32_t threshold, int32_t row,
                                     int64_t* col, int32_t* partner, int32_t* value) {

@@ -44,10 +44,10 @@
 // logits (the original scores each query head on its own). lambda = 1 makes the redundancy term
 // exactly zero, so it is not computed.
 //
-// Cost per head: importance O(m g T D); redundancy O(T^2 D / 2) using the symmetry of S, with
-// O(T) extra memory: column sums come from the upper triangle; row i's newest partner is the last
-// one above the threshold right of the diagonal, or else the latest earlier row that had i above
-// it. The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
+// Cost per head: importance O(m g T D); redundancy O(T D) plus one dot product per key each row
+// scans back to its newest near-duplicate (policies/redundancy.h: a few keys on the model's keys;
+// keys with few near-duplicates fall back to the upper triangle, O(T^2 D / 2)), O(T) memory.
+// The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
 // AVX2 where the CPU has it, the same bits on every CPU), and every softmax's exponentials are
 // kernels/exp.h's ExpRef (within 1 ulp of glibc's where measured, the same bits on every CPU and
 // C library).
@@ -68,7 +68,7 @@
 #include "kernels/convert.h"
 #include "kernels/dot.h"
 #include "kernels/exp.h"
-#include "kernels/similarity_row.h"
+#include "policies/redundancy.h"
 
 namespace kvctl {
 namespace {
@@ -296,42 +296,7 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   // integer; threshold * 2^28 is exact in double and, for |threshold| <= 1, in int32's range).
   const auto fixed_threshold =
       static_cast<int32_t>(std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
-  std::vector<int64_t> col(static_cast<size_t>(t_n), 0);
-  // The newest partner of row i: right of the diagonal from row i's own pass; left of it (the
-  // latest earlier row above the threshold) from the passes before, a select per element.
-  std::vector<uint8_t> has_right_partner(static_cast<size_t>(t_n), 0);
-  std::vector<int32_t> left_partner(static_cast<size_t>(t_n), -1);
-  std::vector<int32_t> left_value(static_cast<size_t>(t_n), 0);
-  // Rows of S right of the diagonal, four at a time: the keys after the block are read once for
-  // the four (DotRowsManyI16), the pairs inside the block one row at a time. Row q of the block is
-  // at rows[q * t_n], its element k the similarity with key i + q + 1 + k.
-  constexpr int64_t kBlock = 4;
-  std::vector<int32_t> rows(static_cast<size_t>(kBlock * t_n));
-  for (int64_t i = 0; i < t_n; i += kBlock) {
-    const int64_t nb = std::min(kBlock, t_n - i);
-    const int16_t* block = unit.data() + i * d_n;
-    DotRowsManyI16(block, d_n, nb, block + nb * d_n, d_n, t_n - i - nb, d_n, rows.data() + nb - 1,
-                   t_n - 1);
-    for (int64_t q = 0; q + 1 < nb; ++q) {
-      DotRowsManyI16(block + q * d_n, d_n, 1, block + (q + 1) * d_n, d_n, nb - 1 - q, d_n,
-                     rows.data() + q * t_n, t_n);
-    }
-    for (int64_t q = 0; q < nb; ++q) {
-      const int64_t row = i + q;
-      const int32_t* s = rows.data() + q * t_n;
-      const SimilarityRowSums sums = SimilarityRow(
-          s, t_n - row - 1, fixed_threshold, static_cast<int32_t>(row), col.data() + row + 1,
-          left_partner.data() + row + 1, left_value.data() + row + 1);
-      col[row] += sums.row_sum;
-      if (sums.last_above >= 0) {
-        has_right_partner[row] = 1;
-        col[row + 1 + sums.last_above] -= s[sums.last_above];
-      }
-    }
-  }
-  for (int64_t i = 0; i < t_n; ++i) {
-    if (!has_right_partner[i] && left_partner[i] >= 0) col[left_partner[i]] -= left_value[i];
-  }
+  const std::vector<int64_t> col = RedundancyColumnSums(unit.data(), t_n, d_n, fixed_threshold);
   std::vector<double> r(static_cast<size_t>(t_n));
   for (int64_t j = 0; j < t_n; ++j) {
     r[j] = static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n);

@@ -82,5 +82,43 @@ TEST_CASE("SimilarityRow: the reference's results at every SIMD level") {
   }
 }
 
+TEST_CASE("LastAboveRef: the newest element above the threshold, the skipped one excluded") {
+  const std::vector<int32_t> s = {60, 10, 70, 50, 80, 20};
+  CHECK(LastAboveRef(s.data(), 6, 50, -1) == 4);
+  CHECK(LastAboveRef(s.data(), 6, 50, 4) == 2);    // Skipped: the next one down.
+  CHECK(LastAboveRef(s.data(), 6, 50, 5) == 4);    // Skipping one below the threshold: no change.
+  CHECK(LastAboveRef(s.data(), 6, 50, 99) == 4);   // Outside: excludes nothing.
+  CHECK(LastAboveRef(s.data(), 4, 50, -1) == 2);   // Only the first n count.
+  CHECK(LastAboveRef(s.data(), 6, 80, -1) == -1);  // 80 is not above 80.
+  CHECK(LastAboveRef(s.data(), 1, 50, 0) == -1);   // The only one above is skipped.
+  CHECK(LastAboveRef(s.data(), 0, INT32_MIN, -1) == -1);
+}
+
+TEST_CASE("LastAbove: the reference's answer at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int32_t> sim(INT32_MIN, INT32_MAX);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 7, 8, 9, 16, 17, 31, 32, 33}) {
+      for (int trial = 0; trial < 50; ++trial) {
+        std::vector<int32_t> s(static_cast<size_t>(n));
+        for (int32_t& v : s) v = sim(rng);
+        // Few above (the answer deep in the row), many, or none at all.
+        const int32_t threshold = trial % 3 == 0   ? INT32_MAX - (INT32_MAX >> 4)
+                                  : trial % 3 == 1 ? 0
+                                                   : INT32_MAX;
+        for (int64_t skip : {int64_t{-1}, n - 1, n / 2, int64_t{0}, n, int64_t{-9}}) {
+          CAPTURE(SimdLevelName(level), n, trial, skip);
+          CHECK(LastAbove(s.data(), n, threshold, skip) ==
+                LastAboveRef(s.data(), n, threshold, skip));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvctl

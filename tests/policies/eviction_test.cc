@@ -491,6 +491,14 @@ void ScorerTimings(int64_t kT) {
   std::vector<float> keys(kT * kD);
   for (float& v : keys) v = n(rng);
   const KeyRows rows{keys.data(), kT, kD};
+  // Random keys have hardly a near-duplicate (R-KV's redundancy falls back to its full pass); a
+  // model's keys share a direction and have one a few keys back (policies/redundancy.h).
+  std::vector<float> shared(keys);
+  for (int64_t c = 0; c < kD; ++c) {
+    const float dir = 3 * n(rng);
+    for (int64_t t = 0; t < kT; ++t) shared[t * kD + c] = dir + 0.5f * keys[t * kD + c];
+  }
+  const KeyRows shared_rows{shared.data(), kT, kD};
   const ProtectedRegions regions{4, 8};
   const auto mask = ProtectedMask(kT, regions);
   auto time_us = [](auto&& fn) {
@@ -512,6 +520,8 @@ void ScorerTimings(int64_t kT) {
     std::vector<float> scores;
     std::printf("g=%lld\n", static_cast<long long>(g));
     std::printf("  R-KV     %8.1f us\n", time_us([&] { scores = *ScoreRKV(rows, view, regions); }));
+    std::printf("  R-KV     %8.1f us (keys sharing a direction, as a model's do)\n",
+                time_us([&] { (void)*ScoreRKV(shared_rows, view, regions); }));
     std::printf("  SnapKV   %8.1f us\n",
                 time_us([&] { scores = *ScoreSnapKV(rows, view, regions, {.obs_window = 8}); }));
     std::printf("  H2O step %8.1f us (one query token)\n", time_us([&] {

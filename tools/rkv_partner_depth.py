@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+# Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+"""How far back R-KV's newest near-duplicate sits on SmolLM2's own keys.
+
+policies/redundancy.h finds each row's newest partner (the largest j != i with cosine > 0.5) by a
+scan from the newest key backwards, 32 keys per step, and falls back to the full pass when more
+than a quarter of a head's rows have no partner among the newest 32. This runs the model once over
+a text segment (transformers' DynamicCache, post-RoPE keys, fp32: not the daemon's dequantized
+keys) and prints, over every (layer, KV head): the mean number of keys a row's scan visits (T for
+a row without a partner), the share of rows without any partner, the share that scan past the
+first step, and how many heads would fall back.
+
+    python3 tools/rkv_partner_depth.py [--text prose|code|gpl3|PATH] [--tokens 2048] [--start 4096]
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+STEP = 32  # policies/redundancy.cc, kScanKeys
+
+
+def head_stats(keys, threshold):
+    """keys: [T, D] float array of one head. Visited keys per row, and whether it has a partner."""
+    unit = keys / (np.linalg.norm(keys, axis=1, keepdims=True) + 1e-8)
+    s = unit @ unit.T
+    np.fill_diagonal(s, 0)  # A row is never its own partner (threshold >= 0 here).
+    above = s > threshold
+    t = s.shape[0]
+    has = above.any(axis=1)
+    newest = t - 1 - np.argmax(above[:, ::-1], axis=1)
+    return np.where(has, t - newest, t), has
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", default="prose")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--start", type=int, default=4096, help="first token of the segment")
+    ap.add_argument("--threshold", type=float, default=0.5)
+    args = ap.parse_args()
+
+    import torch
+    import kveval
+    from kvctl.model import load_smollm2
+
+    torch.set_num_threads(1)
+    model, tok = load_smollm2()
+    ids = tok(kveval.read_text(args.text, args.text), return_tensors="pt").input_ids
+    ids = ids[:, args.start:args.start + args.tokens]
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+    visited, none, past_first, fallbacks, heads = [], [], [], 0, 0
+    for layer in cache.layers:
+        for k in layer.keys[0].float().numpy():
+            v, has = head_stats(k, args.threshold)
+            visited.append(v.mean())
+            none.append(1 - has.mean())
+            pending = (v > STEP).mean()
+            past_first.append(pending)
+            fallbacks += pending > 0.25
+            heads += 1
+    t = ids.shape[1]
+    print("text %s, T %d, %d heads, threshold %.2f" % (args.text, t, heads, args.threshold))
+    print("keys a row's scan visits: mean %.1f (%.2f %% of T), worst head %.1f"
+          % (np.mean(visited), 100 * np.mean(visited) / t, np.max(visited)))
+    print("rows without a partner: %.2f %% (worst head %.1f %%)"
+          % (100 * np.mean(none), 100 * np.max(none)))
+    print("rows scanning past the first %d keys: %.2f %% (worst head %.1f %%)"
+          % (STEP, 100 * np.mean(past_first), 100 * np.max(past_first)))
+    print("heads that fall back to the full pass: %d of %d" % (fallbacks, heads))
+
+
+if __name__ == "__main__":
+    main()
