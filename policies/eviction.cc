@@ -162,11 +162,19 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
 // A softmax's numerators in place, exp(z[j] - max z) by ExpRef (kernels/exp.h), and their sum in
 // index order (0 when n is 0).
 double ExpAndSum(double* z, int64_t n) {
-  double zmax = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < n; ++j) zmax = std::max(zmax, z[j]);
+  // Four running maxima (a max does not depend on the order; they vectorise where one chain
+  // does not). A NaN is skipped as by one chain.
+  constexpr double kLow = -std::numeric_limits<double>::infinity();
+  double m[4] = {kLow, kLow, kLow, kLow};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], z[j + l]);
+  }
+  for (; j < n; ++j) m[0] = std::max(m[0], z[j]);
+  const double zmax = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
   ExpShiftedInPlace(z, n, zmax);
   double sum = 0;
-  for (int64_t j = 0; j < n; ++j) sum += z[j];
+  for (j = 0; j < n; ++j) sum += z[j];
   return sum;
 }
 
@@ -225,6 +233,7 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
                                GqaReduce group, SoftmaxScope scope) {
   std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
   std::vector<double> z(static_cast<size_t>(keys.tokens));
+  std::vector<float> group_max;
   // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
   auto add_softmax = [&](int64_t n, double w) {
     const double scale = w / ExpAndSum(z.data(), n);
@@ -240,11 +249,14 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
     const int64_t n = counts[i];
     if (n <= 0 || std::min(n, n_imp) <= 0) return;
     if (group == GqaReduce::kMaxLogit) {
-      for (int64_t j = 0; j < n; ++j) z[j] = rows[j];
+      // The group's max in float, then widened: the values of a max of the widened logits
+      // (widening is exact and keeps the order), at half the width.
+      group_max.assign(rows, rows + n);
       for (int64_t h = 1; h < q.g; ++h) {
         const float* other = rows + h * ld;
-        for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], static_cast<double>(other[j]));
+        for (int64_t j = 0; j < n; ++j) group_max[j] = std::max(group_max[j], other[j]);
       }
+      for (int64_t j = 0; j < n; ++j) z[j] = group_max[j];
       add_softmax(n, 1.0 / static_cast<double>(q.m));
     } else {
       for (int64_t h = 0; h < q.g; ++h) {
