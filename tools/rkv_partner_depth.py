@@ -8,7 +8,8 @@ than a quarter of a head's rows have no partner among the newest 32. This runs t
 a text segment (transformers' DynamicCache, post-RoPE keys, fp32: not the daemon's dequantized
 keys) and prints, over every (layer, KV head): the mean number of keys a row's scan visits (T for
 a row without a partner), the share of rows without any partner, the share that scan past the
-first step, and how many heads would fall back.
+first step, how many heads would fall back, and the dot products the scan takes against the full
+pass's T(T-1)/2.
 
     python3 tools/rkv_partner_depth.py [--text prose|code|gpl3|PATH] [--tokens 2048] [--start 4096]
 """
@@ -24,6 +25,23 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 STEP = 32  # policies/redundancy.cc, kScanKeys
+
+
+def scan_cost(visited, t):
+    """Dot products of policies/redundancy.cc's kAuto on one head, and whether it falls back:
+    steps of STEP keys newest first over the pending rows; the full pass (T(T-1)/2 more) when
+    more than 90 % of the rows are pending after the first step, or when the scan has used half
+    the full pass's dot products with rows pending."""
+    full = t * (t - 1) // 2
+    work, hi, pending = 0, t, visited
+    while hi > 0 and len(pending):
+        width = min(STEP, hi)
+        work += len(pending) * width
+        pending = pending[pending > t - hi + width]
+        if len(pending) and ((hi == t and len(pending) * 10 > 9 * t) or work > full // 2):
+            return work + full, True
+        hi -= width
+    return work, False
 
 
 def head_stats(keys, threshold):
@@ -56,15 +74,16 @@ def main():
     ids = ids[:, args.start:args.start + args.tokens]
     with torch.no_grad():
         cache = model(ids, use_cache=True).past_key_values
-    visited, none, past_first, fallbacks, heads = [], [], [], 0, 0
+    visited, none, past_first, fallbacks, heads, costs = [], [], [], 0, 0, []
     for layer in cache.layers:
         for k in layer.keys[0].float().numpy():
             v, has = head_stats(k, args.threshold)
             visited.append(v.mean())
             none.append(1 - has.mean())
-            pending = (v > STEP).mean()
-            past_first.append(pending)
-            fallbacks += pending > 0.25
+            past_first.append((v > STEP).mean())
+            work, fell_back = scan_cost(v, len(v))
+            costs.append(work / (len(v) * (len(v) - 1) / 2))
+            fallbacks += fell_back
             heads += 1
     t = ids.shape[1]
     print("text %s, T %d, %d heads, threshold %.2f" % (args.text, t, heads, args.threshold))
@@ -75,6 +94,8 @@ def main():
     print("rows scanning past the first %d keys: %.2f %% (worst head %.1f %%)"
           % (STEP, 100 * np.mean(past_first), 100 * np.max(past_first)))
     print("heads that fall back to the full pass: %d of %d" % (fallbacks, heads))
+    print("dot products of the scan (the linear column sums apart) per head, relative to the "
+          "full pass's T(T-1)/2: mean %.3f, worst head %.3f" % (np.mean(costs), np.max(costs)))
 
 
 if __name__ == "__main__":
