@@ -58,11 +58,14 @@ std::vector<int64_t> FullPass(const int16_t* unit, int64_t t_n, int64_t d_n, int
 // Keys per step of the newest-first scan: the step's keys (32 x D int16, 4 KiB at D = 64) stay in
 // L1 while every pending row passes over them.
 constexpr int64_t kScanKeys = 32;
+// The first step is shorter: it decides whether the keys have near-duplicates at all, and on keys
+// without them (the full pass follows) its 8 T dot products are the whole overhead.
+constexpr int64_t kFirstScanKeys = 8;
 
 // The newest-first way (see the header). With may_give_up, nullopt (the caller runs the full pass)
-// when more than 90 % of the rows have no partner among the newest kScanKeys keys (keys without
-// near-duplicates: the scan would cost T^2), or when the scan has used half of the full pass's
-// dot products and rows are still pending.
+// when more than 90 % of the rows have no partner among the newest kFirstScanKeys keys (keys
+// without near-duplicates: the scan would cost T^2), or when the scan has used half of the full
+// pass's dot products and rows are still pending.
 std::optional<std::vector<int64_t>> NewestFirst(const int16_t* unit, int64_t t_n, int64_t d_n,
                                                 int32_t threshold, bool may_give_up) {
   // Σ_{i≠j} S_ij = ũ_j · Σ_i ũ_i − ũ_j · ũ_j. In double, exactly: every element of the sum and
@@ -97,7 +100,8 @@ std::optional<std::vector<int64_t>> NewestFirst(const int16_t* unit, int64_t t_n
   const int64_t budget = t_n * (t_n - 1) / 4;  // Dot products: half of the full pass's.
   int64_t work = 0;
   for (int64_t hi = t_n; hi > 0 && !pending.empty();) {
-    const int64_t lo = std::max<int64_t>(hi - kScanKeys, 0), width = hi - lo;
+    const int64_t step = hi == t_n ? kFirstScanKeys : kScanKeys;
+    const int64_t lo = std::max<int64_t>(hi - step, 0), width = hi - lo;
     const auto n = static_cast<int64_t>(pending.size());
     const int16_t* rows = unit;
     if (n < t_n) {  // Gather the pending rows: after the first step they are few.

@@ -23,10 +23,10 @@
 //                 over the heads, 36 % for the worst head. On keys without near-duplicates every
 //                 row scans every key: T² dot products, twice the full pass.
 // kAuto runs the newest-first scan and switches to the full pass when, after its first step (the
-// newest 32 keys, every row), more than 90 % of the rows are left without a partner, or when the
+// newest 8 keys, every row), more than 90 % of the rows are left without a partner, or when the
 // scan has spent half of the full pass's dot products with rows still pending. Its worst case is
 // 1.5 times the full pass (a scan that gives up at the budget); keys without structure cost the
-// full pass plus the first step (32 T dot products).
+// full pass plus the first step (8 T dot products).
 //
 // Thread safety: reentrant (the SIMD level is the process-wide one of kernels/quantize.h).
 #ifndef KVCTL_POLICIES_REDUNDANCY_H_

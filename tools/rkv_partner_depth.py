@@ -3,8 +3,9 @@
 """How far back R-KV's newest near-duplicate sits on SmolLM2's own keys.
 
 policies/redundancy.h finds each row's newest partner (the largest j != i with cosine > 0.5) by a
-scan from the newest key backwards, 32 keys per step, and falls back to the full pass when more
-than a quarter of a head's rows have no partner among the newest 32. This runs the model once over
+scan from the newest key backwards (8 keys in the first step, 32 in the later ones), and falls
+back to the full pass when more than 90 % of a head's rows have no partner among the newest 8, or
+when the scan has used half the full pass's dot products with rows still pending. This runs the model once over
 a text segment (transformers' DynamicCache, post-RoPE keys, fp32: not the daemon's dequantized
 keys) and prints, over every (layer, KV head): the mean number of keys a row's scan visits (T for
 a row without a partner), the share of rows without any partner, the share that scan past the
@@ -25,17 +26,18 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 STEP = 32  # policies/redundancy.cc, kScanKeys
+FIRST_STEP = 8  # and kFirstScanKeys
 
 
 def scan_cost(visited, t):
     """Dot products of policies/redundancy.cc's kAuto on one head, and whether it falls back:
-    steps of STEP keys newest first over the pending rows; the full pass (T(T-1)/2 more) when
-    more than 90 % of the rows are pending after the first step, or when the scan has used half
+    steps of STEP keys (FIRST_STEP the first) newest first over the pending rows; the full pass
+    (T(T-1)/2 more) when more than 90 % of the rows are pending after the first step, or when the scan has used half
     the full pass's dot products with rows pending."""
     full = t * (t - 1) // 2
     work, hi, pending = 0, t, visited
     while hi > 0 and len(pending):
-        width = min(STEP, hi)
+        width = min(FIRST_STEP if hi == t else STEP, hi)
         work += len(pending) * width
         pending = pending[pending > t - hi + width]
         if len(pending) and ((hi == t and len(pending) * 10 > 9 * t) or work > full // 2):
