@@ -19,8 +19,8 @@
 //                 each row's p(i) by a scan of the keys from the newest backwards that stops at the
 //                 first one above the threshold. On SmolLM2's keys nearly every row has a
 //                 near-duplicate a few dozen keys back or less (tools/rkv_partner_depth.py;
-//                 docs/eviction.md, "Timings"): 5-8 % of the full pass's dot products on average
-//                 over the heads, 36 % for the worst head. On keys without near-duplicates every
+//                 docs/eviction.md, "Timings"): 3-4 % of the full pass's dot products on average
+//                 over the heads, 31-33 % for the worst head. On keys without near-duplicates every
 //                 row scans every key: T² dot products, twice the full pass.
 // kAuto runs the newest-first scan and switches to the full pass when, after its first step (the
 // newest 8 keys, every row), more than 90 % of the rows are left without a partner, or when the
