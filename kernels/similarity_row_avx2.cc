@@ -1,9 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // AVX2 instances of LastAbove and SimilarityRow (kernels/similarity_row.h). LastAbove: eight
 // compares per step from the end, a movemask, the highest bit. SimilarityRow: eight similarities
-// per step, widened
-// to int64 four at a time for the column and row sums (exact, so the order does not matter), and
-// the threshold as a compare mask that blends the partner and value arrays.
+// per step, widened to int64 four at a time for the column and row sums (exact, so the order does
+// not matter), and the threshold as a compare mask that blends the partner and value arrays.
 #include <immintrin.h>
 
 #include <bit>

@@ -70,8 +70,9 @@ std::optional<std::vector<int64_t>> NewestFirst(const int16_t* unit, int64_t t_n
                                                 int32_t threshold, bool may_give_up) {
   // Σ_{i≠j} S_ij = ũ_j · Σ_i ũ_i − ũ_j · ũ_j. In double, exactly: every element of the sum and
   // every product is an integer below 2^53, and so is every partial sum of ũ_j · Σ_i ũ_i, bounded
-  // by |ũ_j| |Σ_i ũ_i| <= T 2^28 (Cauchy-Schwarz), below 2^53 for T < 2^25
-  // (eviction.h's kMaxRedundancyTokens is 2^22). Doubles vectorise where int64 products do not.
+  // by |ũ_j| |Σ_i ũ_i| <= T |ũ|² (Cauchy-Schwarz; |ũ| is 2^14 to within √D / 2), about T 2^28:
+  // far below 2^53 for T <= 2^22 (eviction.h's kMaxRedundancyTokens). Doubles vectorise where
+  // int64 products do not.
   std::vector<double> total(static_cast<size_t>(d_n), 0.0);
   for (int64_t t = 0; t < t_n; ++t) {
     const int16_t* u = unit + t * d_n;
