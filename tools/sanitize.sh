@@ -7,7 +7,8 @@
 #   tsan  TSan (g++ -O1) over the concurrency tests in build-tsan/: the daemon (integration_test
 #         runs a TSan kvctl: 8 clients at once, leases, SIGHUP, hostile clients), ipc_test's server
 #         tests (I/O thread and responders on other threads), pool_test, service_test's
-#         hostile-client tests and sequence_test's pool-pressure tests.
+#         hostile-client tests and sequence_test's pool-pressure tests (these from
+#         sequence_pressure_test, the two of sequence_test's files they are in, in both builds).
 # Sanitizer reports of child processes (the daemon) go to files under <build>/sanitizer-logs/;
 # any file there fails the check.
 #
@@ -36,7 +37,8 @@ CHECKS=(asan-kernels asan-controller asan-ipc tsan-integration tsan-ipc tsan-con
 
 build_asan() {
   KVCTL_FUZZ_BUILD=$ASAN_BUILD bash tools/fuzz.sh --build-only
-  build_targets "$ASAN_BUILD" kernels_test pool_test config_test service_test sequence_test ipc_test
+  build_targets "$ASAN_BUILD" kernels_test pool_test config_test service_test \
+    sequence_pressure_test ipc_test
 }
 
 # Build output goes to <build>/build.log, shown on failure.
@@ -54,7 +56,8 @@ build_tsan() {
   cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF \
     -DKVCTL_WERROR=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" >/dev/null
-  build_targets "$TSAN_BUILD" kvctl integration_test ipc_test pool_test service_test sequence_test
+  build_targets "$TSAN_BUILD" kvctl integration_test ipc_test pool_test service_test \
+    sequence_pressure_test
 }
 
 # Runs a test binary with the sanitizer's reports (its own and its children's) logged to files;
@@ -102,9 +105,9 @@ run_check() {
       done
       # Slab compaction and moving a head's records to a narrower slab under a full pool: the
       # fuzzer's 2 MiB pool does not fill with short inputs, so these run here.
-      need "$ASAN_BUILD/tests/sequence_test"
+      need "$ASAN_BUILD/tests/sequence_pressure_test"
       run_logged "$ASAN_BUILD" ASAN_OPTIONS "$asan_opts" env "$ubsan" \
-        "$ASAN_BUILD/tests/sequence_test" \
+        "$ASAN_BUILD/tests/sequence_pressure_test" \
         "KvSequence: slab compaction*,KvSequence: a joint sequence under pressure lowers widths*"
       ;;
     tsan-integration)
@@ -117,11 +120,14 @@ run_check() {
         "ZmqServer*,Client*"
       ;;
     tsan-controller)
-      for bin in pool_test service_test sequence_test; do need "$TSAN_BUILD/tests/$bin"; done
+      for bin in pool_test service_test sequence_pressure_test; do
+        need "$TSAN_BUILD/tests/$bin"
+      done
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/pool_test"
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/service_test" \
         "[hostile]$NOT_UNDER_SANITIZERS"
-      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/sequence_test" \
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" \
+        "$TSAN_BUILD/tests/sequence_pressure_test" \
         "KvSequence: under pool pressure*,KvSequence: pressure relief*"
       ;;
     fuzz)
