@@ -27,7 +27,10 @@ endfunction()
 function(kvctl_cc_test)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;PROPERTIES" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
-  target_compile_options(${ARG_NAME} PRIVATE ${KVCTL_WARNINGS})
+  # Release tests at -O1: their run time is in the libraries, which stay at -O3, and -O1 compiles
+  # them in a quarter less CPU (every test binary: 244 s at -O3, 182 s at -O1 on 2 AMD EPYC vCPUs,
+  # 2026-12-04): Catch's assertion macros expand to much code that -O3 inlines.
+  target_compile_options(${ARG_NAME} PRIVATE ${KVCTL_WARNINGS} $<$<CONFIG:Release>:-O1>)
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} kvctl_catch_main)
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: "
