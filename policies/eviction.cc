@@ -287,7 +287,7 @@ std::vector<double> Pool(const std::vector<double>& a, int kernel, PoolKind kind
 }
 
 // R-KV redundancy r_j over all T keys (see the essay above).
-std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
+std::vector<double> Redundancy(const KeyRows& keys, float threshold, RedundancyState* state) {
   const int64_t t_n = keys.tokens, d_n = keys.head_dim;
   // Unit keys in int16: round(u * 2^14), |u| <= 1 (to a float rounding), so every dot product of
   // two of them is exact in int32 (kernels/dot.h) and S_ij = dot * 2^-28. u * 2^14 is exact in
@@ -308,7 +308,8 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
   // integer; threshold * 2^28 is exact in double and, for |threshold| <= 1, in int32's range).
   const auto fixed_threshold =
       static_cast<int32_t>(std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
-  const std::vector<int64_t> col = RedundancyColumnSums(unit.data(), t_n, d_n, fixed_threshold);
+  const std::vector<int64_t> col =
+      RedundancyColumnSums(unit.data(), t_n, d_n, fixed_threshold, RedundancyPass::kAuto, state);
   std::vector<double> r(static_cast<size_t>(t_n));
   for (int64_t j = 0; j < t_n; ++j) {
     r[j] = static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n);
@@ -321,7 +322,8 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold) {
 StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorView& group_queries,
                                             ProtectedRegions regions, int64_t obs_window,
                                             int kernel, PoolKind pool, GqaReduce group,
-                                            SoftmaxScope scope, float lambda, float threshold) {
+                                            SoftmaxScope scope, float lambda, float threshold,
+                                            RedundancyState* state) {
   KVCTL_RETURN_IF_ERROR(CheckKeys(keys));
   // Bounds the O(T^2) work far past any real budget (and the column sums far below 2^63).
   if (lambda < 1.0f && keys.tokens > kMaxRedundancyTokens) {
@@ -336,7 +338,11 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
   // The pooling runs over every non-window key, sinks included, as in R-KV and SnapKV.
   const std::vector<double> pooled = Pool(Importance(keys, q, c.hi, group, scope), kernel, pool);
   std::vector<double> r;
-  if (lambda < 1.0f) r = Redundancy(keys, threshold);
+  if (lambda < 1.0f) {
+    r = Redundancy(keys, threshold, state);
+  } else if (state != nullptr) {
+    *state = RedundancyState{};  // Nothing scored: no partners known for these keys.
+  }
   for (int64_t j = c.lo; j < c.hi; ++j) {
     double s = static_cast<double>(lambda) * pooled[j];
     if (!r.empty()) s -= (1.0 - static_cast<double>(lambda)) * r[j];
@@ -478,14 +484,16 @@ StatusOr<std::vector<float>> ScoreSnapKV(const KeyRows& keys, const KvTensorView
                                          ProtectedRegions regions, const SnapKvParams& params) {
   KVCTL_RETURN_IF_ERROR(ValidateSnapKvParams(params));
   return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
-                        params.group, params.softmax, 1.0f, 0.5f);
+                        params.group, params.softmax, 1.0f, 0.5f, nullptr);
 }
 
 StatusOr<std::vector<float>> ScoreRKV(const KeyRows& keys, const KvTensorView& group_queries,
-                                      ProtectedRegions regions, const RkvParams& params) {
+                                      ProtectedRegions regions, const RkvParams& params,
+                                      RedundancyState* redundancy) {
   KVCTL_RETURN_IF_ERROR(ValidateRkvParams(params));
   return ScoreAttention(keys, group_queries, regions, params.obs_window, params.kernel, params.pool,
-                        params.group, params.softmax, params.lambda, params.similarity_threshold);
+                        params.group, params.softmax, params.lambda, params.similarity_threshold,
+                        redundancy);
 }
 
 Status UpdateH2O(H2OState* state, const KeyRows& keys, const KvTensorView& group_queries) {

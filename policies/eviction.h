@@ -36,6 +36,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "policies/redundancy.h"
 
 namespace kvctl {
 
@@ -114,8 +115,13 @@ StatusOr<std::vector<float>> ScoreStreaming(int64_t tokens, ProtectedRegions reg
 // queries than keys, bad regions or parameters.
 StatusOr<std::vector<float>> ScoreSnapKV(const KeyRows& keys, const KvTensorView& group_queries,
                                          ProtectedRegions regions, const SnapKvParams& params = {});
+// ScoreRKV's `redundancy` (optional): the head's state from its previous scoring, compacted by
+// CompactRedundancy after the eviction that followed (policies/redundancy.h); the scan then skips
+// what it still knows (the scores are the same). Replaced by the state of these keys (emptied when
+// lambda = 1 skips the redundancy); left as it was on an error or when every key is protected.
 StatusOr<std::vector<float>> ScoreRKV(const KeyRows& keys, const KvTensorView& group_queries,
-                                      ProtectedRegions regions, const RkvParams& params = {});
+                                      ProtectedRegions regions, const RkvParams& params = {},
+                                      RedundancyState* redundancy = nullptr);
 
 // H2O accumulated attention, one entry per resident token (oldest first). Unnormalised, as in the
 // paper: old tokens have had more steps to accumulate.

@@ -2,8 +2,11 @@
 #include "policies/redundancy.h"
 
 #include <algorithm>
-#include <numeric>
-#include <optional>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
 #include <utility>
 
 #include "kernels/dot.h"
@@ -14,12 +17,13 @@ namespace {
 
 // The full pass, O(T^2 D / 2) with O(T) memory: column sums from the upper triangle of S; row i's
 // newest partner is the last one above the threshold right of the diagonal, or else the latest
-// earlier row that had i above it.
-std::vector<int64_t> FullPass(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t threshold) {
+// earlier row that had i above it. *partner (-1: none) gets each row's.
+std::vector<int64_t> FullPass(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t threshold,
+                              std::vector<int32_t>* partner) {
+  partner->assign(static_cast<size_t>(t_n), -1);
   std::vector<int64_t> col(static_cast<size_t>(t_n), 0);
   // The newest partner of row i: right of the diagonal from row i's own pass; left of it (the
   // latest earlier row above the threshold) from the passes before, a select per element.
-  std::vector<uint8_t> has_right_partner(static_cast<size_t>(t_n), 0);
   std::vector<int32_t> left_partner(static_cast<size_t>(t_n), -1);
   std::vector<int32_t> left_value(static_cast<size_t>(t_n), 0);
   // Rows of S right of the diagonal, four at a time: the keys after the block are read once for
@@ -44,13 +48,16 @@ std::vector<int64_t> FullPass(const int16_t* unit, int64_t t_n, int64_t d_n, int
           left_partner.data() + row + 1, left_value.data() + row + 1);
       col[row] += sums.row_sum;
       if (sums.last_above >= 0) {
-        has_right_partner[row] = 1;
+        (*partner)[row] = static_cast<int32_t>(row + 1 + sums.last_above);
         col[row + 1 + sums.last_above] -= s[sums.last_above];
       }
     }
   }
   for (int64_t i = 0; i < t_n; ++i) {
-    if (!has_right_partner[i] && left_partner[i] >= 0) col[left_partner[i]] -= left_value[i];
+    if ((*partner)[i] < 0 && left_partner[i] >= 0) {
+      (*partner)[i] = left_partner[i];
+      col[left_partner[i]] -= left_value[i];
+    }
   }
   return col;
 }
@@ -58,21 +65,16 @@ std::vector<int64_t> FullPass(const int16_t* unit, int64_t t_n, int64_t d_n, int
 // Keys per step of the newest-first scan: the step's keys (32 x D int16, 4 KiB at D = 64) stay in
 // L1 while every pending row passes over them.
 constexpr int64_t kScanKeys = 32;
-// The first step is shorter: it decides whether the keys have near-duplicates at all, and on keys
-// without them (the full pass follows) its 8 T dot products are the whole overhead.
+// A fresh scan's first step is shorter: it decides whether the keys have near-duplicates at all,
+// and on keys without them (the full pass follows) its 8 T dot products are the whole overhead.
 constexpr int64_t kFirstScanKeys = 8;
 
-// The newest-first way (see the header). With may_give_up, nullopt (the caller runs the full pass)
-// when more than 90 % of the rows have no partner among the newest kFirstScanKeys keys (keys
-// without near-duplicates: the scan would cost T^2), or when the scan has used half of the full
-// pass's dot products and rows are still pending.
-std::optional<std::vector<int64_t>> NewestFirst(const int16_t* unit, int64_t t_n, int64_t d_n,
-                                                int32_t threshold, bool may_give_up) {
-  // Σ_{i≠j} S_ij = ũ_j · Σ_i ũ_i − ũ_j · ũ_j. In double, exactly: every element of the sum and
-  // every product is an integer below 2^53, and so is every partial sum of ũ_j · Σ_i ũ_i, bounded
-  // by |ũ_j| |Σ_i ũ_i| <= T |ũ|² (Cauchy-Schwarz; |ũ| is 2^14 to within √D / 2), about T 2^28:
-  // far below 2^53 for T <= 2^22 (eviction.h's kMaxRedundancyTokens). Doubles vectorise where
-  // int64 products do not.
+// Σ_{i≠j} S_ij = ũ_j · Σ_i ũ_i − ũ_j · ũ_j for every column j. In double, exactly: every element
+// of the sum and every product is an integer below 2^53, and so is every partial sum of
+// ũ_j · Σ_i ũ_i, bounded by |ũ_j| |Σ_i ũ_i| <= T |ũ|² (Cauchy-Schwarz; |ũ| is 2^14 to within
+// √D / 2), about T 2^28: far below 2^53 for T <= 2^22 (eviction.h's kMaxRedundancyTokens).
+// Doubles vectorise where int64 products do not.
+std::vector<int64_t> ColumnSumsWithoutPartners(const int16_t* unit, int64_t t_n, int64_t d_n) {
   std::vector<double> total(static_cast<size_t>(d_n), 0.0);
   for (int64_t t = 0; t < t_n; ++t) {
     const int16_t* u = unit + t * d_n;
@@ -93,65 +95,245 @@ std::optional<std::vector<int64_t>> NewestFirst(const int16_t* unit, int64_t t_n
         ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     col[j] = static_cast<int64_t>(dot) - DotI16Ref(u, u, d_n);
   }
-  // Rows whose newest partner is not found yet, ascending; the keys [lo, hi) are the next step.
-  std::vector<int32_t> pending(static_cast<size_t>(t_n));
-  std::iota(pending.begin(), pending.end(), 0);
+  return col;
+}
+
+// A row of a newest-first scan and the keys it looks at: [floor, hi) of the scan, itself excluded.
+struct ScanRow {
+  int32_t row;
+  int32_t hi;
+};
+
+// What a scan found: partner[row] and value[row] (S of the pair) for the rows that have one among
+// their keys; `work` counts dot products.
+struct ScanResult {
+  std::vector<int32_t>& partner;
+  std::vector<int32_t>& value;
+  int64_t work = 0;
+};
+
+// Gives up when, after the first step, more than 90 % of all the rows are still pending (keys
+// without near-duplicates: a scan would cost T^2), or once work passes `budget` with rows pending.
+struct GiveUp {
+  bool probe_first = false;
+  int64_t budget = std::numeric_limits<int64_t>::max();
+};
+
+// The newest-first scan over the keys [floor, ...) of `rows` (sorted by hi, descending): steps of
+// keys from the highest hi down, each pending row dropping out at its newest key above the
+// threshold. Rows that reach floor without one are left in *rows. false: gave up (see GiveUp).
+bool ScanNewestFirst(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t threshold,
+                     int64_t floor, GiveUp give_up, std::vector<ScanRow>* rows, ScanResult* out) {
+  std::vector<ScanRow> active, unfound;
+  active.reserve(rows->size());
+  size_t next = 0;  // (*rows)[next...] have not joined yet: their keys start lower.
   std::vector<int16_t> gathered;
   std::vector<int32_t> s;
-  const int64_t budget = t_n * (t_n - 1) / 4;  // Dot products: half of the full pass's.
-  int64_t work = 0;
-  for (int64_t hi = t_n; hi > 0 && !pending.empty();) {
-    const int64_t step = hi == t_n ? kFirstScanKeys : kScanKeys;
-    const int64_t lo = std::max<int64_t>(hi - step, 0), width = hi - lo;
-    const auto n = static_cast<int64_t>(pending.size());
-    const int16_t* rows = unit;
-    if (n < t_n) {  // Gather the pending rows: after the first step they are few.
+  bool first = true;
+  for (int64_t hi = rows->empty() ? floor : (*rows)[0].hi; hi > floor;) {
+    if (active.empty() && next < rows->size()) hi = std::min<int64_t>(hi, (*rows)[next].hi);
+    if (active.empty() && (next == rows->size() || hi <= floor)) break;
+    const int64_t step = first && give_up.probe_first ? kFirstScanKeys : kScanKeys;
+    const int64_t lo = std::max<int64_t>(hi - step, floor), width = hi - lo;
+    while (next < rows->size() && (*rows)[next].hi > lo) active.push_back((*rows)[next++]);
+    const auto n = static_cast<int64_t>(active.size());
+    const int16_t* a = unit;
+    // Every row in order (a fresh scan's first step) reads the keys in place; later steps
+    // gather the few rows still pending.
+    bool in_place = n == t_n;
+    for (int64_t p = 0; in_place && p < n; ++p) in_place = active[p].row == p;
+    if (!in_place) {
       gathered.resize(static_cast<size_t>(n * d_n));
       for (int64_t p = 0; p < n; ++p) {
-        std::copy_n(unit + pending[p] * d_n, d_n, gathered.data() + p * d_n);
+        std::copy_n(unit + int64_t{active[p].row} * d_n, d_n, gathered.data() + p * d_n);
       }
-      rows = gathered.data();
+      a = gathered.data();
     }
     s.resize(static_cast<size_t>(n * width));
-    DotRowsManyI16(rows, d_n, n, unit + lo * d_n, d_n, width, d_n, s.data(), width);
-    work += n * width;
+    DotRowsManyI16(a, d_n, n, unit + lo * d_n, d_n, width, d_n, s.data(), width);
+    out->work += n * width;
     size_t still = 0;
     for (int64_t p = 0; p < n; ++p) {
-      const int32_t row = pending[p];
+      const ScanRow r = active[p];
       const int32_t* sp = s.data() + p * width;
-      // A row is not its own partner.
-      const int64_t k = LastAbove(sp, width, threshold, row - lo);
+      // A row that joined in this step looks at its own keys only; a row is not its own partner.
+      const int64_t k = LastAbove(sp, std::min<int64_t>(r.hi, hi) - lo, threshold, r.row - lo);
       if (k >= 0) {
-        col[lo + k] -= sp[k];
+        out->partner[r.row] = static_cast<int32_t>(lo + k);
+        out->value[r.row] = sp[k];
       } else {
-        pending[still++] = row;
+        active[still++] = r;
       }
     }
-    pending.resize(still);
-    const auto left = static_cast<int64_t>(still);
-    if (may_give_up && left > 0 && ((hi == t_n && 10 * left > 9 * t_n) || work > budget)) {
-      return std::nullopt;
+    active.resize(still);
+    const auto left = static_cast<int64_t>(still + (rows->size() - next));
+    if (left > 0 &&
+        ((first && give_up.probe_first && 10 * left > 9 * t_n) || out->work > give_up.budget)) {
+      return false;
     }
+    first = false;
     hi = lo;
   }
-  return col;
+  active.insert(active.end(), rows->begin() + static_cast<int64_t>(next), rows->end());
+  *rows = std::move(active);
+  return true;
+}
+
+// The partners `state` gives these rows: those of its rows up to the first whose unit key changed
+// (hash mismatch: its record was quantized again, e.g. flushed from fp16 rows), which is a prefix
+// of these rows as they are; empty when the threshold changed. A partner or bound in the changed
+// part says nothing about the prefix: that row's bound becomes the prefix's end (it scans the
+// prefix). The state is our own cache, but checked rather than trusted: anything out of range, and
+// it is not used.
+std::vector<int32_t> UsablePrefix(const RedundancyState& state, const std::vector<uint32_t>& hash,
+                                  int32_t threshold) {
+  const int64_t rows = state.rows();
+  if (state.threshold != threshold || rows > static_cast<int64_t>(hash.size()) ||
+      static_cast<int64_t>(state.key_hash.size()) != rows) {
+    return {};
+  }
+  const auto prefix = static_cast<int32_t>(
+      std::mismatch(state.key_hash.begin(), state.key_hash.end(), hash.begin()).first -
+      state.key_hash.begin());
+  std::vector<int32_t> partner(state.partner.begin(), state.partner.begin() + prefix);
+  for (int32_t i = 0; i < prefix; ++i) {
+    int32_t& p = partner[i];
+    if (p == i || p >= rows || (p < 0 && -int64_t{p} - 1 > rows)) return {};
+    if (p >= prefix || -int64_t{p} - 1 > prefix) p = -(prefix + 1);
+  }
+  return partner;
+}
+
+// Each row's newest partner (-1: none) and S of the pair, by the newest-first scan: fresh, or
+// from the partners `prior` of the first rows (UsablePrefix). false: gave up (the caller runs the
+// full pass).
+bool FindPartners(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t threshold,
+                  std::span<const int32_t> prior, bool may_give_up, ScanResult* out) {
+  const auto old_rows = static_cast<int64_t>(prior.size());
+  GiveUp give_up{.probe_first = may_give_up && old_rows == 0,
+                 .budget = may_give_up ? t_n * (t_n - 1) / 4  // Half the full pass.
+                                       : std::numeric_limits<int64_t>::max()};
+  // Every row looks at the keys past the prior's rows (all of them when fresh).
+  std::vector<ScanRow> rows(static_cast<size_t>(t_n));
+  for (int64_t i = 0; i < t_n; ++i) {
+    rows[i] = {static_cast<int32_t>(i), static_cast<int32_t>(t_n)};
+  }
+  if (!ScanNewestFirst(unit, t_n, d_n, threshold, old_rows, give_up, &rows, out)) return false;
+  if (old_rows == 0) return true;
+  // Then an old row keeps its partner, or scans on below the one it had; a new row scans the
+  // old keys.
+  std::vector<ScanRow> below;
+  for (const ScanRow& r : rows) {
+    if (r.row >= old_rows) {
+      below.push_back({r.row, static_cast<int32_t>(old_rows)});
+      continue;
+    }
+    const int32_t p = prior[r.row];
+    if (p >= 0) {
+      out->partner[r.row] = p;
+      out->value[r.row] = DotI16Ref(unit + int64_t{r.row} * d_n, unit + int64_t{p} * d_n, d_n);
+    } else if (p < -1) {
+      below.push_back({r.row, -(p + 1)});
+    }
+  }
+  std::stable_sort(below.begin(), below.end(),
+                   [](const ScanRow& a, const ScanRow& b) { return a.hi > b.hi; });
+  return ScanNewestFirst(unit, t_n, d_n, threshold, 0, give_up, &below, out);
 }
 
 }  // namespace
 
-std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, int64_t head_dim,
-                                          int32_t threshold, RedundancyPass pass) {
-  switch (pass) {
-    case RedundancyPass::kFull:
-      return FullPass(unit, tokens, head_dim, threshold);
-    case RedundancyPass::kNewestFirst:
-      return *NewestFirst(unit, tokens, head_dim, threshold, /*may_give_up=*/false);
-    case RedundancyPass::kAuto:
-      break;
+uint32_t UnitKeyHash(const int16_t* unit, int64_t head_dim) {
+  // Four independent multiply-xorshift chains over the row's 64-bit words (a changed word changes
+  // its chain: each step is a bijection of it), then mixed down to 32 bits.
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  uint64_t lane[4] = {1, 2, 3, 4};
+  int64_t c = 0, word = 0;
+  for (; c + 4 <= head_dim; c += 4, ++word) {
+    uint64_t w;
+    std::memcpy(&w, unit + c, sizeof(w));
+    uint64_t& x = lane[word & 3];
+    x = (x ^ w) * kMul;
+    x ^= x >> 32;
   }
-  std::optional<std::vector<int64_t>> col =
-      NewestFirst(unit, tokens, head_dim, threshold, /*may_give_up=*/true);
-  return col ? std::move(*col) : FullPass(unit, tokens, head_dim, threshold);
+  uint64_t tail = static_cast<uint64_t>(head_dim);
+  for (; c < head_dim; ++c) tail = (tail << 16) ^ static_cast<uint16_t>(unit[c]);
+  uint64_t h =
+      (lane[0] ^ std::rotl(lane[1], 16) ^ std::rotl(lane[2], 32) ^ std::rotl(lane[3], 48) ^ tail) *
+      kMul;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<uint32_t>(h >> 32);
+}
+
+std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, int64_t head_dim,
+                                          int32_t threshold, RedundancyPass pass,
+                                          RedundancyState* state) {
+  const int64_t t_n = tokens, d_n = head_dim;
+  auto hash_rows = [&] {
+    std::vector<uint32_t> hash(static_cast<size_t>(t_n));
+    for (int64_t i = 0; i < t_n; ++i) hash[i] = UnitKeyHash(unit + i * d_n, d_n);
+    return hash;
+  };
+  std::vector<uint32_t> hash;
+  std::vector<int32_t> prior;
+  if (state != nullptr) {
+    hash = hash_rows();
+    if (pass == RedundancyPass::kAuto) prior = UsablePrefix(*state, hash, threshold);
+    // Under half the rows: a fresh scan, whose first step can tell keys without near-duplicates
+    // (the full pass) for 8 T dot products; scanning the new keys cannot stop that early.
+    if (static_cast<int64_t>(prior.size()) * 2 < t_n) prior.clear();
+  }
+  std::vector<int32_t> partner(static_cast<size_t>(t_n), -1), value(static_cast<size_t>(t_n), 0);
+  ScanResult found{partner, value};
+  std::vector<int64_t> col;
+  if (pass != RedundancyPass::kFull &&
+      FindPartners(unit, t_n, d_n, threshold, prior, pass == RedundancyPass::kAuto, &found)) {
+    col = ColumnSumsWithoutPartners(unit, t_n, d_n);
+    for (int64_t i = 0; i < t_n; ++i) {
+      if (partner[i] >= 0) col[partner[i]] -= value[i];
+    }
+  } else {
+    col = FullPass(unit, t_n, d_n, threshold, &partner);
+    found.work += t_n * (t_n - 1) / 2;
+    prior.clear();  // The partners are the full pass's.
+  }
+  if (state != nullptr) {
+    state->partner = std::move(partner);
+    state->key_hash = std::move(hash);
+    state->threshold = threshold;
+    state->reused_rows = static_cast<int64_t>(prior.size());
+    state->dot_products = found.work;
+  }
+  return col;
+}
+
+Status CompactRedundancy(RedundancyState* state, std::span<const int64_t> kept) {
+  const int64_t rows = state->rows();
+  for (size_t j = 0; j < kept.size(); ++j) {
+    if (kept[j] < 0 || kept[j] >= rows || (j > 0 && kept[j] <= kept[j - 1])) {
+      return InvalidArgument("kept[", j, "]: ", kept[j], ", expected strictly increasing indices ",
+                             "below the ", rows, " rows of the redundancy state");
+    }
+  }
+  // A partner or bound at old row r becomes the number of kept rows below r: the kept row's new
+  // index when r is kept, else the first kept row above it (none at or above r stays none).
+  auto renumber = [&](int64_t r) {
+    return static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), r) - kept.begin());
+  };
+  RedundancyState out;
+  out.threshold = state->threshold;  // What the scoring spent is not carried: it was this one's.
+  out.partner.reserve(kept.size());
+  out.key_hash.reserve(kept.size());
+  for (int64_t i : kept) {
+    const int32_t p = state->partner[i];
+    const bool p_kept = p >= 0 && std::binary_search(kept.begin(), kept.end(), int64_t{p});
+    const int32_t bound = renumber(p >= 0 ? p : -(int64_t{p} + 1));
+    out.partner.push_back(p_kept ? bound : -(bound + 1));
+    out.key_hash.push_back(state->key_hash[i]);
+  }
+  *state = std::move(out);
+  return OkStatus();
 }
 
 }  // namespace kvctl

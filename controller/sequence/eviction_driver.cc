@@ -75,7 +75,7 @@ StatusOr<std::vector<int64_t>> LayerBudgets(const EvictionSettings& s, int64_t l
 
 StatusOr<std::vector<float>> ScoreHead(const EvictionSettings& s, const KeyRows& keys,
                                        const KvTensorView* group_queries, const H2OState* h2o,
-                                       ProtectedRegions regions) {
+                                       ProtectedRegions regions, RedundancyState* redundancy) {
   switch (s.policy) {
     case EvictPolicy::kStreaming:
       return ScoreStreaming(keys.tokens, regions);
@@ -87,7 +87,7 @@ StatusOr<std::vector<float>> ScoreHead(const EvictionSettings& s, const KeyRows&
       return ScoreSnapKV(keys, *group_queries, regions, s.snapkv);
     case EvictPolicy::kRKV:
       if (group_queries == nullptr) return InvalidArgument("q: rkv needs query rows");
-      return ScoreRKV(keys, *group_queries, regions, s.rkv);
+      return ScoreRKV(keys, *group_queries, regions, s.rkv, redundancy);
   }
   return InvalidArgument("evict.policy: unknown");
 }

@@ -80,10 +80,12 @@ StatusOr<std::vector<int64_t>> LayerBudgets(const EvictionSettings& s, int64_t l
 
 // Scores of every resident token of one head (policies/eviction.h conventions: higher = keep,
 // protected = +inf). `group_queries` ([m, g, D], the last m resident tokens' query rows) is
-// required by snapkv and rkv; `h2o` (already updated with every query so far) by h2o.
+// required by snapkv and rkv; `h2o` (already updated with every query so far) by h2o. rkv reads
+// and replaces `redundancy` when given (ScoreRKV).
 StatusOr<std::vector<float>> ScoreHead(const EvictionSettings& s, const KeyRows& keys,
                                        const KvTensorView* group_queries, const H2OState* h2o,
-                                       ProtectedRegions regions);
+                                       ProtectedRegions regions,
+                                       RedundancyState* redundancy = nullptr);
 
 }  // namespace kvctl
 

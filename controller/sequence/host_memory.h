@@ -32,8 +32,8 @@ struct HostShape {
 inline constexpr uint64_t kHostBytesPerStreamToken =
     2 * (sizeof(int64_t) + sizeof(double) + sizeof(uint32_t));
 // Each token kept by every (layer, KV head) stream: its position (int64), scorer state (the
-// H2O accumulator, a double) and at most one slot id (uint32: a row, or a record's share),
-// counted at twice their size for vector growth.
+// H2O accumulator, a double; or R-KV's partner and key hash, two 32-bit words) and at most one
+// slot id (uint32: a row, or a record's share), counted at twice their size for vector growth.
 uint64_t HostBytesPerKeptToken(const HostShape& shape);
 
 // limits.host_memory_bytes, or its default from the pool size when 0.

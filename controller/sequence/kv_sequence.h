@@ -441,6 +441,8 @@ class KvSequence {
                             int64_t protect) const;
   StatusOr<KvTensorView> RecentQueries(const LayerPrep& p, int64_t rows, int h) const;
   const H2OState* H2OOf(const LayerPrep& p, int h) const;
+  // rkv: the head's redundancy state for this append (the prepared copy); nullptr otherwise.
+  RedundancyState* RedundancyOf(LayerPrep& p, int h) const;
   Status PlanHeadBudgets(LayerPrep& p) const;
   Status FoldH2O(LayerPrep& p) const;
   Status ReallocateHeads(LayerPrep& p) const;

@@ -315,6 +315,16 @@ const H2OState* KvSequence::H2OOf(const LayerPrep& p, int h) const {
   return ph.h2o_changed ? &ph.h2o : &p.layer.heads[h].h2o;
 }
 
+RedundancyState* KvSequence::RedundancyOf(LayerPrep& p, int h) const {
+  if (eviction_.policy != EvictPolicy::kRKV) return nullptr;
+  PreparedHead& ph = p.out->heads[h];
+  if (!ph.redundancy_changed) {
+    ph.redundancy = p.layer.heads[h].redundancy;  // A copy: the head's stays until the commit.
+    ph.redundancy_changed = true;
+  }
+  return &ph.redundancy;
+}
+
 Status KvSequence::ReallocateHeads(LayerPrep& p) const {
   // Online head re-allocation from the retained-mass curve of each head's own scorer: greedy =
   // the split that retains the most observed mass (its excess over the floor is the utility, so
@@ -328,7 +338,8 @@ Status KvSequence::ReallocateHeads(LayerPrep& p) const {
     const KeyRows keys = FullKeys(p, h);
     KVCTL_ASSIGN_OR_RETURN(KvTensorView gq, RecentQueries(p, p.obs, h));
     StatusOr<std::vector<double>> mass = TokenAttentionMass(keys, gq);
-    StatusOr<std::vector<float>> scores = ScoreHead(ev, keys, &gq, H2OOf(p, h), p.regions);
+    StatusOr<std::vector<float>> scores =
+        ScoreHead(ev, keys, &gq, H2OOf(p, h), p.regions, RedundancyOf(p, h));
     if (!mass.ok()) return WithLayerHead(p.l, h, mass.status());
     if (!scores.ok()) return WithLayerHead(p.l, h, scores.status());
     const std::vector<uint8_t> mask = ProtectedMask(keys.tokens, p.regions);
@@ -381,8 +392,9 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
   if (p.have_q) {
     KVCTL_ASSIGN_OR_RETURN(gq, RecentQueries(p, p.obs, h));
   }
+  RedundancyState* redundancy = RedundancyOf(p, h);
   StatusOr<std::vector<float>> scores =
-      ScoreHead(ev, keys, gq ? &*gq : nullptr, H2OOf(p, h), p.regions);
+      ScoreHead(ev, keys, gq ? &*gq : nullptr, H2OOf(p, h), p.regions, redundancy);
   if (!scores.ok()) return WithLayerHead(p.l, h, scores.status());
   StatusOr<std::vector<int64_t>> kept = SelectKeep(*scores, target, mask);
   if (!kept.ok()) return WithLayerHead(p.l, h, kept.status());
@@ -402,6 +414,12 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
     ph.h2o.acc.resize(static_cast<size_t>(total), 0.0);
     KVCTL_RETURN_IF_ERROR(CompactH2O(&ph.h2o, ph.kept));
     ph.h2o_changed = true;
+  }
+  if (redundancy != nullptr) {
+    // The state covers the first rows() tokens (all of them unless nothing was scored); kept
+    // tokens past them are new to the next scoring either way.
+    const auto below = std::lower_bound(ph.kept.begin(), ph.kept.end(), redundancy->rows());
+    KVCTL_RETURN_IF_ERROR(CompactRedundancy(redundancy, {ph.kept.begin(), below}));
   }
   keep->assign(static_cast<size_t>(total), 0);
   for (int64_t j : ph.kept) (*keep)[j] = 1;

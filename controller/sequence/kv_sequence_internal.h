@@ -27,7 +27,10 @@ struct KvSequence::HeadStream {
   int tail_rows = 0;
   std::vector<int64_t> positions;  // Of every kept token: sinks, record tokens, tail.
   H2OState h2o;                    // h2o policy: accumulated attention, one entry per kept token.
-  HeadUsage usage;                 // Quality and eviction counters (tokens etc. computed on read).
+  // rkv policy: each kept token's newest near-duplicate as its last scoring left it (a cache
+  // the next scoring checks before use; not in sequence images).
+  RedundancyState redundancy;
+  HeadUsage usage;  // Quality and eviction counters (tokens etc. computed on read).
 
   HeadStream(QuantSpec s, SlotArray r, SlotArray rec)
       : spec(s), rows(std::move(r)), records(std::move(rec)) {}
@@ -104,6 +107,8 @@ struct PreparedHead {
   std::vector<int64_t> kept;  // Indices into the old tokens + new ones, when evicted.
   bool h2o_changed = false;
   H2OState h2o;
+  bool redundancy_changed = false;  // rkv: `redundancy` replaces the head's at commit.
+  RedundancyState redundancy;
   int64_t budget = 0;
   bool deferred = false;  // A deferred append: the head may hold more than its budget.
   uint64_t evicted_tokens = 0, evicted_bytes = 0;

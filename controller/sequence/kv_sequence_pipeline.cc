@@ -366,6 +366,7 @@ void KvSequence::CommitHeadState(int64_t first_position, int64_t n, HeadStream& 
     }
   }
   if (ph.h2o_changed) head.h2o = std::move(ph.h2o);
+  if (ph.redundancy_changed) head.redundancy = std::move(ph.redundancy);
   head.usage.budget = ph.budget;
   KVCTL_CHECK(head.count() == static_cast<int64_t>(head.positions.size()));
   KVCTL_CHECK(!eviction_.enabled || ph.deferred || head.count() <= ph.budget);

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/dot.h"
@@ -117,6 +118,119 @@ TEST_CASE("Redundancy: every pass equals the brute-force column sums", "[policie
   }
 }
 
+// The rows of `unit` (d_n each) at the indices `kept`, in order.
+std::vector<int16_t> KeepRows(const std::vector<int16_t>& unit, int64_t d_n,
+                              const std::vector<int64_t>& kept) {
+  std::vector<int16_t> out;
+  for (int64_t j : kept) out.insert(out.end(), &unit[j * d_n], &unit[(j + 1) * d_n]);
+  return out;
+}
+
+TEST_CASE("Redundancy: the incremental state gives the brute-force sums through evictions",
+          "[policies]") {
+  // A stream of keys in the scorer's rhythm: append a few, score with the state, keep a random
+  // subset (most of it, or at times a small part), compact the state; now and then a kept row's
+  // key changes (re-quantized), which the state must notice. Every scoring must equal a fresh one.
+  const int32_t kHalf = 1 << 27;
+  for (Shape shape :
+       {Shape::kRandom, Shape::kShared, Shape::kFarBack, Shape::kMixed, Shape::kOutliers}) {
+    for (int64_t d_n : {4, 64}) {
+      CAPTURE(static_cast<int>(shape), d_n);
+      const std::vector<int16_t> source =
+          UnitKeys(Keys(shape, 600, d_n, static_cast<uint32_t>(d_n) + 11), 600, d_n);
+      std::mt19937 rng(static_cast<uint32_t>(shape) * 97 + static_cast<uint32_t>(d_n));
+      std::vector<int16_t> unit;
+      RedundancyState state;
+      int64_t t_n = 0, next = 0, reused = 0;
+      for (int step = 0; step < 60 && next < 600; ++step) {
+        CAPTURE(step);
+        const int64_t add = std::min<int64_t>(600 - next, 1 + rng() % 12);
+        unit.insert(unit.end(), &source[next * d_n], &source[(next + add) * d_n]);
+        next += add, t_n += add;
+        // An old row's key changes (quantized again): the state holds up to that row only.
+        const int64_t old_rows = state.rows();
+        const int64_t changed_row = step % 7 == 6 ? old_rows * 3 / 4 : old_rows;
+        if (changed_row < old_rows) {
+          const int64_t at = changed_row * d_n;
+          unit[at] = static_cast<int16_t>(unit[at] ^ 1);
+        }
+        const int32_t threshold = step % 11 == 10 ? kHalf / 2 : kHalf;
+        const std::vector<int64_t> expect = BruteForce(unit, t_n, d_n, threshold);
+        int64_t usable = threshold != state.threshold ? 0 : changed_row;
+        if (usable * 2 < t_n) usable = 0;  // Under half the rows: scanned fresh.
+        REQUIRE(RedundancyColumnSums(unit.data(), t_n, d_n, threshold, RedundancyPass::kAuto,
+                                     &state) == expect);
+        REQUIRE(state.rows() == t_n);
+        // The state was read up to a changed key, not at all after a change of threshold; or the
+        // scan passed its budget and the full pass ran (keys without near-duplicates, where every
+        // new row scans every key).
+        const bool full_pass = state.dot_products >= t_n * (t_n - 1) / 2;
+        CHECK(state.reused_rows == (full_pass ? 0 : usable));
+        reused += state.reused_rows > 0;
+        // Keep 96 % (or, every ninth step, 30 %) of the rows.
+        const uint32_t keep_pct = step % 9 == 8 ? 30 : 96;
+        std::vector<int64_t> kept;
+        for (int64_t j = 0; j < t_n; ++j) {
+          if (rng() % 100 < keep_pct) kept.push_back(j);
+        }
+        REQUIRE(CompactRedundancy(&state, kept).ok());
+        unit = KeepRows(unit, d_n, kept);
+        t_n = static_cast<int64_t>(kept.size());
+        REQUIRE(state.rows() == t_n);
+      }
+      INFO("reused " << reused);
+      CHECK(reused >= 15);
+    }
+  }
+}
+
+TEST_CASE("Redundancy: every pass fills the state, and the state's partners are the newest",
+          "[policies]") {
+  const int32_t kHalf = 1 << 27;
+  constexpr int64_t kT = 120, kD = 16;
+  const std::vector<int16_t> unit = UnitKeys(Keys(Shape::kOutliers, kT, kD, 3), kT, kD);
+  for (RedundancyPass pass :
+       {RedundancyPass::kFull, RedundancyPass::kNewestFirst, RedundancyPass::kAuto}) {
+    CAPTURE(static_cast<int>(pass));
+    RedundancyState state;
+    RedundancyColumnSums(unit.data(), kT, kD, kHalf, pass, &state);
+    REQUIRE(state.rows() == kT);
+    CHECK(state.threshold == kHalf);
+    for (int64_t i = 0; i < kT; ++i) {
+      int32_t expect = -1;
+      for (int64_t j = kT - 1; j >= 0 && expect < 0; --j) {
+        if (j != i && DotI16Ref(&unit[i * kD], &unit[j * kD], kD) > kHalf) {
+          expect = static_cast<int32_t>(j);
+        }
+      }
+      CHECK(state.partner[i] == expect);
+      CHECK(state.key_hash[i] == UnitKeyHash(&unit[i * kD], kD));
+    }
+  }
+}
+
+TEST_CASE("Redundancy: compaction renumbers partners and bounds", "[policies]") {
+  RedundancyState state;
+  // Row 0: partner 3 (kept); row 1: partner 2 (evicted); row 2: none at 1 and up; row 3: none;
+  // row 4: partner 0.
+  state.partner = {3, 2, -2, -1, 0};
+  state.key_hash = {10, 11, 12, 13, 14};
+  state.threshold = 5;
+  REQUIRE(CompactRedundancy(&state, std::vector<int64_t>{0, 1, 3, 4}).ok());
+  CHECK(state.partner == std::vector<int32_t>{2, -3, -1, 0});
+  CHECK(state.key_hash == std::vector<uint32_t>{10, 11, 13, 14});
+  CHECK(state.threshold == 5);
+  // Not strictly increasing, or past the rows: refused, the state as it was.
+  const RedundancyState before = state;
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{1, 1}, std::vector<int64_t>{2, 1},
+                                          std::vector<int64_t>{4}, std::vector<int64_t>{-1}}) {
+    const Status s = CompactRedundancy(&state, bad);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Matchers::Contains("redundancy state"));
+    CHECK(state.partner == before.partner);
+  }
+}
+
 TEST_CASE("Redundancy: the passes agree at every SIMD level", "[policies]") {
   const std::vector<SimdLevel> levels = testing::SimdLevelsUnderTest();
   if (levels.empty()) return testing::Skip(testing::kNoSimd);
@@ -134,6 +248,21 @@ TEST_CASE("Redundancy: the passes agree at every SIMD level", "[policies]") {
            {RedundancyPass::kFull, RedundancyPass::kNewestFirst, RedundancyPass::kAuto}) {
         CHECK(RedundancyColumnSums(unit.data(), kT, kD, kHalf, pass) == expect);
       }
+      // And from a state: the first 250 rows scored, 200 of them kept, then all 301 again.
+      RedundancyState state;
+      const std::vector<int64_t> first = BruteForce(unit, 250, kD, kHalf);
+      CHECK(RedundancyColumnSums(unit.data(), 250, kD, kHalf, RedundancyPass::kAuto, &state) ==
+            first);
+      std::vector<int64_t> kept;
+      for (int64_t j = 0; j < 250; ++j) {
+        if (j % 5 != 2) kept.push_back(j);
+      }
+      REQUIRE(CompactRedundancy(&state, kept).ok());
+      for (int64_t j = 250; j < kT; ++j) kept.push_back(j);
+      const std::vector<int16_t> rest = KeepRows(unit, kD, kept);
+      const auto rest_n = static_cast<int64_t>(kept.size());
+      CHECK(RedundancyColumnSums(rest.data(), rest_n, kD, kHalf, RedundancyPass::kAuto, &state) ==
+            BruteForce(rest, rest_n, kD, kHalf));
     }
   }
 }

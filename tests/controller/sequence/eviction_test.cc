@@ -240,6 +240,73 @@ TEST_CASE("Eviction: H2O in the daemon equals the pure scorer over a decode",
   }
 }
 
+TEST_CASE("Eviction: R-KV in the daemon equals the pure scorer over a decode",
+          "[controller][evict]") {
+  // The daemon carries each head's near-duplicate partners from one scoring to the next
+  // (policies/redundancy.h); the reference scores every step from scratch. Keys in six clusters
+  // (same-cluster cosine about 0.8) give every row partners that evictions keep moving.
+  const int kv_heads = 2, q_heads = 4, d = 16, total = 150, budget = 30, prefill = 40, obs = 4;
+  Stream s(1, total, kv_heads, q_heads, d, 23);
+  {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> dirs(6 * d);
+    for (float& x : dirs) x = 2.0f * normal(rng);
+    for (int t = 0; t < total; ++t) {
+      for (int h = 0; h < kv_heads; ++h) {
+        float* row = &s.k[0][(static_cast<size_t>(t) * kv_heads + h) * d];
+        const int cluster = (t * 7 + h * 3 + t / 11) % 6;
+        for (int c = 0; c < d; ++c) row[c] = dirs[cluster * d + c] + 0.5f * normal(rng);
+      }
+    }
+  }
+  const ProtectedRegions regions{.sinks = 2, .recent = 4};
+  for (int64_t period : {1, 4}) {
+    INFO("compression_period " << period);
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
+    EvictionSettings settings = Settings(EvictPolicy::kRKV, budget, 2, 4, obs);
+    settings.rkv.lambda = 0.3f;
+    settings.compression_period = period;
+    KvSequence seq(pool.get(), F32Geometry(1, kv_heads, d, q_heads),
+                   Plans(1, kv_heads, QuantMethod::kFp16, d, true), settings);
+    std::vector<std::vector<int64_t>> ref_pos(kv_heads);
+    std::vector<std::vector<float>> ref_keys(kv_heads);
+    for (int t = 0; t < total;) {
+      const int n = t == 0 ? prefill : 1;
+      REQUIRE(s.Append(seq, t, n).ok());
+      t += n;
+      INFO("tokens " << t);
+      const DenseKv dense = seq.FetchDense(0, 1);
+      for (int h = 0; h < kv_heads; ++h) {
+        const std::vector<float> keys = s.Keys(0, h, t);
+        ref_keys[h].insert(ref_keys[h].end(), keys.end() - int64_t{n} * d, keys.end());
+        for (int j = t - n; j < t; ++j) ref_pos[h].push_back(j);
+        const auto rows = static_cast<int64_t>(ref_pos[h].size());
+        if (rows > budget) {
+          StatusOr<KvTensorView> g = QueryGroup(s.QueryRows(0, t - obs, obs), kv_heads, h);
+          REQUIRE(g.ok());
+          StatusOr<std::vector<float>> scores =
+              ScoreRKV({ref_keys[h].data(), rows, d}, *g, regions, settings.rkv);
+          REQUIRE(scores.ok());
+          auto kept = SelectKeep(*scores, budget - period + 1, ProtectedMask(rows, regions));
+          REQUIRE(kept.ok());
+          std::vector<int64_t> pos;
+          std::vector<float> kept_keys;
+          for (int64_t j : *kept) {
+            pos.push_back(ref_pos[h][j]);
+            kept_keys.insert(kept_keys.end(), &ref_keys[h][j * d], &ref_keys[h][(j + 1) * d]);
+          }
+          ref_pos[h] = std::move(pos);
+          ref_keys[h] = std::move(kept_keys);
+        }
+        INFO("head " << h);
+        REQUIRE(PositionsOf(dense, h) == ref_pos[h]);
+      }
+    }
+    for (int h = 0; h < kv_heads; ++h) CHECK(seq.HeadUsageOf(0, h).compressions > 20);
+  }
+}
+
 TEST_CASE("Eviction: budgets, sinks, window and floor hold after every append, pages are freed",
           "[controller][evict]") {
   // KIVI 2-bit records of 8 tokens, flushed at 16: evictions reach into records and compact them.
