@@ -287,6 +287,7 @@ std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, i
   std::vector<int32_t> partner(static_cast<size_t>(t_n), -1), value(static_cast<size_t>(t_n), 0);
   ScanResult found{partner, value};
   std::vector<int64_t> col;
+  bool full_pass = false;
   if (pass != RedundancyPass::kFull &&
       FindPartners(unit, t_n, d_n, threshold, prior, pass == RedundancyPass::kAuto, &found)) {
     col = ColumnSumsWithoutPartners(unit, t_n, d_n);
@@ -297,12 +298,14 @@ std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, i
     col = FullPass(unit, t_n, d_n, threshold, &partner);
     found.work += t_n * (t_n - 1) / 2;
     prior.clear();  // The partners are the full pass's.
+    full_pass = true;
   }
   if (state != nullptr) {
     state->partner = std::move(partner);
     state->key_hash = std::move(hash);
     state->threshold = threshold;
     state->reused_rows = static_cast<int64_t>(prior.size());
+    state->full_pass = full_pass;
     state->dot_products = found.work;
   }
   return col;

@@ -63,8 +63,10 @@ struct RedundancyState {
   std::vector<uint32_t> key_hash;  // UnitKeyHash of each row's unit key.
   int32_t threshold = 0;
   // What the scoring that made it spent: the rows whose partners it took from the state before
-  // it, and the key dot products of its scan (T(T-1)/2 more when it ran the full pass).
+  // it, whether it ran the full pass, and its key dot products (the full pass's T(T-1)/2
+  // included).
   int64_t reused_rows = 0;
+  bool full_pass = false;
   int64_t dot_products = 0;
   int64_t rows() const { return static_cast<int64_t>(partner.size()); }
 };

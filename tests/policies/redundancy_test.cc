@@ -164,8 +164,7 @@ TEST_CASE("Redundancy: the incremental state gives the brute-force sums through 
         // The state was read up to a changed key, not at all after a change of threshold; or the
         // scan passed its budget and the full pass ran (keys without near-duplicates, where every
         // new row scans every key).
-        const bool full_pass = state.dot_products >= t_n * (t_n - 1) / 2;
-        CHECK(state.reused_rows == (full_pass ? 0 : usable));
+        CHECK(state.reused_rows == (state.full_pass ? 0 : usable));
         reused += state.reused_rows > 0;
         // Keep 96 % (or, every ninth step, 30 %) of the rows.
         const uint32_t keep_pct = step % 9 == 8 ? 30 : 96;
@@ -196,6 +195,10 @@ TEST_CASE("Redundancy: every pass fills the state, and the state's partners are 
     RedundancyColumnSums(unit.data(), kT, kD, kHalf, pass, &state);
     REQUIRE(state.rows() == kT);
     CHECK(state.threshold == kHalf);
+    CHECK(state.reused_rows == 0);
+    CHECK(state.full_pass == (pass == RedundancyPass::kFull));
+    if (pass == RedundancyPass::kFull) CHECK(state.dot_products == kT * (kT - 1) / 2);
+    if (pass != RedundancyPass::kFull) CHECK(state.dot_products > 0);
     for (int64_t i = 0; i < kT; ++i) {
       int32_t expect = -1;
       for (int64_t j = kT - 1; j >= 0 && expect < 0; --j) {
