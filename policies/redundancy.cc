@@ -321,18 +321,25 @@ Status CompactRedundancy(RedundancyState* state, std::span<const int64_t> kept) 
   }
   // A partner or bound at old row r becomes the number of kept rows below r: the kept row's new
   // index when r is kept, else the first kept row above it (none at or above r stays none).
-  auto renumber = [&](int64_t r) {
-    return static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), r) - kept.begin());
-  };
+  std::vector<int32_t> kept_below(static_cast<size_t>(rows) + 1);
+  size_t next = 0;
+  for (int64_t r = 0; r <= rows; ++r) {
+    kept_below[r] = static_cast<int32_t>(next);
+    if (next < kept.size() && kept[next] == r) ++next;
+  }
   RedundancyState out;
   out.threshold = state->threshold;  // What the scoring spent is not carried: it was this one's.
   out.partner.reserve(kept.size());
   out.key_hash.reserve(kept.size());
   for (int64_t i : kept) {
     const int32_t p = state->partner[i];
-    const bool p_kept = p >= 0 && std::binary_search(kept.begin(), kept.end(), int64_t{p});
-    const int32_t bound = renumber(p >= 0 ? p : -(int64_t{p} + 1));
-    out.partner.push_back(p_kept ? bound : -(bound + 1));
+    const int64_t at = p >= 0 ? p : -(int64_t{p} + 1);
+    if (at > rows || (p >= 0 && at == rows)) {
+      return InvalidArgument("redundancy state: row ", i, " holds ", p,
+                             ", expected a partner below ", rows, " or a bound at most ", rows);
+    }
+    const bool p_kept = p >= 0 && kept_below[at + 1] > kept_below[at];
+    out.partner.push_back(p_kept ? kept_below[at] : -(kept_below[at] + 1));
     out.key_hash.push_back(state->key_hash[i]);
   }
   *state = std::move(out);

@@ -232,6 +232,15 @@ TEST_CASE("Redundancy: compaction renumbers partners and bounds", "[policies]") 
     CHECK_THAT(std::string(s.message()), Catch::Matchers::Contains("redundancy state"));
     CHECK(state.partner == before.partner);
   }
+  // A state that is not one RedundancyColumnSums made: refused as well.
+  RedundancyState broken = before;
+  broken.partner[1] = 4;
+  CHECK(CompactRedundancy(&broken, std::vector<int64_t>{0, 1}).code() ==
+        StatusCode::kInvalidArgument);
+  broken.partner[1] = -6;
+  CHECK(CompactRedundancy(&broken, std::vector<int64_t>{0, 1}).code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(broken.partner[1] == -6);
 }
 
 TEST_CASE("Redundancy: the passes agree at every SIMD level", "[policies]") {
