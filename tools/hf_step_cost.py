@@ -77,8 +77,12 @@ def summary(xs):
             "max_ms": 1e3 * max(xs)}
 
 
-def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=False):
-    """The figures of one run (the JSON object main prints): `ids` [1, >= context + steps]."""
+def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=False,
+            settle_steps=0):
+    """The figures of one run (the JSON object main prints): `ids` [1, >= context + steps]. With
+    settle_steps K (0 < K < steps - 1) the steps after the first K + 1 are also reported apart:
+    past one compression period every layer has compressed once since the prefill, and an
+    evicting scorer's state built for the decode (R-KV's carried partners) is in use."""
     from transformers import DynamicCache
     from kvctl.hf import KvctlCache
     from kvctl.process import ManagedDaemon
@@ -115,8 +119,15 @@ def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=F
         "daemon_cpu_later_vs_engine_step": statistics.fmean(later) / statistics.fmean(later_walls),
         "daemon_cpu_vs_engine_step": per_step / statistics.fmean(walls),
         "daemon_cpu_vs_dynamic_cache_step": per_step / statistics.fmean(base_walls),
+        "daemon_cpu_ms_by_step": [1e3 * c for c in daemon_cpus],
         "target": 0.05,
     }
+    if 0 < settle_steps < steps - 1:
+        settled = daemon_cpus[settle_steps + 1:]
+        out["settle_steps"] = settle_steps
+        out["daemon_cpu_ms_per_settled_step"] = 1e3 * statistics.fmean(settled)
+        out["daemon_cpu_settled_vs_engine_step"] = (
+            statistics.fmean(settled) / statistics.fmean(walls[settle_steps + 1:]))
     out["met"] = out["daemon_cpu_vs_engine_step"] <= out["target"]
     return out
 
@@ -136,6 +147,10 @@ def main(argv=None) -> int:
     p.add_argument("--send-q", action="store_true",
                    help="send each step's queries with its APPEND (what the h2o, snapkv and rkv "
                         "eviction scorers need: OPEN of such a sequence is refused without them)")
+    p.add_argument("--settle-steps", type=int, default=0, metavar="K",
+                   help="also report the steps after the first K + 1 apart (K = "
+                        "evict.compression_period: every layer has compressed once since the "
+                        "prefill)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.context < 1 or args.steps < 1:
@@ -159,7 +174,7 @@ def main(argv=None) -> int:
         p.error("--text has %d tokens, expected at least --context + --steps = %d"
                 % (ids.shape[1], need))
     out = measure(model, ids[:, :need], args.context, args.steps, args.attention, settings,
-                  args.kvctl_bin, args.send_q)
+                  args.kvctl_bin, args.send_q, args.settle_steps)
     out["threads"] = args.threads
     engine = out["kvctl_step"]
     fused_steps = out["fused_steps"]
@@ -182,6 +197,10 @@ def main(argv=None) -> int:
           % (out["daemon_cpu_first_step_ms"], out["daemon_cpu_ms_per_later_step"],
              100 * out["daemon_cpu_later_vs_engine_step"], out["daemon_cpu_step"]["p50_ms"],
              out["daemon_cpu_step"]["max_ms"]))
+    if "settle_steps" in out:
+        print("daemon CPU of the steps after the first %d: %.3f ms = %.2f %% of their kvctl step"
+              % (out["settle_steps"] + 1, out["daemon_cpu_ms_per_settled_step"],
+                 100 * out["daemon_cpu_settled_vs_engine_step"]))
     return 0
 
 

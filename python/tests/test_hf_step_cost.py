@@ -20,8 +20,14 @@ def test_step_cost_times_fused_steps_and_reads_the_daemon_cpu(smollm2):
     model, tokenizer = smollm2
     binary = kvctl_binary()
     ids = tokenizer(TEXT * 4, return_tensors="pt").input_ids[:, :72]
-    out = hf_step_cost.measure(model, ids, 64, 8, "fused", {"quant.method": "kivi"}, binary)
+    out = hf_step_cost.measure(model, ids, 64, 8, "fused", {"quant.method": "kivi"}, binary,
+                               settle_steps=3)
     assert out["fused_steps"] == 8
+    by_step = out["daemon_cpu_ms_by_step"]
+    assert len(by_step) == 8 and by_step[0] == pytest.approx(out["daemon_cpu_first_step_ms"])
+    assert out["settle_steps"] == 3  # The steps after the first four, apart.
+    assert out["daemon_cpu_ms_per_settled_step"] == pytest.approx(sum(by_step[4:]) / 4, rel=1e-9)
+    assert out["daemon_cpu_settled_vs_engine_step"] > 0
     assert out["daemon_cpu_ms_per_step"] > 0  # Every APPEND is served by the daemon process.
     assert out["kvctl_step"]["p50_ms"] > 0 and out["dynamic_cache_step"]["p50_ms"] > 0
     assert out["daemon_cpu_vs_engine_step"] == pytest.approx(
