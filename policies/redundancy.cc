@@ -2,13 +2,12 @@
 #include "policies/redundancy.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <span>
 #include <utility>
 
+#include "common/crc32c.h"
 #include "kernels/dot.h"
 #include "kernels/similarity_row.h"
 
@@ -124,7 +123,7 @@ struct GiveUp {
 // threshold. Rows that reach floor without one are left in *rows. false: gave up (see GiveUp).
 bool ScanNewestFirst(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t threshold,
                      int64_t floor, GiveUp give_up, std::vector<ScanRow>* rows, ScanResult* out) {
-  std::vector<ScanRow> active, unfound;
+  std::vector<ScanRow> active;
   active.reserve(rows->size());
   size_t next = 0;  // (*rows)[next...] have not joined yet: their keys start lower.
   std::vector<int16_t> gathered;
@@ -243,42 +242,19 @@ bool FindPartners(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t thresho
 
 }  // namespace
 
-uint32_t UnitKeyHash(const int16_t* unit, int64_t head_dim) {
-  // Four independent multiply-xorshift chains over the row's 64-bit words (a changed word changes
-  // its chain: each step is a bijection of it), then mixed down to 32 bits.
-  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
-  uint64_t lane[4] = {1, 2, 3, 4};
-  int64_t c = 0, word = 0;
-  for (; c + 4 <= head_dim; c += 4, ++word) {
-    uint64_t w;
-    std::memcpy(&w, unit + c, sizeof(w));
-    uint64_t& x = lane[word & 3];
-    x = (x ^ w) * kMul;
-    x ^= x >> 32;
-  }
-  uint64_t tail = static_cast<uint64_t>(head_dim);
-  for (; c < head_dim; ++c) tail = (tail << 16) ^ static_cast<uint16_t>(unit[c]);
-  uint64_t h =
-      (lane[0] ^ std::rotl(lane[1], 16) ^ std::rotl(lane[2], 32) ^ std::rotl(lane[3], 48) ^ tail) *
-      kMul;
-  h ^= h >> 29;
-  h *= 0xBF58476D1CE4E5B9ull;
-  return static_cast<uint32_t>(h >> 32);
+uint32_t UnitKeyChecksum(const int16_t* unit, int64_t head_dim) {
+  return Crc32c(unit, static_cast<size_t>(head_dim) * sizeof(int16_t));
 }
 
 std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, int64_t head_dim,
                                           int32_t threshold, RedundancyPass pass,
                                           RedundancyState* state) {
   const int64_t t_n = tokens, d_n = head_dim;
-  auto hash_rows = [&] {
-    std::vector<uint32_t> hash(static_cast<size_t>(t_n));
-    for (int64_t i = 0; i < t_n; ++i) hash[i] = UnitKeyHash(unit + i * d_n, d_n);
-    return hash;
-  };
   std::vector<uint32_t> hash;
   std::vector<int32_t> prior;
   if (state != nullptr) {
-    hash = hash_rows();
+    hash.resize(static_cast<size_t>(t_n));
+    for (int64_t i = 0; i < t_n; ++i) hash[i] = UnitKeyChecksum(unit + i * d_n, d_n);
     if (pass == RedundancyPass::kAuto) prior = UsablePrefix(*state, hash, threshold);
     // Under half the rows: a fresh scan, whose first step can tell keys without near-duplicates
     // (the full pass) for 8 T dot products; scanning the new keys cannot stop that early.

@@ -30,9 +30,9 @@
 //
 // Incremental (RedundancyState): an eviction keeps most keys and an append adds a few, so each
 // row's partner mostly stays where the last scoring found it. Given the state of the previous
-// scoring (each row's partner, or how far down it is known to have none, and a hash of each row's
-// unit key), only new keys and rows whose partner was evicted are scanned: a row looks at the keys
-// added since, newest first; without one there its carried partner stands; a row whose partner
+// scoring (each row's partner, or how far down it is known to have none, and a checksum of each
+// row's unit key), only new keys and rows whose partner was evicted are scanned: a row looks at the
+// keys added since, newest first; without one there its carried partner stands; a row whose partner
 // was evicted scans on below it, and a new row scans the old keys. The result is the same integers
 // as a fresh pass (the tests compare). The state is a cache, checked before use: another threshold
 // or more rows than the keys, and the pass runs fresh; a row whose unit key changed since (its
@@ -60,7 +60,7 @@ struct RedundancyState {
   // among rows [below, rows()) other than itself; rows under `below` were not looked at (-1: none
   // at all).
   std::vector<int32_t> partner;
-  std::vector<uint32_t> key_hash;  // UnitKeyHash of each row's unit key.
+  std::vector<uint32_t> key_hash;  // UnitKeyChecksum of each row's unit key.
   int32_t threshold = 0;
   // What the scoring that made it spent: the rows whose partners it took from the state before
   // it, whether it ran the full pass, and its key dot products (the full pass's T(T-1)/2
@@ -71,8 +71,9 @@ struct RedundancyState {
   int64_t rows() const { return static_cast<int64_t>(partner.size()); }
 };
 
-// A 32-bit hash of one unit key of `head_dim` int16: tells whether a row changed between scorings.
-uint32_t UnitKeyHash(const int16_t* unit, int64_t head_dim);
+// CRC-32C (common/crc32c.h) of one unit key of `head_dim` int16: tells whether a row changed
+// between scorings (any change within 32 consecutive bits always, others but for 2^-32).
+uint32_t UnitKeyChecksum(const int16_t* unit, int64_t head_dim);
 
 // col_j above for the `tokens` rows of `head_dim` int16 at `unit` (row j at unit + j * head_dim).
 // threshold is ⌊θ · 2^28⌋. REQUIRES: every row of norm at most 2^15 − 8 (kernels/dot.h,

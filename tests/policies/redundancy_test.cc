@@ -207,7 +207,7 @@ TEST_CASE("Redundancy: every pass fills the state, and the state's partners are 
         }
       }
       CHECK(state.partner[i] == expect);
-      CHECK(state.key_hash[i] == UnitKeyHash(&unit[i * kD], kD));
+      CHECK(state.key_hash[i] == UnitKeyChecksum(&unit[i * kD], kD));
     }
   }
 }
