@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <iterator>
+#include <limits>
 
 #include "kernels/quantize.h"
 
@@ -11,30 +12,34 @@ namespace exp_detail {
 #include "kernels/exp_coefficients.inc"
 }  // namespace exp_detail
 
-double ExpRef(double x) {
+float ExpRef(float x) {
   using namespace exp_detail;
   if (x != x) return x;
-  const double xc = x < kLowest ? kLowest : (x > kHighest ? kHighest : x);
-  const double biased = xc * kInvLn2 + kRoundMagic;
-  const double k = biased - kRoundMagic;
-  const double r = (xc - k * kLn2Hi) - k * kLn2Lo;
-  double p = kTaylor[0];
+  const float xc = x < kLowest ? kLowest : (x > kHighest ? kHighest : x);
+  const float biased = xc * kInvLn2 + kRoundMagic;
+  const float k = biased - kRoundMagic;
+  const float r = (xc - k * kLn2Hi) - k * kLn2Lo;
+  float p = kTaylor[0];
   for (size_t i = 1; i < std::size(kTaylor); ++i) p = p * r + kTaylor[i];
   // k as an integer from the rounding's own bits, split as k1 = floor(k / 2) (an arithmetic
-  // shift) and k2 = k - k1, both in [-538, 512]: normal powers of two.
-  const int64_t ik = std::bit_cast<int64_t>(biased) - std::bit_cast<int64_t>(kRoundMagic);
-  const int64_t i1 = ik >> 1;
-  const double s1 = std::bit_cast<double>((i1 + 1023) << 52);
-  const double s2 = std::bit_cast<double>((ik - i1 + 1023) << 52);
+  // shift) and k2 = k - k1, both in [-75, 64]: normal powers of two.
+  const int32_t ik = std::bit_cast<int32_t>(biased) - std::bit_cast<int32_t>(kRoundMagic);
+  const int32_t i1 = ik >> 1;
+  const float s1 = std::bit_cast<float>((i1 + 127) << 23);
+  const float s2 = std::bit_cast<float>((ik - i1 + 127) << 23);
   return (p * s1) * s2;
 }
 
-void ExpShiftedInPlace(double* z, int64_t n, double shift) {
-  if (ActiveSimdLevel() != SimdLevel::kScalar) {
-    simd::ExpShiftedInPlaceAvx2(z, n, shift);
-    return;
+double SoftmaxNumerators(float* z, int64_t n) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) return simd::SoftmaxNumeratorsAvx2(z, n);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = z[j] > m ? z[j] : m;  // NaN compares false: skipped.
+  double s[8] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    z[j] = ExpRef(z[j] - m);
+    s[j % 8] += static_cast<double>(z[j]);
   }
-  for (int64_t j = 0; j < n; ++j) z[j] = ExpRef(z[j] - shift);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 }  // namespace kvctl

@@ -1,20 +1,26 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // File: kernels/exp.h
-// exp in double from one fixed sequence of IEEE operations (no libm, no fused multiply-add): the
-// eviction scorers' softmaxes (policies/eviction.cc). libm's exp may differ in the last bit
-// between C libraries and CPUs and runs one element at a time; this one gives the same bits on
-// every CPU, scalar or SIMD, and vectorises.
+// The eviction scorers' softmax (policies/eviction.cc): exp in float from one fixed sequence of
+// IEEE operations (no libm, no fused multiply-add), and the sum of the numerators in one fixed
+// order. libm's exp may differ in the last bit between C libraries and CPUs and runs one element
+// at a time; this one gives the same bits on every CPU, scalar or SIMD, and vectorises.
 //
 // ExpRef(x), the spec (docs/algorithms.md §12.1):
-//   NaN -> NaN. Otherwise x is clamped to [-746, 710] (exp is 0 below and +inf above, in double),
-//   k = round(x / ln 2) (to nearest, ties to even), r = (x - k ln2_hi) - k ln2_lo (Cody-Waite:
-//   ln2_hi has 32 significant bits, so k ln2_hi is exact), p = the degree-13 Taylor polynomial of
-//   e^r in Horner form (coefficients 1/n! rounded to double), and the result (p 2^k1) 2^k2 with
-//   k1 = floor(k / 2), k2 = k - k1 (both powers normal, so only the last multiplication rounds:
-//   subnormal results and overflow to +inf come out of IEEE arithmetic).
-// Accuracy: within a few ulp of exp over the whole range (|r| <= 0.347, so the Taylor remainder is
-// below 1e-17 relative); tested against std::exp.
+//   NaN -> NaN. Otherwise x is clamped to [-104, 89] (exp is 0 below and +inf above, in float),
+//   k = round(x / ln 2) (x * (1 / ln 2) rounded to float, then to nearest, ties to even),
+//   r = (x - k ln2_hi) - k ln2_lo (Cody-Waite: ln2_hi has 16 significant bits, so k ln2_hi is
+//   exact), p = the degree-7 Taylor polynomial of e^r in Horner form (coefficients 1/n! rounded
+//   to float), and the result (p 2^k1) 2^k2 with k1 = floor(k / 2), k2 = k - k1 (both powers
+//   normal, so only the last multiplication rounds: subnormal results and overflow to +inf come
+//   out of IEEE arithmetic).
+// Accuracy: within 2 ulp of exp for normal results (|r| <= 0.347, so the Taylor remainder is
+// below 1e-8 relative); tested against std::exp.
+//
+// SoftmaxNumerators(z, n), the spec: m = the maximum of z[0, n) (NaNs skipped), z[j] =
+// ExpRef(z[j] - m), and the returned sum of the new z[j] in double as eight running sums
+// s_u = sum of z[j] for j = u mod 8 in index order, combined ((s0 + s1) + (s2 + s3)) +
+// ((s4 + s5) + (s6 + s7)); 0 when n is 0. The AVX2 path holds s_u in lane u.
 //
 // Thread safety: reentrant, no state (the SIMD level is the process-wide one of
 // kernels/quantize.h).
@@ -26,15 +32,15 @@
 namespace kvctl {
 
 // The reference (see above).
-double ExpRef(double x);
+float ExpRef(float x);
 
-// z[j] = ExpRef(z[j] - shift) for j < n, on the active SIMD level (AVX2 when the CPU has it): a
-// softmax's numerators once its maximum is known. n >= 0.
-void ExpShiftedInPlace(double* z, int64_t n, double shift);
+// A softmax's numerators in place and their sum (see above), on the active SIMD level (AVX2
+// when the CPU has it). n >= 0.
+double SoftmaxNumerators(float* z, int64_t n);
 
 namespace simd {
-// ExpShiftedInPlace on AVX2 (kernels/exp_avx2.cc); only called when the CPU has it.
-void ExpShiftedInPlaceAvx2(double* z, int64_t n, double shift);
+// SoftmaxNumerators on AVX2 (kernels/exp_avx2.cc); only called when the CPU has it.
+double SoftmaxNumeratorsAvx2(float* z, int64_t n);
 }  // namespace simd
 
 }  // namespace kvctl

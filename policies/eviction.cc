@@ -48,9 +48,9 @@
 // scans back to its newest near-duplicate (policies/redundancy.h: a few keys on the model's keys;
 // keys with few near-duplicates fall back to the upper triangle, O(T^2 D / 2)), O(T) memory.
 // The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
-// AVX2 where the CPU has it, the same bits on every CPU), and every softmax's exponentials are
-// kernels/exp.h's ExpRef (within 1 ulp of glibc's where measured, the same bits on every CPU and
-// C library).
+// AVX2 where the CPU has it, the same bits on every CPU), and every softmax is kernels/exp.h's
+// SoftmaxNumerators: exponentials in float by ExpRef (within 2 ulp of exp, the same bits on every
+// CPU and C library) and their sum in one fixed order.
 // [ours] The unit keys are rounded to int16, round(u * 2^14), and S_ij is their exact int32 dot
 // product times 2^-28: a cosine off by at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5
 // typically, the rounding errors of 2^-15 or less per element having random signs), in exchange for
@@ -159,25 +159,6 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
   return out;
 }
 
-// A softmax's numerators in place, exp(z[j] - max z) by ExpRef (kernels/exp.h), and their sum in
-// index order (0 when n is 0).
-double ExpAndSum(double* z, int64_t n) {
-  // Four running maxima (a max does not depend on the order; they vectorise where one chain
-  // does not). A NaN is skipped as by one chain.
-  constexpr double kLow = -std::numeric_limits<double>::infinity();
-  double m[4] = {kLow, kLow, kLow, kLow};
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], z[j + l]);
-  }
-  for (; j < n; ++j) m[0] = std::max(m[0], z[j]);
-  const double zmax = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
-  ExpShiftedInPlace(z, n, zmax);
-  double sum = 0;
-  for (j = 0; j < n; ++j) sum += z[j];
-  return sum;
-}
-
 // Calls visit(i, logits, ld) for each observation query token i in order, where
 // logits[h * ld + j] = DotRef(q_ih, k_j) for head h < g and key j < counts[i] (counts
 // non-decreasing in i). Tokens go in chunks whose rows (g per token) fill DotRowsMany's blocks of
@@ -215,14 +196,14 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
                               double* out) {
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
   for (int64_t i = 0; i < q.m; ++i) counts[i] = keys.tokens - q.m + i + 1;
-  std::vector<double> z(static_cast<size_t>(keys.tokens));
+  std::vector<float> z(static_cast<size_t>(keys.tokens));
   ForEachQueryLogits(keys, q, counts, [&](int64_t i, const float* rows, int64_t ld) {
     const int64_t n = counts[i];
     for (int64_t h = 0; h < q.g; ++h) {
       const float* logits = rows + h * ld;
-      for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
-      const double w = weight / ExpAndSum(z.data(), n);
-      for (int64_t j = 0; j < n; ++j) out[j] += z[j] * w;
+      std::copy(logits, logits + n, z.begin());
+      const double w = weight / SoftmaxNumerators(z.data(), n);
+      for (int64_t j = 0; j < n; ++j) out[j] += static_cast<double>(z[j]) * w;
     }
   });
 }
@@ -232,12 +213,11 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
 std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t n_imp,
                                GqaReduce group, SoftmaxScope scope) {
   std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
-  std::vector<double> z(static_cast<size_t>(keys.tokens));
-  std::vector<float> group_max;
+  std::vector<float> z(static_cast<size_t>(keys.tokens));
   // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
   auto add_softmax = [&](int64_t n, double w) {
-    const double scale = w / ExpAndSum(z.data(), n);
-    for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += z[j] * scale;
+    const double scale = w / SoftmaxNumerators(z.data(), n);
+    for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += static_cast<double>(z[j]) * scale;
   };
   // Query i sees keys [0, seen) (causal), and the softmax runs over its first n of them.
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
@@ -249,19 +229,16 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
     const int64_t n = counts[i];
     if (n <= 0 || std::min(n, n_imp) <= 0) return;
     if (group == GqaReduce::kMaxLogit) {
-      // The group's max in float, then widened: the values of a max of the widened logits
-      // (widening is exact and keeps the order), at half the width.
-      group_max.assign(rows, rows + n);
+      std::copy(rows, rows + n, z.begin());
       for (int64_t h = 1; h < q.g; ++h) {
         const float* other = rows + h * ld;
-        for (int64_t j = 0; j < n; ++j) group_max[j] = std::max(group_max[j], other[j]);
+        for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], other[j]);
       }
-      for (int64_t j = 0; j < n; ++j) z[j] = group_max[j];
       add_softmax(n, 1.0 / static_cast<double>(q.m));
     } else {
       for (int64_t h = 0; h < q.g; ++h) {
         const float* logits = rows + h * ld;
-        for (int64_t j = 0; j < n; ++j) z[j] = logits[j];
+        std::copy(logits, logits + n, z.begin());
         add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
       }
     }
@@ -310,12 +287,14 @@ std::vector<double> Redundancy(const KeyRows& keys, float threshold, RedundancyS
       static_cast<int32_t>(std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
   const std::vector<int64_t> col =
       RedundancyColumnSums(unit.data(), t_n, d_n, fixed_threshold, RedundancyPass::kAuto, state);
-  std::vector<double> r(static_cast<size_t>(t_n));
+  // The mean cosines (rounded to float for the softmax, like the logits), then their softmax.
+  std::vector<float> z(static_cast<size_t>(t_n));
   for (int64_t j = 0; j < t_n; ++j) {
-    r[j] = static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n);
+    z[j] = static_cast<float>(static_cast<double>(col[j]) * 0x1p-28 / static_cast<double>(t_n));
   }
-  const double sum = ExpAndSum(r.data(), t_n);
-  for (double& c : r) c /= sum;
+  const double sum = SoftmaxNumerators(z.data(), t_n);
+  std::vector<double> r(static_cast<size_t>(t_n));
+  for (int64_t j = 0; j < t_n; ++j) r[j] = static_cast<double>(z[j]) / sum;
   return r;
 }
 
@@ -538,11 +517,15 @@ StatusOr<std::vector<int64_t>> SelectKeep(std::span<const float> scores, int64_t
   const int64_t take =
       std::min<int64_t>(budget - protected_count, static_cast<int64_t>(candidates.size()));
   std::nth_element(candidates.begin(), candidates.begin() + take, candidates.end(), Better{scores});
-  std::vector<int64_t> kept(candidates.begin(), candidates.begin() + take);
-  for (size_t j = 0; j < scores.size(); ++j) {
-    if (protected_mask[j] != 0) kept.push_back(static_cast<int64_t>(j));
+  // The kept set in index order: marks and one pass, O(T) where sorting the indices was
+  // O(T log T).
+  std::vector<uint8_t> keep(protected_mask.begin(), protected_mask.end());
+  for (int64_t i = 0; i < take; ++i) keep[static_cast<size_t>(candidates[i])] = 1;
+  std::vector<int64_t> kept;
+  kept.reserve(static_cast<size_t>(take + protected_count));
+  for (size_t j = 0; j < keep.size(); ++j) {
+    if (keep[j] != 0) kept.push_back(static_cast<int64_t>(j));
   }
-  std::sort(kept.begin(), kept.end());
   return kept;
 }
 

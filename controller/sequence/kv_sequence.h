@@ -418,12 +418,12 @@ class KvSequence {
   void CollectBorrowedRanges(std::vector<PageAllocator::PageRange>* ranges) const;
   // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
   Status MarkLost(const Status& loss);
-  // fp32 K and V rows of logical tokens [from, count + new) of one head: sinks, records, tail,
-  // then the new tokens (rounded to fp16 unless the layer is lossless). With `records` false the
-  // records' rows are left as zeros, not decoded (for callers that never read them).
+  // fp32 K and V rows of logical tokens [from, count + new) of one head into out_k / out_v
+  // (room for that many rows of head_dim each): sinks, records, tail, then the new tokens
+  // (rounded to fp16 unless the layer is lossless). With `records` false the records' rows are
+  // zeros, not decoded (for callers that never read them).
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
-                   const KvTensorView& v, std::vector<float>* out_k, std::vector<float>* out_v,
-                   bool records = true) const;
+                   const KvTensorView& v, float* out_k, float* out_v, bool records = true) const;
   // Rows of a head a fork borrows from its frozen prefix (kv_sequence_fork.cc).
   static size_t SharedRows(const LayerState& layer, const HeadStream& head);
   // Tokens a head's tail holds after an append of n tokens without eviction (inline in

@@ -146,15 +146,10 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
 }
 
 void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const KvTensorView& k,
-                             const KvTensorView& v, std::vector<float>* out_k,
-                             std::vector<float>* out_v, bool records) const {
+                             const KvTensorView& v, float* kd, float* vd, bool records) const {
   const HeadStream& head = layer.heads[h];
   const int d = geometry_.head_dim;
   const int64_t old = head.count(), total = old + k.tokens;
-  out_k->resize(static_cast<size_t>(total - from) * d);
-  out_v->resize(out_k->size());
-  float* kd = out_k->data();
-  float* vd = out_v->data();
   const int g = head.spec.block_tokens;
   const int64_t rec_begin = head.sink_rows;
   const int64_t rec_end = rec_begin + static_cast<int64_t>(head.records.size()) * g;
@@ -163,9 +158,9 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
   // already (LayerState::row_dtype), so only decoded records and non-fp16 input are rounded.
   const bool round = !layer.plan.lossless;
   const auto row = static_cast<size_t>(d);
-  std::vector<float> bk, bv;
-  int64_t j = from;
-  for (; j < total; ++j, kd += d, vd += d) {
+  const size_t record_elems = static_cast<size_t>(g) * row;
+  std::vector<float> bk, bv;  // The record being copied out.
+  for (int64_t j = from; j < total; ++j, kd += d, vd += d) {
     if (j < rec_begin || (j >= rec_end && j < old)) {
       const uint8_t* slot = head.rows.Slot(j < rec_begin ? j : head.sink_rows + (j - rec_end));
       LoadRow(slot, d, layer.row_dtype, kd);
@@ -174,10 +169,13 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       std::fill(kd, kd + d, 0.0f);
       std::fill(vd, vd + d, 0.0f);
     } else if (j < rec_end) {
+      // Each record is decoded into a small buffer and copied row by row: the decoder's
+      // transposes into a cache-hot buffer, then one streaming copy, beat the same transposes
+      // straight into the long output (measured: 5 % of the 8K R-KV step against 1.4 %).
       const int64_t r = (j - rec_begin) / g, t = (j - rec_begin) % g;
       if (t == 0 || bk.empty()) {
-        bk.resize(static_cast<size_t>(g) * d);
-        bv.resize(bk.size());
+        bk.resize(record_elems);
+        bv.resize(record_elems);
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
         DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(), bv.data());
@@ -206,8 +204,9 @@ struct KvSequence::LayerPrep {
   const KvTensorView& v;
   PreparedLayer* out;
   // Each head's tokens in fp32 (old and new), decoded only when scoring needs them (never
-  // without eviction: a decode step then allocates none of this).
-  std::vector<std::vector<float>> all_k{}, all_v{};
+  // without eviction: a decode step then touches none of this): rows of DecodedRows(), valid
+  // where have_all / have_records say.
+  std::vector<float*> all_k{}, all_v{};
   std::vector<bool> have_all{};      // The rows past the records are decoded (all_k/all_v).
   std::vector<bool> have_records{};  // The records' rows too.
   std::vector<int64_t> budget{};     // Per head, with eviction.
@@ -216,14 +215,49 @@ struct KvSequence::LayerPrep {
   ProtectedRegions regions{};
 };
 
+namespace {
+
+// The decoded rows of one layer's heads (LayerPrep::all_k/all_v), kept by each thread between
+// appends: an evicting head decodes every token it holds, several MB at long contexts, and fresh
+// memory for it on every compression cost a zero fill and page faults (docs/kvbench_ipc.md
+// "R-KV at 8K: the compaction's copies"). Buffers only grow while at most kMaxKeptBytes; a layer
+// that needs more gets them for its prepare, and they are freed with the next smaller one.
+struct DecodedRows {
+  static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
+  std::vector<std::vector<float>> k, v;
+  std::vector<float> loose_k, loose_v;  // One head's loose kept rows (AppendLayerPrepare).
+
+  // Rows for `heads` heads of up to `elems` floats each, K then V.
+  void Prepare(int heads, size_t elems) {
+    if (k.size() < static_cast<size_t>(heads)) k.resize(heads), v.resize(heads);
+    size_t held = (loose_k.capacity() + loose_v.capacity()) * sizeof(float);
+    for (size_t h = 0; h < k.size(); ++h) held += (k[h].capacity() + v[h].capacity()) * 4;
+    if (held > kMaxKeptBytes) {
+      k.assign(k.size(), {});
+      v.assign(v.size(), {});
+      loose_k = {}, loose_v = {};
+    }
+    for (int h = 0; h < heads; ++h) {
+      if (k[h].size() < elems) k[h].resize(elems), v[h].resize(elems);
+    }
+  }
+};
+
+DecodedRows& ThreadDecodedRows() {
+  thread_local DecodedRows rows;
+  return rows;
+}
+
+}  // namespace
+
 KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
-  if (!p.have_records[h]) Materialize(p.layer, h, 0, p.k, p.v, &p.all_k[h], &p.all_v[h]);
+  if (!p.have_records[h]) Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h]);
   p.have_all[h] = p.have_records[h] = true;
-  return KeyRows{p.all_k[h].data(), p.layer.heads[h].count() + p.n, geometry_.head_dim};
+  return KeyRows{p.all_k[h], p.layer.heads[h].count() + p.n, geometry_.head_dim};
 }
 
 void KvSequence::RowsPastRecords(LayerPrep& p, int h) const {
-  if (!p.have_all[h]) Materialize(p.layer, h, 0, p.k, p.v, &p.all_k[h], &p.all_v[h], false);
+  if (!p.have_all[h]) Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], false);
   p.have_all[h] = true;
 }
 
@@ -461,11 +495,14 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
     ph.records_in_place = static_cast<size_t>(records);
     return;
   }
+  // Rows of *pk before `packed` went into records already; they are dropped once at the end.
+  const size_t record_elems = static_cast<size_t>(g) * d;
+  size_t packed = 0;
   for (int r = 0; r < records; ++r) {
     const int64_t base = head.sink_rows + static_cast<int64_t>(r) * g;
     const int kept_here =
         static_cast<int>(std::count(keep.begin() + base, keep.begin() + base + g, uint8_t{1}));
-    if (kept_here == g && pk->empty()) {
+    if (kept_here == g && pk->size() == packed) {
       // Kept whole: in place while nothing before it moved, else moved down.
       if (ph.record_plan.empty() && static_cast<size_t>(r) == ph.records_in_place) {
         ++ph.records_in_place;
@@ -476,19 +513,19 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
     }
     for (int64_t j = base; j < base + g; ++j) {
       if (!keep[j]) continue;
-      pk->insert(pk->end(), &p.all_k[h][j * d], &p.all_k[h][j * d] + d);
-      pv->insert(pv->end(), &p.all_v[h][j * d], &p.all_v[h][j * d] + d);
+      pk->insert(pk->end(), p.all_k[h] + j * d, p.all_k[h] + (j + 1) * d);
+      pv->insert(pv->end(), p.all_v[h] + j * d, p.all_v[h] + (j + 1) * d);
       ++ph.decoded_tokens;
     }
-    if (pk->size() >= static_cast<size_t>(g) * d) {
-      const auto cut = static_cast<std::ptrdiff_t>(static_cast<size_t>(g) * d);
-      AppendAsHalves(pk->data(), static_cast<size_t>(cut), &ph.qk);
-      AppendAsHalves(pv->data(), static_cast<size_t>(cut), &ph.qv);
-      pk->erase(pk->begin(), pk->begin() + cut);
-      pv->erase(pv->begin(), pv->begin() + cut);
+    if (pk->size() - packed >= record_elems) {
+      AppendAsHalves(pk->data() + packed, record_elems, &ph.qk);
+      AppendAsHalves(pv->data() + packed, record_elems, &ph.qv);
+      packed += record_elems;
       ph.record_plan.push_back(-1);
     }
   }
+  pk->erase(pk->begin(), pk->begin() + static_cast<std::ptrdiff_t>(packed));
+  pv->erase(pv->begin(), pv->begin() + static_cast<std::ptrdiff_t>(packed));
 }
 
 void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
@@ -539,8 +576,8 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     FlushStoredRows(p, h, read_from);
     return;
   }
-  const float* sk = p.all_k[h].data() + read_from * d;
-  const float* sv = p.all_v[h].data() + read_from * d;
+  const float* sk = p.all_k[h] + read_from * d;
+  const float* sv = p.all_v[h] + read_from * d;
   for (int64_t j = read_from; j < total; ++j) {
     if (ph.evicted && !keep[j]) continue;
     lk->insert(lk->end(), sk + (j - read_from) * d, sk + (j - read_from + 1) * d);
@@ -631,7 +668,13 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   // are.
   if (ctx.n > 0) TakeQueries(ev, q, ctx.n, geometry_.q_heads, geometry_.head_dim, &scoring);
   if (ev.enabled) {
+    int64_t most = 0;
+    for (const HeadStream& head : p.layer.heads) most = std::max(most, head.count() + p.n);
+    DecodedRows& decoded = ThreadDecodedRows();
+    decoded.Prepare(heads, static_cast<size_t>(most) * geometry_.head_dim);
     p.all_k.resize(heads), p.all_v.resize(heads);
+    for (int h = 0; h < heads; ++h)
+      p.all_k[h] = decoded.k[h].data(), p.all_v[h] = decoded.v[h].data();
     p.have_all.assign(heads, false);
     p.have_records.assign(heads, false);
     p.have_q = scoring.q_count > 0;
@@ -650,7 +693,10 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     if (ev.enabled && !ctx.defer && Compresses(p, h)) {
       KVCTL_RETURN_IF_ERROR(EvictHead(p, h, &keep));
     }
-    std::vector<float> loose_k, loose_v;  // Kept tokens decoded out of records, in order.
+    // Kept tokens decoded out of records, in order (the thread's buffers: their capacity stays).
+    std::vector<float>& loose_k = ThreadDecodedRows().loose_k;
+    std::vector<float>& loose_v = ThreadDecodedRows().loose_v;
+    loose_k.clear(), loose_v.clear();
     PlanHeadRecords(p, h, keep, &loose_k, &loose_v);
     PlanHeadRows(p, h, keep, &loose_k, &loose_v);
   }

@@ -1,7 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// kernels/exp.h: ExpRef on known answers and special values, its distance from std::exp over the
-// whole double range, and ExpShiftedInPlace bit for bit against ExpRef at every SIMD level this
-// CPU runs.
+// kernels/exp.h: ExpRef on known answers and special values, its distance from exp over the whole
+// float range, and SoftmaxNumerators bit for bit against its scalar definition at every SIMD level
+// this CPU runs.
 #include "kernels/exp.h"
 
 #include <bit>
@@ -22,48 +22,52 @@ using testing::SimdLevelGuard;
 using testing::SimdLevelsUnderTest;
 using testing::Skip;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Distance in units in the last place between two finite non-negative doubles.
-int64_t Ulps(double a, double b) {
-  const int64_t d = std::bit_cast<int64_t>(a) - std::bit_cast<int64_t>(b);
+// Distance in units in the last place between two finite non-negative floats.
+int32_t Ulps(float a, float b) {
+  const int32_t d = std::bit_cast<int32_t>(a) - std::bit_cast<int32_t>(b);
   return d < 0 ? -d : d;
 }
 
+// exp correctly rounded to float (double's exp is far more precise than float's last bit).
+float ExpFloat(float x) { return static_cast<float>(std::exp(static_cast<double>(x))); }
+
 TEST_CASE("ExpRef: known answers and special values") {
-  CHECK(ExpRef(0.0) == 1.0);
-  CHECK(ExpRef(-0.0) == 1.0);
-  CHECK(Ulps(ExpRef(1.0), 2.718281828459045) <= 1);
-  CHECK(Ulps(ExpRef(-1.0), 0.36787944117144233) <= 1);
-  CHECK(Ulps(ExpRef(std::log(2.0)), 2.0) <= 1);
+  CHECK(ExpRef(0.0f) == 1.0f);
+  CHECK(ExpRef(-0.0f) == 1.0f);
+  CHECK(Ulps(ExpRef(1.0f), 2.7182817f) <= 1);
+  CHECK(Ulps(ExpRef(-1.0f), 0.36787945f) <= 1);
+  CHECK(Ulps(ExpRef(std::log(2.0f)), 2.0f) <= 1);
   CHECK(ExpRef(kInf) == kInf);
-  CHECK(ExpRef(-kInf) == 0.0);
-  CHECK(std::isnan(ExpRef(std::numeric_limits<double>::quiet_NaN())));
-  CHECK(ExpRef(710.0) == kInf);  // Past the largest double.
-  CHECK(ExpRef(1e300) == kInf);
-  CHECK(std::isfinite(ExpRef(709.78)));
-  CHECK(ExpRef(-746.0) == 0.0);  // Below half the smallest subnormal.
-  CHECK(ExpRef(-1e300) == 0.0);
-  // Subnormal results: exp(-745) is the smallest subnormal, 2^-1074, rounded.
-  CHECK(ExpRef(-745.0) == std::exp(-745.0));
-  CHECK(ExpRef(-745.0) > 0.0);
+  CHECK(ExpRef(-kInf) == 0.0f);
+  CHECK(std::isnan(ExpRef(kNaN)));
+  CHECK(ExpRef(89.0f) == kInf);  // Past the largest float.
+  CHECK(ExpRef(1e30f) == kInf);
+  CHECK(std::isfinite(ExpRef(88.7f)));
+  CHECK(ExpRef(-104.0f) == 0.0f);  // Below half the smallest subnormal.
+  CHECK(ExpRef(-1e30f) == 0.0f);
+  // Subnormal results: exp(-103) is about 1.4 * 2^-149, rounded to the smallest step.
+  CHECK(ExpRef(-103.0f) == ExpFloat(-103.0f));
+  CHECK(ExpRef(-103.0f) > 0.0f);
 }
 
-TEST_CASE("ExpRef: within 2 ulp of std::exp over the whole range") {
+TEST_CASE("ExpRef: within 2 ulp of exp over the whole range") {
   std::mt19937_64 rng(3);
-  std::uniform_real_distribution<double> wide(-745.0, 709.7);
-  std::uniform_real_distribution<double> narrow(-40.0, 0.0);  // A softmax's usual range.
-  int64_t worst = 0;
-  for (int i = 0; i < 200000; ++i) {
-    const double x = (i % 2) ? wide(rng) : narrow(rng);
-    const double want = std::exp(x);
-    const double got = ExpRef(x);
-    if (want < std::numeric_limits<double>::min()) {
+  std::uniform_real_distribution<float> wide(-103.9f, 88.7f);
+  std::uniform_real_distribution<float> narrow(-40.0f, 0.0f);  // A softmax's usual range.
+  int32_t worst = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const float x = (i % 2) ? wide(rng) : narrow(rng);
+    const float want = ExpFloat(x);
+    const float got = ExpRef(x);
+    if (want < std::numeric_limits<float>::min()) {
       // Subnormal: absolute error of a few of the smallest steps.
-      CHECK(std::abs(got - want) <= 4 * std::numeric_limits<double>::denorm_min());
+      CHECK(std::abs(got - want) <= 4 * std::numeric_limits<float>::denorm_min());
       continue;
     }
-    const int64_t ulps = Ulps(got, want);
+    const int32_t ulps = Ulps(got, want);
     worst = std::max(worst, ulps);
     if (ulps > 2) FAIL_CHECK("x " << x << " got " << got << " want " << want);
   }
@@ -71,33 +75,66 @@ TEST_CASE("ExpRef: within 2 ulp of std::exp over the whole range") {
   CHECK(worst <= 2);
 }
 
-TEST_CASE("ExpShiftedInPlace: ExpRef's bits at every SIMD level") {
+// The spec of SoftmaxNumerators, written out: the maximum skipping NaNs, ExpRef of each shifted
+// value, eight running sums in double combined as a tree.
+double SoftmaxSpec(std::vector<float>* z, int64_t n) {
+  float m = -kInf;
+  for (int64_t j = 0; j < n; ++j) m = (*z)[j] > m ? (*z)[j] : m;
+  double s[8] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    (*z)[j] = ExpRef((*z)[j] - m);
+    s[j % 8] += (*z)[j];
+  }
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+TEST_CASE("SoftmaxNumerators: the spec's bits at every SIMD level") {
   const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   if (levels.empty()) return Skip(kNoSimd);
   SimdLevelGuard guard;
   std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> value(-800.0, 800.0);
-  const double specials[] = {
-      0.0,    -0.0,  kInf,   -kInf,  std::numeric_limits<double>::quiet_NaN(),
-      -745.0, 710.0, 709.78, -746.0, 1e-300};
+  std::uniform_real_distribution<float> value(-150.0f, 150.0f);
+  const float specials[] = {0.0f, -0.0f, kInf, -kInf, kNaN, -103.0f, 89.0f, 88.7f, -104.0f, 1e-30f};
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
-    for (int64_t n : {0, 1, 3, 4, 5, 8, 13, 37, 1000}) {
-      for (double shift : {0.0, 12.5, -3.0}) {
-        std::vector<double> z(static_cast<size_t>(n) + 1, 42.0);
+    for (int64_t n : {0, 1, 3, 7, 8, 9, 13, 37, 1000}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        std::vector<float> z(static_cast<size_t>(n) + 1, 42.0f);
         for (int64_t j = 0; j < n; ++j) {
-          z[j] = (j % 5 == 0) ? specials[(j / 5) % std::size(specials)] : value(rng);
+          // Variant 0: finite values only (what the scorers pass); 1: with specials; 2: a NaN
+          // first, which the maximum must skip.
+          const bool special = variant == 1 && j % 5 == 0;
+          z[j] = special ? specials[(j / 5) % std::size(specials)] : value(rng);
+          if (variant == 2 && j == 0) z[j] = kNaN;
         }
-        std::vector<double> want = z;
-        for (int64_t j = 0; j < n; ++j) want[j] = ExpRef(z[j] - shift);
-        ExpShiftedInPlace(z.data(), n, shift);
+        std::vector<float> want = z;
+        const double want_sum = SoftmaxSpec(&want, n);
+        const double sum = SoftmaxNumerators(z.data(), n);
+        INFO(SimdLevelName(level) << " n " << n << " variant " << variant);
+        if (std::isnan(want_sum)) {
+          CHECK(std::isnan(sum));  // Which NaN a sum of NaNs keeps depends on operand order.
+        } else {
+          CHECK(std::bit_cast<uint64_t>(sum) == std::bit_cast<uint64_t>(want_sum));
+        }
         for (int64_t j = 0; j <= n; ++j) {
-          INFO(SimdLevelName(level) << " n " << n << " shift " << shift << " j " << j);
-          CHECK(std::bit_cast<uint64_t>(z[j]) == std::bit_cast<uint64_t>(want[j]));
+          INFO("j " << j);
+          CHECK(std::bit_cast<uint32_t>(z[j]) == std::bit_cast<uint32_t>(want[j]));
         }
       }
     }
   }
+}
+
+TEST_CASE("SoftmaxNumerators: a softmax of finite logits sums to one") {
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  std::vector<float> z(3851);
+  for (float& x : z) x = logit(rng);
+  const double sum = SoftmaxNumerators(z.data(), static_cast<int64_t>(z.size()));
+  double total = 0, largest = 0;
+  for (float p : z) total += p / sum, largest = std::max<double>(largest, p);
+  CHECK(largest == 1.0);  // exp(max - max).
+  CHECK(std::abs(total - 1.0) < 1e-12);
 }
 
 }  // namespace
