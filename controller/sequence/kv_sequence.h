@@ -451,9 +451,9 @@ class KvSequence {
   bool Compresses(const LayerPrep& p, int h) const;
   Status EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) const;
   void PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
-                       std::vector<float>* pk, std::vector<float>* pv) const;
-  void PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep, std::vector<float>* lk,
-                    std::vector<float>* lv) const;
+                       std::vector<int64_t>* loose) const;
+  void PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
+                    std::vector<int64_t>* loose) const;
   // PlanHeadRows' flush of a head that evicts nothing: its stored fp16 rows from read_from on and
   // the new ones, without an fp32 copy.
   void FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const;

@@ -38,12 +38,17 @@ void SampleQuality(const QuantSpec& spec, const BlockInput& in, const uint8_t* r
   out->v_rel_error = rv > 0 ? ev / rv : 0;
 }
 
-// Appends n fp32 values as fp16. Exact for the rows a flush quantizes: a quantized layer's
-// values are fp16 already (stored rows, or decoded and rounded by Materialize).
-void AppendAsHalves(const float* src, size_t n, std::vector<uint16_t>* dst) {
+// Appends the fp32 rows `rows[i] * d` of src, i in [begin, end), as fp16. Exact for the rows a
+// flush quantizes: a quantized layer's values are fp16 already (stored rows, or decoded and
+// rounded by Materialize).
+void AppendRowsAsHalves(const float* src, int d, const std::vector<int64_t>& rows, size_t begin,
+                        size_t end, std::vector<uint16_t>* dst) {
   const size_t at = dst->size();
-  dst->resize(at + n);
-  ConvertElements(DType::kF32, src, DType::kF16, dst->data() + at, n);
+  dst->resize(at + (end - begin) * d);
+  uint16_t* out = dst->data() + at;
+  for (size_t i = begin; i < end; ++i, out += d) {
+    ConvertElements(DType::kF32, src + rows[i] * d, DType::kF16, out, d);
+  }
 }
 
 Status WithLayerHead(int l, int h, const Status& s) {
@@ -225,17 +230,17 @@ namespace {
 struct DecodedRows {
   static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
   std::vector<std::vector<float>> k, v;
-  std::vector<float> loose_k, loose_v;  // One head's loose kept rows (AppendLayerPrepare).
+  std::vector<int64_t> loose;  // One head's loose kept tokens (AppendLayerPrepare).
 
   // Rows for `heads` heads of up to `elems` floats each, K then V.
   void Prepare(int heads, size_t elems) {
     if (k.size() < static_cast<size_t>(heads)) k.resize(heads), v.resize(heads);
-    size_t held = (loose_k.capacity() + loose_v.capacity()) * sizeof(float);
+    size_t held = loose.capacity() * sizeof(int64_t);
     for (size_t h = 0; h < k.size(); ++h) held += (k[h].capacity() + v[h].capacity()) * 4;
     if (held > kMaxKeptBytes) {
       k.assign(k.size(), {});
       v.assign(v.size(), {});
-      loose_k = {}, loose_v = {};
+      loose = {};
     }
     for (int h = 0; h < heads; ++h) {
       if (k[h].size() < elems) k[h].resize(elems), v[h].resize(elems);
@@ -482,11 +487,12 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
 }
 
 void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
-                                 std::vector<float>* pk, std::vector<float>* pv) const {
+                                 std::vector<int64_t>* loose) const {
   // A record whose tokens all stay keeps its bytes (in place, or moved down past dropped ones);
   // one that lost every token is dropped; the kept tokens of the others are decoded (as fp16) and
-  // re-packed, in order, into fresh records, the rest left in *pk/*pv. A whole record kept after
-  // loose tokens is decoded too, since records hold consecutive kept tokens.
+  // re-packed, in order, into fresh records, the rest left in *loose (token indices into
+  // p.all_k / p.all_v). A whole record kept after loose tokens is decoded too, since records
+  // hold consecutive kept tokens.
   const HeadStream& head = p.layer.heads[h];
   PreparedHead& ph = p.out->heads[h];
   const int g = head.spec.block_tokens, d = geometry_.head_dim;
@@ -495,14 +501,13 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
     ph.records_in_place = static_cast<size_t>(records);
     return;
   }
-  // Rows of *pk before `packed` went into records already; they are dropped once at the end.
-  const size_t record_elems = static_cast<size_t>(g) * d;
+  // Tokens of *loose before `packed` went into records already; they are dropped at the end.
   size_t packed = 0;
   for (int r = 0; r < records; ++r) {
     const int64_t base = head.sink_rows + static_cast<int64_t>(r) * g;
     const int kept_here =
         static_cast<int>(std::count(keep.begin() + base, keep.begin() + base + g, uint8_t{1}));
-    if (kept_here == g && pk->size() == packed) {
+    if (kept_here == g && loose->size() == packed) {
       // Kept whole: in place while nothing before it moved, else moved down.
       if (ph.record_plan.empty() && static_cast<size_t>(r) == ph.records_in_place) {
         ++ph.records_in_place;
@@ -513,26 +518,24 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
     }
     for (int64_t j = base; j < base + g; ++j) {
       if (!keep[j]) continue;
-      pk->insert(pk->end(), p.all_k[h] + j * d, p.all_k[h] + (j + 1) * d);
-      pv->insert(pv->end(), p.all_v[h] + j * d, p.all_v[h] + (j + 1) * d);
+      loose->push_back(j);
       ++ph.decoded_tokens;
     }
-    if (pk->size() - packed >= record_elems) {
-      AppendAsHalves(pk->data() + packed, record_elems, &ph.qk);
-      AppendAsHalves(pv->data() + packed, record_elems, &ph.qv);
-      packed += record_elems;
+    if (loose->size() - packed >= static_cast<size_t>(g)) {
+      AppendRowsAsHalves(p.all_k[h], d, *loose, packed, packed + g, &ph.qk);
+      AppendRowsAsHalves(p.all_v[h], d, *loose, packed, packed + g, &ph.qv);
+      packed += static_cast<size_t>(g);
       ph.record_plan.push_back(-1);
     }
   }
-  pk->erase(pk->begin(), pk->begin() + static_cast<std::ptrdiff_t>(packed));
-  pv->erase(pv->begin(), pv->begin() + static_cast<std::ptrdiff_t>(packed));
+  loose->erase(loose->begin(), loose->begin() + static_cast<std::ptrdiff_t>(packed));
 }
 
 void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
-                              std::vector<float>* lk, std::vector<float>* lv) const {
-  // L (*lk/*lv): the loose kept tokens, then the kept tail and new tokens; it flushes like a
-  // tail. The rows to write: the new sinks, then either the new tail tokens (nothing moved) or
-  // the whole new tail.
+                              std::vector<int64_t>* loose) const {
+  // L (*loose, token indices into p.all_k / p.all_v): the loose kept tokens, then the kept tail
+  // and new tokens; it flushes like a tail. The rows to write: the new sinks, then either the new
+  // tail tokens (nothing moved) or the whole new tail.
   const HeadStream& head = p.layer.heads[h];
   PreparedHead& ph = p.out->heads[h];
   const StreamingRules& rules = p.layer.plan.rules;
@@ -576,18 +579,14 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     FlushStoredRows(p, h, read_from);
     return;
   }
-  const float* sk = p.all_k[h] + read_from * d;
-  const float* sv = p.all_v[h] + read_from * d;
   for (int64_t j = read_from; j < total; ++j) {
-    if (ph.evicted && !keep[j]) continue;
-    lk->insert(lk->end(), sk + (j - read_from) * d, sk + (j - read_from + 1) * d);
-    lv->insert(lv->end(), sv + (j - read_from) * d, sv + (j - read_from + 1) * d);
+    if (!ph.evicted || keep[j]) loose->push_back(j);
   }
-  const int l_rows = static_cast<int>(lk->size() / d);
+  const int l_rows = static_cast<int>(loose->size());
   // A lossless layer never flushes, evicting or not: its rows stay exactly as appended.
   const int flushed = untouched || lossless ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
-  AppendAsHalves(lk->data(), static_cast<size_t>(flushed) * d, &ph.qk);
-  AppendAsHalves(lv->data(), static_cast<size_t>(flushed) * d, &ph.qv);
+  AppendRowsAsHalves(p.all_k[h], d, *loose, 0, static_cast<size_t>(flushed), &ph.qk);
+  AppendRowsAsHalves(p.all_v[h], d, *loose, 0, static_cast<size_t>(flushed), &ph.qv);
   for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
   ph.tail_after = untouched ? static_cast<int>(total - from) : l_rows - flushed;
   ph.rows_after = sinks_after + ph.tail_after;
@@ -599,8 +598,9 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     StoreRequestRow(p.k, p.v, t, h, p.layer.row_dtype, p.layer.row_bytes, dst);
   }
   for (int t = first_tail; t < l_rows; ++t, dst += slot) {
-    StoreRow(&(*lk)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst);
-    StoreRow(&(*lv)[static_cast<size_t>(t) * d], d, p.layer.row_dtype, dst + p.layer.row_bytes);
+    const int64_t j = (*loose)[static_cast<size_t>(t)];
+    StoreRow(p.all_k[h] + j * d, d, p.layer.row_dtype, dst);
+    StoreRow(p.all_v[h] + j * d, d, p.layer.row_dtype, dst + p.layer.row_bytes);
   }
 }
 
@@ -693,12 +693,11 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     if (ev.enabled && !ctx.defer && Compresses(p, h)) {
       KVCTL_RETURN_IF_ERROR(EvictHead(p, h, &keep));
     }
-    // Kept tokens decoded out of records, in order (the thread's buffers: their capacity stays).
-    std::vector<float>& loose_k = ThreadDecodedRows().loose_k;
-    std::vector<float>& loose_v = ThreadDecodedRows().loose_v;
-    loose_k.clear(), loose_v.clear();
-    PlanHeadRecords(p, h, keep, &loose_k, &loose_v);
-    PlanHeadRows(p, h, keep, &loose_k, &loose_v);
+    // Kept tokens decoded out of records, in order (the thread's buffer: its capacity stays).
+    std::vector<int64_t>& loose = ThreadDecodedRows().loose;
+    loose.clear();
+    PlanHeadRecords(p, h, keep, &loose);
+    PlanHeadRows(p, h, keep, &loose);
   }
   KVCTL_RETURN_IF_ERROR(EncodeNewRecords(l, out));
   if (ev.enabled) {
