@@ -57,13 +57,21 @@ Status WithLayerHead(int l, int h, const Status& s) {
 
 }  // namespace
 
+void StartQueries(const QueryRows& kept, PreparedQueries* out) {
+  out->drop_old = false;
+  out->count = 0;
+  out->total = out->keep = kept.count;
+  out->window_built = false;
+}
+
 void TakeQueries(const EvictionSettings& ev, const KvTensorView* q, int64_t n, int q_heads,
-                 int head_dim, LayerScoring* scoring) {
+                 int head_dim, LayerScoring* scoring, PreparedQueries* out) {
   const size_t q_row = static_cast<size_t>(q_heads) * head_dim;
   if (q == nullptr) {
     // Rows kept from earlier appends no longer end at the newest token: drop them.
-    scoring->q_rows.clear();
-    scoring->q_count = scoring->h2o_pending = 0;
+    out->drop_old = true;
+    out->count = out->total = out->keep = 0;
+    scoring->h2o_pending = 0;
     return;
   }
   if (!ev.enabled) return;
@@ -71,25 +79,59 @@ void TakeQueries(const EvictionSettings& ev, const KvTensorView* q, int64_t n, i
   // would otherwise convert and hold all of its queries).
   const bool all_rows = ev.policy == EvictPolicy::kH2O;
   const int64_t want = all_rows ? n : std::min<int64_t>(n, ev.obs_window);
-  if (want < n) {
-    scoring->q_rows.clear();  // The rows kept must stay the newest, consecutive ones.
-    scoring->q_count = 0;
-  }
-  scoring->q_rows.resize((scoring->q_count + want) * q_row);
+  // The rows kept must stay the newest, consecutive ones.
+  if (want < n) out->drop_old = true, out->total = 0;
+  out->rows.resize(static_cast<size_t>(want) * q_row);
   for (int64_t t = n - want; t < n; ++t) {
-    float* dst = &scoring->q_rows[(scoring->q_count + t - (n - want)) * q_row];
+    float* dst = &out->rows[(t - (n - want)) * q_row];
     for (int h = 0; h < q_heads; ++h) q->LoadRow(t, h, dst + h * head_dim);
   }
-  scoring->q_count += want;
+  out->count = want;
+  out->total += want;
+  out->keep = out->total;
   if (all_rows) scoring->h2o_pending += n;
 }
 
-void KeepQueryWindow(const EvictionSettings& ev, size_t q_row, LayerScoring* scoring) {
-  const int64_t keep_rows =
-      std::min(scoring->q_count, std::max(ev.obs_window, scoring->h2o_pending));
-  scoring->q_rows.erase(scoring->q_rows.begin(),
-                        scoring->q_rows.begin() + (scoring->q_count - keep_rows) * q_row);
-  scoring->q_count = keep_rows;
+void KeepQueryWindow(const EvictionSettings& ev, const LayerScoring& scoring,
+                     PreparedQueries* out) {
+  out->keep = std::min(out->total, std::max(ev.obs_window, scoring.h2o_pending));
+}
+
+const float* NewestQueries(const QueryRows& kept, size_t q_row, int64_t rows,
+                           PreparedQueries* out) {
+  KVCTL_CHECK(rows >= 0 && rows <= out->total);
+  if (rows <= out->count) return out->rows.data() + (out->count - rows) * q_row;
+  if (!out->window_built) {
+    // The kept rows (all of them: out->total - out->count), then this append's.
+    const size_t old = static_cast<size_t>(out->total - out->count) * q_row;
+    out->window.resize(static_cast<size_t>(out->total) * q_row);
+    std::copy_n(kept.data.data() + static_cast<size_t>(kept.first) * q_row, old,
+                out->window.begin());
+    std::copy(out->rows.begin(),
+              out->rows.begin() + static_cast<std::ptrdiff_t>(out->count * q_row),
+              out->window.begin() + static_cast<std::ptrdiff_t>(old));
+    out->window_built = true;
+  }
+  return out->window.data() + (out->total - rows) * q_row;
+}
+
+void CommitQueries(const PreparedQueries& prepared, size_t q_row, QueryRows* kept) {
+  if (prepared.drop_old) kept->first = kept->count = 0;
+  const size_t end = static_cast<size_t>(kept->first + kept->count) * q_row;
+  const size_t add = static_cast<size_t>(prepared.count) * q_row;
+  if (kept->data.size() < end + add) kept->data.resize(end + add);
+  std::copy_n(prepared.rows.begin(), add, kept->data.begin() + static_cast<std::ptrdiff_t>(end));
+  kept->count += prepared.count;
+  KVCTL_CHECK(kept->count == prepared.total && prepared.keep <= kept->count);
+  kept->first += kept->count - prepared.keep;
+  kept->count = prepared.keep;
+  if (kept->first > kept->count) {
+    // The dropped rows outnumber the kept ones: move the kept ones down (amortised: a decode
+    // step of a window of W rows does this once every W steps).
+    std::copy_n(kept->data.begin() + static_cast<std::ptrdiff_t>(kept->first * q_row),
+                static_cast<size_t>(kept->count) * q_row, kept->data.begin());
+    kept->first = 0;
+  }
 }
 
 Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
@@ -286,10 +328,9 @@ int64_t KvSequence::WholeRecordTarget(const LayerPrep& p, int h, int64_t total, 
 
 StatusOr<KvTensorView> KvSequence::RecentQueries(const LayerPrep& p, int64_t rows, int h) const {
   // The last `rows` query rows as the [rows, g, D] group of KV head h.
-  const LayerScoring& scoring = p.out->scoring;
   const size_t q_row = static_cast<size_t>(geometry_.q_heads) * geometry_.head_dim;
   const KvTensorView all =
-      KvTensorView::Contiguous(scoring.q_rows.data() + (scoring.q_count - rows) * q_row,
+      KvTensorView::Contiguous(NewestQueries(p.layer.queries, q_row, rows, &p.out->queries),
                                DType::kF32, rows, geometry_.q_heads, geometry_.head_dim);
   return QueryGroup(all, geometry_.kv_heads, h);
 }
@@ -664,9 +705,12 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   // Query rows: the kept ones, then this append's (fp32).
   LayerScoring& scoring = out->scoring;
   scoring = p.layer.scoring;
+  StartQueries(p.layer.queries, &out->queries);
   // A held flush prepared ahead (PrepareHeldFlushStep, no tokens) leaves the query rows as they
   // are.
-  if (ctx.n > 0) TakeQueries(ev, q, ctx.n, geometry_.q_heads, geometry_.head_dim, &scoring);
+  if (ctx.n > 0) {
+    TakeQueries(ev, q, ctx.n, geometry_.q_heads, geometry_.head_dim, &scoring, &out->queries);
+  }
   if (ev.enabled) {
     int64_t most = 0;
     for (const HeadStream& head : p.layer.heads) most = std::max(most, head.count() + p.n);
@@ -677,8 +721,8 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
       p.all_k[h] = decoded.k[h].data(), p.all_v[h] = decoded.v[h].data();
     p.have_all.assign(heads, false);
     p.have_records.assign(heads, false);
-    p.have_q = scoring.q_count > 0;
-    p.obs = std::min<int64_t>(ev.obs_window, scoring.q_count);
+    p.have_q = out->queries.total > 0;
+    p.obs = std::min<int64_t>(ev.obs_window, out->queries.total);
     p.regions = {.sinks = ev.sinks, .recent = ev.window};
     // A deferred append plans no budgets (the re-allocator's state stays as it was).
     if (!ctx.defer) KVCTL_RETURN_IF_ERROR(PlanHeadBudgets(p));
@@ -701,7 +745,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   }
   KVCTL_RETURN_IF_ERROR(EncodeNewRecords(l, out));
   if (ev.enabled) {
-    KeepQueryWindow(ev, static_cast<size_t>(geometry_.q_heads) * geometry_.head_dim, &scoring);
+    KeepQueryWindow(ev, scoring, &out->queries);
   }
   return OkStatus();
 }

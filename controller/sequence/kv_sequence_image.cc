@@ -488,10 +488,10 @@ struct SequenceImageAccess {
       for (size_t l = 0; l < seq.layers_.size(); ++l) {
         const LayerState& layer = *seq.layers_[l];
         const LayerScoring& sc = layer.scoring;
-        const char* state = sc.q_count > 0       ? "kept query rows (the observation window)"
-                            : sc.h2o_pending > 0 ? "pending H2O queries"
-                            : sc.has_utility     ? "head re-allocation utility"
-                                                 : nullptr;
+        const char* state = layer.queries.count > 0 ? "kept query rows (the observation window)"
+                            : sc.h2o_pending > 0    ? "pending H2O queries"
+                            : sc.has_utility        ? "head re-allocation utility"
+                                                    : nullptr;
         for (size_t h = 0; state == nullptr && h < layer.heads.size(); ++h) {
           if (!layer.heads[h].h2o.acc.empty()) state = "H2O accumulators";
         }

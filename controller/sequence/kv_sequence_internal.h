@@ -39,17 +39,37 @@ struct KvSequence::HeadStream {
   }
 };
 
-// What eviction scoring keeps per layer between appends. An append prepares a copy and commits it
-// only when everything else succeeded (all or nothing).
+// What eviction scoring keeps per layer between appends besides the query rows. An append
+// prepares a copy and commits it only when everything else succeeded (all or nothing).
 struct LayerScoring {
-  // Newest query rows, fp32 [q_count, q_heads, head_dim]: the observation window, plus for h2o the
-  // rows not yet folded into the accumulated attention.
-  std::vector<float> q_rows;
-  int64_t q_count = 0;
-  int64_t h2o_pending = 0;
+  int64_t h2o_pending = 0;  // Query rows not yet folded into h2o's accumulated attention.
   std::optional<HeadReallocator> realloc;
   bool has_utility = false;
   int64_t layer_budget = 0;
+};
+
+// A layer's newest query rows, fp32 [count, q_heads, head_dim] from row `first` of `data`: the
+// observation window, plus for h2o the rows not yet folded into the accumulated attention. The
+// rows before `first` were dropped; CommitQueries moves the kept ones down only when the dropped
+// ones outnumber them, so a decode step copies its own row, not the window.
+struct QueryRows {
+  std::vector<float> data;
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// An append's query step, prepared without copying the layer's rows (all or nothing, like
+// LayerScoring): whether the layer's rows go first (no Q came, or more rows than the window),
+// this append's kept rows, and how many of the newest rows the commit keeps.
+struct PreparedQueries {
+  bool drop_old = false;
+  std::vector<float> rows;  // This append's kept rows, [count, q_heads, head_dim].
+  int64_t count = 0;
+  int64_t total = 0;  // The layer's rows after this append: the kept old ones, then `rows`.
+  int64_t keep = 0;   // The newest rows the commit keeps (KeepQueryWindow).
+  // The `total` rows back to back, built when scoring reads further back than `rows`.
+  std::vector<float> window;
+  bool window_built = false;
 };
 
 struct KvSequence::LayerState {
@@ -59,6 +79,7 @@ struct KvSequence::LayerState {
   std::vector<HeadStream> heads;
   SlotArray norms;  // OScaR: block_tokens fp32 norms per slot, one slot per record index.
   LayerScoring scoring;
+  QueryRows queries;
 
   explicit LayerState(Slab* norm_slab) : norms(norm_slab) {}
 };
@@ -138,6 +159,7 @@ struct PreparedLayer {
   };
   std::vector<Sample> samples;  // Quality telemetry of sampled new records.
   LayerScoring scoring;         // The layer's scoring state after the append.
+  PreparedQueries queries;      // Its query rows after the append.
 };
 
 // A held flush prepared ahead of the append that commits it (PrepareHeldFlushStep).
@@ -147,13 +169,20 @@ struct KvSequence::HeldFlushPrep {
   std::vector<PreparedLayer> layers;
 };
 
-// Prepare's query step: appends this append's query rows (fp32) to the layer's kept ones, as the
-// eviction policy needs them: every row for h2o, the newest obs_window rows otherwise; without
-// Q the kept rows are dropped (they no longer end at the newest token); without eviction nothing.
+// Prepare's query step. StartQueries: nothing taken yet (the layer's `kept` rows stay).
+// TakeQueries: this append's query rows (fp32) after the kept ones, as the eviction policy needs
+// them: every row for h2o, the newest obs_window rows otherwise; without Q the kept rows are
+// dropped (they no longer end at the newest token); without eviction nothing changes.
+void StartQueries(const QueryRows& kept, PreparedQueries* out);
 void TakeQueries(const EvictionSettings& ev, const KvTensorView* q, int64_t n, int q_heads,
-                 int head_dim, LayerScoring* scoring);
-// After scoring: keeps the observation window (and h2o's unfolded rows) of queries.
-void KeepQueryWindow(const EvictionSettings& ev, size_t q_row, LayerScoring* scoring);
+                 int head_dim, LayerScoring* scoring, PreparedQueries* out);
+// After scoring: the commit keeps the observation window (and h2o's unfolded rows) of queries.
+void KeepQueryWindow(const EvictionSettings& ev, const LayerScoring& scoring, PreparedQueries* out);
+// The newest `rows` (<= out->total) of the layer's query rows after the append, back to back,
+// rows of q_row floats.
+const float* NewestQueries(const QueryRows& kept, size_t q_row, int64_t rows, PreparedQueries* out);
+// Writes the prepared query step into the layer's rows.
+void CommitQueries(const PreparedQueries& prepared, size_t q_row, QueryRows* kept);
 
 // Rows between fp32 and the stored dtype, through kernels/convert.h (SIMD, bit-identical to
 // common/half.h; any alignment).

@@ -389,6 +389,8 @@ void KvSequence::CommitLayerState(LayerState& layer, PreparedLayer& p,
     u.v_rel_error_sum += sample.v_rel_error;
   }
   layer.scoring = std::move(p.scoring);
+  CommitQueries(p.queries, static_cast<size_t>(geometry_.q_heads) * geometry_.head_dim,
+                &layer.queries);
 }
 
 void KvSequence::CommitAppend(int64_t first_position, const AppendContext& ctx,
@@ -489,7 +491,8 @@ bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
     }
     // What Prepare does with the query rows: without eviction, only drops them when none came.
     if (!have_q) {
-      TakeQueries(eviction_, nullptr, n, geometry_.q_heads, geometry_.head_dim, &layer.scoring);
+      layer.queries.first = layer.queries.count = 0;
+      layer.scoring.h2o_pending = 0;
     }
   }
   for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // None: PagesFor is exact.

@@ -277,39 +277,75 @@ TEST_CASE("KvSequence prepare: the query rows a layer keeps for scoring", "[cont
   };
   std::vector<float> six, two;
   const KvTensorView q6 = queries(6, &six), q2 = queries(2, &two);
+  const size_t q_row = static_cast<size_t>(qh) * d;
+  // The layer's rows after the commit, oldest first: each row's token index.
+  auto tokens = [&](const QueryRows& rows) {
+    std::vector<float> out;
+    for (int64_t i = 0; i < rows.count; ++i) out.push_back(rows.data[(rows.first + i) * q_row]);
+    return out;
+  };
+  // One prepare and commit, as AppendLayerPrepare and CommitLayerState do them.
+  auto step = [&](const EvictionSettings& ev, const KvTensorView* q, int64_t n, QueryRows* kept,
+                  LayerScoring* s) {
+    PreparedQueries p;
+    StartQueries(*kept, &p);
+    TakeQueries(ev, q, n, qh, d, s, &p);
+    if (ev.enabled) KeepQueryWindow(ev, *s, &p);
+    CommitQueries(p, q_row, kept);
+    return p;
+  };
   EvictionSettings ev;
   LayerScoring s;
-  TakeQueries(ev, &q6, 6, qh, d, &s);  // Eviction off: nothing kept.
-  CHECK(s.q_count == 0);
-  CHECK(s.q_rows.empty());
+  QueryRows kept;
+  step(ev, &q6, 6, &kept, &s);  // Eviction off: nothing kept.
+  CHECK(kept.count == 0);
 
   ev.enabled = true;
   ev.policy = EvictPolicy::kSnapKV;
   ev.obs_window = 4;
-  TakeQueries(ev, &q6, 6, qh, d, &s);  // The newest 4 of 6: tokens 2..5.
-  REQUIRE(s.q_count == 4);
-  CHECK(s.q_rows.front() == 2.0f);
-  CHECK(s.q_rows.back() == 5.0f);
-  TakeQueries(ev, &q2, 2, qh, d, &s);  // Appended: 6 rows until the window is kept.
-  CHECK(s.q_count == 6);
-  KeepQueryWindow(ev, static_cast<size_t>(qh) * d, &s);
-  REQUIRE(s.q_count == 4);
-  CHECK(s.q_rows.front() == 4.0f);  // Tokens 4, 5 of the first append, then 0, 1 of the second.
-  CHECK(s.q_rows.back() == 1.0f);
-  CHECK(s.q_rows.size() == 4u * qh * d);
+  step(ev, &q6, 6, &kept, &s);  // The newest 4 of 6: tokens 2..5.
+  CHECK(tokens(kept) == std::vector<float>{2, 3, 4, 5});
+  {
+    // Appended: 6 rows until the window is kept; scoring reads across both appends.
+    PreparedQueries p;
+    StartQueries(kept, &p);
+    TakeQueries(ev, &q2, 2, qh, d, &s, &p);
+    CHECK(p.total == 6);
+    CHECK(*NewestQueries(kept, q_row, 2, &p) == 0.0f);  // This append's rows, no copy.
+    CHECK(!p.window_built);
+    CHECK(*NewestQueries(kept, q_row, 5, &p) == 3.0f);  // Tokens 3, 4, 5, then 0, 1.
+    CHECK(NewestQueries(kept, q_row, 5, &p)[4 * q_row] == 1.0f);
+    KeepQueryWindow(ev, s, &p);
+    CHECK(p.keep == 4);
+    CommitQueries(p, q_row, &kept);
+  }
+  CHECK(tokens(kept) == std::vector<float>{4, 5, 0, 1});
+  // Decode steps of one token: the window slides; the dropped rows' room is reused, and the
+  // buffer stays within twice the window plus a step.
+  std::vector<float> one;
+  const KvTensorView q1 = queries(1, &one);
+  for (int i = 0; i < 9; ++i) step(ev, &q1, 1, &kept, &s);
+  CHECK(tokens(kept) == std::vector<float>{0, 0, 0, 0});
+  CHECK(kept.data.size() <= (2 * 4 + 1) * q_row);
+  // A failed append changes nothing: a prepared step that is never committed.
+  {
+    PreparedQueries p;
+    StartQueries(kept, &p);
+    TakeQueries(ev, &q6, 6, qh, d, &s, &p);
+    CHECK(p.drop_old);
+  }
+  CHECK(kept.count == 4);
 
   ev.policy = EvictPolicy::kH2O;  // h2o folds every query: all rows stay until folded.
   LayerScoring h;
-  TakeQueries(ev, &q6, 6, qh, d, &h);
-  CHECK(h.q_count == 6);
+  QueryRows hk;
+  step(ev, &q6, 6, &hk, &h);
+  CHECK(hk.count == 6);  // Unfolded rows are kept.
   CHECK(h.h2o_pending == 6);
-  KeepQueryWindow(ev, static_cast<size_t>(qh) * d, &h);
-  CHECK(h.q_count == 6);  // Unfolded rows are kept.
 
-  TakeQueries(ev, nullptr, 1, qh, d, &h);  // No Q: the kept rows no longer end at the newest.
-  CHECK(h.q_count == 0);
+  step(ev, nullptr, 1, &hk, &h);  // No Q: the kept rows no longer end at the newest.
+  CHECK(hk.count == 0);
   CHECK(h.h2o_pending == 0);
-  CHECK(h.q_rows.empty());
 }
 
 TEST_CASE("KvSequence: pages are accounted and all come back", "[controller]") {
