@@ -20,8 +20,10 @@ uint64_t KvSequence::HostBytesAtOpen(const HostShape& s) {
   // planner's per-head arrays, which the sequence then owns.
   const uint64_t per_stream =
       sizeof(HeadStream) + sizeof(QuantSpec) + 4 * sizeof(int64_t) + 2 * kPerAllocationSlack;
+  // The kept query rows: the window, up to half as many dropped ones before CommitQueries moves
+  // the kept ones down, and one append's (QueryRows): twice the window.
   const uint64_t per_layer = sizeof(LayerState) + 4 * kPerAllocationSlack +
-                             s.obs_window * s.q_heads * s.head_dim * sizeof(float);
+                             2 * s.obs_window * s.q_heads * s.head_dim * sizeof(float);
   return sizeof(KvSequence) + 4 * kPerAllocationSlack + streams * per_stream + s.layers * per_layer;
 }
 

@@ -125,9 +125,10 @@ void CommitQueries(const PreparedQueries& prepared, size_t q_row, QueryRows* kep
   KVCTL_CHECK(kept->count == prepared.total && prepared.keep <= kept->count);
   kept->first += kept->count - prepared.keep;
   kept->count = prepared.keep;
-  if (kept->first > kept->count) {
-    // The dropped rows outnumber the kept ones: move the kept ones down (amortised: a decode
-    // step of a window of W rows does this once every W steps).
+  if (2 * kept->first > kept->count) {
+    // More dropped rows than half the kept ones: move the kept ones down (amortised: decode
+    // steps with a window of W rows do this once every W / 2 steps), so the buffer holds at most
+    // 1.5 W rows besides one append's.
     std::copy_n(kept->data.begin() + static_cast<std::ptrdiff_t>(kept->first * q_row),
                 static_cast<size_t>(kept->count) * q_row, kept->data.begin());
     kept->first = 0;
@@ -266,9 +267,10 @@ namespace {
 
 // The decoded rows of one layer's heads (LayerPrep::all_k/all_v), kept by each thread between
 // appends: an evicting head decodes every token it holds, several MB at long contexts, and fresh
-// memory for it on every compression cost a zero fill and page faults (docs/kvbench_ipc.md
-// "R-KV at 8K: the compaction's copies"). Buffers only grow while at most kMaxKeptBytes; a layer
-// that needs more gets them for its prepare, and they are freed with the next smaller one.
+// memory for it on every compression cost a zero fill and page faults (docs/kvbench_ipc.md "R-KV
+// at 8K: a float softmax and no copies of kept rows"). The buffers only grow while they hold at
+// most kMaxKeptBytes; past that the next prepare frees them first, so a thread keeps at most one
+// oversized set, and only until its next prepare.
 struct DecodedRows {
   static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
   std::vector<std::vector<float>> k, v;

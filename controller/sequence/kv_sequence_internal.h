@@ -51,7 +51,7 @@ struct LayerScoring {
 // A layer's newest query rows, fp32 [count, q_heads, head_dim] from row `first` of `data`: the
 // observation window, plus for h2o the rows not yet folded into the accumulated attention. The
 // rows before `first` were dropped; CommitQueries moves the kept ones down only when the dropped
-// ones outnumber them, so a decode step copies its own row, not the window.
+// ones are more than half of them, so a decode step copies its own row, not the window.
 struct QueryRows {
   std::vector<float> data;
   int64_t first = 0;
