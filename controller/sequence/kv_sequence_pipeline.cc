@@ -491,8 +491,12 @@ bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
     }
     // What Prepare does with the query rows: without eviction, only drops them when none came.
     if (!have_q) {
-      layer.queries.first = layer.queries.count = 0;
-      layer.scoring.h2o_pending = 0;
+      PreparedQueries none;
+      StartQueries(layer.queries, &none);
+      TakeQueries(eviction_, nullptr, n, geometry_.q_heads, geometry_.head_dim, &layer.scoring,
+                  &none);
+      CommitQueries(none, static_cast<size_t>(geometry_.q_heads) * geometry_.head_dim,
+                    &layer.queries);
     }
   }
   for (uint32_t page : reserved) KVCTL_CHECK(pool_->Free(page).ok());  // None: PagesFor is exact.

@@ -322,10 +322,13 @@ TEST_CASE("KvSequence prepare: the query rows a layer keeps for scoring", "[cont
   CHECK(tokens(kept) == std::vector<float>{4, 5, 0, 1});
   // Decode steps of one token: the window slides; the dropped rows' room is reused, and the
   // buffer stays within 1.5 times the window plus a step.
-  std::vector<float> one;
-  const KvTensorView q1 = queries(1, &one);
-  for (int i = 0; i < 9; ++i) step(ev, &q1, 1, &kept, &s);
-  CHECK(tokens(kept) == std::vector<float>{0, 0, 0, 0});
+  std::vector<float> one(q_row);
+  const KvTensorView q1 = KvTensorView::Contiguous(one.data(), DType::kF32, 1, qh, d);
+  for (int i = 0; i < 9; ++i) {
+    std::fill(one.begin(), one.end(), static_cast<float>(10 + i));  // Step i's row: 10 + i.
+    step(ev, &q1, 1, &kept, &s);
+  }
+  CHECK(tokens(kept) == std::vector<float>{15, 16, 17, 18});
   CHECK(kept.data.size() <= (4 + 2 + 1) * q_row);
   // A failed append changes nothing: a prepared step that is never committed.
   {
