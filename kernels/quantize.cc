@@ -329,12 +329,14 @@ bool CpuHasF16c() {
 SimdLevel DetectSimdLevel() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  // The codecs convert fp16 with F16C and rotate with FMA3 (VFma), which every AVX2 CPU has;
+  // checked all the same (a hypervisor can hide them).
+  if (!__builtin_cpu_supports("fma") || !CpuHasF16c()) return SimdLevel::kScalar;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl")) {
     return SimdLevel::kAvx512;
   }
-  // The AVX2 codecs convert fp16 with F16C, which every AVX2 CPU has; checked all the same.
-  if (__builtin_cpu_supports("avx2") && CpuHasF16c()) return SimdLevel::kAvx2;
+  if (__builtin_cpu_supports("avx2")) return SimdLevel::kAvx2;
 #endif
   return SimdLevel::kScalar;
 }

@@ -82,8 +82,10 @@ void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const floa
 void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
                      float* k_out, float* v_out);
 // The same rows as fp16 (2 bytes each, little endian, any alignment): element i is
-// FloatToHalf (common/half.h) of DequantizeBlock's element i, bit for bit. The SIMD decoders store
-// fp16 from their last pass instead of writing fp32 rows and converting them afterwards.
+// FloatToHalf (common/half.h) of DequantizeBlock's element i, bit for bit, but for NaN: a decoded
+// NaN (only a corrupted record's metadata makes one) is a NaN of any sign and payload (the fp16
+// method's stored NaNs come back as FloatToHalf gives them). The SIMD decoders store fp16 from
+// their last pass instead of writing fp32 rows and converting them afterwards.
 void DequantizeBlockHalvesRef(const QuantSpec& spec, const uint8_t* record,
                               const float* token_norms, uint8_t* k_out, uint8_t* v_out);
 void DequantizeBlockHalves(const QuantSpec& spec, const uint8_t* record, const float* token_norms,

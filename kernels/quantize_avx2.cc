@@ -12,8 +12,9 @@
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
 
-// Everything below is compiled for AVX2; the headers above stay generic. No "fma": the codecs
-// must not contract (the project also builds with -ffp-contract=off).
+// Everything below is compiled for AVX2; the headers above stay generic. No "fma" target
+// (VFma below is explicit): the codecs must not contract (the project also builds with
+// -ffp-contract=off).
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
 
@@ -30,6 +31,13 @@ inline VF VRint(VF v) { return (VF)_mm256_round_ps((__m256)v, kRne | _MM_FROUND_
 // Rounds per MXCSR, which this process leaves at nearest-even: the mode rintf uses too.
 inline VU VCvtRound(VF v) { return (VU)_mm256_cvtps_epi32((__m256)v); }
 inline VF VSqrt(VF v) { return (VF)_mm256_sqrt_ps((__m256)v); }
+// a * b + c with one rounding (FMA3, which DetectSimdLevel requires). Inline assembly, not
+// the "fma" target: with that target the compiler could contract other expressions of this
+// file when built without -ffp-contract=off, and the codecs' bytes rest on it not doing so.
+inline VF VFma(VF a, VF b, VF c) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+  return c;
+}
 inline VF VMax(VF a, VF b) { return (VF)_mm256_max_ps((__m256)a, (__m256)b); }
 inline VF VMin(VF a, VF b) { return (VF)_mm256_min_ps((__m256)a, (__m256)b); }
 inline VF RoundHalf(VF v) { return (VF)_mm256_cvtph_ps(_mm256_cvtps_ph((__m256)v, kRne)); }

@@ -13,8 +13,9 @@
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
 
-// Everything below is compiled for AVX-512; the headers above stay generic. No "fma": the codecs
-// must not contract (the project also builds with -ffp-contract=off).
+// Everything below is compiled for AVX-512; the headers above stay generic. No "fma" target
+// (VFma below is explicit): the codecs must not contract (the project also builds with
+// -ffp-contract=off).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")
 // GCC 12 flags its own _mm512_undefined_*() inside avx512fintrin.h as (maybe-)uninitialized.
@@ -35,6 +36,13 @@ inline VU VCvtRound(VF v) {
   return (VU)_mm512_cvt_roundps_epi32((__m512)v, kRne | _MM_FROUND_NO_EXC);
 }
 inline VF VSqrt(VF v) { return (VF)_mm512_sqrt_ps((__m512)v); }
+// a * b + c with one rounding (FMA3, which DetectSimdLevel requires). Inline assembly, not
+// the "fma" target: with that target the compiler could contract other expressions of this
+// file when built without -ffp-contract=off, and the codecs' bytes rest on it not doing so.
+inline VF VFma(VF a, VF b, VF c) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+  return c;
+}
 inline VF VMax(VF a, VF b) { return (VF)_mm512_max_ps((__m512)a, (__m512)b); }
 inline VF VMin(VF a, VF b) { return (VF)_mm512_min_ps((__m512)a, (__m512)b); }
 inline VF RoundHalf(VF v) { return (VF)_mm512_cvtph_ps(_mm512_cvtps_ph((__m512)v, kRne)); }
