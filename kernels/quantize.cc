@@ -329,8 +329,8 @@ bool CpuHasF16c() {
 SimdLevel DetectSimdLevel() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  // The codecs convert fp16 with F16C and rotate with FMA3 (VFma), which every AVX2 CPU has;
-  // checked all the same (a hypervisor can hide them).
+  // The codecs convert fp16 with F16C and use FMA3 (VFma); x86 CPUs with AVX2 have both in
+  // practice, but they are separate CPUID bits (a hypervisor can hide one): both are checked.
   if (!__builtin_cpu_supports("fma") || !CpuHasF16c()) return SimdLevel::kScalar;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl")) {
