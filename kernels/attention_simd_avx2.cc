@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_block.h"
 #include "kernels/hadamard.h"
+#include "kernels/simd_lookup.h"
 
 // Everything below is compiled for AVX2; the headers above stay generic. Unlike the codecs,
 // attention may use FMA: its results are compared within a tolerance, never bit for bit.
@@ -42,6 +43,12 @@ inline VF LoadHalvesW(const uint8_t* p) {
 }
 // Unused at 8 lanes (one 32-bit word always holds 8 codes of <= 4 bits); declared for the .inc.
 inline VI Splat2(int32_t lo, int32_t) { return VI{} + lo; }
+// A 16-entry table held in registers, and table[code] per lane, code < 16 (kernels/simd_lookup.h).
+using Table16 = simd_lookup::Table16Avx2;
+inline Table16 LoadTable16(const float* table) { return simd_lookup::LoadTable16Avx2(table); }
+inline VF Lookup16(const Table16& t, VI code) {
+  return (VF)simd_lookup::Lookup16Avx2(t, (__m256i)code);
+}
 }  // namespace
 
 #define KVCTL_W 8

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_block.h"
 #include "kernels/hadamard.h"
+#include "kernels/simd_lookup.h"
 
 // Everything below is compiled for AVX-512; the headers above stay generic. Attention may use FMA
 // (AVX-512F has it): its results are compared within a tolerance, never bit for bit.
@@ -36,6 +37,12 @@ inline VF LoadHalvesW(const uint8_t* p) {
 // Lanes 0..7 = lo, lanes 8..15 = hi: two groups of 8 packed codes.
 inline VI Splat2(int32_t lo, int32_t hi) {
   return (VI)_mm512_inserti64x4(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi), 1);
+}
+// A 16-entry table held in registers, and table[code] per lane, code < 16 (kernels/simd_lookup.h).
+using Table16 = simd_lookup::Table16Avx512;
+inline Table16 LoadTable16(const float* table) { return simd_lookup::LoadTable16Avx512(table); }
+inline VF Lookup16(const Table16& t, VI code) {
+  return (VF)simd_lookup::Lookup16Avx512(t, (__m512i)code);
 }
 }  // namespace
 

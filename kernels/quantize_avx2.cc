@@ -11,6 +11,7 @@
 
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
+#include "kernels/simd_lookup.h"
 
 // Everything below is compiled for AVX2; the headers above stay generic. No "fma" target
 // (VFma below is explicit): the codecs must not contract (the project also builds with
@@ -53,13 +54,9 @@ inline void StoreHalves(uint8_t* p, VF v) {
 inline VF LoadHalves(const uint8_t* p) {
   return (VF)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-// table[code] per lane, code < 16: two 8-entry permutes, picked by bit 3 of the code.
+// table[code] per lane, code < 16 (kernels/simd_lookup.h).
 inline VF Lookup16(const float* table, VU code) {
-  const __m256i idx = (__m256i)code;
-  const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), idx);
-  const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table + 8), idx);
-  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // Bit 3 -> sign bit.
-  return (VF)_mm256_blendv_ps(lo, hi, upper);
+  return (VF)simd_lookup::Lookup16Avx2(simd_lookup::LoadTable16Avx2(table), (__m256i)code);
 }
 // 8 rows of 8 floats (row i at src + i * stride) transposed: out[j] lane i = row i, element j.
 // The exchange of 128-bit halves between rows is done by the loads (vinsertf128 from memory);

@@ -12,6 +12,7 @@
 
 #include "kernels/block_codec.h"
 #include "kernels/quantize_simd.h"
+#include "kernels/simd_lookup.h"
 
 // Everything below is compiled for AVX-512; the headers above stay generic. No "fma" target
 // (VFma below is explicit): the codecs must not contract (the project also builds with
@@ -54,9 +55,9 @@ inline void StoreHalves(uint8_t* p, VF v) {
 inline VF LoadHalves(const uint8_t* p) {
   return (VF)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-// table[code] per lane, code < 16.
+// table[code] per lane, code < 16 (kernels/simd_lookup.h).
 inline VF Lookup16(const float* table, VU code) {
-  return (VF)_mm512_permutexvar_ps((__m512i)code, _mm512_loadu_ps(table));
+  return (VF)simd_lookup::Lookup16Avx512(simd_lookup::LoadTable16Avx512(table), (__m512i)code);
 }
 // 16 rows of 16 floats (row i at src + i * stride) transposed: out[j] lane i = row i, element j.
 // The exchange of 128-bit blocks between rows is done by the loads (vinsertf32x4 from memory runs

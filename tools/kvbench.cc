@@ -7,7 +7,7 @@
 //               [--think-us N]
 //               [--json] [--quick]
 //   kvbench attention [--tokens 4096,32768,131072] [--geometries smollm2,llama3-8b]
-//                     [--methods kivi,kvarn,quarot,oscar] [--bits 2] [--threads N] [--reps N]
+//                     [--methods kivi,kvarn,quarot,oscar,turbo] [--bits 2] [--threads N] [--reps N]
 //                     [--json] [--quick]
 //   kvbench pool [--geometries smollm2,llama3-8b] [--methods kvarn2,kivi2,kivi4,quarot4]
 //                [--tokens 256,512,...] [--prefill N] [--page-bytes B] [--json] [--quick]
@@ -151,7 +151,8 @@ CLI::App* AddAttentionCommand(CLI::App& app, kvctl::AttentionBenchOptions& optio
                   "(8 x D128, 32 q heads)")
       ->delimiter(',');
   cmd->add_option("--methods", options.methods,
-                  "Comma-separated fused methods (default: kivi,kvarn,quarot,oscar)")
+                  "Comma-separated fused methods (default: kivi,kvarn,quarot,oscar, and turbo "
+                  "at 2-4 bits)")
       ->delimiter(',');
   cmd->add_option("--bits", options.bits, "Code width of K and V (2, 3, 4 or 8)")
       ->capture_default_str();

@@ -411,7 +411,16 @@ StatusOr<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& op
       return InvalidArgument("--tokens: got ", t, ", expected 1..1048576");
     }
   }
-  for (const std::string& m : o.methods) KVCTL_RETURN_IF_ERROR(ParseQuantMethod(m).status());
+  if (o.methods.empty()) {
+    o.methods = {"kivi", "kvarn", "quarot", "oscar"};
+    if (o.bits <= 4) o.methods.push_back("turbo");
+  }
+  for (const std::string& m : o.methods) {
+    KVCTL_ASSIGN_OR_RETURN(const QuantMethod method, ParseQuantMethod(m));
+    if (method == QuantMethod::kTurbo && o.bits > 4) {
+      return InvalidArgument("--methods: turbo has widths 2, 3 and 4, but --bits is ", o.bits);
+    }
+  }
   std::vector<Geometry> geos;
   for (const std::string& name : o.geometries) {
     const auto it = std::find_if(std::begin(kGeometries), std::end(kGeometries),

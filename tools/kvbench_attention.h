@@ -34,7 +34,8 @@ namespace kvctl {
 struct AttentionBenchOptions {
   std::vector<int64_t> tokens = {4096, 32768, 131072};
   std::vector<std::string> geometries = {"smollm2", "llama3-8b"};
-  std::vector<std::string> methods = {"kivi", "kvarn", "quarot", "oscar"};
+  // Empty: every fused method with codes of `bits` (kivi, kvarn, quarot, oscar, and turbo at 2-4).
+  std::vector<std::string> methods;
   int bits = 2;
   int threads = 0;             // 0: every core (std::thread::hardware_concurrency()).
   int reps = 0;                // 0: by length (41 at <= 8K, 15 at <= 64K, 7 beyond).

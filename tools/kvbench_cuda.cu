@@ -211,7 +211,7 @@ void BenchQuantize(const Options& opt, double copy_gbps, std::ostringstream& js)
   js << "\"quantize\": [";
   bool first_item = true;
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
-                        QuantMethod::kKvarn, QuantMethod::kOscar}) {
+                        QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
     const QuantSpec spec = Spec(m, d, 2);
     const int64_t n_blocks = heads * tokens / spec.block_tokens;
     const size_t rb = BlockLayoutOf(spec).record_bytes;
@@ -358,7 +358,7 @@ void BenchAttention(const Options& opt, std::ostringstream& js) {
     for (int64_t tokens : lengths) {
       BenchDenseBf16(geo, kv, tokens, &first_item, js);
       for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
-                            QuantMethod::kKvarn, QuantMethod::kOscar}) {
+                            QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
         if (opt.quick && (m == QuantMethod::kQuaRot || m == QuantMethod::kOscar)) continue;
         const QuantSpec spec = Spec(m, geo.d, 2);
         const int gt = spec.block_tokens;

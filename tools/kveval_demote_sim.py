@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kveval_needed_sim as sim  # noqa: E402
 
 SIGN_SEED = 0x7475726271756174 & 0xFFFFFFFF
+HEAD_DIM = 64  # SmolLM2-135M's (576 / 9): the variants' memory needs it before the model loads.
 
 
 # ---- the quantizer ----------------------------------------------------------------------------
@@ -256,7 +257,14 @@ def dppl(nll, ref) -> float:
 
 def report(paths, pair: str) -> str:
     """Markdown rows: variant, memory vs fp16, dPPL per segment, pooled, paired against `pair`."""
-    import kveval_stats
+    return report_table(paths, pair, [("f_hi", lambda v: "%.3f" % v["f_hi"]),
+                                      ("f_lo", lambda v: "%.3f" % v["f_lo"]),
+                                      ("mem vs fp16", lambda v: "%.4f" % v["mem"])])
+
+
+def report_table(paths, pair: str, columns) -> str:
+    """One table per result JSON: variant, the `columns` ((header, f(variant) -> text)), dPPL %
+    per segment and pooled against the 'fp' reference, and paired against `pair` (paired_vs)."""
     lines = []
     for path in paths:
         with open(path) as f:
@@ -264,35 +272,99 @@ def report(paths, pair: str) -> str:
         segs = sorted(res["segments"], key=int)
         lines.append("%s (%s), segments %s; paired: variant NLL against %s's, 95 %% block "
                      "bootstrap" % (res["label"], os.path.basename(path), ",".join(segs), pair))
-        lines.append("| variant | f_hi | f_lo | mem vs fp16 | " + " | ".join(
+        lines.append("| variant | " + "".join("%s | " % h for h, _ in columns) + " | ".join(
             "seg %s" % s for s in segs) + " | pooled | vs %s |" % pair)
-        lines.append("|---" * (6 + len(segs)) + "|")
+        lines.append("|---" * (3 + len(columns) + len(segs)) + "|")
         ref = [res["segments"][s]["fp"] for s in segs]
         for v in res["variants"]:
             nll = [res["segments"][s][v["name"]] for s in segs]
-            pooled = dppl(sum(nll, []), sum(ref, []))
-            cmp = "-"
-            if v["name"] != pair and all(pair in res["segments"][s] for s in segs):
-                base = [res["segments"][s][pair] for s in segs]
-                ci = kveval_stats.bootstrap_ci(nll, base, [[0.0] * len(x) for x in nll])
-                cmp = "%+.2f [%+.2f, %+.2f]" % (ci["dppl_pct"], ci["dppl_lo"], ci["dppl_hi"])
-            lines.append("| %s | %.3f | %.3f | %.4f | %s | %+.2f | %s |" % (
-                v["name"], v["f_hi"], v["f_lo"], v["mem"], " | ".join(
-                    "%+.2f" % dppl(a, b) for a, b in zip(nll, ref)), pooled, cmp))
+            lines.append("| %s | %s%s | %+.2f | %s |" % (
+                v["name"], "".join("%s | " % f(v) for _, f in columns),
+                " | ".join("%+.2f" % dppl(a, b) for a, b in zip(nll, ref)),
+                dppl(sum(nll, []), sum(ref, [])), paired_vs(res, segs, v["name"], pair)))
         lines.append("")
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def paired_vs(res: dict, segs, name: str, pair: str) -> str:
+    """'+d [lo, hi]': dPPL % of variant `name` against `pair` on the same positions (kveval_stats'
+    95 % block bootstrap), '-' for `pair` itself or where it did not run."""
+    import kveval_stats
+    if name == pair or not all(pair in res["segments"][s] for s in segs):
+        return "-"
+    nll = [res["segments"][s][name] for s in segs]
+    base = [res["segments"][s][pair] for s in segs]
+    ci = kveval_stats.bootstrap_ci(nll, base, [[0.0] * len(x) for x in nll])
+    return "%+.2f [%+.2f, %+.2f]" % (ci["dppl_pct"], ci["dppl_lo"], ci["dppl_hi"])
+
+
+def run_segments(a, variants, run_one, report_fn) -> int:
+    """The model run shared by the offline simulations: loads SmolLM2 (1 torch thread), cuts
+    kveval's segments of --text (--tokens, --segments), calls run_one(torch, model, ids) for each
+    of --seg (a dict: variant name -> NLL list, 'fp' the reference) and keeps the results in
+    <--out>/<--label>.json (a later run of the same variants adds its segments), then prints
+    report_fn([path])."""
+    import torch
+    import kveval
+    from kvctl.model import load_smollm2
+    torch.set_num_threads(1)
+    sim.register()
+    model, tok = load_smollm2()
+    args = argparse.Namespace(tokens=a.tokens, segments=a.segments, prompt_tokens=a.tokens)
+    kveval.prepare_inputs(args, tok, kveval.read_text("--text", a.text))
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "%s.json" % a.label)
+    res = {"label": a.label, "args": vars(a), "variants": variants, "segments": {}}
+    if os.path.isfile(path):   # Add segments to an earlier run of the same variants.
+        with open(path) as f:
+            old = json.load(f)
+        if [v["name"] for v in old["variants"]] != [v["name"] for v in variants]:
+            print("%s holds other variants; choose another --label or --out" % path,
+                  file=sys.stderr)
+            return 1
+        res["segments"] = old["segments"]
+    for si in [int(x) for x in a.seg.split(",")]:
+        t0 = time.perf_counter()
+        print("%s segment %d:" % (a.label, si), flush=True)
+        res["segments"][str(si)] = run_one(torch, model, args.segments[si])
+        with open(path, "w") as f:
+            json.dump(res, f)
+        print("%s segment %d: %.0f s -> %s" % (a.label, si, time.perf_counter() - t0, path),
+              flush=True)
+    print(report_fn([path]))
+    return 0
+
+
+def segment_parser(description: str, pair: str) -> argparse.ArgumentParser:
+    """The options every offline simulation shares: --report, --pair, --text, --label, --seg,
+    kveval's segmentation (--tokens, --segments, --scored) and --out."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--report", nargs="+", help="print the table of these JSON files and exit")
-    p.add_argument("--pair", default="hi=base", help="variant the others are paired against")
+    p.add_argument("--pair", default=pair, help="variant the others are paired against")
     p.add_argument("--text")
     p.add_argument("--label")
     p.add_argument("--seg", default="0", help="segment indices, comma-separated")
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--scored", type=int, default=128)
+    p.add_argument("--out")
+    return p
+
+
+def parse_or_report(p: argparse.ArgumentParser, argv, report_fn):
+    """Parses argv; with --report prints report_fn(paths, pair) and returns None; else checks that
+    a run has --text, --label and --out and returns the options."""
+    a = p.parse_args(argv)
+    if a.report:
+        print(report_fn(a.report, a.pair))
+        return None
+    if not (a.text and a.label and a.out):
+        p.error("--text, --label and --out are needed without --report")
+    return a
+
+
+def main(argv=None) -> int:
+    p = segment_parser(__doc__.split("\n")[0], "hi=base")
     p.add_argument("--w", type=int, default=32, help="observation queries = protected window")
     p.add_argument("--kernel", type=int, default=7, help="max-pooling kernel of the score")
     p.add_argument("--keep", type=int, default=871,
@@ -300,47 +372,18 @@ def main(argv=None) -> int:
                    "evict_rkv_47_turbo_k4v3_f64_obs32_l60 held at the first scored step)")
     p.add_argument("--hi-bits", default="4,3", help="K,V bits of the high-precision set")
     p.add_argument("--variants", default="hi=base;hi=eq,lo=rest@1")
-    p.add_argument("--out")
-    a = p.parse_args(argv)
-    if a.report:
-        print(report(a.report, a.pair))
+    a = parse_or_report(p, argv, report)
+    if a is None:
         return 0
-    if not (a.text and a.label and a.out):
-        p.error("--text, --label and --out are needed without --report")
-    import torch
-    import kveval
-    from kvctl.model import load_smollm2
-    torch.set_num_threads(1)
-    sim.register()
-    model, tok = load_smollm2()
-    cfg = model.config
-    d = cfg.hidden_size // cfg.num_attention_heads
+    d = HEAD_DIM
     prefix = a.tokens - a.scored - 1
     hi_bits = tuple(int(x) for x in a.hi_bits.split(","))
     variants = [parse_variant(s, a.keep / prefix, hi_bits, d) for s in a.variants.split(";")]
-    args = argparse.Namespace(tokens=a.tokens, segments=a.segments, prompt_tokens=a.tokens)
-    kveval.prepare_inputs(args, tok, kveval.read_text("--text", a.text))
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "%s.json" % a.label)
-    res = {"label": a.label, "args": vars(a), "head_dim": d, "variants": variants,
-           "segments": {}}
-    if os.path.isfile(path):   # Add segments to an earlier run of the same variants.
-        with open(path) as f:
-            old = json.load(f)
-        if [v["name"] for v in old["variants"]] != [v["name"] for v in variants]:
-            p.error("%s holds other variants; choose another --label or --out" % path)
-        res["segments"] = old["segments"]
-    for si in [int(x) for x in a.seg.split(",")]:
-        t0 = time.perf_counter()
-        print("%s segment %d:" % (a.label, si), flush=True)
-        res["segments"][str(si)] = run_segment(torch, model, args.segments[si], a.scored,
-                                               variants, a.w, a.kernel, a.keep)
-        with open(path, "w") as f:
-            json.dump(res, f)
-        print("%s segment %d: %.0f s -> %s" % (a.label, si, time.perf_counter() - t0, path),
-              flush=True)
-    print(report([path], a.pair))
-    return 0
+    return run_segments(
+        a, variants,
+        lambda torch, model, ids: run_segment(torch, model, ids, a.scored, variants, a.w,
+                                              a.kernel, a.keep),
+        lambda paths: report(paths, a.pair))
 
 
 if __name__ == "__main__":

@@ -262,31 +262,60 @@ TEST_CASE(
   }
 }
 
+// A record geometry of the token-row SIMD paths (QuaRot, TurboQuant).
+struct RowGeometry {
+  int d, block_tokens, k_bits, v_bits;
+};
+
+// Each geometry of `method` at g = 1..6 (every row block and a 4 + 2 split), 3 sinks, 4 records
+// and a 5-row tail, against the oracle at every SIMD level; seeds from `seed` + 1 on.
+void CheckRowGeometries(QuantMethod method, const std::vector<RowGeometry>& geometries, int seed) {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(testing::kNoSimd);
+  Worst worst;
+  for (const RowGeometry& geo : geometries) {
+    QuantSpec spec = Spec(method, geo.d, geo.k_bits, geo.v_bits);
+    spec.block_tokens = spec.k_group_tokens = geo.block_tokens;
+    REQUIRE(ValidateQuantSpec(spec).ok());
+    for (int group = 1; group <= 6; ++group) {
+      INFO(QuantMethodName(method) << " d " << geo.d << " G " << geo.block_tokens << " k"
+                                   << geo.k_bits << "v" << geo.v_bits << " g " << group);
+      CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), levels, &worst);
+    }
+  }
+}
+
 TEST_CASE("Attention: QuaRot record geometries of the SIMD record path agree with the oracle",
           "[kernels]") {
   // The SIMD QuaRot path reduces W = 8 or 16 tokens' dot products as one tree, so G = 16, 48 and
   // 128 give one, three and eight trees per record at 16 lanes (G = 8: the generic path there);
-  // D = 32 is a V tail of single vectors at 16 lanes, D = 256 four 4-vector blocks. g 1..6 covers
-  // every row block and a 4 + 2 split.
-  struct Geometry {
-    int d, block_tokens, k_bits, v_bits;
-  };
-  const Geometry geometries[] = {{128, 32, 2, 3}, {64, 16, 3, 2},   {32, 48, 4, 8},
-                                 {256, 32, 8, 4}, {128, 128, 2, 2}, {64, 8, 2, 4}};
-  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
-  if (levels.empty()) return Skip(testing::kNoSimd);
-  Worst worst;
-  int seed = 400;
-  for (const Geometry& geo : geometries) {
-    QuantSpec spec = Spec(QuantMethod::kQuaRot, geo.d, geo.k_bits, geo.v_bits);
-    spec.block_tokens = spec.k_group_tokens = geo.block_tokens;
-    REQUIRE(ValidateQuantSpec(spec).ok());
-    for (int group = 1; group <= 6; ++group) {
-      INFO("quarot d " << geo.d << " G " << geo.block_tokens << " k" << geo.k_bits << "v"
-                       << geo.v_bits << " g " << group);
-      CheckAgainstOracle(MakeHeadCache(spec, group, 3, 4, 5, DType::kF16, ++seed), levels, &worst);
-    }
-  }
+  // D = 32 is a V tail of single vectors at 16 lanes, D = 256 four 4-vector blocks.
+  CheckRowGeometries(QuantMethod::kQuaRot,
+                     {{128, 32, 2, 3},
+                      {64, 16, 3, 2},
+                      {32, 48, 4, 8},
+                      {256, 32, 8, 4},
+                      {128, 128, 2, 2},
+                      {64, 8, 2, 4}},
+                     400);
+}
+
+TEST_CASE("Attention: TurboQuant record geometries of the SIMD record path agree with the oracle",
+          "[kernels]") {
+  // The SIMD TurboQuant path looks codes up with one permute (two and a blend at 8 lanes, where
+  // 4-bit codes reach the upper half of the table) inside QuaRot's loops: the same G and D cases,
+  // and every K/V width pair of 2-4 bits.
+  CheckRowGeometries(QuantMethod::kTurbo,
+                     {{128, 32, 4, 3},
+                      {64, 16, 3, 2},
+                      {32, 48, 4, 4},
+                      {256, 32, 2, 4},
+                      {64, 128, 2, 2},
+                      {64, 8, 3, 3},
+                      {64, 32, 4, 2},
+                      {128, 16, 3, 4},
+                      {64, 32, 2, 3}},
+                     500);
 }
 
 TEST_CASE("Attention: known answer on identical fp16 keys", "[kernels]") {

@@ -441,12 +441,10 @@ TEST_CASE("SIMD levels: the kernels run the widest instruction set /proc/cpuinfo
   }
   if (flags.empty()) return Skip("no flags line in /proc/cpuinfo to check DetectSimdLevel with");
   auto has = [&](const char* flag) { return flags.count(flag) == 1; };
-  SimdLevel expected = SimdLevel::kScalar;
-  if (!has("fma") || !has("f16c")) {
-    expected = SimdLevel::kScalar;
-  } else if (has("avx512f") && has("avx512bw") && has("avx512vl")) {
+  SimdLevel expected = SimdLevel::kScalar;  // Without FMA3 or F16C, whatever else.
+  if (has("fma") && has("f16c") && has("avx512f") && has("avx512bw") && has("avx512vl")) {
     expected = SimdLevel::kAvx512;
-  } else if (has("avx2")) {
+  } else if (has("fma") && has("f16c") && has("avx2")) {
     expected = SimdLevel::kAvx2;
   }
   INFO("cpuinfo flags: " << line);
