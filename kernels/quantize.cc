@@ -315,6 +315,13 @@ std::string_view SimdLevelName(SimdLevel level) {
   return "unknown";
 }
 
+StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (name == SimdLevelName(l)) return l;
+  }
+  return InvalidArgument("got \"", name, "\", expected scalar, avx2 or avx512");
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 // F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for __builtin_cpu_supports,
 // and the fuzz and sanitizer builds use clang 14.

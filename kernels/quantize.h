@@ -101,6 +101,9 @@ void ComputeTokenNorms(const KvTensorView& k, float* norms_out);
 
 enum class SimdLevel : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 std::string_view SimdLevelName(SimdLevel level);
+// The level SimdLevelName names ("scalar", "avx2", "avx512"); any other name is an error whose
+// message ("got ..., expected ...") the caller prefixes with the field it came from.
+StatusOr<SimdLevel> ParseSimdLevel(std::string_view name);
 SimdLevel DetectSimdLevel();  // Best level this CPU supports.
 SimdLevel ActiveSimdLevel();  // What QuantizeBlock/DequantizeBlock use now.
 // Selects the path for this process; a level above DetectSimdLevel() is an error.

@@ -8,6 +8,7 @@
 //               [--json] [--quick]
 //   kvbench attention [--tokens 4096,32768,131072] [--geometries smollm2,llama3-8b]
 //                     [--methods kivi,kvarn,quarot,oscar,turbo] [--bits 2] [--threads N] [--reps N]
+//                     [--simd scalar|avx2|avx512]
 //                     [--json] [--quick]
 //   kvbench pool [--geometries smollm2,llama3-8b] [--methods kvarn2,kivi2,kivi4,quarot4]
 //                [--tokens 256,512,...] [--prefill N] [--page-bytes B] [--json] [--quick]
@@ -164,6 +165,9 @@ CLI::App* AddAttentionCommand(CLI::App& app, kvctl::AttentionBenchOptions& optio
                   "Synthetic tokens generated and tiled along the sequence")
       ->capture_default_str();
   cmd->add_option("--seed", options.seed, "Seed of the synthetic K/V/Q")->capture_default_str();
+  cmd->add_option("--simd", options.simd,
+                  "Force the fused kernels' SIMD path: scalar, avx2 or avx512 (default: best the "
+                  "CPU has)");
   cmd->add_flag("--json", json, "Print one JSON object instead of the table");
   cmd->add_flag("--quick", options.quick, "A CI smoke run: 4K tokens, 3 reps unless given");
   return cmd;

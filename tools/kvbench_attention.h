@@ -41,6 +41,7 @@ struct AttentionBenchOptions {
   int reps = 0;                // 0: by length (41 at <= 8K, 15 at <= 64K, 7 beyond).
   int64_t base_tokens = 4096;  // Synthetic tokens generated, then tiled.
   uint64_t seed = 1;
+  std::string simd;    // "", "scalar", "avx2" or "avx512": the fused kernels' level (SetSimdLevel).
   bool quick = false;  // CI smoke run: 4K only, 3 reps.
 };
 

@@ -192,13 +192,6 @@ double DequantizeGbps(Workload& w, DequantizeFn fn, double bytes, int reps) {
   return bytes / MedianSeconds(reps, [&] { w.Dequantize(fn); }) / 1e9;
 }
 
-StatusOr<SimdLevel> ParseSimdLevel(std::string_view name) {
-  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (name == SimdLevelName(l)) return l;
-  }
-  return InvalidArgument("--simd: got \"", name, "\", expected scalar, avx2 or avx512");
-}
-
 // Every KVarN row once per value of `iters` (in that order, where the row stood); other rows as
 // they are. INVALID_ARGUMENT for a value outside 1..64.
 StatusOr<std::vector<QuantRowSpec>> WithSinkhornIters(const std::vector<QuantRowSpec>& rows,
@@ -323,8 +316,8 @@ StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
   }
   const QuantInputForm form = o.input_form == "fp16" ? QuantInputForm::kF16 : QuantInputForm::kF32;
   if (!o.simd.empty()) {
-    KVCTL_ASSIGN_OR_RETURN(SimdLevel level, ParseSimdLevel(o.simd));
-    const Status st = SetSimdLevel(level);
+    const StatusOr<SimdLevel> level = ParseSimdLevel(o.simd);
+    const Status st = level.ok() ? SetSimdLevel(*level) : level.status();
     if (!st.ok()) return Status(st.code(), internal::StrCat("--simd: ", st.message()));
   }
   KVCTL_ASSIGN_OR_RETURN(std::vector<QuantRowSpec> rows, SelectQuantRows(o.methods, o.bits));

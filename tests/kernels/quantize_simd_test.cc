@@ -456,6 +456,21 @@ TEST_CASE("SIMD levels: the kernels run the widest instruction set /proc/cpuinfo
   }
 }
 
+TEST_CASE("ParseSimdLevel: the inverse of SimdLevelName; other names are errors", "[kernels]") {
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    const StatusOr<SimdLevel> parsed = ParseSimdLevel(SimdLevelName(level));
+    REQUIRE(parsed.ok());
+    CHECK(*parsed == level);
+  }
+  for (const char* bad : {"", "AVX2", "avx", "neon", "avx512 "}) {
+    const StatusOr<SimdLevel> parsed = ParseSimdLevel(bad);
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(parsed.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(parsed.status().message()),
+               Catch::Matchers::Contains("expected scalar, avx2 or avx512"));
+  }
+}
+
 TEST_CASE("ComputeTokenNorms: each token summed in (head, channel) order, bit for bit",
           "[kernels]") {
   std::mt19937 rng(9);
