@@ -41,6 +41,11 @@ inline float HMax(VF v) {
 inline VF LoadHalvesW(const uint8_t* p) {
   return (VF)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// W bytes at p, zero-extended to int32 lanes (one vpmovzxbd; GCC 12 compiles the generic
+// __builtin_convertvector of a byte vector into one extraction per byte).
+inline VI LoadBytesW(const uint8_t* p) {
+  return (VI)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 // Unused at 8 lanes (one 32-bit word always holds 8 codes of <= 4 bits); declared for the .inc.
 inline VI Splat2(int32_t lo, int32_t) { return VI{} + lo; }
 // A 16-entry table held in registers, and table[code] per lane, code < 16 (kernels/simd_lookup.h).

@@ -34,6 +34,11 @@ inline float HMax(VF v) { return _mm512_reduce_max_ps((__m512)v); }
 inline VF LoadHalvesW(const uint8_t* p) {
   return (VF)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// W bytes at p, zero-extended to int32 lanes (one vpmovzxbd; GCC 12 compiles the generic
+// __builtin_convertvector of a byte vector into one extraction per byte).
+inline VI LoadBytesW(const uint8_t* p) {
+  return (VI)_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 // Lanes 0..7 = lo, lanes 8..15 = hi: two groups of 8 packed codes.
 inline VI Splat2(int32_t lo, int32_t hi) {
   return (VI)_mm512_inserti64x4(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi), 1);
