@@ -456,7 +456,7 @@ TEST_CASE("SIMD levels: the kernels run the widest instruction set /proc/cpuinfo
   }
 }
 
-TEST_CASE("ParseSimdLevel: the inverse of SimdLevelName; other names are errors", "[kernels]") {
+TEST_CASE("ParseSimdLevel: the inverse of SimdLevelName, other names are errors", "[kernels]") {
   for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
     const StatusOr<SimdLevel> parsed = ParseSimdLevel(SimdLevelName(level));
     REQUIRE(parsed.ok());
