@@ -430,11 +430,7 @@ StatusOr<AttentionBenchReport> RunAttentionBench(const AttentionBenchOptions& op
     }
     geos.push_back(*it);
   }
-  if (!o.simd.empty()) {
-    const StatusOr<SimdLevel> level = ParseSimdLevel(o.simd);
-    const Status st = level.ok() ? SetSimdLevel(*level) : level.status();
-    if (!st.ok()) return Status(st.code(), internal::StrCat("--simd: ", st.message()));
-  }
+  KVCTL_RETURN_IF_ERROR(ApplySimdFlag(o.simd));
   AttentionBenchReport report;
   report.threads = threads;
   report.simd = std::string(SimdLevelName(ActiveSimdLevel()));

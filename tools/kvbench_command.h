@@ -3,7 +3,8 @@
 // File: tools/kvbench_command.h
 // The shared tail of every kvbench subcommand: run the benchmark, print its report as a table or
 // JSON, and turn any failure (a Status or an exception such as std::bad_alloc or zmq::error_t)
-// into one line on stderr and exit code 1; Appendf for the report formatters.
+// into one line on stderr and exit code 1; Appendf for the report formatters; ApplySimdFlag for
+// the subcommands' --simd.
 #ifndef KVCTL_TOOLS_KVBENCH_COMMAND_H_
 #define KVCTL_TOOLS_KVBENCH_COMMAND_H_
 
@@ -12,8 +13,10 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
+#include "kernels/quantize.h"
 
 namespace kvctl {
 
@@ -25,6 +28,15 @@ inline __attribute__((format(printf, 2, 3))) void Appendf(std::string* out, cons
   const int n = std::vsnprintf(buf, sizeof(buf), fmt, args);
   va_end(args);
   if (n > 0) out->append(buf, static_cast<size_t>(std::min<int>(n, sizeof(buf) - 1)));
+}
+
+// A subcommand's --simd flag: "" keeps the detected level; a level name selects it
+// (SetSimdLevel). Errors name the flag.
+inline Status ApplySimdFlag(std::string_view simd) {
+  if (simd.empty()) return OkStatus();
+  const StatusOr<SimdLevel> level = ParseSimdLevel(simd);
+  const Status st = level.ok() ? SetSimdLevel(*level) : level.status();
+  return st.ok() ? st : Status(st.code(), internal::StrCat("--simd: ", st.message()));
 }
 
 template <typename Run, typename Format>

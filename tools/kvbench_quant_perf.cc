@@ -10,6 +10,7 @@
 #include "common/half.h"
 #include "common/tensor.h"
 #include "kernels/quantize.h"
+#include "tools/kvbench_command.h"
 #include "tools/kvbench_quant.h"
 
 namespace kvctl {
@@ -315,11 +316,7 @@ StatusOr<QuantBenchReport> RunQuantBench(const QuantBenchOptions& o) {
     return InvalidArgument("--input-form: got \"", o.input_form, "\", expected fp32 or fp16");
   }
   const QuantInputForm form = o.input_form == "fp16" ? QuantInputForm::kF16 : QuantInputForm::kF32;
-  if (!o.simd.empty()) {
-    const StatusOr<SimdLevel> level = ParseSimdLevel(o.simd);
-    const Status st = level.ok() ? SetSimdLevel(*level) : level.status();
-    if (!st.ok()) return Status(st.code(), internal::StrCat("--simd: ", st.message()));
-  }
+  KVCTL_RETURN_IF_ERROR(ApplySimdFlag(o.simd));
   KVCTL_ASSIGN_OR_RETURN(std::vector<QuantRowSpec> rows, SelectQuantRows(o.methods, o.bits));
   if (!o.sinkhorn_iters.empty()) {
     KVCTL_ASSIGN_OR_RETURN(rows, WithSinkhornIters(rows, o.sinkhorn_iters));
