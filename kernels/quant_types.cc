@@ -1,6 +1,7 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "kernels/quant_types.h"
 
+#include <cstring>
 #include <sstream>
 
 #include "kernels/turbo_codebook.h"
@@ -216,6 +217,33 @@ BlockLayout BlockLayoutOf(const QuantSpec& spec) {
     l.turbo_v = TurboCodebookFor(d, spec.v_bits);
   }
   return l;
+}
+
+bool TokenSeparable(QuantMethod method) {
+  return method == QuantMethod::kFp16 || method == QuantMethod::kQuaRot ||
+         method == QuantMethod::kTurbo;
+}
+
+void CopyRecordToken(const QuantSpec& spec, const BlockLayout& layout, const uint8_t* src,
+                     int src_token, uint8_t* dst, int dst_token) {
+  KVCTL_CHECK(TokenSeparable(spec.method));
+  KVCTL_CHECK(src_token >= 0 && src_token < spec.block_tokens);
+  KVCTL_CHECK(dst_token >= 0 && dst_token < spec.block_tokens);
+  // Per token: one row of codes (CodeBytes of one row) and, but for fp16, its metadata: QuaRot's
+  // fp16 (scale, zero) pair, TurboQuant's fp16 scale (BlockLayoutOf).
+  const size_t meta = spec.method == QuantMethod::kQuaRot  ? 4
+                      : spec.method == QuantMethod::kTurbo ? 2
+                                                           : 0;
+  auto copy = [&](size_t offset, size_t bytes) {
+    std::memcpy(dst + offset + static_cast<size_t>(dst_token) * bytes,
+                src + offset + static_cast<size_t>(src_token) * bytes, bytes);
+  };
+  copy(layout.k_codes_offset, CodeBytes(1, spec.head_dim, spec.k_bits));
+  copy(layout.v_codes_offset, CodeBytes(1, spec.head_dim, spec.v_bits));
+  if (meta > 0) {
+    copy(layout.k_meta_offset, meta);
+    copy(layout.v_meta_offset, meta);
+  }
 }
 
 BitsPerElementBreakdown BitsPerElement(const QuantSpec& spec, int kv_heads) {

@@ -117,6 +117,21 @@ struct BlockLayout {
 // REQUIRES: ValidateQuantSpec(spec).ok().
 BlockLayout BlockLayoutOf(const QuantSpec& spec);
 
+// Whether every token of a record is stored on its own: its codes and metadata depend on no other
+// token of the block. True for fp16, QuaRot and TurboQuant (per-token rows and per-token scales);
+// false for KIVI and OScaR (K groups span tokens) and KVarN (tile scales). A record of such a
+// method can be assembled from the tokens of other records byte for byte (CopyRecordToken), and
+// every token then decodes to exactly what it decoded to before: eviction's compaction moves the
+// kept tokens of a partly evicted record this way instead of quantizing them again
+// (docs/budgets.md, "Compaction").
+bool TokenSeparable(QuantMethod method);
+
+// Copies token `src_token` of record `src` into token `dst_token` of record `dst`: its K and V
+// codes and its K and V metadata (`layout` = BlockLayoutOf(spec)). Padding bytes are not touched.
+// REQUIRES: TokenSeparable(spec.method); both tokens in [0, spec.block_tokens).
+void CopyRecordToken(const QuantSpec& spec, const BlockLayout& layout, const uint8_t* src,
+                     int src_token, uint8_t* dst, int dst_token);
+
 // Bits per element of the quantized region, computed from the bytes a record holds: codes,
 // metadata and padding, plus the side record spread over the layer's kv_heads heads.
 struct BitsPerElementBreakdown {

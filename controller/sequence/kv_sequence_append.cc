@@ -178,7 +178,7 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
     // Position of the next new record in the head's record list (never among those in place).
     size_t index = ph.records_in_place;
     for (int b = 0; b < blocks; ++b, ++index) {
-      while (ph.record_plan[index - ph.records_in_place] >= 0) ++index;
+      while (ph.record_plan[index - ph.records_in_place] != PreparedHead::kNewRecord) ++index;
       if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
       const BlockInput in{
           .row_stride = d,
@@ -535,10 +535,10 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
 void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
                                  std::vector<int64_t>* loose) const {
   // A record whose tokens all stay keeps its bytes (in place, or moved down past dropped ones);
-  // one that lost every token is dropped; the kept tokens of the others are decoded (as fp16) and
-  // re-packed, in order, into fresh records, the rest left in *loose (token indices into
-  // p.all_k / p.all_v). A whole record kept after loose tokens is decoded too, since records
-  // hold consecutive kept tokens.
+  // one that lost every token is dropped; the kept tokens of the others are re-packed, in order,
+  // into fresh records (moved byte for byte for a token-separable method, else decoded as fp16
+  // and quantized again), the rest left in *loose (token indices into p.all_k / p.all_v). A whole
+  // record kept after loose tokens is re-packed too, since records hold consecutive kept tokens.
   const HeadStream& head = p.layer.heads[h];
   PreparedHead& ph = p.out->heads[h];
   const int g = head.spec.block_tokens, d = geometry_.head_dim;
@@ -549,6 +549,10 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
   }
   // Tokens of *loose before `packed` went into records already; they are dropped at the end.
   size_t packed = 0;
+  // A token-separable method's kept tokens move into the new records byte for byte: no decode
+  // for the re-pack, no second rounding (kernels/quant_types.h TokenSeparable).
+  const bool move_tokens = TokenSeparable(head.spec.method) && !p.layer.plan.lossless;
+  const BlockLayout layout = move_tokens ? BlockLayoutOf(head.spec) : BlockLayout{};
   for (int r = 0; r < records; ++r) {
     const int64_t base = head.sink_rows + static_cast<int64_t>(r) * g;
     const int kept_here =
@@ -568,10 +572,22 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
       ++ph.decoded_tokens;
     }
     if (loose->size() - packed >= static_cast<size_t>(g)) {
-      AppendRowsAsHalves(p.all_k[h], d, *loose, packed, packed + g, &ph.qk);
-      AppendRowsAsHalves(p.all_v[h], d, *loose, packed, packed + g, &ph.qv);
+      if (move_tokens) {
+        const size_t at = ph.moved.size();
+        ph.moved.resize(at + layout.record_bytes, 0);
+        for (int t = 0; t < g; ++t) {
+          const int64_t j = (*loose)[packed + static_cast<size_t>(t)] - head.sink_rows;
+          CopyRecordToken(head.spec, layout, head.records.Slot(static_cast<size_t>(j / g)),
+                          static_cast<int>(j % g), ph.moved.data() + at, t);
+        }
+        ph.decoded_tokens -= static_cast<uint64_t>(g);
+        ph.record_plan.push_back(PreparedHead::kMovedRecord);
+      } else {
+        AppendRowsAsHalves(p.all_k[h], d, *loose, packed, packed + g, &ph.qk);
+        AppendRowsAsHalves(p.all_v[h], d, *loose, packed, packed + g, &ph.qv);
+        ph.record_plan.push_back(PreparedHead::kNewRecord);
+      }
       packed += static_cast<size_t>(g);
-      ph.record_plan.push_back(-1);
     }
   }
   loose->erase(loose->begin(), loose->begin() + static_cast<std::ptrdiff_t>(packed));
@@ -633,7 +649,9 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   const int flushed = untouched || lossless ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
   AppendRowsAsHalves(p.all_k[h], d, *loose, 0, static_cast<size_t>(flushed), &ph.qk);
   AppendRowsAsHalves(p.all_v[h], d, *loose, 0, static_cast<size_t>(flushed), &ph.qv);
-  for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
+  for (int b = 0; b < flushed / std::max(g, 1); ++b) {
+    ph.record_plan.push_back(PreparedHead::kNewRecord);
+  }
   ph.tail_after = untouched ? static_cast<int>(total - from) : l_rows - flushed;
   ph.rows_after = sinks_after + ph.tail_after;
   ph.write_start = head.sink_rows + (untouched ? head.tail_rows : 0);
@@ -681,7 +699,9 @@ void KvSequence::FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const {
   const auto flushed_elems = static_cast<std::ptrdiff_t>(static_cast<size_t>(flushed) * row);
   ph.qk.assign(k.begin(), k.begin() + flushed_elems);
   ph.qv.assign(v.begin(), v.begin() + flushed_elems);
-  for (int b = 0; b < flushed / std::max(g, 1); ++b) ph.record_plan.push_back(-1);
+  for (int b = 0; b < flushed / std::max(g, 1); ++b) {
+    ph.record_plan.push_back(PreparedHead::kNewRecord);
+  }
   ph.tail_after = l_rows - flushed;
   ph.rows_after = head.sink_rows + ph.new_sinks + ph.tail_after;
   ph.write_start = head.sink_rows;

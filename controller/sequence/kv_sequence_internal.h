@@ -111,12 +111,17 @@ struct PreparedHead {
   int new_sinks = 0;
   // The head's records after the append, in order: its first records_in_place records stay
   // where they are (no per-record work on a decode step however long the sequence), then per
-  // entry of record_plan an old record index (kept byte for byte, moved down) or -1 for the next
-  // record of `records`.
+  // entry of record_plan an old record index (kept byte for byte, moved down), kNewRecord for the
+  // next record of `records` or kMovedRecord for the next record of `moved`.
+  static constexpr int kNewRecord = -1;
+  static constexpr int kMovedRecord = -2;
   size_t records_in_place = 0;
   std::vector<int> record_plan;
   size_t final_records() const { return records_in_place + record_plan.size(); }
   std::vector<uint8_t> records;  // New records (re-packed kept tokens, then flushed) back to back.
+  // Records assembled from kept tokens of old records of a token-separable method, token by token
+  // (CopyRecordToken), back to back: nothing in them is quantized again.
+  std::vector<uint8_t> moved;
   // The rows those records were quantized from, fp16 (2 bytes each): what a quantized layer's
   // rows are stored as, so a flush copies them and the quantizers read half the bytes of fp32.
   std::vector<uint16_t> qk, qv;

@@ -325,11 +325,13 @@ void KvSequence::CommitRecords(HeadStream& head, const PreparedHead& ph,
   const size_t rb = head.records.slot_bytes();
   const size_t final_records = ph.final_records();
   if (final_records > head.records.size()) head.records.Resize(final_records, reserved);
-  size_t fresh = 0;
+  size_t fresh = 0, moved = 0;
   for (size_t i = ph.records_in_place; i < final_records; ++i) {
     const int src = ph.record_plan[i - ph.records_in_place];
-    if (src < 0) {
+    if (src == PreparedHead::kNewRecord) {
       std::memcpy(head.records.MutableSlot(i), ph.records.data() + fresh++ * rb, rb);
+    } else if (src == PreparedHead::kMovedRecord) {
+      std::memcpy(head.records.MutableSlot(i), ph.moved.data() + moved++ * rb, rb);
     } else if (static_cast<size_t>(src) != i) {
       std::memcpy(head.records.MutableSlot(i), head.records.Slot(src), rb);
     }

@@ -144,5 +144,59 @@ TEST_CASE("Quantize: round-trip error shrinks with bits and 8-bit is near lossle
   }
 }
 
+TEST_CASE("Quantize: a record assembled from other records' tokens decodes to those tokens",
+          "[kernels]") {
+  // Token-separable methods: token t of the assembled record is token src[t] of record a or b,
+  // copied byte for byte, and decodes to exactly the rows it decoded to there, whatever its new
+  // neighbours (what eviction's compaction relies on to move kept tokens without quantizing them
+  // again). The assembled bytes also equal a record encoded from those tokens' inputs where the
+  // encoder is per token (it is: each token's codes and scale come from its own row).
+  for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kQuaRot, QuantMethod::kTurbo}) {
+    for (int d : {64, 128}) {
+      for (auto [kb, vb] : {std::pair{2, 3}, std::pair{4, 2}, std::pair{16, 16}}) {
+        if ((m == QuantMethod::kFp16) != (kb == 16)) continue;
+        const QuantSpec spec = Spec(m, d, kb, vb);
+        INFO(QuantMethodName(m) << " D " << d << " K" << kb << " V" << vb);
+        REQUIRE(TokenSeparable(m));
+        const BlockLayout l = BlockLayoutOf(spec);
+        const int g = spec.block_tokens;
+        const BlockData blk = MakeBlock(2 * g, 1, d, 7);
+        const size_t n = static_cast<size_t>(g) * d;
+        std::vector<uint8_t> a(l.record_bytes), b(l.record_bytes), out(l.record_bytes, 0);
+        REQUIRE(QuantizeBlock(spec, blk.Input(0), a.data()).ok());
+        BlockInput second = blk.Input(0);
+        second.k += n, second.v += n;
+        REQUIRE(QuantizeBlock(spec, second, b.data()).ok());
+        // Token t of `out`: token (5 t + 3) mod g of a for even t, of b for odd t.
+        std::vector<float> ka(n), va(n), kb_rows(n), vb_rows(n), ko(n), vo(n);
+        DequantizeBlock(spec, a.data(), nullptr, ka.data(), va.data());
+        DequantizeBlock(spec, b.data(), nullptr, kb_rows.data(), vb_rows.data());
+        std::vector<float> kin(n), vin(n);
+        for (int t = 0; t < g; ++t) {
+          const int src = (5 * t + 3) % g;
+          CopyRecordToken(spec, l, t % 2 == 0 ? a.data() : b.data(), src, out.data(), t);
+          const size_t from = (static_cast<size_t>(t % 2) * g + src) * d;
+          std::memcpy(&kin[t * d], blk.kv.k.data() + from, d * 4);
+          std::memcpy(&vin[t * d], blk.kv.v.data() + from, d * 4);
+        }
+        DequantizeBlock(spec, out.data(), nullptr, ko.data(), vo.data());
+        for (int t = 0; t < g; ++t) {
+          const int src = (5 * t + 3) % g;
+          const std::vector<float>& ks = t % 2 == 0 ? ka : kb_rows;
+          const std::vector<float>& vs = t % 2 == 0 ? va : vb_rows;
+          CHECK(std::memcmp(&ko[t * d], &ks[src * d], d * 4) == 0);
+          CHECK(std::memcmp(&vo[t * d], &vs[src * d], d * 4) == 0);
+        }
+        std::vector<uint8_t> encoded(l.record_bytes);
+        REQUIRE(QuantizeBlock(spec, {kin.data(), vin.data(), d, nullptr}, encoded.data()).ok());
+        CHECK(encoded == out);
+      }
+    }
+  }
+  CHECK_FALSE(TokenSeparable(QuantMethod::kKivi));
+  CHECK_FALSE(TokenSeparable(QuantMethod::kKvarn));
+  CHECK_FALSE(TokenSeparable(QuantMethod::kOscar));
+}
+
 }  // namespace
 }  // namespace kvctl

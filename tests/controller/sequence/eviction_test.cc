@@ -558,6 +558,57 @@ TEST_CASE("Eviction: whole-record evictions move records without re-quantizing t
         0);
 }
 
+TEST_CASE("Eviction: token-separable records re-pack kept tokens without changing their values",
+          "[controller][evict]") {
+  // SnapKV drops tokens from the middle of records. TurboQuant's and QuaRot's kept tokens move
+  // into the new records byte for byte (kernels/quant_types.h TokenSeparable): every kept token
+  // decodes to the same K and V rows after every compression, and only a remainder of fewer
+  // than a record's tokens (which joins the fp16 tail) is ever quantized again. KIVI, whose K
+  // groups span tokens, re-quantizes every re-packed token.
+  const int d = 32, total = 120;
+  const Stream s(1, total, 1, 2, d, 21);
+  for (QuantMethod m : {QuantMethod::kTurbo, QuantMethod::kQuaRot, QuantMethod::kKivi}) {
+    INFO(QuantMethodName(m));
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
+    EvictionSettings settings = Settings(EvictPolicy::kSnapKV, 48, 4, 8, 8);
+    settings.compression_period = 8;
+    KvSequence seq(pool.get(), F32Geometry(1, 1, d, 2), Plans(1, 1, m, d, false, 8, 8, 4),
+                   settings);
+    std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> decoded;
+    int changed = 0;
+    for (int t = 0; t < total; ++t) {
+      REQUIRE(s.Append(seq, t, 1).ok());
+      const HeadBlocks b = seq.Blocks(0, 0);
+      const DenseKv dense = seq.FetchDense(0, 1);
+      std::set<int64_t> in_records;
+      for (uint32_t i = b.sink_rows; i < b.sink_rows + b.records * 8; ++i) {
+        const auto at = static_cast<std::ptrdiff_t>(i) * d;
+        std::vector<float> k(dense.k.begin() + at, dense.k.begin() + at + d);
+        std::vector<float> v(dense.v.begin() + at, dense.v.begin() + at + d);
+        in_records.insert(dense.positions[i]);
+        auto [it, inserted] = decoded.emplace(dense.positions[i], std::pair{k, v});
+        if (!inserted && (it->second.first != k || it->second.second != v)) ++changed;
+        it->second = {k, v};
+      }
+      // Positions that left the records without being evicted went back to the fp16 tail.
+      for (auto it = decoded.begin(); it != decoded.end();) {
+        it = in_records.count(it->first) ? std::next(it) : decoded.erase(it);
+      }
+    }
+    const HeadUsage u = seq.HeadUsageOf(0, 0);
+    CHECK(u.evicted_tokens > 0);
+    CHECK(u.compressions > 0);
+    if (m == QuantMethod::kKivi) {
+      CHECK(changed > 0);  // Re-quantized on a new grid.
+      CHECK(u.requantized_tokens > 0);
+    } else {
+      CHECK(changed == 0);
+      // At most the remainder of each compression (fewer than 8 tokens) is quantized again.
+      CHECK(u.requantized_tokens < 8 * u.compressions);
+    }
+  }
+}
+
 TEST_CASE("Budget config: quant-only takes per-head widths from the RateQuant profile",
           "[controller][config][evict]") {
   const std::string path = testing::WriteTwoHeadProfile(1);
