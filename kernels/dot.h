@@ -31,10 +31,10 @@ void DotRows(const float* a, const float* rows, int64_t stride, int64_t count, i
              float* out);
 
 // out[q * out_stride + r] = DotRef(a + q * a_stride, rows + r * stride, n) for q in
-// [0, a_count) and r in [0, count): several rows `a` against the same rows, each of which is then
-// read once per four rows of `a` instead of once per row (what bounds DotRows when `rows` is
-// larger than the L1 cache). a_stride, stride >= n; out_stride >= count; counts >= 0; `out` must
-// not overlap the inputs.
+// [0, a_count) and r in [0, count): several rows `a` against the same rows, which are then read
+// from beyond L1 once per call (in blocks of four that every row of `a` passes over) instead of
+// once per row of `a` (what bounds DotRows when `rows` is larger than the L1 cache). a_stride,
+// stride >= n; out_stride >= count; counts >= 0; `out` must not overlap the inputs.
 void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                  int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride);
 

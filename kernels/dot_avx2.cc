@@ -127,6 +127,69 @@ void RowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int1
   }
 }
 
+// A rows of `a` against four rows b, b + stride, ...: out[i * out_stride + j] = DotRef(a_i, b_j).
+// Per eight elements: the four rows of b and each row of `a` loaded once, A x 4 products and sums
+// (lane u of accumulator (i, j) is DotRef's running sum s_u); then one Combine4 per row of `a`,
+// whose four totals are adjacent in `out`. kTail: n is not a multiple of 8, and each total gets
+// DotRef's tail.
+template <int A, bool kTail>
+__attribute__((always_inline)) inline void RowsBlock4(const float* a, int64_t a_stride,
+                                                      const float* b, int64_t stride, int64_t n,
+                                                      float* out, int64_t out_stride) {
+  const int64_t whole = kTail ? n - n % 8 : n;
+  __m256 acc[A][4];
+  for (int i = 0; i < A; ++i) {
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  for (int64_t d = 0; d < whole; d += 8) {
+    __m256 x[A];
+    for (int i = 0; i < A; ++i) x[i] = _mm256_loadu_ps(a + i * a_stride + d);
+    for (int j = 0; j < 4; ++j) {
+      const __m256 y = _mm256_loadu_ps(b + j * stride + d);
+      for (int i = 0; i < A; ++i) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_mul_ps(x[i], y));
+    }
+  }
+  for (int i = 0; i < A; ++i) {
+    const __m128 sums = Combine4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    float* o = out + i * out_stride;
+    if constexpr (!kTail) {
+      _mm_storeu_ps(o, sums);
+    } else {
+      alignas(16) float lanes[4];
+      _mm_store_ps(lanes, sums);
+      for (int j = 0; j < 4; ++j) {
+        o[j] = lanes[j] + Tail(a + i * a_stride, b + j * stride, whole, n);
+      }
+    }
+  }
+}
+
+// DotRowsManyAvx2 for one value of kTail: four rows of `rows` at a time (kept in L1 while every
+// row of `a` passes over them, so each is read from L2 once per call) against pairs of rows of
+// `a`: eight running-sum vectors, four loads of `rows` and two of `a` per eight products.
+template <bool kTail>
+void RowsMany(const float* a, int64_t a_stride, int64_t a_count, const float* rows, int64_t stride,
+              int64_t count, int64_t n, float* out, int64_t out_stride) {
+  int64_t r = 0;
+  for (; r + 4 <= count; r += 4) {
+    const float* b = rows + r * stride;
+    int64_t q = 0;
+    for (; q + 2 <= a_count; q += 2) {
+      RowsBlock4<2, kTail>(a + q * a_stride, a_stride, b, stride, n, out + q * out_stride + r,
+                           out_stride);
+    }
+    if (q < a_count) {
+      RowsBlock4<1, kTail>(a + q * a_stride, a_stride, b, stride, n, out + q * out_stride + r,
+                           out_stride);
+    }
+  }
+  if (r == count) return;
+  for (int64_t q = 0; q < a_count; ++q) {
+    DotRowsAvx2(a + q * a_stride, rows + r * stride, stride, count - r, n,
+                out + q * out_stride + r);
+  }
+}
+
 }  // namespace
 
 void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
@@ -166,58 +229,10 @@ void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t coun
 
 void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                      int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride) {
-  // Blocks of four rows of `a` by two of `rows`: eight running-sum vectors, and each load of a
-  // row of `rows` serves four products.
-  const int64_t whole = n - n % 8;
-  alignas(16) float sums[4];
-  int64_t q = 0;
-  for (; q + 4 <= a_count; q += 4) {
-    const float* a0 = a + q * a_stride;
-    const float* a1 = a0 + a_stride;
-    const float* a2 = a1 + a_stride;
-    const float* a3 = a2 + a_stride;
-    float* o = out + q * out_stride;
-    int64_t r = 0;
-    for (; r + 2 <= count; r += 2) {
-      const float* b0 = rows + r * stride;
-      const float* b1 = b0 + stride;
-      __m256 s00 = _mm256_setzero_ps(), s10 = s00, s20 = s00, s30 = s00;
-      __m256 s01 = s00, s11 = s00, s21 = s00, s31 = s00;
-      for (int64_t d = 0; d < whole; d += 8) {
-        const __m256 y0 = _mm256_loadu_ps(b0 + d);
-        const __m256 y1 = _mm256_loadu_ps(b1 + d);
-        __m256 x = _mm256_loadu_ps(a0 + d);
-        s00 = _mm256_add_ps(s00, _mm256_mul_ps(x, y0));
-        s01 = _mm256_add_ps(s01, _mm256_mul_ps(x, y1));
-        x = _mm256_loadu_ps(a1 + d);
-        s10 = _mm256_add_ps(s10, _mm256_mul_ps(x, y0));
-        s11 = _mm256_add_ps(s11, _mm256_mul_ps(x, y1));
-        x = _mm256_loadu_ps(a2 + d);
-        s20 = _mm256_add_ps(s20, _mm256_mul_ps(x, y0));
-        s21 = _mm256_add_ps(s21, _mm256_mul_ps(x, y1));
-        x = _mm256_loadu_ps(a3 + d);
-        s30 = _mm256_add_ps(s30, _mm256_mul_ps(x, y0));
-        s31 = _mm256_add_ps(s31, _mm256_mul_ps(x, y1));
-      }
-      _mm_store_ps(sums, Combine4(s00, s10, s20, s30));
-      o[r] = sums[0] + Tail(a0, b0, whole, n);
-      o[out_stride + r] = sums[1] + Tail(a1, b0, whole, n);
-      o[2 * out_stride + r] = sums[2] + Tail(a2, b0, whole, n);
-      o[3 * out_stride + r] = sums[3] + Tail(a3, b0, whole, n);
-      _mm_store_ps(sums, Combine4(s01, s11, s21, s31));
-      o[r + 1] = sums[0] + Tail(a0, b1, whole, n);
-      o[out_stride + r + 1] = sums[1] + Tail(a1, b1, whole, n);
-      o[2 * out_stride + r + 1] = sums[2] + Tail(a2, b1, whole, n);
-      o[3 * out_stride + r + 1] = sums[3] + Tail(a3, b1, whole, n);
-    }
-    for (; r < count; ++r) {
-      for (int u = 0; u < 4; ++u) {
-        DotRowsAvx2(a0 + u * a_stride, rows + r * stride, stride, 1, n, o + u * out_stride + r);
-      }
-    }
-  }
-  for (; q < a_count; ++q) {
-    DotRowsAvx2(a + q * a_stride, rows, stride, count, n, out + q * out_stride);
+  if (n % 8 == 0) {
+    RowsMany<false>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+  } else {
+    RowsMany<true>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
   }
 }
 

@@ -123,7 +123,7 @@ BlockLayout BlockLayoutOf(const QuantSpec& spec);
 // method can be assembled from the tokens of other records byte for byte (CopyRecordToken), and
 // every token then decodes to exactly what it decoded to before: eviction's compaction moves the
 // kept tokens of a partly evicted record this way instead of quantizing them again
-// (docs/budgets.md, "Compaction").
+// (docs/budgets.md, "Storage: ragged heads and compaction").
 bool TokenSeparable(QuantMethod method);
 
 // Copies token `src_token` of record `src` into token `dst_token` of record `dst`: its K and V
