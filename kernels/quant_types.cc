@@ -229,21 +229,18 @@ void CopyRecordToken(const QuantSpec& spec, const BlockLayout& layout, const uin
   KVCTL_CHECK(TokenSeparable(spec.method));
   KVCTL_CHECK(src_token >= 0 && src_token < spec.block_tokens);
   KVCTL_CHECK(dst_token >= 0 && dst_token < spec.block_tokens);
-  // Per token: one row of codes (CodeBytes of one row) and, but for fp16, its metadata: QuaRot's
-  // fp16 (scale, zero) pair, TurboQuant's fp16 scale (BlockLayoutOf).
-  const size_t meta = spec.method == QuantMethod::kQuaRot  ? 4
-                      : spec.method == QuantMethod::kTurbo ? 2
-                                                           : 0;
-  auto copy = [&](size_t offset, size_t bytes) {
+  // A separable record's sections are block_tokens equal per-token slices (BlockLayoutOf): one
+  // row of codes, and but for fp16 the token's metadata.
+  const auto g = static_cast<size_t>(spec.block_tokens);
+  auto copy = [&](size_t offset, size_t section_bytes) {
+    const size_t bytes = section_bytes / g;
     std::memcpy(dst + offset + static_cast<size_t>(dst_token) * bytes,
                 src + offset + static_cast<size_t>(src_token) * bytes, bytes);
   };
-  copy(layout.k_codes_offset, CodeBytes(1, spec.head_dim, spec.k_bits));
-  copy(layout.v_codes_offset, CodeBytes(1, spec.head_dim, spec.v_bits));
-  if (meta > 0) {
-    copy(layout.k_meta_offset, meta);
-    copy(layout.v_meta_offset, meta);
-  }
+  copy(layout.k_codes_offset, layout.k_codes_bytes);
+  copy(layout.k_meta_offset, layout.k_meta_bytes);
+  copy(layout.v_codes_offset, layout.v_codes_bytes);
+  copy(layout.v_meta_offset, layout.v_meta_bytes);
 }
 
 BitsPerElementBreakdown BitsPerElement(const QuantSpec& spec, int kv_heads) {
