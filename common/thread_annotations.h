@@ -110,6 +110,13 @@ class CondVar {
  public:
   void NotifyAll() { cv_.notify_all(); }
 
+  // Until notified (or a spurious wake-up).
+  void Wait(Mutex* mu) KVCTL_REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();  // Still held: the caller's.
+  }
+
   // Until notified (or a spurious wake-up) or `deadline`; false once the deadline has passed.
   bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline) KVCTL_REQUIRES(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);

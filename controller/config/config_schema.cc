@@ -114,6 +114,32 @@ std::vector<ConfigOption> BuildSchema() {
                   "a worker and, with pool.checksums on, at most 64 KiB of the pool chunks it "
                   "refers to are left to verify (pool.verify_on_fetch); otherwise it goes to a "
                   "worker."}),
+      Row<&Config::server, &ServerConfig::inline_dense_fetch_rows>(
+          {.key = "server.inline_dense_fetch_rows",
+           .default_text = "4096",
+           .min = 0,
+           .max = 65536,
+           .flags = kImm,
+           .env = "KVCTL_SERVER_INLINE_DENSE_FETCH_ROWS",
+           .doc = "A dense FETCH that decodes at most this many rows in all (tokens x KV heads "
+                  "x layers asked for) is answered on the socket's I/O thread under the same "
+                  "conditions as an inline blocks FETCH, saving the two thread hand-offs (about "
+                  "50 us of a 1K-token layer's 300-500 us on a 2-vCPU guest); the I/O thread is "
+                  "then busy for the decode, about 110 us for 3,072 KVarN 2-bit rows of head_dim "
+                  "64. 0 = every dense FETCH goes to a worker."}),
+      Row<&Config::server, &ServerConfig::dense_fetch_split_rows>(
+          {.key = "server.dense_fetch_split_rows",
+           .default_text = "8192",
+           .min = 0,
+           .max = 1 << 30,
+           .flags = kRel,
+           .env = "KVCTL_SERVER_DENSE_FETCH_SPLIT_ROWS",
+           .doc = "A dense FETCH that decodes more rows than this (tokens x KV heads x layers "
+                  "asked for) is decoded in two halves of about equal records at once, one on the "
+                  "worker that serves it and one on the daemon's fetch helper thread (when that is "
+                  "busy with another FETCH, or slow to start, the worker decodes both): the engine "
+                  "waits for that reply, so a second core shortens the wait. The same bytes either "
+                  "way. 0 = one thread per FETCH."}),
       Row<&Config::server, &ServerConfig::max_message_bytes>(
           {.key = "server.max_message_bytes",
            .default_text = "256MiB",

@@ -39,7 +39,7 @@ struct Daemon::Impl {
   // Requests posted to `workers` and not finished: a light APPEND is answered on the I/O thread
   // only when this is 0, so it never overtakes an earlier request.
   std::atomic<int64_t> on_workers{0};
-  LightLimits light;  // server.inline_append_tokens and inline_blocks_fetch (restart to change).
+  LightLimits light;  // server.inline_* (restart to change).
   // STATS (request, PUB feed and /metrics alike) on a thread of its own: however long a report
   // of a big daemon takes, it delays neither the socket nor APPEND/FETCH.
   std::unique_ptr<boost::asio::thread_pool> stats_worker;
@@ -348,7 +348,8 @@ int Daemon::Run() {
   impl.workers = std::make_unique<boost::asio::thread_pool>(config.server.workers);
   controller_->EnableHeldFlushQueue();  // Its flushes run on `workers` (RunHeldFlushesAfterReply).
   impl.light = {.append_tokens = config.server.inline_append_tokens,
-                .blocks_fetch = config.server.inline_blocks_fetch};
+                .blocks_fetch = config.server.inline_blocks_fetch,
+                .dense_fetch_rows = config.server.inline_dense_fetch_rows};
   impl.stats_worker = std::make_unique<boost::asio::thread_pool>(1);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int signo) {

@@ -296,6 +296,19 @@ std::vector<uint32_t> KvSequence::DenseCounts(int layer_begin, int layer_end) co
 }
 
 void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& out) const {
+  FetchDenseUnitsInto(layer_begin, layer_end, out, 0, SIZE_MAX);
+}
+
+size_t KvSequence::DenseUnits(int layer_begin, int layer_end) const {
+  size_t units = 0;
+  for (int l = layer_begin; l < layer_end; ++l) {
+    for (const HeadStream& head : layers_[l]->heads) units += head.records.size() + 2;
+  }
+  return units;
+}
+
+void KvSequence::FetchDenseUnitsInto(int layer_begin, int layer_end, const DenseOut& out,
+                                     size_t unit_begin, size_t unit_end) const {
   const int d = geometry_.head_dim;
   const size_t width = DTypeSize(out.dtype);
   auto* kd = static_cast<uint8_t*>(out.k);
@@ -309,26 +322,50 @@ void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& 
   const bool decode_in_place = out.dtype == DType::kF32 &&
                                reinterpret_cast<uintptr_t>(kd) % alignof(float) == 0 &&
                                reinterpret_cast<uintptr_t>(vd) % alignof(float) == 0;
+  // Units before unit_begin are stepped over (a whole (layer, head) at once), and the walk ends
+  // at unit_end, so a caller that splits a FETCH into many ranges pays little per range.
+  size_t unit = 0;  // Of the next unit; FetchDenseUnitsInto's header counts them.
+  const size_t row_out = static_cast<size_t>(d) * width;
   for (int l = layer_begin; l < layer_end; ++l) {
     const LayerState& layer = *layers_[l];
     for (const HeadStream& head : layer.heads) {
-      const int g = head.spec.block_tokens;
-      const size_t row_out = static_cast<size_t>(d) * width;
-      auto copy_rows = [&](int first, int rows) {
-        for (int i = 0; i < rows; ++i, kd += row_out, vd += row_out) {
-          const uint8_t* slot = head.rows.Slot(first + i);
-          ConvertElements(layer.row_dtype, slot, out.dtype, kd, d);
-          ConvertElements(layer.row_dtype, slot + layer.row_bytes, out.dtype, vd, d);
+      if (unit >= unit_end) return;
+      const size_t records = head.records.size();
+      const size_t rows = head.sink_rows + records * head.spec.block_tokens + head.tail_rows;
+      const size_t count = head.positions.size();  // One per row.
+      if (unit + records + 2 <= unit_begin) {
+        kd += rows * row_out;
+        vd += rows * row_out;
+        pd += count * sizeof(int64_t);
+        unit += records + 2;
+        continue;
+      }
+      auto copy_rows = [&](int first, int count) {
+        if (unit >= unit_begin && unit < unit_end) {
+          for (int i = 0; i < count; ++i) {
+            const uint8_t* slot = head.rows.Slot(first + i);
+            ConvertElements(layer.row_dtype, slot, out.dtype, kd + i * row_out, d);
+            ConvertElements(layer.row_dtype, slot + layer.row_bytes, out.dtype, vd + i * row_out,
+                            d);
+          }
         }
+        kd += count * row_out;
+        vd += count * row_out;
+        ++unit;
       };
       copy_rows(0, head.sink_rows);
-      const size_t records = head.records.size();
+      const int g = head.spec.block_tokens;
       const size_t block = static_cast<size_t>(g) * d;
       if (records > 0 && !decode_in_place && out.dtype != DType::kF16 &&
           scratch.size() < 2 * block) {
         scratch.resize(2 * block);
       }
-      for (size_t r = 0; r < records; ++r, kd += block * width, vd += block * width) {
+      // Record r is unit `unit + r` here.
+      const size_t first = unit_begin > unit ? std::min(records, unit_begin - unit) : 0;
+      const size_t last = std::min(records, unit_end > unit ? unit_end - unit : 0);
+      kd += first * block * width;
+      vd += first * block * width;
+      for (size_t r = first; r < last; ++r, kd += block * width, vd += block * width) {
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
         if (decode_in_place) {
@@ -345,10 +382,14 @@ void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& 
         ConvertElements(DType::kF32, scratch.data(), out.dtype, kd, block);
         ConvertElements(DType::kF32, scratch.data() + block, out.dtype, vd, block);
       }
-      copy_rows(head.sink_rows, head.tail_rows);
-      // Positions: one per kept token, in the order of the rows (sinks, records, tail).
-      const size_t count = head.positions.size();
-      if (count > 0) std::memcpy(pd, head.positions.data(), count * sizeof(int64_t));
+      kd += (records - std::max(first, last)) * block * width;
+      vd += (records - std::max(first, last)) * block * width;
+      unit += records;
+      // The tail rows and, with them, the positions: one per kept token, in the order of the rows
+      // (sinks, records, tail).
+      const bool tail_mine = unit >= unit_begin && unit < unit_end;
+      copy_rows(static_cast<int>(head.sink_rows), static_cast<int>(head.tail_rows));
+      if (count > 0 && tail_mine) std::memcpy(pd, head.positions.data(), count * sizeof(int64_t));
       pd += count * sizeof(int64_t);
     }
   }

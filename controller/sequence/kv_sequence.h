@@ -286,6 +286,15 @@ class KvSequence {
   // rows * head_dim elements of out.dtype and out.positions rows int64 (rows = the sum of
   // DenseCounts), at any alignment.
   void FetchDenseInto(int layer_begin, int layer_end, const DenseOut& out) const;
+  // Part of FetchDenseInto, for decoding one FETCH on several threads: the work of layers
+  // [layer_begin, layer_end) counted in units, per (layer, head) in order its sink rows (one
+  // unit), each record (one unit each) and its tail rows with the positions (one unit);
+  // DenseUnits counts them. Writes only what units [unit_begin, unit_end) write (unit_end may
+  // pass the last), at the offsets FetchDenseInto would, so calls over disjoint ranges may run at
+  // once and together write what one FetchDenseInto writes.
+  size_t DenseUnits(int layer_begin, int layer_end) const;
+  void FetchDenseUnitsInto(int layer_begin, int layer_end, const DenseOut& out, size_t unit_begin,
+                           size_t unit_end) const;
 
   // Record locations of one (layer, head).
   HeadBlocks Blocks(int layer, int head) const;

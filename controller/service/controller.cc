@@ -715,18 +715,21 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
 }
 
 StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, SteadyTime now,
-                                           bool* deferred) {
-  // Dense decoding grows with the sequence: a worker's job.
-  if (deferred != nullptr && request.mode != ipc::FetchMode::kBlocks) {
+                                           bool* deferred, int64_t max_dense_rows) {
+  // Dense decoding grows with the sequence: a worker's job past max_dense_rows.
+  const bool dense = request.mode != ipc::FetchMode::kBlocks;
+  if (deferred != nullptr && dense && max_dense_rows <= 0) {
     *deferred = true;
     return Unavailable("deferred to a worker");
   }
   ipc::Geometry g;
+  size_t split_rows = 0;
   {
     MutexLock lock(&mu_);
     KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                            FindSessionLocked(request.session_id, now));
     g = session->geometry;
+    split_rows = static_cast<size_t>(config_.server.dense_fetch_split_rows);
   }
   if (request.layer_begin >= request.layer_end || request.layer_end > g.layers) {
     return InvalidArgument("layers: got [", request.layer_begin, ", ", request.layer_end,
@@ -747,9 +750,19 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   }
   KVCTL_RETURN_IF_ERROR(EnsureResident(*entry, request.sequence_id));
   if (!entry->seq) return NotFound("sequence_id: ", request.sequence_id, " was just closed");
-  entry->last_used = now;
   const int begin = static_cast<int>(request.layer_begin);
   const int end = static_cast<int>(request.layer_end);
+  std::vector<uint32_t> dense_counts;
+  size_t dense_rows = 0;
+  if (dense) {
+    dense_counts = entry->seq->DenseCounts(begin, end);
+    for (uint32_t c : dense_counts) dense_rows += c;
+    if (deferred != nullptr && dense_rows > static_cast<uint64_t>(max_dense_rows)) {
+      *deferred = true;
+      return Unavailable("deferred to a worker");
+    }
+  }
+  entry->last_used = now;
   // Fail closed: nothing is read or referred to unless its pages still match their checksums.
   // On the I/O thread only when what is left to verify is small (pool.verify_on_fetch =
   // "unverified": the chunks written since the last FETCH, a decode step's worth).
@@ -774,18 +787,30 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     reply.kv_heads = g.kv_heads;
     reply.head_dim = g.head_dim;
     reply.dtype = request.out_dtype;
-    reply.counts = seq.DenseCounts(begin, end);
+    reply.counts = std::move(dense_counts);
     // Decoded and converted straight into the frames, which come from reused buffers
     // (reply_buffers.h): no fp32 copy of the range, no page faults per request.
-    size_t rows = 0;
-    for (uint32_t c : reply.counts) rows += c;
+    const size_t rows = dense_rows;
     const size_t row_bytes = static_cast<size_t>(g.head_dim) * DTypeSize(request.out_dtype);
     ReplyBufferPool& buffers = ReplyBufferPool::Default();
     reply.positions = buffers.Frame(rows * sizeof(int64_t));
     reply.k = buffers.Frame(rows * row_bytes);
     reply.v = buffers.Frame(rows * row_bytes);
-    seq.FetchDenseInto(begin, end,
-                       {request.out_dtype, reply.k.data(), reply.v.data(), reply.positions.data()});
+    const DenseOut out{request.out_dtype, reply.k.data(), reply.v.data(), reply.positions.data()};
+    const size_t units = seq.DenseUnits(begin, end);
+    const size_t records = units - 2 * reply.counts.size();
+    if (split_rows == 0 || rows <= split_rows || records < 2) {
+      seq.FetchDenseInto(begin, end, out);
+    } else {
+      // Parts of kDenseFetchPartUnits units (records, mostly: a few tens of microseconds each),
+      // taken by this thread and the helper in turn; the sequence lock held here keeps the
+      // helper's reads valid until every part is done.
+      const size_t parts = (units + kDenseFetchPartUnits - 1) / kDenseFetchPartUnits;
+      fetch_helper_.RunShared(parts, [&](size_t part) {
+        seq.FetchDenseUnitsInto(begin, end, out, part * kDenseFetchPartUnits,
+                                (part + 1) * kDenseFetchPartUnits);
+      });
+    }
     return ipc::ReplyBody(std::move(reply));
   }
   return ipc::ReplyBody(

@@ -39,6 +39,7 @@
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/host_memory.h"
 #include "controller/sequence/kv_sequence.h"
+#include "controller/service/helper_thread.h"
 #include "controller/service/prefix_cache.h"
 #include "controller/service/tier_service.h"
 #include "controller/stats/stats.h"
@@ -72,13 +73,18 @@ class Controller {
   StatusOr<ipc::AppendReply> Append(const ipc::AppendRequest& request, SteadyTime now,
                                     bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
   // With `deferred` (the daemon's I/O thread): only a FETCH that is cheap now is done, a
-  // blocks-mode FETCH (a page-table walk) whose sequence lock is free and whose pool chunks left
-  // to verify hold at most kInlineFetchVerifyBytes (about 3-6 us of CRC32C; with
-  // pool.verify_on_fetch = "unverified" a decode step's worth). Anything else sets *deferred and
-  // returns with nothing verified, for the caller to run it on a worker.
+  // blocks-mode FETCH (a page-table walk) or a dense one of at most `max_dense_rows` rows in all
+  // (0: no dense FETCH), whose sequence lock is free and whose pool chunks left to verify hold at
+  // most kInlineFetchVerifyBytes (about 3-6 us of CRC32C; with pool.verify_on_fetch =
+  // "unverified" a decode step's worth). Anything else sets *deferred and returns with nothing
+  // verified, for the caller to run it on a worker.
   static constexpr uint64_t kInlineFetchVerifyBytes = 64 << 10;
+  // A dense FETCH above server.dense_fetch_split_rows is decoded in parts of this many units
+  // (KvSequence::FetchDenseUnitsInto) by its worker and the fetch helper thread together.
+  static constexpr size_t kDenseFetchPartUnits = 8;
   StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now,
-                                 bool* deferred = nullptr) KVCTL_EXCLUDES(mu_);
+                                 bool* deferred = nullptr, int64_t max_dense_rows = 0)
+      KVCTL_EXCLUDES(mu_);
   // Ends a session: closes its sequences, frees their pages and its staging slot. NOT_FOUND for
   // an unknown session. Waits for requests in flight on its sequences, without holding the
   // session table's lock meanwhile.
@@ -300,7 +306,9 @@ class Controller {
   // cpu pool: one shm object per session with staging (a cuda pool's slots are in the pool).
   const std::unique_ptr<StagingObjects> staging_;
   const SteadyTime started_;
-  ServerStats stats_;     // Internally synchronized.
+  ServerStats stats_;  // Internally synchronized.
+  // Decodes the second half of a dense FETCH above server.dense_fetch_split_rows.
+  HelperThread fetch_helper_;
   std::string endpoint_;  // Set once before serving.
   mutable Mutex http_address_mu_;
   // Bound address; "" = off or not started.

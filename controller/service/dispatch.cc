@@ -61,10 +61,12 @@ StatusOr<ipc::ReplyBody> DispatchLight(Controller& controller, const ipc::Reques
     *deferred = false;
     return AsBody(controller.Append(*append, now, deferred));
   }
-  if (const auto* fetch = std::get_if<ipc::FetchRequest>(&body);
-      fetch != nullptr && limits.blocks_fetch) {
-    *deferred = false;
-    return controller.Fetch(*fetch, now, deferred);
+  if (const auto* fetch = std::get_if<ipc::FetchRequest>(&body); fetch != nullptr) {
+    const bool blocks = fetch->mode == ipc::FetchMode::kBlocks;
+    if (blocks ? limits.blocks_fetch : limits.dense_fetch_rows > 0) {
+      *deferred = false;
+      return controller.Fetch(*fetch, now, deferred, limits.dense_fetch_rows);
+    }
   }
   return Unavailable("deferred to a worker");
 }

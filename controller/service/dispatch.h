@@ -26,8 +26,9 @@ StatusOr<ipc::ReplyBody> Dispatch(Controller& controller, const ipc::RequestBody
 
 // Which requests may be answered without a worker thread (server.inline_*).
 struct LightLimits {
-  int64_t append_tokens = 0;  // APPENDs of at most this many tokens (0 = none).
-  bool blocks_fetch = false;  // Blocks FETCHes.
+  int64_t append_tokens = 0;     // APPENDs of at most this many tokens (0 = none).
+  bool blocks_fetch = false;     // Blocks FETCHes.
+  int64_t dense_fetch_rows = 0;  // Dense FETCHes that decode at most this many rows (0 = none).
 };
 // The daemon's I/O-thread path: an APPEND or FETCH within `limits` that the Controller finds
 // cheap now (Controller::Append/Fetch with `deferred`) is answered; anything else sets *deferred

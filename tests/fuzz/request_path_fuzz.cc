@@ -57,6 +57,7 @@ constexpr const char* kBaseToml = R"(
 [server]
 lease_ms = 2000
 quality_sample_period = 3
+dense_fetch_split_rows = 24
 [pool]
 bytes = "1MiB"
 page_bytes = "4KiB"
@@ -399,10 +400,12 @@ class Harness {
 
     const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request->body));
     // As the daemon does: a small APPEND or a FETCH is first offered to the light path (its I/O
-    // thread's), and goes to Dispatch only when handed back.
+    // thread's), and goes to Dispatch only when handed back. Small limits, so the fuzzer's short
+    // sequences take both ways, and dense FETCHes past 24 rows decode on two threads.
     bool deferred = false;
     StatusOr<ipc::ReplyBody> reply = DispatchLight(
-        *controller_, request->body, now_, {.append_tokens = 4, .blocks_fetch = true}, &deferred);
+        *controller_, request->body, now_,
+        {.append_tokens = 4, .blocks_fetch = true, .dense_fetch_rows = 48}, &deferred);
     if (deferred) reply = Dispatch(*controller_, request->body, now_);
     controller_->RecordRequest(type, std::chrono::microseconds(1), !reply.ok());
     // The daemon runs held flushes on a worker after the reply; here after every odd request id,

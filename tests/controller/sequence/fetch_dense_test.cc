@@ -2,7 +2,9 @@
 // KvSequence::FetchDenseInto (the dense FETCH reply's path) against FetchDense's fp32 rows
 // converted element by element with common/half.h: every quantizer and lossless storage dtype,
 // every output dtype, sinks + records + tail, a layer sub-range, unaligned buffers, at every SIMD
-// level this CPU runs.
+// level this CPU runs. FetchDenseUnitsInto (a FETCH decoded on two threads) over any split writes
+// the same bytes.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
@@ -63,6 +65,37 @@ void CheckInto(const KvSequence& seq, int begin, int end, int d, DType dtype, si
   CHECK(std::memcmp(pos.data() + offset, dense.positions.data(), rows * 8) == 0);
   for (size_t i = offset + bytes; i < k.size(); ++i) REQUIRE((k[i] == kCanary && v[i] == kCanary));
   for (size_t i = offset + rows * 8; i < pos.size(); ++i) REQUIRE(pos[i] == kCanary);
+
+  // FetchDenseUnitsInto: every unit alone, last first (a unit that wrote outside its own rows
+  // would be overwritten by, or overwrite, another's), and every split into two ranges, each
+  // write the same bytes as FetchDenseInto.
+  const size_t units = seq.DenseUnits(begin, end);
+  const auto same = [&](const std::vector<uint8_t>& k2, const std::vector<uint8_t>& v2,
+                        const std::vector<uint8_t>& p2) { return k2 == k && v2 == v && p2 == pos; };
+  std::vector<uint8_t> k2(k.size(), kCanary), v2(k2), p2(pos.size(), kCanary);
+  const DenseOut out2{dtype, k2.data() + offset, v2.data() + offset, p2.data() + offset};
+  for (size_t u = units; u-- > 0;) seq.FetchDenseUnitsInto(begin, end, out2, u, u + 1);
+  CHECK(same(k2, v2, p2));
+  // Parts of three units, in any order, the last passing the end (as the controller's are).
+  std::fill(k2.begin(), k2.end(), kCanary);
+  std::fill(v2.begin(), v2.end(), kCanary);
+  std::fill(p2.begin(), p2.end(), kCanary);
+  for (size_t part = 0; part * 3 < units; part += 2) {
+    seq.FetchDenseUnitsInto(begin, end, out2, part * 3, part * 3 + 3);
+  }
+  for (size_t part = 1; part * 3 < units; part += 2) {
+    seq.FetchDenseUnitsInto(begin, end, out2, part * 3, part * 3 + 3);
+  }
+  CHECK(same(k2, v2, p2));
+  for (size_t split = 0; split <= units; ++split) {
+    INFO("split at unit " << split << " of " << units);
+    std::fill(k2.begin(), k2.end(), kCanary);
+    std::fill(v2.begin(), v2.end(), kCanary);
+    std::fill(p2.begin(), p2.end(), kCanary);
+    seq.FetchDenseUnitsInto(begin, end, out2, split, units);
+    seq.FetchDenseUnitsInto(begin, end, out2, 0, split);
+    REQUIRE(same(k2, v2, p2));
+  }
 }
 
 TEST_CASE("KvSequence: FetchDenseInto writes FetchDense's rows converted, for every storage",

@@ -1,8 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
 // Controller::Append and Fetch with `deferred` (what the daemon's I/O thread calls for small
-// APPENDs and blocks FETCHes): a light request is done exactly as a worker would do it, anything
-// else is handed back with nothing changed.
+// APPENDs, blocks FETCHes and small dense FETCHes): a light request is done exactly as a worker
+// would do it, anything else is handed back with nothing changed.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -13,6 +13,7 @@
 
 #include "common/half.h"
 #include "controller/service/controller.h"
+#include "controller/service/dispatch.h"
 #include "ipc/protocol.h"
 #include "tests/controller/service/service_test_util.h"
 
@@ -313,7 +314,87 @@ TEST_CASE("Light fetches: a blocks FETCH with little left to verify, nothing els
     deferred = false;
     const ipc::FetchRequest dense{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
     (void)c->Fetch(dense, Clock::now(), &deferred);
-    CHECK(deferred);  // Decoding grows with the sequence.
+    CHECK(deferred);  // Decoding grows with the sequence: none inline without max_dense_rows.
+  }
+}
+
+// The frames of a dense reply as bytes: counts, positions, K and V.
+std::string DenseReplyBytes(StatusOr<ipc::ReplyBody> reply) {
+  REQUIRE(reply.ok());
+  const auto& dense = std::get<ipc::FetchDenseReply>(*reply);
+  std::string bytes(reinterpret_cast<const char*>(dense.counts.data()), dense.counts.size() * 4);
+  for (const zmq::message_t* m : {&dense.positions, &dense.k, &dense.v}) {
+    bytes.append(static_cast<const char*>(m->data()), m->size());
+  }
+  return bytes;
+}
+
+TEST_CASE("Light fetches: a dense FETCH of at most max_dense_rows rows, the worker's bytes",
+          "[controller][light]") {
+  // 300 tokens: two KIVI records per (layer, head) and a fp16 tail of 44 rows.
+  constexpr uint32_t kTokens = 300;
+  constexpr int64_t kAllRows = int64_t{kTokens} * kHeads * kLayers;
+  for (const bool checksums : {false, true}) {
+    INFO("checksums " << checksums);
+    Config config = LightConfig(std::string("dense-") + (checksums ? "1" : "0"), 32 << 20);
+    config.pool.checksums = checksums;
+    std::unique_ptr<Controller> c = Make(config);
+    const uint64_t session = OpenOne(*c, 1);
+    REQUIRE(c->Append(Step(session, 1, 0, kTokens), Clock::now()).ok());
+    const ipc::FetchRequest all{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
+    const ipc::FetchRequest one{session, 1, 1, 2, ipc::FetchMode::kDense, DType::kF16};
+    const std::string worker_all = DenseReplyBytes(c->Fetch(all, Clock::now()));
+    const std::string worker_one = DenseReplyBytes(c->Fetch(one, Clock::now()));
+    // The row count is of every layer asked for: one row short hands it back, nothing done.
+    bool deferred = false;
+    const uint64_t before = checksums ? VerifiedBytes(*c) : 0;
+    (void)c->Fetch(all, Clock::now(), &deferred, kAllRows - 1);
+    CHECK(deferred);
+    deferred = false;
+    (void)c->Fetch(all, Clock::now(), &deferred, 0);
+    CHECK(deferred);
+    if (checksums) CHECK(VerifiedBytes(*c) == before);
+    // Within the limit: answered, with exactly the worker's frames.
+    deferred = false;
+    CHECK(DenseReplyBytes(c->Fetch(all, Clock::now(), &deferred, kAllRows)) == worker_all);
+    CHECK_FALSE(deferred);
+    CHECK(DenseReplyBytes(c->Fetch(one, Clock::now(), &deferred, kAllRows / 2)) == worker_one);
+    CHECK_FALSE(deferred);
+    // The same through the daemon's dispatch with its limits.
+    StatusOr<ipc::ReplyBody> via = DispatchLight(*c, ipc::RequestBody(all), Clock::now(),
+                                                 {.dense_fetch_rows = kAllRows}, &deferred);
+    CHECK_FALSE(deferred);
+    CHECK(DenseReplyBytes(std::move(via)) == worker_all);
+    (void)DispatchLight(*c, ipc::RequestBody(all), Clock::now(), {.dense_fetch_rows = 16},
+                        &deferred);
+    CHECK(deferred);
+    // A decode step later: the new row comes back from the I/O thread too.
+    REQUIRE(c->Append(Step(session, 1, kTokens, 1), Clock::now()).ok());
+    const std::string after = DenseReplyBytes(c->Fetch(all, Clock::now()));
+    CHECK(after != worker_all);
+    deferred = false;
+    CHECK(DenseReplyBytes(c->Fetch(all, Clock::now(), &deferred, kAllRows + 4)) == after);
+    CHECK_FALSE(deferred);
+  }
+}
+
+TEST_CASE("Dense FETCH on two threads: the same frames at every split threshold", "[controller]") {
+  constexpr uint32_t kTokens = 700;  // Five KIVI records per (layer, head) and a tail.
+  constexpr int64_t kAllRows = int64_t{kTokens} * kHeads * kLayers;
+  std::string whole;
+  for (const int split_rows : {0, 1, 700, int{kAllRows} - 1, int{kAllRows}}) {
+    INFO("dense_fetch_split_rows " << split_rows);
+    Config config = LightConfig("split-" + std::to_string(split_rows), 32 << 20);
+    config.server.dense_fetch_split_rows = split_rows;
+    std::unique_ptr<Controller> c = Make(config);
+    const uint64_t session = OpenOne(*c, 1);
+    REQUIRE(c->Append(Step(session, 1, 0, kTokens), Clock::now()).ok());
+    const ipc::FetchRequest all{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
+    const ipc::FetchRequest one{session, 1, 1, 2, ipc::FetchMode::kDense, DType::kF32};
+    const std::string got =
+        DenseReplyBytes(c->Fetch(all, Clock::now())) + DenseReplyBytes(c->Fetch(one, Clock::now()));
+    if (whole.empty()) whole = got;  // split_rows 0: one thread.
+    CHECK(got == whole);
   }
 }
 
