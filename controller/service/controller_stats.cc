@@ -264,7 +264,8 @@ void WritePolicySection(const Config& config, std::ostream& out) {
 }
 
 void WriteIpcSection(const std::function<ipc::ServerCounters()>& server_counters,
-                     const ServerStats& stats, std::ostream& out) {
+                     const ServerStats& stats, const HelperThread::Counters& helper,
+                     std::ostream& out) {
   out << "# Ipc\n";
   if (server_counters) {
     const ipc::ServerCounters c = server_counters();
@@ -277,6 +278,8 @@ void WriteIpcSection(const std::function<ipc::ServerCounters()>& server_counters
         << "bytes_out_total:" << c.bytes_out_total << "\n"
         << "in_flight:" << c.in_flight << "\n";
   }
+  out << "fetch_helper_parts_total:" << helper.helper_parts << "\n"
+      << "fetch_helper_busy_total:" << helper.jobs_alone << "\n";
   for (const RequestTypeStats& s : stats.Snapshot()) {
     out << s.name << "_requests_total:" << s.requests_total << "\n"
         << s.name << "_errors_total:" << s.errors_total << "\n"
@@ -453,7 +456,7 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   if (show("layers")) WriteLayersSection(SumLayers(sums.heads), sums.layer_budgets, max_lines, out);
   if (show("heads")) WriteHeadsSection(sums.heads, max_lines, out);
   if (show("policy")) WritePolicySection(config, out);
-  if (show("ipc")) WriteIpcSection(server_counters_, stats_, out);
+  if (show("ipc")) WriteIpcSection(server_counters_, stats_, fetch_helper_.counters(), out);
   if (show("quality")) {
     HeadUsage retired;
     {

@@ -395,6 +395,12 @@ TEST_CASE("Dense FETCH on two threads: the same frames at every split threshold"
         DenseReplyBytes(c->Fetch(all, Clock::now())) + DenseReplyBytes(c->Fetch(one, Clock::now()));
     if (whole.empty()) whole = got;  // split_rows 0: one thread.
     CHECK(got == whole);
+    // STATS counts the helper's parts: none without a split. (With one, how many parts the helper
+    // takes depends on when it wakes.)
+    StatusOr<std::string> stats = c->Stats({0, "ipc"}, Clock::now());
+    REQUIRE(stats.ok());
+    CHECK(stats->find("\nfetch_helper_busy_total:0\n") != std::string::npos);
+    if (split_rows == 0) CHECK(stats->find("\nfetch_helper_parts_total:0\n") != std::string::npos);
   }
 }
 
