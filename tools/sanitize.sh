@@ -7,8 +7,9 @@
 #   tsan  TSan (g++ -O1) over the concurrency tests in build-tsan/: the daemon (integration_test
 #         runs a TSan kvctl: 8 clients at once, leases, SIGHUP, hostile clients), ipc_test's server
 #         tests (I/O thread and responders on other threads), pool_test, service_test's
-#         hostile-client tests and sequence_test's pool-pressure tests (these from
-#         sequence_pressure_test, the two of sequence_test's files they are in, in both builds).
+#         hostile-client and [threads] tests (the dense FETCH helper thread) and sequence_test's
+#         pool-pressure tests (these from sequence_pressure_test, the two of sequence_test's files
+#         they are in, in both builds).
 # Sanitizer reports of child processes (the daemon) go to files under <build>/sanitizer-logs/;
 # any file there fails the check.
 #
@@ -125,7 +126,7 @@ run_check() {
       done
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/pool_test"
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/service_test" \
-        "[hostile]$NOT_UNDER_SANITIZERS"
+        "[hostile]$NOT_UNDER_SANITIZERS,[threads]"
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" \
         "$TSAN_BUILD/tests/sequence_pressure_test" \
         "KvSequence: under pool pressure*,KvSequence: pressure relief*"

@@ -25,7 +25,7 @@ bool WaitFor(const std::atomic<bool>& flag) {
   return true;
 }
 
-TEST_CASE("HelperThread: an idle helper runs parts on its own thread", "[controller]") {
+TEST_CASE("HelperThread: an idle helper runs parts on its own thread", "[controller][threads]") {
   HelperThread helper;
   const std::thread::id caller = std::this_thread::get_id();
   // Each part waits until the other has started: both run at once, so on two threads.
@@ -49,7 +49,7 @@ TEST_CASE("HelperThread: an idle helper runs parts on its own thread", "[control
   helper.RunShared(0, [&](size_t) { FAIL("no part to run"); });
 }
 
-TEST_CASE("HelperThread: a busy helper leaves the whole job to its caller", "[controller]") {
+TEST_CASE("HelperThread: a busy helper leaves the whole job to its caller", "[controller][threads]") {
   HelperThread helper;
   std::atomic<bool> a_helper_inside{false}, release_a{false}, a_waits_ok{true};
   const std::thread::id main_id = std::this_thread::get_id();
@@ -75,7 +75,7 @@ TEST_CASE("HelperThread: a busy helper leaves the whole job to its caller", "[co
   CHECK(helper.counters().helper_parts == 1);
 }
 
-TEST_CASE("HelperThread: many callers at once, every part exactly once", "[controller]") {
+TEST_CASE("HelperThread: many callers at once, every part exactly once", "[controller][threads]") {
   HelperThread helper;
   constexpr int kThreads = 4, kCalls = 200, kParts = 7;
   std::vector<std::atomic<int>> runs(kThreads * kCalls * kParts);

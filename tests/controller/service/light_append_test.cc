@@ -378,7 +378,8 @@ TEST_CASE("Light fetches: a dense FETCH of at most max_dense_rows rows, the work
   }
 }
 
-TEST_CASE("Dense FETCH on two threads: the same frames at every split threshold", "[controller]") {
+TEST_CASE("Dense FETCH on two threads: the same frames at every split threshold",
+          "[controller][threads]") {
   constexpr uint32_t kTokens = 700;  // Five KIVI records per (layer, head) and a tail.
   constexpr int64_t kAllRows = int64_t{kTokens} * kHeads * kLayers;
   std::string whole;
