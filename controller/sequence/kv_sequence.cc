@@ -299,10 +299,20 @@ void KvSequence::FetchDenseInto(int layer_begin, int layer_end, const DenseOut& 
   FetchDenseUnitsInto(layer_begin, layer_end, out, 0, SIZE_MAX);
 }
 
+namespace {
+
+// Units of stored rows: a run of n rows is ceil(n / kDenseRowsPerUnit) units.
+constexpr size_t kDenseRowsPerUnit = 256;
+size_t RowUnits(size_t rows) { return (rows + kDenseRowsPerUnit - 1) / kDenseRowsPerUnit; }
+
+}  // namespace
+
 size_t KvSequence::DenseUnits(int layer_begin, int layer_end) const {
   size_t units = 0;
   for (int l = layer_begin; l < layer_end; ++l) {
-    for (const HeadStream& head : layers_[l]->heads) units += head.records.size() + 2;
+    for (const HeadStream& head : layers_[l]->heads) {
+      units += RowUnits(head.sink_rows) + head.records.size() + RowUnits(head.tail_rows) + 1;
+    }
   }
   return units;
 }
@@ -333,25 +343,29 @@ void KvSequence::FetchDenseUnitsInto(int layer_begin, int layer_end, const Dense
       const size_t records = head.records.size();
       const size_t rows = head.sink_rows + records * head.spec.block_tokens + head.tail_rows;
       const size_t count = head.positions.size();  // One per row.
-      if (unit + records + 2 <= unit_begin) {
+      const size_t pair_units = RowUnits(head.sink_rows) + records + RowUnits(head.tail_rows) + 1;
+      if (unit + pair_units <= unit_begin) {
         kd += rows * row_out;
         vd += rows * row_out;
         pd += count * sizeof(int64_t);
-        unit += records + 2;
+        unit += pair_units;
         continue;
       }
-      auto copy_rows = [&](int first, int count) {
-        if (unit >= unit_begin && unit < unit_end) {
-          for (int i = 0; i < count; ++i) {
-            const uint8_t* slot = head.rows.Slot(first + i);
-            ConvertElements(layer.row_dtype, slot, out.dtype, kd + i * row_out, d);
-            ConvertElements(layer.row_dtype, slot + layer.row_bytes, out.dtype, vd + i * row_out,
-                            d);
+      // Stored rows [first, first + n), kDenseRowsPerUnit to a unit.
+      auto copy_rows = [&](size_t first, size_t n) {
+        for (size_t r0 = 0; r0 < n; r0 += kDenseRowsPerUnit, ++unit) {
+          const size_t rows_here = std::min(kDenseRowsPerUnit, n - r0);
+          if (unit >= unit_begin && unit < unit_end) {
+            for (size_t i = 0; i < rows_here; ++i) {
+              const uint8_t* slot = head.rows.Slot(first + r0 + i);
+              ConvertElements(layer.row_dtype, slot, out.dtype, kd + i * row_out, d);
+              ConvertElements(layer.row_dtype, slot + layer.row_bytes, out.dtype, vd + i * row_out,
+                              d);
+            }
           }
+          kd += rows_here * row_out;
+          vd += rows_here * row_out;
         }
-        kd += count * row_out;
-        vd += count * row_out;
-        ++unit;
       };
       copy_rows(0, head.sink_rows);
       const int g = head.spec.block_tokens;
@@ -385,12 +399,14 @@ void KvSequence::FetchDenseUnitsInto(int layer_begin, int layer_end, const Dense
       kd += (records - std::max(first, last)) * block * width;
       vd += (records - std::max(first, last)) * block * width;
       unit += records;
-      // The tail rows and, with them, the positions: one per kept token, in the order of the rows
-      // (sinks, records, tail).
-      const bool tail_mine = unit >= unit_begin && unit < unit_end;
-      copy_rows(static_cast<int>(head.sink_rows), static_cast<int>(head.tail_rows));
-      if (count > 0 && tail_mine) std::memcpy(pd, head.positions.data(), count * sizeof(int64_t));
+      copy_rows(head.sink_rows, head.tail_rows);
+      // The positions (a unit of their own): one per kept token, in the order of the rows (sinks,
+      // records, tail).
+      if (count > 0 && unit >= unit_begin && unit < unit_end) {
+        std::memcpy(pd, head.positions.data(), count * sizeof(int64_t));
+      }
       pd += count * sizeof(int64_t);
+      ++unit;
     }
   }
 }

@@ -798,11 +798,11 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     reply.v = buffers.Frame(rows * row_bytes);
     const DenseOut out{request.out_dtype, reply.k.data(), reply.v.data(), reply.positions.data()};
     const size_t units = seq.DenseUnits(begin, end);
-    const size_t records = units - 2 * reply.counts.size();
-    if (split_rows == 0 || rows <= split_rows || records < 2) {
+    if (split_rows == 0 || rows <= split_rows || units < 2) {
       seq.FetchDenseInto(begin, end, out);
     } else {
-      // Parts of kDenseFetchPartUnits units (records, mostly: a few tens of microseconds each),
+      // Parts of kDenseFetchPartUnits units (records or 256 stored rows: a few to a few tens of
+      // microseconds each),
       // taken by this thread and the helper in turn; the sequence lock held here keeps the
       // helper's reads valid until every part is done.
       const size_t parts = (units + kDenseFetchPartUnits - 1) / kDenseFetchPartUnits;

@@ -307,7 +307,7 @@ class Controller {
   const std::unique_ptr<StagingObjects> staging_;
   const SteadyTime started_;
   ServerStats stats_;  // Internally synchronized.
-  // Decodes the second half of a dense FETCH above server.dense_fetch_split_rows.
+  // Takes parts of a dense FETCH above server.dense_fetch_split_rows (when that is set).
   HelperThread fetch_helper_;
   std::string endpoint_;  // Set once before serving.
   mutable Mutex http_address_mu_;

@@ -7,7 +7,9 @@
 // waits for that reply, so a second core shortens what it waits.
 //
 // Both threads take the next part from one counter, so the work balances itself, and a caller
-// never waits for more than the one part the helper is inside: when the helper is busy with
+// never waits for more than the one part the helper is inside (but it must wait for that one:
+// a helper stalled mid-part stalls the caller, which is why the split is off by default,
+// docs/kvbench_ipc.md): when the helper is busy with
 // another caller's job, starts late or is preempted, the caller takes the parts it has not taken.
 // Callers cannot deadlock on each other (the helper serves one job at a time; the others run
 // alone).
