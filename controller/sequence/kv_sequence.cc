@@ -305,6 +305,25 @@ namespace {
 constexpr size_t kDenseRowsPerUnit = 256;
 size_t RowUnits(size_t rows) { return (rows + kDenseRowsPerUnit - 1) / kDenseRowsPerUnit; }
 
+// One record's K and V rows into `kd` / `vd` as `dtype`: decoded in place (fp32 at float
+// alignment), straight into fp16, or through `scratch` (2 * block_tokens * head_dim floats).
+void DecodeRecordTo(const QuantSpec& spec, const uint8_t* record, const float* norms, DType dtype,
+                    bool decode_in_place, std::vector<float>& scratch, uint8_t* kd, uint8_t* vd) {
+  if (decode_in_place) {
+    DequantizeBlock(spec, record, norms, reinterpret_cast<float*>(kd),
+                    reinterpret_cast<float*>(vd));
+    return;
+  }
+  if (dtype == DType::kF16) {
+    DequantizeBlockHalves(spec, record, norms, kd, vd);
+    return;
+  }
+  const size_t block = static_cast<size_t>(spec.block_tokens) * spec.head_dim;
+  DequantizeBlock(spec, record, norms, scratch.data(), scratch.data() + block);
+  ConvertElements(DType::kF32, scratch.data(), dtype, kd, block);
+  ConvertElements(DType::kF32, scratch.data() + block, dtype, vd, block);
+}
+
 }  // namespace
 
 size_t KvSequence::DenseUnits(int layer_begin, int layer_end) const {
@@ -382,19 +401,8 @@ void KvSequence::FetchDenseUnitsInto(int layer_begin, int layer_end, const Dense
       for (size_t r = first; r < last; ++r, kd += block * width, vd += block * width) {
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
-        if (decode_in_place) {
-          DequantizeBlock(head.spec, head.records.Slot(r), norms, reinterpret_cast<float*>(kd),
-                          reinterpret_cast<float*>(vd));
-          continue;
-        }
-        if (out.dtype == DType::kF16) {
-          DequantizeBlockHalves(head.spec, head.records.Slot(r), norms, kd, vd);
-          continue;
-        }
-        DequantizeBlock(head.spec, head.records.Slot(r), norms, scratch.data(),
-                        scratch.data() + block);
-        ConvertElements(DType::kF32, scratch.data(), out.dtype, kd, block);
-        ConvertElements(DType::kF32, scratch.data() + block, out.dtype, vd, block);
+        DecodeRecordTo(head.spec, head.records.Slot(r), norms, out.dtype, decode_in_place, scratch,
+                       kd, vd);
       }
       kd += (records - std::max(first, last)) * block * width;
       vd += (records - std::max(first, last)) * block * width;

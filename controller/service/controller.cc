@@ -16,7 +16,7 @@
 #include "controller/sequence/budget_resolve.h"
 #include "controller/service/blocks_reply.h"
 #include "controller/service/controller_internal.h"
-#include "controller/service/reply_buffers.h"
+#include "controller/service/dense_reply.h"
 #include "ipc/protocol.h"
 
 namespace kvctl {
@@ -781,37 +781,8 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   }
   const KvSequence& seq = *entry->seq;
   if (request.mode == ipc::FetchMode::kDense) {
-    ipc::FetchDenseReply reply;
-    reply.layer_begin = request.layer_begin;
-    reply.n_layers = request.layer_end - request.layer_begin;
-    reply.kv_heads = g.kv_heads;
-    reply.head_dim = g.head_dim;
-    reply.dtype = request.out_dtype;
-    reply.counts = std::move(dense_counts);
-    // Decoded and converted straight into the frames, which come from reused buffers
-    // (reply_buffers.h): no fp32 copy of the range, no page faults per request.
-    const size_t rows = dense_rows;
-    const size_t row_bytes = static_cast<size_t>(g.head_dim) * DTypeSize(request.out_dtype);
-    ReplyBufferPool& buffers = ReplyBufferPool::Default();
-    reply.positions = buffers.Frame(rows * sizeof(int64_t));
-    reply.k = buffers.Frame(rows * row_bytes);
-    reply.v = buffers.Frame(rows * row_bytes);
-    const DenseOut out{request.out_dtype, reply.k.data(), reply.v.data(), reply.positions.data()};
-    const size_t units = seq.DenseUnits(begin, end);
-    if (split_rows == 0 || rows <= split_rows || units < 2) {
-      seq.FetchDenseInto(begin, end, out);
-    } else {
-      // Parts of kDenseFetchPartUnits units (records or 256 stored rows: a few to a few tens of
-      // microseconds each),
-      // taken by this thread and the helper in turn; the sequence lock held here keeps the
-      // helper's reads valid until every part is done.
-      const size_t parts = (units + kDenseFetchPartUnits - 1) / kDenseFetchPartUnits;
-      fetch_helper_.RunShared(parts, [&](size_t part) {
-        seq.FetchDenseUnitsInto(begin, end, out, part * kDenseFetchPartUnits,
-                                (part + 1) * kDenseFetchPartUnits);
-      });
-    }
-    return ipc::ReplyBody(std::move(reply));
+    return ipc::ReplyBody(BuildDenseReply(seq, g, begin, end, request.out_dtype,
+                                          std::move(dense_counts), split_rows, fetch_helper_));
   }
   return ipc::ReplyBody(
       BuildBlocksReply(seq, g, begin, end, pool_->page_bytes(), pool_->pages_total()));

@@ -79,9 +79,6 @@ class Controller {
   // "unverified" a decode step's worth). Anything else sets *deferred and returns with nothing
   // verified, for the caller to run it on a worker.
   static constexpr uint64_t kInlineFetchVerifyBytes = 64 << 10;
-  // A dense FETCH above server.dense_fetch_split_rows is decoded in parts of this many units
-  // (KvSequence::FetchDenseUnitsInto) by its worker and the fetch helper thread together.
-  static constexpr size_t kDenseFetchPartUnits = 8;
   StatusOr<ipc::ReplyBody> Fetch(const ipc::FetchRequest& request, SteadyTime now,
                                  bool* deferred = nullptr, int64_t max_dense_rows = 0)
       KVCTL_EXCLUDES(mu_);

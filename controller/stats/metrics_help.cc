@@ -163,6 +163,11 @@ constexpr Help kHelp[] = {
     {"kvctl_bytes_in_total", "Bytes of request frames received since start."},
     {"kvctl_bytes_out_total", "Bytes of reply frames sent since start."},
     {"kvctl_in_flight", "Requests handed to the controller and not yet answered now."},
+    {"kvctl_fetch_helper_parts_total",
+     "Parts of large dense FETCHes decoded by the fetch helper thread "
+     "(server.dense_fetch_split_rows)."},
+    {"kvctl_fetch_helper_busy_total",
+     "Large dense FETCHes that decoded alone because the fetch helper was busy."},
     // # Quality
     {"kvctl_quality_sample_period",
      "Every this many quantized records per head one is decoded and checked; 0 = off."},
