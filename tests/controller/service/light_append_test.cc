@@ -318,6 +318,18 @@ TEST_CASE("Light fetches: a blocks FETCH with little left to verify, nothing els
   }
 }
 
+// A controller with sequence 1 of one session holding `tokens` tokens from one APPEND.
+struct OneSequence {
+  std::unique_ptr<Controller> c;
+  uint64_t session = 0;
+};
+OneSequence WithTokens(const Config& config, uint32_t tokens) {
+  OneSequence one{Make(config)};
+  one.session = OpenOne(*one.c, 1);
+  REQUIRE(one.c->Append(Step(one.session, 1, 0, tokens), Clock::now()).ok());
+  return one;
+}
+
 // The frames of a dense reply as bytes: counts, positions, K and V.
 std::string DenseReplyBytes(StatusOr<ipc::ReplyBody> reply) {
   REQUIRE(reply.ok());
@@ -338,9 +350,7 @@ TEST_CASE("Light fetches: a dense FETCH of at most max_dense_rows rows, the work
     INFO("checksums " << checksums);
     Config config = LightConfig(std::string("dense-") + (checksums ? "1" : "0"), 32 << 20);
     config.pool.checksums = checksums;
-    std::unique_ptr<Controller> c = Make(config);
-    const uint64_t session = OpenOne(*c, 1);
-    REQUIRE(c->Append(Step(session, 1, 0, kTokens), Clock::now()).ok());
+    auto [c, session] = WithTokens(config, kTokens);
     const ipc::FetchRequest all{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
     const ipc::FetchRequest one{session, 1, 1, 2, ipc::FetchMode::kDense, DType::kF16};
     const std::string worker_all = DenseReplyBytes(c->Fetch(all, Clock::now()));
@@ -387,9 +397,7 @@ TEST_CASE("Dense FETCH on two threads: the same frames at every split threshold"
     INFO("dense_fetch_split_rows " << split_rows);
     Config config = LightConfig("split-" + std::to_string(split_rows), 32 << 20);
     config.server.dense_fetch_split_rows = split_rows;
-    std::unique_ptr<Controller> c = Make(config);
-    const uint64_t session = OpenOne(*c, 1);
-    REQUIRE(c->Append(Step(session, 1, 0, kTokens), Clock::now()).ok());
+    auto [c, session] = WithTokens(config, kTokens);
     const ipc::FetchRequest all{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
     const ipc::FetchRequest one{session, 1, 1, 2, ipc::FetchMode::kDense, DType::kF32};
     const std::string got =
