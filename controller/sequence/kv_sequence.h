@@ -289,9 +289,9 @@ class KvSequence {
   // Part of FetchDenseInto, for decoding one FETCH on several threads: the work of layers
   // [layer_begin, layer_end) counted in units, per (layer, head) in order: its sink rows (256
   // to a unit), each record (a unit each), its tail rows (256 to a unit) and its positions (one
-  // unit); DenseUnits counts them. Writes only what units [unit_begin, unit_end) write (unit_end may
-  // pass the last), at the offsets FetchDenseInto would, so calls over disjoint ranges may run at
-  // once and together write what one FetchDenseInto writes.
+  // unit); DenseUnits counts them. Writes only what units [unit_begin, unit_end) write (unit_end
+  // may pass the last), at the offsets FetchDenseInto would, so calls over disjoint ranges may run
+  // at once and together write what one FetchDenseInto writes.
   size_t DenseUnits(int layer_begin, int layer_end) const;
   void FetchDenseUnitsInto(int layer_begin, int layer_end, const DenseOut& out, size_t unit_begin,
                            size_t unit_end) const;

@@ -49,7 +49,8 @@ TEST_CASE("HelperThread: an idle helper runs parts on its own thread", "[control
   helper.RunShared(0, [&](size_t) { FAIL("no part to run"); });
 }
 
-TEST_CASE("HelperThread: a busy helper leaves the whole job to its caller", "[controller][threads]") {
+TEST_CASE("HelperThread: a busy helper leaves the whole job to its caller",
+          "[controller][threads]") {
   HelperThread helper;
   std::atomic<bool> a_helper_inside{false}, release_a{false}, a_waits_ok{true};
   const std::thread::id main_id = std::this_thread::get_id();
