@@ -1,17 +1,21 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/service/helper_thread.h"
 
+#include <utility>
+
 namespace kvctl {
 
-HelperThread::HelperThread() : thread_([this] { Loop(); }) {}
+HelperThread::HelperThread() = default;
 
 HelperThread::~HelperThread() {
+  std::thread thread;
   {
     MutexLock lock(&mu_);
     stop_ = true;
+    thread = std::move(thread_);
   }
   work_.NotifyAll();
-  thread_.join();
+  if (thread.joinable()) thread.join();
 }
 
 uint64_t HelperThread::Drain(Job& job) {
@@ -30,6 +34,7 @@ void HelperThread::RunShared(size_t parts, const std::function<void(size_t part)
   bool shared = false;
   if (parts > 1) {
     MutexLock lock(&mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });  // On first use.
     if (state_ == State::kIdle) {
       state_ = State::kPending;
       job_ = &job;

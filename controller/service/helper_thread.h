@@ -33,7 +33,7 @@ namespace kvctl {
 
 class HelperThread {
  public:
-  HelperThread();
+  HelperThread();   // No thread yet: the first RunShared of two or more parts starts it.
   ~HelperThread();  // Waits for a part in progress.
   HelperThread(const HelperThread&) = delete;
   HelperThread& operator=(const HelperThread&) = delete;
@@ -66,7 +66,7 @@ class HelperThread {
   Job* job_ KVCTL_GUARDED_BY(mu_) = nullptr;
   bool stop_ KVCTL_GUARDED_BY(mu_) = false;
   Counters counters_ KVCTL_GUARDED_BY(mu_);
-  std::thread thread_;
+  std::thread thread_ KVCTL_GUARDED_BY(mu_);  // Started by the first RunShared of 2+ parts.
 };
 
 }  // namespace kvctl
