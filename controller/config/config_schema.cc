@@ -139,9 +139,9 @@ std::vector<ConfigOption> BuildSchema() {
                   "helper thread together, in parts of 8 units (records or 256 stored rows) both "
                   "take from one counter; when the helper is busy with another FETCH the worker "
                   "decodes it alone. The same bytes either way. Shortens the median wait (8K "
-                  "tokens of a SmolLM2 layer: 1.5x -> 1.3x a raw round trip) but exposes every "
-                  "such FETCH to a stall of the second core: on a 2-vCPU guest its p99 rose from "
-                  "4-5 ms to 11-36 ms in most runs. 0 (the default) = one thread per FETCH."}),
+                  "tokens of a SmolLM2 layer on a 2-vCPU guest: 1.5x -> 1.3x a raw round trip), "
+                  "but there the client's p99 rose from 3-5 ms to 21-37 ms in most runs, lost "
+                  "after the handler, cause not found. 0 (the default) = one thread per FETCH."}),
       Row<&Config::server, &ServerConfig::max_message_bytes>(
           {.key = "server.max_message_bytes",
            .default_text = "256MiB",

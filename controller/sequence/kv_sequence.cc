@@ -307,8 +307,8 @@ size_t RowUnits(size_t rows) { return (rows + kDenseRowsPerUnit - 1) / kDenseRow
 
 // One record's K and V rows into `kd` / `vd` as `dtype`: decoded in place (fp32 at float
 // alignment), straight into fp16, or through `scratch` (2 * block_tokens * head_dim floats).
-void DecodeRecordTo(const QuantSpec& spec, const uint8_t* record, const float* norms, DType dtype,
-                    bool decode_in_place, std::vector<float>& scratch, uint8_t* kd, uint8_t* vd) {
+void DecodeRecordRows(const QuantSpec& spec, const uint8_t* record, const float* norms, DType dtype,
+                      bool decode_in_place, std::vector<float>& scratch, uint8_t* kd, uint8_t* vd) {
   if (decode_in_place) {
     DequantizeBlock(spec, record, norms, reinterpret_cast<float*>(kd),
                     reinterpret_cast<float*>(vd));
@@ -401,8 +401,8 @@ void KvSequence::FetchDenseUnitsInto(int layer_begin, int layer_end, const Dense
       for (size_t r = first; r < last; ++r, kd += block * width, vd += block * width) {
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
-        DecodeRecordTo(head.spec, head.records.Slot(r), norms, out.dtype, decode_in_place, scratch,
-                       kd, vd);
+        DecodeRecordRows(head.spec, head.records.Slot(r), norms, out.dtype, decode_in_place,
+                         scratch, kd, vd);
       }
       kd += (records - std::max(first, last)) * block * width;
       vd += (records - std::max(first, last)) * block * width;

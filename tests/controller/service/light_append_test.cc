@@ -353,9 +353,8 @@ TEST_CASE("Light fetches: a dense FETCH of at most max_dense_rows rows, the work
     auto [c, session] = WithTokens(config, kTokens);
     const ipc::FetchRequest all{session, 1, 0, kLayers, ipc::FetchMode::kDense, DType::kF16};
     const ipc::FetchRequest one{session, 1, 1, 2, ipc::FetchMode::kDense, DType::kF16};
-    const std::string worker_all = DenseReplyBytes(c->Fetch(all, Clock::now()));
-    const std::string worker_one = DenseReplyBytes(c->Fetch(one, Clock::now()));
-    // The row count is of every layer asked for: one row short hands it back, nothing done.
+    // The row count is of every layer asked for: one row short hands it back with nothing done,
+    // not even the checksums of the chunks written by the APPEND (none verified yet).
     bool deferred = false;
     const uint64_t before = checksums ? VerifiedBytes(*c) : 0;
     (void)c->Fetch(all, Clock::now(), &deferred, kAllRows - 1);
@@ -364,6 +363,9 @@ TEST_CASE("Light fetches: a dense FETCH of at most max_dense_rows rows, the work
     (void)c->Fetch(all, Clock::now(), &deferred, 0);
     CHECK(deferred);
     if (checksums) CHECK(VerifiedBytes(*c) == before);
+    const std::string worker_all = DenseReplyBytes(c->Fetch(all, Clock::now()));
+    const std::string worker_one = DenseReplyBytes(c->Fetch(one, Clock::now()));
+    if (checksums) CHECK(VerifiedBytes(*c) > before);  // The worker did verify.
     // Within the limit: answered, with exactly the worker's frames.
     deferred = false;
     CHECK(DenseReplyBytes(c->Fetch(all, Clock::now(), &deferred, kAllRows)) == worker_all);
@@ -378,13 +380,21 @@ TEST_CASE("Light fetches: a dense FETCH of at most max_dense_rows rows, the work
     (void)DispatchLight(*c, ipc::RequestBody(all), Clock::now(), {.dense_fetch_rows = 16},
                         &deferred);
     CHECK(deferred);
-    // A decode step later: the new row comes back from the I/O thread too.
+    // A decode step later: the new row comes back from the I/O thread too. Its few chunks are
+    // within the inline verify budget, so a FETCH one row over the limit would have verified
+    // them had it not been handed back first.
     REQUIRE(c->Append(Step(session, 1, kTokens, 1), Clock::now()).ok());
-    const std::string after = DenseReplyBytes(c->Fetch(all, Clock::now()));
-    CHECK(after != worker_all);
+    const uint64_t unverified = checksums ? VerifiedBytes(*c) : 0;
     deferred = false;
-    CHECK(DenseReplyBytes(c->Fetch(all, Clock::now(), &deferred, kAllRows + 4)) == after);
+    (void)c->Fetch(all, Clock::now(), &deferred, kAllRows + 3);
+    CHECK(deferred);
+    if (checksums) CHECK(VerifiedBytes(*c) == unverified);
+    deferred = false;
+    const std::string after = DenseReplyBytes(c->Fetch(all, Clock::now(), &deferred, kAllRows + 4));
     CHECK_FALSE(deferred);
+    if (checksums) CHECK(VerifiedBytes(*c) > unverified);  // Verified on the I/O thread.
+    CHECK(after != worker_all);
+    CHECK(DenseReplyBytes(c->Fetch(all, Clock::now())) == after);
   }
 }
 
