@@ -1,6 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "kernels/dot.h"
 
+#include <cmath>
+
 #include "kernels/quantize.h"
 
 namespace kvctl {
@@ -63,6 +65,30 @@ void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const i
     return;
   }
   RowsManyRef(DotI16Ref, a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+}
+
+void UnitRowsI16Ref(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
+                    int16_t* unit, float* norm) {
+  // Adding and subtracting 1.5 * 2^23 rounds to nearest, ties to even (|v| <= 2^14 + 1 is far
+  // below 2^22), without a libm call.
+  constexpr float kRound = 0x1.8p23f;
+  for (int64_t t = 0; t < count; ++t) {
+    const float* row = x + t * stride;
+    norm[t] = std::sqrt(DotRef(row, row, n)) + 1e-8f;
+    const float to_unit = scale / norm[t];
+    for (int64_t c = 0; c < n; ++c) {
+      unit[t * n + c] = static_cast<int16_t>((row[c] * to_unit + kRound) - kRound);
+    }
+  }
+}
+
+void UnitRowsI16(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
+                 int16_t* unit, float* norm) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::UnitRowsI16Avx2(x, stride, count, n, scale, unit, norm);
+    return;
+  }
+  UnitRowsI16Ref(x, stride, count, n, scale, unit, norm);
 }
 
 }  // namespace kvctl

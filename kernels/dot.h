@@ -3,8 +3,9 @@
 // File: kernels/dot.h
 // Dot products whose results do not depend on the CPU: the inner loop of the eviction scorers
 // (policies/eviction.cc).
-// Float ones for the observation queries against every key; exact int16 ones for R-KV's T^2 / 2
-// key similarities, whose unit keys are rounded to int16 first (docs/algorithms.md §12.4).
+// Float ones for H2O's and the mass metric's queries against every key; exact int16 ones between
+// unit rows rounded to int16 (UnitRowsI16): R-KV's T^2 / 2 key similarities and the logits of
+// R-KV's and SnapKV's observation queries (docs/algorithms.md §12.4).
 //
 // The order (the spec, DotRef): eight running sums s_u = sum over the whole chunks c of
 // a[8c + u] * b[8c + u], each product rounded to float before it is added (no fused multiply-add);
@@ -51,15 +52,29 @@ int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n);
 void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                     int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 
+// Rows as int16 unit vectors (the eviction scorers' keys and queries, docs/algorithms.md §12.4):
+// for each row t < count of x (rows `stride` floats apart, n elements each)
+//   norm[t] = sqrt(DotRef(x_t, x_t, n)) + 1e-8 and to_unit = scale / norm[t], in float;
+//   unit[t * n + c] = x_t[c] * to_unit rounded to the nearest integer, ties to even.
+// REQUIRES: n > 0, stride >= n, 0 < scale <= 2^14 (so |unit| <= scale + 1 fits int16), finite x;
+// `unit` (count * n) and `norm` (count) must not overlap x. UnitRowsI16 returns the reference's
+// bits on the active SIMD level.
+void UnitRowsI16Ref(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
+                    int16_t* unit, float* norm);
+void UnitRowsI16(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
+                 int16_t* unit, float* norm);
+
 namespace simd {
-// DotRows, DotRowsMany and DotRowsManyI16 on AVX2 (kernels/dot_avx2.cc); only called when the CPU
-// has it.
+// DotRows, DotRowsMany, DotRowsManyI16 and UnitRowsI16 on AVX2 (kernels/dot_avx2.cc); only called
+// when the CPU has it.
 void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
                  float* out);
 void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                      int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride);
 void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                         int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
+void UnitRowsI16Avx2(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
+                     int16_t* unit, float* norm);
 }  // namespace simd
 
 }  // namespace kvctl

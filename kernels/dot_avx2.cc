@@ -6,6 +6,7 @@
 // eight int32 lanes) per 16 elements; integer sums in any order equal DotI16Ref's.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/dot.h"
@@ -224,6 +225,50 @@ void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t coun
     }
     _mm_store_ps(sums, Combine4(s, s, s, s));
     out[r] = sums[0] + Tail(a, b, whole, n);
+  }
+}
+
+void UnitRowsI16Avx2(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
+                     int16_t* unit, float* norm) {
+  const int64_t whole = n - n % 8;
+  const int64_t whole16 = n - n % 16;
+  const __m256 round = _mm256_set1_ps(0x1.8p23f);
+  alignas(16) float sums[4];
+  int64_t t = 0;
+  // Norms four rows at a time: lane u of s_r is DotRef's running sum s_u of x_r . x_r.
+  for (; t < count; t += 4) {
+    const int64_t rows = count - t < 4 ? count - t : 4;
+    __m256 s[4];
+    for (int r = 0; r < 4; ++r) s[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < whole; d += 8) {
+      for (int r = 0; r < rows; ++r) {
+        const __m256 v = _mm256_loadu_ps(x + (t + r) * stride + d);
+        s[r] = _mm256_add_ps(s[r], _mm256_mul_ps(v, v));
+      }
+    }
+    _mm_store_ps(sums, Combine4(s[0], s[1], s[2], s[3]));
+    for (int r = 0; r < rows; ++r) {
+      const float* row = x + (t + r) * stride;
+      norm[t + r] = std::sqrt(sums[r] + Tail(row, row, whole, n)) + 1e-8f;
+      const float to_unit = scale / norm[t + r];
+      const __m256 k = _mm256_set1_ps(to_unit);
+      int16_t* u = unit + (t + r) * n;
+      int64_t d = 0;
+      for (; d < whole16; d += 16) {
+        // (v * k + 1.5 * 2^23) - 1.5 * 2^23 is an integer in float; the conversion is exact, and
+        // packs + the 64-bit permute put the sixteen int16 in order (no value saturates).
+        const __m256 lo =
+            _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(row + d), k), round), round);
+        const __m256 hi = _mm256_sub_ps(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(row + d + 8), k), round), round);
+        const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(lo), _mm256_cvtps_epi32(hi));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + d),
+                            _mm256_permute4x64_epi64(packed, 0xD8));
+      }
+      for (; d < n; ++d) {
+        u[d] = static_cast<int16_t>((row[d] * to_unit + 0x1.8p23f) - 0x1.8p23f);
+      }
+    }
   }
 }
 

@@ -47,10 +47,16 @@
 // Cost per head: importance O(m g T D); redundancy O(T D) plus one dot product per key each row
 // scans back to its newest near-duplicate (policies/redundancy.h: a few keys on the model's keys;
 // keys with few near-duplicates fall back to the upper triangle, O(T^2 D / 2)), O(T) memory.
-// The importance logits are kernels/dot.h's float dot products (one fixed order of the sums,
-// AVX2 where the CPU has it, the same bits on every CPU), and every softmax is kernels/exp.h's
-// SoftmaxNumerators: exponentials in float by ExpRef (within 2 ulp of exp, the same bits on every
-// CPU and C library) and their sum in one fixed order.
+// Every softmax is kernels/exp.h's SoftmaxNumerators: exponentials in float by ExpRef (within 2
+// ulp of exp, the same bits on every CPU and C library) and their sum in one fixed order.
+// [ours] Logits of R-KV and SnapKV come from the same int16 unit rows as the redundancy: the keys'
+// and the (scaled) observation queries' (kernels/dot.h UnitRowsI16), logit = float(dot) *
+// ((|q| |k|) * 2^-28) with dot their exact int32 product. Off from q.k by at most
+// |q| |k| (2 sqrt(D) 2^-15 + D 2^-30) (about |q| |k| 3e-5 typically), below the fp16 rounding of
+// the keys themselves (2^-11 relative per element), so a softmax probability moves by a factor
+// within e^(+-2 eps); for that, the logits run on integer SIMD at about twice the float rate with
+// half the bytes of keys. H2O and the mass metric keep float logits (kernels/dot.h DotRef's order,
+// the same bits on every CPU): one query token per step would not pay for the unit rows.
 // [ours] The unit keys are rounded to int16, round(u * 2^14), and S_ij is their exact int32 dot
 // product times 2^-28: a cosine off by at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5
 // typically, the rounding errors of 2^-15 or less per element having random signs), in exchange for
@@ -159,32 +165,119 @@ StatusOr<ObsQueries> LoadQueries(const KvTensorView& q, int64_t use_last, const 
   return out;
 }
 
-// Calls visit(i, logits, ld) for each observation query token i in order, where
-// logits[h * ld + j] = DotRef(q_ih, k_j) for head h < g and key j < counts[i] (counts
-// non-decreasing in i). Tokens go in chunks whose rows (g per token) fill DotRowsMany's blocks of
-// four, so the keys are read once per four rows: the keys a whole chunk sees in one
-// DotRowsMany, each token's later keys row by row. Every logit is DotRef's, whichever call
-// computes it; the buffer is O(lcm(4, g) T).
-template <typename Visit>
-void ForEachQueryLogits(const KeyRows& keys, const ObsQueries& q,
-                        const std::vector<int64_t>& counts, Visit visit) {
-  const int64_t d = keys.head_dim;
+// Rows as int16 unit vectors and their norms (kernels/dot.h UnitRowsI16 at scale 2^14): any two
+// unit rows have an exact int32 dot product, and x.y is approximated by dot * 2^-28 * norm_x *
+// norm_y (the essay above). The vectors are a thread's scratch, kept between calls (ScoreScratch).
+struct UnitRows {
+  int64_t d = 0;
+  std::vector<int16_t> unit;
+  std::vector<float> norm;
+  const int16_t* Row(int64_t r) const { return unit.data() + r * d; }
+
+  void Set(const float* rows, int64_t n, int64_t head_dim) {
+    d = head_dim;
+    unit.resize(static_cast<size_t>(n * d));
+    norm.resize(static_cast<size_t>(n));
+    UnitRowsI16(rows, d, n, d, static_cast<float>(kUnitScale), unit.data(), norm.data());
+  }
+};
+
+// A thread's buffers for ScoreAttention, kept between calls: fresh ones were faulted in (and their
+// zeroing paid) at every scoring of every head. Released after a call that grew them past
+// kKeptBytes, so one huge head does not pin its buffers in every worker for good.
+struct ScoreScratch {
+  static constexpr size_t kKeptBytes = size_t{16} << 20;
+  UnitRows keys;
+  UnitRows queries;
+  std::vector<int32_t> dots;
+  std::vector<float> logits;
+
+  size_t Bytes() const {
+    return keys.unit.capacity() * 2 + queries.unit.capacity() * 2 + dots.capacity() * 4 +
+           (keys.norm.capacity() + queries.norm.capacity() + logits.capacity()) * 4;
+  }
+  void TrimIfLarge() {
+    if (Bytes() > kKeptBytes) *this = ScoreScratch{};
+  }
+};
+
+// Where ForEachQueryLogits takes its logits from. Both fill out[r * ld + j] for query row
+// r < rows (rows back to back from `first`) and key j in [key_begin, key_begin + count).
+// Float rows: DotRef(q, k_j), every bit (SnapKV's and R-KV's logits before, H2O's and the mass
+// metric's now).
+struct FloatLogits {
+  const KeyRows& keys;
+  const ObsQueries& q;
+  void Fill(int64_t first, int64_t rows, int64_t key_begin, int64_t count, float* out,
+            int64_t ld) const {
+    const int64_t d = keys.head_dim;
+    const float* row0 = q.rows.data() + first * d;
+    if (key_begin == 0) {
+      DotRowsMany(row0, d, rows, keys.data, d, count, d, out, ld);
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      DotRows(row0 + r * d, keys.data + key_begin * d, d, count, d, out + r * ld + key_begin);
+    }
+  }
+};
+// Unit rows (R-KV and SnapKV): the exact int32 dot of the unit rows, then
+// float(dot) * ((norm_q * norm_k) * 2^-28) in float, in that order. The scaling by 2^-28 is exact
+// (norms are >= 1e-8, so the product stays far from float's subnormals).
+struct UnitLogits {
+  const UnitRows& keys;
+  const UnitRows& q;
+  std::vector<int32_t>* dots;
+  static float LogitOf(int32_t dot, float qn, float kn) {
+    return static_cast<float>(dot) * ((qn * kn) * 0x1p-28f);
+  }
+  void Fill(int64_t first, int64_t rows, int64_t key_begin, int64_t count, float* out,
+            int64_t ld) const {
+    const int64_t d = keys.d;
+    dots->resize(static_cast<size_t>(rows * ld));
+    int32_t* dot = dots->data();
+    if (key_begin == 0) {
+      DotRowsManyI16(q.Row(first), d, rows, keys.Row(0), d, count, d, dot, ld);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        DotRowsManyI16(q.Row(first + r), d, 1, keys.Row(key_begin), d, count, d,
+                       dot + r * ld + key_begin, ld);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float qn = q.norm[first + r];
+      const int32_t* in = dot + r * ld;
+      float* o = out + r * ld;
+      for (int64_t j = key_begin; j < key_begin + count; ++j) {
+        o[j] = LogitOf(in[j], qn, keys.norm[j]);
+      }
+    }
+  }
+};
+
+// Calls visit(i, logits, ld) for each observation query token i < m in order, where
+// logits[h * ld + j] is the logit of query row (i, h) and key j for head h < g and key
+// j < counts[i] (counts non-decreasing in i), from `source`. Tokens go in chunks whose rows (g per
+// token) fill the dot kernels' blocks of four, so the keys are read once per four rows: the keys
+// a whole chunk sees in one call, each token's later keys row by row. Every logit is the source's
+// whichever call computes it; the buffer is O(lcm(4, g) T).
+template <typename Source, typename Visit>
+void ForEachQueryLogits(const Source& source, int64_t m, int64_t g,
+                        const std::vector<int64_t>& counts, std::vector<float>& chunk,
+                        Visit visit) {
   // The fewest tokens whose g rows each make whole blocks of four (4 / gcd(g, 4) tokens): a row
-  // left over would go through DotRows alone and read every key once more.
-  const int64_t chunk_tokens = 4 / std::gcd<int64_t>(q.g, 4);
-  std::vector<float> chunk;
-  for (int64_t i0 = 0; i0 < q.m; i0 += chunk_tokens) {
-    const int64_t i1 = std::min(q.m, i0 + chunk_tokens);
+  // left over would go through a one-row call and read every key once more.
+  const int64_t chunk_tokens = 4 / std::gcd<int64_t>(g, 4);
+  for (int64_t i0 = 0; i0 < m; i0 += chunk_tokens) {
+    const int64_t i1 = std::min(m, i0 + chunk_tokens);
     const int64_t ld = std::max<int64_t>(counts[i1 - 1], 0);
     const int64_t common = std::max<int64_t>(counts[i0], 0);
-    chunk.resize(static_cast<size_t>((i1 - i0) * q.g * ld));
-    DotRowsMany(q.Row(i0, 0), d, (i1 - i0) * q.g, keys.data, d, common, d, chunk.data(), ld);
+    chunk.resize(static_cast<size_t>((i1 - i0) * g * ld));
+    source.Fill(i0 * g, (i1 - i0) * g, 0, common, chunk.data(), ld);
     for (int64_t i = i0; i < i1; ++i) {
-      float* rows = chunk.data() + (i - i0) * q.g * ld;
+      float* rows = chunk.data() + (i - i0) * g * ld;
       const int64_t extra = counts[i] - common;
-      for (int64_t h = 0; h < q.g && extra > 0; ++h) {
-        DotRows(q.Row(i, h), keys.data + common * d, d, extra, d, rows + h * ld + common);
-      }
+      if (extra > 0) source.Fill(i * g, g, common, extra, rows, ld);
       visit(i, rows, ld);
     }
   }
@@ -197,23 +290,27 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
   for (int64_t i = 0; i < q.m; ++i) counts[i] = keys.tokens - q.m + i + 1;
   std::vector<float> z(static_cast<size_t>(keys.tokens));
-  ForEachQueryLogits(keys, q, counts, [&](int64_t i, const float* rows, int64_t ld) {
-    const int64_t n = counts[i];
-    for (int64_t h = 0; h < q.g; ++h) {
-      const float* logits = rows + h * ld;
-      std::copy(logits, logits + n, z.begin());
-      const double w = weight / SoftmaxNumerators(z.data(), n);
-      for (int64_t j = 0; j < n; ++j) out[j] += static_cast<double>(z[j]) * w;
-    }
-  });
+  std::vector<float> chunk;
+  ForEachQueryLogits(FloatLogits{keys, q}, q.m, q.g, counts, chunk,
+                     [&](int64_t i, const float* rows, int64_t ld) {
+                       const int64_t n = counts[i];
+                       for (int64_t h = 0; h < q.g; ++h) {
+                         const float* logits = rows + h * ld;
+                         std::copy(logits, logits + n, z.begin());
+                         const double w = weight / SoftmaxNumerators(z.data(), n);
+                         for (int64_t j = 0; j < n; ++j) out[j] += static_cast<double>(z[j]) * w;
+                       }
+                     });
 }
 
-// Importance before pooling over keys [0, n_imp): per observation query, the group reduced by
-// `group` and a softmax over `scope`'s keys; the mean over the m query tokens.
-std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t n_imp,
-                               GqaReduce group, SoftmaxScope scope) {
+// Importance before pooling over keys [0, n_imp) of `tokens`: per observation query (the m x g
+// rows of `logits`), the group reduced by `group` and a softmax over `scope`'s keys; the mean over
+// the m query tokens.
+std::vector<double> Importance(const UnitLogits& logits, int64_t tokens, const ObsQueries& q,
+                               int64_t n_imp, GqaReduce group, SoftmaxScope scope,
+                               std::vector<float>& chunk) {
   std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
-  std::vector<float> z(static_cast<size_t>(keys.tokens));
+  std::vector<float> z(static_cast<size_t>(tokens));
   // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
   auto add_softmax = [&](int64_t n, double w) {
     const double scale = w / SoftmaxNumerators(z.data(), n);
@@ -222,27 +319,28 @@ std::vector<double> Importance(const KeyRows& keys, const ObsQueries& q, int64_t
   // Query i sees keys [0, seen) (causal), and the softmax runs over its first n of them.
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
   for (int64_t i = 0; i < q.m; ++i) {
-    const int64_t seen = keys.tokens - q.m + i + 1;
+    const int64_t seen = tokens - q.m + i + 1;
     counts[i] = scope == SoftmaxScope::kCausal ? seen : std::min(n_imp, seen);
   }
-  ForEachQueryLogits(keys, q, counts, [&](int64_t i, const float* rows, int64_t ld) {
-    const int64_t n = counts[i];
-    if (n <= 0 || std::min(n, n_imp) <= 0) return;
-    if (group == GqaReduce::kMaxLogit) {
-      std::copy(rows, rows + n, z.begin());
-      for (int64_t h = 1; h < q.g; ++h) {
-        const float* other = rows + h * ld;
-        for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], other[j]);
-      }
-      add_softmax(n, 1.0 / static_cast<double>(q.m));
-    } else {
-      for (int64_t h = 0; h < q.g; ++h) {
-        const float* logits = rows + h * ld;
-        std::copy(logits, logits + n, z.begin());
-        add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
-      }
-    }
-  });
+  ForEachQueryLogits(logits, q.m, q.g, counts, chunk,
+                     [&](int64_t i, const float* rows, int64_t ld) {
+                       const int64_t n = counts[i];
+                       if (n <= 0 || std::min(n, n_imp) <= 0) return;
+                       if (group == GqaReduce::kMaxLogit) {
+                         std::copy(rows, rows + n, z.begin());
+                         for (int64_t h = 1; h < q.g; ++h) {
+                           const float* other = rows + h * ld;
+                           for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], other[j]);
+                         }
+                         add_softmax(n, 1.0 / static_cast<double>(q.m));
+                       } else {
+                         for (int64_t h = 0; h < q.g; ++h) {
+                           const float* logits = rows + h * ld;
+                           std::copy(logits, logits + n, z.begin());
+                           add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
+                         }
+                       }
+                     });
   return a;
 }
 
@@ -263,30 +361,17 @@ std::vector<double> Pool(const std::vector<double>& a, int kernel, PoolKind kind
   return out;
 }
 
-// R-KV redundancy r_j over all T keys (see the essay above).
-std::vector<double> Redundancy(const KeyRows& keys, float threshold, RedundancyState* state) {
-  const int64_t t_n = keys.tokens, d_n = keys.head_dim;
-  // Unit keys in int16: round(u * 2^14), |u| <= 1 (to a float rounding), so every dot product of
-  // two of them is exact in int32 (kernels/dot.h) and S_ij = dot * 2^-28. u * 2^14 is exact in
-  // float; adding and subtracting 1.5 * 2^23 rounds it to nearest, ties to even (|u * 2^14| is
-  // far below 2^22), without a libm call per element.
-  constexpr float kRound = 0x1.8p23f;
-  std::vector<int16_t> unit(static_cast<size_t>(t_n * d_n));
-  for (int64_t t = 0; t < t_n; ++t) {
-    const float* k = keys.data + t * d_n;
-    const float norm = std::sqrt(DotRef(k, k, d_n)) + 1e-8f;
-    int16_t* u = unit.data() + t * d_n;
-    for (int64_t c = 0; c < d_n; ++c) {
-      const float scaled = k[c] / norm * static_cast<float>(kUnitScale);
-      u[c] = static_cast<int16_t>((scaled + kRound) - kRound);
-    }
-  }
+// R-KV redundancy r_j over all t_n keys (see the essay above), from their unit rows:
+// |u| <= 1 (to a float rounding), so S_ij = dot * 2^-28.
+std::vector<double> Redundancy(const UnitRows& unit, int64_t t_n, float threshold,
+                               RedundancyState* state) {
+  const int64_t d_n = unit.d;
   // S_ij > threshold <=> dot > threshold * 2^28 <=> dot > floor(threshold * 2^28) (dot is an
   // integer; threshold * 2^28 is exact in double and, for |threshold| <= 1, in int32's range).
   const auto fixed_threshold =
       static_cast<int32_t>(std::floor(static_cast<double>(threshold) * kUnitScale * kUnitScale));
   const std::vector<int64_t> col =
-      RedundancyColumnSums(unit.data(), t_n, d_n, fixed_threshold, RedundancyPass::kAuto, state);
+      RedundancyColumnSums(unit.Row(0), t_n, d_n, fixed_threshold, RedundancyPass::kAuto, state);
   // The mean cosines (rounded to float for the softmax, like the logits), then their softmax.
   std::vector<float> z(static_cast<size_t>(t_n));
   for (int64_t j = 0; j < t_n; ++j) {
@@ -314,14 +399,22 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
   std::vector<float> scores(static_cast<size_t>(keys.tokens), kProtectedScore);
   const CandidateRange c = Candidates(keys.tokens, regions);
   if (c.lo >= c.hi) return scores;
+  // One set of unit keys serves the logits and the redundancy.
+  thread_local ScoreScratch scratch;
+  scratch.keys.Set(keys.data, keys.tokens, keys.head_dim);
+  scratch.queries.Set(q.rows.data(), q.m * q.g, q.d);
+  const UnitRows& unit_keys = scratch.keys;
+  const UnitLogits logits{unit_keys, scratch.queries, &scratch.dots};
   // The pooling runs over every non-window key, sinks included, as in R-KV and SnapKV.
-  const std::vector<double> pooled = Pool(Importance(keys, q, c.hi, group, scope), kernel, pool);
+  const std::vector<double> pooled =
+      Pool(Importance(logits, keys.tokens, q, c.hi, group, scope, scratch.logits), kernel, pool);
   std::vector<double> r;
   if (lambda < 1.0f) {
-    r = Redundancy(keys, threshold, state);
+    r = Redundancy(unit_keys, keys.tokens, threshold, state);
   } else if (state != nullptr) {
     *state = RedundancyState{};  // Nothing scored: no partners known for these keys.
   }
+  scratch.TrimIfLarge();
   for (int64_t j = c.lo; j < c.hi; ++j) {
     double s = static_cast<double>(lambda) * pooled[j];
     if (!r.empty()) s -= (1.0 - static_cast<double>(lambda)) * r[j];

@@ -201,5 +201,71 @@ TEST_CASE("DotRowsManyI16: DotI16Ref's values at every SIMD level") {
   }
 }
 
+TEST_CASE("UnitRowsI16Ref: norms, scale and ties to even on known answers") {
+  // Row 0 = (3, 4): norm 5 (+1e-8, lost in float), units 3/5 and 4/5 of 2^14 = 9830.4 -> 9830 and
+  // 13107.2 -> 13107. Row 1 = (-1, 0): -16384. Row 2 = 2.5 * 2^-14 * (norm) ... made a tie: with
+  // scale 8 and row (1, 1, 1, 1) (norm 2), each unit is 4 exactly; with (0.625, 0, 0, 0) and scale
+  // 4 it is 4 * 0.625 / 0.625 = 4; the tie case: scale 5 over norm 2 -> 2.5 per element, to 2.
+  const float x[] = {3, 4, -1, 0};
+  int16_t unit[4];
+  float norm[2];
+  UnitRowsI16Ref(x, 2, 2, 2, 16384.0f, unit, norm);
+  CHECK(norm[0] == 5.0f);
+  CHECK(norm[1] == 1.0f);
+  CHECK(unit[0] == 9830);
+  CHECK(unit[1] == 13107);
+  CHECK(unit[2] == -16384);
+  CHECK(unit[3] == 0);
+  const float ones[] = {1, 1, 1, 1, -1, -1, -1, -1};
+  int16_t ties[8];
+  float two[2];
+  UnitRowsI16Ref(ones, 4, 2, 4, 5.0f, ties, two);  // 1 * (5 / 2) = 2.5 -> 2, -2.5 -> -2.
+  for (int c = 0; c < 4; ++c) CHECK(ties[c] == 2);
+  for (int c = 4; c < 8; ++c) CHECK(ties[c] == -2);
+}
+
+TEST_CASE("UnitRowsI16: UnitRowsI16Ref's bits at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 64, 67, 128}) {
+      for (int64_t count : {1, 2, 3, 4, 5, 9}) {
+        const int64_t stride = n + (count % 3);
+        std::vector<float> x(static_cast<size_t>(stride * count));
+        for (float& v : x) v = normal(rng) * (n % 2 ? 100.0f : 0.01f);
+        x[0] = 0.0f;  // A zero and a signed zero: both give units of 0.
+        if (x.size() > 1) x[1] = -0.0f;
+        if (count > 2) {  // An all-zero row: norm 1e-8, every unit 0.
+          for (int64_t c = 0; c < n; ++c) x[static_cast<size_t>(2 * stride + c)] = 0.0f;
+        }
+        std::vector<int16_t> want(static_cast<size_t>(count * n) + 1, 7), got(want);
+        std::vector<float> want_norm(static_cast<size_t>(count) + 1, 7), got_norm(want_norm);
+        UnitRowsI16Ref(x.data(), stride, count, n, 16384.0f, want.data(), want_norm.data());
+        UnitRowsI16(x.data(), stride, count, n, 16384.0f, got.data(), got_norm.data());
+        INFO(SimdLevelName(level) << " n " << n << " count " << count);
+        CHECK(got == want);
+        for (size_t t = 0; t < want_norm.size(); ++t)
+          CHECK(Bits(got_norm[t]) == Bits(want_norm[t]));
+        CHECK(got.back() == 7);                // Nothing written past count * n.
+        for (int64_t t = 0; t < count; ++t) {  // Every unit row has norm about 2^14.
+          double sum = 0;
+          for (int64_t c = 0; c < n; ++c) sum += std::pow(want[static_cast<size_t>(t * n + c)], 2);
+          bool zero_row = true;
+          for (int64_t c = 0; c < n; ++c) zero_row &= x[static_cast<size_t>(t * stride + c)] == 0;
+          if (zero_row) {
+            CHECK(sum == 0);
+          } else {
+            CHECK(std::sqrt(sum) == Approx(16384).margin(std::sqrt(n) * 0.5 + 1));
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvctl

@@ -27,6 +27,10 @@ namespace {
 using Catch::Matchers::Contains;
 
 const float kC = static_cast<float>(std::sqrt(2.0) * std::log(2.0));
+// R-KV's and SnapKV's logits come from int16 unit rows (policies/eviction.cc): each is off by at
+// most eps = |q| |k| (2 sqrt(D) 2^-15 + D 2^-30), so a softmax probability, and a mean of them, by
+// a factor within e^(+-2 eps). In these cases |q| |k| <= 2.1 at D = 2: at most 3.6e-4 relative.
+constexpr double kUnitLogitRel = 4e-4;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Queries as a dense fp32 [tokens, heads, D] view over `storage`.
@@ -87,7 +91,7 @@ TEST_CASE("SnapKV: importance and pooling match the hand case", "[policies]") {
         ScoreSnapKV(kRows6, q, regions, {.obs_window = 32, .kernel = c.kernel, .pool = c.pool});
     REQUIRE(scores.ok());
     REQUIRE(scores->size() == 6);
-    for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(c.expect[j]).epsilon(1e-5));
+    for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(c.expect[j]).epsilon(kUnitLogitRel));
     CHECK((*scores)[4] == kInf);
     CHECK((*scores)[5] == kInf);
   }
@@ -99,7 +103,7 @@ TEST_CASE("SnapKV: the observation window takes the last queries only", "[polici
       ScoreSnapKV(kRows6, Queries(kObs2, 2, 1, 2), {0, 2}, {.obs_window = 1, .kernel = 1});
   REQUIRE(scores.ok());
   const double expect[4] = {1 / 6.0, 2 / 6.0, 2 / 6.0, 1 / 6.0};
-  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(1e-5));
+  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(kUnitLogitRel));
 }
 
 TEST_CASE("R-KV: redundancy and the combined score match the hand case", "[policies]") {
@@ -120,14 +124,14 @@ TEST_CASE("R-KV: redundancy and the combined score match the hand case", "[polic
   auto full = ScoreRKV(kRows6, q, {0, 2});
   REQUIRE(full.ok());
   for (int j = 0; j < 4; ++j) {
-    CHECK((*full)[j] == Approx(0.07 * 21 / 60.0 - 0.93 * r[j]).epsilon(1e-5));
+    CHECK((*full)[j] == Approx(0.07 * 21 / 60.0 - 0.93 * r[j]).epsilon(kUnitLogitRel));
   }
   // Kernel 3: 0.07 * (13, 14, 21, 21)/60 - 0.93 * r.
   auto k3 = ScoreRKV(kRows6, q, {0, 2}, {.kernel = 3});
   REQUIRE(k3.ok());
   const double pooled[4] = {13, 14, 21, 21};
   for (int j = 0; j < 4; ++j) {
-    CHECK((*k3)[j] == Approx(0.07 * pooled[j] / 60 - 0.93 * r[j]).epsilon(1e-5));
+    CHECK((*k3)[j] == Approx(0.07 * pooled[j] / 60 - 0.93 * r[j]).epsilon(kUnitLogitRel));
   }
   CHECK((*k3)[4] == kInf);
 }
@@ -141,9 +145,9 @@ TEST_CASE("R-KV: the most recent near-duplicate is spared", "[policies]") {
   auto scores = ScoreRKV({keys.data(), 4, 2}, Queries(obs, 1, 1, 2), {0, 0}, {.lambda = 0.0f});
   REQUIRE(scores.ok());
   const double z = std::exp(0.5) + std::exp(0.25) + 2;
-  CHECK((*scores)[0] == Approx(-std::exp(0.5) / z).epsilon(1e-5));
-  CHECK((*scores)[1] == Approx(-std::exp(0.25) / z).epsilon(1e-5));
-  CHECK((*scores)[2] == Approx(-1 / z).epsilon(1e-5));
+  CHECK((*scores)[0] == Approx(-std::exp(0.5) / z).epsilon(kUnitLogitRel));
+  CHECK((*scores)[1] == Approx(-std::exp(0.25) / z).epsilon(kUnitLogitRel));
+  CHECK((*scores)[2] == Approx(-1 / z).epsilon(kUnitLogitRel));
   CHECK((*scores)[2] > (*scores)[1]);
   CHECK((*scores)[1] > (*scores)[0]);
   auto kept = SelectKeep(*scores, 2, ProtectedMask(4, {0, 0}));
@@ -172,9 +176,9 @@ TEST_CASE("R-KV: GQA takes the max of the logits over the group, then the softma
   CHECK(group->heads == 2);
   auto scores = ScoreSnapKV({keys.data(), 4, 2}, *group, {0, 1}, {.kernel = 1});
   REQUIRE(scores.ok());
-  CHECK((*scores)[0] == Approx(0.2).epsilon(1e-5));
-  CHECK((*scores)[1] == Approx(0.4).epsilon(1e-5));
-  CHECK((*scores)[2] == Approx(0.4).epsilon(1e-5));
+  CHECK((*scores)[0] == Approx(0.2).epsilon(kUnitLogitRel));
+  CHECK((*scores)[1] == Approx(0.4).epsilon(kUnitLogitRel));
+  CHECK((*scores)[2] == Approx(0.4).epsilon(kUnitLogitRel));
   CHECK((*scores)[3] == kInf);
 
   // The same through fp16 queries: only the rounding of c changes.
@@ -187,6 +191,65 @@ TEST_CASE("R-KV: GQA takes the max of the logits over the group, then the softma
   for (int j = 0; j < 3; ++j) CHECK((*scores16)[j] == Approx((*scores)[j]).epsilon(2e-3));
 }
 
+TEST_CASE("SnapKV/R-KV: logits from int16 unit rows stay within their bound", "[policies]") {
+  // Model-like keys (two outlier channels, a near-zero key) and g = 3 query heads, D = 64. The
+  // importance of every candidate against one computed here in double from exact logits: with
+  // eps the largest |q| |k| (2 sqrt(D) 2^-15 + D 2^-30) over the pairs, every softmax probability
+  // and their mean move by a factor within e^(+-2 eps) (plus float roundings of the scorer).
+  const int64_t t_n = 300, d = 64, g = 3, m = 8, recent = 8;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> keys(static_cast<size_t>(t_n * d));
+  for (int64_t t = 0; t < t_n; ++t) {
+    for (int64_t c = 0; c < d; ++c) {
+      keys[t * d + c] = normal(rng) * (c == 3 || c == 40 ? 12.0f : 1.0f);
+    }
+  }
+  for (int64_t c = 0; c < d; ++c) keys[5 * d + c] = 1e-6f * static_cast<float>(c % 3);
+  std::vector<float> q(static_cast<size_t>(m * g * d));
+  for (float& x : q) x = 1.5f * normal(rng);
+  auto scores =
+      ScoreSnapKV({keys.data(), t_n, d}, Queries(q, m, g, d), {0, recent}, {.kernel = 1});
+  REQUIRE(scores.ok());
+
+  const int64_t n = t_n - recent;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  double eps = 0;
+  std::vector<double> a(static_cast<size_t>(n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<double> z(static_cast<size_t>(n), -1e300);
+    for (int64_t h = 0; h < g; ++h) {
+      const float* qr = q.data() + (i * g + h) * d;
+      double qn = 0;
+      for (int64_t c = 0; c < d; ++c) qn += static_cast<double>(qr[c]) * qr[c] * scale * scale;
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0, kn = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += static_cast<double>(qr[c]) * scale * keys[j * d + c];
+          kn += static_cast<double>(keys[j * d + c]) * keys[j * d + c];
+        }
+        z[j] = std::max(z[j], dot);
+        eps = std::max(eps, std::sqrt(qn * kn) * (2 * std::sqrt(64.0) * 0x1p-15 + 64 * 0x1p-30));
+      }
+    }
+    const double top = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (double v : z) sum += std::exp(v - top);
+    for (int64_t j = 0; j < n; ++j) a[j] += std::exp(z[j] - top) / sum / static_cast<double>(m);
+  }
+  INFO("eps " << eps);
+  CHECK(eps < 0.05);  // The bound is meaningful at these magnitudes.
+  const double factor = std::exp(2 * eps) - 1 + 1e-5;
+  double worst = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double err = std::abs((*scores)[j] - a[j]) / a[j];
+    worst = std::max(worst, err);
+    CHECK(err <= factor);
+  }
+  INFO("worst relative error " << worst << ", allowed " << factor);
+  CHECK(worst > 0);  // Not the float path: the int16 rows do round.
+}
+
 TEST_CASE("SnapKV: the mean of per-head softmaxes over the group (SnapKV's code)", "[policies]") {
   // The keys and queries of the max-of-logits case: head 2 = c(1,0) gives logits/ln2 (1,0,1) ->
   // (2,1,2)/5; head 3 = c(0,2) gives (0,2,2) -> (1,4,4)/9; a = their mean.
@@ -197,9 +260,9 @@ TEST_CASE("SnapKV: the mean of per-head softmaxes over the group (SnapKV's code)
   auto scores = ScoreSnapKV({keys.data(), 4, 2}, *group, {0, 1},
                             {.kernel = 1, .group = GqaReduce::kMeanProb});
   REQUIRE(scores.ok());
-  CHECK((*scores)[0] == Approx((0.4 + 1 / 9.0) / 2).epsilon(1e-5));
-  CHECK((*scores)[1] == Approx((0.2 + 4 / 9.0) / 2).epsilon(1e-5));
-  CHECK((*scores)[2] == Approx((0.4 + 4 / 9.0) / 2).epsilon(1e-5));
+  CHECK((*scores)[0] == Approx((0.4 + 1 / 9.0) / 2).epsilon(kUnitLogitRel));
+  CHECK((*scores)[1] == Approx((0.2 + 4 / 9.0) / 2).epsilon(kUnitLogitRel));
+  CHECK((*scores)[2] == Approx((0.4 + 4 / 9.0) / 2).epsilon(kUnitLogitRel));
   CHECK((*scores)[3] == kInf);
   // R-KV's max of logits differs on this case (see the test above), so the switch is live.
   auto rkv = ScoreRKV({keys.data(), 4, 2}, *group, {0, 1},
@@ -217,7 +280,7 @@ TEST_CASE("SnapKV: a causal softmax puts the window in the denominator", "[polic
   REQUIRE(scores.ok());
   const double expect[4] = {(4 / 16.0 + 1 / 11.0) / 2, (1 / 16.0 + 2 / 11.0) / 2,
                             (2 / 16.0 + 2 / 11.0) / 2, (8 / 16.0 + 1 / 11.0) / 2};
-  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(1e-5));
+  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(kUnitLogitRel));
   CHECK((*scores)[4] == kInf);
   // Candidates-only normalises each query over k0..k3: kA, a different ranking weight.
   CHECK((*scores)[3] != Approx(kA[3]).epsilon(1e-3));
@@ -233,7 +296,7 @@ TEST_CASE("R-KV: observation queries inside the candidates are causal", "[polici
   REQUIRE(scores.ok());
   const double expect[4] = {(4 / 7.0 + 0.5) / 2, (1 / 7.0 + 0.125) / 2, (2 / 7.0 + 0.25) / 2,
                             0.125 / 2};
-  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(1e-5));
+  for (int j = 0; j < 4; ++j) CHECK((*scores)[j] == Approx(expect[j]).epsilon(kUnitLogitRel));
 }
 
 TEST_CASE("StreamingLLM: keeps the sinks and the recent window, then the newest", "[policies]") {
