@@ -291,27 +291,29 @@ KVCTL_HOST_DEVICE inline void DecodeRecord(const QuantSpec& s, const BlockLayout
   const uint8_t* vm = rec + l.v_meta_offset;
   switch (s.method) {
     case QuantMethod::kFp16:
-      for (int i = 0; i < g * d; ++i) k_out[i] = LoadHalf(kc, i), v_out[i] = LoadHalf(vc, i);
+      for (int i = 0; i < g * d; ++i) k_out[i] = LoadHalf(kc, i);
+      for (int i = 0; i < g * d && v_out != nullptr; ++i) v_out[i] = LoadHalf(vc, i);
       return;
     case QuantMethod::kKivi:
       DecodeChannelGroups(kc, km, g, d, s.k_group_tokens, s.k_bits, k_out);
-      DecodeTokenGroups(vc, vm, g, d, s.v_group_channels, s.v_bits, v_out);
+      if (v_out != nullptr) DecodeTokenGroups(vc, vm, g, d, s.v_group_channels, s.v_bits, v_out);
       return;
     case QuantMethod::kQuaRot:
       DecodeTokenGroups(kc, km, g, d, d, s.k_bits, k_out);
-      DecodeTokenGroups(vc, vm, g, d, d, s.v_bits, v_out);
+      if (v_out != nullptr) DecodeTokenGroups(vc, vm, g, d, d, s.v_bits, v_out);
       break;
     case QuantMethod::kOscar:
       DecodeChannelGroups(kc, km, g, d, s.k_group_tokens, s.k_bits, k_out);
       for (int t = 0; t < g; ++t) {
         for (int c = 0; c < d; ++c) k_out[t * d + c] *= norms[t];
       }
-      DecodeTokenGroups(vc, vm, g, d, s.v_group_channels, s.v_bits, v_out);
+      if (v_out != nullptr) DecodeTokenGroups(vc, vm, g, d, s.v_group_channels, s.v_bits, v_out);
       break;
     case QuantMethod::kTurbo:
       for (int t = 0; t < g; ++t) {
         TurboDecodeRow(kc + t * RowBytes(d, s.k_bits), km, t, d, s.k_bits, l.turbo_k,
                        k_out + t * d);
+        if (v_out == nullptr) continue;
         TurboDecodeRow(vc + t * RowBytes(d, s.v_bits), vm, t, d, s.v_bits, l.turbo_v,
                        v_out + t * d);
       }
@@ -327,10 +329,15 @@ KVCTL_HOST_DEVICE inline void DecodeRecord(const QuantSpec& s, const BlockLayout
               (static_cast<float>(GetCode(row, t, s.k_bits)) * rs + rz) * LoadHalf(km + 4 * d, t);
         }
       }
-      DecodeKvarnTile(vc, vm + 2 * d, vm + 2 * d + 2 * g, vm, g, d, s.v_bits, v_out);
+      if (v_out != nullptr) {
+        DecodeKvarnTile(vc, vm + 2 * d, vm + 2 * d + 2 * g, vm, g, d, s.v_bits, v_out);
+      }
       break;
   }
-  for (int t = 0; t < g; ++t) FwhtRow(k_out + t * d, d), FwhtRow(v_out + t * d, d);
+  for (int t = 0; t < g; ++t) {
+    FwhtRow(k_out + t * d, d);
+    if (v_out != nullptr) FwhtRow(v_out + t * d, d);
+  }
 }
 
 }  // namespace kvctl::block

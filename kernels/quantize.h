@@ -76,7 +76,8 @@ Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* r
 
 // Reads a record back to dense fp32 rows [block_tokens, head_dim] in the engine's frame.
 // token_norms: the side record of this block (OScaR), else null. Never fails on a record written by
-// QuantizeBlock*; garbage bytes give garbage values but no out-of-bounds access.
+// QuantizeBlock*; garbage bytes give garbage values but no out-of-bounds access. v_out may be null:
+// then only K is decoded (the same floats; what the eviction scorers read).
 void DequantizeBlockRef(const QuantSpec& spec, const uint8_t* record, const float* token_norms,
                         float* k_out, float* v_out);
 void DequantizeBlock(const QuantSpec& spec, const uint8_t* record, const float* token_norms,

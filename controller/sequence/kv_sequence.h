@@ -427,12 +427,14 @@ class KvSequence {
   void CollectBorrowedRanges(std::vector<PageAllocator::PageRange>* ranges) const;
   // Marks the sequence lost (the first loss is kept) and returns the status it answers from now.
   Status MarkLost(const Status& loss);
+  // What Materialize writes for the tokens in records: zeros (for callers that never read them),
+  // K only (V left as it was: the scorers read keys; RecordValues decodes V where needed), or both.
+  enum class RecordRows { kZeros, kKeys, kKeysAndValues };
   // fp32 K and V rows of logical tokens [from, count + new) of one head into out_k / out_v
   // (room for that many rows of head_dim each): sinks, records, tail, then the new tokens
-  // (rounded to fp16 unless the layer is lossless). With `records` false the records' rows are
-  // zeros, not decoded (for callers that never read them).
+  // (rounded to fp16 unless the layer is lossless); the records' rows as `records` says.
   void Materialize(const LayerState& layer, int head, int64_t from, const KvTensorView& k,
-                   const KvTensorView& v, float* out_k, float* out_v, bool records = true) const;
+                   const KvTensorView& v, float* out_k, float* out_v, RecordRows records) const;
   // Rows of a head a fork borrows from its frozen prefix (kv_sequence_fork.cc).
   static size_t SharedRows(const LayerState& layer, const HeadStream& head);
   // Tokens a head's tail holds after an append of n tokens without eviction (inline in
@@ -442,6 +444,10 @@ class KvSequence {
   // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
   struct LayerPrep;
   KeyRows FullKeys(LayerPrep& p, int h) const;
+  // The V rows (in p.all_v) of the records holding tokens[begin, end) (token indices), where
+  // FullKeys decoded only K: what a re-pack or the new tail reads of partly evicted records.
+  void RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& tokens, size_t begin,
+                    size_t end) const;
   // FullKeys without decoding the records: for an eviction that keeps or drops whole records.
   void RowsPastRecords(LayerPrep& p, int h) const;
   // Streaming: the target EvictHead keeps, lowered to a whole-record boundary when that drops

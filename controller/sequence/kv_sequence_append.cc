@@ -194,7 +194,8 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
 }
 
 void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const KvTensorView& k,
-                             const KvTensorView& v, float* kd, float* vd, bool records) const {
+                             const KvTensorView& v, float* kd, float* vd,
+                             RecordRows records) const {
   const HeadStream& head = layer.heads[h];
   const int d = geometry_.head_dim;
   const int64_t old = head.count(), total = old + k.tokens;
@@ -213,10 +214,11 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
       const uint8_t* slot = head.rows.Slot(j < rec_begin ? j : head.sink_rows + (j - rec_end));
       LoadRow(slot, d, layer.row_dtype, kd);
       LoadRow(slot + layer.row_bytes, d, layer.row_dtype, vd);
-    } else if (j < rec_end && !records) {
+    } else if (j < rec_end && records == RecordRows::kZeros) {
       std::fill(kd, kd + d, 0.0f);
       std::fill(vd, vd + d, 0.0f);
     } else if (j < rec_end) {
+      const bool values = records == RecordRows::kKeysAndValues;
       // Each record is decoded into a small buffer and copied row by row: the decoder's
       // transposes into a cache-hot buffer, then one streaming copy, beat the same transposes
       // straight into the long output (tried: the transposes then took 5 % of the daemon's
@@ -227,12 +229,13 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
         bv.resize(record_elems);
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
-        DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(), bv.data());
-        if (round)
-          RoundToHalfInPlace(bk.data(), bk.size()), RoundToHalfInPlace(bv.data(), bv.size());
+        DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(),
+                        values ? bv.data() : nullptr);
+        if (round) RoundToHalfInPlace(bk.data(), bk.size());
+        if (round && values) RoundToHalfInPlace(bv.data(), bv.size());
       }
       std::memcpy(kd, &bk[t * d], sizeof(float) * d);
-      std::memcpy(vd, &bv[t * d], sizeof(float) * d);
+      if (values) std::memcpy(vd, &bv[t * d], sizeof(float) * d);
     } else {
       // The SIMD LoadRow (KvTensorView::LoadRow converts element by element).
       LoadRow(k.RowBytes(j - old, h), d, k.dtype, kd);
@@ -257,10 +260,12 @@ struct KvSequence::LayerPrep {
   // where have_all / have_records say.
   std::vector<float*> all_k{}, all_v{};
   std::vector<bool> have_all{};      // The rows past the records are decoded (all_k/all_v).
-  std::vector<bool> have_records{};  // The records' rows too.
-  std::vector<int64_t> budget{};     // Per head, with eviction.
-  bool have_q = false;               // Query rows to score with.
-  int64_t obs = 0;                   // Observation rows among them.
+  std::vector<bool> have_records{};  // The records' K rows too.
+  // Per head, per record: its V rows are in all_v (RecordValues); empty until FullKeys.
+  std::vector<std::vector<uint8_t>> record_values{};
+  std::vector<int64_t> budget{};  // Per head, with eviction.
+  bool have_q = false;            // Query rows to score with.
+  int64_t obs = 0;                // Observation rows among them.
   ProtectedRegions regions{};
 };
 
@@ -303,13 +308,48 @@ DecodedRows& ThreadDecodedRows() {
 }  // namespace
 
 KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
-  if (!p.have_records[h]) Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h]);
+  // Records' K only: scoring reads keys, and most records are kept whole (moved by their bytes),
+  // so their V would be decoded for nothing (about a tenth of R-KV's step at 8K).
+  if (!p.have_records[h]) {
+    Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kKeys);
+    p.record_values[h].assign(p.layer.heads[h].records.size(), 0);
+  }
   p.have_all[h] = p.have_records[h] = true;
   return KeyRows{p.all_k[h], p.layer.heads[h].count() + p.n, geometry_.head_dim};
 }
 
+void KvSequence::RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& tokens, size_t begin,
+                              size_t end) const {
+  // No record was read (or no eviction: nothing decoded): nothing of them is needed.
+  if (static_cast<size_t>(h) >= p.have_records.size() || !p.have_records[h]) return;
+  const HeadStream& head = p.layer.heads[h];
+  const int g = head.spec.block_tokens, d = geometry_.head_dim;
+  const int64_t rec_begin = head.sink_rows;
+  const int64_t rec_end = rec_begin + static_cast<int64_t>(head.records.size()) * g;
+  std::vector<uint8_t>& done = p.record_values[h];
+  std::vector<float> bk, bv;
+  for (size_t i = begin; i < end; ++i) {
+    const int64_t j = tokens[i];
+    if (j < rec_begin || j >= rec_end) continue;
+    const auto r = static_cast<size_t>((j - rec_begin) / g);
+    if (done[r] != 0) continue;
+    done[r] = 1;
+    bk.resize(static_cast<size_t>(g) * d);
+    bv.resize(bk.size());
+    const float* norms =
+        p.layer.norms.size() > 0 ? reinterpret_cast<const float*>(p.layer.norms.Slot(r)) : nullptr;
+    // The same decode and rounding as Materialize's, so the values are those it would have made.
+    DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(), bv.data());
+    if (!p.layer.plan.lossless) RoundToHalfInPlace(bv.data(), bv.size());
+    std::memcpy(p.all_v[h] + (rec_begin + static_cast<int64_t>(r) * g) * d, bv.data(),
+                sizeof(float) * bv.size());
+  }
+}
+
 void KvSequence::RowsPastRecords(LayerPrep& p, int h) const {
-  if (!p.have_all[h]) Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], false);
+  if (!p.have_all[h]) {
+    Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kZeros);
+  }
   p.have_all[h] = true;
 }
 
@@ -583,6 +623,7 @@ void KvSequence::PlanHeadRecords(LayerPrep& p, int h, const std::vector<uint8_t>
         ph.decoded_tokens -= static_cast<uint64_t>(g);
         ph.record_plan.push_back(PreparedHead::kMovedRecord);
       } else {
+        RecordValues(p, h, *loose, packed, packed + g);
         AppendRowsAsHalves(p.all_k[h], d, *loose, packed, packed + g, &ph.qk);
         AppendRowsAsHalves(p.all_v[h], d, *loose, packed, packed + g, &ph.qv);
         ph.record_plan.push_back(PreparedHead::kNewRecord);
@@ -647,6 +688,7 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   const int l_rows = static_cast<int>(loose->size());
   // A lossless layer never flushes, evicting or not: its rows stay exactly as appended.
   const int flushed = untouched || lossless ? 0 : l_rows / rules.flush_tokens * rules.flush_tokens;
+  RecordValues(p, h, *loose, 0, loose->size());
   AppendRowsAsHalves(p.all_k[h], d, *loose, 0, static_cast<size_t>(flushed), &ph.qk);
   AppendRowsAsHalves(p.all_v[h], d, *loose, 0, static_cast<size_t>(flushed), &ph.qv);
   for (int b = 0; b < flushed / std::max(g, 1); ++b) {
@@ -746,6 +788,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
       p.all_k[h] = decoded.k[h].data(), p.all_v[h] = decoded.v[h].data();
     p.have_all.assign(heads, false);
     p.have_records.assign(heads, false);
+    p.record_values.resize(heads);
     p.have_q = out->queries.total > 0;
     p.obs = std::min<int64_t>(ev.obs_window, out->queries.total);
     p.regions = {.sinks = ev.sinks, .recent = ev.window};

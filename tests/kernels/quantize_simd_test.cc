@@ -426,6 +426,50 @@ TEST_CASE("SIMD codecs: arbitrary record bytes decode like the reference", "[ker
   }
 }
 
+TEST_CASE("DequantizeBlock without v_out decodes K alone, the same floats", "[kernels]") {
+  // The eviction scorers decode keys only. Every method and width, the reference and every SIMD
+  // level: K equal to a full decode's bit for bit, and nothing written anywhere else (a canary
+  // after K; there is no V buffer to write).
+  std::mt19937 rng(9);
+  std::vector<SimdLevel> levels = Levels();
+  levels.insert(levels.begin(), SimdLevel::kScalar);
+  SimdLevelGuard guard;
+  for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
+                        QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
+    for (const auto& bits : kBitPairs) {
+      if (m == QuantMethod::kTurbo && (bits[0] == 8 || bits[1] == 8)) continue;
+      if (m == QuantMethod::kFp16 && bits[0] != kBitPairs[0][0]) continue;
+      const QuantSpec spec = m == QuantMethod::kFp16 ? Spec(m, 64, 32, 16, 16, 32, 64)
+                                                     : Spec(m, 64, 48, bits[0], bits[1], 16, 8);
+      const size_t n = static_cast<size_t>(spec.block_tokens) * spec.head_dim;
+      std::vector<float> k(n), v(n), norms(spec.block_tokens);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      for (float& x : norms) x = 1.0f + std::abs(normal(rng));
+      std::vector<uint8_t> rec(BlockLayoutOf(spec).record_bytes);
+      REQUIRE(QuantizeBlockRef(spec, {k.data(), v.data(), spec.head_dim, norms.data()}, rec.data())
+                  .ok());
+      for (SimdLevel level : levels) {
+        INFO(QuantMethodName(m) << " bits " << bits[0] << "/" << bits[1] << " simd "
+                                << SimdLevelName(level));
+        REQUIRE(SetSimdLevel(level).ok());
+        std::vector<float> full_k(n), full_v(n), alone(n + 16, 42.0f);
+        DequantizeBlock(spec, rec.data(), norms.data(), full_k.data(), full_v.data());
+        DequantizeBlock(spec, rec.data(), norms.data(), alone.data(), nullptr);
+        CHECK(SameFloats(full_k, {alone.begin(), alone.begin() + static_cast<std::ptrdiff_t>(n)},
+                         false));
+        for (size_t i = n; i < alone.size(); ++i) CHECK(alone[i] == 42.0f);
+        if (level == SimdLevel::kScalar) {
+          std::vector<float> ref(n);
+          DequantizeBlockRef(spec, rec.data(), norms.data(), ref.data(), nullptr);
+          CHECK(SameFloats(full_k, ref, false));
+        }
+      }
+    }
+  }
+}
+
 // What the SIMD tests above compare depends on DetectSimdLevel: if it under-reported the CPU (a
 // wrong CPUID bit), every SIMD test would quietly run a narrower path. Its CPUID reading is
 // checked against the flags Linux lists.

@@ -16,6 +16,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/half.h"
 #include "controller/config/config.h"
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/kv_sequence.h"
@@ -567,15 +568,20 @@ TEST_CASE("Eviction: token-separable records re-pack kept tokens without changin
   // groups span tokens, re-quantizes every re-packed token.
   const int d = 32, total = 120;
   const Stream s(1, total, 1, 2, d, 21);
-  for (QuantMethod m : {QuantMethod::kTurbo, QuantMethod::kQuaRot, QuantMethod::kKivi}) {
-    INFO(QuantMethodName(m));
+  // Flush 32: a remainder waits in the fp16 tail (flush 8 quantizes it again at once).
+  for (const auto& [m, flush] : {std::pair{QuantMethod::kTurbo, 8},
+                                 {QuantMethod::kQuaRot, 8},
+                                 {QuantMethod::kKivi, 8},
+                                 {QuantMethod::kTurbo, 32},
+                                 {QuantMethod::kKivi, 32}}) {
+    INFO(QuantMethodName(m) << " flush " << flush);
     auto pool = testing::MakeTestPool(4 << 20, 4096);
     EvictionSettings settings = Settings(EvictPolicy::kSnapKV, 48, 4, 8, 8);
     settings.compression_period = 8;
-    KvSequence seq(pool.get(), F32Geometry(1, 1, d, 2), Plans(1, 1, m, d, false, 8, 8, 4),
+    KvSequence seq(pool.get(), F32Geometry(1, 1, d, 2), Plans(1, 1, m, d, false, 8, flush, 4),
                    settings);
     std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> decoded;
-    int changed = 0;
+    int changed = 0, to_tail = 0;
     for (int t = 0; t < total; ++t) {
       REQUIRE(s.Append(seq, t, 1).ok());
       const HeadBlocks b = seq.Blocks(0, 0);
@@ -590,11 +596,29 @@ TEST_CASE("Eviction: token-separable records re-pack kept tokens without changin
         if (!inserted && (it->second.first != k || it->second.second != v)) ++changed;
         it->second = {k, v};
       }
-      // Positions that left the records without being evicted went back to the fp16 tail.
+      // Positions that left the records without being evicted went back to the fp16 tail, as
+      // the fp16 rounding of their last decoded K and V (the compaction decodes the V of such a
+      // record only when it needs it: KvSequence::RecordValues).
+      std::map<int64_t, size_t> row_of;
+      for (size_t i = 0; i < dense.positions.size(); ++i) row_of[dense.positions[i]] = i;
       for (auto it = decoded.begin(); it != decoded.end();) {
-        it = in_records.count(it->first) ? std::next(it) : decoded.erase(it);
+        if (in_records.count(it->first)) {
+          ++it;
+          continue;
+        }
+        const auto row = row_of.find(it->first);
+        if (row != row_of.end()) {
+          const auto at = static_cast<std::ptrdiff_t>(row->second) * d;
+          for (int c = 0; c < d; ++c) {
+            CHECK(dense.k[at + c] == HalfToFloat(FloatToHalf(it->second.first[c])));
+            CHECK(dense.v[at + c] == HalfToFloat(FloatToHalf(it->second.second[c])));
+          }
+          ++to_tail;
+        }
+        it = decoded.erase(it);
       }
     }
+    if (flush == 32) CHECK(to_tail > 0);
     const HeadUsage u = seq.HeadUsageOf(0, 0);
     CHECK(u.evicted_tokens > 0);
     CHECK(u.compressions > 0);
