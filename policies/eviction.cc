@@ -57,13 +57,13 @@
 // within e^(+-2 eps); for that, the logits run on integer SIMD at about twice the float rate with
 // half the bytes of keys. H2O and the mass metric keep float logits (kernels/dot.h DotRef's order,
 // the same bits on every CPU): one query token per step would not pay for the unit rows.
-// [ours] The unit keys are rounded to int16, round(u * 2^14), and S_ij is their exact int32 dot
-// product times 2^-28: a cosine off by at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64; about 3e-5
-// typically, the rounding errors of 2^-15 or less per element having random signs), in exchange for
-// integer SIMD (half the loads and half the vector operations of float products) and exact column
-// sums in int64, which any order of the additions gives with the same bits, so they vectorise, and
-// a sum kept between compressions and updated for the rows that changed would equal a recomputed
-// one. The mean is then col * 2^-28 / T in double.
+// [ours] The unit keys are rounded to int16, round(k * (2^14 / norm)), and S_ij is their exact
+// int32 dot product times 2^-28: a cosine off by at most sqrt(D) 2^-14 + D 2^-30 (5e-4 at D = 64;
+// about 3e-5 typically, the rounding errors of 2^-15 or less per element having random signs), in
+// exchange for integer SIMD (half the loads and half the vector operations of float products) and
+// exact column sums in int64, which any order of the additions gives with the same bits, so they
+// vectorise, and a sum kept between compressions and updated for the rows that changed would equal
+// a recomputed one. The mean is then col * 2^-28 / T in double.
 #include "policies/eviction.h"
 
 #include <algorithm>
@@ -222,14 +222,16 @@ struct FloatLogits {
   }
 };
 // Unit rows (R-KV and SnapKV): the exact int32 dot of the unit rows, then
-// float(dot) * ((norm_q * norm_k) * 2^-28) in float, in that order. The scaling by 2^-28 is exact
-// (norms are >= 1e-8, so the product stays far from float's subnormals).
+// float(dot) * float(norm_q * norm_k * 2^-28). The norms' product is exact in double and the
+// scaling by 2^-28 too, so the one rounding to float is that of the float product scaled, without
+// its overflow for huge (finite) queries; norms are >= 1e-8, far from float's subnormals.
 struct UnitLogits {
   const UnitRows& keys;
   const UnitRows& q;
   std::vector<int32_t>* dots;
   static float LogitOf(int32_t dot, float qn, float kn) {
-    return static_cast<float>(dot) * ((qn * kn) * 0x1p-28f);
+    return static_cast<float>(dot) *
+           static_cast<float>(static_cast<double>(qn) * static_cast<double>(kn) * 0x1p-28);
   }
   void Fill(int64_t first, int64_t rows, int64_t key_begin, int64_t count, float* out,
             int64_t ld) const {
