@@ -222,16 +222,16 @@ struct FloatLogits {
   }
 };
 // Unit rows (R-KV and SnapKV): the exact int32 dot of the unit rows, then
-// float(dot) * float(norm_q * norm_k * 2^-28). The norms' product is exact in double and the
-// scaling by 2^-28 too, so the one rounding to float is that of the float product scaled, without
-// its overflow for huge (finite) queries; norms are >= 1e-8, far from float's subnormals.
+// float(dot) * (norm_q * (norm_k * 2^-28)) in float. norm_k * 2^-28 is exact (norms are >= 1e-8,
+// far from float's subnormals), so the product is the one rounding of norm_q norm_k 2^-28, and it
+// overflows only where that value does (multiplying the norms first would overflow for huge
+// finite queries).
 struct UnitLogits {
   const UnitRows& keys;
   const UnitRows& q;
   std::vector<int32_t>* dots;
   static float LogitOf(int32_t dot, float qn, float kn) {
-    return static_cast<float>(dot) *
-           static_cast<float>(static_cast<double>(qn) * static_cast<double>(kn) * 0x1p-28);
+    return static_cast<float>(dot) * (qn * (kn * 0x1p-28f));
   }
   void Fill(int64_t first, int64_t rows, int64_t key_begin, int64_t count, float* out,
             int64_t ld) const {
