@@ -208,8 +208,7 @@ TEST_CASE("SnapKV/R-KV: logits from int16 unit rows stay within their bound", "[
   for (int64_t c = 0; c < d; ++c) keys[5 * d + c] = 1e-6f * static_cast<float>(c % 3);
   std::vector<float> q(static_cast<size_t>(m * g * d));
   for (float& x : q) x = 1.5f * normal(rng);
-  auto scores =
-      ScoreSnapKV({keys.data(), t_n, d}, Queries(q, m, g, d), {0, recent}, {.kernel = 1});
+  auto scores = ScoreSnapKV({keys.data(), t_n, d}, Queries(q, m, g, d), {0, recent}, {.kernel = 1});
   REQUIRE(scores.ok());
 
   const int64_t n = t_n - recent;
