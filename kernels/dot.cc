@@ -58,8 +58,20 @@ int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n) {
   return static_cast<int32_t>(sum);
 }
 
+bool CpuHasAvx512Vnni() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return has;
+}
+
 void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                     int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
+  if (ActiveSimdLevel() == SimdLevel::kAvx512 && CpuHasAvx512Vnni()) {
+    simd::DotRowsManyI16Avx512Vnni(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+    return;
+  }
   if (ActiveSimdLevel() != SimdLevel::kScalar) {
     simd::DotRowsManyI16Avx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;

@@ -47,7 +47,8 @@ void DotRowsMany(const float* a, int64_t a_stride, int64_t a_count, const float*
 int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n);
 
 // DotRowsMany on int16 rows: out[q * out_stride + r] = DotI16Ref(a + q * a_stride,
-// rows + r * stride, n), on the active SIMD level. Same layout rules as DotRowsMany, strides in
+// rows + r * stride, n), on the active SIMD level (AVX2; AVX-512 VNNI at the AVX-512 level when
+// the CPU has it). Same layout rules as DotRowsMany, strides in
 // elements; DotI16Ref's requirements on every pair.
 void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                     int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
@@ -75,7 +76,15 @@ void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, con
                         int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 void UnitRowsI16Avx2(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
                      int16_t* unit, float* norm);
+// DotRowsManyI16 with AVX-512 VNNI (kernels/dot_avx512.cc); only called at the AVX-512 level on a
+// CPU with VNNI (CpuHasAvx512Vnni).
+void DotRowsManyI16Avx512Vnni(const int16_t* a, int64_t a_stride, int64_t a_count,
+                              const int16_t* rows, int64_t stride, int64_t count, int64_t n,
+                              int32_t* out, int64_t out_stride);
 }  // namespace simd
+
+// Whether this CPU has AVX-512 VNNI (vpdpwssd), which DotRowsManyI16 uses at the AVX-512 level.
+bool CpuHasAvx512Vnni();
 
 }  // namespace kvctl
 
