@@ -211,14 +211,8 @@ struct FloatLogits {
   void Fill(int64_t first, int64_t rows, int64_t key_begin, int64_t count, float* out,
             int64_t ld) const {
     const int64_t d = keys.head_dim;
-    const float* row0 = q.rows.data() + first * d;
-    if (key_begin == 0) {
-      DotRowsMany(row0, d, rows, keys.data, d, count, d, out, ld);
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      DotRows(row0 + r * d, keys.data + key_begin * d, d, count, d, out + r * ld + key_begin);
-    }
+    DotRowsMany(q.rows.data() + first * d, d, rows, keys.data + key_begin * d, d, count, d,
+                out + key_begin, ld);
   }
 };
 // Unit rows (R-KV and SnapKV): the exact int32 dot of the unit rows, then
@@ -238,14 +232,7 @@ struct UnitLogits {
     const int64_t d = keys.d;
     dots->resize(static_cast<size_t>(rows * ld));
     int32_t* dot = dots->data();
-    if (key_begin == 0) {
-      DotRowsManyI16(q.Row(first), d, rows, keys.Row(0), d, count, d, dot, ld);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) {
-        DotRowsManyI16(q.Row(first + r), d, 1, keys.Row(key_begin), d, count, d,
-                       dot + r * ld + key_begin, ld);
-      }
-    }
+    DotRowsManyI16(q.Row(first), d, rows, keys.Row(key_begin), d, count, d, dot + key_begin, ld);
     for (int64_t r = 0; r < rows; ++r) {
       const float qn = q.norm[first + r];
       const int32_t* in = dot + r * ld;
@@ -261,8 +248,8 @@ struct UnitLogits {
 // logits[h * ld + j] is the logit of query row (i, h) and key j for head h < g and key
 // j < counts[i] (counts non-decreasing in i), from `source`. Tokens go in chunks whose rows (g per
 // token) fill the dot kernels' blocks of four, so the keys are read once per four rows: the keys
-// a whole chunk sees in one call, each token's later keys row by row. Every logit is the source's
-// whichever call computes it; the buffer is O(lcm(4, g) T).
+// a whole chunk sees in one call, each token's later keys in one call for its g rows. Every logit
+// is the source's whichever call computes it; the buffer is O(lcm(4, g) T).
 template <typename Source, typename Visit>
 void ForEachQueryLogits(const Source& source, int64_t m, int64_t g,
                         const std::vector<int64_t>& counts, std::vector<float>& chunk,

@@ -38,6 +38,16 @@ void SampleQuality(const QuantSpec& spec, const BlockInput& in, const uint8_t* r
   out->v_rel_error = rv > 0 ? ev / rv : 0;
 }
 
+// One record's rows as the scorers and a re-pack read them: decoded (V only when v is not null),
+// then rounded to fp16 values unless the layer is lossless (round false). Materialize and
+// RecordValues both decode through this, so a V decoded later equals one decoded with its K.
+void DecodeRecordRounded(const QuantSpec& spec, const uint8_t* record, const float* norms,
+                         bool round, float* k, float* v, size_t elems) {
+  DequantizeBlock(spec, record, norms, k, v);
+  if (round) RoundToHalfInPlace(k, elems);
+  if (round && v != nullptr) RoundToHalfInPlace(v, elems);
+}
+
 // Appends the fp32 rows `rows[i] * d` of src, i in [begin, end), as fp16. Exact for the rows a
 // flush quantizes: a quantized layer's values are fp16 already (stored rows, or decoded and
 // rounded by Materialize).
@@ -229,10 +239,8 @@ void KvSequence::Materialize(const LayerState& layer, int h, int64_t from, const
         bv.resize(record_elems);
         const float* norms =
             layer.norms.size() > 0 ? reinterpret_cast<const float*>(layer.norms.Slot(r)) : nullptr;
-        DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(),
-                        values ? bv.data() : nullptr);
-        if (round) RoundToHalfInPlace(bk.data(), bk.size());
-        if (round && values) RoundToHalfInPlace(bv.data(), bv.size());
+        DecodeRecordRounded(head.spec, head.records.Slot(r), norms, round, bk.data(),
+                            values ? bv.data() : nullptr, record_elems);
       }
       std::memcpy(kd, &bk[t * d], sizeof(float) * d);
       if (values) std::memcpy(vd, &bv[t * d], sizeof(float) * d);
@@ -338,9 +346,8 @@ void KvSequence::RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& t
     bv.resize(bk.size());
     const float* norms =
         p.layer.norms.size() > 0 ? reinterpret_cast<const float*>(p.layer.norms.Slot(r)) : nullptr;
-    // The same decode and rounding as Materialize's, so the values are those it would have made.
-    DequantizeBlock(head.spec, head.records.Slot(r), norms, bk.data(), bv.data());
-    if (!p.layer.plan.lossless) RoundToHalfInPlace(bv.data(), bv.size());
+    DecodeRecordRounded(head.spec, head.records.Slot(r), norms, !p.layer.plan.lossless, bk.data(),
+                        bv.data(), bk.size());
     std::memcpy(p.all_v[h] + (rec_begin + static_cast<int64_t>(r) * g) * d, bv.data(),
                 sizeof(float) * bv.size());
   }

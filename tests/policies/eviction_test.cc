@@ -246,7 +246,9 @@ TEST_CASE("SnapKV/R-KV: logits from int16 unit rows stay within their bound", "[
     CHECK(err <= factor);
   }
   INFO("worst relative error " << worst << ", allowed " << factor);
-  CHECK(worst > 0);  // Not the float path: the int16 rows do round.
+  // Not the float path: DotRef's float logits are off by 1.3e-6 at most on this case (measured
+  // with the scorer of f417454), the int16 rows by 1.9e-3.
+  CHECK(worst > 1e-4);
 }
 
 TEST_CASE("SnapKV: the mean of per-head softmaxes over the group (SnapKV's code)", "[policies]") {
