@@ -119,6 +119,10 @@ CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& js
                   "Untimed pause before each iteration, in us: the engine's own step between "
                   "decode steps (what quant.flush_after_reply overlaps with)")
       ->capture_default_str();
+  cmd->add_option("--evict-mib", options.evict_mib,
+                  "MiB written untimed before each timed call of every side (kvctl, raw, "
+                  "handler): caches and TLB as a CPU engine's step leaves them; 0 = warm")
+      ->capture_default_str();
   cmd->add_option("--rows", options.rows,
                   "Comma-separated subset of ping, append_inline, append_staging, fetch_dense, "
                   "fetch_dense_lossless, fetch_blocks (default: all)")

@@ -444,7 +444,15 @@ struct RowOps {
   std::function<Status()> handler;
 };
 
-Status TimeOne(const std::function<Status()>& op, bool record, std::vector<double>* samples) {
+// Writes one byte per cache line of `buffer` (empty: nothing), so the next call finds the caches
+// and the TLB as a step of a CPU engine leaves them.
+void EvictCaches(std::vector<uint8_t>& buffer) {
+  for (size_t i = 0; i < buffer.size(); i += 64) buffer[i] = static_cast<uint8_t>(buffer[i] + 1);
+}
+
+Status TimeOne(const std::function<Status()>& op, bool record, std::vector<double>* samples,
+               std::vector<uint8_t>& evict) {
+  EvictCaches(evict);
   const auto t0 = Clock::now();
   Status s = op();
   const auto t1 = Clock::now();
@@ -457,20 +465,21 @@ Status TimeOne(const std::function<Status()>& op, bool record, std::vector<doubl
 Status MeasureRow(Bench& b, IpcBenchRow& row, const RawShape& shape, const RowOps& ops) {
   const RawShape raw64{{64}, {64}};
   std::vector<double> kvctl, raw_same, raw_64, handler;
+  std::vector<uint8_t> evict(static_cast<size_t>(b.options.evict_mib) << 20, 1);
   const int total = b.options.warmup + b.options.iterations;
   for (int i = 0; i < total; ++i) {
     const bool record = i >= b.options.warmup;
     if (ops.prepare) ops.prepare(i);
     if (b.options.think_us > 0)
       std::this_thread::sleep_for(std::chrono::microseconds(b.options.think_us));
-    Status s = TimeOne(ops.kvctl, record, &kvctl);
+    Status s = TimeOne(ops.kvctl, record, &kvctl, evict);
     if (!s.ok()) return Status(s.code(), internal::StrCat(row.name, ": kvctl: ", s.message()));
-    s = TimeOne([&] { return b.raw->RoundTrip(shape); }, record, &raw_same);
+    s = TimeOne([&] { return b.raw->RoundTrip(shape); }, record, &raw_same, evict);
     if (s.ok() && row.baseline_64) {
-      s = TimeOne([&] { return b.raw->RoundTrip(raw64); }, record, &raw_64);
+      s = TimeOne([&] { return b.raw->RoundTrip(raw64); }, record, &raw_64, evict);
     }
     if (!s.ok()) return Status(s.code(), internal::StrCat(row.name, ": ", s.message()));
-    s = TimeOne(ops.handler, record, &handler);
+    s = TimeOne(ops.handler, record, &handler, evict);
     if (!s.ok()) return Status(s.code(), internal::StrCat(row.name, ": handler: ", s.message()));
     // What the daemon does on a worker after the reply, untimed (the handler is the request).
     if (b.direct->HeldFlushesQueued()) b.direct->RunHeldFlushes();
@@ -640,6 +649,9 @@ Status ValidateOptions(const IpcBenchOptions& o) {
   if (o.think_us < 0 || o.think_us > 1000000) {
     return InvalidArgument("--think-us: got ", o.think_us, ", expected 0..1000000");
   }
+  if (o.evict_mib < 0 || o.evict_mib > 4096) {
+    return InvalidArgument("--evict-mib: got ", o.evict_mib, ", expected 0..4096");
+  }
   for (const std::string& r : o.rows) {
     if (std::find(std::begin(kIpcRowGroups), std::end(kIpcRowGroups), r) ==
         std::end(kIpcRowGroups)) {
@@ -719,6 +731,7 @@ StatusOr<IpcBenchReport> RunIpcBench(const IpcBenchOptions& options) {
   report.warmup = options.warmup;
   report.workers = options.workers;
   report.think_us = options.think_us;
+  report.evict_mib = options.evict_mib;
   report.quick = options.quick;
   report.pool_bytes = PoolBytesFor(options);
 

@@ -51,6 +51,10 @@ struct IpcBenchOptions {
   // requests, during which the daemon may finish work it does after a reply
   // (quant.flush_after_reply). 0 = back to back.
   int64_t think_us = 0;
+  // MiB written (untimed) by the benchmark's thread before each timed call of every side: what an
+  // engine's own step does to the caches and TLB between two decode steps when it shares the CPU
+  // (a CPU engine's weights and activations). 0 = warm, back to back.
+  int64_t evict_mib = 0;
   std::vector<std::string> rows{};  // Subset of kIpcRowGroups; empty = all.
   bool quick = false;               // Recorded in the report only.
   // KEY=VALUE config settings for both daemons, after the bench's own (e.g. pool.checksums=false).
@@ -88,7 +92,7 @@ struct IpcBenchReport {
   std::string cpu;        // /proc/cpuinfo model name.
   std::string quantizer;  // "kvarn k2v2, block 128, 128 sinks, flush 128".
   int iterations = 0, warmup = 0, workers = 0;
-  int64_t think_us = 0;
+  int64_t think_us = 0, evict_mib = 0;
   int layers = 30, kv_heads = 3, head_dim = 64;
   bool quick = false;
   uint64_t pool_bytes = 0;

@@ -64,6 +64,10 @@ std::string FormatIpcTable(const IpcBenchReport& r) {
     Appendf(&out, "think:    %lld us untimed before each iteration (the engine's step)\n",
             static_cast<long long>(r.think_us));
   }
+  if (r.evict_mib > 0) {
+    Appendf(&out, "evict:    %lld MiB written untimed before each timed call (cold caches)\n",
+            static_cast<long long>(r.evict_mib));
+  }
   out += "\n";
   Appendf(&out, "%-34s %9s %9s | %8s %8s | %8s %8s %-5s | %6s %6s %-6s | %8s %8s %9s\n", "row",
           "req B", "reply B", "kvctl50", "kvctl99", "raw50", "raw99", "raw", "ratio", "target",
@@ -104,6 +108,7 @@ std::string FormatIpcJson(const IpcBenchReport& r) {
   Appendf(&s, "  \"iterations\": %d,\n  \"warmup\": %d,\n  \"workers\": %d,\n", r.iterations,
           r.warmup, r.workers);
   Appendf(&s, "  \"think_us\": %lld,\n", static_cast<long long>(r.think_us));
+  Appendf(&s, "  \"evict_mib\": %lld,\n", static_cast<long long>(r.evict_mib));
   Appendf(&s,
           "  \"geometry\": {\"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
           "\"dtype\": \"float16\"},\n",

@@ -154,6 +154,27 @@ TEST_CASE("KvbenchIpc: --rows selects row groups", "[tools]") {
   CHECK(report->daemon_requests == 3);
 }
 
+TEST_CASE("KvbenchIpc: --evict-mib runs every side after the caches were written over",
+          "[tools]") {
+  StatusOr<IpcBenchReport> report = RunIpcBench({.iterations = 3,
+                                                 .warmup = 1,
+                                                 .fetch_tokens = {200},
+                                                 .evict_mib = 1,
+                                                 .rows = {"ping", "append_staging"}});
+  INFO(report.status().message());
+  REQUIRE(report.ok());
+  CHECK(report->evict_mib == 1);
+  REQUIRE(report->rows.size() == 2);
+  for (const IpcBenchRow& row : report->rows) {
+    INFO(row.group);
+    CHECK(row.kvctl.n == 3);
+    CHECK(row.handler.n == 3);
+    CHECK(row.raw_64.n == 3);
+  }
+  CHECK(report->daemon_errors == 0);
+  CHECK(FormatIpcJson(*report).find("\"evict_mib\": 1,") != std::string::npos);
+}
+
 TEST_CASE("KvbenchIpc: bad options are refused with the flag named", "[tools]") {
   const std::vector<std::pair<IpcBenchOptions, std::string>> cases = {
       {{.iterations = 0}, "--iterations: got 0"},
@@ -162,6 +183,8 @@ TEST_CASE("KvbenchIpc: bad options are refused with the flag named", "[tools]") 
       {{.fetch_tokens = {1024, 0}}, "--tokens: got 0"},
       {{.prefill_chunk = 0}, "--prefill-chunk: got 0"},
       {{.workers = 65}, "--workers: got 65"},
+      {{.evict_mib = -1}, "--evict-mib: got -1"},
+      {{.evict_mib = 4097}, "--evict-mib: got 4097"},
       {{.rows = {"fetch_dense", "bogus"}}, "--rows: got \"bogus\""},
   };
   for (const auto& [options, message] : cases) {
