@@ -154,8 +154,7 @@ TEST_CASE("KvbenchIpc: --rows selects row groups", "[tools]") {
   CHECK(report->daemon_requests == 3);
 }
 
-TEST_CASE("KvbenchIpc: --evict-mib runs every side after the caches were written over",
-          "[tools]") {
+TEST_CASE("KvbenchIpc: --evict-mib runs every side after the caches were written over", "[tools]") {
   StatusOr<IpcBenchReport> report = RunIpcBench({.iterations = 3,
                                                  .warmup = 1,
                                                  .fetch_tokens = {200},
