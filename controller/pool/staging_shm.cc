@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <new>
 
 namespace kvctl {
 namespace {
@@ -106,6 +107,29 @@ int StagingObjects::RemoveLeftovers() const {
     }
   }
   return removed;
+}
+
+StatusOr<const uint8_t*> StagingSnapshot::Copy(const StagingObject& object, uint64_t offset,
+                                               uint64_t bytes) {
+  KVCTL_CHECK(offset <= object.bytes() && bytes <= object.bytes() - offset);
+  if (bytes > capacity_) {
+    data_.reset();  // The old copy first: two at once could exceed what the host has.
+    capacity_ = 0;
+    data_.reset(new (std::nothrow) uint8_t[bytes]);
+    if (!data_) {
+      return ResourceExhausted("APPEND: no host memory for a private copy of ", bytes,
+                               " staged bytes");
+    }
+    capacity_ = bytes;
+  }
+  std::memcpy(data_.get(), object.data() + offset, bytes);
+  return data_.get();
+}
+
+void StagingSnapshot::Trim() {
+  if (capacity_ <= kRetainBytes) return;
+  data_.reset();
+  capacity_ = 0;
 }
 
 }  // namespace kvctl

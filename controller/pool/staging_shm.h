@@ -16,6 +16,8 @@
 //   StagingObjects staging("/kvctl-pool", 4, 8 << 20);
 //   std::shared_ptr<StagingObject> mine = staging.Acquire();  // Null when every slot is taken.
 //   reply.staging_shm_name = mine->name();
+//
+// StagingSnapshot: what an APPEND reads of a staging object, copied out first (see the class).
 #ifndef KVCTL_CONTROLLER_POOL_STAGING_SHM_H_
 #define KVCTL_CONTROLLER_POOL_STAGING_SHM_H_
 
@@ -46,6 +48,32 @@ class StagingObject {
   const std::string name_;
   uint8_t* const base_;
   const uint64_t bytes_;
+};
+
+// A private copy of the bytes one APPEND reads from its session's staging object. The engine
+// maps its object read-write and may rewrite it at any moment, even while the daemon handles the
+// APPEND (a buggy or hostile engine can): bytes checked in place and read again to be stored can
+// differ between the two reads, and a non-finite row that passed the check would then sit in the
+// pool, where every later flush of the sequence refuses it (docs/reliability.md "A slot rewritten
+// during its APPEND"). So APPEND copies the bytes once and reads only the copy.
+//
+// Thread safety: none; one per thread that handles APPENDs (each handles one at a time). A copy
+// of at most kRetainBytes (a decode step's rows: tens of KiB) is kept for the next APPEND;
+// Trim gives back a larger one (a prefill chunk, up to pool.staging_bytes_per_session).
+class StagingSnapshot {
+ public:
+  static constexpr uint64_t kRetainBytes = uint64_t{1} << 20;
+
+  // Copies bytes [offset, offset + bytes) of `object` and returns the copy, valid until the next
+  // Copy or Trim. RESOURCE_EXHAUSTED when the memory for it cannot be had.
+  // REQUIRES: offset + bytes <= object.bytes() (the caller checked the span against the slot).
+  StatusOr<const uint8_t*> Copy(const StagingObject& object, uint64_t offset, uint64_t bytes);
+  // Frees a copy larger than kRetainBytes.
+  void Trim();
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  uint64_t capacity_ = 0;
 };
 
 class StagingObjects {

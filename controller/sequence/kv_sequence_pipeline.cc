@@ -21,6 +21,10 @@
 namespace kvctl {
 namespace {
 
+bool Dense(const KvTensorView& view) {
+  return view.head_stride == view.head_dim && view.token_stride == view.heads * view.head_dim;
+}
+
 // Every element finite and, for rows stored as fp16, within fp16's range. The error names the
 // first bad element.
 Status CheckStorable(const KvTensorView& view, const char* name, int layer, bool half_range) {
@@ -30,7 +34,7 @@ Status CheckStorable(const KvTensorView& view, const char* name, int layer, bool
     return half_range ? FirstOutsideHalf(view.dtype, src, n) : FirstNonFinite(view.dtype, src, n);
   };
   const size_t row = static_cast<size_t>(view.head_dim);
-  if (view.head_stride == view.head_dim && view.token_stride == view.heads * view.head_dim) {
+  if (Dense(view)) {
     const size_t n = row * static_cast<size_t>(view.heads * view.tokens);
     if (outside(view.RowBytes(0, 0), n) == n) return OkStatus();
   }
@@ -53,6 +57,40 @@ Status CheckStorable(const KvTensorView& view, const char* name, int layer, bool
         }
       }
     }
+  }
+  return OkStatus();
+}
+
+// Every view of `views` storable (CheckStorable), views [l, l + 1) with half_range(l). Views that
+// lie end to end (a staged or inline APPEND's layers do) with the same range are scanned in one
+// call: a decode step's layers are small, and a call per layer cost more than the scan.
+template <typename HalfRange>
+Status CheckStorableLayers(const std::vector<KvTensorView>& views, const char* name,
+                           HalfRange half_range) {
+  const int layers = static_cast<int>(views.size());
+  for (int first = 0; first < layers;) {
+    const bool range = half_range(first);
+    const KvTensorView& head = views[first];
+    size_t elements = head.ElementCount();
+    int end = first + 1;
+    if (Dense(head)) {
+      for (; end < layers && Dense(views[end]) && views[end].dtype == head.dtype &&
+             half_range(end) == range &&
+             views[end].data ==
+                 static_cast<const char*>(head.data) + elements * DTypeSize(head.dtype);
+           ++end) {
+        elements += views[end].ElementCount();
+      }
+    }
+    const size_t first_bad = range ? FirstOutsideHalf(head.dtype, head.data, elements)
+                                   : FirstNonFinite(head.dtype, head.data, elements);
+    if (end == first + 1 || first_bad < elements) {
+      // One view, or a bad element somewhere in the run: the layer's own check names it.
+      for (int l = first; l < end; ++l) {
+        KVCTL_RETURN_IF_ERROR(CheckStorable(views[l], name, l, half_range(l)));
+      }
+    }
+    first = end;
   }
   return OkStatus();
 }
@@ -88,14 +126,14 @@ StatusOr<int64_t> KvSequence::ValidateAppend(int64_t first_position,
   }
   const int64_t n = k[0].tokens;
   for (int l = 0; l < layers; ++l) {
-    for (const KvTensorView* view : {&k[l], &v[l]}) {
-      const char* name = view == &k[l] ? "k" : "v";
-      KVCTL_RETURN_IF_ERROR(CheckShape(*view, name, l, n, geometry_.kv_heads, geometry_.head_dim));
-      // Rows of a quantized layer are stored as fp16 before they are quantized: refuse what
-      // fp16 cannot hold too.
-      KVCTL_RETURN_IF_ERROR(CheckStorable(*view, name, l, !layers_[l]->plan.lossless));
-    }
+    KVCTL_RETURN_IF_ERROR(CheckShape(k[l], "k", l, n, geometry_.kv_heads, geometry_.head_dim));
+    KVCTL_RETURN_IF_ERROR(CheckShape(v[l], "v", l, n, geometry_.kv_heads, geometry_.head_dim));
   }
+  // Rows of a quantized layer are stored as fp16 before they are quantized: refuse what fp16
+  // cannot hold too.
+  const auto half_range = [this](int l) { return !layers_[l]->plan.lossless; };
+  KVCTL_RETURN_IF_ERROR(CheckStorableLayers(k, "k", half_range));
+  KVCTL_RETURN_IF_ERROR(CheckStorableLayers(v, "v", half_range));
   if (n > (int64_t{1} << 30)) return InvalidArgument("tokens: got ", n, ", expected <= 2^30");
   if (q == nullptr && eviction_.NeedsQ()) {
     return InvalidArgument(
@@ -109,10 +147,9 @@ StatusOr<int64_t> KvSequence::ValidateAppend(int64_t first_position,
                            ", expected ", layers, " layers and q_heads > 0");
   }
   for (int l = 0; l < layers; ++l) {
-    const KvTensorView& view = (*q)[l];
-    KVCTL_RETURN_IF_ERROR(CheckShape(view, "q", l, n, geometry_.q_heads, geometry_.head_dim));
-    KVCTL_RETURN_IF_ERROR(CheckStorable(view, "q", l, /*half_range=*/false));
+    KVCTL_RETURN_IF_ERROR(CheckShape((*q)[l], "q", l, n, geometry_.q_heads, geometry_.head_dim));
   }
+  KVCTL_RETURN_IF_ERROR(CheckStorableLayers(*q, "q", [](int) { return false; }));
   return n;
 }
 

@@ -249,20 +249,22 @@ TEST_CASE("Convert: the range checks classify every pattern as the reference doe
     for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
       INFO("level " << SimdLevelName(level) << ", dtype " << DTypeName(dtype));
       // One element at a time, each at a varying position in a run of fine values, so every
-      // pattern passes both the vector body and the scalar tail.
+      // pattern passes the blocked vector body (8 vectors per test), the single vectors after
+      // it and the scalar tail.
       const size_t count = dtype == DType::kF32 ? f32.size() : all.size();
       const size_t width = DTypeSize(dtype);
-      std::vector<uint8_t> run(width * 41, 0);  // Zeros: finite and in range.
+      constexpr size_t kRun = 301;
+      std::vector<uint8_t> run(width * kRun, 0);  // Zeros: finite and in range.
       size_t mismatches = 0, bad_seen = 0;
       for (size_t i = 0; i < count; ++i) {
         const uint32_t bits = dtype == DType::kF32 ? f32[i] : all[i];
-        const size_t at = i % 41;
+        const size_t at = i % kRun;
         std::memcpy(&run[width * at], &bits, width);
-        const size_t want_finite = Finite(dtype, bits) ? 41 : at;
-        const size_t want_half = FitsHalfRange(dtype, bits) ? 41 : at;
-        bad_seen += want_half != 41;
-        mismatches += FirstNonFinite(dtype, run.data(), 41) != want_finite;
-        mismatches += FirstOutsideHalf(dtype, run.data(), 41) != want_half;
+        const size_t want_finite = Finite(dtype, bits) ? kRun : at;
+        const size_t want_half = FitsHalfRange(dtype, bits) ? kRun : at;
+        bad_seen += want_half != kRun;
+        mismatches += FirstNonFinite(dtype, run.data(), kRun) != want_finite;
+        mismatches += FirstOutsideHalf(dtype, run.data(), kRun) != want_half;
         std::memset(&run[width * at], 0, width);
       }
       CHECK(bad_seen > 1000);
@@ -277,21 +279,21 @@ TEST_CASE("Convert: the range checks name the first bad element, not a later one
   SimdLevelGuard guard;
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
-    for (size_t first = 0; first < 70; ++first) {
+    for (size_t first = 0; first < 300; ++first) {
       INFO("level " << SimdLevelName(level) << ", first bad at " << first);
-      std::vector<float> f(100, 1.0f);
+      std::vector<float> f(330, 1.0f);
       f[first] = 70000.0f;  // Finite, outside fp16.
       f[first + 5] = BitsToFloat(0x7FC00000u);
       f[first + 20] = BitsToFloat(0x7F800000u);
       CHECK(FirstOutsideHalf(DType::kF32, f.data(), f.size()) == first);
       CHECK(FirstNonFinite(DType::kF32, f.data(), f.size()) == first + 5);
       CHECK(FirstNonFinite(DType::kF32, f.data(), first + 5) == first + 5);  // n: none.
-      std::vector<uint16_t> h(100, 0x3C00u);
+      std::vector<uint16_t> h(330, 0x3C00u);
       h[first] = 0xFC00u;  // -Inf.
       h[first + 3] = 0x7E00u;
       CHECK(FirstNonFinite(DType::kF16, h.data(), h.size()) == first);
       CHECK(FirstOutsideHalf(DType::kF16, h.data(), h.size()) == first);
-      std::vector<uint16_t> b(100, 0x3F80u);
+      std::vector<uint16_t> b(330, 0x3F80u);
       b[first] = 0x4780u;  // 65536: finite bf16, outside fp16.
       b[first + 7] = 0xFF80u;
       CHECK(FirstOutsideHalf(DType::kBF16, b.data(), b.size()) == first);

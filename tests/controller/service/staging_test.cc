@@ -4,11 +4,15 @@
 // read-only to clients, each session with staging gets its own 0600 object named in HELLO, APPEND
 // reads it, the name goes when the session does, and a dead daemon's leftovers are removed.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -118,6 +122,120 @@ TEST_CASE("Staging objects: one private object per session, the pool read-only",
   StatusOr<ipc::HelloReply> again = c.Hello(Hello(), now);
   REQUIRE(again.ok());
   CHECK(again->staging_bytes == 64 << 10);
+}
+
+TEST_CASE("Staging objects: a slot rewritten during its APPENDs never puts a bad value in the pool",
+          "[controller][staging]") {
+  // A hostile engine (here a child process, as another process would be) flips elements of its
+  // slot between fine values and NaN / Inf without pause while the daemon handles APPENDs from
+  // it. Each APPEND is then either refused by name or stores what it checked: reading the slot
+  // once to check and again to store let a value refused by the check reach the pool, after
+  // which every flush of the sequence failed.
+  Config config = StagingConfig();
+  config.pool.bytes = 64 << 20;
+  config.quant.lossless = false;
+  config.quant.method = QuantMethod::kKivi;
+  config.quant.k_bits = 4;
+  config.quant.v_bits = 4;
+  config.quant.block_tokens = 32;
+  config.quant.flush_tokens = 32;
+  StatusOr<std::unique_ptr<Controller>> created = Controller::Create(config);
+  REQUIRE(created.ok());
+  Controller& c = **created;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  ipc::HelloRequest hello = Hello();
+  hello.geometry = {2, 2, 0, 32, DType::kF16};
+  StatusOr<ipc::HelloReply> session = c.Hello(hello, now);
+  INFO(session.status().ToString());
+  REQUIRE(session.ok());
+  REQUIRE(c.Open({session->session_id, 1}, now).ok());
+  const int fd = shm_open(session->staging_shm_name.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  auto* slot = static_cast<uint16_t*>(
+      mmap(nullptr, session->staging_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  REQUIRE(slot != MAP_FAILED);
+  constexpr uint32_t kTokens = 4;  // Per APPEND: 2 layers x 2 heads x 32 dims of K, then of V.
+  constexpr size_t kElements = 2 * 2 * 2 * 32 * kTokens;
+  for (size_t i = 0; i < kElements; ++i) slot[i] = FloatToHalf(std::sin(0.1f * i));
+  slot[kElements] = 0;
+  const pid_t flipper = fork();
+  REQUIRE(flipper >= 0);
+  if (flipper == 0) {
+    // Nothing of the parent's: no output, no locks; it runs until killed, or its parent dies.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(0);
+    close(STDOUT_FILENO);
+    close(STDERR_FILENO);
+    volatile uint16_t* p = slot;
+    p[kElements] = 1;  // Started: past what the APPENDs read.
+    for (uint32_t i = 0;; i = i * 1103515245u + 12345u) {
+      const size_t at = (i >> 8) % kElements;
+      const uint16_t fine = p[at];
+      p[at] = (i & 1) != 0 ? 0x7E00 : 0xFC00;  // NaN, -Inf.
+      for (int spin = 0; spin < 64; ++spin) p[(at + 1) % kElements];
+      p[at] = fine;
+      for (int spin = 0; spin < 2048; ++spin) p[(at + 1) % kElements];  // Some APPENDs pass.
+    }
+  }
+  struct KillAtExit {  // Also when a REQUIRE below ends the test early.
+    pid_t pid;
+    ~KillAtExit() {
+      if (pid <= 0) return;  // Reaped already (kill(-1, ...) would signal every process).
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } kill_flipper{flipper};
+  while (reinterpret_cast<volatile uint16_t*>(slot)[kElements] == 0) {
+  }
+  int64_t position = 0;
+  int stored = 0, refused = 0;
+  for (int i = 0; i < 3000; ++i) {
+    ipc::AppendRequest append{.session_id = session->session_id,
+                              .sequence_id = 1,
+                              .first_position = static_cast<uint64_t>(position),
+                              .n_tokens = kTokens};
+    append.source = ipc::AppendSource::kStaging;
+    StatusOr<ipc::AppendReply> r = c.Append(append, now);
+    if (c.HeldFlushesQueued()) c.RunHeldFlushes();
+    if (r.ok()) {
+      ++stored;
+      position += kTokens;
+    } else {
+      ++refused;
+      INFO(r.status().ToString());
+      REQUIRE(r.status().code() == StatusCode::kInvalidArgument);
+      REQUIRE_THAT(r.status().message(), Catch::Contains("expected a finite value") ||
+                                             Catch::Contains("beyond the fp16 range"));
+      REQUIRE_THAT(r.status().message(), !Catch::Contains("block"));  // Not a flush's refusal.
+    }
+  }
+  kill(flipper, SIGKILL);
+  REQUIRE(waitpid(flipper, nullptr, 0) == flipper);
+  kill_flipper.pid = 0;
+  // Killed perhaps between its two writes: the engine writes its next step afresh.
+  for (size_t i = 0; i < kElements; ++i) slot[i] = FloatToHalf(std::sin(0.1f * i));
+  INFO("stored " << stored << ", refused " << refused);
+  CHECK(stored > 100);
+  // The engine is quiet again: its next APPEND is taken, and everything held is finite.
+  ipc::AppendRequest last{.session_id = session->session_id,
+                          .sequence_id = 1,
+                          .first_position = static_cast<uint64_t>(position),
+                          .n_tokens = kTokens};
+  last.source = ipc::AppendSource::kStaging;
+  REQUIRE(c.Append(last, now).ok());
+  StatusOr<ipc::ReplyBody> fetched =
+      c.Fetch({session->session_id, 1, 0, 2, ipc::FetchMode::kDense, DType::kF32}, now);
+  REQUIRE(fetched.ok());
+  const auto& dense = std::get<ipc::FetchDenseReply>(*fetched);
+  std::vector<float> k(dense.k.size() / 4), v(dense.v.size() / 4);
+  std::memcpy(k.data(), dense.k.data(), dense.k.size());
+  std::memcpy(v.data(), dense.v.data(), dense.v.size());
+  CHECK(k.size() == size_t{2} * 2 * 32 * static_cast<size_t>(position + kTokens));
+  size_t bad = 0;
+  for (size_t i = 0; i < k.size(); ++i) bad += !std::isfinite(k[i]) + !std::isfinite(v[i]);
+  CHECK(bad == 0);
+  munmap(slot, session->staging_bytes);
 }
 
 TEST_CASE("Staging objects: a dead daemon's leftovers are removed at the next start",
