@@ -23,8 +23,6 @@ std::string_view DTypeName(DType dtype) {
   return "unknown";
 }
 
-size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
-
 StatusOr<DType> ParseDType(std::string_view name) {
   if (name == "float32" || name == "fp32" || name == "f32") return DType::kF32;
   if (name == "float16" || name == "fp16" || name == "f16" || name == "half") return DType::kF16;
@@ -95,11 +93,6 @@ bool RowHasBad(const char* src, int64_t n, Bits magnitude_mask, Bits limit) {
 }
 
 }  // namespace
-
-const char* KvTensorView::RowBytes(int64_t t, int64_t h) const {
-  return static_cast<const char*>(data) +
-         (t * token_stride + h * head_stride) * static_cast<int64_t>(DTypeSize(dtype));
-}
 
 bool KvTensorView::RowOutside(int64_t t, int64_t h, bool half_range) const {
   const char* src = RowBytes(t, h);

@@ -24,7 +24,7 @@ namespace kvctl {
 enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 std::string_view DTypeName(DType dtype);
-size_t DTypeSize(DType dtype);
+inline size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 StatusOr<DType> ParseDType(std::string_view name);  // "float32", "float16", "bfloat16".
 
 struct KvTensorView {
@@ -52,7 +52,10 @@ struct KvTensorView {
   // REQUIRES: valid view, indices in range.
   bool RowOutside(int64_t t, int64_t h, bool half_range) const;
   // The first byte of row (t, h). REQUIRES: valid view, indices in range.
-  const char* RowBytes(int64_t t, int64_t h) const;
+  const char* RowBytes(int64_t t, int64_t h) const {
+    return static_cast<const char*>(data) +
+           (t * token_stride + h * head_stride) * static_cast<int64_t>(DTypeSize(dtype));
+  }
   // Converts row (t, h) to fp32. REQUIRES: valid view, indices in range, out holds head_dim floats.
   void LoadRow(int64_t t, int64_t h, float* out) const;
 

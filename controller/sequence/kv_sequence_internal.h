@@ -202,6 +202,11 @@ inline void LoadRow(const void* src, int d, DType dtype, float* dst) {
 inline void StoreRequestRow(const KvTensorView& k, const KvTensorView& v, int64_t t, int64_t h,
                             DType dtype, size_t row_bytes, uint8_t* slot) {
   const auto d = static_cast<size_t>(k.head_dim);
+  if (k.dtype == dtype && v.dtype == dtype) {  // The usual case: a copy, inlined.
+    std::memcpy(slot, k.RowBytes(t, h), row_bytes);
+    std::memcpy(slot + row_bytes, v.RowBytes(t, h), row_bytes);
+    return;
+  }
   ConvertElements(k.dtype, k.RowBytes(t, h), dtype, slot, d);
   ConvertElements(v.dtype, v.RowBytes(t, h), dtype, slot + row_bytes, d);
 }

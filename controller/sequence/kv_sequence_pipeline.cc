@@ -533,8 +533,10 @@ bool KvSequence::TryAppendRows(int64_t first_position, int64_t n,
       head.tail_rows += static_cast<int>(n) - new_sinks;
       head.usage.budget = 0;
     }
-    // What Prepare does with the query rows: without eviction, only drops them when none came.
-    if (!have_q) {
+    // What Prepare does with the query rows: without eviction, only drops them when none came
+    // (and there are any to drop).
+    if (!have_q &&
+        (layer.queries.count > 0 || layer.queries.first > 0 || layer.scoring.h2o_pending > 0)) {
       PreparedQueries none;
       StartQueries(layer.queries, &none);
       TakeQueries(eviction_, nullptr, n, geometry_.q_heads, geometry_.head_dim, &layer.scoring,
