@@ -512,7 +512,8 @@ Status PageAllocator::SealPages(const std::vector<uint32_t>& pages) {
 }
 
 bool PageAllocator::SkipVerified(uint64_t key, VerifyReason reason) const {
-  return reason == VerifyReason::kFetch && fetch_verify_ == FetchVerify::kUnverified &&
+  return (reason == VerifyReason::kFetch || reason == VerifyReason::kRewrite) &&
+         fetch_verify_ == FetchVerify::kUnverified &&
          (chunk_verified_[key].load(std::memory_order_relaxed) & kVerifiedBit) != 0;
 }
 
@@ -558,7 +559,7 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
     KVCTL_CHECK(page < pages_total_);
     const uint32_t sealed = sealed_end_[page].load(std::memory_order_relaxed);
     if (chunk * kChecksumChunkBytes >= sealed || page == last_bad_page) continue;
-    if (reason == VerifyReason::kCopy &&
+    if ((reason == VerifyReason::kCopy || reason == VerifyReason::kRewrite) &&
         chunk >= verified_lo_[page].load(std::memory_order_relaxed) &&
         chunk < verified_hi_[page].load(std::memory_order_relaxed)) {
       continue;  // Checked by its first write below the seal in this request.
@@ -600,9 +601,10 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
   checksum_failures_.fetch_add(failures, std::memory_order_release);
   return DataLoss("pool: ", failures, failures == 1 ? " page" : " pages",
                   " changed outside the daemon (", bad, failures > 4 ? "; ..." : "", "); found by ",
-                  reason == VerifyReason::kScrub  ? "the scrubber"
-                  : reason == VerifyReason::kCopy ? "a slab compaction"
-                                                  : "FETCH");
+                  reason == VerifyReason::kScrub ? "the scrubber"
+                  : reason == VerifyReason::kFetch
+                      ? "FETCH"
+                      : "the check before the daemon copied or re-encoded them");
 }
 
 Status PageAllocator::VerifyPages(const std::vector<uint32_t>& pages, VerifyReason reason,
@@ -624,8 +626,8 @@ Status PageAllocator::VerifyRanges(const std::vector<PageRange>& ranges, VerifyR
                                    VerifyBudget* budget) const {
   if (!checksums_) return OkStatus();
   std::vector<uint64_t> keys;
-  const bool skip_verified =
-      reason == VerifyReason::kFetch && fetch_verify_ == FetchVerify::kUnverified;
+  const bool skip_verified = (reason == VerifyReason::kFetch || reason == VerifyReason::kRewrite) &&
+                             fetch_verify_ == FetchVerify::kUnverified;
   uint64_t last = UINT64_MAX;
   for (const PageRange& r : ranges) {
     KVCTL_CHECK(r.page < pages_total_ && r.begin < r.end && r.end <= page_bytes_);

@@ -217,18 +217,23 @@ class PageAllocator {
   bool checksums() const { return checksums_; }
   Status SealPages(const std::vector<uint32_t>& pages);
   // kCopy: the owner is about to copy bytes of the pages to another place in the middle of a
-  // request (slab compaction), where they would be sealed afresh. A chunk its owner already
-  // rewrote below the sealed end in this request was checked by that write (MarkDirty; a mismatch
-  // then is reported by SealPages and marks the owner lost) and is skipped; the others are
-  // checked now, their sealed bytes being untouched by the request so far.
-  enum class VerifyReason { kFetch, kScrub, kCopy };
+  // request (a slab compaction, a spill or fork), where they would be sealed afresh. A chunk its
+  // owner already rewrote below the sealed end in this request was checked by that write
+  // (MarkDirty; a mismatch then is reported by SealPages and marks the owner lost) and is
+  // skipped; the others are checked now, their sealed bytes being untouched by the request so far.
+  // kRewrite: the owner is about to re-encode what it reads into new slots (a flush of stored
+  // fp16 rows into records, an eviction's re-pack or move of kept tokens). As kCopy, and with
+  // FetchVerify::kUnverified chunks verified since written are skipped, the trust a FETCH gives
+  // them: a change made after that check is found by the scrubber, or by the next write to the
+  // chunk (MarkDirty checks it first), either of which marks the owner lost.
+  enum class VerifyReason { kFetch, kScrub, kCopy, kRewrite };
   // Verified since written (FetchVerify::kUnverified): every chunk carries a bit, set when a
   // FETCH's check of it passes and cleared by anything that changes what it holds or its checksum
   // (MarkDirty, SealPages, Free) and by a check that finds it changed. A kFetch check skips
   // chunks whose bit is set, so a FETCH costs the chunks written since the last FETCH (or scrub
-  // mismatch), not the sequence's length. kScrub and kCopy always check every chunk they are
-  // given: the scrubber is what finds a change made after a chunk was verified, and a copy must
-  // not launder one into a fresh checksum.
+  // mismatch), not the sequence's length; so does a kRewrite check. kScrub and kCopy always
+  // check every chunk they are given: the scrubber is what finds a change made after a chunk was
+  // verified, and a copy must not launder one into a fresh checksum.
   // A budget for a kFetch check (the daemon's I/O thread): when the chunks left to check hold
   // more than max_bytes, nothing is checked, exceeded is set and OK returned.
   struct VerifyBudget {

@@ -114,11 +114,15 @@ StatusOr<bool> KvSequence::PrepareHeldFlushStep() {
   // flush_tokens groups from its stored rows; the others prepare nothing.
   const AppendContext ctx;
   const int l = held_prep_->next_layer;
+  if (Status checked = CheckFlushedTails(ctx, l, l + 1); !checked.ok()) {
+    held_prep_.reset();
+    return MarkLost(checked);
+  }
   Status prepared = AppendLayerPrepare(l, ctx, KvTensorView{}, KvTensorView{}, nullptr,
                                        &held_prep_->layers[static_cast<size_t>(l)]);
   if (!prepared.ok()) {
     held_prep_.reset();
-    return prepared;
+    return prepared.code() == StatusCode::kDataLoss ? MarkLost(prepared) : prepared;
   }
   return ++held_prep_->next_layer == geometry_.layers;
 }

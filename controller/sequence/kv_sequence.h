@@ -443,6 +443,12 @@ class KvSequence {
   // Prepare, step by step (kv_sequence_append.cc): the budgets of the layer's heads, the H2O
   // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
   struct LayerPrep;
+  // Before a prepare reads head h's stored slots to write what it read again (decoded and
+  // re-packed, moved by their bytes, or flushed into records), checks their chunks once
+  // (PageAllocator::VerifyReason::kRewrite): a checksum taken over bytes changed behind the
+  // daemon's back would launder the change. A mismatch is kept in p.loss, which AppendLayerPrepare
+  // returns.
+  void CheckHeadSlots(LayerPrep& p, int h) const;
   KeyRows FullKeys(LayerPrep& p, int h) const;
   // The V rows (in p.all_v) of the records holding tokens[begin, end) (token indices), where
   // FullKeys decoded only K: what a re-pack or the new tail reads of partly evicted records.
@@ -469,6 +475,13 @@ class KvSequence {
                        std::vector<int64_t>* loose) const;
   void PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& keep,
                     std::vector<int64_t>* loose) const;
+  // Whether head h of layer l, evicting nothing, flushes its tail in this append (PlanHeadRows).
+  bool FlushesTail(const AppendContext& ctx, int l, int h) const;
+  // Before layers [layer_begin, layer_end) are prepared: checks (PageAllocator kRewrite) the fp16
+  // tail rows their flushes will read and quantize, so a change made behind the daemon's back is
+  // found (DATA_LOSS) instead of encoded into a record with a fresh checksum. A head that evicts
+  // has all of its slots checked when they are decoded (CheckHeadSlots).
+  Status CheckFlushedTails(const AppendContext& ctx, int layer_begin, int layer_end) const;
   // PlanHeadRows' flush of a head that evicts nothing: its stored fp16 rows from read_from on and
   // the new ones, without an fp32 copy.
   void FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const;

@@ -275,6 +275,8 @@ struct KvSequence::LayerPrep {
   bool have_q = false;            // Query rows to score with.
   int64_t obs = 0;                // Observation rows among them.
   ProtectedRegions regions{};
+  std::vector<bool> checked{};  // The head's stored slots passed CheckHeadSlots.
+  Status loss{};                // The first DATA_LOSS CheckHeadSlots found.
 };
 
 namespace {
@@ -315,10 +317,24 @@ DecodedRows& ThreadDecodedRows() {
 
 }  // namespace
 
+void KvSequence::CheckHeadSlots(LayerPrep& p, int h) const {
+  if (!pool_->checksums() || p.checked[h]) return;
+  p.checked[h] = true;
+  std::vector<PageAllocator::PageRange> ranges;
+  const HeadStream& head = p.layer.heads[h];
+  head.rows.AppendRanges(0, head.rows.size(), &ranges);
+  head.records.AppendRanges(0, head.records.size(), &ranges);
+  p.layer.norms.AppendRanges(0, p.layer.norms.size(), &ranges);
+  if (ranges.empty()) return;
+  Status checked = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kRewrite);
+  if (!checked.ok() && p.loss.ok()) p.loss = checked;
+}
+
 KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
   // Records' K only: scoring reads keys, and most records are kept whole (moved by their bytes),
   // so their V would be decoded for nothing (about a tenth of R-KV's step at 8K).
   if (!p.have_records[h]) {
+    CheckHeadSlots(p, h);
     Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kKeys);
     p.record_values[h].assign(p.layer.heads[h].records.size(), 0);
   }
@@ -355,6 +371,7 @@ void KvSequence::RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& t
 
 void KvSequence::RowsPastRecords(LayerPrep& p, int h) const {
   if (!p.have_all[h]) {
+    CheckHeadSlots(p, h);
     Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kZeros);
   }
   p.have_all[h] = true;
@@ -661,9 +678,7 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
   // quantizes the same fp16 rows one append of it all would (the tail may pass flush_tokens
   // meanwhile, bounded by evict.max_deferred_tokens).
   // A held flush (flush_spread_steps) stores rows the same way.
-  const bool untouched =
-      !ph.evicted && (lossless || p.ctx.defer || p.ctx.HoldsFlush(p.l) ||
-                      TailAfterAppend(head, sinks_target, p.n) < int64_t{rules.flush_tokens});
+  const bool untouched = !ph.evicted && !FlushesTail(p.ctx, p.l, h);
   const int64_t read_from = untouched ? std::max(from, old) : from;
   const bool decoded = eviction_.enabled && p.have_all[h];
   const size_t slot = 2 * p.layer.row_bytes;
@@ -715,6 +730,30 @@ void KvSequence::PlanHeadRows(LayerPrep& p, int h, const std::vector<uint8_t>& k
     StoreRow(p.all_k[h] + j * d, d, p.layer.row_dtype, dst);
     StoreRow(p.all_v[h] + j * d, d, p.layer.row_dtype, dst + p.layer.row_bytes);
   }
+}
+
+bool KvSequence::FlushesTail(const AppendContext& ctx, int l, int h) const {
+  const LayerState& layer = *layers_[l];
+  const StreamingRules& rules = layer.plan.rules;
+  const int sinks_target = layer.plan.lossless ? 0 : rules.sink_tokens;
+  return !(layer.plan.lossless || ctx.defer || ctx.HoldsFlush(l) ||
+           TailAfterAppend(layer.heads[h], sinks_target, ctx.n) < int64_t{rules.flush_tokens});
+}
+
+Status KvSequence::CheckFlushedTails(const AppendContext& ctx, int layer_begin,
+                                     int layer_end) const {
+  if (!pool_->checksums()) return OkStatus();
+  // One check for every layer's tails: a decode step's rows of all streams lie side by side, so
+  // the heads of several layers share each chunk.
+  std::vector<PageAllocator::PageRange> ranges;
+  for (int l = layer_begin; l < layer_end; ++l) {
+    for (int h = 0; h < geometry_.kv_heads; ++h) {
+      const HeadStream& head = layers_[l]->heads[h];
+      if (FlushesTail(ctx, l, h)) head.rows.AppendRanges(head.sink_rows, head.rows.size(), &ranges);
+    }
+  }
+  if (ranges.empty()) return OkStatus();
+  return pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kRewrite);
 }
 
 void KvSequence::FlushStoredRows(LayerPrep& p, int h, int64_t read_from) const {
@@ -776,6 +815,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   out->norms.clear();
   out->samples.clear();
   LayerPrep p{.l = l, .n = ctx.n, .layer = *layers_[l], .ctx = ctx, .k = k, .v = v, .out = out};
+  p.checked.assign(heads, false);
   // Query rows: the kept ones, then this append's (fp32).
   LayerScoring& scoring = out->scoring;
   scoring = p.layer.scoring;
@@ -818,7 +858,18 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     PlanHeadRecords(p, h, keep, &loose);
     PlanHeadRows(p, h, keep, &loose);
   }
-  KVCTL_RETURN_IF_ERROR(EncodeNewRecords(l, out));
+  // Nothing decoded from a changed slot is written: the append fails and the caller marks the
+  // sequence lost.
+  if (!p.loss.ok()) return p.loss;
+  if (Status encoded = EncodeNewRecords(l, out); !encoded.ok()) {
+    // The request's rows were checked (ValidateAppend); a row the quantizer refuses came from
+    // the pool, changed behind the daemon's back after a check that trusted its chunk
+    // (kRewrite): check every slot of the layer, so that the answer is that DATA_LOSS.
+    std::vector<PageAllocator::PageRange> ranges;
+    CollectRanges(l, l + 1, &ranges);
+    Status checked = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kCopy);
+    return checked.ok() ? encoded : checked;
+  }
   if (ev.enabled) {
     KeepQueryWindow(ev, scoring, &out->queries);
   }

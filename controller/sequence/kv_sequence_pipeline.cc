@@ -328,10 +328,16 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   // The plan buffers of the previous append are reused: a decode step then allocates little.
   std::vector<PreparedLayer>& prepared = prepared_;
   prepared.resize(static_cast<size_t>(geometry_.layers));
+  if (Status checked = CheckFlushedTails(ctx, 0, geometry_.layers); !checked.ok()) {
+    return MarkLost(checked);
+  }
   SlabPlan slab_plan;
   for (int l = 0; l < geometry_.layers; ++l) {
-    KVCTL_RETURN_IF_ERROR(
-        AppendLayerPrepare(l, ctx, k[l], v[l], q ? &(*q)[l] : nullptr, &prepared[l]));
+    Status layer_prepared =
+        AppendLayerPrepare(l, ctx, k[l], v[l], q ? &(*q)[l] : nullptr, &prepared[l]);
+    // DATA_LOSS: stored slots it was about to re-write changed behind the daemon's back.
+    if (layer_prepared.code() == StatusCode::kDataLoss) return MarkLost(layer_prepared);
+    KVCTL_RETURN_IF_ERROR(layer_prepared);
     CountSlots(l, prepared[l], &slab_plan);
   }
   StatusOr<Reservation> reserved = ReservePages(slab_plan);

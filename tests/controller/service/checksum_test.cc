@@ -515,7 +515,14 @@ struct Daemonless {
   uint64_t session = 0;
   std::vector<uint16_t> k, v;  // fp16 [layers, tokens, heads, head_dim].
 
-  explicit Daemonless(bool checksums, VerifyOnFetch verify = VerifyOnFetch::kUnverified) {
+  // `evict_fraction` > 0: streaming eviction keeping that fraction of each head's tokens.
+  explicit Daemonless(bool checksums, VerifyOnFetch verify = VerifyOnFetch::kUnverified,
+                      double evict_fraction = 0) {
+    if (evict_fraction > 0) {
+      config.budget.mode = BudgetMode::kEvictOnly;
+      config.budget.token_fraction = evict_fraction;
+      config.evict.policy = EvictPolicy::kStreaming;
+    }
     config.pool.bytes = 16 << 20;
     config.pool.page_bytes = 4096;
     config.pool.shm_name = UniqueShmName("ctl");
@@ -690,6 +697,59 @@ TEST_CASE("Controller: a FETCH verifies what was written since the last one, not
   before = StatsField(all.Stats(), "verified_bytes_total");
   REQUIRE(all.Fetch(1, ipc::FetchMode::kBlocks, 0, 1).ok());
   CHECK(StatsField(all.Stats(), "verified_bytes_total") - before == first);
+}
+
+TEST_CASE("Controller: a stored row changed before its flush is found, not quantized into a record",
+          "[controller][checksum]") {
+  // A flush reads the fp16 tail rows it quantizes from the pool. Changed behind the daemon's back,
+  // a finite value was encoded into a record with a fresh checksum (laundered, unless a
+  // compaction happened to check the page), and a NaN made the quantizer refuse the row: that
+  // APPEND and every later one answered INVALID_ARGUMENT, blaming the engine's input. The flush
+  // now checks the rows first (PageAllocator kRewrite), and a row the quantizer refuses makes it
+  // check the layer. With streaming eviction a compression re-packs the tail (and the records
+  // behind a cut) instead: the same checks come before it reads them.
+  for (const double evict_fraction : {0.0, 0.5})
+    for (VerifyOnFetch verify : {VerifyOnFetch::kAll, VerifyOnFetch::kUnverified}) {
+      INFO("evict_fraction " << evict_fraction << ", verify_on_fetch "
+                             << (verify == VerifyOnFetch::kAll ? "all" : "unverified"));
+      Daemonless d(/*checksums=*/true, verify, evict_fraction);
+      REQUIRE(d.Store(1).ok());
+      REQUIRE(d.Store(2).ok());
+      // The newest tail row of (layer 0, head 0): the last window row of pair 0.
+      StatusOr<ipc::ReplyBody> body = d.Fetch(1, ipc::FetchMode::kBlocks, 0, 1);
+      REQUIRE(body.ok());
+      const auto& blocks = std::get<ipc::FetchBlocksReply>(*body);
+      REQUIRE(blocks.window_indptr[1] > blocks.window_sinks[0]);  // A tail to flush.
+      const ipc::RecordLayout& layout = blocks.layouts[blocks.layout_index[0]];
+      const uint32_t row = blocks.window_ids[blocks.window_indptr[1] - 1];
+      const uint64_t offset = uint64_t{row / layout.rows_per_page} * blocks.page_bytes +
+                              uint64_t{row % layout.rows_per_page} * layout.row_slot_bytes;
+      // K[0] of that row becomes a NaN.
+      const uint16_t nan = 0x7E00;
+      const int fd = shm_open(d.config.pool.shm_name.c_str(), O_RDWR, 0);
+      REQUIRE(fd >= 0);
+      REQUIRE(pwrite(fd, &nan, 2, static_cast<off_t>(offset)) == 2);
+      close(fd);
+      // Decode steps until the tail flushes: that APPEND fails closed.
+      Status appended = OkStatus();
+      uint64_t t = kTokens;
+      for (; t < kTokens + 300 && appended.ok(); ++t) appended = d.Append(1, t, 1);
+      INFO(appended.ToString());
+      CHECK(appended.code() == StatusCode::kDataLoss);
+      CHECK_THAT(appended.message(), Catch::Contains("changed outside the daemon"));
+      if (verify == VerifyOnFetch::kAll) {
+        // Found by the check before the flush or re-pack. With "unverified" that check trusts
+        // the chunk the blocks FETCH above verified, and what finds the change is the
+        // quantizer's refusal of the NaN (every slot of the layer is then checked) or the
+        // re-pack's rewrite of the chunk (MarkDirty checks it first): DATA_LOSS all the same.
+        CHECK_THAT(appended.message(),
+                   Catch::Contains("before the daemon copied or re-encoded them"));
+      }
+      CHECK(d.Fetch(1, ipc::FetchMode::kBlocks).status().code() == StatusCode::kDataLoss);
+      // The other sequence flushes through the same steps untouched.
+      for (uint64_t u = kTokens; u < t; ++u) REQUIRE(d.Append(2, u, 1).ok());
+      CHECK(d.Fetch(2, ipc::FetchMode::kDense).ok());
+    }
 }
 
 TEST_CASE("Controller: decode steps extend checksums, only a flush re-checks whole pages",
