@@ -568,9 +568,11 @@ Status PageAllocator::VerifyChunks(const std::vector<uint64_t>& keys, VerifyReas
     // generation, and the exchange below then leaves the bit clear.
     uint8_t seen = chunk_verified_[key].load(std::memory_order_acquire);
     if (ChunkIntact(page, chunk, sealed, &bytes)) {
-      // Only a FETCH's check sets the bit: the scrubber and copies leave FETCH's bookkeeping as
-      // it was (a chunk they pass is verified by the next FETCH that reads it).
-      if (reason == VerifyReason::kFetch && (seen & kVerifiedBit) == 0) {
+      // A FETCH's or a rewrite's check sets the bit (the next of either skips the chunk under
+      // verify_on_fetch = "unverified"); the scrubber and copies leave the bookkeeping as it was
+      // (a chunk they pass is verified by the next FETCH that reads it).
+      if ((reason == VerifyReason::kFetch || reason == VerifyReason::kRewrite) &&
+          (seen & kVerifiedBit) == 0) {
         chunk_verified_[key].compare_exchange_strong(
             seen, static_cast<uint8_t>(seen | kVerifiedBit), std::memory_order_acq_rel);
       }

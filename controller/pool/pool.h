@@ -223,12 +223,13 @@ class PageAllocator {
   // skipped; the others are checked now, their sealed bytes being untouched by the request so far.
   // kRewrite: the owner is about to re-encode what it reads into new slots (a flush of stored
   // fp16 rows into records, an eviction's re-pack or move of kept tokens). As kCopy, and with
-  // FetchVerify::kUnverified chunks verified since written are skipped, the trust a FETCH gives
-  // them: a change made after that check is found by the scrubber, or by the next write to the
-  // chunk (MarkDirty checks it first), either of which marks the owner lost.
+  // FetchVerify::kUnverified chunks verified since written are skipped (and a chunk it checks
+  // counts as verified, as after a FETCH), the trust a FETCH gives them: a change made after that
+  // check is found by the scrubber, or by the next write to the chunk (MarkDirty checks it first),
+  // either of which marks the owner lost.
   enum class VerifyReason { kFetch, kScrub, kCopy, kRewrite };
   // Verified since written (FetchVerify::kUnverified): every chunk carries a bit, set when a
-  // FETCH's check of it passes and cleared by anything that changes what it holds or its checksum
+  // FETCH's (or a kRewrite) check of it passes and cleared by anything that changes what it holds or its checksum
   // (MarkDirty, SealPages, Free) and by a check that finds it changed. A kFetch check skips
   // chunks whose bit is set, so a FETCH costs the chunks written since the last FETCH (or scrub
   // mismatch), not the sequence's length; so does a kRewrite check. kScrub and kCopy always

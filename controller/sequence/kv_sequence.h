@@ -443,12 +443,12 @@ class KvSequence {
   // Prepare, step by step (kv_sequence_append.cc): the budgets of the layer's heads, the H2O
   // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
   struct LayerPrep;
-  // Before a prepare reads head h's stored slots to write what it read again (decoded and
-  // re-packed, moved by their bytes, or flushed into records), checks their chunks once
-  // (PageAllocator::VerifyReason::kRewrite): a checksum taken over bytes changed behind the
-  // daemon's back would launder the change. A mismatch is kept in p.loss, which AppendLayerPrepare
-  // returns.
-  void CheckHeadSlots(LayerPrep& p, int h) const;
+  // Before a prepare first reads stored slots of the layer to write what it read again (decoded
+  // and re-packed, moved by their bytes): checks the chunks of every head's slots once
+  // (PageAllocator::VerifyReason::kRewrite), since a checksum taken over bytes changed behind
+  // the daemon's back would launder the change. A mismatch is kept in p.loss, which
+  // AppendLayerPrepare returns.
+  void CheckLayerSlots(LayerPrep& p) const;
   KeyRows FullKeys(LayerPrep& p, int h) const;
   // The V rows (in p.all_v) of the records holding tokens[begin, end) (token indices), where
   // FullKeys decoded only K: what a re-pack or the new tail reads of partly evicted records.
@@ -480,7 +480,7 @@ class KvSequence {
   // Before layers [layer_begin, layer_end) are prepared: checks (PageAllocator kRewrite) the fp16
   // tail rows their flushes will read and quantize, so a change made behind the daemon's back is
   // found (DATA_LOSS) instead of encoded into a record with a fresh checksum. A head that evicts
-  // has all of its slots checked when they are decoded (CheckHeadSlots).
+  // has all of its slots checked when they are decoded (CheckLayerSlots).
   Status CheckFlushedTails(const AppendContext& ctx, int layer_begin, int layer_end) const;
   // PlanHeadRows' flush of a head that evicts nothing: its stored fp16 rows from read_from on and
   // the new ones, without an fp32 copy.

@@ -275,8 +275,8 @@ struct KvSequence::LayerPrep {
   bool have_q = false;            // Query rows to score with.
   int64_t obs = 0;                // Observation rows among them.
   ProtectedRegions regions{};
-  std::vector<bool> checked{};  // The head's stored slots passed CheckHeadSlots.
-  Status loss{};                // The first DATA_LOSS CheckHeadSlots found.
+  bool checked = false;  // CheckLayerSlots ran.
+  Status loss{};         // The DATA_LOSS CheckLayerSlots found.
 };
 
 namespace {
@@ -317,24 +317,27 @@ DecodedRows& ThreadDecodedRows() {
 
 }  // namespace
 
-void KvSequence::CheckHeadSlots(LayerPrep& p, int h) const {
-  if (!pool_->checksums() || p.checked[h]) return;
-  p.checked[h] = true;
+void KvSequence::CheckLayerSlots(LayerPrep& p) const {
+  if (!pool_->checksums() || p.checked) return;
+  p.checked = true;
+  // Every head's at once: a step's rows of a layer's heads lie side by side, so one check per
+  // head would read each chunk once per head.
   std::vector<PageAllocator::PageRange> ranges;
-  const HeadStream& head = p.layer.heads[h];
-  head.rows.AppendRanges(0, head.rows.size(), &ranges);
-  head.records.AppendRanges(0, head.records.size(), &ranges);
+  for (const HeadStream& head : p.layer.heads) {
+    head.rows.AppendRanges(0, head.rows.size(), &ranges);
+    head.records.AppendRanges(0, head.records.size(), &ranges);
+  }
   p.layer.norms.AppendRanges(0, p.layer.norms.size(), &ranges);
   if (ranges.empty()) return;
   Status checked = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kRewrite);
-  if (!checked.ok() && p.loss.ok()) p.loss = checked;
+  if (!checked.ok()) p.loss = checked;
 }
 
 KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
   // Records' K only: scoring reads keys, and most records are kept whole (moved by their bytes),
   // so their V would be decoded for nothing (about a tenth of R-KV's step at 8K).
   if (!p.have_records[h]) {
-    CheckHeadSlots(p, h);
+    CheckLayerSlots(p);
     Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kKeys);
     p.record_values[h].assign(p.layer.heads[h].records.size(), 0);
   }
@@ -371,7 +374,7 @@ void KvSequence::RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& t
 
 void KvSequence::RowsPastRecords(LayerPrep& p, int h) const {
   if (!p.have_all[h]) {
-    CheckHeadSlots(p, h);
+    CheckLayerSlots(p);
     Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kZeros);
   }
   p.have_all[h] = true;
@@ -815,7 +818,6 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
   out->norms.clear();
   out->samples.clear();
   LayerPrep p{.l = l, .n = ctx.n, .layer = *layers_[l], .ctx = ctx, .k = k, .v = v, .out = out};
-  p.checked.assign(heads, false);
   // Query rows: the kept ones, then this append's (fp32).
   LayerScoring& scoring = out->scoring;
   scoring = p.layer.scoring;
