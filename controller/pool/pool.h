@@ -229,14 +229,14 @@ class PageAllocator {
   // either of which marks the owner lost.
   enum class VerifyReason { kFetch, kScrub, kCopy, kRewrite };
   // Verified since written (FetchVerify::kUnverified): every chunk carries a bit, set when a
-  // FETCH's (or a kRewrite) check of it passes and cleared by anything that changes what it holds or its checksum
-  // (MarkDirty, SealPages, Free) and by a check that finds it changed. A kFetch check skips
-  // chunks whose bit is set, so a FETCH costs the chunks written since the last FETCH (or scrub
-  // mismatch), not the sequence's length; so does a kRewrite check. kScrub and kCopy always
-  // check every chunk they are given: the scrubber is what finds a change made after a chunk was
-  // verified, and a copy must not launder one into a fresh checksum.
-  // A budget for a kFetch check (the daemon's I/O thread): when the chunks left to check hold
-  // more than max_bytes, nothing is checked, exceeded is set and OK returned.
+  // FETCH's (or a kRewrite) check of it passes and cleared by anything that changes what it holds
+  // or its checksum (MarkDirty, SealPages, Free) and by a check that finds it changed. A kFetch
+  // check skips chunks whose bit is set, so a FETCH costs the chunks written since the last FETCH
+  // (or scrub mismatch), not the sequence's length; so does a kRewrite check. kScrub and kCopy
+  // always check every chunk they are given: the scrubber is what finds a change made after a chunk
+  // was verified, and a copy must not launder one into a fresh checksum. A budget for a kFetch
+  // check (the daemon's I/O thread): when the chunks left to check hold more than max_bytes,
+  // nothing is checked, exceeded is set and OK returned.
   struct VerifyBudget {
     uint64_t max_bytes = 0;
     bool exceeded = false;
