@@ -323,11 +323,7 @@ void KvSequence::CheckLayerSlots(LayerPrep& p) const {
   // Every head's at once: a step's rows of a layer's heads lie side by side, so one check per
   // head would read each chunk once per head.
   std::vector<PageAllocator::PageRange> ranges;
-  for (const HeadStream& head : p.layer.heads) {
-    head.rows.AppendRanges(0, head.rows.size(), &ranges);
-    head.records.AppendRanges(0, head.records.size(), &ranges);
-  }
-  p.layer.norms.AppendRanges(0, p.layer.norms.size(), &ranges);
+  CollectRanges(p.l, p.l + 1, &ranges);
   if (ranges.empty()) return;
   Status checked = pool_->VerifyRanges(ranges, PageAllocator::VerifyReason::kRewrite);
   if (!checked.ok()) p.loss = checked;

@@ -82,13 +82,13 @@ Status CheckStorableLayers(const std::vector<KvTensorView>& views, const char* n
         elements += views[end].ElementCount();
       }
     }
-    const size_t first_bad = range ? FirstOutsideHalf(head.dtype, head.data, elements)
-                                   : FirstNonFinite(head.dtype, head.data, elements);
-    if (end == first + 1 || first_bad < elements) {
-      // One view, or a bad element somewhere in the run: the layer's own check names it.
-      for (int l = first; l < end; ++l) {
-        KVCTL_RETURN_IF_ERROR(CheckStorable(views[l], name, l, half_range(l)));
-      }
+    // A run of one view is the layer's own check; a longer one falls back to those checks,
+    // which name the element, only when the run holds a bad one.
+    const bool run_fine =
+        end > first + 1 && (range ? FirstOutsideHalf(head.dtype, head.data, elements)
+                                  : FirstNonFinite(head.dtype, head.data, elements)) == elements;
+    for (int l = first; l < end && !run_fine; ++l) {
+      KVCTL_RETURN_IF_ERROR(CheckStorable(views[l], name, l, half_range(l)));
     }
     first = end;
   }

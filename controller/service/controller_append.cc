@@ -23,7 +23,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   ipc::Geometry g;
   const uint8_t* k_bytes = nullptr;
   const uint8_t* v_bytes = nullptr;
-  uint64_t staged_bytes = 0;
+  uint64_t staged_bytes = 0;                    // Of the slot, from request.staging_offset.
   std::shared_ptr<StagingObject> staging_hold;  // Keeps the mapping while it is copied.
   {
     MutexLock lock(&mu_);
@@ -62,11 +62,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
     if (deferred != nullptr && staged_bytes > StagingSnapshot::kRetainBytes) return defer();
     KVCTL_ASSIGN_OR_RETURN(k_bytes,
                            snapshot.Copy(*staging_hold, request.staging_offset, staged_bytes));
-    staged_bytes = 0;
-  }
-  // A device pool's slot was written on the device: bring the bytes to the host copy (outside
-  // mu_: a device copy must not stall every other request).
-  if (staged_bytes > 0) {
+  } else if (staged_bytes > 0) {
+    // A device pool's slot was written on the device: bring the bytes to the host copy, which
+    // is the daemon's own (outside mu_: a device copy must not stall every other request).
     if (deferred != nullptr) return defer();  // A device copy is not for the I/O thread.
     KVCTL_RETURN_IF_ERROR(pool_->PullStaging(request.staging_offset, staged_bytes));
   }
