@@ -272,8 +272,10 @@ KVCTL_HOST_DEVICE inline bool EncodeRecord(const QuantSpec& s, const BlockLayout
       for (int t = ls.lane; t < g; t += ls.lanes) {
         const float* kt = k + t * stride;
         const float* vt = v + t * stride;
-        ok &= TurboEncodeRow(kt, d, s.k_bits, l.turbo_k, kr + t * d, kc + t * k_row, km, t);
-        ok &= TurboEncodeRow(vt, d, s.v_bits, l.turbo_v, vr + t * d, vc + t * v_row, vm, t);
+        ok &= TurboEncodeRow(kt, d, s.k_bits, l.turbo_k, TurboScale::kLeastSquares, kr + t * d,
+                             kc + t * k_row, km, t);
+        ok &= TurboEncodeRow(vt, d, s.v_bits, l.turbo_v, TurboScale::kUnbiased, vr + t * d,
+                             vc + t * v_row, vm, t);
       }
       return ok;
     }

@@ -378,17 +378,28 @@ KVCTL_HOST_DEVICE inline uint32_t TurboCode(float y, const TurboCodebook& cb, in
   return code;
 }
 
+// How a row's scale is chosen from its codes (docs/algorithms.md §20.3). Both are fixed points of
+// re-encoding a decoded row: it gives the same codes and the same scale.
+enum class TurboScale : uint8_t {
+  // a = (r . c) / (c . c): the decoded row's error is orthogonal to it (least squares). K rows.
+  kLeastSquares,
+  // a = (r . r) / (r . c): the decoded row's component along x is x itself, its error is
+  // orthogonal to x. V rows: attention sums values with weights, the errors of different tokens
+  // cancel in that sum and a shrink common to all of them (least squares keeps ||c||^2 ~ 1 - D_mse
+  // of each row) would not.
+  kUnbiased,
+};
+
 // One token row x[0..d) into d codes and its fp16 scale at meta[t] (§20.3): n = ||x|| summed in
 // index order; r = H (s ⊙ x) in `work` (d floats); code_c = TurboCode(r_c * (1 / n)), or of 0 when
-// n = 0; the scale is the least-squares a = (r · c) / (c · c) of the chosen centroids c, not n.
-// Why: decoding n c has norm n ||c|| < n (Lloyd-Max centroids shrink, ||c||^2 ~ 1 - D_mse), so
-// every re-encoding of a decoded row (eviction's compaction re-packs kept tokens, docs/budgets.md)
-// shrank the row by ||c|| again (0.94x per pass at 2 bits); with a the decoded row a c re-encodes
-// to the same codes and the same a, and a minimises the row's error for its codes. Returns false
-// when n or a does not fit fp16.
+// n = 0; the scale is `scale_rule`'s a for the chosen centroids c, not n. Why: decoding n c has
+// norm n ||c|| < n (Lloyd-Max centroids shrink, ||c||^2 ~ 1 - D_mse), so every re-encoding of a
+// decoded row shrank it by ||c|| again (0.94x per pass at 2 bits); with either rule the decoded
+// row a c re-encodes to the same codes and the same a. Returns false when n or a does not fit
+// fp16.
 KVCTL_HOST_DEVICE inline bool TurboEncodeRow(const float* x, int d, int bits,
-                                             const TurboCodebook& cb, float* work, uint8_t* codes,
-                                             uint8_t* meta, int t) {
+                                             const TurboCodebook& cb, TurboScale scale_rule,
+                                             float* work, uint8_t* codes, uint8_t* meta, int t) {
   float ss = 0.0f;
   for (int c = 0; c < d; ++c) ss += x[c] * x[c];
   const float norm = sqrtf(ss);
@@ -402,8 +413,11 @@ KVCTL_HOST_DEVICE inline bool TurboEncodeRow(const float* x, int d, int bits,
     rc += work[c] * cb.centroid[code];
     cc += cb.centroid[code] * cb.centroid[code];
   }
-  const float ls = rc / cc;  // cc > 0: no Lloyd-Max centroid is 0 (2^bits levels, antisymmetric).
-  const float scale = ls > 0.0f ? ls : 0.0f;  // A zero row: rc = 0. NaN (refused input): 0.
+  // cc > 0: no Lloyd-Max centroid is 0 (2^bits levels, antisymmetric). Each centroid has its
+  // coordinate's sign (or the coordinate is 0), so rc > 0 unless the row is 0 (or NaN, refused
+  // input): those store 0.
+  const float a = scale_rule == TurboScale::kUnbiased ? ss / rc : rc / cc;
+  const float scale = rc > 0.0f ? a : 0.0f;
   StoreHalf(meta, t, scale);
   return FitsHalf(norm) && FitsHalf(scale);
 }
