@@ -1,7 +1,8 @@
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """kveval_centre_sim: does subtracting each (layer, KV head)'s mean key and value before
-TurboQuant, and adding it back after, buy quality at the same bits? An offline simulation in the
-model, not the daemon (docs/quality.md, "Centring K and V before TurboQuant").
+TurboQuant, and adding it back after, buy quality at the same bits? And which scale should K and V
+rows store? An offline simulation in the model, not the daemon (docs/quality.md, "Centring K and V
+before TurboQuant", "An unbiased scale for TurboQuant's V").
 
 A per-stream mean costs one fp16 row per (layer, head), nothing per token, and gives the
 quantizer a row of smaller norm: on SmolLM2's prefix keys the mean holds about half of the
@@ -12,9 +13,11 @@ stand-in TurboQuant quantize-dequantize of tools/kveval_demote_sim.py (turbo_qdq
 centring the variant asks for; the scored positions are then stepped one by one over that cache
 (appended tokens full precision, nothing evicted). NLL per position against the unquantized path.
 
-Variants (--variants, ';'-separated) 'K/V[:c|:ck][:sS]': K and V bits (2-4); ':c' centres K and V
-on their mean over prefix tokens [4, prefix) (rounded to fp16, added back after), ':ck' only K;
-':sS' keeps the first S tokens exact (sinks). Also printed per segment: the centred share of the
+Variants (--variants, ';'-separated) 'K/V[:c|:ck][:uk][:uv][:sS]': K and V bits (2-4); ':c' centres
+K and V on their mean over prefix tokens [4, prefix) (rounded to fp16, added back after), ':ck'
+only K; ':uk' / ':uv' give K / V rows the unbiased scale |x|^2 / (y . c) instead of the least-squares
+one (docs/algorithms.md §20.3; the daemon's kTurbo is '...:uv'); ':sS' keeps the first S tokens
+exact (sinks). Also printed per segment: the centred share of the
 energy and the relative squared error of the codes with and without centring.
 
     nice -n 10 python3 tools/kveval_centre_sim.py --text prose --label prose --seg 0,1,2,3 \\
@@ -37,7 +40,8 @@ MEAN_FROM = 4  # The first tokens (the attention sink among them) are left out o
 
 
 def parse_variant(spec: str) -> dict:
-    """'4/3:c:s4' -> {'name', 'k_bits', 'v_bits', 'centre_k', 'centre_v', 'sinks'}."""
+    """'4/3:c:s4' -> {'name', 'k_bits', 'v_bits', 'centre_k', 'centre_v', 'unbiased_k',
+    'unbiased_v', 'sinks'}."""
     parts = spec.split(":")
     try:
         k_bits, v_bits = (int(x) for x in parts[0].split("/"))
@@ -46,16 +50,18 @@ def parse_variant(spec: str) -> dict:
     if not (2 <= k_bits <= 4 and 2 <= v_bits <= 4):
         raise ValueError("variant %r: bits must be 2-4" % spec)
     v = {"name": spec, "k_bits": k_bits, "v_bits": v_bits, "centre_k": False, "centre_v": False,
-         "sinks": 0}
+         "unbiased_k": False, "unbiased_v": False, "sinks": 0}
     for p in parts[1:]:
         if p == "c":
             v["centre_k"] = v["centre_v"] = True
         elif p == "ck":
             v["centre_k"] = True
+        elif p in ("uk", "uv"):
+            v["unbiased_" + p[1]] = True
         elif p.startswith("s") and p[1:].isdigit():
             v["sinks"] = int(p[1:])
         else:
-            raise ValueError("variant %r: unknown part %r (c, ck or sS)" % (spec, p))
+            raise ValueError("variant %r: unknown part %r (c, ck, uk, uv or sS)" % (spec, p))
     return v
 
 
@@ -64,10 +70,11 @@ def stream_mean(x: np.ndarray) -> np.ndarray:
     return x[:, :, MEAN_FROM:].mean(2, keepdims=True).astype(np.float16).astype(x.dtype)
 
 
-def centred_qdq(x: np.ndarray, bits: int, centre: bool, sinks: int) -> np.ndarray:
+def centred_qdq(x: np.ndarray, bits: int, centre: bool, sinks: int,
+                unbiased: bool = False) -> np.ndarray:
     """turbo_qdq of x - mean (plus the mean back) or of x; the first `sinks` tokens exact."""
     m = stream_mean(x) if centre else np.zeros_like(x[:, :, :1])
-    out = ds.turbo_qdq(x - m, bits) + m
+    out = ds.turbo_qdq(x - m, bits, unbiased) + m
     out[:, :, :sinks] = x[:, :, :sinks]
     return out
 
@@ -98,8 +105,8 @@ def run_segment(torch, model, ids, scored: int, variants):
     out = {"fp": ds.step_nll(torch, model, cache, ids, prefix, scored, k0, v0, kept)}
     for v in variants:
         t0 = time.perf_counter()
-        k = centred_qdq(k0, v["k_bits"], v["centre_k"], v["sinks"])
-        vv = centred_qdq(v0, v["v_bits"], v["centre_v"], v["sinks"])
+        k = centred_qdq(k0, v["k_bits"], v["centre_k"], v["sinks"], v["unbiased_k"])
+        vv = centred_qdq(v0, v["v_bits"], v["centre_v"], v["sinks"], v["unbiased_v"])
         out[v["name"]] = ds.step_nll(torch, model, cache, ids, prefix, scored, k, vv, kept)
         print("  %-12s %.1f s" % (v["name"], time.perf_counter() - t0), flush=True)
     return out

@@ -89,16 +89,22 @@ def lloyd_max(d: int, bits: int, grid: int = 1 << 16, iters: int = 300):
     return c, (c[1:] + c[:-1]) / 2
 
 
-def turbo_qdq(x: np.ndarray, bits: int) -> np.ndarray:
+def turbo_qdq(x: np.ndarray, bits: int, unbiased: bool = False) -> np.ndarray:
     """Quantize-dequantize rows x[..., d]: y = H (s * x), codes of y / |x| on the codebook, the
-    least-squares scale a in fp16, x_hat = s * H (a c[code]). Zero rows stay zero."""
+    scale a in fp16, x_hat = s * H (a c[code]). a is the least-squares (y . c) / (c . c) (kTurbo's
+    K rows), or with `unbiased` |x|^2 / (y . c) (its V rows: x . x_hat = |x|^2). Zero rows stay
+    zero."""
     d = x.shape[-1]
     h, s = hadamard(d), signs(d)
     cent, bounds = lloyd_max(d, bits)
     y = (x.astype(np.float64) * s) @ h
     n = np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True)
     c = cent[np.searchsorted(bounds, y / np.where(n > 0, n, 1.0), side="left")]
-    a = np.maximum(0.0, (y * c).sum(-1, keepdims=True) / (c * c).sum(-1, keepdims=True))
+    yc = (y * c).sum(-1, keepdims=True)
+    if unbiased:
+        a = np.where(yc > 0, n * n / np.where(yc > 0, yc, 1.0), 0.0)
+    else:
+        a = np.maximum(0.0, yc / (c * c).sum(-1, keepdims=True))
     a = a.astype(np.float16).astype(np.float64)
     return ((a * c) @ h * s).astype(x.dtype)
 

@@ -23,6 +23,9 @@ def test_variants_parse_and_bad_ones_name_the_part():
                                                                                    True, 4)
     v = cs.parse_variant("2/2:ck")
     assert (v["centre_k"], v["centre_v"], v["sinks"]) == (True, False, 0)
+    v = cs.parse_variant("4/3:uv:s4")
+    assert (v["unbiased_k"], v["unbiased_v"], v["centre_k"], v["sinks"]) == (False, True, False, 4)
+    assert cs.parse_variant("2/2:uk:uv")["unbiased_k"]
     for bad, what in (("4", "K/V bits"), ("5/3", "2-4"), ("4/3:x", "unknown part 'x'")):
         with pytest.raises(ValueError, match=what):
             cs.parse_variant(bad)

@@ -59,6 +59,21 @@ def test_quantizer_distortion_matches_turboquant(bits, dmse):
     assert not ds.turbo_qdq(np.zeros((2, 64)), bits).any()
 
 
+@pytest.mark.parametrize("bits,dmse", [(2, 0.117), (3, 0.0345), (4, 0.0095)])
+def test_unbiased_scale_keeps_the_component_along_x(bits, dmse):
+    # kTurbo's V rule (docs/algorithms.md §20.3): x . x_hat = |x|^2, the error orthogonal to x,
+    # the squared error the least-squares one over cos^2: about D / (1 - D).
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4000, 64)) * np.exp(rng.uniform(-3, 3, (4000, 1)))
+    xh = ds.turbo_qdq(x, bits, unbiased=True)
+    along = (x * xh).sum(-1) / (x * x).sum(-1)
+    assert np.abs(along - 1).max() < 1e-3
+    rel = (((x - xh) ** 2).sum(-1) / (x ** 2).sum(-1)).mean()
+    ls = (((x - ds.turbo_qdq(x, bits)) ** 2).sum(-1) / (x ** 2).sum(-1)).mean()
+    assert rel == pytest.approx(ls / (1 - dmse), rel=0.03)
+    assert not ds.turbo_qdq(np.zeros((2, 64)), bits, unbiased=True).any()
+
+
 def test_one_bit_keeps_only_signs_in_the_rotated_frame():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((50, 64))
