@@ -529,6 +529,14 @@ EVICT_TURBO_ROWS_B = (
     ("rkv", 0.98, 4, 3, 96, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
      ""),                                                              # 0.2451 (0.99: 0.2517)
     ("snapkv", 0.98, 4, 3, 96, "", {}, ""),                            # 0.2498
+    # Session 35, after the prose run of turbo_k4v2 with V's unbiased scale (+2.7 % at 0.232,
+    # against turbo3's +4.7 %): 2-bit V pays for more kept tokens at the tight bands. The 1/8
+    # recipe's R-KV settings (and the 1/16 row's) with K4/V2 at the keep that gives the same
+    # step-mean memory.
+    ("rkv", 0.55, 4, 2, 64, "_obs32_l60_p64", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                "evict.compression_period": "64"}, ""),  # 0.1239
+    ("rkv", 0.27, 4, 2, 32, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
+     ""),                                                              # 0.0621
 )
 
 
