@@ -529,6 +529,11 @@ EVICT_TURBO_ROWS_B = (
     ("rkv", 0.98, 4, 3, 96, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
      ""),                                                              # 0.2451 (0.99: 0.2517)
     ("snapkv", 0.98, 4, 3, 96, "", {}, ""),                            # 0.2498
+    # Session 35: the SnapKV row above costs 7.4 ms of daemon CPU per decode step at 8K (a head
+    # compresses every 32 tokens); the same layout compressed every 64 or 128 tokens, keep 99 %
+    # (a head compresses to its budget minus the period, so a longer period holds fewer tokens).
+    ("snapkv", 0.99, 4, 3, 96, "_p64", {"evict.compression_period": "64"}, ""),      # 0.2455
+    ("snapkv", 0.99, 4, 3, 96, "_p128", {"evict.compression_period": "128"}, ""),    # 0.2399
     # Session 35, after the prose run of turbo_k4v2 with V's unbiased scale (+2.7 % at 0.232,
     # against turbo3's +4.7 %): 2-bit V pays for more kept tokens at the tight bands. The 1/8
     # recipe's R-KV settings (and the 1/16 row's) with K4/V2 at the keep that gives the same
