@@ -542,6 +542,9 @@ EVICT_TURBO_ROWS_B = (
                                                 "evict.compression_period": "64"}, ""),  # 0.1239
     ("rkv", 0.27, 4, 2, 32, "_obs32_l60", {"evict.obs_window": "32", "evict.lambda": "0.6"},
      ""),                                                              # 0.0621
+    # And after those (K4/V2 at 1/8 no better than K4/V3): 3-bit K pays for a keep of 64 %.
+    ("rkv", 0.64, 3, 2, 64, "_obs32_l60_p64", {"evict.obs_window": "32", "evict.lambda": "0.6",
+                                                "evict.compression_period": "64"}, ""),  # 0.1221
 )
 
 
