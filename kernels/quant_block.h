@@ -385,8 +385,8 @@ enum class TurboScale : uint8_t {
   kLeastSquares,
   // a = (r . r) / (r . c): the decoded row's component along x is x itself, its error is
   // orthogonal to x. V rows: attention sums values with weights, the errors of different tokens
-  // cancel in that sum and a shrink common to all of them (least squares keeps ||c||^2 ~ 1 - D_mse
-  // of each row) would not.
+  // cancel in that sum and a shrink common to all of them (least squares decodes each row to
+  // about 1 - D_mse of itself along x) would not.
   kUnbiased,
 };
 
