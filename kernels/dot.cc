@@ -103,4 +103,20 @@ void UnitRowsI16(const float* x, int64_t stride, int64_t count, int64_t n, float
   UnitRowsI16Ref(x, stride, count, n, scale, unit, norm);
 }
 
+void LogitsFromUnitDotsRef(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
+                           float* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    out[j] = static_cast<float>(dot[j]) * (q_norm * (k_norm[j] * 0x1p-28f));
+  }
+}
+
+void LogitsFromUnitDots(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
+                        float* out) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::LogitsFromUnitDotsAvx2(dot, q_norm, k_norm, n, out);
+    return;
+  }
+  LogitsFromUnitDotsRef(dot, q_norm, k_norm, n, out);
+}
+
 }  // namespace kvctl

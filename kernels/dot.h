@@ -65,9 +65,19 @@ void UnitRowsI16Ref(const float* x, int64_t stride, int64_t count, int64_t n, fl
 void UnitRowsI16(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
                  int16_t* unit, float* norm);
 
+// The logits of one unit query row against n unit key rows, from their exact int16 dots
+// (DotRowsManyI16 of rows scaled by 2^14): out[j] = float(dot[j]) * (q_norm * (k_norm[j] *
+// 2^-28)), each product rounded to float in that order (k_norm[j] * 2^-28 is exact for the norms
+// UnitRowsI16 gives). The reference is that loop; LogitsFromUnitDots returns its bits on the active
+// SIMD level. n >= 0; `out` must not overlap the inputs.
+void LogitsFromUnitDotsRef(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
+                           float* out);
+void LogitsFromUnitDots(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
+                        float* out);
+
 namespace simd {
-// DotRows, DotRowsMany, DotRowsManyI16 and UnitRowsI16 on AVX2 (kernels/dot_avx2.cc); only called
-// when the CPU has it.
+// DotRows, DotRowsMany, DotRowsManyI16, UnitRowsI16 and LogitsFromUnitDots on AVX2
+// (kernels/dot_avx2.cc); only called when the CPU has it.
 void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
                  float* out);
 void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
@@ -76,6 +86,8 @@ void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, con
                         int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 void UnitRowsI16Avx2(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
                      int16_t* unit, float* norm);
+void LogitsFromUnitDotsAvx2(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
+                            float* out);
 // DotRowsManyI16 with AVX-512 VNNI (kernels/dot_avx512.cc); only called at the AVX-512 level on a
 // CPU with VNNI (CpuHasAvx512Vnni).
 void DotRowsManyI16Avx512Vnni(const int16_t* a, int64_t a_stride, int64_t a_count,

@@ -272,6 +272,21 @@ void UnitRowsI16Avx2(const float* x, int64_t stride, int64_t count, int64_t n, f
   }
 }
 
+void LogitsFromUnitDotsAvx2(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
+                            float* out) {
+  // LogitsFromUnitDotsRef's three roundings per lane, in its order (no FMA).
+  const __m256 qn = _mm256_set1_ps(q_norm);
+  const __m256 unit = _mm256_set1_ps(0x1p-28f);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 d =
+        _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dot + j)));
+    const __m256 s = _mm256_mul_ps(qn, _mm256_mul_ps(_mm256_loadu_ps(k_norm + j), unit));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(d, s));
+  }
+  for (; j < n; ++j) out[j] = static_cast<float>(dot[j]) * (q_norm * (k_norm[j] * 0x1p-28f));
+}
+
 void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const float* rows,
                      int64_t stride, int64_t count, int64_t n, float* out, int64_t out_stride) {
   if (n % 8 == 0) {

@@ -30,16 +30,24 @@ float ExpRef(float x) {
   return (p * s1) * s2;
 }
 
-double SoftmaxNumerators(float* z, int64_t n) {
-  if (ActiveSimdLevel() != SimdLevel::kScalar) return simd::SoftmaxNumeratorsAvx2(z, n);
+double SoftmaxNumerators(const float* x, float* z, int64_t n) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) return simd::SoftmaxNumeratorsAvx2(x, z, n);
   float m = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) m = z[j] > m ? z[j] : m;  // NaN compares false: skipped.
+  for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;  // NaN compares false: skipped.
   double s[8] = {};
   for (int64_t j = 0; j < n; ++j) {
-    z[j] = ExpRef(z[j] - m);
+    z[j] = ExpRef(x[j] - m);
     s[j % 8] += static_cast<double>(z[j]);
   }
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void AddScaled(const float* z, int64_t n, double w, double* a) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::AddScaledAvx2(z, n, w, a);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) a[j] += static_cast<double>(z[j]) * w;
 }
 
 }  // namespace kvctl

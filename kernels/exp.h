@@ -17,10 +17,14 @@
 // Accuracy: within 2 ulp of exp for normal results (|r| <= 0.347, so the Taylor remainder is
 // below 1e-8 relative); tested against std::exp.
 //
-// SoftmaxNumerators(z, n), the spec: m = the maximum of z[0, n) (NaNs skipped), z[j] =
-// ExpRef(z[j] - m), and the returned sum of the new z[j] in double as eight running sums
+// SoftmaxNumerators(x, z, n), the spec: m = the maximum of x[0, n) (NaNs skipped), z[j] =
+// ExpRef(x[j] - m), and the returned sum of the z[j] in double as eight running sums
 // s_u = sum of z[j] for j = u mod 8 in index order, combined ((s0 + s1) + (s2 + s3)) +
 // ((s4 + s5) + (s6 + s7)); 0 when n is 0. The AVX2 path holds s_u in lane u.
+//
+// AddScaled(z, n, w, a), the spec: a[j] += double(z[j]) * w for j < n, the product rounded to
+// double before the sum (no fused multiply-add): how a scorer adds one softmax, weighted by w / its
+// sum, to its importance in double.
 //
 // Thread safety: reentrant, no state (the SIMD level is the process-wide one of
 // kernels/quantize.h).
@@ -34,13 +38,19 @@ namespace kvctl {
 // The reference (see above).
 float ExpRef(float x);
 
-// A softmax's numerators in place and their sum (see above), on the active SIMD level (AVX2
-// when the CPU has it). n >= 0.
-double SoftmaxNumerators(float* z, int64_t n);
+// A softmax's numerators of x into z and their sum (see above), on the active SIMD level (AVX2
+// when the CPU has it). n >= 0; z is x (in place) or does not overlap it.
+double SoftmaxNumerators(const float* x, float* z, int64_t n);
+inline double SoftmaxNumerators(float* z, int64_t n) { return SoftmaxNumerators(z, z, n); }
+
+// a[j] += double(z[j]) * w for j < n (see above), on the active SIMD level. n >= 0; a and z do
+// not overlap.
+void AddScaled(const float* z, int64_t n, double w, double* a);
 
 namespace simd {
-// SoftmaxNumerators on AVX2 (kernels/exp_avx2.cc); only called when the CPU has it.
-double SoftmaxNumeratorsAvx2(float* z, int64_t n);
+// SoftmaxNumerators and AddScaled on AVX2 (kernels/exp_avx2.cc); only called when the CPU has it.
+double SoftmaxNumeratorsAvx2(const float* x, float* z, int64_t n);
+void AddScaledAvx2(const float* z, int64_t n, double w, double* a);
 }  // namespace simd
 
 }  // namespace kvctl

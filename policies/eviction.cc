@@ -216,7 +216,8 @@ struct FloatLogits {
   }
 };
 // Unit rows (R-KV and SnapKV): the exact int32 dot of the unit rows, then
-// float(dot) * (norm_q * (norm_k * 2^-28)) in float. norm_k * 2^-28 is exact (norms are >= 1e-8,
+// float(dot) * (norm_q * (norm_k * 2^-28)) in float (kernels/dot.h LogitsFromUnitDots).
+// norm_k * 2^-28 is exact (norms are >= 1e-8,
 // far from float's subnormals), so the product is the one rounding of norm_q norm_k 2^-28, and it
 // overflows only where that value does (multiplying the norms first would overflow for huge
 // finite queries).
@@ -224,9 +225,6 @@ struct UnitLogits {
   const UnitRows& keys;
   const UnitRows& q;
   std::vector<int32_t>* dots;
-  static float LogitOf(int32_t dot, float qn, float kn) {
-    return static_cast<float>(dot) * (qn * (kn * 0x1p-28f));
-  }
   void Fill(int64_t first, int64_t rows, int64_t key_begin, int64_t count, float* out,
             int64_t ld) const {
     const int64_t d = keys.d;
@@ -234,12 +232,8 @@ struct UnitLogits {
     int32_t* dot = dots->data();
     DotRowsManyI16(q.Row(first), d, rows, keys.Row(key_begin), d, count, d, dot + key_begin, ld);
     for (int64_t r = 0; r < rows; ++r) {
-      const float qn = q.norm[first + r];
-      const int32_t* in = dot + r * ld;
-      float* o = out + r * ld;
-      for (int64_t j = key_begin; j < key_begin + count; ++j) {
-        o[j] = LogitOf(in[j], qn, keys.norm[j]);
-      }
+      LogitsFromUnitDots(dot + r * ld + key_begin, q.norm[first + r], keys.norm.data() + key_begin,
+                         count, out + r * ld + key_begin);
     }
   }
 };
@@ -284,10 +278,8 @@ void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double w
                      [&](int64_t i, const float* rows, int64_t ld) {
                        const int64_t n = counts[i];
                        for (int64_t h = 0; h < q.g; ++h) {
-                         const float* logits = rows + h * ld;
-                         std::copy(logits, logits + n, z.begin());
-                         const double w = weight / SoftmaxNumerators(z.data(), n);
-                         for (int64_t j = 0; j < n; ++j) out[j] += static_cast<double>(z[j]) * w;
+                         const double w = weight / SoftmaxNumerators(rows + h * ld, z.data(), n);
+                         AddScaled(z.data(), n, w, out);
                        }
                      });
 }
@@ -300,10 +292,10 @@ std::vector<double> Importance(const UnitLogits& logits, int64_t tokens, const O
                                std::vector<float>& chunk) {
   std::vector<double> a(static_cast<size_t>(n_imp), 0.0);
   std::vector<float> z(static_cast<size_t>(tokens));
-  // Softmax of z[0, n) (in place) added to a[0, min(n, n_imp)) with weight w.
-  auto add_softmax = [&](int64_t n, double w) {
-    const double scale = w / SoftmaxNumerators(z.data(), n);
-    for (int64_t j = 0; j < std::min(n, n_imp); ++j) a[j] += static_cast<double>(z[j]) * scale;
+  // Softmax of x[0, n) (into z) added to a[0, min(n, n_imp)) with weight w.
+  auto add_softmax = [&](const float* x, int64_t n, double w) {
+    const double scale = w / SoftmaxNumerators(x, z.data(), n);
+    AddScaled(z.data(), std::min(n, n_imp), scale, a.data());
   };
   // Query i sees keys [0, seen) (causal), and the softmax runs over its first n of them.
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
@@ -321,12 +313,10 @@ std::vector<double> Importance(const UnitLogits& logits, int64_t tokens, const O
                            const float* other = rows + h * ld;
                            for (int64_t j = 0; j < n; ++j) z[j] = std::max(z[j], other[j]);
                          }
-                         add_softmax(n, 1.0 / static_cast<double>(q.m));
+                         add_softmax(z.data(), n, 1.0 / static_cast<double>(q.m));
                        } else {
                          for (int64_t h = 0; h < q.g; ++h) {
-                           const float* logits = rows + h * ld;
-                           std::copy(logits, logits + n, z.begin());
-                           add_softmax(n, 1.0 / static_cast<double>(q.m * q.g));
+                           add_softmax(rows + h * ld, n, 1.0 / static_cast<double>(q.m * q.g));
                          }
                        }
                      });

@@ -267,5 +267,41 @@ TEST_CASE("UnitRowsI16: UnitRowsI16Ref's bits at every SIMD level") {
   }
 }
 
+TEST_CASE("LogitsFromUnitDotsRef: the three roundings in order, on known answers") {
+  // dot 2^28 with norms 3 and 5: 2^28 * (3 * (5 * 2^-28)) = 15 exactly.
+  const int32_t dot[] = {1 << 28, -(1 << 28), 0, 12345};
+  const float k_norm[] = {5.0f, 5.0f, 2.0f, 0.1f};
+  float out[4];
+  LogitsFromUnitDotsRef(dot, 3.0f, k_norm, 4, out);
+  CHECK(out[0] == 15.0f);
+  CHECK(out[1] == -15.0f);
+  CHECK(Bits(out[2]) == Bits(0.0f));
+  CHECK(Bits(out[3]) == Bits(12345.0f * (3.0f * (0.1f * 0x1p-28f))));
+}
+
+TEST_CASE("LogitsFromUnitDots: LogitsFromUnitDotsRef's bits at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<int32_t> dot_value(-(1 << 28), 1 << 28);
+  std::uniform_real_distribution<float> norm_value(1e-8f, 1e3f);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 7, 8, 9, 16, 31, 1000}) {
+      std::vector<int32_t> dot(static_cast<size_t>(n));
+      std::vector<float> k_norm(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) dot[j] = dot_value(rng), k_norm[j] = norm_value(rng);
+      if (n > 2) dot[1] = INT32_MAX, dot[2] = INT32_MIN;  // Rounded to float on conversion.
+      std::vector<float> want(static_cast<size_t>(n) + 1, 7.0f), got(want);
+      const float q_norm = norm_value(rng);
+      LogitsFromUnitDotsRef(dot.data(), q_norm, k_norm.data(), n, want.data());
+      LogitsFromUnitDots(dot.data(), q_norm, k_norm.data(), n, got.data());
+      INFO(SimdLevelName(level) << " n " << n);
+      for (size_t j = 0; j < want.size(); ++j) CHECK(Bits(got[j]) == Bits(want[j]));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvctl

@@ -137,5 +137,63 @@ TEST_CASE("SoftmaxNumerators: a softmax of finite logits sums to one") {
   CHECK(std::abs(total - 1.0) < 1e-12);
 }
 
+TEST_CASE("SoftmaxNumerators: out of place gives the in-place bits, input untouched") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> logit(0.0f, 6.0f);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 8, 11, 517}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = logit(rng);
+      const std::vector<float> x0 = x;
+      std::vector<float> in_place = x, z(static_cast<size_t>(n) + 1, 42.0f);
+      const double want = SoftmaxNumerators(in_place.data(), n);
+      const double got = SoftmaxNumerators(x.data(), z.data(), n);
+      INFO(SimdLevelName(level) << " n " << n);
+      CHECK(std::bit_cast<uint64_t>(got) == std::bit_cast<uint64_t>(want));
+      CHECK(x == x0);
+      for (int64_t j = 0; j < n; ++j) {
+        CHECK(std::bit_cast<uint32_t>(z[j]) == std::bit_cast<uint32_t>(in_place[j]));
+      }
+      CHECK(z[static_cast<size_t>(n)] == 42.0f);
+    }
+  }
+}
+
+TEST_CASE("AddScaled: a multiply then an add in double, the same bits at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  // Known answer: 0.1f widened, times 3, plus 1 (two roundings, not one).
+  double one[] = {1.0};
+  const float tenth[] = {0.1f};
+  AddScaled(tenth, 1, 3.0, one);
+  CHECK(std::bit_cast<uint64_t>(one[0]) ==
+        std::bit_cast<uint64_t>(1.0 + static_cast<double>(0.1f) * 3.0));
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<float> prob(0.0f, 1.0f);
+  std::uniform_real_distribution<double> acc(0.0, 1.0);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 4, 7, 8, 9, 23, 1000}) {
+      std::vector<float> z(static_cast<size_t>(n));
+      for (float& v : z) v = prob(rng);
+      std::vector<double> want(static_cast<size_t>(n) + 1);
+      for (double& v : want) v = acc(rng);
+      std::vector<double> got = want;
+      const double w = 1.0 / (3.0 + acc(rng));
+      for (int64_t j = 0; j < n; ++j) want[j] += static_cast<double>(z[j]) * w;
+      AddScaled(z.data(), n, w, got.data());
+      INFO(SimdLevelName(level) << " n " << n);
+      for (size_t j = 0; j < want.size(); ++j) {
+        CHECK(std::bit_cast<uint64_t>(got[j]) == std::bit_cast<uint64_t>(want[j]));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvctl
