@@ -534,6 +534,16 @@ EVICT_TURBO_ROWS_B = (
     # (a head compresses to its budget minus the period, so a longer period holds fewer tokens).
     ("snapkv", 0.99, 4, 3, 96, "_p64", {"evict.compression_period": "64"}, ""),      # 0.2455
     ("snapkv", 0.99, 4, 3, 96, "_p128", {"evict.compression_period": "128"}, ""),    # 0.2399
+    # Session 36: the same row with cheaper scoring at the same memory: 16 observation queries
+    # instead of 32 (half the logits and exponentials), or one softmax per query over the max of
+    # its group's logits (R-KV's reduction: a third of the exponentials).
+    ("snapkv", 0.98, 4, 3, 96, "_obs16", {"evict.obs_window": "16"}, ""),
+    ("snapkv", 0.98, 4, 3, 96, "_gmax", {"evict.group": "max"}, ""),
+    # After the prose run of those two (each within 0.15 points of the row): both at once, and
+    # 8 observation queries with the max.
+    ("snapkv", 0.98, 4, 3, 96, "_obs16_gmax", {"evict.obs_window": "16", "evict.group": "max"},
+     ""),
+    ("snapkv", 0.98, 4, 3, 96, "_obs8_gmax", {"evict.obs_window": "8", "evict.group": "max"}, ""),
     # Session 35, after the prose run of turbo_k4v2 with V's unbiased scale (+2.7 % at 0.232,
     # against turbo3's +4.7 %): 2-bit V pays for more kept tokens at the tight bands. The 1/8
     # recipe's R-KV settings (and the 1/16 row's) with K4/V2 at the keep that gives the same
