@@ -217,10 +217,9 @@ struct FloatLogits {
 };
 // Unit rows (R-KV and SnapKV): the exact int32 dot of the unit rows, then
 // float(dot) * (norm_q * (norm_k * 2^-28)) in float (kernels/dot.h LogitsFromUnitDots).
-// norm_k * 2^-28 is exact (norms are >= 1e-8,
-// far from float's subnormals), so the product is the one rounding of norm_q norm_k 2^-28, and it
-// overflows only where that value does (multiplying the norms first would overflow for huge
-// finite queries).
+// norm_k * 2^-28 is exact (norms are >= 1e-8, far from float's subnormals), so the product is the
+// one rounding of norm_q norm_k 2^-28, and it overflows only where that value does (multiplying
+// the norms first would overflow for huge finite queries).
 struct UnitLogits {
   const UnitRows& keys;
   const UnitRows& q;
