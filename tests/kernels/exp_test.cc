@@ -167,12 +167,27 @@ TEST_CASE("AddScaled: a multiply then an add in double, the same bits at every S
   const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   if (levels.empty()) return Skip(kNoSimd);
   SimdLevelGuard guard;
-  // Known answer: 0.1f widened, times 3, plus 1 (two roundings, not one).
+  // Known answer: 0.1f widened, times 3, plus 1.
   double one[] = {1.0};
   const float tenth[] = {0.1f};
   AddScaled(tenth, 1, 3.0, one);
   CHECK(std::bit_cast<uint64_t>(one[0]) ==
         std::bit_cast<uint64_t>(1.0 + static_cast<double>(0.1f) * 3.0));
+  // Two roundings, not one: these operands give a different double when the multiply and the
+  // add are fused (a search over random ones found them), so an FMA fails here. Nine copies: the
+  // AVX2 path's vector body and its scalar tail both see them.
+  const float z_fma = std::bit_cast<float>(0x3f566b83u);
+  const double w_fma = 0x1.1fed5e2d12f2fp-2, a_fma = 0x1.48dace8666678p-1;
+  const double unfused = static_cast<double>(z_fma) * w_fma + a_fma;
+  REQUIRE(unfused != std::fma(static_cast<double>(z_fma), w_fma, a_fma));
+  const std::vector<float> zs(9, z_fma);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    std::vector<double> sums(9, a_fma);
+    AddScaled(zs.data(), 9, w_fma, sums.data());
+    INFO(SimdLevelName(level));
+    for (double v : sums) CHECK(std::bit_cast<uint64_t>(v) == std::bit_cast<uint64_t>(unfused));
+  }
   std::mt19937_64 rng(17);
   std::uniform_real_distribution<float> prob(0.0f, 1.0f);
   std::uniform_real_distribution<double> acc(0.0, 1.0);
