@@ -1,7 +1,6 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/service/controller.h"
 
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 
 #include "common/checked_math.h"
 #include "common/half.h"
+#include "common/log.h"
 #include "common/secure_random.h"
 #include "controller/pool/cuda_arena.h"
 #include "controller/pool/slab.h"
@@ -184,7 +184,7 @@ StatusOr<std::unique_ptr<Controller>> Controller::Create(const Config& config) {
                                          config.pool.staging_bytes_per_session);
     // We hold the pool now, so objects with our prefix are a dead daemon's.
     if (const int removed = staging->RemoveLeftovers(); removed > 0) {
-      spdlog::warn("removed {} staging object(s) left by a previous daemon", removed);
+      Log(LogSeverity::kWarning, "removed {} staging object(s) left by a previous daemon", removed);
     }
   }
   KVCTL_ASSIGN_OR_RETURN(std::unique_ptr<PageAllocator> pool,
@@ -480,8 +480,8 @@ Status Controller::InsertSequence(uint64_t session_id, uint64_t sequence_id, Ste
   const std::string model_name = session.ok() ? (*session)->model_name : "";
   for (const CompressionWarning& w : entry->outlook.warnings) {
     if (compression_warnings_logged_.insert(w.message).second) {
-      spdlog::warn("OPEN{}: this configuration cannot compress ({}): {}",
-                   model_name.empty() ? "" : " (model \"" + model_name + "\")", w.cause, w.message);
+      Log(LogSeverity::kWarning, "OPEN{}: this configuration cannot compress ({}): {}",
+          model_name.empty() ? "" : " (model \"" + model_name + "\")", w.cause, w.message);
     }
   }
   // The session may have ended, or the same id been opened, while the sequence was built.
@@ -612,7 +612,8 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
   if (Status verified = entry->seq->Verify(begin, end, deferred != nullptr ? &budget : nullptr);
       !verified.ok()) {
     if (!was_lost) {
-      spdlog::error("FETCH: sequence {} lost: {}", request.sequence_id, verified.message());
+      Log(LogSeverity::kError, "FETCH: sequence {} lost: {}", request.sequence_id,
+          verified.message());
     }
     return verified;
   }

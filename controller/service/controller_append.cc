@@ -3,9 +3,9 @@
 // Controller::Append: resolves the request's tensors (inline frames, or a private copy of the
 // session's staging slot), takes the sequence's lock and stores them, relieving a full pool in
 // rounds (controller_pressure.cc).
-#include <spdlog/spdlog.h>
 
 #include "common/checked_math.h"
+#include "common/log.h"
 #include "controller/pool/staging_shm.h"
 #include "controller/service/controller.h"
 #include "controller/service/controller_internal.h"
@@ -150,7 +150,8 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   // A full pool: the append changed nothing; relieving it is a worker's job.
   if (deferred != nullptr && appended.code() == StatusCode::kResourceExhausted) return defer();
   if (appended.code() == StatusCode::kDataLoss && !was_lost) {
-    spdlog::error("APPEND: sequence {} lost: {}", request.sequence_id, appended.message());
+    Log(LogSeverity::kError, "APPEND: sequence {} lost: {}", request.sequence_id,
+        appended.message());
   }
   // Relief by others: round 0 frees cached prefixes and spills idle sequences (free_first),
   // round 1 lowers the widths of others (budget.pressure_scope = "pool"). The failed APPEND

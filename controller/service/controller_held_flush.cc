@@ -3,8 +3,7 @@
 // Controller::RunHeldFlushes (quant.flush_after_reply): the records of the flushes a decode
 // step's APPEND held so that its reply did not wait for them, encoded by the daemon on a worker
 // after the reply (KvSequence::PrepareHeldFlushStep) and written by the sequence's next APPEND.
-#include <spdlog/spdlog.h>
-
+#include "common/log.h"
 #include "controller/service/controller.h"
 
 namespace kvctl {
@@ -32,7 +31,7 @@ int64_t Controller::RunHeldFlushes() {
       if (!entry->seq->HeldFlushPending()) break;
       StatusOr<bool> done = entry->seq->PrepareHeldFlushStep();
       if (!done.ok()) {
-        spdlog::debug("held flush: {}", done.status().message());
+        Log(LogSeverity::kDebug, "held flush: {}", done.status().message());
         break;
       }
       ++layers_prepared;

@@ -6,12 +6,11 @@
 // cached one is shared copy-on-write (KvSequence::Fork), a longer one in the tier is restored,
 // kept in the cache and shared the same way. An opener with eviction on gets a copy instead
 // (eviction rewrites records in place). Network waits never happen under mu_.
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "common/checked_math.h"
+#include "common/log.h"
 #include "controller/sequence/sequence_image.h"
 #include "controller/service/controller.h"
 #include "controller/service/controller_internal.h"
@@ -77,8 +76,8 @@ std::shared_ptr<KvSequence> Controller::KeepLocalPrefix(
     const SequenceGeometry& geometry, const std::string& model_name, const HostShape& shape) {
   StatusOr<std::shared_ptr<KvSequence>> frozen = FreezePrefix(image, geometry, model_name, shape);
   if (!frozen.ok()) {
-    spdlog::info("prefix cache: a prefix of {} tokens is not kept: {}", tokens.size(),
-                 frozen.status().message());
+    Log(LogSeverity::kInfo, "prefix cache: a prefix of {} tokens is not kept: {}", tokens.size(),
+        frozen.status().message());
     return nullptr;
   }
   if (!prefix_cache_->Insert(key, std::vector<int32_t>(tokens.begin(), tokens.end()), *frozen)) {
@@ -165,8 +164,8 @@ StatusOr<ipc::SavePrefixReply> Controller::SavePrefix(const ipc::SavePrefixReque
     if (entry->seq) {
       StatusOr<uint64_t> freed = entry->seq->ShareWith(std::move(frozen));
       if (!freed.ok()) {
-        spdlog::info("SAVE_PREFIX: sequence {} keeps its own copy of the prefix: {}",
-                     request.sequence_id, freed.status().message());
+        Log(LogSeverity::kInfo, "SAVE_PREFIX: sequence {} keeps its own copy of the prefix: {}",
+            request.sequence_id, freed.status().message());
       }
     }
   }
@@ -240,9 +239,9 @@ StatusOr<ipc::OpenPrefixReply> Controller::OpenPrefix(const ipc::OpenPrefixReque
       seq = std::move(local.seq).value();
       found = local.index;
     } else if (!local.seq.ok()) {
-      spdlog::warn("OPEN_PREFIX: cached prefix of {} tokens not opened: {}",
-                   int64_t{local.index + 1} * t.config.tier.prefix_block_tokens,
-                   local.seq.status().message());
+      Log(LogSeverity::kWarning, "OPEN_PREFIX: cached prefix of {} tokens not opened: {}",
+          int64_t{local.index + 1} * t.config.tier.prefix_block_tokens,
+          local.seq.status().message());
     }
   }
   // The tier is asked only for prefixes longer than the one found here.
@@ -252,7 +251,7 @@ StatusOr<ipc::OpenPrefixReply> Controller::OpenPrefix(const ipc::OpenPrefixReque
     StatusOr<int> present = tier_->LongestPresent(longer);
     if (!present.ok()) {
       failed = true;
-      spdlog::warn("OPEN_PREFIX: tier lookup failed: {}", present.status().message());
+      Log(LogSeverity::kWarning, "OPEN_PREFIX: tier lookup failed: {}", present.status().message());
     }
     bool restored = false;
     for (int j = present.ok() ? *present : -1, tries = 0; j >= 0 && tries < kPrefixAttempts;
@@ -306,8 +305,8 @@ StatusOr<ipc::OpenPrefixReply> Controller::OpenPrefix(const ipc::OpenPrefixReque
         break;
       }
       failed = true;
-      spdlog::warn("OPEN_PREFIX: stored prefix of {} tokens not restored: {}", length,
-                   opened.status().message());
+      Log(LogSeverity::kWarning, "OPEN_PREFIX: stored prefix of {} tokens not restored: {}", length,
+          opened.status().message());
       if (opened.status().code() == StatusCode::kResourceExhausted) break;  // Shorter ones too.
     }
     tier_->CountLookup(restored, failed, restored ? static_cast<uint64_t>(seq->tokens()) : 0);

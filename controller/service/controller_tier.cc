@@ -5,12 +5,11 @@
 // OPEN_PREFIX are in controller_prefix.cc). Network waits never happen under mu_: a request waits
 // on the tier only while it holds its own sequence's lock (or none), so resident sequences are
 // never blocked by the tier.
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "common/checked_math.h"
+#include "common/log.h"
 #include "controller/sequence/sequence_image.h"
 #include "controller/service/controller.h"
 #include "controller/service/controller_internal.h"
@@ -36,7 +35,7 @@ Status Controller::EnsureResident(SequenceEntry& entry, uint64_t sequence_id) {
     s.lost =
         DataLoss("sequence_id: ", sequence_id, " was spilled to the tier and the tier lost it (",
                  why.message(), "); CLOSE it and prefill again");
-    spdlog::error("tier: {}", s.lost.message());
+    Log(LogSeverity::kError, "tier: {}", s.lost.message());
     tier_->ForgetSpill(s.key, s.bytes);
     tier_->CountRestore(false, true, {});
     return s.lost;
@@ -90,14 +89,15 @@ bool Controller::SpillLocked(SequenceEntry& entry, uint64_t sequence_id,
   if (!image.ok()) {
     entry.spill_refused = true;  // Its settings cannot be exported; not tried again.
     tier_->CountSpillRefused();
-    spdlog::info("tier: sequence {} stays in the pool: {}", sequence_id, image.status().message());
+    Log(LogSeverity::kInfo, "tier: sequence {} stays in the pool: {}", sequence_id,
+        image.status().message());
     return false;
   }
   const std::string key = tier_->NewSpillKey();
   if (Status put = tier_->PutSpill(key, *image); !put.ok()) {
     tier_->CountSpill(false, {});
-    spdlog::warn("tier: sequence {} not spilled, it stays in the pool: {}", sequence_id,
-                 put.message());
+    Log(LogSeverity::kWarning, "tier: sequence {} not spilled, it stays in the pool: {}",
+        sequence_id, put.message());
     return false;
   }
   const SequenceUsage usage = seq.Usage();

@@ -1,10 +1,10 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/service/prefix_cache.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <utility>
+
+#include "common/log.h"
 
 namespace kvctl {
 
@@ -49,8 +49,8 @@ PrefixCache::Opened PrefixCache::OpenLongest(std::span<const std::string> keys,
       ++counters_.hits;
       counters_.hit_tokens += e.tokens.size();
     } else if (!e.prefix->integrity().ok()) {
-      spdlog::error("prefix cache: a prefix of {} tokens is lost and dropped: {}", e.tokens.size(),
-                    e.prefix->integrity().message());
+      Log(LogSeverity::kError, "prefix cache: a prefix of {} tokens is lost and dropped: {}",
+          e.tokens.size(), e.prefix->integrity().message());
       ++counters_.lost;
       held_bytes_ -= e.pool_bytes;
       entries_.erase(it);
@@ -108,7 +108,7 @@ uint64_t PrefixCache::Scrub(uint64_t max_bytes) {
     bool wrapped = false;
     StatusOr<uint64_t> bytes = it->second.prefix->Scrub(max_bytes - verified, &wrapped);
     if (!bytes.ok()) {
-      spdlog::error(
+      Log(LogSeverity::kError,
           "prefix cache: a prefix of {} tokens failed its page checksums and is "
           "dropped: {}",
           it->second.tokens.size(), bytes.status().message());

@@ -4,11 +4,10 @@
 // controller.cc's request logic).
 #include "controller/service/scrubber.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <vector>
 
+#include "common/log.h"
 #include "controller/service/controller_internal.h"
 
 namespace kvctl {
@@ -53,8 +52,8 @@ uint64_t Controller::Scrub(uint64_t max_bytes) {
           if (bytes.ok()) {
             verified += *bytes;
           } else if (!was_lost) {
-            spdlog::error("scrubber: sequence {} of session #{} lost: {}", entries[i].sequence_id,
-                          entries[i].session_number, bytes.status().message());
+            Log(LogSeverity::kError, "scrubber: sequence {} of session #{} lost: {}",
+                entries[i].sequence_id, entries[i].session_number, bytes.status().message());
           }
         }
       }

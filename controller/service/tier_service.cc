@@ -1,11 +1,10 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 #include "controller/service/tier_service.h"
 
-#include <spdlog/spdlog.h>
-
 #include <cstdio>
 #include <string_view>
 
+#include "common/log.h"
 #include "common/secure_random.h"
 #include "tier/blob_store.h"
 #include "tier/redis_cluster.h"
@@ -74,13 +73,13 @@ StatusOr<tier::BlobStore*> TierService::Store() {
   MutexLock lock(&mu_);
   if (!cluster.ok()) {
     if (last_connect_error_.ok()) {
-      spdlog::warn("tier: cannot reach the cluster: {}", cluster.status().message());
+      Log(LogSeverity::kWarning, "tier: cannot reach the cluster: {}", cluster.status().message());
     }
     last_connect_error_ = cluster.status();
     last_failed_connect_ = std::chrono::steady_clock::now();
     return Unavailable("tier: ", cluster.status().message());
   }
-  spdlog::info("tier: connected to the cluster through {}", config_.nodes);
+  Log(LogSeverity::kInfo, "tier: connected to the cluster through {}", config_.nodes);
   last_connect_error_ = OkStatus();
   cluster_ = std::move(cluster).value();
   store_ = std::make_unique<tier::BlobStore>(cluster_.get(), config_.chunk_bytes);
