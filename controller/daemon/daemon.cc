@@ -20,6 +20,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/log.h"
 #include "controller/daemon/http_server.h"
 #include "controller/daemon/sd_notify.h"
 #include "controller/service/dispatch.h"
@@ -130,7 +131,7 @@ void LogToStderr() {
 void Notify(const std::string& state) {
   static std::atomic<bool> warned{false};
   const Status s = SdNotify(state);
-  if (!s.ok() && !warned.exchange(true)) spdlog::warn("sd_notify: {}", s.message());
+  if (!s.ok() && !warned.exchange(true)) Log(LogSeverity::kWarning, "sd_notify: {}", s.message());
 }
 
 std::chrono::milliseconds LeaseTick(const Config& config) {
@@ -172,11 +173,12 @@ void Daemon::Serve(ipc::Request& request, ipc::Responder& responder) {
   const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request.body));
   StatusOr<ipc::ReplyBody> reply = Dispatch(*controller_, request.body, start);
   if (const auto* hello = std::get_if<ipc::HelloRequest>(&request.body); hello && reply.ok()) {
-    spdlog::info("hello from \"{}\" (model \"{}\")", hello->client_name, hello->model_name);
+    Log(LogSeverity::kInfo, "hello from \"{}\" (model \"{}\")", hello->client_name,
+        hello->model_name);
   }
   if (const auto* bye = reply.ok() ? std::get_if<ipc::ByeReply>(&*reply) : nullptr) {
-    spdlog::info("bye: session ended, {} sequence(s) and {} bytes freed", bye->sequences_closed,
-                 bye->bytes_freed);
+    Log(LogSeverity::kInfo, "bye: session ended, {} sequence(s) and {} bytes freed",
+        bye->sequences_closed, bye->bytes_freed);
   }
   // The request is counted before its reply leaves, so a STATS sent right after a reply always
   // sees it.
@@ -251,26 +253,28 @@ void Daemon::Reload() {
                                           [](const ConfigChange& c) { return c.needs_restart; });
   // One line per changed key, with its old and new value and when it takes effect.
   if (s.ok()) {
-    if (changes.empty()) spdlog::info("reload: no change");
+    if (changes.empty()) Log(LogSeverity::kInfo, "reload: no change");
     for (const ConfigChange& c : changes) {
-      spdlog::info("reload: {} {} -> {} ({})", c.key, c.old_value, c.new_value, c.applies);
+      Log(LogSeverity::kInfo, "reload: {} {} -> {} ({})", c.key, c.old_value, c.new_value,
+          c.applies);
     }
     spdlog::set_level(SpdLevel(config->server.log_level));
   } else if (restart_needed) {
     for (const ConfigChange& c : changes) {
       if (c.needs_restart) {
-        spdlog::error(
+        Log(LogSeverity::kError,
             "reload: refused: {} {} -> {} (fixed while the daemon runs; restart it to "
             "change this key)",
             c.key, c.old_value, c.new_value);
       } else {
-        spdlog::warn("reload: not applied: {} {} -> {} (the reload was refused)", c.key,
-                     c.old_value, c.new_value);
+        Log(LogSeverity::kWarning, "reload: not applied: {} {} -> {} (the reload was refused)",
+            c.key, c.old_value, c.new_value);
       }
     }
-    spdlog::error("reload: refused; still serving with the previous config");
+    Log(LogSeverity::kError, "reload: refused; still serving with the previous config");
   } else {
-    spdlog::error("reload: refused; still serving with the previous config: {}", s.message());
+    Log(LogSeverity::kError, "reload: refused; still serving with the previous config: {}",
+        s.message());
   }
   Notify(internal::StrCat(
       "READY=1\nSTATUS=serving on ", server_->endpoint(), "; last reload ",
@@ -338,7 +342,8 @@ Status Daemon::StartStatsPublisher(const Config& config) {
   };
   impl.stats_timer.expires_after(std::chrono::milliseconds(0));
   impl.stats_timer.async_wait(*publish);
-  spdlog::info("stats published on {} every {} ms", endpoint, config.server.stats_interval_ms);
+  Log(LogSeverity::kInfo, "stats published on {} every {} ms", endpoint,
+      config.server.stats_interval_ms);
   return OkStatus();
 }
 
@@ -359,7 +364,7 @@ int Daemon::Run() {
           impl.signals.async_wait(on_signal);
           return;
         }
-        spdlog::info("signal {}: stopping", signo);
+        Log(LogSeverity::kInfo, "signal {}: stopping", signo);
         impl.io.stop();
       };
   impl.signals.async_wait(on_signal);
@@ -368,7 +373,7 @@ int Daemon::Run() {
       [&](const boost::system::error_code& ec) {
         if (ec) return;
         const int expired = controller_->ExpireLeases(std::chrono::steady_clock::now());
-        if (expired > 0) spdlog::info("lease expired: freed {} session(s)", expired);
+        if (expired > 0) Log(LogSeverity::kInfo, "lease expired: freed {} session(s)", expired);
         impl.lease_timer.expires_after(tick);
         impl.lease_timer.async_wait(on_tick);
       };
@@ -378,7 +383,7 @@ int Daemon::Run() {
   controller_->SetServerInfo(server_->endpoint(),
                              [server = server_.get()] { return server->counters(); });
   if (Status s = StartStatsPublisher(config); !s.ok()) {
-    spdlog::error("cannot start the stats publisher: {}", s.ToString());
+    Log(LogSeverity::kError, "cannot start the stats publisher: {}", s.ToString());
     return 1;
   }
   if (!config.server.http_address.empty()) {
@@ -389,27 +394,28 @@ int Daemon::Run() {
           return text.ok() ? RenderPrometheus(*text) : std::string();
         });
     if (!http.ok()) {
-      spdlog::error("cannot start the HTTP server: {}", http.status().ToString());
+      Log(LogSeverity::kError, "cannot start the HTTP server: {}", http.status().ToString());
       return 1;
     }
     impl.http = std::move(http).value();
     controller_->SetHttpAddress(impl.http->address());
-    spdlog::info("metrics on http://{}/metrics", impl.http->address());
+    Log(LogSeverity::kInfo, "metrics on http://{}/metrics", impl.http->address());
   }
 
   Status started = server_->Start([this](ipc::Request request, ipc::Responder responder) {
     Handle(std::move(request), std::move(responder));
   });
   if (!started.ok()) {
-    spdlog::error("cannot start the server: {}", started.ToString());
+    Log(LogSeverity::kError, "cannot start the server: {}", started.ToString());
     return 1;
   }
   if (controller_->shm_name().empty()) {
-    spdlog::info("kvctl {} serving on {} (pool {} bytes on CUDA device {}, with a host copy)",
-                 kKvctlVersion, server_->endpoint(), config.pool.bytes, config.pool.cuda_device);
+    Log(LogSeverity::kInfo,
+        "kvctl {} serving on {} (pool {} bytes on CUDA device {}, with a host copy)", kKvctlVersion,
+        server_->endpoint(), config.pool.bytes, config.pool.cuda_device);
   } else {
-    spdlog::info("kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
-                 server_->endpoint(), config.pool.bytes, controller_->shm_name());
+    Log(LogSeverity::kInfo, "kvctl {} serving on {} (pool {} bytes in /dev/shm{})", kKvctlVersion,
+        server_->endpoint(), config.pool.bytes, controller_->shm_name());
   }
   std::unique_ptr<Scrubber> scrubber = Scrubber::Start(config.pool, controller_.get());
   std::unique_ptr<PeriodicThread> tier_pass;
@@ -430,7 +436,7 @@ int Daemon::Run() {
   impl.RemoveStatsSocket();
   server_.reset();
   controller_.reset();  // Frees sequences, staging slots and the shm pool.
-  spdlog::info("stopped cleanly");
+  Log(LogSeverity::kInfo, "stopped cleanly");
   return 0;
 }
 
