@@ -121,9 +121,10 @@ struct BudgetConfig {
   double eviction_scale = 1;  // joint: distortion of a dropped token vs one at "0 bits".
   double avg_bits = 0;        // quant-only: average bits per element, metadata included.
   LayerProfile layer_profile{};
-  std::string profile;     // kvcalib profile: [ratequant] for quant-only, [reasonalloc] for demand.
-  int realloc_period = 0;  // Appended tokens between head re-allocations; 0 = off.
-  int floor = 0;           // Per-head starvation floor; 0 = StarvationFloor(window, avg).
+  std::string profile;  // kvcalib profile: [ratequant] for quant-only, [reasonalloc] for demand.
+  double demand_power = 1;  // layer_profile = demand: layer budgets follow demand^demand_power.
+  int realloc_period = 0;   // Appended tokens between head re-allocations; 0 = off.
+  int floor = 0;            // Per-head starvation floor; 0 = StarvationFloor(window, avg).
   double realloc_ema = 0;
   ReallocSplit realloc_split{};
   PressurePolicy pressure{};

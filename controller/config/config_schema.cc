@@ -541,6 +541,16 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_BUDGET_PROFILE",
            .doc = "Path of a kvcalib fit profile; read at load and on SIGHUP. Needed by "
                   "quant-only and by layer_profile = demand; \"\" = none."}),
+      Row<&Config::budget, &BudgetConfig::demand_power>(
+          {.key = "budget.demand_power",
+           .default_text = "1.0",
+           .min = 0,
+           .max = 4,
+           .flags = kRel,
+           .env = "KVCTL_BUDGET_DEMAND_POWER",
+           .doc = "layer_profile = demand: each layer's share of the budget follows its demand "
+                  "raised to this power; 1 = proportional (ReasonAlloc-like), 0.5 = square root "
+                  "(softer), 0 = uniform."}),
       Row<&Config::budget, &BudgetConfig::realloc_period>(
           {.key = "budget.realloc_period",
            .default_text = "0",

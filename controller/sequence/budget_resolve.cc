@@ -105,6 +105,9 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
       return InvalidArgument("budget.profile: its [reasonalloc] demand has ", s.demand.size(),
                              " layers, expected ", shape.layers, " (the session's layers)");
     }
+    // A softer (power < 1) or sharper split; 0 is uniform. Demand is finite and > 0 (the profile
+    // loader checks), so every power is too.
+    for (double& d : s.demand) d = std::pow(d, b.demand_power);
   }
   s.floor = EvictionFloor(c, s.sinks);
   if (c.budget.mode == BudgetMode::kJoint) {

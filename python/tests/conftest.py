@@ -101,7 +101,10 @@ def smollm2():
     import torch
     from kvctl.model import ModelNotFound, load_smollm2
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    # One torch thread: SmolLM2's one-token steps are too small for two to help (80 steps: 10.2 s
+    # with one thread, 11.5 s and twice the CPU with two on a quiet 2-vCPU Zen 3 guest), and under
+    # CTest -j2 a second thread spins on the core another test needs.
+    torch.set_num_threads(1)
     try:
         return load_smollm2()
     except ModelNotFound as e:

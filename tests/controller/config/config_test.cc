@@ -115,6 +115,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"budget.avg_bits", "0.0"},
       {"budget.layer_profile", "\"uniform\""},
       {"budget.profile", "\"\""},
+      {"budget.demand_power", "1.0"},
       {"budget.realloc_period", "0"},
       {"budget.floor", "0"},
       {"budget.realloc_ema", "0.5"},

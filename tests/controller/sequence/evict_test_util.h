@@ -23,6 +23,7 @@
 #include "controller/sequence/eviction_driver.h"
 #include "controller/sequence/kv_sequence.h"
 #include "kernels/quant_types.h"
+#include "policies/calib_profile.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
 
@@ -121,6 +122,25 @@ inline std::string WriteTwoHeadProfile(int layers) {
   const std::string path =
       "/tmp/kvctl-profile-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".toml";
   std::ofstream(path) << FormatRateQuantProfile(TwoHeadFit(spec, layers));
+  return path;
+}
+
+// As WriteTwoHeadProfile, with a [reasonalloc] table of this per-layer demand (layers =
+// demand.size()).
+inline std::string WriteTwoHeadDemandProfile(const std::vector<double>& demand) {
+  const int layers = static_cast<int>(demand.size());
+  CalibProfile profile;
+  profile.fit = TwoHeadFit(MakeQuantSpec(QuantMethod::kKivi, 32, 2, 2).value(), layers);
+  LayerDemandProfile d;
+  d.layers = layers;
+  d.kv_heads = 2;
+  d.queries_per_sequence = 8;
+  d.sequences = 1;
+  d.samples.assign(demand.size(), 16);
+  d.demand = demand;
+  profile.demand = d;
+  const std::string path = "/tmp/kvctl-demand-profile-" + std::to_string(getpid()) + ".toml";
+  std::ofstream(path) << FormatCalibProfile(profile);
   return path;
 }
 

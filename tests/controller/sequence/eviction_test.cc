@@ -406,6 +406,39 @@ TEST_CASE("Eviction: demand layer budgets never exceed what a layer holds", "[co
   CHECK(*early == std::vector<int64_t>{60, 60, 60});
 }
 
+TEST_CASE("Eviction: budget.demand_power softens or sharpens the demand split",
+          "[controller][evict]") {
+  // Demand (1, 4, 16): power 1 keeps it, 0.5 takes square roots (1, 2, 4), 0 makes it uniform.
+  const std::string path = testing::WriteTwoHeadDemandProfile({1, 4, 16});
+  const SequenceShape shape{.layers = 3, .kv_heads = 2, .q_heads = 4, .head_dim = 32};
+  for (auto [power, want] :
+       {std::pair{1.0, std::vector<double>{1, 4, 16}}, std::pair{0.5, std::vector<double>{1, 2, 4}},
+        std::pair{0.0, std::vector<double>{1, 1, 1}}}) {
+    INFO("power " << power);
+    Config c;
+    c.budget.mode = BudgetMode::kEvictOnly;
+    c.budget.tokens_per_head = 100;
+    c.budget.layer_profile = LayerProfile::kDemand;
+    c.budget.profile = path;
+    c.budget.demand_power = power;
+    c.evict.policy = EvictPolicy::kSnapKV;
+    StatusOr<EvictionSettings> s = ResolveEviction(c, shape);
+    INFO(s.status().message());
+    REQUIRE(s.ok());
+    CHECK(s->demand == want);
+    // Square roots: layer shares 1 : 2 : 4 of 600 tokens past the floors, none capped at 1000
+    // tokens seen.
+    if (power == 0.5) {
+      auto b = LayerBudgets(*s, 3, 2, 100, 1000);
+      REQUIRE(b.ok());
+      CHECK((*b)[0] < (*b)[1]);
+      CHECK((*b)[1] < (*b)[2]);
+      CHECK((*b)[0] + (*b)[1] + (*b)[2] == 600);
+    }
+  }
+  std::remove(path.c_str());
+}
+
 TEST_CASE("Eviction: snapkv resolves to SnapKV's reduction, rkv to R-KV's, both switchable",
           "[controller][evict]") {
   Config c;
