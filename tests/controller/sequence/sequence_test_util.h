@@ -2,7 +2,7 @@
 //
 // File: tests/controller/sequence/sequence_test_util.h
 // Shared by the KvSequence tests: a fresh shm-backed page pool per call, random fp16 decode steps,
-// a KIVI spec and per-layer plans of one quantizer at chosen widths.
+// a KIVI spec and per-layer plans of one quantizer at chosen widths; a Config from TOML text.
 //
 // Thread safety: MakeTestPool keeps a process-wide counter; call it from the test thread.
 //
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "controller/config/config.h"
 #include "controller/pool/pool.h"
 #include "controller/sequence/kv_sequence.h"
 
@@ -113,6 +114,15 @@ inline std::vector<LayerPlan> UniformPlans(int layers, int heads, const QuantSpe
     p.rules = PinnedRules(spec.method);
   }
   return plans;
+}
+
+// The built-in defaults with `toml` applied; the test stops (REQUIRE) when it does not apply.
+inline Config WithToml(const std::string& toml) {
+  Config c;
+  const Status s = ApplyToml(c, toml, "t.toml");
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return c;
 }
 
 }  // namespace kvctl::testing

@@ -1,0 +1,164 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// How [budget] and [evict] resolve into a sequence's EvictionSettings (ResolveEviction): the
+// scorers' reductions, the layer split by demand and its power, and the checks that name a bad
+// key, its value and what was expected.
+#include "controller/sequence/budget_resolve.h"
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "controller/config/config.h"
+#include "controller/sequence/eviction_driver.h"
+#include "tests/controller/sequence/evict_test_util.h"
+#include "tests/controller/sequence/sequence_test_util.h"
+
+namespace kvctl {
+namespace {
+
+using testing::WithToml;
+
+TEST_CASE("Eviction: demand layer budgets never exceed what a layer holds", "[controller][evict]") {
+  // Demand (1, 1, 8), 2 heads, average 100 after 150 tokens: the third layer's proportional 480
+  // passes the 300 its two heads hold; the surplus goes to the others and the total stays 600.
+  EvictionSettings s;
+  s.enabled = true;
+  s.layer_profile = LayerProfile::kDemand;
+  s.demand = {1, 1, 8};
+  s.floor = 10;
+  auto b = LayerBudgets(s, 3, 2, 100, 150);
+  REQUIRE(b.ok());
+  CHECK(*b == std::vector<int64_t>{150, 150, 300});
+  // Early on (30 tokens) every layer is capped at 60: nothing is evicted yet anyway.
+  auto early = LayerBudgets(s, 3, 2, 100, 30);
+  REQUIRE(early.ok());
+  CHECK(*early == std::vector<int64_t>{60, 60, 60});
+}
+
+TEST_CASE("Eviction: budget.demand_power softens or sharpens the demand split",
+          "[controller][evict]") {
+  // Demand (1, 4, 16): power 1 keeps it, 0.5 takes square roots (1, 2, 4), 0 makes it uniform.
+  const std::string path = testing::WriteTwoHeadDemandProfile({1, 4, 16});
+  const SequenceShape shape{.layers = 3, .kv_heads = 2, .q_heads = 4, .head_dim = 32};
+  for (auto [power, want] :
+       {std::pair{1.0, std::vector<double>{1, 4, 16}}, std::pair{0.5, std::vector<double>{1, 2, 4}},
+        std::pair{0.0, std::vector<double>{1, 1, 1}}}) {
+    INFO("power " << power);
+    Config c;
+    c.budget.mode = BudgetMode::kEvictOnly;
+    c.budget.tokens_per_head = 100;
+    c.budget.layer_profile = LayerProfile::kDemand;
+    c.budget.profile = path;
+    c.budget.demand_power = power;
+    c.evict.policy = EvictPolicy::kSnapKV;
+    StatusOr<EvictionSettings> s = ResolveEviction(c, shape);
+    INFO(s.status().message());
+    REQUIRE(s.ok());
+    CHECK(s->demand == want);
+    // Square roots: layer shares 1 : 2 : 4 of 600 tokens past the floors, none capped at 1000
+    // tokens seen.
+    if (power == 0.5) {
+      auto b = LayerBudgets(*s, 3, 2, 100, 1000);
+      REQUIRE(b.ok());
+      CHECK((*b)[0] < (*b)[1]);
+      CHECK((*b)[1] < (*b)[2]);
+      CHECK((*b)[0] + (*b)[1] + (*b)[2] == 600);
+    }
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Eviction: snapkv resolves to SnapKV's reduction, rkv to R-KV's, both switchable",
+          "[controller][evict]") {
+  Config c;
+  c.budget.mode = BudgetMode::kEvictOnly;
+  c.budget.tokens_per_head = 256;
+  c.evict.policy = EvictPolicy::kSnapKV;
+  const SequenceShape shape{.layers = 2, .kv_heads = 2, .q_heads = 4, .head_dim = 32};
+  auto s = ResolveEviction(c, shape);
+  REQUIRE(s.ok());
+  CHECK(s->snapkv.group == GqaReduce::kMeanProb);
+  CHECK(s->snapkv.softmax == SoftmaxScope::kCausal);
+  CHECK(s->rkv.group == GqaReduce::kMaxLogit);
+  CHECK(s->rkv.softmax == SoftmaxScope::kCandidates);
+  CHECK(!s->realloc_greedy);
+  c.evict.group = EvictGroup::kMax;
+  c.evict.softmax = EvictSoftmax::kCandidates;
+  c.budget.realloc_split = ReallocSplit::kGreedy;
+  s = ResolveEviction(c, shape);
+  REQUIRE(s.ok());
+  CHECK(s->snapkv.group == GqaReduce::kMaxLogit);
+  CHECK(s->snapkv.softmax == SoftmaxScope::kCandidates);
+  CHECK(s->realloc_greedy);
+  c.evict.group = EvictGroup::kMean;
+  c.evict.softmax = EvictSoftmax::kCausal;
+  s = ResolveEviction(c, shape);
+  REQUIRE(s.ok());
+  CHECK(s->rkv.group == GqaReduce::kMeanProb);
+  CHECK(s->rkv.softmax == SoftmaxScope::kCausal);
+}
+
+TEST_CASE("Budget config: bad combinations name the key, the value and what was expected",
+          "[controller][config][evict]") {
+  for (const auto& [toml, part] : std::vector<std::pair<std::string, std::string>>{
+           {"[budget]\nmode = \"evict-only\"\n", "budget.tokens_per_head: got 0"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\ntoken_fraction = 0.5\n",
+            "budget.token_fraction: got 0.5"},
+           {"[budget]\nmode = \"joint\"\n", "budget.bytes: got 0B and budget.fp16_fraction 0"},
+           {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\n", "budget.plan_tokens: got 0"},
+           {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\nplan_tokens = 512\n",
+            "budget.profile: got \"\""},
+           {"[budget]\nbytes = \"1MiB\"\n", "budget.bytes: got 1MiB, expected 0 unless"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[quant]\nmethod = \"oscar\"\n",
+            "cannot run with quant.method = \"oscar\""},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[evict]\npolicy = "
+            "\"snapkv\"\nwindow = 16\n",
+            "evict.obs_window: got 32, expected at most evict.window 16"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[evict]\nkernel = 4\n",
+            "evict.kernel: got 4, expected an odd number"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 10\n",
+            "budget.tokens_per_head: got 10, expected at least evict.sinks + evict.window = 12"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nrealloc_period = 16\n",
+            "budget.realloc_period: got 16, expected 0 with evict.policy = \"streaming\""},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nlayer_profile = \"demand\"\n",
+            "budget.layer_profile: got \"demand\", expected budget.profile"},
+           {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\nlayer_profile = "
+            "\"demand\"\nprofile = \"/nonexistent/p.toml\"\n",
+            "/nonexistent/p.toml"},
+           {"[budget]\nmode = \"quant-only\"\n", "budget.avg_bits: got 0"},
+           {"[budget]\nmode = \"quant-only\"\navg_bits = 3.0\n", "budget.profile: got \"\""},
+           {"[evict]\npolicy = \"lru\"\n", "evict.policy: got \"lru\", expected one of streaming"},
+       }) {
+    INFO(toml);
+    Config c;
+    Status s = ApplyToml(c, toml, "t.toml");
+    if (s.ok()) s = ValidateConfig(c);
+    CHECK(!s.ok());  // INVALID_ARGUMENT, or NOT_FOUND for a profile file that is not there.
+    CHECK(s.message().find(part) != std::string::npos);
+  }
+  // A good evict-only config resolves against a session; kvarn's 128 fp16 sinks raise the floor.
+  Config c = WithToml(
+      "[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\n[evict]\npolicy = "
+      "\"h2o\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  StatusOr<EvictionSettings> s = ResolveEviction(c, {2, 2, 4, 64, 0});
+  REQUIRE(s.ok());
+  CHECK(s->enabled);
+  CHECK(s->sinks == 4);
+  CHECK(s->window == 8);
+  CHECK(s->floor == 16);  // max(window + 8, 64 / 4).
+  const Status kvarn = ResolveEviction(c, {2, 2, 4, 64, 128}).status();
+  CHECK(kvarn.message().find("budget.tokens_per_head: got 64, expected at least 136") !=
+        std::string::npos);
+  const Status no_q = ResolveEviction(c, {2, 2, 0, 64, 0}).status();
+  CHECK(no_q.message().find("q_heads: got 0") != std::string::npos);
+  // Defaults keep today's behaviour: nothing evicts.
+  StatusOr<EvictionSettings> none = ResolveEviction(Config(), {2, 2, 0, 64, 0});
+  REQUIRE(none.ok());
+  CHECK(!none->enabled);
+}
+
+}  // namespace
+}  // namespace kvctl
