@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "common/thread_annotations.h"
@@ -106,7 +107,7 @@ Status ValidateEvictOnly(const Config& c) {
           "budget.layer_profile: got \"demand\", expected budget.profile to "
           "name a kvcalib profile with a [reasonalloc] table");
     }
-    KVCTL_RETURN_IF_ERROR(LoadLayerDemand(b.profile).status());
+    KVCTL_RETURN_IF_ERROR(LoadLayerDemand(b).status());
   }
   return ValidateEvictKeys(c);
 }
@@ -170,14 +171,27 @@ int64_t EvictionFloor(const Config& c, int64_t sinks) {
   return std::max<int64_t>(floor, sinks + window);
 }
 
-StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path) {
-  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadBudgetProfile(path));
+StatusOr<std::vector<double>> LoadLayerDemand(const BudgetConfig& b) {
+  KVCTL_ASSIGN_OR_RETURN(CalibProfile profile, LoadBudgetProfile(b.profile));
   if (!profile.demand) {
-    return InvalidArgument("budget.profile: \"", path,
+    return InvalidArgument("budget.profile: \"", b.profile,
                            "\" has no [reasonalloc] table, expected a kvcalib fit profile made "
                            "with queries (not --no-demand)");
   }
-  return profile.demand->demand;
+  // The profile's demand is in (0, 1e18] (ParseCalibProfile checks), so no power up to 4
+  // overflows it, but one can round a small demand to 0, which the split would refuse only at
+  // the first APPEND.
+  std::vector<double> demand = profile.demand->demand;
+  for (size_t l = 0; l < demand.size(); ++l) {
+    const double tempered = std::pow(demand[l], b.demand_power);
+    if (!std::isfinite(tempered) || tempered <= 0) {
+      return InvalidArgument("budget.demand_power: got ", b.demand_power, ", which takes layer ", l,
+                             "'s demand ", demand[l], " of \"", b.profile, "\" to ", tempered,
+                             "; expected a power that keeps every demand finite and > 0");
+    }
+    demand[l] = tempered;
+  }
+  return demand;
 }
 
 Status ValidateBudgetConfig(const Config& c) {

@@ -31,8 +31,10 @@ Status ValidateBudgetConfig(const Config& config);
 // the last one parsed is kept (an edited file is read again).
 StatusOr<CalibProfile> LoadBudgetProfile(const std::string& path);
 
-// The per-layer demand of the [reasonalloc] table of a kvcalib profile.
-StatusOr<std::vector<double>> LoadLayerDemand(const std::string& path);
+// The per-layer demand of the [reasonalloc] table of budget.profile, each raised to
+// budget.demand_power. INVALID_ARGUMENT naming budget.demand_power when a tempered demand is not
+// finite and > 0.
+StatusOr<std::vector<double>> LoadLayerDemand(const BudgetConfig& b);
 
 // evict.obs_window and evict.window with their 0 = "the policy's default" resolved.
 int64_t EffectiveObsWindow(const EvictConfig& evict);

@@ -100,14 +100,11 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
   s.realloc_ema = b.realloc_ema;
   s.realloc_greedy = b.realloc_split == ReallocSplit::kGreedy;
   if (s.layer_profile == LayerProfile::kDemand) {
-    KVCTL_ASSIGN_OR_RETURN(s.demand, LoadLayerDemand(b.profile));
+    KVCTL_ASSIGN_OR_RETURN(s.demand, LoadLayerDemand(b));  // Tempered by demand_power.
     if (static_cast<int>(s.demand.size()) != shape.layers) {
       return InvalidArgument("budget.profile: its [reasonalloc] demand has ", s.demand.size(),
                              " layers, expected ", shape.layers, " (the session's layers)");
     }
-    // A softer (power < 1) or sharper split; 0 is uniform. Demand is finite and > 0 (the profile
-    // loader checks), so every power is too.
-    for (double& d : s.demand) d = std::pow(d, b.demand_power);
   }
   s.floor = EvictionFloor(c, s.sinks);
   if (c.budget.mode == BudgetMode::kJoint) {

@@ -68,6 +68,22 @@ TEST_CASE("Eviction: budget.demand_power softens or sharpens the demand split",
     }
   }
   std::remove(path.c_str());
+  // A power that rounds a demand to 0 (1e-200^2; the profile bounds demand to (0, 1e18], so no
+  // power up to 4 overflows one) is refused at load, naming the key, not at the first APPEND.
+  {
+    const std::string extreme = testing::WriteTwoHeadDemandProfile({1e-200, 1, 1});
+    Config c = WithToml(
+        "[budget]\nmode = \"evict-only\"\ntokens_per_head = 100\nlayer_profile = "
+        "\"demand\"\ndemand_power = 2.0\nprofile = \"" +
+        extreme + "\"\n[evict]\npolicy = \"snapkv\"\n");
+    const Status invalid = ValidateConfig(c);
+    INFO(invalid.message());
+    CHECK(invalid.code() == StatusCode::kInvalidArgument);
+    CHECK(invalid.message().find("budget.demand_power: got 2, which takes layer 0's demand") !=
+          std::string::npos);
+    CHECK(ResolveEviction(c, shape).status().code() == StatusCode::kInvalidArgument);
+    std::remove(extreme.c_str());
+  }
 }
 
 TEST_CASE("Eviction: snapkv resolves to SnapKV's reduction, rkv to R-KV's, both switchable",

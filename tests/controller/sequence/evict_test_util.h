@@ -139,7 +139,9 @@ inline std::string WriteTwoHeadDemandProfile(const std::vector<double>& demand) 
   d.samples.assign(demand.size(), 16);
   d.demand = demand;
   profile.demand = d;
-  const std::string path = "/tmp/kvctl-demand-profile-" + std::to_string(getpid()) + ".toml";
+  static int counter = 0;
+  const std::string path = "/tmp/kvctl-demand-profile-" + std::to_string(getpid()) + "-" +
+                           std::to_string(counter++) + ".toml";
   std::ofstream(path) << FormatCalibProfile(profile);
   return path;
 }
