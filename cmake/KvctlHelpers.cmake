@@ -38,6 +38,9 @@ function(kvctl_cc_test)
   # 2026-12-04): Catch's assertion macros expand to much code that -O3 inlines.
   target_compile_options(${ARG_NAME} PRIVATE ${KVCTL_WARNINGS} $<$<CONFIG:Release>:-O1>)
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} kvctl_catch_main)
+  # Catch's header precompiled once per test binary: parsing it was about a third of a test file's
+  # compile (tests' CPU 99 -> 63 s over policies_test and sequence_test, 2026-12-06).
+  target_precompile_headers(${ARG_NAME} PRIVATE <catch2/catch.hpp>)
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   if(ARG_EXCLUDE_FROM_ALL)
     return()

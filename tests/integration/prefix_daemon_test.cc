@@ -21,7 +21,8 @@ using namespace prefix_test;  // NOLINT: the shared helpers of these tests.
 constexpr char kPool[] = "bytes = \"64MiB\"\npage_bytes = \"16KiB\"\n";
 
 std::string LocalToml(const std::string& extra = "") {
-  return std::string(kPool) + "[tier]\nprefix_block_tokens = 16\n" + extra;
+  // append(): see tests/tier/tier_test_util.cc on g++ 12's false -Warray-bounds.
+  return std::string(kPool).append("[tier]\nprefix_block_tokens = 16\n").append(extra);
 }
 
 // Record ids of (layer 0..n, head) pairs of a blocks FETCH, per pair.

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/quantize.h"
 #include "tests/kernels/attention_cases.h"
+#include "tests/kernels_cuda/cuda_device.h"
 
 namespace kvctl {
 namespace {
@@ -65,6 +66,7 @@ struct Shape {
 
 TEST_CASE("AttentionCuda: every method, width, head_dim and shape matches DecodeAttentionRef",
           "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   const Shape shapes[] = {{"window only", 0, 0, 37},
                           {"sinks + tail", 5, 0, 11},
                           {"one record", 0, 1, 0},
@@ -110,6 +112,7 @@ TEST_CASE("AttentionCuda: every method, width, head_dim and shape matches Decode
 }
 
 TEST_CASE("AttentionCuda: mixed widths and GQA group 8 across many heads", "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   for (auto [kb, vb] : {std::pair{4, 2}, std::pair{2, 4}}) {
     for (QuantMethod m : {QuantMethod::kKivi, QuantMethod::kKvarn, QuantMethod::kOscar}) {
       const QuantSpec spec = Spec(m, 128, kb, vb);
@@ -129,6 +132,7 @@ TEST_CASE("AttentionCuda: mixed widths and GQA group 8 across many heads", "[cud
 }
 
 TEST_CASE("AttentionCuda: long context over 128 split-K parts", "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   for (QuantMethod m : {QuantMethod::kKvarn, QuantMethod::kKivi}) {
     const QuantSpec spec = Spec(m, 128, 2, 2);
     const int records = 16384 / spec.block_tokens;  // 16K quantized tokens.
@@ -144,6 +148,7 @@ TEST_CASE("AttentionCuda: long context over 128 split-K parts", "[cuda]") {
 }
 
 TEST_CASE("AttentionCuda: empty heads and more parts than records", "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   const QuantSpec spec = Spec(QuantMethod::kKivi, 64, 2, 2);
   std::vector<AttentionCase> heads;
   heads.push_back(MakeAttentionCase(spec, 3, 0, 0, 0, DType::kF16, 1));  // No token at all.
@@ -159,6 +164,7 @@ TEST_CASE("AttentionCuda: empty heads and more parts than records", "[cuda]") {
 // A changed code must move the GPU output exactly like the CPU's: the kernel reads the records
 // it is given (no stale or shared state between heads).
 TEST_CASE("AttentionCuda: one changed V code moves the output like the reference", "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   const QuantSpec spec = Spec(QuantMethod::kKivi, 64, 2, 2);
   std::vector<AttentionCase> heads;
   heads.push_back(MakeAttentionCase(spec, 1, 0, 3, 0, DType::kF16, 9));

@@ -1,16 +1,15 @@
-// [cuda] GPU block codecs against the CPU reference. Without a device only the [cuda-host] tests
-// (host-side validation) run, and the binary exits 77 (CTest: skipped) if they pass.
-#define CATCH_CONFIG_RUNNER
+// [cuda] GPU block codecs against the CPU reference. Without a device each [cuda] case is skipped
+// (tests/kernels_cuda/cuda_device.h); Catch's main is tests/catch_main.cc, as in every test binary.
 #include "kernels/cuda/quant_cuda.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "kernels/quantize.h"
+#include "tests/kernels_cuda/cuda_device.h"
 #include "tests/support/synthetic_kv.h"
 
 namespace kvctl {
@@ -18,6 +17,7 @@ namespace {
 
 // Every method x bit width (K and V equal, plus k4v2 / k2v4) x head_dim 64 and 128.
 TEST_CASE("QuantCuda: records and dequantized rows match the CPU reference", "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   for (QuantMethod m : {QuantMethod::kFp16, QuantMethod::kKivi, QuantMethod::kQuaRot,
                         QuantMethod::kKvarn, QuantMethod::kOscar, QuantMethod::kTurbo}) {
     for (auto [wk, wv] : {std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 4}, std::pair{8, 8},
@@ -70,16 +70,3 @@ TEST_CASE("QuantCuda: records and dequantized rows match the CPU reference", "[c
 
 }  // namespace
 }  // namespace kvctl
-
-int main(int argc, char** argv) {
-  if (kvctl::CudaDeviceCount() == 0) {
-    // Host-side checks still run; a failure there is a failure, success is "skipped".
-    Catch::Session session;
-    session.configData().testsOrTags = {"[cuda-host]"};
-    const int failed = session.run();
-    if (failed != 0) return failed;
-    std::printf("no CUDA device: [cuda] tests skipped\n");
-    return 77;
-  }
-  return Catch::Session().run(argc, argv);
-}

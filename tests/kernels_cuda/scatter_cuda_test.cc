@@ -11,10 +11,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "tests/kernels_cuda/cuda_device.h"
+
 namespace kvctl {
 namespace {
 
 TEST_CASE("ScatterCuda: aligned and unaligned ranges land at their destinations", "[cuda]") {
+  if (!testing::CudaDeviceOrSkip()) return;
   // Whole 16-byte-aligned pages (the uint4 path), odd slots (the byte path), one byte.
   const std::vector<CopyRange> want_ranges = {
       {0, 4096, 4096}, {4096, 20000 + 3, 250}, {4346, 100, 1}, {4347, 9000, 512}};
