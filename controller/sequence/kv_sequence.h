@@ -440,8 +440,9 @@ class KvSequence {
   // Tokens a head's tail holds after an append of n tokens without eviction (inline in
   // kv_sequence_internal.h): AppendIsLight and PlanHeadRows share this rule.
   static int64_t TailAfterAppend(const HeadStream& head, int sink_target, int64_t n);
-  // Prepare, step by step (kv_sequence_append.cc): the budgets of the layer's heads, the H2O
-  // fold, the online head re-allocation, one head's eviction, its record plan, its rows.
+  // Prepare, step by step (kv_sequence_evict.cc; the driver in kv_sequence_append.cc): the budgets
+  // of the layer's heads, the H2O fold, the online head re-allocation, one head's eviction, its
+  // record plan, its rows.
   struct LayerPrep;
   // Before a prepare first reads stored slots of the layer to write what it read again (decoded
   // and re-packed, moved by their bytes): checks the chunks of every head's slots once

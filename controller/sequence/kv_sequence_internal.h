@@ -3,7 +3,7 @@
 // File: controller/sequence/kv_sequence_internal.h (internal to controller/kv_sequence*.cc)
 // The stored state of a KvSequence and the plan of one append, shared by the storage and commit
 // code (kv_sequence.cc) and the scoring, eviction and compaction that prepare an append
-// (kv_sequence_append.cc).
+// (kv_sequence_append.cc, kv_sequence_evict.cc).
 #ifndef KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_
 #define KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_INTERNAL_H_
 
@@ -173,6 +173,44 @@ struct KvSequence::HeldFlushPrep {
   int next_layer = 0;      // Layers [0, next_layer) are prepared.
   std::vector<PreparedLayer> layers;
 };
+
+// The working state of one layer's Prepare, shared by its steps.
+struct KvSequence::LayerPrep {
+  int l = 0;
+  int64_t n = 0;
+  const LayerState& layer;
+  const AppendContext& ctx;
+  const KvTensorView& k;
+  const KvTensorView& v;
+  PreparedLayer* out;
+  // Each head's tokens in fp32 (old and new), decoded only when scoring needs them (never
+  // without eviction: a decode step then touches none of this): rows of DecodedRows(), valid
+  // where have_all / have_records say.
+  std::vector<float*> all_k{}, all_v{};
+  std::vector<bool> have_all{};      // The rows past the records are decoded (all_k/all_v).
+  std::vector<bool> have_records{};  // The records' K rows too.
+  // Per head, per record: its V rows are in all_v (RecordValues); empty until FullKeys.
+  std::vector<std::vector<uint8_t>> record_values{};
+  std::vector<int64_t> budget{};  // Per head, with eviction.
+  bool have_q = false;            // Query rows to score with.
+  int64_t obs = 0;                // Observation rows among them.
+  ProtectedRegions regions{};
+  bool checked = false;  // CheckLayerSlots ran.
+  Status loss{};         // The DATA_LOSS CheckLayerSlots found.
+};
+
+// One record's rows as the scorers and a re-pack read them: decoded (V only when v is not null),
+// then rounded to fp16 values unless the layer is lossless (round false). Materialize and
+// RecordValues both decode through this, so a V decoded later equals one decoded with its K.
+void DecodeRecordRounded(const QuantSpec& spec, const uint8_t* record, const float* norms,
+                         bool round, float* k, float* v, size_t elems);
+// Appends the fp32 rows `rows[i] * d` of src, i in [begin, end), as fp16. Exact for the rows a
+// flush quantizes: a quantized layer's values are fp16 already (stored rows, or decoded and
+// rounded by Materialize).
+void AppendRowsAsHalves(const float* src, int d, const std::vector<int64_t>& rows, size_t begin,
+                        size_t end, std::vector<uint16_t>* dst);
+// `s` with "layer l, head h: " before its message.
+Status WithLayerHead(int l, int h, const Status& s);
 
 // Prepare's query step. StartQueries: nothing taken yet (the layer's `kept` rows stay).
 // TakeQueries: this append's query rows (fp32) after the kept ones, as the eviction policy needs

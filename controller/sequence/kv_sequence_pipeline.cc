@@ -3,7 +3,8 @@
 // APPEND as a pipeline of stages (docs/algorithms.md §16 has the slab accounting):
 //   1. ValidateAppend: shapes, positions, values (each element read once, as bits), Q.
 //   2. PlanAppend: the token budgets of this append (eviction schedule or joint caps).
-//   3. Prepare (kv_sequence_append.cc, per layer): scoring, eviction, compaction and the new
+//   3. Prepare (kv_sequence_append.cc and kv_sequence_evict.cc, per layer): scoring, eviction,
+//   compaction and the new
 //      records encoded into temporary memory; CountSlots sums the slots each slab needs.
 //   4. ReservePages: every page the append needs in one allocation, or compaction of the slabs
 //      that shrink first when the pool is short, or RESOURCE_EXHAUSTED with nothing changed.
