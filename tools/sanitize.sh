@@ -6,10 +6,12 @@
 #         for both; the kernels' SIMD files are compiled by g++ with the same sanitizers).
 #   tsan  TSan (g++ -O1) over the concurrency tests in build-tsan/: the daemon (integration_test
 #         runs a TSan kvctl: 8 clients at once, leases, SIGHUP, hostile clients), ipc_test's server
-#         tests (I/O thread and responders on other threads), pool_test, service_test's
-#         hostile-client and [threads] tests (the dense FETCH helper thread) and sequence_test's
-#         pool-pressure tests (these from sequence_pressure_test, the two of sequence_test's files
-#         they are in, in both builds).
+#         tests (I/O thread and responders on other threads; from ipc_server_test, the two of
+#         ipc_test's files they are in), pool_test, service_test's hostile-client and [threads]
+#         tests (the dense FETCH helper thread; from service_threads_test, its three files) and
+#         sequence_test's pool-pressure tests (these from sequence_pressure_test, the two of
+#         sequence_test's files they are in, in both builds). The TSan build compiles only these
+#         subsets.
 # Sanitizer reports of child processes (the daemon) go to files under <build>/sanitizer-logs/;
 # any file there fails the check.
 #
@@ -57,8 +59,8 @@ build_tsan() {
   cmake -S . -B "$TSAN_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF \
     -DKVCTL_WERROR=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" >/dev/null
-  build_targets "$TSAN_BUILD" kvctl integration_test ipc_test pool_test service_test \
-    sequence_pressure_test
+  build_targets "$TSAN_BUILD" kvctl integration_test ipc_server_test pool_test \
+    service_threads_test sequence_pressure_test
 }
 
 # Runs a test binary with the sanitizer's reports (its own and its children's) logged to files;
@@ -116,16 +118,16 @@ run_check() {
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/integration_test"
       ;;
     tsan-ipc)
-      need "$TSAN_BUILD/tests/ipc_test"
-      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/ipc_test" \
+      need "$TSAN_BUILD/tests/ipc_server_test"
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/ipc_server_test" \
         "ZmqServer*,Client*"
       ;;
     tsan-controller)
-      for bin in pool_test service_test sequence_pressure_test; do
+      for bin in pool_test service_threads_test sequence_pressure_test; do
         need "$TSAN_BUILD/tests/$bin"
       done
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/pool_test"
-      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/service_test" \
+      run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" "$TSAN_BUILD/tests/service_threads_test" \
         "[hostile]$NOT_UNDER_SANITIZERS,[threads]"
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" \
         "$TSAN_BUILD/tests/sequence_pressure_test" \
