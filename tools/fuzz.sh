@@ -36,7 +36,9 @@ JOBS=${KVCTL_JOBS:-$(nproc)}
 
 SANITIZE_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 SANITIZE_FLAGS+=" -fno-omit-frame-pointer"
-# -O1 keeps the instrumented build quick; the kernels' SIMD files go to g++ (cxx_launcher.sh).
+# -O1 keeps the instrumented build quick, and the test files (tools/sanitize.sh builds ASan tests
+# here) compile at -O0 (KVCTL_TEST_OPT_LEVEL, cmake/KvctlHelpers.cmake); the kernels' SIMD files
+# go to g++ (cxx_launcher.sh).
 build() {
   local start
   start=$(date +%s)
@@ -44,7 +46,7 @@ build() {
     -DCMAKE_CXX_COMPILER_LAUNCHER="$ROOT/tests/fuzz/cxx_launcher.sh" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
     -DKVCTL_CUDA=OFF -DKVCTL_TORCH=OFF -DKVCTL_FUZZ=ON -DKVCTL_WERROR=OFF \
-    "-DCMAKE_CXX_FLAGS=$SANITIZE_FLAGS" >/dev/null
+    -DKVCTL_TEST_OPT_LEVEL=-O0 "-DCMAKE_CXX_FLAGS=$SANITIZE_FLAGS" >/dev/null
   # Build output (clang warnings on code written for g++) goes to a file, shown on failure.
   if ! cmake --build "$BUILD" -j "$JOBS" --target kvctl_request_fuzz kvctl_fuzz_seeds \
     kvctl_image_fuzz \
