@@ -11,7 +11,8 @@ set(KVCTL_WARNINGS -Wall -Wextra)
 # The sanitizer builds (tools/fuzz.sh, tools/sanitize.sh) set -O0: their test files then compile
 # in a third of the CPU (a service test under clang ASan: 15 s at -O1, 5 s at -O0), while the
 # libraries under test keep the build type's level. Empty: the build type's level.
-set(KVCTL_TEST_OPT_LEVEL "" CACHE STRING "Optimization flag for test files (empty: the build type's)")
+set(KVCTL_TEST_OPT_LEVEL "" CACHE STRING
+    "Optimization flag for test files (empty: the build type's)")
 if(KVCTL_WERROR)
   list(APPEND KVCTL_WARNINGS -Werror)
 endif()
