@@ -184,8 +184,8 @@ struct KvSequence::LayerPrep {
   const KvTensorView& v;
   PreparedLayer* out;
   // Each head's tokens in fp32 (old and new), decoded only when scoring needs them (never
-  // without eviction: a decode step then touches none of this): rows of DecodedRows(), valid
-  // where have_all / have_records say.
+  // without eviction: a decode step then touches none of this): rows of the thread's DecodedRows
+  // (kv_sequence_append.cc), valid where have_all / have_records say.
   std::vector<float*> all_k{}, all_v{};
   std::vector<bool> have_all{};      // The rows past the records are decoded (all_k/all_v).
   std::vector<bool> have_records{};  // The records' K rows too.

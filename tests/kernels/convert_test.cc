@@ -169,8 +169,8 @@ TEST_CASE("Convert: RoundToHalfInPlace gives RoundToHalf of every value, past a 
       size_t first_diff = n;
       for (size_t i = 0; i < n && first_diff == n; ++i) {
         const float want = RoundToHalf(BitsToFloat(bits[i]));
-        const bool same = std::isnan(want) ? std::isnan(values[i])
-                                           : FloatBits(values[i]) == FloatBits(want);
+        const bool same =
+            std::isnan(want) ? std::isnan(values[i]) : FloatBits(values[i]) == FloatBits(want);
         if (!same) first_diff = i;
       }
       INFO("first wrong element " << first_diff << " of " << n << ", input bits "
