@@ -81,8 +81,11 @@ def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=F
             settle_steps=0):
     """The figures of one run (the JSON object main prints): `ids` [1, >= context + steps]. With
     settle_steps K (0 < K < steps - 1) the steps after the first K + 1 are also reported apart:
-    past one compression period every layer has compressed once since the prefill, and an
-    evicting scorer's state built for the decode (R-KV's carried partners) is in use."""
+    with a fixed budget or token_fraction <= 0.5, past one compression period every layer has
+    compressed once since the prefill (above 0.5 the layers take turns over a longer interval,
+    controller/sequence/eviction_driver.h StaggerInterval, so a run needs that many steps to see
+    each layer's turn), and an evicting scorer's state built for the decode (R-KV's carried
+    partners) is in use."""
     from transformers import DynamicCache
     from kvctl.hf import KvctlCache
     from kvctl.process import ManagedDaemon
@@ -149,8 +152,8 @@ def main(argv=None) -> int:
                         "eviction scorers need: OPEN of such a sequence is refused without them)")
     p.add_argument("--settle-steps", type=int, default=0, metavar="K",
                    help="also report the steps after the first K + 1 apart (K = "
-                        "evict.compression_period: every layer has compressed once since the "
-                        "prefill)")
+                        "evict.compression_period: with token_fraction <= 0.5 every layer has "
+                        "compressed once since the prefill)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.context < 1 or args.steps < 1:

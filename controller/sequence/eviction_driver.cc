@@ -15,6 +15,22 @@ bool CompressionDue(int64_t period, int layer, int layers, int64_t tokens_before
   return (tokens_after + phase) / period != (tokens_before + phase) / period;
 }
 
+int64_t StaggerInterval(const EvictionSettings& s, int64_t tokens_seen) {
+  const int64_t period = s.compression_period;
+  // Fixed budgets (tokens_per_head, joint caps, or the floor while it exceeds the fraction) grow
+  // by nothing.
+  if (period <= 1 || s.tokens_per_head > 0 || !s.head_caps.empty() ||
+      AverageBudget(s, tokens_seen) <= s.floor) {
+    return period;
+  }
+  // The most the interval grows to (f near 1): a head then keeps nearly every token anyway.
+  constexpr int64_t kMostPeriods = 1024;
+  const double room = 2.0 * (1.0 - s.token_fraction);
+  // Rounded, not truncated: 2 x (1 - 0.98) is 0.04 plus an ulp.
+  if (room <= 1.0 / kMostPeriods) return period * kMostPeriods;
+  return std::max<int64_t>(period, std::llround(static_cast<double>(period) / room));
+}
+
 std::string_view EvictPolicyName(EvictPolicy policy) {
   switch (policy) {
     case EvictPolicy::kStreaming:

@@ -36,7 +36,7 @@ struct EvictionSettings {
   RkvParams rkv;
   int64_t compression_period = 1;
   // evict.stagger_layers: layer l is also compressed at the appends where tokens + phase(l)
-  // crosses a multiple of compression_period (CompressionDue), whenever it holds more than its
+  // crosses a multiple of StaggerInterval (CompressionDue), whenever it holds more than its
   // compressed size; layers then take turns instead of all overflowing on the same step.
   bool stagger_layers = false;
   // evict.whole_records: streaming evicts up to a record boundary rather than re-pack records.
@@ -65,6 +65,15 @@ struct EvictionSettings {
 // phase layer * period / layers plus the token count crosses a multiple of the period.
 bool CompressionDue(int64_t period, int layer, int layers, int64_t tokens_before,
                     int64_t tokens_after);
+
+// The period CompressionDue staggers compressions by, after `tokens_seen` appended tokens. A head
+// compressed to budget - P + 1 tokens reaches its budget again after P new tokens when the budget
+// is fixed, but only after about P / (1 - f) when it grows as a fraction f of the tokens seen:
+// compressing every P tokens regardless would make, at f = 0.98, fifty times as many compressions
+// as overflows, each scoring every key and re-packing every record behind an evicted token to
+// drop one token or none. So with a growing budget the interval is max(P, P / (2 (1 - f))): a
+// layer compresses when about P / 2 tokens are due to go, before it can overflow (P = period).
+int64_t StaggerInterval(const EvictionSettings& s, int64_t tokens_seen);
 
 std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "snapkv", "rkv".
 

@@ -183,10 +183,10 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
     PlanReallocation(n, have_q, &ctx);
   }
   if (eviction_.enabled && eviction_.stagger_layers && eviction_.compression_period > 1) {
+    const int64_t interval = StaggerInterval(eviction_, tokens_ + n);
     ctx.compress_due.resize(static_cast<size_t>(layers));
     for (int l = 0; l < layers; ++l) {
-      ctx.compress_due[l] =
-          CompressionDue(eviction_.compression_period, l, layers, tokens_, tokens_ + n) ? 1 : 0;
+      ctx.compress_due[l] = CompressionDue(interval, l, layers, tokens_, tokens_ + n) ? 1 : 0;
     }
   }
   PlanFlushSpread(n, &ctx);

@@ -190,6 +190,20 @@ pressure_scope = "pool"
 pressure = "requantize"
 pressure_scope = "sequence"
 )" + std::string(kOscarModel),
+      // A budget growing at 0.9 of the tokens: the staggered turns come every 4 / (2 x 0.1) = 20
+      // tokens (StaggerInterval), not every period.
+      R"(
+[budget]
+mode = "evict-only"
+token_fraction = 0.9
+[evict]
+policy = "snapkv"
+sinks = 1
+window = 4
+obs_window = 4
+compression_period = 4
+stagger_layers = true
+)",
   };
 }
 

@@ -135,6 +135,77 @@ TEST_CASE("Eviction: staggered layers compress in turns, as often, within their 
   }
 }
 
+TEST_CASE("StaggerInterval: the period, or longer where the budget grows with the tokens",
+          "[controller][evict]") {
+  EvictionSettings s = Fixed(EvictPolicy::kSnapKV, 48, 32);
+  CHECK(StaggerInterval(s, 8192) == 32);  // tokens_per_head: fixed.
+  s.tokens_per_head = 0;
+  for (auto [fraction, interval] :
+       {std::pair{0.25, 32}, {0.5, 32}, {0.75, 64}, {0.875, 128}, {0.98, 800}, {1.0, 32 * 1024}}) {
+    INFO("token_fraction " << fraction);
+    s.token_fraction = fraction;
+    CHECK(StaggerInterval(s, 8192) == interval);
+  }
+  // While the floor exceeds the fraction the budget is fixed too.
+  s.token_fraction = 0.98;
+  s.floor = 100;
+  CHECK(StaggerInterval(s, 100) == 32);
+  CHECK(StaggerInterval(s, 8192) == 800);
+  // So are joint caps, and a period of 1 (every overflow) stays 1.
+  s.head_caps = {100, 100};
+  CHECK(StaggerInterval(s, 8192) == 32);
+  s.head_caps.clear();
+  s.compression_period = 1;
+  CHECK(StaggerInterval(s, 8192) == 1);
+}
+
+TEST_CASE("Eviction: with a growing budget staggered layers compress when half a period is due",
+          "[controller][evict]") {
+  // token_fraction 0.9, period 4: a head compressed to budget - 3 overflows again after about 40
+  // tokens. Every 4 tokens (the interval of a fixed budget) it would drop one token or none; the
+  // staggered interval is 4 / (2 x 0.1) = 20 tokens, about 2 tokens each.
+  const int layers = 8, kv_heads = 2, d = 32, prefill = 60, total = 460;
+  const int64_t period = 4;
+  const Stream s(layers, total, kv_heads, 2 * kv_heads, d, 23);
+  auto pool = testing::MakeTestPool(16 << 20, 4096);
+  EvictionSettings settings = testing::EvictOn(EvictPolicy::kSnapKV, 4, 8, 8);
+  settings.token_fraction = 0.9;
+  settings.compression_period = period;
+  settings.stagger_layers = true;
+  const int64_t interval = StaggerInterval(settings, total);
+  REQUIRE(interval == 20);
+  KvSequence seq(pool.get(), Geometry(layers, kv_heads, d),
+                 KiviPlans(layers, kv_heads, d, 8, 16, 4), settings);
+  REQUIRE(s.Append(seq, 0, prefill).ok());
+  std::vector<uint64_t> last(layers, 0);
+  CompressedLayers(seq, layers, &last);
+  size_t most = 0;
+  for (int t = prefill; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1).ok());
+    INFO("token " << t);
+    const std::vector<int> now = CompressedLayers(seq, layers, &last);
+    most = std::max(most, now.size());
+    // Each compression is the layer's turn: none was forced by an overflow.
+    for (int l : now) CHECK(CompressionDue(interval, l, layers, t, t + 1));
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < kv_heads; ++h) {
+        const HeadUsage u = seq.HeadUsageOf(l, h);
+        CHECK(u.tokens <= u.budget);
+      }
+    }
+  }
+  CHECK(most == 1);
+  // 400 decode tokens: 20 turns per layer, against 100 at the fixed budget's interval.
+  const int turns = (total - prefill) / static_cast<int>(interval);
+  for (int l = 0; l < layers; ++l) {
+    INFO("layer " << l);
+    const HeadUsage u = seq.HeadUsageOf(l, 0);
+    CHECK(u.compressions >= static_cast<uint64_t>(turns - 1));
+    CHECK(u.compressions <= static_cast<uint64_t>(turns + 2));  // + the prefill's.
+    CHECK(u.evicted_tokens >= static_cast<uint64_t>((total - prefill) / 10 - 4));
+  }
+}
+
 std::vector<int> ResplitLayers(const KvSequence& seq, int layers, std::vector<int64_t>* last) {
   return MovedLayers(seq, layers, &HeadUsage::budget, last);
 }
