@@ -88,6 +88,10 @@ std::string StagedPayload(const ipc::HelloRequest& h, uint32_t n) {
 
 // HELLO, OPEN, inline and staged APPENDs, both FETCH modes, STATS, PING, SAVE_PREFIX, CLOSE,
 // OPEN_PREFIX, BYE.
+// The RELOAD variants past variant 0 (VariantTomls() in request_path_fuzz.cc): each gets a
+// session script.
+constexpr uint8_t kReloadVariants = 7;
+
 std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
                     uint32_t head_dim) {
   const ipc::HelloRequest h = Hello(model, 2, 2, q_heads, head_dim);
@@ -305,25 +309,30 @@ int Main(int argc, char** argv) {
   const std::pair<const char*, uint32_t> models[] = {{"", 32},      {"fp16", 8},   {"lossless", 8},
                                                      {"quarot", 8}, {"kvarn", 16}, {"oscar", 32},
                                                      {"mixed", 32}, {"turbo", 16}};
+  size_t scripts = 0;
+  auto script = [&](const std::string& name, const std::string& bytes) {
+    Write(dir, name, bytes);
+    ++scripts;
+  };
   for (const auto& [model, head_dim] : models) {
-    Write(dir, std::string("session-") + (*model ? model : "default"),
-          Session(model, 0, 2, head_dim));
+    script(std::string("session-") + (*model ? model : "default"), Session(model, 0, 2, head_dim));
   }
-  for (uint8_t variant = 1; variant <= 6; ++variant) {
-    Write(dir, "variant-" + std::to_string(variant), Session("fp16", variant, 2, 8));
+  for (uint8_t variant = 1; variant <= kReloadVariants; ++variant) {
+    script("variant-" + std::to_string(variant), Session("fp16", variant, 2, 8));
   }
-  Write(dir, "session-noq-kvarn", Session("kvarn", 5, 0, 16));
-  Write(dir, "two-sessions-lease", TwoSessionsAndLease());
-  Write(dir, "pool-pressure-pool-scope", PoolPressure(5));
-  Write(dir, "pool-pressure-sequence-scope", PoolPressure(6));
-  Write(dir, "verify-once-fetch", VerifyOnceFetch());
-  Write(dir, "spread-flush", SpreadFlush());
-  Write(dir, "held-flush", HeldFlush());
-  for (uint8_t variant = 1; variant <= 4; ++variant) {  // streaming, h2o, snapkv, rkv.
-    Write(dir, "deferred-prefill-" + std::to_string(variant), DeferredPrefill(variant));
+  script("session-noq-kvarn", Session("kvarn", 5, 0, 16));
+  script("two-sessions-lease", TwoSessionsAndLease());
+  script("pool-pressure-pool-scope", PoolPressure(5));
+  script("pool-pressure-sequence-scope", PoolPressure(6));
+  script("verify-once-fetch", VerifyOnceFetch());
+  script("spread-flush", SpreadFlush());
+  script("held-flush", HeldFlush());
+  // The evicting variants: streaming, h2o, snapkv, rkv, and snapkv with a growing budget.
+  for (int variant : {1, 2, 3, 4, 7}) {
+    script("deferred-prefill-" + std::to_string(variant), DeferredPrefill(variant));
   }
-  std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n,
-              std::size(models) + 17, dir.c_str());
+  std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n, scripts,
+              dir.c_str());
   return 0;
 }
 
