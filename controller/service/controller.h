@@ -202,6 +202,33 @@ class Controller {
   StatusOr<std::shared_ptr<Session>> FindSessionLocked(uint64_t session_id, SteadyTime now)
       KVCTL_REQUIRES(mu_);
   void FreeSessionLocked(Session& session) KVCTL_REQUIRES(mu_);
+
+  // APPEND's steps (controller_append.cc, in the order Append runs them).
+  // Where the request's tensors are: its inline frames (staged_bytes 0), a cpu pool session's
+  // own staging object, or a cuda pool's slot in the pool (device_slot, on the host copy).
+  struct AppendSource {
+    ipc::Geometry geometry;
+    uint64_t staged_bytes = 0;  // From request.staging_offset, inside the session's slot.
+    std::shared_ptr<StagingObject> object;  // Keeps the mapping while it is copied.
+    const uint8_t* device_slot = nullptr;
+  };
+  // Under mu_: the session, the request's shape against its geometry, the staging span.
+  StatusOr<AppendSource> ResolveAppendSource(const ipc::AppendRequest& request, SteadyTime now)
+      KVCTL_EXCLUDES(mu_);
+  // The staged bytes the append reads: a private copy in `snapshot` (cpu pool), or the host
+  // copy of the device slot once pulled; null for inline frames. With `deferred`, sets it
+  // instead of copying more than a decode step's rows or pulling from the device.
+  StatusOr<const uint8_t*> ReadStaged(const ipc::AppendRequest& request, const AppendSource& source,
+                                      StagingSnapshot& snapshot, bool* deferred);
+  // KvSequence::Append, then relief by others in rounds while the pool is short; the sequence's
+  // lock is let go during a round. With `deferred`, a short pool defers instead.
+  Status AppendWithRelief(SequenceEntry& entry, const ipc::AppendRequest& request,
+                          const std::vector<KvTensorView>& k, const std::vector<KvTensorView>& v,
+                          const std::vector<KvTensorView>* q, SteadyTime now, bool* deferred)
+      KVCTL_REQUIRES(entry.mu) KVCTL_EXCLUDES(mu_);
+  // quant.flush_after_reply: queues the sequence (once) for RunHeldFlushes.
+  void QueueHeldFlush(const std::shared_ptr<SequenceEntry>& entry) KVCTL_REQUIRES(entry->mu)
+      KVCTL_EXCLUDES(held_flush_mu_);
   // Gives the session's staging slot back: its own object (cpu pool) or its slot in the pool.
   void ReleaseStaging(Session& session);
   // Frees a sequence, keeping its quality telemetry in the daemon's lifetime totals.
