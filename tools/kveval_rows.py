@@ -435,6 +435,15 @@ EVICT_TURBO_ROWS = (
 )
 
 
+MEMORY_AIMED_ROWS = (
+    ("evict_rkv_m125_turbo_k4v3_f64_obs32_l60_p64", "rkv", 0.125, 4, 3, 64,
+     {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.compression_period": "64"}),
+    ("evict_rkv_m0625_turbo_k4v2_f32_obs32_l60", "rkv", 0.0625, 4, 2, 32,
+     {"evict.obs_window": "32", "evict.lambda": "0.6"}),
+    ("evict_snapkv_m25_turbo_k4v3_f96_obs16", "snapkv", 0.25, 4, 3, 96,
+     {"evict.obs_window": "16"}),
+)
+
 # Issue #18's 1/8 band, the scorer and the layer split (chosen on prose, confirmed on code): the
 # SnapKV 47 % x K4/V3 f64 layout (0.1239) with R-KV or H2O scoring, with ReasonAlloc-like layer
 # budgets (budget.layer_profile demand from the KIVI profile's [reasonalloc], with and without
@@ -601,6 +610,20 @@ def evict_turbo_rows():
                         profile=profile, send_q=True,
                         note="%s evict-only token_fraction %g, TurboQuant K%d/V%d, "
                         "quant.flush_tokens %d%s" % (policy, keep, k, v, flush, "".join(
+                            ", %s %s" % kv for kv in sorted(extra.items())))))
+    # Session 40: budget.fp16_fraction with evict-only (AimEvictionAtMemory): each head keeps as
+    # many tokens as fit the share of fp16 memory, so a recipe tuned by token_fraction at 2K
+    # (under its band there) stops leaving memory unused at 8K, where the fp16 tail is amortized
+    # (the 1/8 recipe at 0.485 holds 0.117 at 8K, the quarter one at 0.98 holds 0.235).
+    # (name, policy, memory share, k_bits, v_bits, flush, extra settings)
+    for name, policy, share, k, v, flush, extra in MEMORY_AIMED_ROWS:
+        settings = evict_quant(policy, 0.5, "turbo", k, v, quant__flush_tokens=flush)
+        del settings["budget.token_fraction"]
+        settings["budget.fp16_fraction"] = "%g" % share
+        settings.update(extra)
+        rows.append(Row(name, "kvctl", settings, send_q=True,
+                        note="%s evict-only budget.fp16_fraction %g, TurboQuant K%d/V%d, "
+                        "quant.flush_tokens %d%s" % (policy, share, k, v, flush, "".join(
                             ", %s %s" % kv for kv in sorted(extra.items())))))
     return rows
 

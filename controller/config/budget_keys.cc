@@ -77,15 +77,18 @@ Status ValidateJoint(const Config& c) {
 Status ValidateEvictOnly(const Config& c) {
   const BudgetConfig& b = c.budget;
   const EvictConfig& e = c.evict;
-  if (b.tokens_per_head == 0 && b.token_fraction == 0) {
-    return InvalidArgument(
-        "budget.tokens_per_head: got 0 and budget.token_fraction 0, expected one of them > 0 "
-        "with budget.mode = \"evict-only\"");
+  const int budgets = (b.tokens_per_head > 0) + (b.token_fraction > 0) + (b.fp16_fraction > 0);
+  if (budgets != 1) {
+    return InvalidArgument("budget.tokens_per_head: got ", b.tokens_per_head,
+                           ", budget.token_fraction ", b.token_fraction,
+                           " and budget.fp16_fraction ", b.fp16_fraction,
+                           ", expected exactly one of them > 0 with budget.mode = \"evict-only\" "
+                           "(a token count, a share of the tokens, or a share of fp16 memory)");
   }
-  if (b.tokens_per_head > 0 && b.token_fraction > 0) {
-    return InvalidArgument("budget.token_fraction: got ", b.token_fraction,
-                           " with budget.tokens_per_head ", b.tokens_per_head,
-                           " also set, expected only one of them");
+  if (b.avg_bits > 0) {
+    return InvalidArgument("budget.avg_bits: got ", b.avg_bits,
+                           ", expected 0 with budget.mode = \"evict-only\" (its widths are "
+                           "[quant]'s; budget.fp16_fraction budgets memory)");
   }
   const int64_t window = EffectiveWindow(e);
   if (b.tokens_per_head > 0 && b.tokens_per_head < e.sinks + window) {
@@ -210,7 +213,8 @@ Status ValidateBudgetConfig(const Config& c) {
   if (b.bytes != 0) {
     return InvalidArgument("budget.bytes: got ", FormatByteSize(b.bytes),
                            ", expected 0 unless budget.mode = \"joint\" (evict-only budgets "
-                           "tokens: budget.tokens_per_head or budget.token_fraction; quant-only "
+                           "tokens or memory: budget.tokens_per_head, budget.token_fraction or "
+                           "budget.fp16_fraction; quant-only "
                            "budgets bits: budget.avg_bits or budget.fp16_fraction)");
   }
   if (b.mode == BudgetMode::kEvictOnly) return ValidateEvictOnly(c);

@@ -468,7 +468,8 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_TOKENS_PER_HEAD",
            .doc = "evict-only: average tokens kept per (layer, KV head), sinks and window "
-                  "included; a hard cap after every APPEND. 0 = use budget.token_fraction."}),
+                  "included; a hard cap after every APPEND. 0 = use budget.token_fraction or "
+                  "budget.fp16_fraction."}),
       Row<&Config::budget, &BudgetConfig::token_fraction>(
           {.key = "budget.token_fraction",
            .default_text = "0.0",
@@ -477,7 +478,8 @@ std::vector<ConfigOption> BuildSchema() {
            .flags = kRel,
            .env = "KVCTL_BUDGET_TOKEN_FRACTION",
            .doc = "evict-only: average tokens kept per head as a fraction of the tokens appended "
-                  "so far (never below the floor); 0 = use budget.tokens_per_head."}),
+                  "so far (never below the floor); 0 = use budget.tokens_per_head or "
+                  "budget.fp16_fraction."}),
       Row<&Config::budget, &BudgetConfig::bytes>(
           {.key = "budget.bytes",
            .default_text = "0B",
@@ -505,7 +507,10 @@ std::vector<ConfigOption> BuildSchema() {
            .env = "KVCTL_BUDGET_FP16_FRACTION",
            .doc = "quant-only: size as a fraction of fp16, i.e. average bits = 16 x this; "
                   "0 = use budget.avg_bits. joint: the byte budget as this fraction of the fp16 "
-                  "bytes of budget.plan_tokens tokens."}),
+                  "bytes of budget.plan_tokens tokens. evict-only: a memory budget instead of "
+                  "a token count: each head keeps as many tokens as its records and fp16 rows "
+                  "(sinks, half a flush of tail on average) fit in this fraction of the fp16 "
+                  "bytes of the tokens appended so far."}),
       Row<&Config::budget, &BudgetConfig::eviction_scale>(
           {.key = "budget.eviction_scale",
            .default_text = "1.0",

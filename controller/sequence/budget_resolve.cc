@@ -16,17 +16,16 @@ using internal::StrCat;
 
 namespace {
 
-// Smallest sequence length T at which a head at the average budget max(ceil(f T), floor) holds
-// `need` rows (f > 0); never below `need` itself.
-int64_t FractionOnset(double f, int64_t floor, int64_t need) {
-  if (floor >= need) return need;
-  auto kept = [f](int64_t t) {
-    return static_cast<int64_t>(std::ceil(f * static_cast<double>(t)));
-  };
-  int64_t t = static_cast<int64_t>(std::ceil(static_cast<double>(need) / f));
-  while (t > need && kept(t - 1) >= need) --t;
-  while (kept(t) < need) ++t;
-  return std::max(t, need);
+// Smallest sequence length T at which a head at the average budget AverageBudget(ev, T) (a
+// token_fraction > 0, so it grows without bound) holds `need` rows; never below `need` itself.
+int64_t FractionOnset(const EvictionSettings& ev, int64_t need) {
+  if (ev.floor >= need) return need;
+  const double f = ev.token_fraction;
+  int64_t t = static_cast<int64_t>(std::ceil(static_cast<double>(need + ev.fraction_offset) / f));
+  t = std::max(t, need);
+  while (t > need && AverageBudget(ev, t - 1) >= need) --t;
+  while (AverageBudget(ev, t) < need) ++t;
+  return t;
 }
 
 }  // namespace
@@ -128,6 +127,38 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
                            "and Q with every APPEND");
   }
   return s;
+}
+
+void AimEvictionAtMemory(const Config& c, const std::vector<LayerPlan>& plans, int head_dim,
+                         DType dtype, EvictionSettings* s) {
+  if (!s->enabled || c.budget.mode != BudgetMode::kEvictOnly || c.budget.fp16_fraction <= 0) {
+    return;
+  }
+  // Per (layer, head) stream and token: fp16 row bytes (K and V), what kept tokens cost as
+  // records (or as rows, lossless), and the fp16 rows a quantized head holds whatever its budget:
+  // its sinks and, on average over the steps, half a flush of tail.
+  const double fp16_row = 2.0 * head_dim * 2;
+  double kept_bytes = 0, fixed_bytes = 0;
+  int64_t streams = 0;
+  for (const LayerPlan& lp : plans) {
+    for (const QuantSpec& spec : lp.head_specs) {
+      ++streams;
+      if (lp.lossless || spec.method == QuantMethod::kFp16) {
+        kept_bytes += 2.0 * head_dim * static_cast<double>(DTypeSize(dtype));
+        continue;
+      }
+      const double record = static_cast<double>(BlockLayoutOf(spec).record_bytes) /
+                            static_cast<double>(spec.block_tokens);
+      kept_bytes += record;
+      const double rows = lp.rules.sink_tokens + 0.5 * lp.rules.flush_tokens;
+      fixed_bytes += rows * (fp16_row - record);
+    }
+  }
+  if (streams == 0 || kept_bytes <= 0) return;
+  // Bytes of K tokens kept by every stream: K x kept_bytes + fixed_bytes = m x T x fp16_row x
+  // streams, so K = (m x fp16_row x streams / kept_bytes) T - fixed_bytes / kept_bytes.
+  s->token_fraction = c.budget.fp16_fraction * fp16_row * static_cast<double>(streams) / kept_bytes;
+  s->fraction_offset = static_cast<int64_t>(std::ceil(std::max(0.0, fixed_bytes) / kept_bytes));
 }
 
 Status ApplyBudgetWidths(const Config& c, const SequenceShape& shape, std::vector<LayerPlan>* plans,
@@ -250,10 +281,14 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
                   need, " rows (", rows, "), so those heads are never quantized; ", fix)});
     }
   } else if (ev.enabled && ev.token_fraction > 0) {
-    out.onset_tokens = FractionOnset(ev.token_fraction, ev.floor, need);
-    source =
-        StrCat("budget.token_fraction ", ev.token_fraction, " keeps that share of the tokens (",
-               "at least ", ev.floor, " per head) and ", rows);
+    out.onset_tokens = FractionOnset(ev, need);
+    source = c.budget.fp16_fraction > 0
+                 ? StrCat("budget.fp16_fraction ", c.budget.fp16_fraction, " keeps ",
+                          ev.token_fraction, " of the tokens less ", ev.fraction_offset,
+                          " (at least ", ev.floor, " per head) and ", rows)
+                 : StrCat("budget.token_fraction ", ev.token_fraction,
+                          " keeps that share of the tokens (at least ", ev.floor, " per head) and ",
+                          rows);
   }
   if (c.budget.mode == BudgetMode::kJoint && c.budget.plan_tokens < out.onset_tokens) {
     out.warnings.push_back(

@@ -39,6 +39,15 @@ struct SequenceShape {
 StatusOr<EvictionSettings> ResolveEviction(const Config& config, const SequenceShape& shape,
                                            const std::vector<int64_t>& head_caps = {});
 
+// evict-only with budget.fp16_fraction m (a memory budget instead of a token count): sets the
+// settings' token_fraction and fraction_offset from the layers' plans so that the average budget
+// K(T) = ceil(f T) - offset keeps each head's records plus its fp16 rows (sinks, and half a
+// flush of tail: the mean over the steps) at m x the fp16 bytes of the T tokens seen:
+// f = m x fp16 row bytes / kept bytes per token, offset = the fp16 rows' extra bytes over the
+// same tokens as records, in kept tokens. The pool's page slack is not counted. No-op otherwise.
+void AimEvictionAtMemory(const Config& config, const std::vector<LayerPlan>& plans, int head_dim,
+                         DType dtype, EvictionSettings* settings);
+
 // What APPENDs of a new sequence do when the pool is full (budget.pressure): lower widths only
 // with "requantize", pricing each head by the RateQuant curves of budget.profile when it was
 // fitted for this geometry, else by the default model (policies/width_relief.h).

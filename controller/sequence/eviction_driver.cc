@@ -48,7 +48,8 @@ std::string_view EvictPolicyName(EvictPolicy policy) {
 int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen) {
   int64_t avg = s.tokens_per_head;
   if (avg == 0) {
-    avg = static_cast<int64_t>(std::ceil(s.token_fraction * static_cast<double>(tokens_seen)));
+    avg = static_cast<int64_t>(std::ceil(s.token_fraction * static_cast<double>(tokens_seen))) -
+          s.fraction_offset;
   }
   return std::max(avg, s.floor);
 }

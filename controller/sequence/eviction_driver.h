@@ -43,6 +43,10 @@ struct EvictionSettings {
   bool whole_records = false;
   int64_t tokens_per_head = 0;  // Fixed average budget; 0 = token_fraction of the tokens seen.
   double token_fraction = 0;
+  // Subtracted from ceil(token_fraction x tokens seen). A memory budget (evict-only with
+  // budget.fp16_fraction, AimEvictionAtMemory) keeps token_fraction = m x fp16 row bytes / record
+  // bytes per token and pays the fp16 rows every head holds anyway (sinks, mean tail) here.
+  int64_t fraction_offset = 0;
   LayerProfile layer_profile = LayerProfile::kUniform;
   std::vector<double> demand;  // Per layer, for kDemand.
   int64_t realloc_period = 0;  // 0 = heads split each layer's budget evenly.
@@ -78,7 +82,7 @@ int64_t StaggerInterval(const EvictionSettings& s, int64_t tokens_seen);
 std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "snapkv", "rkv".
 
 // The average per-head budget after `tokens_seen` appended tokens: tokens_per_head, or
-// ceil(token_fraction * tokens_seen), never below the floor.
+// ceil(token_fraction * tokens_seen) - fraction_offset, never below the floor.
 int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen);
 
 // Tokens per layer (summed over its `heads` heads) for average `avg`, by the layer profile; every

@@ -442,6 +442,7 @@ StatusOr<Controller::OpenPlan> Controller::PlanOpen(const Config& config,
   const QuantSettings q = EffectiveQuantSettings(config, FindModel(config, model_name));
   const auto shape = ShapeOf(g, plan.plans[0].rules, plan.plans[0].lossless);
   KVCTL_ASSIGN_OR_RETURN(plan.eviction, ResolveEviction(config, shape, head_caps));
+  AimEvictionAtMemory(config, plan.plans, static_cast<int>(g.head_dim), g.dtype, &plan.eviction);
   KVCTL_ASSIGN_OR_RETURN(plan.pressure, ResolvePressure(config, shape, &joint_input));
   plan.outlook = CompressionOutlookOf(config, shape, plan.plans, plan.eviction);
   plan.geometry = SequenceGeometry{.layers = static_cast<int>(g.layers),

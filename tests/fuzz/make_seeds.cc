@@ -90,7 +90,7 @@ std::string StagedPayload(const ipc::HelloRequest& h, uint32_t n) {
 // OPEN_PREFIX, BYE.
 // The RELOAD variants past variant 0 (VariantTomls() in request_path_fuzz.cc): each gets a
 // session script.
-constexpr uint8_t kReloadVariants = 7;
+constexpr uint8_t kReloadVariants = 8;
 
 std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
                     uint32_t head_dim) {
@@ -320,6 +320,8 @@ int Main(int argc, char** argv) {
   for (uint8_t variant = 1; variant <= kReloadVariants; ++variant) {
     script("variant-" + std::to_string(variant), Session("fp16", variant, 2, 8));
   }
+  // The memory budget over quantized layers of several widths (the mixed model's overrides).
+  script("variant-8-mixed", Session("mixed", 8, 2, 32));
   script("session-noq-kvarn", Session("kvarn", 5, 0, 16));
   script("two-sessions-lease", TwoSessionsAndLease());
   script("pool-pressure-pool-scope", PoolPressure(5));
@@ -327,8 +329,9 @@ int Main(int argc, char** argv) {
   script("verify-once-fetch", VerifyOnceFetch());
   script("spread-flush", SpreadFlush());
   script("held-flush", HeldFlush());
-  // The evicting variants: streaming, h2o, snapkv, rkv, and snapkv with a growing budget.
-  for (int variant : {1, 2, 3, 4, 7}) {
+  // The evicting variants: streaming, h2o, snapkv, rkv, snapkv with a growing budget, and a
+  // memory budget.
+  for (int variant : {1, 2, 3, 4, 7, 8}) {
     script("deferred-prefill-" + std::to_string(variant), DeferredPrefill(variant));
   }
   std::printf("kvctl_fuzz_seeds: wrote %d golden requests and %zu scripts to %s\n", n, scripts,

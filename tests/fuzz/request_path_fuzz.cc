@@ -204,6 +204,20 @@ obs_window = 4
 compression_period = 4
 stagger_layers = true
 )",
+      // A memory budget (AimEvictionAtMemory): the token budget follows from the layers' record
+      // bytes, fp16 tails and sinks, and grows at a share that differs per model.
+      R"(
+[budget]
+mode = "evict-only"
+fp16_fraction = 0.3
+[evict]
+policy = "rkv"
+sinks = 1
+window = 4
+obs_window = 4
+compression_period = 4
+stagger_layers = true
+)",
   };
 }
 

@@ -5,6 +5,7 @@
 #include "controller/sequence/budget_resolve.h"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -121,7 +122,11 @@ TEST_CASE("Budget config: bad combinations name the key, the value and what was 
   for (const auto& [toml, part] : std::vector<std::pair<std::string, std::string>>{
            {"[budget]\nmode = \"evict-only\"\n", "budget.tokens_per_head: got 0"},
            {"[budget]\nmode = \"evict-only\"\ntokens_per_head = 64\ntoken_fraction = 0.5\n",
-            "budget.token_fraction: got 0.5"},
+            "budget.token_fraction 0.5 and budget.fp16_fraction 0, expected exactly one"},
+           {"[budget]\nmode = \"evict-only\"\ntoken_fraction = 0.5\nfp16_fraction = 0.125\n",
+            "budget.fp16_fraction 0.125, expected exactly one of them > 0"},
+           {"[budget]\nmode = \"evict-only\"\nfp16_fraction = 0.125\navg_bits = 3.0\n",
+            "expected 0 with budget.mode = \"evict-only\" (its widths are [quant]'s"},
            {"[budget]\nmode = \"joint\"\n", "budget.bytes: got 0B and budget.fp16_fraction 0"},
            {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\n", "budget.plan_tokens: got 0"},
            {"[budget]\nmode = \"joint\"\nbytes = \"1MiB\"\nplan_tokens = 512\n",
@@ -174,6 +179,55 @@ TEST_CASE("Budget config: bad combinations name the key, the value and what was 
   StatusOr<EvictionSettings> none = ResolveEviction(Config(), {2, 2, 0, 64, 0});
   REQUIRE(none.ok());
   CHECK(!none->enabled);
+}
+
+TEST_CASE("Eviction: budget.fp16_fraction aims evict-only at a share of fp16 memory",
+          "[controller][evict]") {
+  // TurboQuant K4/V3, head_dim 64, 32-token records: 1,024 + 64 bytes of K and 768 + 64 of V per
+  // record, 60 bytes a token against 256 for the fp16 K and V rows. At 1/8: a kept token costs
+  // 60, so f = 0.125 x 256 / 60 = 0.5333; the mean fp16 tail of a 64-token flush (32 rows) costs
+  // 32 x (256 - 60) = 6,272 bytes more than as records, 105 kept tokens (rounded up).
+  Config c = WithToml(
+      "[quant]\nmethod = \"turbo\"\nk_bits = 4\nv_bits = 3\nflush_tokens = 64\n[budget]\nmode = "
+      "\"evict-only\"\nfp16_fraction = 0.125\n[evict]\npolicy = \"rkv\"\n");
+  REQUIRE(ValidateConfig(c).ok());
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kTurbo, 64, 4, 3);
+  REQUIRE(spec.ok());
+  REQUIRE(BlockLayoutOf(*spec).record_bytes == 1920);
+  std::vector<LayerPlan> plans(3);
+  for (LayerPlan& p : plans) {
+    p.head_specs.assign(2, *spec);
+    p.rules = {.sink_tokens = 0, .flush_tokens = 64};
+  }
+  StatusOr<EvictionSettings> s = ResolveEviction(c, {3, 2, 6, 64, 0});
+  REQUIRE(s.ok());
+  CHECK(s->token_fraction == 0);  // Nothing until the plans are known.
+  AimEvictionAtMemory(c, plans, 64, DType::kF16, &*s);
+  CHECK(s->token_fraction == Approx(0.125 * 256.0 / 60.0));
+  CHECK(s->fraction_offset == 105);
+  CHECK(AverageBudget(*s, 2048) == 1093 - 105);
+  CHECK(AverageBudget(*s, 8192) == 4370 - 105);
+  // What those budgets hold: records for all but the mean tail, the tail as fp16 rows, against
+  // 1/8 of the fp16 rows of every token seen (within one token's bytes).
+  for (int64_t t : {2048, 8192, 65536}) {
+    const double held = (AverageBudget(*s, t) - 32) * 60.0 + 32 * 256.0;
+    CHECK(std::abs(held - 0.125 * 256.0 * static_cast<double>(t)) <= 256.0);
+  }
+  // Early on the floor rules (a short sequence keeps its protected tokens).
+  CHECK(AverageBudget(*s, 64) == s->floor);
+  // Lossless layers keep rows in the session dtype: their kept tokens cost those rows.
+  for (LayerPlan& p : plans) p.lossless = true;
+  EvictionSettings lossless = *ResolveEviction(c, {3, 2, 6, 64, 0});
+  AimEvictionAtMemory(c, plans, 64, DType::kF16, &lossless);
+  CHECK(lossless.token_fraction == Approx(0.125));
+  CHECK(lossless.fraction_offset == 0);
+  // Other modes and budgets are left alone.
+  Config by_tokens = WithToml(
+      "[budget]\nmode = \"evict-only\"\ntoken_fraction = 0.5\n[evict]\npolicy = \"rkv\"\n");
+  EvictionSettings fraction = *ResolveEviction(by_tokens, {3, 2, 6, 64, 0});
+  AimEvictionAtMemory(by_tokens, plans, 64, DType::kF16, &fraction);
+  CHECK(fraction.token_fraction == 0.5);
+  CHECK(fraction.fraction_offset == 0);
 }
 
 }  // namespace

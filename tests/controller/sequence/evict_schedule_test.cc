@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
+#include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/eviction_driver.h"
 #include "controller/sequence/kv_sequence.h"
 #include "policies/reasonalloc.h"
@@ -204,6 +205,59 @@ TEST_CASE("Eviction: with a growing budget staggered layers compress when half a
     CHECK(u.compressions <= static_cast<uint64_t>(turns + 2));  // + the prefill's.
     CHECK(u.evicted_tokens >= static_cast<uint64_t>((total - prefill) / 10 - 4));
   }
+}
+
+TEST_CASE("Eviction: a memory budget holds the payload at its share of fp16 as the sequence grows",
+          "[controller][evict]") {
+  // evict-only at budget.fp16_fraction 1/8 over TurboQuant K4/V3 (60 bytes a token as records,
+  // 256 as fp16 rows): the heads keep about 53 % of the tokens less the mean fp16 tail's price,
+  // and the payload (records and rows, no page slack) averages 1/8 of the fp16 rows of the
+  // tokens seen, whatever the length.
+  const int layers = 4, kv_heads = 2, d = 64, prefill = 256, total = 2304;
+  const Stream s(layers, total, kv_heads, 2 * kv_heads, d, 41);
+  auto pool = testing::MakeTestPool(32 << 20, 4096);
+  const Config c = testing::WithToml(
+      "[quant]\nmethod = \"turbo\"\nk_bits = 4\nv_bits = 3\nflush_tokens = 64\n[budget]\nmode = "
+      "\"evict-only\"\nfp16_fraction = 0.125\n[evict]\npolicy = \"snapkv\"\nobs_window = 8\n"
+      "compression_period = 16\n");
+  StatusOr<QuantSpec> spec = MakeQuantSpec(QuantMethod::kTurbo, d, 4, 3);
+  REQUIRE(spec.ok());
+  std::vector<LayerPlan> plans(layers);
+  for (LayerPlan& p : plans) {
+    p.head_specs.assign(kv_heads, *spec);
+    p.rules = {.sink_tokens = 0, .flush_tokens = 64};
+  }
+  StatusOr<EvictionSettings> settings = ResolveEviction(c, {layers, kv_heads, 2 * kv_heads, d, 0});
+  REQUIRE(settings.ok());
+  AimEvictionAtMemory(c, plans, d, DType::kF32, &*settings);
+  REQUIRE(settings->token_fraction > 0.5);
+  KvSequence seq(pool.get(), Geometry(layers, kv_heads, d), plans, *settings);
+  REQUIRE(s.Append(seq, 0, prefill).ok());
+  double share_sum = 0, share_max = 0;
+  int steps = 0;
+  for (int t = prefill; t < total; ++t) {
+    REQUIRE(s.Append(seq, t, 1).ok());
+    uint64_t payload = 0;
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < kv_heads; ++h) {
+        const HeadUsage u = seq.HeadUsageOf(l, h);
+        CHECK(u.tokens <= u.budget);
+        payload += u.payload_bytes;
+      }
+    }
+    const double fp16 = static_cast<double>(t + 1) * layers * kv_heads * 2 * d * 2;
+    const double share = static_cast<double>(payload) / fp16;
+    if (t + 1 >= 1024) {  // Past the floor's and the prefill's reach.
+      share_sum += share;
+      share_max = std::max(share_max, share);
+      ++steps;
+    }
+  }
+  INFO("mean " << share_sum / steps << ", max " << share_max);
+  CHECK(share_sum / steps == Approx(0.125).epsilon(0.04));
+  // The tail swings by up to 32 fp16 rows around its mean: at 1,024 tokens 32 x (256 - 60)
+  // bytes per head are 0.024 of the fp16 rows.
+  CHECK(share_max <= 0.125 + 0.025);
 }
 
 std::vector<int> ResplitLayers(const KvSequence& seq, int layers, std::vector<int64_t>* last) {
