@@ -193,7 +193,19 @@ def test_pool_settings_size_one_segment_plus_staging():
 
 def test_evict_turbo_rows_evict_and_quantize_what_they_name():
     rows = kveval_rows.evict_turbo_rows()
-    assert len(rows) == len(kveval_rows.EVICT_TURBO_ROWS) + len(kveval_rows.EVICT_TURBO_ROWS_B)
+    n_token = len(kveval_rows.EVICT_TURBO_ROWS) + len(kveval_rows.EVICT_TURBO_ROWS_B)
+    assert len(rows) == n_token + len(kveval_rows.MEMORY_AIMED_ROWS)
+    # The memory-aimed rows budget a share of fp16 memory, never a token fraction.
+    for r, (name, policy, share, k, v, flush, extra) in zip(rows[n_token:],
+                                                            kveval_rows.MEMORY_AIMED_ROWS):
+        s = r.settings
+        assert r.name == name and "budget.token_fraction" not in s
+        assert (s["budget.mode"], s["evict.policy"], s["budget.fp16_fraction"]) == (
+            "evict-only", policy, "%g" % share)
+        assert (s["quant.method"], s["quant.k_bits"], s["quant.v_bits"],
+                s["quant.flush_tokens"]) == ("turbo", str(k), str(v), str(flush))
+        assert all(s[key] == value for key, value in extra.items()) and r.send_q
+    rows = rows[:n_token]
     for r in rows[len(kveval_rows.EVICT_TURBO_ROWS):]:
         # evict_<policy>_<keep %>_turbo<bits>_f<flush>[_suffix]: the extra settings and profile.
         policy, keep, k, v, flush, suffix, extra, profile = next(
