@@ -4,7 +4,8 @@
 // (controller/sequence/budget_resolve.h CompressionOutlookOf): R-KV keeping 25 % of the tokens
 // with KVarN at 128 fp16 sinks (set explicitly: the registry's default was 128 until issue #18) +
 // 128-row flush quantizes nothing before 1021 tokens; a
-// tokens_per_head cap below sinks + flush never quantizes; a config that compresses is silent.
+// tokens_per_head cap below sinks + flush never quantizes; a config that compresses is silent; a
+// memory budget (budget.fp16_fraction) is aimed before its onset is taken.
 // The warning is logged once per message and shown on the sequence's STATS line.
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
@@ -49,6 +50,7 @@ CompressionOutlook OutlookOf(const Config& c) {
                             c.quant.lossless ? 0 : rules->sink_tokens};
   StatusOr<EvictionSettings> ev = ResolveEviction(c, shape);
   REQUIRE(ev.ok());
+  AimEvictionAtMemory(c, plans, kHeadDim, DType::kF16, &*ev);  // As OPEN does.
   return CompressionOutlookOf(c, shape, plans, *ev);
 }
 
@@ -65,6 +67,13 @@ const char* kSinks128 = "[quant]\nsink_tokens = 128\n";
 const std::string kRkv25Kvarn = std::string(kRkv25) + kSinks128;
 // KIVI flushing every 32 tokens, no sinks (set explicitly).
 const char* kKiviFlush32 = "[quant]\nmethod = \"kivi\"\nsink_tokens = 0\nflush_tokens = 32\n";
+// R-KV at 1/8 of fp16 memory over 2-bit KIVI (head_dim 64: 1,536-byte records of 32 tokens, 48
+// bytes a token against 256 in fp16): f = 0.125 x 256 / 48 = 2/3, and the mean tail of 16 rows
+// costs 16 x (256 - 48) bytes more than records, 70 kept tokens (rounded up). A head quantizes
+// once it holds the 32-row flush: ceil(2T / 3) - 70 >= 32 from T = 152.
+const char* kRkvMemory8 =
+    "[budget]\nmode = \"evict-only\"\nfp16_fraction = 0.125\n[evict]\npolicy = \"rkv\"\n"
+    "[quant]\nmethod = \"kivi\"\nk_bits = 2\nv_bits = 2\nsink_tokens = 0\nflush_tokens = 32\n";
 
 TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs do not",
           "[controller][budget]") {
@@ -79,6 +88,11 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
   SECTION("the same eviction with KIVI flushing every 32 tokens compresses") {
     const CompressionOutlook o = OutlookOf(WithToml(std::string(kRkv25) + kKiviFlush32));
     CHECK(o.onset_tokens == 125);  // ceil(0.25 T) >= 0 sinks + 32 flush.
+    CHECK(o.warnings.empty());
+  }
+  SECTION("a memory budget's onset counts what its fp16 tail costs") {
+    const CompressionOutlook o = OutlookOf(WithToml(kRkvMemory8));
+    CHECK(o.onset_tokens == 152);
     CHECK(o.warnings.empty());
   }
   SECTION("a tokens_per_head cap below sinks + flush never quantizes") {
@@ -149,6 +163,7 @@ TEST_CASE("Compression warning: logged once at OPEN and shown in STATS", "[contr
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("cw_test", ring));
   const std::string warned = OpenAndStats(kRkv25Kvarn, 2);
   const std::string quiet = OpenAndStats(std::string(kRkv25) + kKiviFlush32, 1);
+  const std::string memory = OpenAndStats(kRkvMemory8, 1);  // OPEN aims the budget at memory.
   spdlog::set_default_logger(previous);
   std::vector<std::string> lines = ring->last_formatted();
   int warnings = 0;
@@ -164,6 +179,7 @@ TEST_CASE("Compression warning: logged once at OPEN and shown in STATS", "[contr
         std::string::npos);
   CHECK(quiet.find("\nsequences_compression_warning:0\n") != std::string::npos);
   CHECK(quiet.find(",quant_onset_tokens=125,compression_warning=none") != std::string::npos);
+  CHECK(memory.find(",quant_onset_tokens=152,compression_warning=none") != std::string::npos);
 }
 
 }  // namespace
