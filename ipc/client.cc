@@ -158,10 +158,65 @@ StatusOr<FetchDenseReply> Client::FetchDense(uint64_t session_id, uint64_t seque
 }
 
 StatusOr<FetchBlocksReply> Client::FetchBlocks(uint64_t session_id, uint64_t sequence_id,
-                                               uint32_t layer_begin, uint32_t layer_end) {
+                                               uint32_t layer_begin, uint32_t layer_end,
+                                               const FetchBlocksReply* held) {
   // out_dtype is ignored in blocks mode; fp16 is its default.
-  return CallAs<FetchBlocksReply>(FetchRequest{session_id, sequence_id, layer_begin, layer_end,
-                                               FetchMode::kBlocks, DType::kF16});
+  FetchRequest request{session_id, sequence_id, layer_begin, layer_end, FetchMode::kBlocks,
+                       DType::kF16};
+  if (held != nullptr) {
+    const size_t pairs = held->last_page_len.size();
+    request.n_known = static_cast<uint32_t>(pairs);
+    request.known_records.resize(pairs);
+    for (size_t i = 0; i < pairs; ++i) {
+      request.known_records[i] = held->indptr[i + 1] - held->indptr[i];
+    }
+    request.known_tags = held->table_tags;
+  }
+  KVCTL_ASSIGN_OR_RETURN(FetchBlocksReply reply, CallAs<FetchBlocksReply>(std::move(request)));
+  if (held == nullptr) return reply;
+  return MergeBlocksReply(*held, std::move(reply));
+}
+
+StatusOr<FetchBlocksReply> MergeBlocksReply(const FetchBlocksReply& held, FetchBlocksReply reply) {
+  const size_t pairs = reply.last_page_len.size();
+  if (reply.layer_begin != held.layer_begin || reply.n_layers != held.n_layers ||
+      held.last_page_len.size() != pairs) {
+    return InvalidArgument("FETCH_REPLY: layers [", reply.layer_begin, ", +", reply.n_layers,
+                           ") x ", pairs, " pairs, expected the held table's [", held.layer_begin,
+                           ", +", held.n_layers, ") x ", held.last_page_len.size());
+  }
+  bool any_base = false;
+  for (size_t i = 0; i < pairs; ++i) {
+    const uint32_t held_records = held.indptr[i + 1] - held.indptr[i];
+    if (reply.record_base[i] > held_records) {
+      return InvalidArgument("record_base[", i, "]: got ", reply.record_base[i],
+                             ", expected at most the held table's ", held_records, " records");
+    }
+    any_base = any_base || reply.record_base[i] > 0;
+  }
+  if (!any_base) return reply;
+  const bool side = !reply.side_indices.empty();
+  std::vector<uint32_t> indices, side_indices, indptr{0};
+  for (size_t i = 0; i < pairs; ++i) {
+    const uint32_t base = reply.record_base[i];
+    const uint32_t from = held.indptr[i];
+    indices.insert(indices.end(), held.indices.begin() + from, held.indices.begin() + from + base);
+    indices.insert(indices.end(), reply.indices.begin() + reply.indptr[i],
+                   reply.indices.begin() + reply.indptr[i + 1]);
+    if (side) {
+      for (uint32_t r = 0; r < base; ++r) {
+        side_indices.push_back(held.side_indices.empty() ? kNoPage : held.side_indices[from + r]);
+      }
+      side_indices.insert(side_indices.end(), reply.side_indices.begin() + reply.indptr[i],
+                          reply.side_indices.begin() + reply.indptr[i + 1]);
+    }
+    indptr.push_back(static_cast<uint32_t>(indices.size()));
+    reply.record_base[i] = 0;
+  }
+  reply.indices = std::move(indices);
+  reply.side_indices = std::move(side_indices);
+  reply.indptr = std::move(indptr);
+  return reply;
 }
 
 StatusOr<std::string> Client::Stats(uint64_t session_id, std::string_view section) {

@@ -64,9 +64,13 @@ class Client {
   StatusOr<FetchDenseReply> FetchDense(uint64_t session_id, uint64_t sequence_id,
                                        uint32_t layer_begin, uint32_t layer_end,
                                        DType out_dtype = DType::kF16);
-  // The page table only: records and window rows stay in the pool (PROTOCOL.md 4.5).
+  // The page table only: records and window rows stay in the pool (PROTOCOL.md 4.5). With
+  // `held`, an earlier table of the same range as this returns them, the daemon lists only the
+  // records that are new since it (PROTOCOL.md 4.5, "Only what is new"); either way the result
+  // is the whole table (record_base all 0).
   StatusOr<FetchBlocksReply> FetchBlocks(uint64_t session_id, uint64_t sequence_id,
-                                         uint32_t layer_begin, uint32_t layer_end);
+                                         uint32_t layer_begin, uint32_t layer_end,
+                                         const FetchBlocksReply* held = nullptr);
   // The INFO-style text; `section` "" = all sections.
   StatusOr<std::string> Stats(uint64_t session_id = 0, std::string_view section = "");
   // Ends the session: the daemon frees its sequences and staging slot at once instead of when
@@ -108,6 +112,12 @@ class Client {
   zmq::context_t ctx_;
   zmq::socket_t socket_;
 };
+
+// The whole table from `reply` and the table it was asked with: pair i's first
+// reply.record_base[i] record ids (and side ids) come from `held`, the rest from the reply.
+// Fails if the reply's range differs or a base exceeds what `held` lists for that pair.
+// REQUIRES: held.record_base is all 0 (a whole table).
+StatusOr<FetchBlocksReply> MergeBlocksReply(const FetchBlocksReply& held, FetchBlocksReply reply);
 
 }  // namespace kvctl::ipc
 

@@ -134,6 +134,12 @@ struct FetchRequest {
   uint32_t layer_end = 0;  // Exclusive.
   FetchMode mode = FetchMode::kDense;
   DType out_dtype = DType::kF16;  // Dense K/V rows; blocks mode ignores it (rows stay in the pool).
+  // Blocks mode: the page table the client already holds, so the reply lists only what is new
+  // (PROTOCOL.md 4.5, "Only what is new"). n_known is 0 (send everything) or the range's pairs;
+  // per pair, the records held from an earlier reply and the table_tags entry it gave with them.
+  uint32_t n_known = 0;
+  std::vector<uint32_t> known_records{};
+  std::vector<uint64_t> known_tags{};
 };
 
 struct StatsRequest {
@@ -290,6 +296,12 @@ struct FetchBlocksReply {
   std::vector<uint32_t> run_indptr{};     // n_pairs + 1 entries, like indptr.
   std::vector<uint64_t> run_starts{};     // run_indptr[n_pairs] first positions.
   std::vector<uint32_t> run_lengths{};    // Rows of each run, >= 1.
+  // Per pair: its first records not listed in indices (the request's known table matched them:
+  // the client holds their ids); 0 = all listed. The pair holds record_base[i] + listed records.
+  std::vector<uint32_t> record_base{};
+  // Per pair: a tag of its whole record id list (the base's ids and the listed ones, side ids
+  // included), opaque to clients: sent back as known_tags in a later FETCH.
+  std::vector<uint64_t> table_tags{};
 };
 
 struct StatsReply {

@@ -351,7 +351,15 @@ Status Validate(const FetchRequest& m) {
   KVCTL_RETURN_IF_ERROR(CheckRange("layer_begin", m.layer_begin, 0, m.layer_end - 1));
   KVCTL_RETURN_IF_ERROR(CheckRange("mode", static_cast<uint8_t>(m.mode), WireEnum<FetchMode>::kMin,
                                    WireEnum<FetchMode>::kMax));
-  return CheckDType("out_dtype", m.out_dtype);
+  KVCTL_RETURN_IF_ERROR(CheckDType("out_dtype", m.out_dtype));
+  // ArrayCount bounded n_known on decode; an encoder's arrays must match it too.
+  KVCTL_RETURN_IF_ERROR(ArrayCount(CountRule::kKnown, m).status());
+  if (m.known_records.size() != m.n_known || m.known_tags.size() != m.n_known) {
+    return InvalidArgument("known_records, known_tags: got ", m.known_records.size(), " and ",
+                           m.known_tags.size(), " entries, expected n_known (", m.n_known,
+                           ") each");
+  }
+  return OkStatus();
 }
 size_t TensorFrameCount(const FetchDenseReply&) { return 3; }
 

@@ -113,6 +113,25 @@ StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchDenseReply& m) {
   return uint64_t{m.n_layers} * m.kv_heads;
 }
 
+// The known table of a FETCH request: checked against the range before it sizes two arrays, so
+// a hostile n_known is refused by name, not read as a huge array (the server checks it against
+// the session's heads).
+StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchRequest& m) {
+  KVCTL_CHECK(rule == CountRule::kKnown);  // messages.def gives the request one count rule.
+  KVCTL_RETURN_IF_ERROR(CheckRange("layer_end", m.layer_end, 1, kMaxLayers));
+  KVCTL_RETURN_IF_ERROR(CheckRange("layer_begin", m.layer_begin, 0, m.layer_end - 1));
+  if (m.n_known > 0 && m.mode != FetchMode::kBlocks) {
+    return InvalidArgument("n_known: got ", m.n_known,
+                           ", expected 0 in dense mode (a known table is for blocks mode)");
+  }
+  const uint64_t most = uint64_t{m.layer_end - m.layer_begin} * kMaxHeads;
+  if (m.n_known > most) {
+    return InvalidArgument("n_known: got ", m.n_known, ", expected at most ", most,
+                           " (the range's layers x ", kMaxHeads, " heads)");
+  }
+  return m.n_known;
+}
+
 StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(CheckPairShape({m.layer_begin, m.n_layers, m.kv_heads, m.head_dim}));
   const uint64_t pairs = uint64_t{m.n_layers} * m.kv_heads;
@@ -134,6 +153,8 @@ StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchBlocksReply& m) {
     case CountRule::kRunNnz:
       KVCTL_CHECK(!m.run_indptr.empty());
       return uint64_t{m.run_indptr.back()};
+    case CountRule::kKnown:
+      break;  // A request's rule.
   }
   return pairs;
 }
@@ -252,7 +273,7 @@ size_t BodyBytes(const FetchBlocksReply& m) {
          4 * (m.indptr.size() + m.indices.size() + m.last_page_len.size() + m.side_indices.size() +
               m.window_indptr.size() + m.window_ids.size() + m.window_sinks.size() +
               m.run_indptr.size() + m.run_lengths.size()) +
-         8 * m.run_starts.size();
+         4 * m.record_base.size() + 8 * (m.run_starts.size() + m.table_tags.size());
 }
 
 Status Validate(const FetchBlocksReply& m) {
@@ -279,6 +300,8 @@ Status Validate(const FetchBlocksReply& m) {
   KVCTL_RETURN_IF_ERROR(check_size("window_indptr", m.window_indptr.size(), pairs + 1));
   KVCTL_RETURN_IF_ERROR(check_size("window_sinks", m.window_sinks.size(), pairs));
   KVCTL_RETURN_IF_ERROR(check_size("run_indptr", m.run_indptr.size(), pairs + 1));
+  KVCTL_RETURN_IF_ERROR(check_size("record_base", m.record_base.size(), pairs));
+  KVCTL_RETURN_IF_ERROR(check_size("table_tags", m.table_tags.size(), pairs));
   const uint64_t nnz = m.indptr.back();
   KVCTL_RETURN_IF_ERROR(check_size("indices", m.indices.size(), nnz));
   KVCTL_RETURN_IF_ERROR(check_size("side_indices", m.side_indices.size(), any_side ? nnz : 0));
@@ -293,7 +316,8 @@ Status Validate(const FetchBlocksReply& m) {
     KVCTL_RETURN_IF_ERROR(
         CheckElement("layout_index", i, m.layout_index[i], 0, m.layouts.size() - 1));
     const RecordLayout& layout = m.layouts[m.layout_index[i]];
-    const bool has_pages = m.indptr[i + 1] > m.indptr[i];
+    // The pair's records: the record_base ones the client holds, then the listed ones.
+    const bool has_pages = m.indptr[i + 1] > m.indptr[i] || m.record_base[i] > 0;
     KVCTL_RETURN_IF_ERROR(CheckElement("last_page_len", i, m.last_page_len[i], has_pages ? 1 : 0,
                                        has_pages ? m.block_tokens : 0));
     const bool pair_has_side = layout.side_bytes_per_token > 0;

@@ -34,9 +34,10 @@ namespace kvctl::ipc {
 Status CheckRange(std::string_view field, uint64_t value, uint64_t lo, uint64_t hi);
 
 // How many entries an array field has, from the fields before it (messages.def "count rule").
-enum class CountRule { kPairs, kPairsPlusOne, kNnz, kSideNnz, kWindowNnz, kRunNnz };
-// Defined in protocol_fetch.cc for the two messages with arrays. kPairs and kPairsPlusOne first
+enum class CountRule { kPairs, kPairsPlusOne, kNnz, kSideNnz, kWindowNnz, kRunNnz, kKnown };
+// Defined in protocol_fetch.cc for the three messages with arrays. kPairs and kPairsPlusOne first
 // check the pair shape, so no array is sized from an out-of-range field.
+StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchRequest& m);
 StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchDenseReply& m);
 StatusOr<uint64_t> ArrayCount(CountRule rule, const FetchBlocksReply& m);
 

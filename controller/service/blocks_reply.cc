@@ -71,9 +71,18 @@ void AppendRuns(std::span<const int64_t> positions, ipc::FetchBlocksReply* reply
 
 }  // namespace
 
+void TableTag::Add(uint32_t record_id, uint32_t side_id) {
+  // One multiply-xorshift round per record (the finalizer of SplitMix64 over the state mixed with
+  // the record): every input bit reaches every output bit, and it costs ~5 cycles a record.
+  uint64_t x = h_ ^ ((uint64_t{side_id} << 32) | record_id);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  h_ = x ^ (x >> 31);
+}
+
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& g,
                                        int layer_begin, int layer_end, uint64_t page_bytes,
-                                       uint32_t pool_pages) {
+                                       uint32_t pool_pages, KnownTable known) {
   ipc::FetchBlocksReply reply;
   reply.layer_begin = static_cast<uint32_t>(layer_begin);
   reply.n_layers = static_cast<uint32_t>(layer_end - layer_begin);
@@ -86,6 +95,8 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
   reply.layout_index.reserve(pairs);
   reply.last_page_len.reserve(pairs);
   reply.window_sinks.reserve(pairs);
+  reply.record_base.reserve(pairs);
+  reply.table_tags.reserve(pairs);
   reply.indptr.reserve(pairs + 1);
   reply.window_indptr.reserve(pairs + 1);
   reply.run_indptr.reserve(pairs + 1);
@@ -115,12 +126,27 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       while (index < reply.layouts.size() && !(reply.layouts[index] == layout)) ++index;
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);
       reply.layout_index.push_back(static_cast<uint16_t>(index));
-      const std::span<const uint32_t> ids = b.record_ids.first(b.records);
+      const size_t pair = reply.layout_index.size() - 1;
+      const auto side_of = [&](uint32_t r) { return norms == nullptr ? ipc::kNoPage : norms->ids()[r]; };
+      // The records the client holds, if their tag still matches: a pass over their ids.
+      TableTag tag;
+      uint32_t base = 0;
+      if (!known.records.empty() && known.records[pair] <= b.records) {
+        const uint32_t held = known.records[pair];
+        for (uint32_t r = 0; r < held; ++r) tag.Add(b.record_ids[r], side_of(r));
+        if (tag.value() == known.tags[pair]) {
+          base = held;
+        } else {
+          tag = TableTag{};
+        }
+      }
+      for (uint32_t r = base; r < b.records; ++r) tag.Add(b.record_ids[r], side_of(r));
+      reply.record_base.push_back(base);
+      reply.table_tags.push_back(tag.value());
+      const std::span<const uint32_t> ids = b.record_ids.subspan(base, b.records - base);
       reply.indices.insert(reply.indices.end(), ids.begin(), ids.end());
       if (any_side) {
-        for (uint32_t r = 0; r < b.records; ++r) {
-          reply.side_indices.push_back(norms == nullptr ? ipc::kNoPage : norms->ids()[r]);
-        }
+        for (uint32_t r = base; r < b.records; ++r) reply.side_indices.push_back(side_of(r));
       }
       reply.indptr.push_back(static_cast<uint32_t>(reply.indices.size()));
       reply.last_page_len.push_back(b.records > 0 ? reply.block_tokens : 0);

@@ -13,15 +13,43 @@
 #ifndef KVCTL_CONTROLLER_SERVICE_BLOCKS_REPLY_H_
 #define KVCTL_CONTROLLER_SERVICE_BLOCKS_REPLY_H_
 
+#include <cstdint>
+#include <span>
+
 #include "controller/sequence/kv_sequence.h"
 #include "ipc/messages.h"
 
 namespace kvctl {
 
+// The page table a client says it holds (FETCH's known table): per pair of the range, how many
+// records and the table tag it was given with them; both empty = nothing held.
+struct KnownTable {
+  std::span<const uint32_t> records;
+  std::span<const uint64_t> tags;
+};
+
+// A tag of a pair's record id list: a 64-bit hash of the (record id, side record id) of each
+// record in order, so the tag of ids [0, n) extends to [0, m) without rereading them. Two lists
+// with one tag are taken as equal (the chance that two different lists share one is about 2^-64
+// per comparison; a wrong match would only give that client a wrong table of its own sequence).
+class TableTag {
+ public:
+  void Add(uint32_t record_id, uint32_t side_id);
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 0x6b76637463616773;  // Any fixed start; "kvcttags".
+};
+
 // The reply of layers [layer_begin, layer_end) of a pool of pool_pages pages of page_bytes.
+// With a known table, each pair whose first known.records[i] records still carry the tag
+// known.tags[i] lists only the records after them (record_base[i] = known.records[i]); any other
+// pair (evicted, compacted, requantized, or a tag that never was) is listed whole. Bytes then stay
+// flat in the sequence's length; the cost is one pass over each pair's ids.
+// REQUIRES: known.records and known.tags are empty or hold one entry per pair of the range.
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& geometry,
                                        int layer_begin, int layer_end, uint64_t page_bytes,
-                                       uint32_t pool_pages);
+                                       uint32_t pool_pages, KnownTable known = {});
 
 }  // namespace kvctl
 

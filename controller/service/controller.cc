@@ -577,6 +577,12 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     return InvalidArgument("layers: got [", request.layer_begin, ", ", request.layer_end,
                            "), expected a non-empty range inside [0, ", g.layers, ")");
   }
+  const uint64_t pairs = uint64_t{request.layer_end - request.layer_begin} * g.kv_heads;
+  if (request.n_known != 0 && request.n_known != pairs) {
+    return InvalidArgument("n_known: got ", request.n_known, ", expected 0 or the range's pairs (",
+                           request.layer_end - request.layer_begin, " layers x ", g.kv_heads,
+                           " heads = ", pairs, ")");
+  }
   KVCTL_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry,
                          FindSequence(request.session_id, request.sequence_id, now));
   if (deferred == nullptr) {
@@ -627,8 +633,9 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     return ipc::ReplyBody(BuildDenseReply(seq, g, begin, end, request.out_dtype,
                                           std::move(dense_counts), split_rows, fetch_helper_));
   }
-  return ipc::ReplyBody(
-      BuildBlocksReply(seq, g, begin, end, pool_->page_bytes(), pool_->pages_total()));
+  return ipc::ReplyBody(BuildBlocksReply(seq, g, begin, end, pool_->page_bytes(),
+                                         pool_->pages_total(),
+                                         {request.known_records, request.known_tags}));
 }
 
 int Controller::ExpireLeases(SteadyTime now) {

@@ -24,6 +24,7 @@ A complete example that runs (and CI runs): python/README.md.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import re
@@ -122,6 +123,9 @@ class BlocksTable:
     window_sinks: np.ndarray  # uint32 [pairs].
     window_offsets: np.ndarray  # uint64 [window rows]: byte offset of each row slot.
     window_positions: List[List[np.ndarray]]  # int64 per window row, per layer per head.
+    # uint64 [pairs]: the daemon's tag of each pair's record ids; fetch_blocks(held=this table)
+    # sends them back so the daemon lists only newer records (PROTOCOL.md 4.5).
+    table_tags: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
     # What readers derive from this table once (PoolView keeps its device-side record index here).
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -150,6 +154,32 @@ class BlocksTable:
         k = slots[:, :row_bytes].copy().view(dtype).astype(dtype.newbyteorder("="))
         v = slots[:, row_bytes:].copy().view(dtype).astype(dtype.newbyteorder("="))
         return k, v
+
+
+def _merge_held(held: BlocksTable, body):
+    """The reply `body` with each pair's first record_base[i] record ids (and side ids) taken
+    from `held`, so it lists every record again (record_base all 0)."""
+    base = body.record_base.astype(np.int64)
+    held_counts = np.diff(held.indptr.astype(np.int64))
+    if base.shape != held_counts.shape or (base > held_counts).any():
+        raise ProtocolError("FETCH_REPLY: record_base: got %s, expected at most the held "
+                            "table's records per pair %s" % (base.tolist(), held_counts.tolist()))
+    listed = np.diff(body.indptr.astype(np.int64))
+    pieces, side_pieces = [], []
+    has_side = len(body.side_indices) > 0
+    for i in range(len(base)):
+        a = int(held.indptr[i])
+        pieces += [held.indices[a:a + base[i]], body.indices[body.indptr[i]:body.indptr[i + 1]]]
+        if has_side:
+            old = (held.side_indices[a:a + base[i]] if held.side_indices is not None
+                   else np.full(base[i], p.NO_PAGE, dtype=np.uint32))
+            side_pieces += [old, body.side_indices[body.indptr[i]:body.indptr[i + 1]]]
+    indptr = np.concatenate([[0], np.cumsum(base + listed)]).astype(np.uint32)
+    indices = np.concatenate(pieces).astype(np.uint32)
+    side = (np.concatenate(side_pieces).astype(np.uint32) if has_side
+            else body.side_indices)
+    return dataclasses.replace(body, indptr=indptr, indices=indices, side_indices=side,
+                               record_base=np.zeros_like(body.record_base))
 
 
 def _parse_endpoint(endpoint: str) -> bool:
@@ -768,18 +798,31 @@ class Client:
             raise ProtocolError("FETCH_REPLY: layers [%d, %d), expected [%d, %d)"
                                 % (body.layer_begin, body.layer_begin + body.n_layers, begin, end))
 
-    def fetch_blocks(self, seq: int, layers=None) -> BlocksTable:
+    def fetch_blocks(self, seq: int, layers=None, held: Optional[BlocksTable] = None
+                     ) -> BlocksTable:
         """The blocks-mode page table of sequence `seq` (PROTOCOL.md 4.5): record ids and the
         window's row slot ids, their byte offsets in the pool, each pair's layout and the
         window's positions (see BlocksTable). Read records and rows with PoolView; they stay
-        valid until the next APPEND or CLOSE of the sequence."""
+        valid until the next APPEND or CLOSE of the sequence. `held`: an earlier table of the
+        same layers; the daemon then lists only the records that are new since it (the reply's
+        bytes stay flat in the sequence's length) and this merges them: the result is whole."""
         s = self._require_session()
         begin, end = self._layer_range(layers)
+        known_records = known_tags = None
+        if held is not None:
+            if (held.layer_begin, held.layer_begin + held.n_layers) != (begin, end):
+                raise ValueError("held: a table of layers [%d, %d), expected [%d, %d)"
+                                 % (held.layer_begin, held.layer_begin + held.n_layers, begin,
+                                    end))
+            known_records = np.diff(held.indptr.astype(np.int64)).astype(np.uint32)
+            known_tags = held.table_tags
         # out_dtype means nothing in blocks mode (rows stay in the pool in their stored dtype).
         body: p.BlocksReply = self._call(
             p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end, p.MODE_BLOCKS,
-                                            "float16"))
+                                            "float16", known_records, known_tags))
         self._check_fetch(body, p.MODE_BLOCKS, begin, end)
+        if held is not None and (body.record_base > 0).any():
+            body = _merge_held(held, body)
         lay_of = body.layout_index.astype(np.int64)
         rpp = np.array([lay.records_per_page for lay in body.layouts], dtype=np.uint64)
         rbytes = np.array([lay.record_bytes for lay in body.layouts], dtype=np.uint64)
@@ -811,4 +854,4 @@ class Client:
             body.layout_index, body.indptr, body.indices, body.last_page_len,
             body.side_indices if len(body.side_indices) else None, record_offsets, quantized,
             body.window_indptr, body.window_ids, body.window_sinks, window_offsets,
-            window_positions)
+            window_positions, table_tags=body.table_tags)

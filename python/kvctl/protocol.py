@@ -267,14 +267,27 @@ MODE_DENSE, MODE_BLOCKS = ws.FetchMode.DENSE, ws.FetchMode.BLOCKS
 
 
 def encode_fetch(request_id: int, session_id: int, sequence_id: int, layer_begin: int,
-                 layer_end: int, mode: int = MODE_DENSE, out_dtype="float32") -> List[bytes]:
+                 layer_end: int, mode: int = MODE_DENSE, out_dtype="float32",
+                 known_records=None, known_tags=None) -> List[bytes]:
+    """known_records / known_tags (blocks mode): per pair of the range, the records held from an
+    earlier reply and the table_tags entry it gave with them (PROTOCOL.md 4.5, "Only what is
+    new"); None = the whole table."""
     _check_session(session_id)
     _check_range("sequence_id", sequence_id, 0, 2**64 - 1)
     _check_range("layer_end", layer_end, 1, MAX_LAYERS)
     _check_range("layer_begin", layer_begin, 0, layer_end - 1)
     _check_range("mode", mode, *wc.enum_range("FetchMode"))
+    records = np.asarray([] if known_records is None else known_records, dtype=np.uint32)
+    tags = np.asarray([] if known_tags is None else known_tags, dtype=np.uint64)
+    if records.ndim != 1 or tags.shape != records.shape:
+        raise ValueError("known_records, known_tags: got shapes %s and %s, expected two equal "
+                         "1-D arrays" % (records.shape, tags.shape))
+    if records.size and mode != MODE_BLOCKS:
+        raise ValueError("known_records: got %d entries, expected none in dense mode"
+                         % records.size)
     return encode_message(MsgType.FETCH, request_id, ws.FetchRequest(
-        session_id, sequence_id, layer_begin, layer_end, int(mode), dtype_code(out_dtype)))
+        session_id, sequence_id, layer_begin, layer_end, int(mode), dtype_code(out_dtype),
+        int(records.size), records, tags))
 
 
 def encode_stats(request_id: int, session_id: int = 0, section: str = "") -> List[bytes]:
@@ -460,7 +473,21 @@ _COUNT_RULES = {
     "SideNnz": _side_nnz,
     "WindowNnz": lambda v: int(v["window_indptr"][-1]),
     "RunNnz": lambda v: int(v["run_indptr"][-1]),
+    "Known": lambda v: _known_count(v),
 }
+
+
+def _known_count(v: dict) -> int:
+    """A FETCH request's known table, bounded as ipc's ArrayCount bounds it."""
+    _in_range("layer_end", v["layer_end"], 1, MAX_LAYERS)
+    _in_range("layer_begin", v["layer_begin"], 0, v["layer_end"] - 1)
+    n = v["n_known"]
+    _expect(n == 0 or v["mode"] == MODE_BLOCKS, "n_known: got %d, expected 0 in dense mode (a "
+            "known table is for blocks mode)" % n)
+    most = (v["layer_end"] - v["layer_begin"]) * MAX_HEADS
+    _expect(n <= most, "n_known: got %d, expected at most %d (the range's layers x %d heads)"
+            % (n, most, MAX_HEADS))
+    return n
 
 
 def _check_hello(h: HelloReply) -> None:
@@ -628,7 +655,7 @@ def _check_blocks(v: dict) -> None:
     for i in range(pairs):
         _in_range("layout_index[%d]" % i, int(layout_index[i]), 0, len(layouts) - 1)
         lay = layouts[layout_index[i]]
-        has_pages = indptr[i + 1] > indptr[i]
+        has_pages = indptr[i + 1] > indptr[i] or v["record_base"][i] > 0
         _in_range("last_page_len[%d]" % i, int(last_page_len[i]), 1 if has_pages else 0,
                   block_tokens if has_pages else 0)
         _check_records(v, i, lay, any_side)
@@ -645,8 +672,9 @@ def _pairs_valid(v: dict, pairs: int, any_side: bool) -> bool:
     if pairs == 0 or (li >= len(layouts)).any():
         return pairs == 0
     counts = np.diff(v["indptr"].astype(np.int64))
+    held = (counts > 0) | (v["record_base"] > 0)  # The pair has records, listed or held.
     lpl = v["last_page_len"].astype(np.int64)
-    if ((counts > 0) & ((lpl < 1) | (lpl > block_tokens)) | (counts == 0) & (lpl != 0)).any():
+    if (held & ((lpl < 1) | (lpl > block_tokens)) | ~held & (lpl != 0)).any():
         return False
     per_layout = lambda name: np.array([getattr(l, name) for l in layouts],  # noqa: E731
                                        dtype=np.int64)

@@ -189,6 +189,9 @@ BODIES = {
         Field('u32', 'layer_end', None, 'exclusive, 1..1024'),
         Field('enum8', 'mode', 'FetchMode', 'dense rows or the blocks page table'),
         Field('enum8', 'out_dtype', 'DType', 'dtype of dense rows; blocks mode ignores it'),
+        Field('u32', 'n_known', None, "0, or (blocks mode) the range's pairs: the table held so far"),
+        Field('u32s', 'known_records', 'Known', 'per pair: records held from an earlier reply'),
+        Field('u64s', 'known_tags', 'Known', 'per pair: the table_tags entry given with them'),
     ),
     'StatsRequest': (
         Field('u64', 'session_id', None, '0 = daemon-wide'),
@@ -278,6 +281,8 @@ BODIES = {
         Field('u32s', 'run_indptr', 'PairsPlusOne', 'run_indptr[0] = 0, non-decreasing'),
         Field('u64s', 'run_starts', 'RunNnz', "position of each run's first window row"),
         Field('u32s', 'run_lengths', 'RunNnz', 'window rows of each run, >= 1'),
+        Field('u32s', 'record_base', 'Pairs', 'per pair: its first records, not listed (held)'),
+        Field('u64s', 'table_tags', 'Pairs', 'per pair: tag of its record ids, for known_tags'),
     ),
     'RecordLayout': (
         Field('u8', 'method', None, 'a QuantMethod value'),
@@ -395,6 +400,9 @@ class FetchRequest:
     layer_end: int  # exclusive, 1..1024
     mode: int  # dense rows or the blocks page table
     out_dtype: int  # dtype of dense rows; blocks mode ignores it
+    n_known: int  # 0, or (blocks mode) the range's pairs: the table held so far
+    known_records: np.ndarray  # per pair: records held from an earlier reply
+    known_tags: np.ndarray  # per pair: the table_tags entry given with them
 
 
 @dataclass(frozen=True)
@@ -555,6 +563,8 @@ class FetchBlocksReply:
     run_indptr: np.ndarray  # run_indptr[0] = 0, non-decreasing
     run_starts: np.ndarray  # position of each run's first window row
     run_lengths: np.ndarray  # window rows of each run, >= 1
+    record_base: np.ndarray  # per pair: its first records, not listed (held)
+    table_tags: np.ndarray  # per pair: tag of its record ids, for known_tags
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,10 @@ def test_protocol_append_examples():
 
 def test_protocol_fetch_request_and_dense_reply_examples():
     assert p.encode_fetch(7, 5, 9, 0, 1, p.MODE_DENSE, "float16") == GOLDEN["fetch_request"].frames
+    known = p.encode_fetch(7, 5, 9, 0, 1, p.MODE_BLOCKS, "float16", [2], [0x0123456789abcdef])
+    assert known == GOLDEN["fetch_request_known"].frames
+    with pytest.raises(ValueError, match="expected none in dense mode"):
+        p.encode_fetch(7, 5, 9, 0, 1, p.MODE_DENSE, "float16", [2], [1])
     g = GOLDEN["fetch_dense_reply"]
     assert len(g.body) == 22
     rows_k = np.arange(16, dtype="<f2")
@@ -214,7 +218,7 @@ def test_protocol_fetch_request_and_dense_reply_examples():
 
 
 def test_protocol_blocks_reply_example():
-    assert len(BLOCKS_BODY) == 157
+    assert len(BLOCKS_BODY) == 169
     assert len(GOLDEN["fetch_blocks_reply"].frames) == 1  # No row travels in a blocks reply.
     b = p.decode_reply(GOLDEN["fetch_blocks_reply"].frames).body
     assert isinstance(b, p.BlocksReply)
@@ -229,6 +233,7 @@ def test_protocol_blocks_reply_example():
     assert b.window_indptr.tolist() == [0, 1] and b.window_ids.tolist() == [5]
     assert b.window_sinks.tolist() == [0]
     assert b.run_starts.tolist() == [64] and b.run_lengths.tolist() == [1]
+    assert b.record_base.tolist() == [0] and b.table_tags.tolist() == [0]
     side = p.decode_reply(GOLDEN["fetch_blocks_reply_side_records"].frames).body
     assert side.side_indices.tolist() == [1, 2, p.NO_PAGE]
     assert side.run_starts.tolist() == [0, 71, 0, 71, 73]
@@ -618,7 +623,8 @@ def test_fetch_blocks_addresses_each_pair_with_its_own_layouts_records_per_page(
             + struct.pack("<4I", 17, 18, 33, 70) + struct.pack("<2I", 32, 5)
             # Window: pair 1 has one tail row, slot 130 (page 1 slot 2 at 128 per page).
             + struct.pack("<3I", 0, 0, 1) + struct.pack("<I", 130) + struct.pack("<2I", 0, 0)
-            + struct.pack("<3I", 0, 0, 1) + struct.pack("<Q", 101) + struct.pack("<I", 1))
+            + struct.pack("<3I", 0, 0, 1) + struct.pack("<Q", 101) + struct.pack("<I", 1)
+            + struct.pack("<2I", 0, 0) + struct.pack("<2Q", 11, 12))  # record_base, table_tags.
     endpoint = "ipc://%s/peer3-%d.sock" % (workdir, os.getpid())
 
     def script(request_id, n):

@@ -160,6 +160,8 @@ inline FetchBlocksReply SampleFetchBlocks() {
   r.run_indptr = {0, 3, 3};
   r.run_starts = {0, 69, 72};
   r.run_lengths = {2, 2, 1};
+  r.record_base = {0, 0};
+  r.table_tags = {0x0123456789abcdefULL, 7};
   return r;
 }
 

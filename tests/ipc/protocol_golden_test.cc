@@ -339,10 +339,12 @@ TEST_CASE("Protocol golden: the PROTOCOL.md examples come out of the encoders", 
   b.run_indptr = {0, 1};
   b.run_starts = {64};
   b.run_lengths = {1};
+  b.record_base = {0};
+  b.table_tags = {0};
   check("fetch_blocks_reply", Encode(8, std::move(b)));
   const Golden& blocks = GoldenNamed("fetch_blocks_reply");
   CHECK(blocks.frames.size() == 1);            // No row travels in a blocks reply.
-  CHECK(blocks.frames[0].size() == 18 + 157);  // Header + the example's 157-byte body.
+  CHECK(blocks.frames[0].size() == 18 + 169);  // Header + the example's 169-byte body.
 }
 
 TEST_CASE("Protocol golden: BYE refuses session 0 and names a truncated field", "[ipc]") {
