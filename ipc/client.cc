@@ -160,21 +160,27 @@ StatusOr<FetchDenseReply> Client::FetchDense(uint64_t session_id, uint64_t seque
 StatusOr<FetchBlocksReply> Client::FetchBlocks(uint64_t session_id, uint64_t sequence_id,
                                                uint32_t layer_begin, uint32_t layer_end,
                                                const FetchBlocksReply* held) {
-  // out_dtype is ignored in blocks mode; fp16 is its default.
+  if (held == nullptr) {
+    // out_dtype is ignored in blocks mode; fp16 is its default.
+    return CallAs<FetchBlocksReply>(FetchRequest{session_id, sequence_id, layer_begin, layer_end,
+                                                 FetchMode::kBlocks, DType::kF16});
+  }
+  KVCTL_ASSIGN_OR_RETURN(FetchBlocksReply reply,
+                         FetchBlocksSince(session_id, sequence_id, layer_begin, layer_end, *held));
+  return MergeBlocksReply(*held, std::move(reply));
+}
+
+StatusOr<FetchBlocksReply> Client::FetchBlocksSince(uint64_t session_id, uint64_t sequence_id,
+                                                    uint32_t layer_begin, uint32_t layer_end,
+                                                    const FetchBlocksReply& held) {
   FetchRequest request{session_id, sequence_id, layer_begin, layer_end, FetchMode::kBlocks,
                        DType::kF16};
-  if (held != nullptr) {
-    const size_t pairs = held->last_page_len.size();
-    request.n_known = static_cast<uint32_t>(pairs);
-    request.known_records.resize(pairs);
-    for (size_t i = 0; i < pairs; ++i) {
-      request.known_records[i] = held->indptr[i + 1] - held->indptr[i];
-    }
-    request.known_tags = held->table_tags;
-  }
-  KVCTL_ASSIGN_OR_RETURN(FetchBlocksReply reply, CallAs<FetchBlocksReply>(std::move(request)));
-  if (held == nullptr) return reply;
-  return MergeBlocksReply(*held, std::move(reply));
+  const size_t pairs = held.last_page_len.size();
+  request.n_known = static_cast<uint32_t>(pairs);
+  request.known_records.resize(pairs);
+  for (size_t i = 0; i < pairs; ++i) request.known_records[i] = held.indptr[i + 1] - held.indptr[i];
+  request.known_tags = held.table_tags;
+  return CallAs<FetchBlocksReply>(std::move(request));
 }
 
 StatusOr<FetchBlocksReply> MergeBlocksReply(const FetchBlocksReply& held, FetchBlocksReply reply) {

@@ -71,6 +71,11 @@ class Client {
   StatusOr<FetchBlocksReply> FetchBlocks(uint64_t session_id, uint64_t sequence_id,
                                          uint32_t layer_begin, uint32_t layer_end,
                                          const FetchBlocksReply* held = nullptr);
+  // The reply itself to a FETCH with `held`'s known table (record_base > 0 where the daemon
+  // listed only newer records); MergeBlocksReply(held, reply) is what FetchBlocks returns.
+  StatusOr<FetchBlocksReply> FetchBlocksSince(uint64_t session_id, uint64_t sequence_id,
+                                              uint32_t layer_begin, uint32_t layer_end,
+                                              const FetchBlocksReply& held);
   // The INFO-style text; `section` "" = all sections.
   StatusOr<std::string> Stats(uint64_t session_id = 0, std::string_view section = "");
   // Ends the session: the daemon frees its sequences and staging slot at once instead of when

@@ -1,7 +1,8 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 //
-// The position runs of a blocks FETCH reply: a head's sink and tail rows as runs of consecutive
-// positions, one run when the tail follows the sinks directly, two once records lie between.
+// The blocks FETCH reply: a head's sink and tail rows as runs of consecutive positions (one run
+// when the tail follows the sinks directly, two once records lie between), and a known table
+// that leaves the records the client holds out of the reply.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -12,6 +13,7 @@
 
 #include "common/half.h"
 #include "controller/service/controller.h"
+#include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "tests/controller/service/service_test_util.h"
 
@@ -71,6 +73,93 @@ TEST_CASE("Blocks reply: sink and tail rows as runs of consecutive positions", "
   for (const auto& pair : Runs(*c, h->session_id)) {
     CHECK(pair == std::vector<Run>{{100, kSinks}, {136, 4}});
   }
+}
+
+ipc::FetchBlocksReply FetchBlocks(Controller& c, uint64_t session,
+                                  const ipc::FetchBlocksReply* held = nullptr) {
+  ipc::FetchRequest request{session, 1, 0, kLayers, ipc::FetchMode::kBlocks, DType::kF16};
+  if (held != nullptr) {
+    request.n_known = kLayers * kHeads;
+    for (size_t i = 0; i < request.n_known; ++i) {
+      request.known_records.push_back(held->indptr[i + 1] - held->indptr[i]);
+    }
+    request.known_tags = held->table_tags;
+  }
+  StatusOr<ipc::ReplyBody> body = c.Fetch(request, Clock::now());
+  REQUIRE(body.ok());
+  return std::get<ipc::FetchBlocksReply>(*std::move(body));
+}
+
+TEST_CASE("Blocks reply: with a known table only the newer records are listed", "[controller]") {
+  Config config;
+  config.pool.shm_name = "/kvctl-known-" + std::to_string(getpid());
+  config.pool.bytes = 16 << 20;
+  config.pool.page_bytes = 16 << 10;
+  config.pool.staging_slots = 0;
+  config.quant.method = QuantMethod::kKivi;  // 32-token records.
+  config.quant.sink_tokens = kSinks;
+  config.quant.flush_tokens = 32;
+  config.server.stats_endpoint = "";
+  std::unique_ptr<Controller> c = testing::MakeController(config);
+  ipc::HelloRequest hello{.client_name = "known",
+                          .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}};
+  StatusOr<ipc::HelloReply> h = c->Hello(hello, Clock::now());
+  REQUIRE(h.ok());
+  const uint64_t sid = h->session_id;
+  REQUIRE(c->Open({sid, 1}, Clock::now()).ok());
+  const size_t pairs = kLayers * kHeads;
+  REQUIRE(AppendTokens(*c, sid, 0, kSinks + 3 * 32 + 5).ok());  // 3 records per pair.
+  const ipc::FetchBlocksReply full = FetchBlocks(*c, sid);
+  CHECK(full.record_base == std::vector<uint32_t>(pairs, 0));
+  CHECK(full.indices.size() == 3 * pairs);
+
+  // Nothing new: no record listed, the window still whole, the same tags.
+  const ipc::FetchBlocksReply same = FetchBlocks(*c, sid, &full);
+  CHECK(same.record_base == std::vector<uint32_t>(pairs, 3));
+  CHECK(same.indices.empty());
+  CHECK(same.table_tags == full.table_tags);
+  CHECK(same.window_ids == full.window_ids);
+  CHECK(same.last_page_len == full.last_page_len);
+  CHECK(ipc::Encode(1, same).ok());  // A valid reply, the held records counted.
+  StatusOr<ipc::FetchBlocksReply> merged = ipc::MergeBlocksReply(full, same);
+  REQUIRE(merged.ok());
+  CHECK(merged->indices == full.indices);
+  CHECK(merged->indptr == full.indptr);
+
+  // A flush later: one new record per pair listed, and the merge is the fresh whole table.
+  REQUIRE(AppendTokens(*c, sid, kSinks + 3 * 32 + 5, 32).ok());
+  const ipc::FetchBlocksReply fresh = FetchBlocks(*c, sid);
+  const ipc::FetchBlocksReply since = FetchBlocks(*c, sid, &full);
+  CHECK(since.record_base == std::vector<uint32_t>(pairs, 3));
+  CHECK(since.indices.size() == pairs);
+  CHECK(since.table_tags == fresh.table_tags);
+  merged = ipc::MergeBlocksReply(full, since);
+  REQUIRE(merged.ok());
+  CHECK(merged->indices == fresh.indices);
+  CHECK(merged->indptr == fresh.indptr);
+  CHECK(merged->table_tags == fresh.table_tags);
+
+  // A tag that was never given, or more records than the pair holds: that pair is listed whole.
+  ipc::FetchBlocksReply forged = full;
+  forged.table_tags[1] ^= 1;
+  forged.indptr = {0, 3, 6, 9, 99};  // Pair 3 claims 93 records.
+  const ipc::FetchBlocksReply mixed = FetchBlocks(*c, sid, &forged);
+  CHECK(mixed.record_base == std::vector<uint32_t>{3, 0, 3, 0});
+  CHECK(mixed.indices.size() == 1 + 4 + 1 + 4);
+  CHECK(mixed.table_tags == fresh.table_tags);
+
+  // A known table of the wrong size is refused by name; dense mode takes none.
+  ipc::FetchRequest bad{sid, 1, 0, kLayers, ipc::FetchMode::kBlocks, DType::kF16};
+  bad.n_known = 1;
+  bad.known_records = {1};
+  bad.known_tags = {1};
+  StatusOr<ipc::ReplyBody> refused = c->Fetch(bad, Clock::now());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK(refused.status().message() ==
+        "n_known: got 1, expected 0 or the range's pairs (2 layers x 2 heads = 4)");
+  bad.mode = ipc::FetchMode::kDense;
+  CHECK(ipc::Encode(1, bad).status().message() ==
+        "FETCH: n_known: got 1, expected 0 in dense mode (a known table is for blocks mode)");
 }
 
 }  // namespace
