@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -22,6 +23,7 @@
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/kv_sequence.h"
 #include "controller/service/blocks_reply.h"
+#include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "policies/ratequant.h"
 #include "policies/ratequant_fit.h"
@@ -504,6 +506,64 @@ TEST_CASE("Eviction: whole-record evictions move records without re-quantizing t
   CHECK(seq.HeadUsageOf(0, 0).requantized_tokens == 0);  // Records moved, never decoded.
   CHECK(seq.HeadUsageOf(0, 0).evicted_bytes % (BlockLayoutOf(seq.HeadSpec(0, 0)).record_bytes) ==
         0);
+}
+
+TEST_CASE("Eviction: a held page table is reused while its records stay, listed whole after",
+          "[controller][evict]") {
+  // Streaming drops whole oldest records; SnapKV and H2O drop tokens from the middle of records
+  // and re-pack the kept ones. Compactions re-pack into the front slots of the list, so a pair's
+  // ids change only where its list shrinks: a table held from before must then be listed whole,
+  // and every step in between reuses it (the tag is tested with forged tags in
+  // blocks_reply_test). Whatever the daemon lists, the merge is the whole table.
+  const int d = 32, total = 120;
+  const Stream s(1, total, 1, 2, d, 13);
+  const ipc::Geometry g{1, 1, 2, d, DType::kF32};
+  for (const auto& [policy, method, budget] : {std::tuple{EvictPolicy::kStreaming,
+                                                          QuantMethod::kKivi, 36},
+                                               {EvictPolicy::kSnapKV, QuantMethod::kTurbo, 48},
+                                               {EvictPolicy::kSnapKV, QuantMethod::kKivi, 48},
+                                               {EvictPolicy::kH2O, QuantMethod::kKivi, 64}}) {
+    INFO(QuantMethodName(method));
+    auto pool = testing::MakeTestPool(4 << 20, 4096);
+    EvictionSettings settings = Settings(policy, budget, 4, 8, 8);
+    settings.compression_period = 8;
+    KvSequence seq(pool.get(), F32Geometry(1, 1, d, 2), Plans(1, 1, method, d, false, 8, 8, 0),
+                   settings);
+    // Tables of every step so far: a client that FETCHes every step holds the previous one, one
+    // that FETCHes every 8 steps the one from 8 steps ago.
+    std::vector<ipc::FetchBlocksReply> history;
+    int reused = 0, relisted = 0;
+    for (int t = 0; t < total; ++t) {
+      REQUIRE(s.Append(seq, t, 1).ok());
+      INFO("token " << t);
+      const ipc::FetchBlocksReply whole =
+          BuildBlocksReply(seq, g, 0, 1, 4096, pool->pages_total());
+      for (const size_t lag : {size_t{1}, size_t{8}}) {
+        if (history.size() < lag || history[history.size() - lag].indices.empty()) continue;
+        const ipc::FetchBlocksReply& held = history[history.size() - lag];
+        INFO("held from " << lag << " steps before");
+        const uint32_t held_records = held.indptr[1];
+        const uint32_t known_records[1] = {held_records};
+        const ipc::FetchBlocksReply since = BuildBlocksReply(
+            seq, g, 0, 1, 4096, pool->pages_total(), {known_records, held.table_tags});
+        REQUIRE(ipc::Encode(1, ipc::FetchBlocksReply(since)).ok());
+        // Reused exactly when the held ids are still the front of the list.
+        const bool front =
+            whole.indices.size() >= held_records &&
+            std::equal(held.indices.begin(), held.indices.end(), whole.indices.begin());
+        CHECK(since.record_base[0] == (front ? held_records : 0));
+        (front ? reused : relisted) += 1;
+        StatusOr<ipc::FetchBlocksReply> merged = ipc::MergeBlocksReply(held, since);
+        REQUIRE(merged.ok());
+        CHECK(merged->indices == whole.indices);
+        CHECK(merged->indptr == whole.indptr);
+        CHECK(merged->table_tags == whole.table_tags);
+      }
+      history.push_back(whole);
+    }
+    CHECK(reused > 0);
+    CHECK(relisted > 0);
+  }
 }
 
 TEST_CASE("Eviction: token-separable records re-pack kept tokens without changing their values",
