@@ -183,6 +183,21 @@ def test_kvarn_float16_prefill_then_decode(kvarn_daemon, connect):
             assert np.array_equal(wk, np.concatenate([k[layer, :128, head], k[layer, 256:, head]]))
             assert np.array_equal(wv, np.concatenate([v[layer, :128, head], v[layer, 256:, head]]))
     del pool
+    # With the table held, the daemon lists no record again (PROTOCOL.md 4.5 "Only what is
+    # new"); a flush later it lists only the new records, and the merged table is the whole one.
+    assert b.table_tags.shape == (pairs,)
+    same = c.fetch_blocks(1, held=b)
+    assert same.indices.tolist() == b.indices.tolist()
+    assert same.record_offsets.tolist() == b.record_offsets.tolist()
+    assert same.table_tags.tolist() == b.table_tags.tolist()
+    c.append(1, k[:, :128], v[:, :128])
+    grown = c.fetch_blocks(1, held=b)
+    fresh = c.fetch_blocks(1)
+    assert grown.quantized_counts.tolist() == [256] * pairs
+    for name in ("indptr", "indices", "record_offsets", "table_tags", "window_ids"):
+        assert getattr(grown, name).tolist() == getattr(fresh, name).tolist(), name
+    with pytest.raises(ValueError, match="held: a table of layers"):
+        c.fetch_blocks(1, layers=1, held=b)
     # A blocks FETCH carries no rows: fetch() reads dense only.
     with pytest.raises(ValueError, match="fetch_blocks"):
         c.fetch(1, mode="blocks")
