@@ -125,7 +125,7 @@ CLI::App* AddIpcCommand(CLI::App& app, kvctl::IpcBenchOptions& options, bool& js
       ->capture_default_str();
   cmd->add_option("--rows", options.rows,
                   "Comma-separated subset of ping, append_inline, append_staging, fetch_dense, "
-                  "fetch_dense_lossless, fetch_blocks (default: all)")
+                  "fetch_dense_lossless, fetch_blocks, fetch_blocks_held (default: all)")
       ->delimiter(',');
   cmd->add_option(
       "--set", options.settings,

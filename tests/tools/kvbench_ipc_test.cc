@@ -72,7 +72,7 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
 
   std::map<std::string, const IpcBenchRow*> rows;
   for (const IpcBenchRow& row : r.rows) rows[row.name] = &row;
-  REQUIRE(r.rows.size() == 9);
+  REQUIRE(r.rows.size() == 11);
   for (const IpcBenchRow& row : r.rows) {
     INFO(row.name);
     CheckLatency(row.kvctl, 6);
@@ -100,7 +100,7 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
   const IpcBenchRow* inline_append = rows.at("append inline, 1 token");
   CHECK(inline_append->request_frames == std::vector<uint64_t>{18 + 38, 11520, 11520});
   CHECK(inline_append->reply_frames == std::vector<uint64_t>{18 + 24});
-  CHECK(inline_append->target == 1.5);
+  CHECK(inline_append->target == 1.3);
   const IpcBenchRow* staging = rows.at("append staging, 1 token");
   CHECK(staging->request_frames == std::vector<uint64_t>{18 + 38});
   CHECK(staging->baseline_64);
@@ -111,7 +111,7 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
     // Body: mode, 4 u32, dtype, 3 counts; then positions, K and V of 700 tokens x 3 heads.
     CHECK(dense->reply_frames == std::vector<uint64_t>{18 + 1 + 16 + 1 + 12, 700 * 3 * 8,
                                                        700 * 3 * 64 * 2, 700 * 3 * 64 * 2});
-    CHECK(dense->request_frames == std::vector<uint64_t>{18 + 26});
+    CHECK(dense->request_frames == std::vector<uint64_t>{18 + 30});
   }
   const IpcBenchRow* blocks = rows.at("fetch blocks 700, kvarn k2v2");
   CHECK(blocks->baseline_64);
@@ -120,9 +120,20 @@ TEST_CASE("KvbenchIpc: a small run through the real daemon answers every request
   // Body: mode, 8 u32, n_layouts, one 64-byte layout, 3 layout_index, indptr, 12 indices,
   // last_page_len, window_indptr, 564 window ids, window_sinks, run_indptr, 6 runs.
   REQUIRE(blocks->reply_frames.size() == 1);
-  CHECK(blocks->reply_frames[0] == 18 + 1 + 32 + 2 + 64 + 3 * 2 + 4 * 4 + 12 * 4 + 3 * 4 + 4 * 4 +
-                                       188 * 3 * 4 + 3 * 4 + 4 * 4 + 6 * 12);
+  // Then record_base and table_tags per head.
+  const uint64_t whole = 18 + 1 + 32 + 2 + 64 + 3 * 2 + 4 * 4 + 12 * 4 + 3 * 4 + 4 * 4 +
+                         188 * 3 * 4 + 3 * 4 + 4 * 4 + 6 * 12 + 3 * 4 + 3 * 8;
+  CHECK(blocks->reply_frames[0] == whole);
+  CHECK(blocks->target == 1.3);
   CHECK(rows.count("fetch blocks 300, kvarn k2v2") == 1);
+  // Holding the whole table, the request carries it (12 bytes per head) and the reply lists
+  // none of the 12 records again.
+  const IpcBenchRow* held = rows.at("fetch blocks held 700, kvarn k2v2");
+  CHECK(held->baseline_64);
+  CHECK(held->target == 1.3);
+  CHECK(held->request_frames == std::vector<uint64_t>{18 + 30 + 3 * 12});
+  CHECK(held->reply_frames == std::vector<uint64_t>{whole - 12 * 4});
+  CHECK(rows.count("fetch blocks held 300, kvarn k2v2") == 1);
 
   const std::string table = FormatIpcTable(r);
   const std::string json = FormatIpcJson(r);
