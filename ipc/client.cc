@@ -173,8 +173,8 @@ StatusOr<FetchBlocksReply> Client::FetchBlocks(uint64_t session_id, uint64_t seq
 StatusOr<FetchBlocksReply> Client::FetchBlocksSince(uint64_t session_id, uint64_t sequence_id,
                                                     uint32_t layer_begin, uint32_t layer_end,
                                                     const FetchBlocksReply& held) {
-  FetchRequest request{session_id, sequence_id, layer_begin, layer_end, FetchMode::kBlocks,
-                       DType::kF16};
+  FetchRequest request{session_id, sequence_id,        layer_begin,
+                       layer_end,  FetchMode::kBlocks, DType::kF16};
   const size_t pairs = held.last_page_len.size();
   request.n_known = static_cast<uint32_t>(pairs);
   request.known_records.resize(pairs);

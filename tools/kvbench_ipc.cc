@@ -596,7 +596,10 @@ enum class FetchKind { kDense, kBlocks, kBlocksHeld };
 // The FETCH request of layer 0 of `seq`; kBlocksHeld carries `held`'s known table.
 ipc::FetchRequest FetchRequestOf(uint64_t session, uint64_t seq, FetchKind kind,
                                  const ipc::FetchBlocksReply& held) {
-  ipc::FetchRequest r{session, seq, 0, 1,
+  ipc::FetchRequest r{session,
+                      seq,
+                      0,
+                      1,
                       kind == FetchKind::kDense ? ipc::FetchMode::kDense : ipc::FetchMode::kBlocks,
                       DType::kF16};
   if (kind == FetchKind::kBlocksHeld) {
@@ -622,9 +625,9 @@ Status RunFetchRow(Bench& b, const Sessions& s, uint64_t seq, int64_t tokens, Fe
   if (kind == FetchKind::kBlocksHeld) {
     ++b.report->requests_sent;
     KVCTL_ASSIGN_OR_RETURN(held, b.client->FetchBlocks(s.daemon, seq, 0, 1));
-    KVCTL_ASSIGN_OR_RETURN(ipc::ReplyBody body,
-                           b.direct->Fetch(FetchRequestOf(s.direct, seq, FetchKind::kBlocks, {}),
-                                           Clock::now()));
+    KVCTL_ASSIGN_OR_RETURN(
+        ipc::ReplyBody body,
+        b.direct->Fetch(FetchRequestOf(s.direct, seq, FetchKind::kBlocks, {}), Clock::now()));
     direct_held = std::get<ipc::FetchBlocksReply>(std::move(body));
   }
   RawShape shape;
@@ -666,8 +669,7 @@ Status RunFetchRow(Bench& b, const Sessions& s, uint64_t seq, int64_t tokens, Fe
     return b.client->FetchDense(s.daemon, seq, 0, 1).status();
   };
   ops.handler = [&] {
-    return b.direct->Fetch(FetchRequestOf(s.direct, seq, kind, direct_held), Clock::now())
-        .status();
+    return b.direct->Fetch(FetchRequestOf(s.direct, seq, kind, direct_held), Clock::now()).status();
   };
   KVCTL_RETURN_IF_ERROR(MeasureRow(b, row, shape, ops));
   b.report->rows.push_back(std::move(row));

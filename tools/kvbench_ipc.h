@@ -35,8 +35,8 @@ namespace kvctl {
 // Row groups, for --rows. "ping" is a diagnostic without a target: PING is answered on the
 // server's I/O thread, so ping vs append_staging separates the worker hand-off from the transport.
 inline constexpr const char* kIpcRowGroups[] = {
-    "ping",        "append_inline",        "append_staging",    "fetch_dense",
-    "fetch_dense_lossless", "fetch_blocks", "fetch_blocks_held"};
+    "ping",         "append_inline",    "append_staging", "fetch_dense", "fetch_dense_lossless",
+    "fetch_blocks", "fetch_blocks_held"};
 
 struct IpcBenchOptions {
   int iterations = 1000;  // Timed samples per row and per side (kvctl, raw, handler).

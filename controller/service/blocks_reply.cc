@@ -71,13 +71,16 @@ void AppendRuns(std::span<const int64_t> positions, ipc::FetchBlocksReply* reply
 
 }  // namespace
 
-void TableTag::Add(uint32_t record_id, uint32_t side_id) {
-  // One multiply-xorshift round per record (the finalizer of SplitMix64 over the state mixed with
-  // the record): every input bit reaches every output bit, and it costs ~5 cycles a record.
-  uint64_t x = h_ ^ ((uint64_t{side_id} << 32) | record_id);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  h_ = x ^ (x >> 31);
+uint64_t TableTag::value() const {
+  // The SplitMix64 finalizer over the count and each lane in turn: full avalanche per lane.
+  uint64_t h = count_;
+  for (uint64_t lane : lanes_) {
+    h ^= lane;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+  }
+  return h;
 }
 
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& g,
@@ -127,7 +130,9 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       if (index == reply.layouts.size()) reply.layouts.push_back(layout);
       reply.layout_index.push_back(static_cast<uint16_t>(index));
       const size_t pair = reply.layout_index.size() - 1;
-      const auto side_of = [&](uint32_t r) { return norms == nullptr ? ipc::kNoPage : norms->ids()[r]; };
+      const auto side_of = [&](uint32_t r) {
+        return norms == nullptr ? ipc::kNoPage : norms->ids()[r];
+      };
       // The records the client holds, if their tag still matches: a pass over their ids.
       TableTag tag;
       uint32_t base = 0;

@@ -67,7 +67,7 @@ TEST_CASE("Daemon evict: snapkv budgets hold over APPEND, dense, blocks and STAT
   int64_t t = 0;
   bool unequal_heads = false;
   std::optional<ipc::FetchBlocksReply> held;  // The table of the previous step.
-  int held_pairs = 0, relisted_pairs = 0;      // Pairs with records answered from it, or whole.
+  int held_pairs = 0, relisted_pairs = 0;     // Pairs with records answered from it, or whole.
   for (int n : std::vector<int>{100, 1, 1, 1, 5, 1, 1, 40, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
     const auto k = Random(rng, layers, n, heads, d), v = Random(rng, layers, n, heads, d);
     const auto q = Random(rng, layers, n, q_heads, d);

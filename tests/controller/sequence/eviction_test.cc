@@ -518,11 +518,11 @@ TEST_CASE("Eviction: a held page table is reused while its records stay, listed 
   const int d = 32, total = 120;
   const Stream s(1, total, 1, 2, d, 13);
   const ipc::Geometry g{1, 1, 2, d, DType::kF32};
-  for (const auto& [policy, method, budget] : {std::tuple{EvictPolicy::kStreaming,
-                                                          QuantMethod::kKivi, 36},
-                                               {EvictPolicy::kSnapKV, QuantMethod::kTurbo, 48},
-                                               {EvictPolicy::kSnapKV, QuantMethod::kKivi, 48},
-                                               {EvictPolicy::kH2O, QuantMethod::kKivi, 64}}) {
+  for (const auto& [policy, method, budget] :
+       {std::tuple{EvictPolicy::kStreaming, QuantMethod::kKivi, 36},
+        {EvictPolicy::kSnapKV, QuantMethod::kTurbo, 48},
+        {EvictPolicy::kSnapKV, QuantMethod::kKivi, 48},
+        {EvictPolicy::kH2O, QuantMethod::kKivi, 64}}) {
     INFO(QuantMethodName(method));
     auto pool = testing::MakeTestPool(4 << 20, 4096);
     EvictionSettings settings = Settings(policy, budget, 4, 8, 8);
@@ -536,8 +536,7 @@ TEST_CASE("Eviction: a held page table is reused while its records stay, listed 
     for (int t = 0; t < total; ++t) {
       REQUIRE(s.Append(seq, t, 1).ok());
       INFO("token " << t);
-      const ipc::FetchBlocksReply whole =
-          BuildBlocksReply(seq, g, 0, 1, 4096, pool->pages_total());
+      const ipc::FetchBlocksReply whole = BuildBlocksReply(seq, g, 0, 1, 4096, pool->pages_total());
       for (const size_t lag : {size_t{1}, size_t{8}}) {
         if (history.size() < lag || history[history.size() - lag].indices.empty()) continue;
         const ipc::FetchBlocksReply& held = history[history.size() - lag];

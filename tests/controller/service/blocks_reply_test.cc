@@ -3,10 +3,13 @@
 // The blocks FETCH reply: a head's sink and tail rows as runs of consecutive positions (one run
 // when the tail follows the sinks directly, two once records lie between), and a known table
 // that leaves the records the client holds out of the reply.
+#include "controller/service/blocks_reply.h"
+
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -73,6 +76,45 @@ TEST_CASE("Blocks reply: sink and tail rows as runs of consecutive positions", "
   for (const auto& pair : Runs(*c, h->session_id)) {
     CHECK(pair == std::vector<Run>{{100, kSinks}, {136, 4}});
   }
+}
+
+uint64_t TagOf(const std::vector<std::pair<uint32_t, uint32_t>>& records) {
+  TableTag tag;
+  for (const auto& [id, side] : records) tag.Add(id, side);
+  return tag.value();
+}
+
+TEST_CASE("Blocks reply: a table tag tells record lists apart and extends", "[controller]") {
+  const std::vector<std::pair<uint32_t, uint32_t>> list = {
+      {5, ipc::kNoPage}, {9, ipc::kNoPage}, {2, ipc::kNoPage}, {11, 12}, {40, 41}};
+  CHECK(TagOf(list) == TagOf(list));
+  // Any change: an id, a side id, the order (within and across lanes), a record more or less.
+  std::set<uint64_t> tags = {TagOf(list), TagOf({})};
+  for (size_t i = 0; i < list.size(); ++i) {
+    for (uint32_t flip : {1u, 1u << 31}) {
+      auto changed = list;
+      changed[i].first ^= flip;
+      tags.insert(TagOf(changed));
+      changed = list;
+      changed[i].second ^= flip;
+      tags.insert(TagOf(changed));
+    }
+    tags.insert(TagOf({list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i)}));
+  }
+  auto swapped = list;
+  std::swap(swapped[0], swapped[1]);
+  tags.insert(TagOf(swapped));
+  swapped = list;
+  std::swap(swapped[0], swapped[4]);  // The same lane (record 0 and record 4).
+  tags.insert(TagOf(swapped));
+  // All distinct: the list, the empty one, 4 changes per record, 4 non-empty prefixes, 2 swaps.
+  CHECK(tags.size() == 2 + list.size() * 4 + list.size() - 1 + 2);
+  // The tag of a prefix, then more records: the same as the whole list at once.
+  TableTag tag;
+  for (size_t i = 0; i < 3; ++i) tag.Add(list[i].first, list[i].second);
+  CHECK(tag.value() == TagOf({list.begin(), list.begin() + 3}));
+  for (size_t i = 3; i < list.size(); ++i) tag.Add(list[i].first, list[i].second);
+  CHECK(tag.value() == TagOf(list));
 }
 
 ipc::FetchBlocksReply FetchBlocks(Controller& c, uint64_t session,
