@@ -661,7 +661,7 @@ class KvctlCache(PrefixReuse, Cache):
     def _fetch_blocks(self) -> None:
         """Blocks FETCH of every layer of every sequence (page tables into the shm pool, over
         records and window rows alike), unless the cached one is still valid
-        (_advance_blocks)."""
+        (_advance_blocks); with the previous table held, so only new records are listed."""
         from .pool_view import PoolView
 
         t0 = time.perf_counter()
@@ -670,7 +670,9 @@ class KvctlCache(PrefixReuse, Cache):
                 seq.view = PoolView.from_client(seq.client)
             if not seq.blocks_stale:
                 continue
-            blocks = seq.client.fetch_blocks(seq.sequence_id)
+            # The table of the last FETCH goes along: the daemon lists only the records that
+            # are new since it (a flush's), not every record of a long context again.
+            blocks = seq.client.fetch_blocks(seq.sequence_id, held=seq.blocks)
             self.counters["block_fetches"] += 1
             seq.blocks = blocks
             seq.blocks_stale = False

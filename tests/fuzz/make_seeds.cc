@@ -80,6 +80,16 @@ ipc::AppendRequest InlineAppend(const ipc::HelloRequest& h, uint64_t session, ui
   return r;
 }
 
+// A blocks FETCH of layers [0, 2) holding the harness's last whole table: count 0xFFFFFFFF with
+// tag 0 per pair stands for that table's own (request_path_fuzz.cc FillKnown).
+ipc::FetchRequest HeldFetch(uint64_t session, uint64_t sequence, uint32_t pairs) {
+  ipc::FetchRequest r{session, sequence, 0, 2, ipc::FetchMode::kBlocks, DType::kF16};
+  r.n_known = pairs;
+  r.known_records.assign(pairs, UINT32_MAX);
+  r.known_tags.assign(pairs, 0);
+  return r;
+}
+
 // Staging bytes of an APPEND of n tokens: K, V (and Q) back to back.
 std::string StagedPayload(const ipc::HelloRequest& h, uint32_t n) {
   const ipc::Geometry& g = h.geometry;
@@ -111,6 +121,8 @@ std::string Session(const std::string& model, uint8_t variant, uint32_t q_heads,
   w.Request(Msg(InlineAppend(h, 1, 5 + kStaged, 1)));
   w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF32}));
   w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kBlocks, DType::kF16}));
+  w.Request(Msg(InlineAppend(h, 1, 6 + kStaged, 16)));  // A flush more (or an eviction).
+  w.Request(Msg(HeldFetch(1, 7, 4)));
   w.Request(Msg(ipc::StatsRequest{1, ""}));
   w.Request(Msg(ipc::PingRequest{1}));
   const std::vector<int32_t> ids(5 + kStaged + 1, 42);
@@ -226,6 +238,7 @@ std::string SpreadFlush() {
   w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF32}));
   w.Request(Msg(InlineAppend(h, 1, 18, 1)));
   w.Request(Msg(ipc::FetchRequest{1, 7, 0, 2, ipc::FetchMode::kDense, DType::kF16}));
+  w.Request(Msg(HeldFetch(1, 7, 4)));  // Layer 1's records are new since the held table.
   return w.bytes();
 }
 

@@ -12,6 +12,9 @@
 //   - an INTERNAL error from the controller (by convention our bug, not the client's);
 //   - a reply the encoders refuse (the daemon would send INTERNAL) or the decoder cannot read back;
 //   - a FETCH blocks reply naming record bytes outside the pool's pages;
+//   - a blocks reply to a known table that, merged with the table it was asked with, is not the
+//     whole table a FETCH without one gets (known_records[i] = 0xFFFFFFFF with tag 0 in an input
+//     stands for the count and tag of the harness's last whole table, as a client that keeps it);
 //   - pages or staging slots still in use once every session's lease has expired.
 // Each input ends with every session expired, so inputs do not leak state into each other; the
 // controller (and its shm pool) is recreated every kInputsPerController inputs all the same.
@@ -24,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -33,6 +37,7 @@
 #include "controller/config/config.h"
 #include "controller/service/controller.h"
 #include "controller/service/dispatch.h"
+#include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -260,6 +265,7 @@ class Harness {
     ++inputs_;
     Check(controller_->Reload(variants_[0]), "reload of variant 0");
     hellos_.clear();
+    last_blocks_.reset();
     UnmapStaging();
     ScriptReader script(input);
     while (!script.done()) {
@@ -426,6 +432,8 @@ class Harness {
       }
     }
 
+    const bool asked_held = FillKnown(request->body);
+
     const uint16_t type = static_cast<uint16_t>(ipc::TypeOf(request->body));
     // As the daemon does: a small APPEND or a FETCH is first offered to the light path (its I/O
     // thread's), and goes to Dispatch only when handed back. Small limits, so the fuzzer's short
@@ -458,7 +466,63 @@ class Harness {
     StatusOr<ipc::Frames> out = ipc::Encode(request_id, std::move(reply).value());
     if (!out.ok()) Fail("the controller built an invalid reply: " + out.status().ToString());
     const ipc::Reply back = CheckReplyRoundTrip(std::move(out).value());
-    if (const auto* blocks = std::get_if<ipc::FetchBlocksReply>(&back.body)) CheckRecords(*blocks);
+    if (const auto* blocks = std::get_if<ipc::FetchBlocksReply>(&back.body)) {
+      CheckRecords(*blocks);
+      const auto& fetch = std::get<ipc::FetchRequest>(request->body);
+      last_blocks_ = fetch.n_known == 0 ? *blocks : CheckMerge(fetch, *blocks, asked_held);
+    }
+  }
+
+  // Fills the entries of a FETCH's known table that stand for the last whole table (count
+  // 0xFFFFFFFF, tag 0) from it, pair by pair, when it covers as many pairs. Returns whether it
+  // did, i.e. whether the request holds a table this harness was given.
+  bool FillKnown(ipc::RequestBody& body) {
+    auto* fetch = std::get_if<ipc::FetchRequest>(&body);
+    if (fetch == nullptr || fetch->n_known == 0 || !last_blocks_ ||
+        last_blocks_->last_page_len.size() != fetch->n_known) {
+      return false;
+    }
+    bool filled = false;
+    for (uint32_t i = 0; i < fetch->n_known; ++i) {
+      if (fetch->known_records[i] != UINT32_MAX || fetch->known_tags[i] != 0) continue;
+      fetch->known_records[i] = last_blocks_->indptr[i + 1] - last_blocks_->indptr[i];
+      fetch->known_tags[i] = last_blocks_->table_tags[i];
+      filled = true;
+    }
+    return filled;
+  }
+
+  // The reply to a FETCH with a known table, merged with the table it names: equal to the whole
+  // table of the same FETCH without one (asked right after; a FETCH changes no record). Only
+  // where the harness filled the table in does it know what the client holds.
+  ipc::FetchBlocksReply CheckMerge(const ipc::FetchRequest& fetch,
+                                   const ipc::FetchBlocksReply& reply, bool asked_held) {
+    ipc::FetchRequest plain = fetch;
+    plain.n_known = 0;
+    plain.known_records.clear();
+    plain.known_tags.clear();
+    StatusOr<ipc::ReplyBody> whole_body = Dispatch(*controller_, plain, now_);
+    if (!whole_body.ok())
+      Fail("a FETCH without its known table failed: " + whole_body.status().ToString());
+    auto whole = std::get<ipc::FetchBlocksReply>(std::move(whole_body).value());
+    if (whole.table_tags != reply.table_tags) Fail("a known table changed the table tags");
+    if (!asked_held) return whole;
+    for (uint32_t i = 0; i < fetch.n_known; ++i) {
+      if (reply.record_base[i] != 0 && reply.record_base[i] != fetch.known_records[i]) {
+        Fail("record_base is neither 0 nor the known count");
+      }
+      // An entry the input gave itself may name more records than the held table has.
+      if (reply.record_base[i] > last_blocks_->indptr[i + 1] - last_blocks_->indptr[i]) {
+        return whole;
+      }
+    }
+    StatusOr<ipc::FetchBlocksReply> merged = ipc::MergeBlocksReply(*last_blocks_, reply);
+    Check(merged.status(), "merging a blocks reply with the held table");
+    if (merged->indices != whole.indices || merged->indptr != whole.indptr ||
+        merged->side_indices != whole.side_indices) {
+      Fail("a blocks reply merged with the held table is not the whole table");
+    }
+    return whole;
   }
 
   // What a client would read: the reply decodes (so its structure is valid).
@@ -510,7 +574,8 @@ class Harness {
   uint64_t controllers_ = 0;
   // A virtual clock, far from the epoch so that lease arithmetic never goes below it.
   SteadyTime now_ = SteadyTime() + std::chrono::hours(24);
-  std::vector<ipc::HelloReply> hellos_;  // This input's successful HELLOs, in order.
+  std::vector<ipc::HelloReply> hellos_;               // This input's successful HELLOs, in order.
+  std::optional<ipc::FetchBlocksReply> last_blocks_;  // This input's last whole blocks table.
   // Per HELLO: where the client writes its staging slot, and the bytes mapped (0 = the pool's).
   std::vector<std::pair<uint8_t*, size_t>> staging_maps_;
 };
