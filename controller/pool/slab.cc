@@ -212,6 +212,7 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
       std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
       if (--Held(per_page_divider_.Quotient(id)).live == 0) ++empty_pages_;
       id = to;
+      array->Restamp();
       ++slots_moved_;
     }
   }

@@ -2,12 +2,21 @@
 #include "controller/pool/slot_array.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <utility>
 
 namespace kvctl {
 
-SlotArray::SlotArray(Slab* slab) : slab_(slab) { slab_->Attach(this); }
+void SlotArray::Restamp() {
+  static std::atomic<uint64_t> next{1};
+  stamp_ = next.fetch_add(1, std::memory_order_relaxed);
+}
+
+SlotArray::SlotArray(Slab* slab) : slab_(slab) {
+  slab_->Attach(this);
+  Restamp();
+}
 
 SlotArray::~SlotArray() {
   if (slab_ == nullptr) return;  // Moved from.
@@ -16,7 +25,11 @@ SlotArray::~SlotArray() {
 }
 
 SlotArray::SlotArray(SlotArray&& other) noexcept
-    : slab_(other.slab_), ids_(std::move(other.ids_)), borrowed_(other.borrowed_) {
+    : slab_(other.slab_),
+      ids_(std::move(other.ids_)),
+      borrowed_(other.borrowed_),
+      stamp_(other.stamp_) {
+  other.Restamp();
   slab_->Detach(&other);
   slab_->Attach(this);
   other.slab_ = nullptr;
@@ -25,6 +38,7 @@ SlotArray::SlotArray(SlotArray&& other) noexcept
 }
 
 void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
+  if (ids_.size() > n) Restamp();
   while (ids_.size() > n) {
     if (ids_.size() > borrowed_) {
       slab_->Give(ids_.back());
@@ -41,6 +55,7 @@ void SlotArray::Resize(size_t n, std::vector<uint32_t>* reserved) {
 
 void SlotArray::Rehome(Slab* target) {
   Clear();
+  Restamp();
   slab_->Detach(this);
   slab_ = target;
   slab_->Attach(this);
@@ -65,6 +80,7 @@ void SlotArray::Borrow(const SlotArray& lender, size_t count) {
   KVCTL_CHECK(lender.slot_bytes() == slot_bytes() && lender.slots_per_page() == slots_per_page());
   ids_.assign(lender.ids_.begin(), lender.ids_.begin() + static_cast<std::ptrdiff_t>(count));
   borrowed_ = count;
+  Restamp();
 }
 
 void SlotArray::ShareFrom(const SlotArray& lender, size_t count) {
@@ -74,6 +90,7 @@ void SlotArray::ShareFrom(const SlotArray& lender, size_t count) {
   std::copy(lender.ids_.begin(), lender.ids_.begin() + static_cast<std::ptrdiff_t>(count),
             ids_.begin());
   borrowed_ = count;
+  Restamp();
 }
 
 }  // namespace kvctl

@@ -49,6 +49,11 @@ class SlotArray {
   size_t slots_per_page() const { return slab_->slots_per_page(); }
   // Slot ids in array order (page * slots_per_page + index in the page).
   const std::vector<uint32_t>& ids() const { return ids_; }
+  // Changes whenever an id the array held may have changed or gone (a shrink, a compaction of its
+  // slab that moved one of its slots, Rehome, Borrow, ShareFrom); growing keeps it. So while it
+  // is equal, the first k ids for any k up to an earlier size() are what they were then (what a
+  // blocks FETCH's table tags rely on). Unique in the process: two arrays never share one.
+  uint64_t stamp() const { return stamp_; }
   Slab* slab() const { return slab_; }
 
   // Slots Resize(n) takes (0 when shrinking) and gives back to the slab (0 when growing; borrowed
@@ -95,9 +100,12 @@ class SlotArray {
 
  private:
   friend class Slab;
+  void Restamp();  // A new stamp (the slab calls it when its compaction moves a slot).
+
   Slab* slab_;
   std::vector<uint32_t> ids_;
   size_t borrowed_ = 0;  // ids_[0, borrowed_) are another array's slots.
+  uint64_t stamp_ = 0;
 };
 
 }  // namespace kvctl

@@ -428,6 +428,7 @@ HeadBlocks KvSequence::Blocks(int layer, int head) const {
   const HeadStream& h = l.heads[head];
   HeadBlocks b;
   b.record_ids = h.records.ids();
+  b.records_stamp = h.records.stamp();
   b.records = static_cast<uint32_t>(h.records.size());
   b.records_per_page = static_cast<uint32_t>(h.records.slots_per_page());
   b.sink_rows = static_cast<uint32_t>(h.sink_rows);

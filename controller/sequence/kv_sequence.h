@@ -146,6 +146,7 @@ struct DenseOut {
 // A view into the sequence, valid until it changes.
 struct HeadBlocks {
   std::span<const uint32_t> record_ids;  // Slot ids in order: page * records_per_page + slot.
+  uint64_t records_stamp = 0;            // SlotArray::stamp() of the records' array.
   uint32_t records = 0;                  // Records in use.
   uint32_t records_per_page = 0;
   uint32_t sink_rows = 0, tail_rows = 0;

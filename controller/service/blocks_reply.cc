@@ -85,7 +85,8 @@ uint64_t TableTag::value() const {
 
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& g,
                                        int layer_begin, int layer_end, uint64_t page_bytes,
-                                       uint32_t pool_pages, KnownTable known) {
+                                       uint32_t pool_pages, KnownTable known,
+                                       BlocksTagCache* cache) {
   ipc::FetchBlocksReply reply;
   reply.layer_begin = static_cast<uint32_t>(layer_begin);
   reply.n_layers = static_cast<uint32_t>(layer_end - layer_begin);
@@ -108,6 +109,7 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
   reply.run_indptr.push_back(0);
   bool any_side = false;
   for (int l = layer_begin; l < layer_end; ++l) any_side |= seq.Norms(l) != nullptr;
+  if (cache != nullptr) cache->resize(static_cast<size_t>(g.layers) * g.kv_heads);
   for (int l = layer_begin; l < layer_end; ++l) {
     const SlotArray* norms = seq.Norms(l);
     if (norms != nullptr) {
@@ -133,21 +135,36 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       const auto side_of = [&](uint32_t r) {
         return norms == nullptr ? ipc::kNoPage : norms->ids()[r];
       };
-      // The records the client holds, if their tag still matches: a pass over their ids.
-      TableTag tag;
+      // The pair's tag state: cached from the last FETCH while no id it covers can have changed.
+      PairTagCache scratch;
+      PairTagCache& c =
+          cache != nullptr ? (*cache)[static_cast<size_t>(l) * g.kv_heads + h] : scratch;
+      const uint64_t side_stamp = norms == nullptr ? 0 : norms->stamp();
+      if (c.records_stamp != b.records_stamp || c.side_stamp != side_stamp || c.count > b.records) {
+        c = PairTagCache{
+            .records_stamp = b.records_stamp, .side_stamp = side_stamp, .count = 0, .tag = {}};
+      }
+      const auto advance = [&](uint32_t to) {
+        for (; c.count < to; ++c.count) c.tag.Add(b.record_ids[c.count], side_of(c.count));
+      };
+      // The records the client holds, if their tag still matches.
       uint32_t base = 0;
       if (!known.records.empty() && known.records[pair] <= b.records) {
         const uint32_t held = known.records[pair];
-        for (uint32_t r = 0; r < held; ++r) tag.Add(b.record_ids[r], side_of(r));
-        if (tag.value() == known.tags[pair]) {
-          base = held;
-        } else {
-          tag = TableTag{};
+        uint64_t held_tag = 0;
+        if (held >= c.count) {
+          advance(held);
+          held_tag = c.tag.value();
+        } else {  // The cache is past it (another client's shorter table): from the first.
+          TableTag t;
+          for (uint32_t r = 0; r < held; ++r) t.Add(b.record_ids[r], side_of(r));
+          held_tag = t.value();
         }
+        if (held_tag == known.tags[pair]) base = held;
       }
-      for (uint32_t r = base; r < b.records; ++r) tag.Add(b.record_ids[r], side_of(r));
+      advance(b.records);
       reply.record_base.push_back(base);
-      reply.table_tags.push_back(tag.value());
+      reply.table_tags.push_back(c.tag.value());
       const std::span<const uint32_t> ids = b.record_ids.subspan(base, b.records - base);
       reply.indices.insert(reply.indices.end(), ids.begin(), ids.end());
       if (any_side) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "controller/sequence/kv_sequence.h"
 #include "ipc/messages.h"
@@ -51,15 +52,30 @@ class TableTag {
   uint64_t count_ = 0;
 };
 
+// What BuildBlocksReply learned of one pair's tag, kept between FETCHes of a sequence (the
+// controller's sequence entry owns them): the tag after the pair's first `count` records, valid
+// while its record array and its layer's side record array keep their stamps
+// (SlotArray::stamp: growing keeps a stamp, anything that may change an id renews it). With it a
+// FETCH hashes only the records added since the last one, not the whole list.
+struct PairTagCache {
+  uint64_t records_stamp = 0;
+  uint64_t side_stamp = 0;  // 0 for a layer without side records.
+  uint32_t count = 0;
+  TableTag tag;
+};
+using BlocksTagCache = std::vector<PairTagCache>;  // Index: layer * kv_heads + head.
+
 // The reply of layers [layer_begin, layer_end) of a pool of pool_pages pages of page_bytes.
 // With a known table, each pair whose first known.records[i] records still carry the tag
 // known.tags[i] lists only the records after them (record_base[i] = known.records[i]); any other
 // pair (evicted, compacted, requantized, or a tag that never was) is listed whole. Bytes then stay
-// flat in the sequence's length; the cost is one pass over each pair's ids.
+// flat in the sequence's length. `cache` (may be null: every tag is then computed from the
+// first record) carries the tags from one FETCH of the sequence to the next.
 // REQUIRES: known.records and known.tags are empty or hold one entry per pair of the range.
 ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometry& geometry,
                                        int layer_begin, int layer_end, uint64_t page_bytes,
-                                       uint32_t pool_pages, KnownTable known = {});
+                                       uint32_t pool_pages, KnownTable known = {},
+                                       BlocksTagCache* cache = nullptr);
 
 }  // namespace kvctl
 

@@ -633,9 +633,9 @@ StatusOr<ipc::ReplyBody> Controller::Fetch(const ipc::FetchRequest& request, Ste
     return ipc::ReplyBody(BuildDenseReply(seq, g, begin, end, request.out_dtype,
                                           std::move(dense_counts), split_rows, fetch_helper_));
   }
-  return ipc::ReplyBody(BuildBlocksReply(seq, g, begin, end, pool_->page_bytes(),
-                                         pool_->pages_total(),
-                                         {request.known_records, request.known_tags}));
+  return ipc::ReplyBody(
+      BuildBlocksReply(seq, g, begin, end, pool_->page_bytes(), pool_->pages_total(),
+                       {request.known_records, request.known_tags}, &entry->blocks_tags));
 }
 
 int Controller::ExpireLeases(SteadyTime now) {

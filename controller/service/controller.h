@@ -39,6 +39,7 @@
 #include "controller/sequence/budget_resolve.h"
 #include "controller/sequence/host_memory.h"
 #include "controller/sequence/kv_sequence.h"
+#include "controller/service/blocks_reply.h"
 #include "controller/service/helper_thread.h"
 #include "controller/service/prefix_cache.h"
 #include "controller/service/tier_service.h"
@@ -192,6 +193,8 @@ class Controller {
     // Charged to the host budget now (0 once retired).
     uint64_t host_bytes KVCTL_GUARDED_BY(mu);
     std::atomic<bool> held_flush_queued{false};  // In Controller::held_flushes_.
+    // Blocks FETCH's table tags so far (BuildBlocksReply): a FETCH hashes only new records.
+    BlocksTagCache blocks_tags KVCTL_GUARDED_BY(mu);
   };
   struct Session;
 

@@ -166,11 +166,29 @@ TEST_CASE("Slab: Compact packs freed slots away, contents and checksums intact",
   std::vector<uint32_t> pages;
   slab.CollectPages(&pages);
   REQUIRE(pool->SealPages(pages).ok());
-  // Evict: every other head keeps 2 of its 10 records; the holes span many pages.
+  // Stamps (SlotArray::stamp): one per array, kept while an array only grows.
+  std::vector<uint64_t> stamps, ids_before;
+  for (const auto& head : heads) stamps.push_back(head->stamp());
+  CHECK(std::set<uint64_t>(stamps.begin(), stamps.end()).size() == heads.size());
+  Grow(pool.get(), heads[1].get(), 11, 1);
+  CHECK(heads[1]->stamp() == stamps[1]);
+  heads[1]->Resize(10, nullptr);
+  CHECK(heads[1]->stamp() != stamps[1]);
+  // Evict: every other head keeps 2 of its 10 records; the holes span many pages. A shrink
+  // renews the stamp.
   for (int h = 0; h < 30; h += 2) heads[h]->Resize(2, nullptr);
+  for (int h = 0; h < 30; h += 2) CHECK(heads[h]->stamp() != stamps[h]);
+  for (const auto& head : heads) stamps[&head - &heads[0]] = head->stamp();
+  std::vector<std::vector<uint32_t>> ids;
+  for (const auto& head : heads) ids.push_back(head->ids());
   REQUIRE(slab.free_slots() >= slab.slots_per_page());
   const size_t live = slab.live_slots();
   REQUIRE(slab.Compact(nullptr).ok());
+  // Exactly the arrays whose ids the compaction moved got a new stamp.
+  for (size_t h = 0; h < heads.size(); ++h) {
+    INFO("head " << h);
+    CHECK((heads[h]->stamp() != stamps[h]) == (heads[h]->ids() != ids[h]));
+  }
   CHECK(slab.free_slots() < slab.slots_per_page());
   CHECK(slab.pages_held() == (live + 14) / 15);
   CHECK(pool->Stats().pages_used == slab.pages_held());

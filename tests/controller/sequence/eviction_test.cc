@@ -532,6 +532,7 @@ TEST_CASE("Eviction: a held page table is reused while its records stay, listed 
     // Tables of every step so far: a client that FETCHes every step holds the previous one, one
     // that FETCHes every 8 steps the one from 8 steps ago.
     std::vector<ipc::FetchBlocksReply> history;
+    BlocksTagCache cache;  // As the controller keeps one per sequence, across the FETCHes.
     int reused = 0, relisted = 0;
     for (int t = 0; t < total; ++t) {
       REQUIRE(s.Append(seq, t, 1).ok());
@@ -543,8 +544,9 @@ TEST_CASE("Eviction: a held page table is reused while its records stay, listed 
         INFO("held from " << lag << " steps before");
         const uint32_t held_records = held.indptr[1];
         const uint32_t known_records[1] = {held_records};
+        // With the cache the tags are those computed from the first record (whole, no cache).
         const ipc::FetchBlocksReply since = BuildBlocksReply(
-            seq, g, 0, 1, 4096, pool->pages_total(), {known_records, held.table_tags});
+            seq, g, 0, 1, 4096, pool->pages_total(), {known_records, held.table_tags}, &cache);
         REQUIRE(ipc::Encode(1, ipc::FetchBlocksReply(since)).ok());
         // Reused exactly when the held ids are still the front of the list.
         const bool front =
