@@ -279,6 +279,11 @@ void Controller::FreeSessionLocked(Session& session) {
   session.host_bytes = 0;
 }
 
+uint64_t Controller::SequenceHostBytesAtOpen(const HostShape& shape) {
+  return KvSequence::HostBytesAtOpen(shape) +
+         shape.layers * shape.kv_heads * sizeof(PairTagCache) + 64;  // + the vector's slack.
+}
+
 uint64_t Controller::SessionHostBytes() {
   return sizeof(Session) + 2 * ipc::kMaxNameBytes + 256;  // Names, map node, allocator slack.
 }
@@ -292,7 +297,7 @@ Status Controller::CheckGeometryFits(const ipc::Geometry& g, const HostShape& sh
         " streams, each needing a pool page of its own, but the pool", " has ", pages, " pages of ",
         pool_->page_bytes(), " bytes; raise pool.bytes or lower pool.page_bytes");
   }
-  const uint64_t open_bytes = KvSequence::HostBytesAtOpen(shape);
+  const uint64_t open_bytes = SequenceHostBytesAtOpen(shape);
   if (open_bytes > host_memory_.limit()) {
     return ResourceExhausted("geometry: one empty sequence of ", g.layers, " layers x ", g.kv_heads,
                              " kv_heads needs ", open_bytes,
@@ -427,7 +432,7 @@ StatusOr<Controller::OpenTicket> Controller::ReserveOpen(uint64_t session_id, ui
                     .geometry = session->geometry,
                     .model_name = session->model_name,
                     .shape = HostShapeOf(config_, session->geometry)};
-  ticket.open_bytes = KvSequence::HostBytesAtOpen(ticket.shape);
+  ticket.open_bytes = SequenceHostBytesAtOpen(ticket.shape);
   KVCTL_RETURN_IF_ERROR(host_memory_.Reserve("OPEN", ticket.open_bytes));
   return ticket;
 }

@@ -58,6 +58,9 @@ class Controller {
   // Creates the shm pool (pool.bytes, pool.page_bytes, staging slots). FAILED_PRECONDITION for
   // pool.backend = "cuda" when the build or the machine has no CUDA device.
   static StatusOr<std::unique_ptr<Controller>> Create(const Config& config);
+  // The host memory an OPEN reserves for an empty sequence: KvSequence::HostBytesAtOpen and its
+  // entry's per-stream FETCH state (the blocks reply's tag cache).
+  static uint64_t SequenceHostBytesAtOpen(const HostShape& shape);
   ~Controller();
 
   StatusOr<ipc::HelloReply> Hello(const ipc::HelloRequest& request, SteadyTime now)

@@ -217,7 +217,7 @@ TEST_CASE("Hostile: the host-memory budget refuses OPEN and APPEND and is given 
           "[controller][hostile]") {
   Config config = TestConfig("host");
   const HostShape shape{.layers = 8, .kv_heads = 4, .head_dim = 64};
-  const uint64_t open_bytes = KvSequence::HostBytesAtOpen(shape);
+  const uint64_t open_bytes = Controller::SequenceHostBytesAtOpen(shape);
   // Room for the session and three empty sequences, and little else.
   config.limits.host_memory_bytes = 3 * open_bytes + 4096;
   std::unique_ptr<Controller> c = Make(config);
@@ -255,7 +255,7 @@ TEST_CASE("Hostile: the OPEN estimate covers what an OPEN really allocates",
   REQUIRE(c->Open({h->session_id, 2}, Clock::now()).ok());
   const size_t after = mallinfo2().uordblks;
   const uint64_t estimate =
-      KvSequence::HostBytesAtOpen({.layers = 32, .kv_heads = 8, .head_dim = 128});
+      Controller::SequenceHostBytesAtOpen({.layers = 32, .kv_heads = 8, .head_dim = 128});
   const uint64_t measured = after > before ? after - before : 0;
   WARN("OPEN 32x8x128: measured " << measured << " bytes on the heap, estimated " << estimate);
   CHECK(estimate >= measured);
