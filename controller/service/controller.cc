@@ -280,8 +280,8 @@ void Controller::FreeSessionLocked(Session& session) {
 }
 
 uint64_t Controller::SequenceHostBytesAtOpen(const HostShape& shape) {
-  return KvSequence::HostBytesAtOpen(shape) +
-         shape.layers * shape.kv_heads * sizeof(PairTagCache) + 64;  // + the vector's slack.
+  return KvSequence::HostBytesAtOpen(shape) + shape.layers * shape.kv_heads * sizeof(PairTagCache) +
+         64;  // + the vector's slack.
 }
 
 uint64_t Controller::SessionHostBytes() {
