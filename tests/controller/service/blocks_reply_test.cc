@@ -51,29 +51,36 @@ std::vector<std::vector<std::pair<uint64_t, uint32_t>>> Runs(Controller& c, uint
   return runs;
 }
 
-TEST_CASE("Blocks reply: sink and tail rows as runs of consecutive positions", "[controller]") {
+// A controller with KIVI (32-token records, a 32-token flush, kSinks sinks), a session of
+// kLayers x kHeads and its sequence 1 open; returns the session id.
+uint64_t OpenKivi(const std::string& name, std::unique_ptr<Controller>* c) {
   Config config;
-  config.pool.shm_name = "/kvctl-runs-" + std::to_string(getpid());
+  config.pool.shm_name = "/kvctl-" + name + "-" + std::to_string(getpid());
   config.pool.bytes = 16 << 20;
   config.pool.page_bytes = 16 << 10;
   config.pool.staging_slots = 0;
-  config.quant.method = QuantMethod::kKivi;  // 32-token records.
+  config.quant.method = QuantMethod::kKivi;
   config.quant.sink_tokens = kSinks;
   config.quant.flush_tokens = 32;
   config.server.stats_endpoint = "";
-  std::unique_ptr<Controller> c = testing::MakeController(config);
-  ipc::HelloRequest hello{.client_name = "runs",
-                          .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}};
-  StatusOr<ipc::HelloReply> h = c->Hello(hello, Clock::now());
+  *c = testing::MakeController(config);
+  ipc::HelloRequest hello{.client_name = name, .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}};
+  StatusOr<ipc::HelloReply> h = (*c)->Hello(hello, Clock::now());
   REQUIRE(h.ok());
-  REQUIRE(c->Open({h->session_id, 1}, Clock::now()).ok());
+  REQUIRE((*c)->Open({h->session_id, 1}, Clock::now()).ok());
+  return h->session_id;
+}
+
+TEST_CASE("Blocks reply: sink and tail rows as runs of consecutive positions", "[controller]") {
+  std::unique_ptr<Controller> c;
+  const uint64_t session = OpenKivi("runs", &c);
   using Run = std::pair<uint64_t, uint32_t>;
   // 4 sinks then a tail of 6 right after them: one run of 10 per pair.
-  REQUIRE(AppendTokens(*c, h->session_id, 100, 10).ok());
-  for (const auto& pair : Runs(*c, h->session_id)) CHECK(pair == std::vector<Run>{{100, 10}});
+  REQUIRE(AppendTokens(*c, session, 100, 10).ok());
+  for (const auto& pair : Runs(*c, session)) CHECK(pair == std::vector<Run>{{100, 10}});
   // 4 sinks, one 32-token record, a tail of 4: the runs are split by the record.
-  REQUIRE(AppendTokens(*c, h->session_id, 110, 30).ok());
-  for (const auto& pair : Runs(*c, h->session_id)) {
+  REQUIRE(AppendTokens(*c, session, 110, 30).ok());
+  for (const auto& pair : Runs(*c, session)) {
     CHECK(pair == std::vector<Run>{{100, kSinks}, {136, 4}});
   }
 }
@@ -133,22 +140,8 @@ ipc::FetchBlocksReply FetchBlocks(Controller& c, uint64_t session,
 }
 
 TEST_CASE("Blocks reply: with a known table only the newer records are listed", "[controller]") {
-  Config config;
-  config.pool.shm_name = "/kvctl-known-" + std::to_string(getpid());
-  config.pool.bytes = 16 << 20;
-  config.pool.page_bytes = 16 << 10;
-  config.pool.staging_slots = 0;
-  config.quant.method = QuantMethod::kKivi;  // 32-token records.
-  config.quant.sink_tokens = kSinks;
-  config.quant.flush_tokens = 32;
-  config.server.stats_endpoint = "";
-  std::unique_ptr<Controller> c = testing::MakeController(config);
-  ipc::HelloRequest hello{.client_name = "known",
-                          .geometry = {kLayers, kHeads, 0, kDim, DType::kF16}};
-  StatusOr<ipc::HelloReply> h = c->Hello(hello, Clock::now());
-  REQUIRE(h.ok());
-  const uint64_t sid = h->session_id;
-  REQUIRE(c->Open({sid, 1}, Clock::now()).ok());
+  std::unique_ptr<Controller> c;
+  const uint64_t sid = OpenKivi("known", &c);
   const size_t pairs = kLayers * kHeads;
   REQUIRE(AppendTokens(*c, sid, 0, kSinks + 3 * 32 + 5).ok());  // 3 records per pair.
   const ipc::FetchBlocksReply full = FetchBlocks(*c, sid);
