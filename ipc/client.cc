@@ -162,8 +162,17 @@ StatusOr<FetchBlocksReply> Client::FetchBlocks(uint64_t session_id, uint64_t seq
                                                const FetchBlocksReply* held) {
   if (held == nullptr) {
     // out_dtype is ignored in blocks mode; fp16 is its default.
-    return CallAs<FetchBlocksReply>(FetchRequest{session_id, sequence_id, layer_begin, layer_end,
-                                                 FetchMode::kBlocks, DType::kF16});
+    KVCTL_ASSIGN_OR_RETURN(
+        FetchBlocksReply reply,
+        CallAs<FetchBlocksReply>(FetchRequest{session_id, sequence_id, layer_begin, layer_end,
+                                              FetchMode::kBlocks, DType::kF16}));
+    for (size_t i = 0; i < reply.record_base.size(); ++i) {
+      if (reply.record_base[i] != 0) {
+        return Internal("FETCH_REPLY: record_base[", i, "]: got ", reply.record_base[i],
+                        ", expected 0 (no known table was sent)");
+      }
+    }
+    return reply;
   }
   KVCTL_ASSIGN_OR_RETURN(FetchBlocksReply reply,
                          FetchBlocksSince(session_id, sequence_id, layer_begin, layer_end, *held));
@@ -194,9 +203,9 @@ StatusOr<FetchBlocksReply> MergeBlocksReply(const FetchBlocksReply& held, FetchB
   bool any_base = false;
   for (size_t i = 0; i < pairs; ++i) {
     const uint32_t held_records = held.indptr[i + 1] - held.indptr[i];
-    if (reply.record_base[i] > held_records) {
+    if (reply.record_base[i] != 0 && reply.record_base[i] != held_records) {
       return InvalidArgument("record_base[", i, "]: got ", reply.record_base[i],
-                             ", expected at most the held table's ", held_records, " records");
+                             ", expected 0 or the held table's ", held_records, " records");
     }
     any_base = any_base || reply.record_base[i] > 0;
   }

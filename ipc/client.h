@@ -120,7 +120,8 @@ class Client {
 
 // The whole table from `reply` and the table it was asked with: pair i's first
 // reply.record_base[i] record ids (and side ids) come from `held`, the rest from the reply.
-// Fails if the reply's range differs or a base exceeds what `held` lists for that pair.
+// Fails if the reply's range differs or a base is neither 0 nor what `held` lists for that pair
+// (the count its known table sent).
 // REQUIRES: held.record_base is all 0 (a whole table).
 StatusOr<FetchBlocksReply> MergeBlocksReply(const FetchBlocksReply& held, FetchBlocksReply reply);
 

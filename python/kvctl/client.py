@@ -161,9 +161,9 @@ def _merge_held(held: BlocksTable, body):
     from `held`, so it lists every record again (record_base all 0)."""
     base = body.record_base.astype(np.int64)
     held_counts = np.diff(held.indptr.astype(np.int64))
-    if base.shape != held_counts.shape or (base > held_counts).any():
-        raise ProtocolError("FETCH_REPLY: record_base: got %s, expected at most the held "
-                            "table's records per pair %s" % (base.tolist(), held_counts.tolist()))
+    if base.shape != held_counts.shape or ((base != 0) & (base != held_counts)).any():
+        raise ProtocolError("FETCH_REPLY: record_base: got %s, expected 0 or the held table's "
+                            "records per pair %s" % (base.tolist(), held_counts.tolist()))
     listed = np.diff(body.indptr.astype(np.int64))
     pieces, side_pieces = [], []
     has_side = len(body.side_indices) > 0
@@ -814,14 +814,18 @@ class Client:
                 raise ValueError("held: a table of layers [%d, %d), expected [%d, %d)"
                                  % (held.layer_begin, held.layer_begin + held.n_layers, begin,
                                     end))
-            known_records = np.diff(held.indptr.astype(np.int64)).astype(np.uint32)
-            known_tags = held.table_tags
+            if len(held.table_tags) == len(held.indptr) - 1:  # Else no tags: ask for it all.
+                known_records = np.diff(held.indptr.astype(np.int64)).astype(np.uint32)
+                known_tags = held.table_tags
         # out_dtype means nothing in blocks mode (rows stay in the pool in their stored dtype).
         body: p.BlocksReply = self._call(
             p.MsgType.FETCH, p.encode_fetch(0, s.session_id, seq, begin, end, p.MODE_BLOCKS,
                                             "float16", known_records, known_tags))
         self._check_fetch(body, p.MODE_BLOCKS, begin, end)
-        if held is not None and (body.record_base > 0).any():
+        if (body.record_base > 0).any():
+            if known_records is None:
+                raise ProtocolError("FETCH_REPLY: record_base: got %s, expected all 0 (no known "
+                                    "table was sent)" % body.record_base.tolist())
             body = _merge_held(held, body)
         lay_of = body.layout_index.astype(np.int64)
         rpp = np.array([lay.records_per_page for lay in body.layouts], dtype=np.uint64)

@@ -511,10 +511,12 @@ class Harness {
       if (reply.record_base[i] != 0 && reply.record_base[i] != fetch.known_records[i]) {
         Fail("record_base is neither 0 nor the known count");
       }
-      // An entry the input gave itself may name more records than the held table has.
-      if (reply.record_base[i] > last_blocks_->indptr[i + 1] - last_blocks_->indptr[i]) {
-        return whole;
-      }
+      // An entry the input gave itself (a count and tag the fuzzer found) is not the held
+      // table's: the client holds nothing the harness knows to merge with.
+      const bool from_held =
+          fetch.known_records[i] == last_blocks_->indptr[i + 1] - last_blocks_->indptr[i] &&
+          fetch.known_tags[i] == last_blocks_->table_tags[i];
+      if (reply.record_base[i] != 0 && !from_held) return whole;
     }
     StatusOr<ipc::FetchBlocksReply> merged = ipc::MergeBlocksReply(*last_blocks_, reply);
     Check(merged.status(), "merging a blocks reply with the held table");
