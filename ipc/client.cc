@@ -184,12 +184,17 @@ StatusOr<FetchBlocksReply> Client::FetchBlocksSince(uint64_t session_id, uint64_
                                                     const FetchBlocksReply& held) {
   FetchRequest request{session_id, sequence_id,        layer_begin,
                        layer_end,  FetchMode::kBlocks, DType::kF16};
-  const size_t pairs = held.last_page_len.size();
-  request.n_known = static_cast<uint32_t>(pairs);
-  request.known_records.resize(pairs);
-  for (size_t i = 0; i < pairs; ++i) request.known_records[i] = held.indptr[i + 1] - held.indptr[i];
-  request.known_tags = held.table_tags;
+  SetKnownTable(held, &request);
   return CallAs<FetchBlocksReply>(std::move(request));
+}
+
+void SetKnownTable(const FetchBlocksReply& held, FetchRequest* request) {
+  const size_t pairs = held.last_page_len.size();
+  request->n_known = static_cast<uint32_t>(pairs);
+  request->known_records.resize(pairs);
+  for (size_t i = 0; i < pairs; ++i)
+    request->known_records[i] = held.indptr[i + 1] - held.indptr[i];
+  request->known_tags = held.table_tags;
 }
 
 StatusOr<FetchBlocksReply> MergeBlocksReply(const FetchBlocksReply& held, FetchBlocksReply reply) {

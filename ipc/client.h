@@ -118,6 +118,9 @@ class Client {
   zmq::socket_t socket_;
 };
 
+// Makes `request` carry `held`'s known table: per pair, its records and its table tag.
+void SetKnownTable(const FetchBlocksReply& held, FetchRequest* request);
+
 // The whole table from `reply` and the table it was asked with: pair i's first
 // reply.record_base[i] record ids (and side ids) come from `held`, the rest from the reply.
 // Fails if the reply's range differs or a base is neither 0 nor what `held` lists for that pair

@@ -602,13 +602,7 @@ ipc::FetchRequest FetchRequestOf(uint64_t session, uint64_t seq, FetchKind kind,
                       1,
                       kind == FetchKind::kDense ? ipc::FetchMode::kDense : ipc::FetchMode::kBlocks,
                       DType::kF16};
-  if (kind == FetchKind::kBlocksHeld) {
-    r.n_known = static_cast<uint32_t>(held.last_page_len.size());
-    for (uint32_t i = 0; i < r.n_known; ++i) {
-      r.known_records.push_back(held.indptr[i + 1] - held.indptr[i]);
-    }
-    r.known_tags = held.table_tags;
-  }
+  if (kind == FetchKind::kBlocksHeld) ipc::SetKnownTable(held, &r);
   return r;
 }
 

@@ -204,6 +204,7 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
   }
   for (SlotArray* array : arrays_) {
     // Borrowed slots live in another slab's pages: never victims here, skipped outright.
+    bool moved = false;
     for (size_t i = array->borrowed_; i < array->ids_.size(); ++i) {
       uint32_t& id = array->ids_[i];
       if (!is_victim(id)) continue;
@@ -212,9 +213,10 @@ Status Slab::Compact(std::vector<uint32_t>* released, Verify verify) {
       std::memcpy(MutableSlot(to), Slot(id), slot_bytes_);
       if (--Held(per_page_divider_.Quotient(id)).live == 0) ++empty_pages_;
       id = to;
-      array->Restamp();
+      moved = true;
       ++slots_moved_;
     }
+    if (moved) array->Restamp();  // Its ids changed (SlotArray::stamp).
   }
   memo_page_ = UINT32_MAX;  // The victims leave pages_.
   for (uint32_t page : victims) {

@@ -140,19 +140,21 @@ ipc::FetchBlocksReply BuildBlocksReply(const KvSequence& seq, const ipc::Geometr
       PairTagCache& c =
           cache != nullptr ? (*cache)[static_cast<size_t>(l) * g.kv_heads + h] : scratch;
       const uint64_t side_stamp = norms == nullptr ? 0 : norms->stamp();
-      if (c.records_stamp != b.records_stamp || c.side_stamp != side_stamp || c.count > b.records) {
-        c = PairTagCache{
-            .records_stamp = b.records_stamp, .side_stamp = side_stamp, .count = 0, .tag = {}};
+      if (c.records_stamp != b.records_stamp || c.side_stamp != side_stamp ||
+          c.tag.count() > b.records) {
+        c = PairTagCache{.records_stamp = b.records_stamp, .side_stamp = side_stamp, .tag = {}};
       }
       const auto advance = [&](uint32_t to) {
-        for (; c.count < to; ++c.count) c.tag.Add(b.record_ids[c.count], side_of(c.count));
+        for (auto r = static_cast<uint32_t>(c.tag.count()); r < to; ++r) {
+          c.tag.Add(b.record_ids[r], side_of(r));
+        }
       };
       // The records the client holds, if their tag still matches.
       uint32_t base = 0;
       if (!known.records.empty() && known.records[pair] <= b.records) {
         const uint32_t held = known.records[pair];
         uint64_t held_tag = 0;
-        if (held >= c.count) {
+        if (held >= c.tag.count()) {
           advance(held);
           held_tag = c.tag.value();
         } else {  // The cache is past it (another client's shorter table): from the first.

@@ -45,6 +45,7 @@ class TableTag {
     lane ^= lane >> 29;
   }
   uint64_t value() const;  // Of the records added so far; adding more continues from here.
+  uint64_t count() const { return count_; }  // Records added so far.
 
  private:
   uint64_t lanes_[4] = {0x6b76637461677331, 0x6b76637461677332, 0x6b76637461677333,
@@ -53,14 +54,13 @@ class TableTag {
 };
 
 // What BuildBlocksReply learned of one pair's tag, kept between FETCHes of a sequence (the
-// controller's sequence entry owns them): the tag after the pair's first `count` records, valid
+// controller's sequence entry owns them): the tag after the pair's first tag.count() records, valid
 // while its record array and its layer's side record array keep their stamps
 // (SlotArray::stamp: growing keeps a stamp, anything that may change an id renews it). With it a
 // FETCH hashes only the records added since the last one, not the whole list.
 struct PairTagCache {
   uint64_t records_stamp = 0;
   uint64_t side_stamp = 0;  // 0 for a layer without side records.
-  uint32_t count = 0;
   TableTag tag;
 };
 using BlocksTagCache = std::vector<PairTagCache>;  // Index: layer * kv_heads + head.

@@ -127,13 +127,7 @@ TEST_CASE("Blocks reply: a table tag tells record lists apart and extends", "[co
 ipc::FetchBlocksReply FetchBlocks(Controller& c, uint64_t session,
                                   const ipc::FetchBlocksReply* held = nullptr) {
   ipc::FetchRequest request{session, 1, 0, kLayers, ipc::FetchMode::kBlocks, DType::kF16};
-  if (held != nullptr) {
-    request.n_known = kLayers * kHeads;
-    for (size_t i = 0; i < request.n_known; ++i) {
-      request.known_records.push_back(held->indptr[i + 1] - held->indptr[i]);
-    }
-    request.known_tags = held->table_tags;
-  }
+  if (held != nullptr) ipc::SetKnownTable(*held, &request);
   StatusOr<ipc::ReplyBody> body = c.Fetch(request, Clock::now());
   REQUIRE(body.ok());
   return std::get<ipc::FetchBlocksReply>(*std::move(body));
