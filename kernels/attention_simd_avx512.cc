@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_block.h"
 #include "kernels/hadamard.h"
+#include "kernels/prefetch.h"
 #include "kernels/simd_lookup.h"
 
 // Everything below is compiled for AVX-512; the headers above stay generic. Attention may use FMA

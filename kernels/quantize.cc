@@ -14,6 +14,7 @@
 
 #include "common/half.h"
 #include "kernels/block_codec.h"
+#include "kernels/prefetch.h"
 #include "kernels/quantize_simd.h"
 
 namespace kvctl {
@@ -91,10 +92,11 @@ Status OverflowError(const QuantSpec& spec) {
 }
 
 using EncodeFn = simd::EncodeResult (*)(const QuantSpec&, const BlockLayout&, const float*,
-                                        const float*, int64_t, const float*, float*, uint8_t*);
+                                        const float*, int64_t, const float*, float*, uint8_t*,
+                                        const float*);
 using EncodeF16Fn = simd::EncodeResult (*)(const QuantSpec&, const BlockLayout&, const uint16_t*,
-                                           const uint16_t*, int64_t, const float*, float*,
-                                           uint8_t*);
+                                           const uint16_t*, int64_t, const float*, float*, uint8_t*,
+                                           const uint16_t*);
 using DecodeFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
                           float*, float*, float*);
 using DecodeHalvesFn = void (*)(const QuantSpec&, const BlockLayout&, const uint8_t*, const float*,
@@ -174,7 +176,12 @@ bool PointersAndNormsOk(const QuantSpec& spec, const BlockInput& in) {
 
 }  // namespace
 
-Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record) {
+namespace {
+
+// QuantizeBlock, told where the caller's next block lies (`next`: its rows, of the same type and
+// stride as `in`'s, or null), so the encoder can ask for them while it computes.
+Status QuantizeBlockBefore(const QuantSpec& spec, const BlockInput& in, const BlockInput* next,
+                           uint8_t* record) {
   const SimdCodec codec = PickCodec(spec);
   // Bad pointers or norms: the reference path reports them (after any non-finite element).
   if (codec.encode == nullptr || !PointersAndNormsOk(spec, in)) {
@@ -183,10 +190,10 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
   const BlockLayout layout = BlockLayoutOf(spec);
   float* scratch = Scratch(simd::ScratchFloats(spec));
   const simd::EncodeResult result =
-      in.f16()
-          ? codec.encode_f16(spec, layout, in.k_f16, in.v_f16, in.row_stride, in.token_norms,
-                             scratch, record)
-          : codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch, record);
+      in.f16() ? codec.encode_f16(spec, layout, in.k_f16, in.v_f16, in.row_stride, in.token_norms,
+                                  scratch, record, next != nullptr ? next->k_f16 : nullptr)
+               : codec.encode(spec, layout, in.k, in.v, in.row_stride, in.token_norms, scratch,
+                              record, next != nullptr ? next->k : nullptr);
   switch (result) {
     case simd::EncodeResult::kOk:
       return OkStatus();
@@ -201,20 +208,32 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
   return status;
 }
 
+}  // namespace
+
+Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* record) {
+  return QuantizeBlockBefore(spec, in, nullptr, record);
+}
+
 Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
   // Offsets only on the pair that is set: arithmetic on a null pointer is undefined.
   auto at = [&](auto* p, int b) { return p != nullptr ? p + b * batch.block_stride : nullptr; };
+  auto block = [&](int b) {
+    return BlockInput{at(batch.k, b),
+                      at(batch.v, b),
+                      batch.row_stride,
+                      batch.token_norms != nullptr
+                          ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
+                          : nullptr,
+                      at(batch.k_f16, b),
+                      at(batch.v_f16, b)};
+  };
   for (int b = 0; b < batch.n_blocks; ++b) {
-    const BlockInput in{at(batch.k, b),
-                        at(batch.v, b),
-                        batch.row_stride,
-                        batch.token_norms != nullptr
-                            ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
-                            : nullptr,
-                        at(batch.k_f16, b),
-                        at(batch.v_f16, b)};
-    Status s = QuantizeBlock(spec, in, records + b * record_bytes);
+    // The next block's K rows are asked for while this block is computed on (the encoders'
+    // first reads are K's rows, which otherwise wait for memory: docs/kvbench_quant.md).
+    const BlockInput next = b + 1 < batch.n_blocks ? block(b + 1) : BlockInput{};
+    Status s = QuantizeBlockBefore(spec, block(b), b + 1 < batch.n_blocks ? &next : nullptr,
+                                   records + b * record_bytes);
     if (!s.ok()) return Status(s.code(), internal::StrCat("block ", b, ": ", s.message()));
   }
   return OkStatus();

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/block_codec.h"
+#include "kernels/prefetch.h"
 #include "kernels/quantize_simd.h"
 #include "kernels/simd_lookup.h"
 

@@ -49,13 +49,15 @@ inline int64_t ScratchFloats(const QuantSpec& s) { return PlanScratch(s).total; 
 enum class EncodeResult : uint8_t { kOk, kNonFinite, kOverflow };
 
 #define KVCTL_DECLARE_SIMD_CODEC(Suffix)                                                          \
+  /* next_k: the K rows of the block the caller encodes next (same stride), or null; a hint */    \
+  /* the encoder prefetches while it computes, never reads. */                                    \
   EncodeResult EncodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const float* k,     \
                                     const float* v, int64_t stride, const float* norms,           \
-                                    float* scratch, uint8_t* rec);                                \
+                                    float* scratch, uint8_t* rec, const float* next_k);           \
   /* The same record from fp16 rows (stride in fp16 elements), converted in the loaders. */       \
-  EncodeResult EncodeRecordF16In##Suffix(const QuantSpec& s, const BlockLayout& l,                \
-                                         const uint16_t* k, const uint16_t* v, int64_t stride,    \
-                                         const float* norms, float* scratch, uint8_t* rec);       \
+  EncodeResult EncodeRecordF16In##Suffix(                                                         \
+      const QuantSpec& s, const BlockLayout& l, const uint16_t* k, const uint16_t* v,             \
+      int64_t stride, const float* norms, float* scratch, uint8_t* rec, const uint16_t* next_k);  \
   void DecodeRecord##Suffix(const QuantSpec& s, const BlockLayout& l, const uint8_t* rec,         \
                             const float* norms, float* scratch, float* k_out, float* v_out);      \
   /* DecodeRecord's floats stored as fp16 (common/half.h's FloatToHalf of each), 2 bytes each. */ \

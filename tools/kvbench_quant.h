@@ -120,13 +120,14 @@ StatusOr<QuantRowAccuracy> ComputeQuantRow(const QuantBenchContext& ctx, const Q
 // quantizing (and then dequantizing) the pure-mode tokens of every head. GB counts fp16 input
 // bytes: 2 * Tq * H * D * 2.
 // The input is what the daemon's flush path hands the quantizer: rows of `form` (fp32, or fp16
-// through BlockInput's k_f16/v_f16), each head's rows contiguous (row_stride = head_dim), head by
-// head; token_rows_quantize_gbps reads the [T, H, D] tensor in the same form in place instead
-// (row_stride = H * head_dim, block-major). fp16 rows hold RoundToHalf of the input.
+// through BlockInput's k_f16/v_f16), each head's rows contiguous (row_stride = head_dim), one
+// QuantizeBlocks batch per head; token_rows_quantize_gbps reads the [T, H, D] tensor in the same
+// form in place instead (row_stride = H * head_dim, block-major). fp16 rows hold RoundToHalf of the
+// input.
 struct QuantThroughput {
   int64_t tokens = 0;                                     // Tq.
   double bytes = 0;                                       // fp16 bytes of K and V for Tq tokens.
-  double quantize_gbps = 0, dequantize_gbps = 0;          // QuantizeBlock / DequantizeBlock.
+  double quantize_gbps = 0, dequantize_gbps = 0;          // QuantizeBlocks / DequantizeBlock.
   double token_rows_quantize_gbps = 0;                    // QuantizeBlock on [T, H, D] rows.
   double ref_quantize_gbps = 0, ref_dequantize_gbps = 0;  // *Ref scalar reference.
 };

@@ -17,6 +17,32 @@ namespace kvctl {
 namespace {
 
 using QuantizeFn = Status (*)(const QuantSpec&, const BlockInput&, uint8_t*);
+using QuantizeBatchFn = Status (*)(const QuantSpec&, const BlockBatch&, uint8_t*);
+
+// A quantizer as both loops call it: block by block over the [T, H, D] tensor, one batch per head
+// over head rows (as the daemon's flush does).
+struct QuantizePath {
+  QuantizeFn block;
+  QuantizeBatchFn batch;
+};
+
+// The scalar reference has no batch entry point of its own (nothing in the daemon runs it).
+Status QuantizeBlocksRef(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
+  const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  for (int b = 0; b < batch.n_blocks; ++b) {
+    const int64_t first = b * batch.block_stride;
+    const BlockInput in{batch.k != nullptr ? batch.k + first : nullptr,
+                        batch.v != nullptr ? batch.v + first : nullptr,
+                        batch.row_stride,
+                        batch.token_norms != nullptr
+                            ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
+                            : nullptr,
+                        batch.k_f16 != nullptr ? batch.k_f16 + first : nullptr,
+                        batch.v_f16 != nullptr ? batch.v_f16 + first : nullptr};
+    KVCTL_RETURN_IF_ERROR(QuantizeBlockRef(spec, in, records + b * record_bytes));
+  }
+  return OkStatus();
+}
 using DequantizeFn = void (*)(const QuantSpec&, const uint8_t*, const float*, float*, float*);
 
 // CPU time of the calling thread: on a shared machine a wall clock also counts the time the
@@ -87,8 +113,9 @@ class Workload {
 
   int64_t tokens() const { return blocks_ * g_; }
 
-  Status Quantize(QuantizeFn fn, InputRows rows) {
-    return rows == InputRows::kHeadRows ? QuantizeHeadRows(fn) : QuantizeTokenRows(fn);
+  Status Quantize(const QuantizePath& path, InputRows rows) {
+    return rows == InputRows::kHeadRows ? QuantizeHeadRows(path.batch)
+                                        : QuantizeTokenRows(path.block);
   }
 
   void Dequantize(DequantizeFn fn) {
@@ -103,8 +130,8 @@ class Workload {
   }
 
  private:
-  // Head by head, each head's blocks in order, from contiguous fp32 rows (QuantizeBlocks' loop).
-  Status QuantizeHeadRows(QuantizeFn fn) {
+  // One batch per head over its contiguous rows, as KvSequence::EncodeNewRecords hands them over.
+  Status QuantizeHeadRows(QuantizeBatchFn fn) {
     const int64_t h_kv = in_.heads, d = in_.head_dim, tq = tokens();
     if (needs_norms_) {
       KvTensorView view{f16_ ? static_cast<const void*>(k_heads16_.data()) : k_heads_.data(),
@@ -117,12 +144,17 @@ class Workload {
       ComputeTokenNorms(view, norms_.data());
     }
     for (int64_t h = 0; h < h_kv; ++h) {
-      for (int64_t b = 0; b < blocks_; ++b) {
-        const int64_t first = (h * tq + b * g_) * d;
-        const BlockInput block = Input(k_heads_, v_heads_, k_heads16_, v_heads16_, first, d,
-                                       needs_norms_ ? &norms_[b * g_] : nullptr);
-        KVCTL_RETURN_IF_ERROR(fn(spec_, block, Record(b, h)));
-      }
+      const BlockInput rows = Input(k_heads_, v_heads_, k_heads16_, v_heads16_, h * tq * d, d,
+                                    needs_norms_ ? norms_.data() : nullptr);
+      const BlockBatch batch{.k = rows.k,
+                             .v = rows.v,
+                             .row_stride = d,
+                             .block_stride = g_ * d,
+                             .token_norms = rows.token_norms,
+                             .n_blocks = static_cast<int>(blocks_),
+                             .k_f16 = rows.k_f16,
+                             .v_f16 = rows.v_f16};
+      KVCTL_RETURN_IF_ERROR(fn(spec_, batch, Record(0, h)));
     }
     return OkStatus();
   }
@@ -179,10 +211,11 @@ class Workload {
   std::vector<uint16_t> k_heads16_, v_heads16_, k_tokens16_, v_tokens16_;  // fp16 form only.
 };
 
-StatusOr<double> QuantizeGbps(Workload& w, QuantizeFn fn, InputRows rows, double bytes, int reps) {
+StatusOr<double> QuantizeGbps(Workload& w, const QuantizePath& path, InputRows rows, double bytes,
+                              int reps) {
   Status status;
   const double s = MedianSeconds(reps, [&] {
-    Status st = w.Quantize(fn, rows);
+    Status st = w.Quantize(path, rows);
     if (status.ok() && !st.ok()) status = std::move(st);
   });
   KVCTL_RETURN_IF_ERROR(status);
@@ -229,13 +262,15 @@ StatusOr<QuantThroughput> MeasureQuantThroughput(const QuantBenchContext& ctx,
     return InvalidArgument("tokens: got ", ctx.input.tokens, ", expected at least block_tokens ",
                            spec.block_tokens);
   }
+  const QuantizePath simd{&QuantizeBlock, &QuantizeBlocks};
+  const QuantizePath ref{&QuantizeBlockRef, &QuantizeBlocksRef};
   KVCTL_ASSIGN_OR_RETURN(p.token_rows_quantize_gbps,
-                         QuantizeGbps(w, &QuantizeBlock, InputRows::kTokenRows, p.bytes, reps));
+                         QuantizeGbps(w, simd, InputRows::kTokenRows, p.bytes, reps));
   KVCTL_ASSIGN_OR_RETURN(p.quantize_gbps,
-                         QuantizeGbps(w, &QuantizeBlock, InputRows::kHeadRows, p.bytes, reps));
+                         QuantizeGbps(w, simd, InputRows::kHeadRows, p.bytes, reps));
   p.dequantize_gbps = DequantizeGbps(w, &DequantizeBlock, p.bytes, reps);
   KVCTL_ASSIGN_OR_RETURN(p.ref_quantize_gbps,
-                         QuantizeGbps(w, &QuantizeBlockRef, InputRows::kHeadRows, p.bytes, reps));
+                         QuantizeGbps(w, ref, InputRows::kHeadRows, p.bytes, reps));
   p.ref_dequantize_gbps = DequantizeGbps(w, &DequantizeBlockRef, p.bytes, reps);
   return p;
 }

@@ -164,13 +164,12 @@ std::string FormatQuantTable(const QuantBenchReport& r) {
             p.dequantize_gbps / r.memcpy_gbps, p.ref_quantize_gbps, p.ref_dequantize_gbps,
             p.token_rows_quantize_gbps, p.token_rows_quantize_gbps / r.memcpy_gbps);
   }
-  s += "  quant/dequant: QuantizeBlock/DequantizeBlock at the active SIMD level; ref: the scalar "
-       "*Ref path\n";
+  s += "  quant/dequant: QuantizeBlocks (one batch per head)/DequantizeBlock at the active SIMD "
+       "level; ref: the scalar *Ref path\n";
   s += "  input: " + r.input_form +
        " rows of one head contiguous, head by head, as the daemon's flush hands them over "
-       "(--input-form fp32|fp16);\n  quant [T,H,D]: QuantizeBlock reading the [T, H, D] tensor in "
-       "place "
-       "(rows H x D apart), x memcpy\n";
+       "(--input-form fp32|fp16);\n  quant [T,H,D]: QuantizeBlock block by block, reading the "
+       "[T, H, D] tensor in place (rows H x D apart), x memcpy\n";
   s += "  targets (benchmark, not asserted): kivi/quarot/oscar quantize >= 0.5x memcpy, kvarn (the "
        "registry's " +
        std::to_string(TraitsOf(QuantMethod::kKvarn).defaults.sinkhorn_iters) +

@@ -179,6 +179,14 @@ TEST_CASE("fp16 input: QuantizeBlocks over the daemon's row slots equals block-b
       std::vector<uint8_t> out(bytes * n_blocks, 0x5A);
       REQUIRE(QuantizeBlocks(spec, batch, out.data()).ok());
       REQUIRE(out == ref);
+      // fp32 rows in a batch (whose blocks ask for the next block's rows) give the same bytes.
+      BlockBatch f32_batch = batch;
+      f32_batch.k_f16 = f32_batch.v_f16 = nullptr;
+      f32_batch.k = rows.f32.data();
+      f32_batch.v = rows.f32.data() + d;
+      std::fill(out.begin(), out.end(), 0x5A);
+      REQUIRE(QuantizeBlocks(spec, f32_batch, out.data()).ok());
+      REQUIRE(out == ref);
       // A NaN in block 1 stops the batch there, named with the block's index as for fp32 rows.
       Rows bad = rows;
       bad.Set(bad.V(g + 2, 7), 0x7E00);
