@@ -214,25 +214,27 @@ Status QuantizeBlock(const QuantSpec& spec, const BlockInput& in, uint8_t* recor
   return QuantizeBlockBefore(spec, in, nullptr, record);
 }
 
+BlockInput BatchBlock(const QuantSpec& spec, const BlockBatch& batch, int b) {
+  // Offsets only on the pair that is set: arithmetic on a null pointer is undefined.
+  auto at = [&](auto* p) { return p != nullptr ? p + b * batch.block_stride : nullptr; };
+  return BlockInput{at(batch.k),
+                    at(batch.v),
+                    batch.row_stride,
+                    batch.token_norms != nullptr
+                        ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
+                        : nullptr,
+                    at(batch.k_f16),
+                    at(batch.v_f16)};
+}
+
 Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
-  // Offsets only on the pair that is set: arithmetic on a null pointer is undefined.
-  auto at = [&](auto* p, int b) { return p != nullptr ? p + b * batch.block_stride : nullptr; };
-  auto block = [&](int b) {
-    return BlockInput{at(batch.k, b),
-                      at(batch.v, b),
-                      batch.row_stride,
-                      batch.token_norms != nullptr
-                          ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
-                          : nullptr,
-                      at(batch.k_f16, b),
-                      at(batch.v_f16, b)};
-  };
   for (int b = 0; b < batch.n_blocks; ++b) {
     // The next block's K rows are asked for while this block is computed on (the encoders'
     // first reads are K's rows, which otherwise wait for memory: docs/kvbench_quant.md).
-    const BlockInput next = b + 1 < batch.n_blocks ? block(b + 1) : BlockInput{};
-    Status s = QuantizeBlockBefore(spec, block(b), b + 1 < batch.n_blocks ? &next : nullptr,
+    const bool last = b + 1 == batch.n_blocks;
+    const BlockInput next = last ? BlockInput{} : BatchBlock(spec, batch, b + 1);
+    Status s = QuantizeBlockBefore(spec, BatchBlock(spec, batch, b), last ? nullptr : &next,
                                    records + b * record_bytes);
     if (!s.ok()) return Status(s.code(), internal::StrCat("block ", b, ": ", s.message()));
   }

@@ -70,6 +70,10 @@ struct BlockBatch {
   bool f16() const { return k_f16 != nullptr || v_f16 != nullptr; }
 };
 
+// Block b of `batch` (0 <= b < n_blocks) as QuantizeBlock takes it: the set pair of row pointers
+// moved to the block, its norms when the batch has them.
+BlockInput BatchBlock(const QuantSpec& spec, const BlockBatch& batch, int b);
+
 // QuantizeBlock over a batch; records back to back, record_bytes apart. The first error stops it,
 // with the block's index prefixed to QuantizeBlock's message. The same bytes as block-by-block
 // calls; faster on rows not in cache, as each block asks for the next one's K rows while it

@@ -30,16 +30,8 @@ struct QuantizePath {
 Status QuantizeBlocksRef(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
   for (int b = 0; b < batch.n_blocks; ++b) {
-    const int64_t first = b * batch.block_stride;
-    const BlockInput in{batch.k != nullptr ? batch.k + first : nullptr,
-                        batch.v != nullptr ? batch.v + first : nullptr,
-                        batch.row_stride,
-                        batch.token_norms != nullptr
-                            ? batch.token_norms + static_cast<int64_t>(b) * spec.block_tokens
-                            : nullptr,
-                        batch.k_f16 != nullptr ? batch.k_f16 + first : nullptr,
-                        batch.v_f16 != nullptr ? batch.v_f16 + first : nullptr};
-    KVCTL_RETURN_IF_ERROR(QuantizeBlockRef(spec, in, records + b * record_bytes));
+    KVCTL_RETURN_IF_ERROR(
+        QuantizeBlockRef(spec, BatchBlock(spec, batch, b), records + b * record_bytes));
   }
   return OkStatus();
 }

@@ -185,13 +185,9 @@ Status KvSequence::EncodeNewRecords(int l, PreparedLayer* out) const {
     for (int b = 0; b < blocks; ++b, ++index) {
       while (ph.record_plan[index - ph.records_in_place] != PreparedHead::kNewRecord) ++index;
       if (index % static_cast<size_t>(geometry_.quality_sample_period) != 0) continue;
-      const BlockInput in{
-          .row_stride = d,
-          .token_norms = needs_norms ? &out->norms[static_cast<size_t>(b) * g] : nullptr,
-          .k_f16 = batch.k_f16 + b * batch.block_stride,
-          .v_f16 = batch.v_f16 + b * batch.block_stride};
       out->samples.push_back({h, 0, 0});
-      SampleQuality(spec, in, ph.records.data() + b * rb, &out->samples.back());
+      SampleQuality(spec, BatchBlock(spec, batch, b), ph.records.data() + b * rb,
+                    &out->samples.back());
     }
   }
 
