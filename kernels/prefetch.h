@@ -5,9 +5,9 @@
 // as GCC's interprocedural analysis goes: a helper whose body only prefetches (a loop over a
 // block's lines, say) is found to be `const`, and its calls, whose result nobody reads, are
 // deleted. GCC 12 -O3 did that to the quantizers' slab prefetches (kernels/quantize_simd_impl.inc
-// Slabs::Start: 63 prefetch instructions in quantize_avx2.o instead of 72) and to a whole
-// per-block prefetch helper (none left). The empty volatile asm marks every call as having an
-// effect, so it stays, and costs no instruction.
+// Slabs::Start: 63 prefetch instructions in quantize_avx2.o instead of 72; a per-block prefetch
+// helper tried in session 42 compiled to none). The empty volatile asm marks every call as having
+// an effect, so it stays, and costs no instruction.
 //
 // Contract: a prefetch is a hint. It never faults, whatever the address (inside an allocation or
 // not), reads nothing the program sees, and may be ignored by the CPU.

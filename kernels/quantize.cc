@@ -14,7 +14,6 @@
 
 #include "common/half.h"
 #include "kernels/block_codec.h"
-#include "kernels/prefetch.h"
 #include "kernels/quantize_simd.h"
 
 namespace kvctl {
@@ -229,13 +228,14 @@ BlockInput BatchBlock(const QuantSpec& spec, const BlockBatch& batch, int b) {
 
 Status QuantizeBlocks(const QuantSpec& spec, const BlockBatch& batch, uint8_t* records) {
   const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  BlockInput block = batch.n_blocks > 0 ? BatchBlock(spec, batch, 0) : BlockInput{};
   for (int b = 0; b < batch.n_blocks; ++b) {
     // The next block's K rows are asked for while this block is computed on (the encoders'
     // first reads are K's rows, which otherwise wait for memory: docs/kvbench_quant.md).
     const bool last = b + 1 == batch.n_blocks;
     const BlockInput next = last ? BlockInput{} : BatchBlock(spec, batch, b + 1);
-    Status s = QuantizeBlockBefore(spec, BatchBlock(spec, batch, b), last ? nullptr : &next,
-                                   records + b * record_bytes);
+    Status s = QuantizeBlockBefore(spec, block, last ? nullptr : &next, records + b * record_bytes);
+    block = next;
     if (!s.ok()) return Status(s.code(), internal::StrCat("block ", b, ": ", s.message()));
   }
   return OkStatus();
