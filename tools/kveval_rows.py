@@ -442,6 +442,10 @@ MEMORY_AIMED_ROWS = (
      {"evict.obs_window": "32", "evict.lambda": "0.6"}),
     ("evict_snapkv_m25_turbo_k4v3_f96_obs16", "snapkv", 0.25, 4, 3, 96,
      {"evict.obs_window": "16"}),
+    # Session 43: the same with a 64-token tail (K4/V3 with no eviction and a 64-token tail led
+    # on GPL-3 at 2K, where the 96-token tail missed 2 %).
+    ("evict_snapkv_m25_turbo_k4v3_f64_obs16", "snapkv", 0.25, 4, 3, 64,
+     {"evict.obs_window": "16"}),
 )
 
 # Issue #18's 1/8 band, the scorer and the layer split (chosen on prose, confirmed on code): the
