@@ -448,6 +448,11 @@ MEMORY_AIMED_ROWS = (
      {"evict.obs_window": "16"}),
 )
 
+# SmolLM2-135M's (layer, KV head) pairs by copy score, highest first: tools/kveval_heads_sim.py on
+# /usr/share/common-licenses/Apache-2.0 (703 copy events; docs/quality.md "Copying heads that keep
+# everything").
+COPY_HEADS = ("17:1", "18:2", "20:2", "23:0", "23:2", "20:1", "24:2", "24:0", "21:2")
+
 # Issue #18's 1/8 band, the scorer and the layer split (chosen on prose, confirmed on code): the
 # SnapKV 47 % x K4/V3 f64 layout (0.1239) with R-KV or H2O scoring, with ReasonAlloc-like layer
 # budgets (budget.layer_profile demand from the KIVI profile's [reasonalloc], with and without
@@ -568,6 +573,16 @@ EVICT_TURBO_ROWS_B = (
     # And after those (K4/V2 at 1/8 no better than K4/V3): 3-bit K pays for a keep of 64 %.
     ("rkv", 0.64, 3, 2, 64, "_obs32_l60_p64", {"evict.obs_window": "32", "evict.lambda": "0.6",
                                                 "evict.compression_period": "64"}, ""),  # 0.1221
+    # Session 43: the 1/8 recipe with the copying heads kept whole (evict.full_heads); the other
+    # heads pay for them, so the memory is the recipe's. The pairs are the top 4 and 9 by copy
+    # score of tools/kveval_heads_sim.py on Apache-2.0 (all 2,225 tokens of it), chosen before any
+    # daemon run on an evaluated text.
+    ("rkv", 0.485, 4, 3, 64, "_obs32_l60_p64_full4",
+     {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.compression_period": "64",
+      "evict.full_heads": ",".join(COPY_HEADS[:4])}, ""),
+    ("rkv", 0.485, 4, 3, 64, "_obs32_l60_p64_full9",
+     {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.compression_period": "64",
+      "evict.full_heads": ",".join(COPY_HEADS[:9])}, ""),
 )
 
 

@@ -104,6 +104,17 @@ Status ValidateEvictOnly(const Config& c) {
                            ", expected 0 with evict.policy = \"streaming\" (it has no attention "
                            "scores to re-allocate by; use h2o, snapkv or rkv)");
   }
+  if (!e.full_heads.empty() &&
+      (b.realloc_period != 0 || b.layer_profile != LayerProfile::kUniform)) {
+    return InvalidArgument("evict.full_heads: got \"", e.full_heads,
+                           "\", expected \"\" with budget.realloc_period ", b.realloc_period,
+                           " and budget.layer_profile \"",
+                           b.layer_profile == LayerProfile::kUniform   ? "uniform"
+                           : b.layer_profile == LayerProfile::kPyramid ? "pyramid"
+                                                                       : "demand",
+                           "\" (heads that keep every token need budget.realloc_period = 0 and "
+                           "budget.layer_profile = \"uniform\")");
+  }
   if (b.layer_profile == LayerProfile::kDemand) {
     if (b.profile.empty()) {
       return InvalidArgument(
@@ -116,6 +127,50 @@ Status ValidateEvictOnly(const Config& c) {
 }
 
 }  // namespace
+
+StatusOr<std::vector<FullHead>> ParseFullHeads(std::string_view text) {
+  std::vector<FullHead> out;
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+    while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+    return v;
+  };
+  // Digits only, at most 4 of them: no sign, no overflow.
+  auto number = [](std::string_view v, int max, int* n) {
+    if (v.empty() || v.size() > 4) return false;
+    *n = 0;
+    for (char ch : v) {
+      if (ch < '0' || ch > '9') return false;
+      *n = *n * 10 + (ch - '0');
+    }
+    return *n <= max;
+  };
+  if (trim(text).empty()) return out;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = text.find(',', begin);
+    const std::string_view entry = trim(
+        text.substr(begin, comma == std::string_view::npos ? text.size() - begin : comma - begin));
+    const size_t colon = entry.find(':');
+    FullHead h;
+    if (colon == std::string_view::npos || !number(trim(entry.substr(0, colon)), 4095, &h.layer) ||
+        !number(trim(entry.substr(colon + 1)), 1023, &h.head)) {
+      return InvalidArgument("evict.full_heads: got entry \"", entry, "\" in \"", text,
+                             "\", expected \"layer:head\" with layer 0..4095 and head 0..1023, "
+                             "entries separated by commas");
+    }
+    for (const FullHead& seen : out) {
+      if (seen.layer == h.layer && seen.head == h.head) {
+        return InvalidArgument("evict.full_heads: got \"", entry, "\" twice in \"", text,
+                               "\", expected each (layer, head) at most once");
+      }
+    }
+    out.push_back(h);
+    if (comma == std::string_view::npos) break;
+    begin = comma + 1;
+  }
+  return out;
+}
 
 int64_t EffectiveObsWindow(const EvictConfig& e) {
   if (e.obs_window > 0) return e.obs_window;
@@ -208,6 +263,12 @@ Status ValidateBudgetConfig(const Config& c) {
     return InvalidArgument(
         "budget.pressure_scope: got \"pool\", expected \"sequence\" unless budget.pressure = "
         "\"requantize\" (nothing is lowered with \"fail\")");
+  }
+  KVCTL_ASSIGN_OR_RETURN(const std::vector<FullHead> full, ParseFullHeads(c.evict.full_heads));
+  if (!full.empty() && b.mode != BudgetMode::kEvictOnly) {
+    return InvalidArgument("evict.full_heads: got \"", c.evict.full_heads,
+                           "\", expected \"\" unless budget.mode = \"evict-only\" (joint fixes "
+                           "every head's budget; the other modes do not evict)");
   }
   if (b.mode == BudgetMode::kJoint) return ValidateJoint(c);
   if (b.bytes != 0) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -39,6 +40,15 @@ StatusOr<std::vector<double>> LoadLayerDemand(const BudgetConfig& b);
 // evict.obs_window and evict.window with their 0 = "the policy's default" resolved.
 int64_t EffectiveObsWindow(const EvictConfig& evict);
 int64_t EffectiveWindow(const EvictConfig& evict);
+
+// evict.full_heads parsed: "layer:head" entries separated by commas (spaces around them allowed),
+// layer 0..4095, head 0..1023, none repeated; "" = none. INVALID_ARGUMENT naming the key, the
+// entry and what was expected. Whether they exist in a session's geometry is checked at OPEN.
+struct FullHead {
+  int layer = 0;
+  int head = 0;
+};
+StatusOr<std::vector<FullHead>> ParseFullHeads(std::string_view text);
 
 // quant-only's average bits per element: budget.avg_bits, or 16 x budget.fp16_fraction.
 double QuantOnlyBits(const BudgetConfig& budget);

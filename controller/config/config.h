@@ -152,6 +152,7 @@ struct EvictConfig {
   bool stagger_layers = true;   // EvictionSettings::stagger_layers.
   bool whole_records = true;    // EvictionSettings::whole_records.
   int max_deferred_tokens = 0;  // APPEND_CONTINUES: tokens stored un-evicted before the cap.
+  std::string full_heads;       // "layer:head,...": never evicted (ParseFullHeads).
   bool operator==(const EvictConfig&) const = default;
 };
 

@@ -742,6 +742,17 @@ std::vector<ConfigOption> BuildSchema() {
                   "at its last APPEND; a sequence stores at most this many tokens so, beyond "
                   "its budget, and an APPEND past it evicts as if unflagged (STATS "
                   "deferral_cap_hits). 0 = never defer (docs/eviction.md)."}),
+      Row<&Config::evict, &EvictConfig::full_heads>(
+          {.key = "evict.full_heads",
+           .default_text = "",
+           .flags = kRel,
+           .env = "KVCTL_EVICT_FULL_HEADS",
+           .doc = "evict-only: (layer, KV head) pairs that keep every token, as \"layer:head\" "
+                  "comma-separated, e.g. \"17:1,20:2\" (the copying heads "
+                  "tools/kveval_heads_sim.py ranks). The others' average budget shrinks so that "
+                  "the sequence keeps the same total: (L x H x budget - R x tokens) / (L x H - R) "
+                  "for R such pairs, never below the floor. Needs budget.layer_profile = "
+                  "\"uniform\" and budget.realloc_period = 0; \"\" = none (docs/eviction.md)."}),
       // [[quant.override]] and [[model.override]]
       Row<&QuantOverride::layer>({.key = "quant.override.layer",
                                   .min = 0,

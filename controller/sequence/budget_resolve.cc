@@ -106,6 +106,24 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
     }
   }
   s.floor = EvictionFloor(c, s.sinks);
+  KVCTL_ASSIGN_OR_RETURN(const std::vector<FullHead> full, ParseFullHeads(e.full_heads));
+  if (!full.empty()) {
+    s.full_head.assign(static_cast<size_t>(shape.layers) * shape.kv_heads, 0);
+    for (const FullHead& h : full) {
+      if (h.layer >= shape.layers || h.head >= shape.kv_heads) {
+        return InvalidArgument("evict.full_heads: got \"", h.layer, ":", h.head,
+                               "\", expected layer < ", shape.layers, " and head < ",
+                               shape.kv_heads, " (the session's geometry)");
+      }
+      s.full_head[static_cast<size_t>(h.layer) * shape.kv_heads + h.head] = 1;
+    }
+    s.full_heads = static_cast<int64_t>(full.size());
+    if (s.full_heads == static_cast<int64_t>(s.full_head.size())) {
+      return InvalidArgument("evict.full_heads: got all ", s.full_heads,
+                             " (layer, head) pairs of the session, expected at least one left "
+                             "to evict (budget.mode = \"none\" keeps every token)");
+    }
+  }
   if (c.budget.mode == BudgetMode::kJoint) {
     if (head_caps.size() != static_cast<size_t>(shape.layers) * shape.kv_heads) {
       return Internal("joint: ", head_caps.size(), " head caps for ", shape.layers, " x ",

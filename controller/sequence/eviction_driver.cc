@@ -54,6 +54,17 @@ int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen) {
   return std::max(avg, s.floor);
 }
 
+int64_t FullHeadsAverage(const EvictionSettings& s, int64_t pairs, int64_t avg,
+                         int64_t tokens_seen) {
+  const int64_t full = s.full_heads;
+  if (full <= 0 || full >= pairs) return avg;
+  // In 128-bit: pairs x avg and full x tokens_seen each fit int64, their difference may not.
+  const __int128 rest =
+      static_cast<__int128>(pairs) * avg - static_cast<__int128>(full) * tokens_seen;
+  if (rest <= static_cast<__int128>(pairs - full) * s.floor) return s.floor;
+  return static_cast<int64_t>(rest / (pairs - full));
+}
+
 StatusOr<std::vector<int64_t>> LayerBudgets(const EvictionSettings& s, int64_t layers,
                                             int64_t heads, int64_t avg, int64_t seq_len) {
   std::vector<int64_t> out;

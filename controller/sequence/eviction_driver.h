@@ -56,6 +56,11 @@ struct EvictionSettings {
   // joint: fixed per-(layer, head) caps from the joint plan, (layer, head) order; when set they
   // replace the average / layer profile / re-allocation schedule.
   std::vector<int64_t> head_caps;
+  // evict.full_heads: per (layer, head), (layer, head) order, 1 = never evicted (it keeps every
+  // token and the other heads' average budget pays for it: FullHeadsAverage); empty = none.
+  // evict-only with a uniform layer profile and no re-allocation (ValidateBudgetConfig).
+  std::vector<uint8_t> full_head;
+  int64_t full_heads = 0;  // How many are set.
   // evict.max_deferred_tokens: tokens an APPEND_CONTINUES prefill may store before its end
   // without eviction; an APPEND past it evicts as if the flag were absent. 0 = never defer.
   int64_t max_deferred_tokens = 0;
@@ -84,6 +89,12 @@ std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "s
 // The average per-head budget after `tokens_seen` appended tokens: tokens_per_head, or
 // ceil(token_fraction * tokens_seen) - fraction_offset, never below the floor.
 int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen);
+
+// evict.full_heads: the average budget of the heads that are not full, so that `pairs` heads keep
+// pairs x avg tokens in all while s.full_heads of them keep all `tokens_seen`:
+// (pairs x avg - R x tokens_seen) / (pairs - R), never below the floor. `avg` when there are none.
+int64_t FullHeadsAverage(const EvictionSettings& s, int64_t pairs, int64_t avg,
+                         int64_t tokens_seen);
 
 // Tokens per layer (summed over its `heads` heads) for average `avg`, by the layer profile; every
 // layer gets at least heads * floor. Uniform and demand sum to exactly layers * heads * avg;

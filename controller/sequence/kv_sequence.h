@@ -467,6 +467,8 @@ class KvSequence {
   // rkv: the head's redundancy state for this append (the prepared copy); nullptr otherwise.
   RedundancyState* RedundancyOf(LayerPrep& p, int h) const;
   Status PlanHeadBudgets(LayerPrep& p) const;
+  // How many of layer l's heads evict.full_heads names (EvictionSettings::full_head).
+  int FullHeadsOf(int l) const;
   Status FoldH2O(LayerPrep& p) const;
   Status ReallocateHeads(LayerPrep& p) const;
   // Whether head h evicts in this append: over its budget, or (evict.stagger_layers) its layer's

@@ -99,6 +99,12 @@ StatusOr<KvTensorView> KvSequence::RecentQueries(const LayerPrep& p, int64_t row
   return QueryGroup(all, geometry_.kv_heads, h);
 }
 
+int KvSequence::FullHeadsOf(int l) const {
+  if (eviction_.full_heads == 0) return 0;
+  const auto first = eviction_.full_head.begin() + static_cast<ptrdiff_t>(l) * geometry_.kv_heads;
+  return static_cast<int>(std::count(first, first + geometry_.kv_heads, uint8_t{1}));
+}
+
 Status KvSequence::PlanHeadBudgets(LayerPrep& p) const {
   // The layer's share of this append's budget, split over heads by the (re)allocator; joint
   // sequences have fixed caps per head.
@@ -110,6 +116,21 @@ Status KvSequence::PlanHeadBudgets(LayerPrep& p) const {
   if (!ev.head_caps.empty()) {
     for (int h = 0; h < heads; ++h) {
       p.budget[h] = ev.head_caps[static_cast<size_t>(p.l) * heads + h];
+    }
+    return OkStatus();
+  }
+  if (ev.full_heads > 0) {
+    // A full head's budget is every token seen, so it never compresses; the layer's budget (of
+    // its other heads) is split evenly among them, the remainder to the first.
+    const int64_t seen = tokens_ + p.ctx.n;
+    const int64_t others = heads - FullHeadsOf(p.l);
+    int64_t k = 0;
+    for (int h = 0; h < heads; ++h) {
+      if (ev.full_head[static_cast<size_t>(p.l) * heads + h] != 0) {
+        p.budget[h] = seen;
+      } else {  // others >= 1 here.
+        p.budget[h] = scoring.layer_budget / others + (k++ < scoring.layer_budget % others);
+      }
     }
     return OkStatus();
   }

@@ -178,8 +178,17 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
     }
   } else if (eviction_.enabled) {
     ctx.avg_budget = AverageBudget(eviction_, tokens_ + n);
-    KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets, LayerBudgets(eviction_, layers, geometry_.kv_heads,
-                                                           ctx.avg_budget, tokens_ + n));
+    // Full heads (evict.full_heads, uniform layers only) keep every token; the others share
+    // what is left of the same total.
+    const int64_t avg = FullHeadsAverage(eviction_, int64_t{layers} * geometry_.kv_heads,
+                                         ctx.avg_budget, tokens_ + n);
+    KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets,
+                           LayerBudgets(eviction_, layers, geometry_.kv_heads, avg, tokens_ + n));
+    if (eviction_.full_heads > 0) {
+      for (int l = 0; l < layers; ++l) {
+        ctx.layer_budgets[l] = avg * (geometry_.kv_heads - FullHeadsOf(l));
+      }
+    }
     PlanReallocation(n, have_q, &ctx);
   }
   if (eviction_.enabled && eviction_.stagger_layers && eviction_.compression_period > 1) {

@@ -136,6 +136,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"evict.stagger_layers", "true"},
       {"evict.whole_records", "true"},
       {"evict.max_deferred_tokens", "131072"},
+      {"evict.full_heads", "\"\""},
       {"limits.host_memory_bytes", "\"0B\""},
       {"limits.max_sessions", "1024"},
       {"limits.max_sequences_per_session", "4096"},
