@@ -131,7 +131,9 @@ v_bits = 4
 
 // RELOAD variants: [budget] / [evict] settings appended to kBaseToml. Variant 0 is the start state.
 // The streaming budget (28) holds two of the base model's 8-token records past its 2 sinks, so
-// its compressions reach evict.whole_records' record-boundary cut.
+// its compressions reach evict.whole_records' record-boundary cut. The R-KV variant keeps (layer 1,
+// head 1) whole (evict.full_heads): the others' budgets shrink as it grows, down to the floor, and
+// a session without that pair is refused at OPEN.
 std::vector<std::string> VariantTomls() {
   return {
       kOscarModel,
@@ -183,6 +185,7 @@ obs_window = 2
 kernel = 3
 compression_period = 3
 stagger_layers = true
+full_heads = "1:1"
 )",
       R"(
 [budget]
