@@ -128,7 +128,10 @@ class DaemonProcess {
   }
   void Signal(int sig) { kill(pid_, sig); }
 
-  std::unique_ptr<ipc::Client> Connect(int timeout_ms = 5000) {
+  // Generous by default: a timeout only ends a wait for a daemon that does not answer, and a
+  // sanitizer build on a saturated machine can take seconds to answer (a 200-token APPEND under
+  // TSan timed out at 5 s beside two other jobs, session 43). Tests of timeouts set their own.
+  std::unique_ptr<ipc::Client> Connect(int timeout_ms = 30000) {
     auto c = ipc::Client::Connect(endpoint_, timeout_ms);
     if (!c.ok()) throw std::runtime_error(c.status().ToString());
     return std::move(c).value();
