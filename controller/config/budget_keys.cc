@@ -106,13 +106,12 @@ Status ValidateEvictOnly(const Config& c) {
   }
   if (!e.full_heads.empty() &&
       (b.realloc_period != 0 || b.layer_profile != LayerProfile::kUniform)) {
+    KVCTL_ASSIGN_OR_RETURN(const std::string profile,
+                           GetConfigValueText(c, "budget.layer_profile"));  // Quoted.
     return InvalidArgument("evict.full_heads: got \"", e.full_heads,
                            "\", expected \"\" with budget.realloc_period ", b.realloc_period,
-                           " and budget.layer_profile \"",
-                           b.layer_profile == LayerProfile::kUniform   ? "uniform"
-                           : b.layer_profile == LayerProfile::kPyramid ? "pyramid"
-                                                                       : "demand",
-                           "\" (heads that keep every token need budget.realloc_period = 0 and "
+                           " and budget.layer_profile ", profile,
+                           " (heads that keep every token need budget.realloc_period = 0 and "
                            "budget.layer_profile = \"uniform\")");
   }
   if (b.layer_profile == LayerProfile::kDemand) {

@@ -117,9 +117,8 @@ StatusOr<EvictionSettings> ResolveEviction(const Config& c, const SequenceShape&
       }
       s.full_head[static_cast<size_t>(h.layer) * shape.kv_heads + h.head] = 1;
     }
-    s.full_heads = static_cast<int64_t>(full.size());
-    if (s.full_heads == static_cast<int64_t>(s.full_head.size())) {
-      return InvalidArgument("evict.full_heads: got all ", s.full_heads,
+    if (full.size() == s.full_head.size()) {  // ParseFullHeads refuses repeats.
+      return InvalidArgument("evict.full_heads: got all ", full.size(),
                              " (layer, head) pairs of the session, expected at least one left "
                              "to evict (budget.mode = \"none\" keeps every token)");
     }

@@ -56,7 +56,7 @@ int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen) {
 
 int64_t FullHeadsAverage(const EvictionSettings& s, int64_t pairs, int64_t avg,
                          int64_t tokens_seen) {
-  const int64_t full = s.full_heads;
+  const int64_t full = std::count(s.full_head.begin(), s.full_head.end(), uint8_t{1});
   if (full <= 0 || full >= pairs) return avg;
   // In 128-bit: pairs x avg and full x tokens_seen each fit int64, their difference may not.
   const __int128 rest =

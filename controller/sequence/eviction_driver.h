@@ -60,7 +60,6 @@ struct EvictionSettings {
   // token and the other heads' average budget pays for it: FullHeadsAverage); empty = none.
   // evict-only with a uniform layer profile and no re-allocation (ValidateBudgetConfig).
   std::vector<uint8_t> full_head;
-  int64_t full_heads = 0;  // How many are set.
   // evict.max_deferred_tokens: tokens an APPEND_CONTINUES prefill may store before its end
   // without eviction; an APPEND past it evicts as if the flag were absent. 0 = never defer.
   int64_t max_deferred_tokens = 0;
@@ -91,7 +90,7 @@ std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "s
 int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen);
 
 // evict.full_heads: the average budget of the heads that are not full, so that `pairs` heads keep
-// pairs x avg tokens in all while s.full_heads of them keep all `tokens_seen`:
+// pairs x avg tokens in all while the R pairs s.full_head sets keep all `tokens_seen`:
 // (pairs x avg - R x tokens_seen) / (pairs - R), never below the floor. `avg` when there are none.
 int64_t FullHeadsAverage(const EvictionSettings& s, int64_t pairs, int64_t avg,
                          int64_t tokens_seen);

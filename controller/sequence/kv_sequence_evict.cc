@@ -100,7 +100,7 @@ StatusOr<KvTensorView> KvSequence::RecentQueries(const LayerPrep& p, int64_t row
 }
 
 int KvSequence::FullHeadsOf(int l) const {
-  if (eviction_.full_heads == 0) return 0;
+  if (eviction_.full_head.empty()) return 0;
   const auto first = eviction_.full_head.begin() + static_cast<ptrdiff_t>(l) * geometry_.kv_heads;
   return static_cast<int>(std::count(first, first + geometry_.kv_heads, uint8_t{1}));
 }
@@ -119,7 +119,7 @@ Status KvSequence::PlanHeadBudgets(LayerPrep& p) const {
     }
     return OkStatus();
   }
-  if (ev.full_heads > 0) {
+  if (!ev.full_head.empty()) {
     // A full head's budget is every token seen, so it never compresses; the layer's budget (of
     // its other heads) is split evenly among them, the remainder to the first.
     const int64_t seen = tokens_ + p.ctx.n;

@@ -184,11 +184,8 @@ StatusOr<KvSequence::AppendContext> KvSequence::PlanAppend(int64_t n, bool have_
                                          ctx.avg_budget, tokens_ + n);
     KVCTL_ASSIGN_OR_RETURN(ctx.layer_budgets,
                            LayerBudgets(eviction_, layers, geometry_.kv_heads, avg, tokens_ + n));
-    if (eviction_.full_heads > 0) {
-      for (int l = 0; l < layers; ++l) {
-        ctx.layer_budgets[l] = avg * (geometry_.kv_heads - FullHeadsOf(l));
-      }
-    }
+    // A layer's budget is its other heads' share (no overflow: at most LayerBudgets' heads x avg).
+    for (int l = 0; l < layers; ++l) ctx.layer_budgets[l] -= avg * FullHeadsOf(l);
     PlanReallocation(n, have_q, &ctx);
   }
   if (eviction_.enabled && eviction_.stagger_layers && eviction_.compression_period > 1) {

@@ -2,6 +2,7 @@
 //
 // evict.full_heads: the named (layer, head) pairs keep every token, and the other heads share what
 // is left of the same total (FullHeadsAverage); the key's parsing and the checks that refuse it.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -80,7 +81,6 @@ TEST_CASE(
   const SequenceShape shape{.layers = 2, .kv_heads = 2, .q_heads = 4, .head_dim = 32};
   StatusOr<EvictionSettings> s = ResolveEviction(c, shape);
   REQUIRE(s.ok());
-  CHECK(s->full_heads == 1);
   CHECK(s->full_head == std::vector<uint8_t>{0, 0, 1, 0});
   c.evict.full_heads = "2:0";
   CHECK(ResolveEviction(c, shape).status().message().find("layer < 2") != std::string::npos);
@@ -96,7 +96,8 @@ TEST_CASE("Full heads: the average left to the others keeps the total, never bel
   EvictionSettings s;
   s.floor = 12;
   CHECK(FullHeadsAverage(s, 90, 500, 1000) == 500);  // None named.
-  s.full_heads = 9;
+  s.full_head.assign(90, 0);
+  std::fill(s.full_head.begin(), s.full_head.begin() + 9, uint8_t{1});
   // 90 x 500 = 45,000 in all; 9 x 1,000 kept whole leave 36,000 for 81 heads.
   CHECK(FullHeadsAverage(s, 90, 500, 1000) == 444);
   CHECK(FullHeadsAverage(s, 90, 100, 1000) == 12);  // 9,000 - 9,000: the floor.
@@ -114,7 +115,6 @@ TEST_CASE("Full heads: named heads keep every token, the others share the rest o
     settings.tokens_per_head = 48;
     settings.compression_period = 4;
     settings.full_head = {0, 0, 0, 1};  // Layer 1, head 1.
-    settings.full_heads = 1;
     KvSequence seq(pool.get(),
                    {.layers = layers,
                     .kv_heads = kv_heads,
