@@ -583,6 +583,14 @@ EVICT_TURBO_ROWS_B = (
     ("rkv", 0.485, 4, 3, 64, "_obs32_l60_p64_full9",
      {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.compression_period": "64",
       "evict.full_heads": ",".join(COPY_HEADS[:9])}, ""),
+    # Session 44: the same copying heads kept whole on the 1/16 row (R-KV 27 % x K4/V2, flush
+    # 32); the other heads pay for them, so the memory is the row's.
+    ("rkv", 0.27, 4, 2, 32, "_obs32_l60_full4",
+     {"evict.obs_window": "32", "evict.lambda": "0.6",
+      "evict.full_heads": ",".join(COPY_HEADS[:4])}, ""),
+    ("rkv", 0.27, 4, 2, 32, "_obs32_l60_full9",
+     {"evict.obs_window": "32", "evict.lambda": "0.6",
+      "evict.full_heads": ",".join(COPY_HEADS[:9])}, ""),
 )
 
 

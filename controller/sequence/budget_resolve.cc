@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "controller/config/budget_keys.h"
 #include "policies/calib_profile.h"
@@ -16,16 +17,67 @@ using internal::StrCat;
 
 namespace {
 
-// Smallest sequence length T at which a head at the average budget AverageBudget(ev, T) (a
-// token_fraction > 0, so it grows without bound) holds `need` rows; never below `need` itself.
-int64_t FractionOnset(const EvictionSettings& ev, int64_t need) {
+// The average budget of the heads that evict.full_heads does not name (every head when it names
+// none), of `pairs` in all, after `t` tokens.
+int64_t EvictedHeadsAverage(const EvictionSettings& ev, int64_t pairs, int64_t t) {
+  return FullHeadsAverage(ev, pairs, AverageBudget(ev, t), t);
+}
+
+int64_t FullHeadsOf(const EvictionSettings& ev) {
+  return std::count(ev.full_head.begin(), ev.full_head.end(), uint8_t{1});
+}
+
+// Smallest sequence length T at which a head at the evicted heads' average budget (a
+// token_fraction > 0) holds `need` rows; never below `need` itself; -1 when it never does (the
+// full heads take the whole fraction, so the others stay at their floor).
+int64_t FractionOnset(const EvictionSettings& ev, int64_t pairs, int64_t need) {
   if (ev.floor >= need) return need;
-  const double f = ev.token_fraction;
-  int64_t t = static_cast<int64_t>(std::ceil(static_cast<double>(need + ev.fraction_offset) / f));
+  // With R full heads of P the others keep T (P f - R) / (P - R) less P offset / (P - R) tokens.
+  const double full = static_cast<double>(FullHeadsOf(ev));
+  const double p = static_cast<double>(pairs);
+  const double f = (p * ev.token_fraction - full) / (p - full);
+  if (f <= 0) return -1;
+  const double offset = p * static_cast<double>(ev.fraction_offset) / (p - full);
+  int64_t t = static_cast<int64_t>(std::ceil((static_cast<double>(need) + offset) / f));
   t = std::max(t, need);
-  while (t > need && AverageBudget(ev, t - 1) >= need) --t;
-  while (AverageBudget(ev, t) < need) ++t;
+  while (t > need && EvictedHeadsAverage(ev, pairs, t - 1) >= need) --t;
+  while (EvictedHeadsAverage(ev, pairs, t) < need) ++t;
   return t;
+}
+
+// evict.full_heads whose R heads keep so much that the other P - R fall to their floor, where
+// the sequence holds more than its budget: with budget.tokens_per_head B from the T at which
+// P B - R T leaves them the floor (every such config, for long enough sequences); with a
+// token_fraction f from the start when R >= P f.
+std::optional<CompressionWarning> FullHeadsOverBudget(const Config& c, const EvictionSettings& ev,
+                                                      int64_t pairs) {
+  const int64_t full = FullHeadsOf(ev);
+  if (full == 0) return std::nullopt;
+  const std::string heads =
+      StrCat("evict.full_heads names ", full, " of the ", pairs, " (layer, head) pairs");
+  const std::string then = StrCat("the other heads keep only their floor of ", ev.floor,
+                                  " tokens and the sequence holds more than its budget; name "
+                                  "fewer heads or raise the budget");
+  if (ev.tokens_per_head > 0) {
+    const __int128 spare = static_cast<__int128>(pairs) * ev.tokens_per_head -
+                           static_cast<__int128>(pairs - full) * ev.floor;
+    const int64_t starve = static_cast<int64_t>((spare + full - 1) / full);
+    return CompressionWarning{"full_heads_over_budget",
+                              StrCat(heads, ", which keep every token while all ", pairs,
+                                     " share budget.tokens_per_head ", ev.tokens_per_head, " x ",
+                                     pairs, " tokens: from ", starve, " tokens on ", then)};
+  }
+  if (ev.token_fraction > 0 &&
+      static_cast<double>(full) >= ev.token_fraction * static_cast<double>(pairs)) {
+    const std::string fraction =
+        c.budget.fp16_fraction > 0
+            ? StrCat("the token fraction ", ev.token_fraction, " that budget.fp16_fraction ",
+                     c.budget.fp16_fraction, " aims at")
+            : StrCat("budget.token_fraction ", ev.token_fraction);
+    return CompressionWarning{"full_heads_over_budget",
+                              StrCat(heads, ", at least ", fraction, " of them: ", then)};
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -255,6 +307,12 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
       quantizes |= !lp.lossless && spec.method != QuantMethod::kFp16;
     }
   }
+  const int64_t pairs = int64_t{shape.layers} * shape.kv_heads;
+  if (ev.enabled) {
+    if (std::optional<CompressionWarning> w = FullHeadsOverBudget(c, ev, pairs)) {
+      out.warnings.push_back(*std::move(w));
+    }
+  }
   if (!quantizes) return out;  // Lossless or fp16 rows: nothing was asked to be quantized.
   const StreamingRules& r = plans[0].rules;
   const int64_t need = static_cast<int64_t>(r.sink_tokens) + r.flush_tokens;
@@ -298,7 +356,7 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
                   need, " rows (", rows, "), so those heads are never quantized; ", fix)});
     }
   } else if (ev.enabled && ev.token_fraction > 0) {
-    out.onset_tokens = FractionOnset(ev, need);
+    out.onset_tokens = FractionOnset(ev, pairs, need);
     source = c.budget.fp16_fraction > 0
                  ? StrCat("budget.fp16_fraction ", c.budget.fp16_fraction, " keeps ",
                           ev.token_fraction, " of the tokens less ", ev.fraction_offset,
@@ -306,6 +364,10 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
                  : StrCat("budget.token_fraction ", ev.token_fraction,
                           " keeps that share of the tokens (at least ", ev.floor, " per head) and ",
                           rows);
+    if (FullHeadsOf(ev) > 0) {
+      source += StrCat(" (the onset of the heads evict.full_heads does not name: they keep what ",
+                       "its ", FullHeadsOf(ev), " heads leave of the fraction)");
+    }
   }
   if (c.budget.mode == BudgetMode::kJoint && c.budget.plan_tokens < out.onset_tokens) {
     out.warnings.push_back(

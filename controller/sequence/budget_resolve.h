@@ -72,13 +72,15 @@ Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
 // eviction budget at or below that keeps every row fp16 (16 b/e) however long the sequence.
 // configs/README.md "When nothing is quantized".
 struct CompressionWarning {
-  std::string cause;    // "never_quantized" or "late_quantization" (the STATS value).
+  // "full_heads_over_budget", "never_quantized" or "late_quantization" (the STATS value).
+  std::string cause;
   std::string message;  // One log line naming the keys, their values and a fix.
 };
 struct CompressionOutlook {
   // Tokens a sequence must reach before any head quantizes a row: sinks + flush without
-  // eviction, later when a token_fraction holds the heads below it; 0 when the settings never
-  // quantize by design (lossless, fp16); -1 when no head ever will.
+  // eviction, later when a token_fraction holds the heads below it (the heads evict.full_heads
+  // does not name, when it names some); 0 when the settings never quantize by design (lossless,
+  // fp16); -1 when no head (no such head) ever will.
   int64_t onset_tokens = 0;
   std::vector<CompressionWarning> warnings;  // Empty when the settings compress.
 };
@@ -91,7 +93,10 @@ inline constexpr int64_t kShortSequenceTokens = 512;
 // budget.tokens_per_head: every layer's even per-head share; joint: every head's cap, or
 // budget.plan_tokens itself) stays below sinks + flush, or in evict-only when some do (the
 // message counts them; a joint plan prices such heads' fp16 rows itself, so that is no warning);
-// late_quantization when the onset passes kShortSequenceTokens.
+// late_quantization when the onset passes kShortSequenceTokens (with evict.full_heads, the onset
+// of the other heads, which keep less); full_heads_over_budget when evict.full_heads leaves the
+// other heads only their floor, so the sequence outgrows its budget (with budget.tokens_per_head
+// from some length on, always; with a token fraction f when the named heads are >= f of all).
 CompressionOutlook CompressionOutlookOf(const Config& config, const SequenceShape& shape,
                                         const std::vector<LayerPlan>& plans,
                                         const EvictionSettings& eviction);

@@ -62,7 +62,7 @@ constexpr Help kHelp[] = {
     {"kvctl_sequences", "Open sequences now, over all sessions."},
     {"kvctl_sequences_omitted", "Open sequences without a per-sequence series (over the cap)."},
     {"kvctl_sequences_compression_warning",
-     "Open sequences whose settings cannot compress what they are asked to (see the log)."},
+     "Open sequences whose settings cannot compress to what they are asked to (see the log)."},
     {"kvctl_tokens", "Tokens appended to the open sequences, each counted once, in tokens."},
     {"kvctl_tokens_quantized", "Tokens of the open sequences held in quantized records."},
     {"kvctl_tokens_kept",

@@ -129,6 +129,45 @@ TEST_CASE("Compression outlook: R-KV 25 % with KVarN warns, compressing configs 
   }
 }
 
+// evict.full_heads: the named heads keep every token, so the onset is the other heads', which
+// keep less, and a budget the named heads fill leaves the others their floor (over budget).
+TEST_CASE("Compression outlook: full heads delay the others' onset and can outgrow the budget",
+          "[controller][budget]") {
+  // R-KV keeping `fraction` of the tokens over KIVI flushing every 32 tokens, no sinks.
+  auto rkv = [](const std::string& fraction, const std::string& full_heads) {
+    std::string toml = "[budget]\nmode = \"evict-only\"\ntoken_fraction = " + fraction +
+                       "\n[evict]\npolicy = \"rkv\"\n";
+    if (!full_heads.empty()) toml += "full_heads = \"" + full_heads + "\"\n";
+    return WithToml(toml + kKiviFlush32);
+  };
+  SECTION("without full heads a head at half the tokens holds 32 rows from 63 tokens") {
+    CHECK(OutlookOf(rkv("0.5", "")).onset_tokens == 63);
+  }
+  SECTION("one of the 4 heads full: the other 3 keep (4 ceil(T / 2) - T) / 3, 32 from 95") {
+    const CompressionOutlook o = OutlookOf(rkv("0.5", "0:0"));
+    CHECK(o.onset_tokens == 95);
+    CHECK(o.warnings.empty());
+  }
+  SECTION("a quarter of the heads full at token_fraction 0.25: the others keep their floor") {
+    const CompressionOutlook o = OutlookOf(rkv("0.25", "1:1"));
+    REQUIRE(Causes(o) == "full_heads_over_budget;");
+    CHECK(o.onset_tokens == -1);  // The floor is below the 32-row flush.
+    CHECK(o.warnings[0].message.find("names 1 of the 4 (layer, head) pairs, at least "
+                                     "budget.token_fraction 0.25 of them") != std::string::npos);
+  }
+  // The floor: 128 sinks + the streaming window's 8 tokens = 136; 4 x 300 - 3 x 136 = 792.
+  SECTION("with tokens_per_head the full head outgrows it once T passes 4 x 300 - 3 floor") {
+    const CompressionOutlook o =
+        OutlookOf(WithToml("[budget]\nmode = \"evict-only\"\ntokens_per_head = 300\n[evict]\n"
+                           "policy = \"streaming\"\nfull_heads = \"0:1\"\n" +
+                           std::string(kSinks128)));
+    REQUIRE(Causes(o) == "full_heads_over_budget;");
+    CHECK(o.onset_tokens == 256);
+    CHECK(o.warnings[0].message.find("from 792 tokens on the other heads keep only their floor "
+                                     "of 136 tokens") != std::string::npos);
+  }
+}
+
 std::string UniqueShmName() {
   static int counter = 0;
   return "/kvctl-cw-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
