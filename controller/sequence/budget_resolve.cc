@@ -38,7 +38,12 @@ int64_t FractionOnset(const EvictionSettings& ev, int64_t pairs, int64_t need) {
   const double f = (p * ev.token_fraction - full) / (p - full);
   if (f <= 0) return -1;
   const double offset = p * static_cast<double>(ev.fraction_offset) / (p - full);
-  int64_t t = static_cast<int64_t>(std::ceil((static_cast<double>(need) + offset) / f));
+  const double estimate = std::ceil((static_cast<double>(need) + offset) / f);
+  // A fraction the full heads all but fill puts the onset past any sequence a pool could hold
+  // (and past int64 as f nears 0).
+  constexpr double kNeverTokens = 0x1p40;
+  if (!(estimate < kNeverTokens)) return -1;
+  int64_t t = static_cast<int64_t>(estimate);
   t = std::max(t, need);
   while (t > need && EvictedHeadsAverage(ev, pairs, t - 1) >= need) --t;
   while (EvictedHeadsAverage(ev, pairs, t) < need) ++t;
@@ -369,7 +374,13 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
                        "its ", FullHeadsOf(ev), " heads leave of the fraction)");
     }
   }
-  if (c.budget.mode == BudgetMode::kJoint && c.budget.plan_tokens < out.onset_tokens) {
+  if (out.onset_tokens < 0) {
+    // Only with evict.full_heads (FractionOnset): unless FullHeadsOverBudget said why already.
+    if (out.warnings.empty()) {
+      const std::string never = StrCat(source, ": the heads it does not name never hold that many");
+      out.warnings.push_back({"never_quantized", StrCat(never, "; ", fix)});
+    }
+  } else if (c.budget.mode == BudgetMode::kJoint && c.budget.plan_tokens < out.onset_tokens) {
     out.warnings.push_back(
         {"never_quantized", StrCat("budget.plan_tokens ", c.budget.plan_tokens, " is below the ",
                                    out.onset_tokens, " tokens before the first quantization (",

@@ -148,6 +148,12 @@ TEST_CASE("Compression outlook: full heads delay the others' onset and can outgr
     CHECK(o.onset_tokens == 95);
     CHECK(o.warnings.empty());
   }
+  SECTION("a fraction the full head all but fills: no onset within any sequence, no overflow") {
+    const CompressionOutlook o = OutlookOf(rkv("0.2500000000000001", "1:1"));
+    CHECK(o.onset_tokens == -1);
+    // Not over budget (the others get the 1e-16 of the tokens left), but never quantized.
+    CHECK(Causes(o) == "never_quantized;");
+  }
   SECTION("a quarter of the heads full at token_fraction 0.25: the others keep their floor") {
     const CompressionOutlook o = OutlookOf(rkv("0.25", "1:1"));
     REQUIRE(Causes(o) == "full_heads_over_budget;");
