@@ -145,6 +145,15 @@ def all_rows() -> Dict[str, Row]:
             rows.append(Row("evict_%s_%d" % (policy, round(keep * 100)), "kvctl",
                             evict(policy, keep), send_q=policy != "streaming",
                             note="fp16 rows, evict-only token_fraction %g" % keep))
+    # Session 44: SnapKV in fp16 with the copying heads whole (COPY_HEADS, evict.full_heads), the
+    # other heads paying for them: at code 8K kvctl's SnapKV 25 % ties kvpress's at less memory.
+    for keep, full in ((0.25, 4), (0.25, 9), (0.125, 9)):
+        rows.append(Row("evict_snapkv_%d_full%d" % (round(keep * 100), full), "kvctl",
+                        dict(evict("snapkv", keep),
+                             **{"evict.full_heads": ",".join(COPY_HEADS[:full])}),
+                        send_q=True,
+                        note="fp16 rows, evict-only token_fraction %g, top %d copying heads whole"
+                        % (keep, full)))
     rows += evict_schedule_rows()
     for keep in (0.5, 0.25):
         rows.append(Row("reasonalloc_rkv_%d" % round(keep * 100), "kvctl",
