@@ -9,9 +9,10 @@ If those pairs are a property of the model, a few of them could keep every token
 pay for it. This checks that idea before any daemon change:
 
 1. Copy scores per (layer, KV head) on a calibration text (--calib-text, Apache-2.0 by default,
-   never an evaluated text): at every copy event, a position t whose token and next token also
-   occur, in that order, at some earlier s and s + 1, the attention of t's queries (mean over the
-   KV head's query heads) on those s + 1 (what an induction head reads), averaged over the events.
+   never an evaluated text), as python -m kvctl.copy_heads computes them (python/kvctl/
+   copy_heads.py): at every copy event, a position t whose token and next token also occur, in
+   that order, at some earlier s and s + 1, the attention of t's queries (mean over the KV head's
+   query heads) on those s + 1 (what an induction head reads), averaged over the events.
 2. Per segment of the evaluated text (kveval's segmentation), each variant keeps, in every pair,
    4 sinks, the 32 newest prefix tokens and the top of the last 32 prefix queries' max-pooled
    attention (kernel 7), as tools/kveval_needed_sim.py does. `uniform` keeps --keep of the prefix
@@ -37,51 +38,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kveval  # noqa: E402
 import kveval_needed_sim as sim  # noqa: E402
+from kvctl import copy_heads  # noqa: E402
 
 SINKS = 4
 WINDOW = 32
 KERNEL = 7
-
-
-def copy_events(ids: np.ndarray, start: int):
-    """{t: [s + 1, ...]} for t >= start whose (ids[t], ids[t + 1]) occurred earlier at (s, s + 1)."""
-    seen = {}
-    events = {}
-    for t in range(len(ids) - 1):
-        pair = (int(ids[t]), int(ids[t + 1]))
-        sources = [x for x in seen.get(pair, ()) if x < t]  # Not t itself (a run of one token).
-        if t >= start and sources:
-            events[t] = sources
-        seen.setdefault(pair, []).append(t + 1)
-    return events
-
-
-def copy_scores(torch, model, ids: np.ndarray, start: int, chunk: int = 64):
-    """([L, H] mean attention of copy events' queries on their sources, the events' count)."""
-    from transformers import DynamicCache
-    cfg = model.config
-    groups = cfg.num_attention_heads // cfg.num_key_value_heads
-    events = copy_events(ids, start)
-    total = np.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads))
-    model.set_attn_implementation("eager")
-    cache = DynamicCache(config=cfg)
-    x = torch.from_numpy(ids.astype(np.int64))[None]
-    n = len(ids) - 1  # The last token has no next token to copy.
-    with torch.no_grad():
-        model(x[:, :start], past_key_values=cache, use_cache=True,
-              position_ids=torch.arange(start)[None], logits_to_keep=1)
-        for c0 in range(start, n, chunk):
-            c1 = min(n, c0 + chunk)
-            out = model(x[:, c0:c1], past_key_values=cache, use_cache=True,
-                        position_ids=torch.arange(c0, c1)[None], logits_to_keep=1,
-                        output_attentions=True)
-            for li, a in enumerate(out.attentions):  # [1, heads, c1 - c0, c1]
-                att = a[0].reshape(cfg.num_key_value_heads, groups, c1 - c0, -1).mean(1).numpy()
-                for t in range(c0, c1):
-                    if t in events:
-                        total[li] += att[:, t - c0, events[t]].sum(-1)
-    model.set_attn_implementation("sdpa")
-    return total / max(1, len(events)), len(events)
 
 
 def kept_sets(obs, keep_frac: float, copy_heads: int, order: np.ndarray):
@@ -122,7 +83,7 @@ def main(argv=None) -> int:
     calib_ids = np.array(tok(kveval.read_text("--calib-text", a.calib_text))["input_ids"])
     calib_ids = calib_ids[:min(len(calib_ids), a.tokens)]
     t0 = time.perf_counter()
-    scores, n_events = copy_scores(torch, model, calib_ids, start=64)
+    scores, n_events = copy_heads.copy_scores(model, calib_ids)
     order = np.argsort(-scores.ravel())
     H = scores.shape[1]
     print("kveval_heads_sim: copy scores from %d events of %s in %.0f s; top pairs (layer, head, "
