@@ -444,6 +444,12 @@ EVICT_TURBO_ROWS = (
 )
 
 
+# SmolLM2-135M's (layer, KV head) pairs by copy score, highest first: python -m kvctl.copy_heads on
+# /usr/share/common-licenses/Apache-2.0 (703 copy events; docs/quality.md "Copying heads that keep
+# everything").
+COPY_HEADS = ("17:1", "18:2", "20:2", "23:0", "23:2", "20:1", "24:2", "24:0", "21:2")
+
+
 MEMORY_AIMED_ROWS = (
     ("evict_rkv_m125_turbo_k4v3_f64_obs32_l60_p64", "rkv", 0.125, 4, 3, 64,
      {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.compression_period": "64"}),
@@ -451,16 +457,17 @@ MEMORY_AIMED_ROWS = (
      {"evict.obs_window": "32", "evict.lambda": "0.6"}),
     ("evict_snapkv_m25_turbo_k4v3_f96_obs16", "snapkv", 0.25, 4, 3, 96,
      {"evict.obs_window": "16"}),
+    # Session 44: the 1/8 and 1/16 memory budgets with the nine copying heads whole.
+    ("evict_rkv_m125_turbo_k4v3_f64_obs32_l60_p64_full9", "rkv", 0.125, 4, 3, 64,
+     {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.compression_period": "64",
+      "evict.full_heads": ",".join(COPY_HEADS)}),
+    ("evict_rkv_m0625_turbo_k4v2_f32_obs32_l60_full9", "rkv", 0.0625, 4, 2, 32,
+     {"evict.obs_window": "32", "evict.lambda": "0.6", "evict.full_heads": ",".join(COPY_HEADS)}),
     # Session 43: the same with a 64-token tail (K4/V3 with no eviction and a 64-token tail led
     # on GPL-3 at 2K, where the 96-token tail missed 2 %).
     ("evict_snapkv_m25_turbo_k4v3_f64_obs16", "snapkv", 0.25, 4, 3, 64,
      {"evict.obs_window": "16"}),
 )
-
-# SmolLM2-135M's (layer, KV head) pairs by copy score, highest first: tools/kveval_heads_sim.py on
-# /usr/share/common-licenses/Apache-2.0 (703 copy events; docs/quality.md "Copying heads that keep
-# everything").
-COPY_HEADS = ("17:1", "18:2", "20:2", "23:0", "23:2", "20:1", "24:2", "24:0", "21:2")
 
 # Issue #18's 1/8 band, the scorer and the layer split (chosen on prose, confirmed on code): the
 # SnapKV 47 % x K4/V3 f64 layout (0.1239) with R-KV or H2O scoring, with ReasonAlloc-like layer
