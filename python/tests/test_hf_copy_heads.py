@@ -8,7 +8,6 @@ Runs only with KVCTL_HF_TESTS=1 (the CTest "pytest: hf cache" sets it); skipped 
 transformers is not installed. The SmolLM2 case reads 2,225 tokens in eager attention (~30 s).
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -16,13 +15,7 @@ import re
 import numpy as np
 import pytest
 
-if os.environ.get("KVCTL_HF_TESTS") != "1":
-    pytest.skip("HF tests run with KVCTL_HF_TESTS=1 (ctest -R 'hf cache')",
-                allow_module_level=True)
-if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
-    pytest.skip("torch/transformers not installed (python/requirements-model.txt)",
-                allow_module_level=True)
-
+import hf_common  # noqa: F401  Skips this module unless KVCTL_HF_TESTS=1 and torch is installed.
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
