@@ -2,7 +2,7 @@
 """kvctl.copy_heads on real models: on a small random-weight Llama (GQA 2) the chunked scores
 through a DynamicCache equal those of one uncached forward pass computed here independently; the
 command line names its pairs; on SmolLM2-135M and Apache-2.0 its top nine are the pairs
-configs/smollm2-copy-heads-1of8.toml ships.
+configs/smollm2-copy-heads-1of8.toml and -1of16.toml ship.
 
 Runs only with KVCTL_HF_TESTS=1 (the CTest "pytest: hf cache" sets it); skipped when torch or
 transformers is not installed. The SmolLM2 case reads 2,225 tokens in eager attention (~30 s).
@@ -100,7 +100,8 @@ def test_smollm2_top_nine_are_the_shipped_recipes_pairs(smollm2):
     with open(copy_heads.DEFAULT_TEXT, encoding="utf-8") as f:
         r = copy_heads.rank(model, tok, f.read(), 9, 8192)
     assert r["tokens"] == 2225 and r["events"] == 703
-    with open(os.path.join(REPO, "configs", "smollm2-copy-heads-1of8.toml")) as f:
-        shipped = re.search(r'^full_heads = "([^"]*)"', f.read(), re.M).group(1)
-    assert r["full_heads"] == shipped
+    for recipe in ("smollm2-copy-heads-1of8.toml", "smollm2-copy-heads-1of16.toml"):
+        with open(os.path.join(REPO, "configs", recipe)) as f:
+            shipped = re.search(r'^full_heads = "([^"]*)"', f.read(), re.M).group(1)
+        assert r["full_heads"] == shipped, recipe
     assert model.config._attn_implementation != "eager"
