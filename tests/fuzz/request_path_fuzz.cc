@@ -213,7 +213,9 @@ compression_period = 4
 stagger_layers = true
 )",
       // A memory budget (AimEvictionAtMemory): the token budget follows from the layers' record
-      // bytes, fp16 tails and sinks, and grows at a share that differs per model.
+      // bytes, fp16 tails and sinks, and grows at a share that differs per model. (Layer 0, head
+      // 1) is kept whole, so OPEN's outlook takes the other heads' onset from the aimed fraction,
+      // or warns that the full head fills it.
       R"(
 [budget]
 mode = "evict-only"
@@ -225,6 +227,7 @@ window = 4
 obs_window = 4
 compression_period = 4
 stagger_layers = true
+full_heads = "0:1"
 )",
   };
 }
