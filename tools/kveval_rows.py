@@ -467,6 +467,10 @@ MEMORY_AIMED_ROWS = (
     # on GPL-3 at 2K, where the 96-token tail missed 2 %).
     ("evict_snapkv_m25_turbo_k4v3_f64_obs16", "snapkv", 0.25, 4, 3, 64,
      {"evict.obs_window": "16"}),
+    # Session 44: the quarter memory budget with the nine copying heads whole (it lost most on
+    # the held-out Vim text at 8K, where it evicts).
+    ("evict_snapkv_m25_turbo_k4v3_f96_obs16_full9", "snapkv", 0.25, 4, 3, 96,
+     {"evict.obs_window": "16", "evict.full_heads": ",".join(COPY_HEADS)}),
 )
 
 # Issue #18's 1/8 band, the scorer and the layer split (chosen on prose, confirmed on code): the
