@@ -5,6 +5,7 @@
 #define KVCTL_TESTS_INTEGRATION_DAEMON_PROCESS_H_
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -49,6 +50,8 @@ class DaemonProcess {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
+    // A killed daemon leaves its pool object for the next start to reclaim; no next start comes.
+    shm_unlink(shm_.c_str());
     std::string cmd = "rm -rf " + dir_;
     (void)!std::system(cmd.c_str());
   }
