@@ -23,17 +23,13 @@ int64_t EvictedHeadsAverage(const EvictionSettings& ev, int64_t pairs, int64_t t
   return FullHeadsAverage(ev, pairs, AverageBudget(ev, t), t);
 }
 
-int64_t FullHeadsOf(const EvictionSettings& ev) {
-  return std::count(ev.full_head.begin(), ev.full_head.end(), uint8_t{1});
-}
-
 // Smallest sequence length T at which a head at the evicted heads' average budget (a
 // token_fraction > 0) holds `need` rows; never below `need` itself; -1 when it never does (the
 // full heads take the whole fraction, so the others stay at their floor).
 int64_t FractionOnset(const EvictionSettings& ev, int64_t pairs, int64_t need) {
   if (ev.floor >= need) return need;
   // With R full heads of P the others keep T (P f - R) / (P - R) less P offset / (P - R) tokens.
-  const double full = static_cast<double>(FullHeadsOf(ev));
+  const double full = static_cast<double>(FullHeadCount(ev));
   const double p = static_cast<double>(pairs);
   const double f = (p * ev.token_fraction - full) / (p - full);
   if (f <= 0) return -1;
@@ -56,7 +52,7 @@ int64_t FractionOnset(const EvictionSettings& ev, int64_t pairs, int64_t need) {
 // token_fraction f from the start when R >= P f.
 std::optional<CompressionWarning> FullHeadsOverBudget(const Config& c, const EvictionSettings& ev,
                                                       int64_t pairs) {
-  const int64_t full = FullHeadsOf(ev);
+  const int64_t full = FullHeadCount(ev);
   if (full == 0) return std::nullopt;
   const std::string heads =
       StrCat("evict.full_heads names ", full, " of the ", pairs, " (layer, head) pairs");
@@ -66,6 +62,7 @@ std::optional<CompressionWarning> FullHeadsOverBudget(const Config& c, const Evi
   if (ev.tokens_per_head > 0) {
     const __int128 spare = static_cast<__int128>(pairs) * ev.tokens_per_head -
                            static_cast<__int128>(pairs - full) * ev.floor;
+    // At most pairs x B: HELLO caps layers and kv_heads at 1024 each, the schema B at 2^24.
     const int64_t starve = static_cast<int64_t>((spare + full - 1) / full);
     return CompressionWarning{"full_heads_over_budget",
                               StrCat(heads, ", which keep every token while all ", pairs,
@@ -369,9 +366,9 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
                  : StrCat("budget.token_fraction ", ev.token_fraction,
                           " keeps that share of the tokens (at least ", ev.floor, " per head) and ",
                           rows);
-    if (FullHeadsOf(ev) > 0) {
+    if (const int64_t full = FullHeadCount(ev); full > 0) {
       source += StrCat(" (the onset of the heads evict.full_heads does not name: they keep what ",
-                       "its ", FullHeadsOf(ev), " heads leave of the fraction)");
+                       "its ", full, " heads leave of the fraction)");
     }
   }
   if (out.onset_tokens < 0) {

@@ -54,9 +54,13 @@ int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen) {
   return std::max(avg, s.floor);
 }
 
+int64_t FullHeadCount(const EvictionSettings& s) {
+  return std::count(s.full_head.begin(), s.full_head.end(), uint8_t{1});
+}
+
 int64_t FullHeadsAverage(const EvictionSettings& s, int64_t pairs, int64_t avg,
                          int64_t tokens_seen) {
-  const int64_t full = std::count(s.full_head.begin(), s.full_head.end(), uint8_t{1});
+  const int64_t full = FullHeadCount(s);
   if (full <= 0 || full >= pairs) return avg;
   // In 128-bit: pairs x avg and full x tokens_seen each fit int64, their difference may not.
   const __int128 rest =

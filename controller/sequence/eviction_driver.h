@@ -89,6 +89,9 @@ std::string_view EvictPolicyName(EvictPolicy policy);  // "streaming", "h2o", "s
 // ceil(token_fraction * tokens_seen) - fraction_offset, never below the floor.
 int64_t AverageBudget(const EvictionSettings& s, int64_t tokens_seen);
 
+// evict.full_heads: how many (layer, head) pairs s.full_head names.
+int64_t FullHeadCount(const EvictionSettings& s);
+
 // evict.full_heads: the average budget of the heads that are not full, so that `pairs` heads keep
 // pairs x avg tokens in all while the R pairs s.full_head sets keep all `tokens_seen`:
 // (pairs x avg - R x tokens_seen) / (pairs - R), never below the floor. `avg` when there are none.
