@@ -362,7 +362,7 @@ KVCTL_HOST_DEVICE inline uint32_t KvarnCode(float y, const KvarnRow& p, float le
 // s ⊙ H (H is self-inverse, s_c^2 = 1).
 inline constexpr uint64_t kTurboSeed = 0x7475726271756174ull;  // "turbquat"
 
-KVCTL_HOST_DEVICE inline bool TurboSignNegative(int c) {
+KVCTL_HOST_DEVICE constexpr bool TurboSignNegative(int c) {
   uint64_t z = kTurboSeed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(c) + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

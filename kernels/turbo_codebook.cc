@@ -140,6 +140,8 @@ struct AllCodebooks {
         // Bounds from the fp32 centroids, so that a stored centroid always codes to itself.
         for (size_t k = 0; k < r.bounds.size(); ++k) {
           cb.bound[k] = 0.5f * (cb.centroid[k] + cb.centroid[k + 1]);
+          // The SIMD codecs find a code by bisection over the bounds, which needs them ascending.
+          KVCTL_CHECK(k == 0 || cb.bound[k] > cb.bound[k - 1]);
         }
       }
     }
