@@ -72,7 +72,8 @@ Status ApplyBudgetWidths(const Config& config, const SequenceShape& shape,
 // eviction budget at or below that keeps every row fp16 (16 b/e) however long the sequence.
 // configs/README.md "When nothing is quantized".
 struct CompressionWarning {
-  // "full_heads_over_budget", "never_quantized" or "late_quantization" (the STATS value).
+  // "full_heads_over_budget", "full_heads_starve_others", "never_quantized" or
+  // "late_quantization" (the STATS value).
   std::string cause;
   std::string message;  // One log line naming the keys, their values and a fix.
 };
@@ -96,7 +97,9 @@ inline constexpr int64_t kShortSequenceTokens = 512;
 // late_quantization when the onset passes kShortSequenceTokens (with evict.full_heads, the onset
 // of the other heads, which keep less); full_heads_over_budget when evict.full_heads leaves the
 // other heads only their floor, so the sequence outgrows its budget (with budget.tokens_per_head
-// from some length on, always; with a token fraction f when the named heads are >= f of all).
+// from some length on, always; with a token fraction f when the named heads are >= f of all);
+// full_heads_starve_others when, under a token fraction f, the named heads leave the others
+// less than f / 2 of their tokens.
 CompressionOutlook CompressionOutlookOf(const Config& config, const SequenceShape& shape,
                                         const std::vector<LayerPlan>& plans,
                                         const EvictionSettings& eviction);

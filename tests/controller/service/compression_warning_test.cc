@@ -151,8 +151,20 @@ TEST_CASE("Compression outlook: full heads delay the others' onset and can outgr
   SECTION("a fraction the full head all but fills: no onset within any sequence, no overflow") {
     const CompressionOutlook o = OutlookOf(rkv("0.2500000000000001", "1:1"));
     CHECK(o.onset_tokens == -1);
-    // Not over budget (the others get the 1e-16 of the tokens left), but never quantized.
-    CHECK(Causes(o) == "never_quantized;");
+    // Not over budget (the others get the 1e-16 of the tokens left), but starved and never
+    // quantized.
+    CHECK(Causes(o) == "full_heads_starve_others;never_quantized;");
+  }
+  SECTION("one of 4 full at 0.35: the others keep (1.4 - 1) / 3 = 0.133 < 0.175, starved") {
+    const CompressionOutlook o = OutlookOf(rkv("0.35", "0:0"));
+    REQUIRE(Causes(o) == "full_heads_starve_others;");
+    CHECK(o.warnings[0].message.find("names 1 of the 4 (layer, head) pairs, which keep every "
+                                     "token of budget.token_fraction 0.35; the other heads keep "
+                                     "0.133333") != std::string::npos);
+    CHECK(o.onset_tokens > 0);  // They still quantize, late.
+  }
+  SECTION("one of 4 full at 0.45: the others keep 0.267 >= 0.225, no warning") {
+    CHECK(OutlookOf(rkv("0.45", "0:0")).warnings.empty());
   }
   SECTION("a quarter of the heads full at token_fraction 0.25: the others keep their floor") {
     const CompressionOutlook o = OutlookOf(rkv("0.25", "1:1"));
