@@ -14,6 +14,8 @@
 
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
+
 #include <fstream>
 #include <random>
 #include <string>
@@ -61,6 +63,8 @@ struct Stream {
   }
   std::vector<KvTensorView> Views(const std::vector<std::vector<float>>& x, int heads, int first,
                                   int n) const {
+    // A view past the stream's end would read whatever follows it on the heap.
+    REQUIRE((first >= 0 && n >= 0 && first + n <= tokens));
     std::vector<KvTensorView> out;
     for (int l = 0; l < layers; ++l) {
       out.push_back(KvTensorView::Contiguous(x[l].data() + static_cast<size_t>(first) * heads * d,

@@ -106,7 +106,8 @@ TEST_CASE("Full heads: the average left to the others keeps the total, never bel
 
 TEST_CASE("Full heads: named heads keep every token, the others share the rest of the budget",
           "[controller][evict]") {
-  const int layers = 2, kv_heads = 2, q_heads = 4, d = 32, total = 160;
+  // The appends below add up to 166 tokens (a stream of 160 read past its end).
+  const int layers = 2, kv_heads = 2, q_heads = 4, d = 32, total = 166;
   const Stream s(layers, total, kv_heads, q_heads, d, 11);
   auto pool = testing::MakeTestPool(8 << 20, 4096);
   for (EvictPolicy policy : {EvictPolicy::kSnapKV, EvictPolicy::kStreaming}) {

@@ -62,6 +62,7 @@ struct HalfSteps {
   }
   std::vector<KvTensorView> Views(const std::vector<std::vector<uint16_t>>& x, int64_t first,
                                   int64_t n) const {
+    REQUIRE((first >= 0 && n >= 0 && first + n <= tokens));  // Else it reads past the steps.
     std::vector<KvTensorView> out;
     for (int l = 0; l < layers; ++l) {
       out.push_back(KvTensorView::Contiguous(&x[l][static_cast<size_t>(first) * heads * d],
