@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <random>
 #include <string>
