@@ -23,6 +23,22 @@ int64_t EvictedHeadsAverage(const EvictionSettings& ev, int64_t pairs, int64_t t
   return FullHeadsAverage(ev, pairs, AverageBudget(ev, t), t);
 }
 
+// The share of their tokens the heads evict.full_heads does not name keep under the token
+// fraction f: with R of the P pairs named, (P f - R) / (P - R); f itself when none are. <= 0 when
+// the named heads take the whole fraction.
+double OtherHeadsFraction(const EvictionSettings& ev, int64_t pairs) {
+  const double r = static_cast<double>(FullHeadCount(ev)), p = static_cast<double>(pairs);
+  return (p * ev.token_fraction - r) / (p - r);
+}
+
+// How a message names the token fraction: its key, or the memory budget that aims at it.
+std::string FractionSource(const Config& c, double f) {
+  return c.budget.fp16_fraction > 0
+             ? StrCat("the token fraction ", f, " that budget.fp16_fraction ",
+                      c.budget.fp16_fraction, " aims at")
+             : StrCat("budget.token_fraction ", f);
+}
+
 // Smallest sequence length T at which a head at the evicted heads' average budget (a
 // token_fraction > 0) holds `need` rows; never below `need` itself; -1 when it never does (the
 // full heads take the whole fraction, so the others stay at their floor).
@@ -31,7 +47,7 @@ int64_t FractionOnset(const EvictionSettings& ev, int64_t pairs, int64_t need) {
   // With R full heads of P the others keep T (P f - R) / (P - R) less P offset / (P - R) tokens.
   const double full = static_cast<double>(FullHeadCount(ev));
   const double p = static_cast<double>(pairs);
-  const double f = (p * ev.token_fraction - full) / (p - full);
+  const double f = OtherHeadsFraction(ev, pairs);
   if (f <= 0) return -1;
   const double offset = p * static_cast<double>(ev.fraction_offset) / (p - full);
   const double estimate = std::ceil((static_cast<double>(need) + offset) / f);
@@ -71,13 +87,9 @@ std::optional<CompressionWarning> FullHeadsOverBudget(const Config& c, const Evi
   }
   if (ev.token_fraction > 0 &&
       static_cast<double>(full) >= ev.token_fraction * static_cast<double>(pairs)) {
-    const std::string fraction =
-        c.budget.fp16_fraction > 0
-            ? StrCat("the token fraction ", ev.token_fraction, " that budget.fp16_fraction ",
-                     c.budget.fp16_fraction, " aims at")
-            : StrCat("budget.token_fraction ", ev.token_fraction);
-    return CompressionWarning{"full_heads_over_budget",
-                              StrCat(heads, ", at least ", fraction, " of them: ", then)};
+    return CompressionWarning{
+        "full_heads_over_budget",
+        StrCat(heads, ", at least ", FractionSource(c, ev.token_fraction), " of them: ", then)};
   }
   return std::nullopt;
 }
@@ -86,23 +98,18 @@ std::optional<CompressionWarning> FullHeadsOverBudget(const Config& c, const Evi
 // of their tokens, less than half of f (and more than nothing: FullHeadsOverBudget covers that).
 // Measured on SmolLM2 (docs/quality.md, session 44): nine whole heads of 90 at f = 0.125 left
 // the others 2.8 % and cost 15 % perplexity against 1.3 % without them; at shares of two thirds
-// of f and more they helped.
+// of f and more they did not hurt (and at 1/8 and 1/16 they helped).
 std::optional<CompressionWarning> FullHeadsStarveOthers(const Config& c, const EvictionSettings& ev,
                                                         int64_t pairs) {
   const int64_t full = FullHeadCount(ev);
-  const double p = static_cast<double>(pairs), r = static_cast<double>(full);
   const double f = ev.token_fraction;
-  if (full == 0 || f <= 0 || r >= f * p) return std::nullopt;
-  const double others = (p * f - r) / (p - r);
-  if (others >= f / 2) return std::nullopt;
-  const std::string fraction = c.budget.fp16_fraction > 0
-                                   ? StrCat("the token fraction ", f, " that budget.fp16_fraction ",
-                                            c.budget.fp16_fraction, " aims at")
-                                   : StrCat("budget.token_fraction ", f);
+  if (full == 0 || full >= pairs || f <= 0) return std::nullopt;
+  const double others = OtherHeadsFraction(ev, pairs);
+  if (others <= 0 || others >= f / 2) return std::nullopt;
   return CompressionWarning{"full_heads_starve_others",
                             StrCat("evict.full_heads names ", full, " of the ", pairs,
-                                   " (layer, head) pairs, which keep every token of ", fraction,
-                                   "; the other heads keep ", others,
+                                   " (layer, head) pairs, which keep every token of ",
+                                   FractionSource(c, f), "; the other heads keep ", others,
                                    " of theirs, under half of it, and evict what "
                                    "they need; name fewer heads or raise the budget")};
 }
@@ -335,9 +342,11 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
     }
   }
   const int64_t pairs = int64_t{shape.layers} * shape.kv_heads;
+  bool over_budget = false;
   if (ev.enabled) {
     if (std::optional<CompressionWarning> w = FullHeadsOverBudget(c, ev, pairs)) {
       out.warnings.push_back(*std::move(w));
+      over_budget = true;
     }
     if (std::optional<CompressionWarning> w = FullHeadsStarveOthers(c, ev, pairs)) {
       out.warnings.push_back(*std::move(w));
@@ -402,9 +411,6 @@ CompressionOutlook CompressionOutlookOf(const Config& c, const SequenceShape& sh
   if (out.onset_tokens < 0) {
     // Only with evict.full_heads (FractionOnset): unless FullHeadsOverBudget said why already
     // (a starve warning says less: the others still keep some tokens, just never enough).
-    const bool over_budget = std::any_of(
-        out.warnings.begin(), out.warnings.end(),
-        [](const CompressionWarning& w) { return w.cause == "full_heads_over_budget"; });
     if (!over_budget) {
       const std::string never = StrCat(source, ": the heads it does not name never hold that many");
       out.warnings.push_back({"never_quantized", StrCat(never, "; ", fix)});
