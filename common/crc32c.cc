@@ -129,6 +129,35 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cExtendHardware(uint32_t crc, co
   return ~c32;
 }
 
+__attribute__((target("sse4.2"))) void Crc32cRowsHardware(const void* data, size_t row_bytes,
+                                                          size_t rows, uint32_t* out) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t r = 0;
+  for (; r + 3 <= rows; r += 3) {
+    const uint8_t* a = p + r * row_bytes;
+    const uint8_t* b = a + row_bytes;
+    const uint8_t* c = b + row_bytes;
+    uint64_t ca = ~uint32_t{0}, cb = ca, cc = ca;
+    size_t i = 0;
+    for (; i + 8 <= row_bytes; i += 8) {
+      ca = Step(ca, a + i);
+      cb = Step(cb, b + i);
+      cc = Step(cc, c + i);
+    }
+    auto ra = static_cast<uint32_t>(ca), rb = static_cast<uint32_t>(cb);
+    auto rc = static_cast<uint32_t>(cc);
+    for (; i < row_bytes; ++i) {
+      ra = _mm_crc32_u8(ra, a[i]);
+      rb = _mm_crc32_u8(rb, b[i]);
+      rc = _mm_crc32_u8(rc, c[i]);
+    }
+    out[r] = ~ra;
+    out[r + 1] = ~rb;
+    out[r + 2] = ~rc;
+  }
+  for (; r < rows; ++r) out[r] = Crc32cExtendHardware(0, p + r * row_bytes, row_bytes);
+}
+
 bool Crc32cHardwareAvailable() {
   static const bool available = __builtin_cpu_supports("sse4.2");
   return available;
@@ -136,6 +165,11 @@ bool Crc32cHardwareAvailable() {
 #else
 uint32_t Crc32cExtendHardware(uint32_t crc, const void* data, size_t bytes) {
   return Crc32cExtendPortable(crc, data, bytes);
+}
+void Crc32cRowsHardware(const void* data, size_t row_bytes, size_t rows, uint32_t* out) {
+  for (size_t r = 0; r < rows; ++r) {
+    out[r] = Crc32cExtendPortable(0, static_cast<const uint8_t*>(data) + r * row_bytes, row_bytes);
+  }
 }
 bool Crc32cHardwareAvailable() { return false; }
 #endif
@@ -146,5 +180,15 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t bytes) {
 }
 
 uint32_t Crc32c(const void* data, size_t bytes) { return Crc32cExtend(0, data, bytes); }
+
+void Crc32cRows(const void* data, size_t row_bytes, size_t rows, uint32_t* out) {
+  if (Crc32cHardwareAvailable()) {
+    Crc32cRowsHardware(data, row_bytes, rows, out);
+    return;
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    out[r] = Crc32cExtendPortable(0, static_cast<const uint8_t*>(data) + r * row_bytes, row_bytes);
+  }
+}
 
 }  // namespace kvctl

@@ -26,10 +26,16 @@ uint32_t Crc32c(const void* data, size_t bytes);
 // The checksum of (the bytes `crc` is the checksum of) followed by `bytes` bytes at `data`.
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t bytes);
 
+// out[r] = Crc32c(data + r * row_bytes, row_bytes) for r < rows: the checksums of equal rows one
+// after another (R-KV's unit keys, policies/redundancy.h). The hardware path runs three rows'
+// chains side by side, which a row of a few hundred bytes is too short to do on its own.
+void Crc32cRows(const void* data, size_t row_bytes, size_t rows, uint32_t* out);
+
 // The two implementations, for tests and benchmarks. Crc32cExtendHardware REQUIRES
-// Crc32cHardwareAvailable().
+// Crc32cHardwareAvailable(); so does Crc32cRowsHardware.
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t bytes);
 uint32_t Crc32cExtendHardware(uint32_t crc, const void* data, size_t bytes);
+void Crc32cRowsHardware(const void* data, size_t row_bytes, size_t rows, uint32_t* out);
 bool Crc32cHardwareAvailable();
 
 }  // namespace kvctl

@@ -66,6 +66,17 @@ bool CpuHasAvx512Vnni() {
   return has;
 }
 
+void DotPairsI16(const int16_t* rows, int64_t n, const int32_t* first, const int32_t* second,
+                 int64_t count, int32_t* out) {
+  if (ActiveSimdLevel() != SimdLevel::kScalar) {
+    simd::DotPairsI16Avx2(rows, n, first, second, count, out);
+    return;
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    out[k] = DotI16Ref(rows + int64_t{first[k]} * n, rows + int64_t{second[k]} * n, n);
+  }
+}
+
 void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                     int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
   if (ActiveSimdLevel() == SimdLevel::kAvx512 && CpuHasAvx512Vnni()) {

@@ -53,6 +53,13 @@ int32_t DotI16Ref(const int16_t* a, const int16_t* b, int64_t n);
 void DotRowsManyI16(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                     int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 
+// out[k] = DotI16Ref(rows + first[k] * n, rows + second[k] * n, n) for k < count: chosen pairs
+// among one set of rows (R-KV's squared norms, first[k] == second[k], and the similarity of a row
+// with the partner an earlier scoring found for it). On the active SIMD level (AVX2 at the AVX2
+// and AVX-512 levels). REQUIRES: n >= 0, count >= 0; every index names a row the caller holds;
+// DotI16Ref's requirements on every pair; `out` does not overlap the inputs.
+void DotPairsI16(const int16_t* rows, int64_t n, const int32_t* first, const int32_t* second,
+                 int64_t count, int32_t* out);
 // Rows as int16 unit vectors (the eviction scorers' keys and queries, docs/algorithms.md §12.4):
 // for each row t < count of x (rows `stride` floats apart, n elements each)
 //   norm[t] = sqrt(DotRef(x_t, x_t, n)) + 1e-8 and to_unit = scale / norm[t], in float;
@@ -76,7 +83,7 @@ void LogitsFromUnitDots(const int32_t* dot, float q_norm, const float* k_norm, i
                         float* out);
 
 namespace simd {
-// DotRows, DotRowsMany, DotRowsManyI16, UnitRowsI16 and LogitsFromUnitDots on AVX2
+// DotRows, DotRowsMany, DotRowsManyI16, UnitRowsI16, LogitsFromUnitDots and DotPairsI16 on AVX2
 // (kernels/dot_avx2.cc); only called when the CPU has it.
 void DotRowsAvx2(const float* a, const float* rows, int64_t stride, int64_t count, int64_t n,
                  float* out);
@@ -86,6 +93,8 @@ void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, con
                         int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride);
 void UnitRowsI16Avx2(const float* x, int64_t stride, int64_t count, int64_t n, float scale,
                      int16_t* unit, float* norm);
+void DotPairsI16Avx2(const int16_t* rows, int64_t n, const int32_t* first, const int32_t* second,
+                     int64_t count, int32_t* out);
 void LogitsFromUnitDotsAvx2(const int32_t* dot, float q_norm, const float* k_norm, int64_t n,
                             float* out);
 // DotRowsManyI16 with AVX-512 VNNI (kernels/dot_avx512.cc); only called at the AVX-512 level on a

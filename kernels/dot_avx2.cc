@@ -306,6 +306,39 @@ void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, con
   }
 }
 
+void DotPairsI16Avx2(const int16_t* rows, int64_t n, const int32_t* first, const int32_t* second,
+                     int64_t count, int32_t* out) {
+  const int64_t whole = n - n % 16;
+  // Four pairs at a time share one Sum4; their tails (n % 16 products) are added one by one.
+  for (int64_t k = 0; k < count; k += 4) {
+    const int pairs = count - k < 4 ? static_cast<int>(count - k) : 4;
+    __m256i acc[4];
+    for (int p = 0; p < 4; ++p) {
+      acc[p] = _mm256_setzero_si256();
+      if (p >= pairs) continue;
+      const int16_t* a = rows + int64_t{first[k + p]} * n;
+      const int16_t* b = rows + int64_t{second[k + p]} * n;
+      for (int64_t d = 0; d < whole; d += 16) {
+        acc[p] = _mm256_add_epi32(
+            acc[p], _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d)),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + d))));
+      }
+    }
+    alignas(16) int32_t total[4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(total), Sum4(acc[0], acc[1], acc[2], acc[3]));
+    for (int p = 0; p < pairs; ++p) {
+      const int16_t* a = rows + int64_t{first[k + p]} * n;
+      const int16_t* b = rows + int64_t{second[k + p]} * n;
+      // uint32: the lanes wrapped modulo 2^32 like this tail may; the true sum fits int32.
+      uint32_t sum = static_cast<uint32_t>(total[p]);
+      for (int64_t d = whole; d < n; ++d) {
+        sum += static_cast<uint32_t>(int32_t{a[d]} * int32_t{b[d]});
+      }
+      out[k + p] = static_cast<int32_t>(sum);
+    }
+  }
+}
+
 }  // namespace kvctl::simd
 
 #pragma GCC pop_options

@@ -31,7 +31,14 @@ float ExpRef(float x) {
 }
 
 double SoftmaxNumerators(const float* x, float* z, int64_t n) {
-  if (ActiveSimdLevel() != SimdLevel::kScalar) return simd::SoftmaxNumeratorsAvx2(x, z, n);
+  switch (ActiveSimdLevel()) {
+    case SimdLevel::kAvx512:
+      return simd::SoftmaxNumeratorsAvx512(x, z, n);
+    case SimdLevel::kAvx2:
+      return simd::SoftmaxNumeratorsAvx2(x, z, n);
+    case SimdLevel::kScalar:
+      break;
+  }
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;  // NaN compares false: skipped.
   double s[8] = {};
@@ -43,9 +50,13 @@ double SoftmaxNumerators(const float* x, float* z, int64_t n) {
 }
 
 void AddScaled(const float* z, int64_t n, double w, double* a) {
-  if (ActiveSimdLevel() != SimdLevel::kScalar) {
-    simd::AddScaledAvx2(z, n, w, a);
-    return;
+  switch (ActiveSimdLevel()) {
+    case SimdLevel::kAvx512:
+      return simd::AddScaledAvx512(z, n, w, a);
+    case SimdLevel::kAvx2:
+      return simd::AddScaledAvx2(z, n, w, a);
+    case SimdLevel::kScalar:
+      break;
   }
   for (int64_t j = 0; j < n; ++j) a[j] += static_cast<double>(z[j]) * w;
 }

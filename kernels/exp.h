@@ -20,7 +20,7 @@
 // SoftmaxNumerators(x, z, n), the spec: m = the maximum of x[0, n) (NaNs skipped), z[j] =
 // ExpRef(x[j] - m), and the returned sum of the z[j] in double as eight running sums
 // s_u = sum of z[j] for j = u mod 8 in index order, combined ((s0 + s1) + (s2 + s3)) +
-// ((s4 + s5) + (s6 + s7)); 0 when n is 0. The AVX2 path holds s_u in lane u.
+// ((s4 + s5) + (s6 + s7)); 0 when n is 0. The AVX2 and AVX-512 paths hold s_u in lane u.
 //
 // AddScaled(z, n, w, a), the spec: a[j] += double(z[j]) * w for j < n, the product rounded to
 // double before the sum (no fused multiply-add): how a scorer adds one softmax, weighted by w / its
@@ -39,7 +39,8 @@ namespace kvctl {
 float ExpRef(float x);
 
 // A softmax's numerators of x into z and their sum (see above), on the active SIMD level (AVX2
-// when the CPU has it). n >= 0; z is x (in place) or does not overlap it.
+// when the CPU has it, AVX-512 at the AVX-512 level). n >= 0; z is x (in place) or does not
+// overlap it.
 double SoftmaxNumerators(const float* x, float* z, int64_t n);
 inline double SoftmaxNumerators(float* z, int64_t n) { return SoftmaxNumerators(z, z, n); }
 
@@ -51,6 +52,9 @@ namespace simd {
 // SoftmaxNumerators and AddScaled on AVX2 (kernels/exp_avx2.cc); only called when the CPU has it.
 double SoftmaxNumeratorsAvx2(const float* x, float* z, int64_t n);
 void AddScaledAvx2(const float* z, int64_t n, double w, double* a);
+// The same on AVX-512 (kernels/exp_avx512.cc); only called at the AVX-512 level.
+double SoftmaxNumeratorsAvx512(const float* x, float* z, int64_t n);
+void AddScaledAvx512(const float* z, int64_t n, double w, double* a);
 }  // namespace simd
 
 }  // namespace kvctl

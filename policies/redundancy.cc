@@ -68,31 +68,66 @@ constexpr int64_t kScanKeys = 32;
 // and on keys without them (the full pass follows) its 8 T dot products are the whole overhead.
 constexpr int64_t kFirstScanKeys = 8;
 
-// Σ_{i≠j} S_ij = ũ_j · Σ_i ũ_i − ũ_j · ũ_j for every column j. In double, exactly: every element
-// of the sum and every product is an integer below 2^53, and so is every partial sum of
-// ũ_j · Σ_i ũ_i, bounded by |ũ_j| |Σ_i ũ_i| <= T |ũ|² (Cauchy-Schwarz; |ũ| is 2^14 to within
-// √D / 2), about T 2^28: far below 2^53 for T <= 2^22 (eviction.h's kMaxRedundancyTokens).
-// Doubles vectorise where int64 products do not.
+// Every row index 0 .. count - 1, for DotPairsI16's squared norms.
+std::vector<int32_t> Iota(int64_t count) {
+  std::vector<int32_t> rows(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) rows[i] = static_cast<int32_t>(i);
+  return rows;
+}
+
+// The widest head whose totals' pieces keep every dot product below 2^30 (see below).
+constexpr int64_t kMaxPiecesHeadDim = 256;
+
+// Σ_{i≠j} S_ij = ũ_j · t − ũ_j · ũ_j for every column j, with t = Σ_i ũ_i (S is linear in the
+// keys), exactly in int64. t's elements reach T (2^15 − 8) < 2^37, far past int16, so t is cut
+// into four int16 pieces, t = 2^33 t3 + 2^22 t2 + 2^11 t1 + t0 (t0, t1, t2 in [0, 2^11), |t3| <=
+// 16), and ũ_j · t is four exact int32 dot products per key (DotRowsManyI16): a piece has norm
+// below 2^11 √D <= 2^15 at D <= 256 and a key at most 2^15 − 8, so every product and partial
+// sum stays below 2^30. Wider heads take the double loop, also exact: every product and partial
+// sum is an integer of magnitude at most T 2^30 <= 2^52.
 std::vector<int64_t> ColumnSumsWithoutPartners(const int16_t* unit, int64_t t_n, int64_t d_n) {
-  std::vector<double> total(static_cast<size_t>(d_n), 0.0);
-  for (int64_t t = 0; t < t_n; ++t) {
-    const int16_t* u = unit + t * d_n;
-    for (int64_t c = 0; c < d_n; ++c) total[c] += u[c];
-  }
-  std::vector<int64_t> col(static_cast<size_t>(t_n));
-  for (int64_t j = 0; j < t_n; ++j) {
-    const int16_t* u = unit + j * d_n;
-    // Exact, so any order: eight running sums, which vectorise (one serial chain of additions
-    // was a third of this function's time).
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t c = 0;
-    for (; c + 8 <= d_n; c += 8) {
-      for (int l = 0; l < 8; ++l) acc[l] += u[c + l] * total[c + l];
+  std::vector<int64_t> total(static_cast<size_t>(d_n), 0);
+  // int32 sums over at most 2^15 rows (each element below 2^15 in magnitude) cannot overflow,
+  // and vectorise where int64 ones do not.
+  std::vector<int32_t> part(static_cast<size_t>(d_n));
+  for (int64_t t0 = 0; t0 < t_n; t0 += int64_t{1} << 15) {
+    std::fill(part.begin(), part.end(), 0);
+    for (int64_t t = t0; t < std::min(t_n, t0 + (int64_t{1} << 15)); ++t) {
+      const int16_t* u = unit + t * d_n;
+      for (int64_t c = 0; c < d_n; ++c) part[c] += u[c];
     }
-    for (; c < d_n; ++c) acc[0] += u[c] * total[c];
-    const double dot =
-        ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    col[j] = static_cast<int64_t>(dot) - DotI16Ref(u, u, d_n);
+    for (int64_t c = 0; c < d_n; ++c) total[c] += part[c];
+  }
+  std::vector<int32_t> self(static_cast<size_t>(t_n));
+  const std::vector<int32_t> rows = Iota(t_n);
+  DotPairsI16(unit, d_n, rows.data(), rows.data(), t_n, self.data());
+  std::vector<int64_t> col(static_cast<size_t>(t_n));
+  if (d_n > kMaxPiecesHeadDim) {
+    for (int64_t j = 0; j < t_n; ++j) {
+      const int16_t* u = unit + j * d_n;
+      double dot = 0;
+      for (int64_t c = 0; c < d_n; ++c) dot += u[c] * static_cast<double>(total[c]);
+      col[j] = static_cast<int64_t>(dot) - self[j];
+    }
+    return col;
+  }
+  constexpr int kPieces = 4, kPieceBits = 11;
+  std::vector<int16_t> pieces(static_cast<size_t>(kPieces * d_n));
+  for (int64_t c = 0; c < d_n; ++c) {
+    int64_t rest = total[c];
+    // Row 0 holds t3 and row 3 holds t0 (the order the sum below takes them in).
+    for (int k = kPieces - 1; k > 0; --k) {
+      pieces[k * d_n + c] = static_cast<int16_t>(rest & ((1 << kPieceBits) - 1));
+      rest >>= kPieceBits;  // Arithmetic: floor division, so the lower pieces are >= 0.
+    }
+    pieces[c] = static_cast<int16_t>(rest);
+  }
+  std::vector<int32_t> dots(static_cast<size_t>(kPieces * t_n));
+  DotRowsManyI16(pieces.data(), d_n, kPieces, unit, d_n, t_n, d_n, dots.data(), t_n);
+  for (int64_t j = 0; j < t_n; ++j) {
+    int64_t dot = 0;
+    for (int k = 0; k < kPieces; ++k) dot = dot * (int64_t{1} << kPieceBits) + dots[k * t_n + j];
+    col[j] = dot - self[j];
   }
   return col;
 }
@@ -222,6 +257,7 @@ bool FindPartners(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t thresho
   // Then an old row keeps its partner, or scans on below the one it had; a new row scans the
   // old keys.
   std::vector<ScanRow> below;
+  std::vector<int32_t> kept_rows, kept_partners;  // Old rows that keep their partner.
   for (const ScanRow& r : rows) {
     if (r.row >= old_rows) {
       below.push_back({r.row, static_cast<int32_t>(old_rows)});
@@ -229,11 +265,18 @@ bool FindPartners(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t thresho
     }
     const int32_t p = prior[r.row];
     if (p >= 0) {
-      out->partner[r.row] = p;
-      out->value[r.row] = DotI16Ref(unit + int64_t{r.row} * d_n, unit + int64_t{p} * d_n, d_n);
+      kept_rows.push_back(r.row);
+      kept_partners.push_back(p);
     } else if (p < -1) {
       below.push_back({r.row, -(p + 1)});
     }
+  }
+  std::vector<int32_t> kept_values(kept_rows.size());
+  DotPairsI16(unit, d_n, kept_rows.data(), kept_partners.data(),
+              static_cast<int64_t>(kept_rows.size()), kept_values.data());
+  for (size_t k = 0; k < kept_rows.size(); ++k) {
+    out->partner[kept_rows[k]] = kept_partners[k];
+    out->value[kept_rows[k]] = kept_values[k];
   }
   std::stable_sort(below.begin(), below.end(),
                    [](const ScanRow& a, const ScanRow& b) { return a.hi > b.hi; });
@@ -254,7 +297,8 @@ std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, i
   std::vector<int32_t> prior;
   if (state != nullptr) {
     hash.resize(static_cast<size_t>(t_n));
-    for (int64_t i = 0; i < t_n; ++i) hash[i] = UnitKeyChecksum(unit + i * d_n, d_n);
+    Crc32cRows(unit, static_cast<size_t>(d_n) * sizeof(int16_t), static_cast<size_t>(t_n),
+               hash.data());  // UnitKeyChecksum of every row.
     if (pass == RedundancyPass::kAuto) prior = UsablePrefix(*state, hash, threshold);
     // Under half the rows: a fresh scan, whose first step can tell keys without near-duplicates
     // (the full pass) for 8 T dot products; scanning the new keys cannot stop that early.

@@ -201,6 +201,41 @@ TEST_CASE("DotRowsManyI16: DotI16Ref's values at every SIMD level") {
   }
 }
 
+TEST_CASE("DotPairsI16: DotI16Ref's values of the chosen pairs at every SIMD level") {
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> element(-2048, 2048);  // As above: sums stay in int32.
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {0, 1, 15, 16, 17, 64, 67, 128}) {
+      for (int64_t count : {0, 1, 3, 4, 5, 8, 9}) {
+        const int64_t row_count = 6;
+        std::vector<int16_t> rows(static_cast<size_t>(row_count * n));
+        for (int16_t& v : rows) v = static_cast<int16_t>(element(rng));
+        if (n > 0 && n <= 2) {  // The largest elements: 2 * 32767^2 < 2^31.
+          for (int64_t d = 0; d < n; ++d) rows[d] = (d % 2) ? -32767 : 32767;
+        }
+        // Self pairs, repeats and both orders among the six rows.
+        std::uniform_int_distribution<int32_t> row(0, row_count - 1);
+        std::vector<int32_t> first(static_cast<size_t>(count)), second(first.size());
+        for (int64_t k = 0; k < count; ++k) {
+          first[k] = row(rng);
+          second[k] = k % 3 == 0 ? first[k] : row(rng);
+        }
+        std::vector<int32_t> out(static_cast<size_t>(count) + 1, 42);
+        DotPairsI16(rows.data(), n, first.data(), second.data(), count, out.data());
+        for (int64_t k = 0; k < count; ++k) {
+          INFO(SimdLevelName(level) << " n " << n << " count " << count << " k " << k);
+          CHECK(out[k] == DotI16Ref(rows.data() + first[k] * n, rows.data() + second[k] * n, n));
+        }
+        CHECK(out.back() == 42);
+      }
+    }
+  }
+}
+
 TEST_CASE("UnitRowsI16Ref: norms, scale and ties to even on known answers") {
   // Row 0 = (3, 4): norm 5 (+1e-8, lost in float), units 3/5 and 4/5 of 2^14 = 9830.4 -> 9830 and
   // 13107.2 -> 13107. Row 1 = (-1, 0): -16384. Row 2 = 2.5 * 2^-14 * (norm) ... made a tie: with

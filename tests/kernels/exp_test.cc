@@ -97,7 +97,7 @@ TEST_CASE("SoftmaxNumerators: the spec's bits at every SIMD level") {
   const float specials[] = {0.0f, -0.0f, kInf, -kInf, kNaN, -103.0f, 89.0f, 88.7f, -104.0f, 1e-30f};
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
-    for (int64_t n : {0, 1, 3, 7, 8, 9, 13, 37, 1000}) {
+    for (int64_t n : {0, 1, 3, 7, 8, 9, 13, 15, 16, 17, 31, 33, 37, 1000}) {
       for (int variant = 0; variant < 3; ++variant) {
         std::vector<float> z(static_cast<size_t>(n) + 1, 42.0f);
         for (int64_t j = 0; j < n; ++j) {
@@ -122,6 +122,44 @@ TEST_CASE("SoftmaxNumerators: the spec's bits at every SIMD level") {
         }
       }
     }
+  }
+}
+
+TEST_CASE("SoftmaxNumerators: each running sum adds its numerators in index order") {
+  // Two numerators a and b (of logits p and q) whose sum with 1 depends on the order they are
+  // added in, found among ExpRef's values from e^-20 down to e^-40 (2^-29 .. 2^-58, around the
+  // ulp of 1 in double).
+  std::vector<float> logits(2000);
+  std::vector<double> numerators(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    logits[i] = -20.0f - 0.01f * static_cast<float>(i);
+    numerators[i] = ExpRef(logits[i]);
+  }
+  float p = 0, q = 0;
+  bool found = false;
+  for (size_t i = 0; i < logits.size() && !found; ++i) {
+    for (size_t k = 0; k < logits.size() && !found; ++k) {
+      const double a = numerators[i], b = numerators[k];
+      if ((1.0 + a) + b != (1.0 + b) + a) p = logits[i], q = logits[k], found = true;
+    }
+  }
+  REQUIRE(found);
+  // s_0 takes x[0] (the maximum: a numerator of 1), x[8], x[16], x[24]: p at 16 and q at 24 sit
+  // in one 16-wide step and in two 8-wide ones, so a path that adds a step's upper half first
+  // gives other bits.
+  std::vector<float> x(32, -200.0f);
+  x[0] = 0.0f;
+  x[16] = p;
+  x[24] = q;
+  std::vector<float> want = x;
+  const double want_sum = SoftmaxSpec(&want, 32);
+  SimdLevelGuard guard;
+  for (SimdLevel level : SimdLevelsUnderTest()) {
+    REQUIRE(SetSimdLevel(level).ok());
+    std::vector<float> z = x;
+    INFO(SimdLevelName(level));
+    CHECK(std::bit_cast<uint64_t>(SoftmaxNumerators(z.data(), 32)) ==
+          std::bit_cast<uint64_t>(want_sum));
   }
 }
 
@@ -174,17 +212,17 @@ TEST_CASE("AddScaled: a multiply then an add in double, the same bits at every S
   CHECK(std::bit_cast<uint64_t>(one[0]) ==
         std::bit_cast<uint64_t>(1.0 + static_cast<double>(0.1f) * 3.0));
   // Two roundings, not one: these operands give a different double when the multiply and the
-  // add are fused (a search over random ones found them), so an FMA fails here. Nine copies: the
-  // AVX2 path's vector body and its scalar tail both see them.
+  // add are fused (a search over random ones found them), so an FMA fails here. Seventeen
+  // copies: the vector bodies (8 and 16 wide) and the scalar tails of both SIMD paths see them.
   const float z_fma = std::bit_cast<float>(0x3f566b83u);
   const double w_fma = 0x1.1fed5e2d12f2fp-2, a_fma = 0x1.48dace8666678p-1;
   const double unfused = static_cast<double>(z_fma) * w_fma + a_fma;
   REQUIRE(unfused != std::fma(static_cast<double>(z_fma), w_fma, a_fma));
-  const std::vector<float> zs(9, z_fma);
+  const std::vector<float> zs(17, z_fma);
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
-    std::vector<double> sums(9, a_fma);
-    AddScaled(zs.data(), 9, w_fma, sums.data());
+    std::vector<double> sums(17, a_fma);
+    AddScaled(zs.data(), 17, w_fma, sums.data());
     INFO(SimdLevelName(level));
     for (double v : sums) CHECK(std::bit_cast<uint64_t>(v) == std::bit_cast<uint64_t>(unfused));
   }
@@ -193,7 +231,7 @@ TEST_CASE("AddScaled: a multiply then an add in double, the same bits at every S
   std::uniform_real_distribution<double> acc(0.0, 1.0);
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
-    for (int64_t n : {0, 1, 4, 7, 8, 9, 23, 1000}) {
+    for (int64_t n : {0, 1, 4, 7, 8, 9, 15, 16, 17, 23, 33, 1000}) {
       std::vector<float> z(static_cast<size_t>(n));
       for (float& v : z) v = prob(rng);
       std::vector<double> want(static_cast<size_t>(n) + 1);

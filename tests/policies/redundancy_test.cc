@@ -279,5 +279,51 @@ TEST_CASE("Redundancy: the passes agree at every SIMD level", "[policies]") {
   }
 }
 
+TEST_CASE("Redundancy: exact where the key totals pass int32, both signs, every SIMD level",
+          "[policies]") {
+  // 70,000 copies of one key of the largest norm allowed (2^15 - 8): every similarity is
+  // S = |u|^2, each row's newest partner is the last row (the last row's, the one before), so
+  // col_j = (T - 1) S but for the last two columns. The channel totals reach 2.3e9 (past int32,
+  // into the third 11-bit piece), negative in the second channel.
+  constexpr int64_t kT = 70000, kD = 64;
+  std::vector<int16_t> unit(static_cast<size_t>(kT * kD), 0);
+  for (int64_t t = 0; t < kT; ++t) {
+    unit[t * kD] = 23160;
+    unit[t * kD + 1] = -23160;
+    unit[t * kD + 5] = 12;
+  }
+  const int64_t s = int64_t{23160} * 23160 * 2 + 12 * 12;
+  REQUIRE(s <= int64_t{32760} * 32760);
+  std::vector<int64_t> expect(static_cast<size_t>(kT), (kT - 1) * s);
+  expect[kT - 1] = 0;
+  expect[kT - 2] = (kT - 2) * s;
+  std::vector<SimdLevel> levels = testing::SimdLevelsUnderTest();
+  levels.insert(levels.begin(), SimdLevel::kScalar);
+  testing::SimdLevelGuard guard;
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    CAPTURE(SimdLevelName(level));
+    for (RedundancyPass pass : {RedundancyPass::kNewestFirst, RedundancyPass::kAuto}) {
+      CHECK(RedundancyColumnSums(unit.data(), kT, kD, (1 << 28) - 1, pass) == expect);
+    }
+  }
+}
+
+TEST_CASE("Redundancy: heads wider than 256 channels (the double column sums)", "[policies]") {
+  const int32_t kHalf = 1 << 27;
+  for (Shape shape : {Shape::kRandom, Shape::kShared, Shape::kMixed}) {
+    for (int64_t d_n : {256, 257, 300}) {
+      constexpr int64_t kT = 45;
+      CAPTURE(static_cast<int>(shape), d_n);
+      const std::vector<int16_t> unit = UnitKeys(Keys(shape, kT, d_n, 11), kT, d_n);
+      const std::vector<int64_t> expect = BruteForce(unit, kT, d_n, kHalf);
+      for (RedundancyPass pass :
+           {RedundancyPass::kFull, RedundancyPass::kNewestFirst, RedundancyPass::kAuto}) {
+        CHECK(RedundancyColumnSums(unit.data(), kT, d_n, kHalf, pass) == expect);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvctl
