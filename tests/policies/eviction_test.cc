@@ -548,6 +548,57 @@ TEST_CASE("Eviction: scorer timings", "[.bench][policies]") {
   }
 }
 
+// R-KV as the 1/8 recipe runs it on one head at an 8K context
+// (configs/smollm2-copy-heads-1of8.toml: about 3,850 keys kept, 32 observation tokens of 3 query
+// heads, lambda 0.6, the newest 64 keys protected), in steady state: each scoring drops 64 keys and
+// the next appends 64, with the redundancy state carried. Keys share a direction with noise
+// (near-duplicates nearby, as a model's keys have). Median of 64 scorings after 8 warm-up ones,
+// scalar and the best level.
+//   build/tests/policies_test "Eviction: R-KV steady-state timings"
+TEST_CASE("Eviction: R-KV steady-state timings", "[.bench][policies]") {
+  constexpr int64_t kD = 64, kT = 3850, kG = 3, kObs = 32, kStep = 64;
+  testing::SimdLevelGuard guard;
+  for (SimdLevel level : {SimdLevel::kScalar, DetectSimdLevel()}) {
+    REQUIRE(SetSimdLevel(level).ok());
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n(0, 1);
+    std::vector<float> dir(kD);
+    for (float& v : dir) v = 2 * n(rng);
+    std::vector<float> keys;
+    auto append_key = [&] {
+      for (int64_t c = 0; c < kD; ++c) keys.push_back(dir[c] + n(rng));
+    };
+    for (int64_t t = 0; t < kT; ++t) append_key();
+    std::vector<float> q(kObs * kG * kD);
+    for (float& v : q) v = n(rng);
+    const KvTensorView view = Queries(q, kObs, kG, kD);
+    const RkvParams params{.obs_window = kObs, .lambda = 0.6f};
+    RedundancyState state;
+    std::vector<double> runs;
+    for (int round = 0; round < 72; ++round) {
+      const int64_t tokens = static_cast<int64_t>(keys.size()) / kD;
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<float> scores =
+          *ScoreRKV({keys.data(), tokens, kD}, view, {0, kStep}, params, &state);
+      const auto end = std::chrono::steady_clock::now();
+      if (round >= 8)
+        runs.push_back(std::chrono::duration<double, std::micro>(end - start).count());
+      // Evict the kStep lowest scores, compact the state, append kStep new keys.
+      const std::vector<int64_t> kept =
+          *SelectKeep(scores, tokens - kStep, ProtectedMask(tokens, {0, kStep}));
+      REQUIRE(CompactRedundancy(&state, kept).ok());
+      std::vector<float> next;
+      for (int64_t j : kept) next.insert(next.end(), &keys[j * kD], &keys[(j + 1) * kD]);
+      keys.swap(next);
+      for (int64_t i = 0; i < kStep; ++i) append_key();
+    }
+    std::sort(runs.begin(), runs.end());
+    std::printf("R-KV steady state, T=%lld, %s: %.1f us per scoring (median of %zu)\n",
+                static_cast<long long>(kT), SimdLevelName(level).data(), runs[runs.size() / 2],
+                runs.size());
+  }
+}
+
 void ScorerTimings(int64_t kT) {
   constexpr int64_t kD = 64, kObs = 8;
   std::mt19937 rng(1);
