@@ -79,10 +79,10 @@ std::vector<int32_t> Iota(int64_t count) {
 constexpr int64_t kMaxPiecesHeadDim = 256;
 
 // Σ_{i≠j} S_ij = ũ_j · t − ũ_j · ũ_j for every column j, with t = Σ_i ũ_i (S is linear in the
-// keys), exactly in int64. t's elements reach T (2^15 − 8) < 2^37, far past int16, so t is cut
-// into four int16 pieces, t = 2^33 t3 + 2^22 t2 + 2^11 t1 + t0 (t0, t1, t2 in [0, 2^11), |t3| <=
-// 16), and ũ_j · t is four exact int32 dot products per key (DotRowsManyI16): a piece has norm
-// below 2^11 √D <= 2^15 at D <= 256 and a key at most 2^15 − 8, so every product and partial
+// keys), exactly in int64. t's elements reach T (2^15 − 8) < 2^37 (T <= 2^22), far past int16, so t
+// is cut into four int16 pieces, t = 2^33 t3 + 2^22 t2 + 2^11 t1 + t0 (t0, t1, t2 in [0, 2^11),
+// |t3| <= 16), and ũ_j · t is four exact int32 dot products per key (DotRowsManyI16): a piece has
+// norm below 2^11 √D <= 2^15 at D <= 256 and a key at most 2^15 − 8, so every product and partial
 // sum stays below 2^30. Wider heads take the double loop, also exact: every product and partial
 // sum is an integer of magnitude at most T 2^30 <= 2^52.
 std::vector<int64_t> ColumnSumsWithoutPartners(const int16_t* unit, int64_t t_n, int64_t d_n) {

@@ -77,7 +77,8 @@ uint32_t UnitKeyChecksum(const int16_t* unit, int64_t head_dim);
 
 // col_j above for the `tokens` rows of `head_dim` int16 at `unit` (row j at unit + j * head_dim).
 // threshold is ⌊θ · 2^28⌋. REQUIRES: every row of norm at most 2^15 − 8 (kernels/dot.h,
-// DotI16Ref), which round(u · 2^14) of a unit vector is; tokens < 2^31.
+// DotI16Ref), which round(u · 2^14) of a unit vector is; tokens <= 2^22 (policies/eviction.h's
+// kMaxRedundancyTokens, what keeps the column sums' arithmetic exact).
 // With `state`: read by kAuto when it is valid for a prefix of these rows (see the top); replaced
 // by the state of all `tokens` rows by every pass.
 std::vector<int64_t> RedundancyColumnSums(const int16_t* unit, int64_t tokens, int64_t head_dim,
