@@ -34,6 +34,17 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t bytes) {
   return ~c;
 }
 
+namespace {
+
+// Crc32cRows on the table, one row after another.
+void RowsPortable(const void* data, size_t row_bytes, size_t rows, uint32_t* out) {
+  for (size_t r = 0; r < rows; ++r) {
+    out[r] = Crc32cExtendPortable(0, static_cast<const uint8_t*>(data) + r * row_bytes, row_bytes);
+  }
+}
+
+}  // namespace
+
 #if defined(__x86_64__)
 namespace {
 
@@ -167,9 +178,7 @@ uint32_t Crc32cExtendHardware(uint32_t crc, const void* data, size_t bytes) {
   return Crc32cExtendPortable(crc, data, bytes);
 }
 void Crc32cRowsHardware(const void* data, size_t row_bytes, size_t rows, uint32_t* out) {
-  for (size_t r = 0; r < rows; ++r) {
-    out[r] = Crc32cExtendPortable(0, static_cast<const uint8_t*>(data) + r * row_bytes, row_bytes);
-  }
+  RowsPortable(data, row_bytes, rows, out);
 }
 bool Crc32cHardwareAvailable() { return false; }
 #endif
@@ -184,10 +193,8 @@ uint32_t Crc32c(const void* data, size_t bytes) { return Crc32cExtend(0, data, b
 void Crc32cRows(const void* data, size_t row_bytes, size_t rows, uint32_t* out) {
   if (Crc32cHardwareAvailable()) {
     Crc32cRowsHardware(data, row_bytes, rows, out);
-    return;
-  }
-  for (size_t r = 0; r < rows; ++r) {
-    out[r] = Crc32cExtendPortable(0, static_cast<const uint8_t*>(data) + r * row_bytes, row_bytes);
+  } else {
+    RowsPortable(data, row_bytes, rows, out);
   }
 }
 

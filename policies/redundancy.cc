@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <span>
 #include <utility>
 
@@ -68,13 +69,6 @@ constexpr int64_t kScanKeys = 32;
 // and on keys without them (the full pass follows) its 8 T dot products are the whole overhead.
 constexpr int64_t kFirstScanKeys = 8;
 
-// Every row index 0 .. count - 1, for DotPairsI16's squared norms.
-std::vector<int32_t> Iota(int64_t count) {
-  std::vector<int32_t> rows(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) rows[i] = static_cast<int32_t>(i);
-  return rows;
-}
-
 // The widest head whose totals' pieces keep every dot product below 2^30 (see below).
 constexpr int64_t kMaxPiecesHeadDim = 256;
 
@@ -99,7 +93,8 @@ std::vector<int64_t> ColumnSumsWithoutPartners(const int16_t* unit, int64_t t_n,
     for (int64_t c = 0; c < d_n; ++c) total[c] += part[c];
   }
   std::vector<int32_t> self(static_cast<size_t>(t_n));
-  const std::vector<int32_t> rows = Iota(t_n);
+  std::vector<int32_t> rows(static_cast<size_t>(t_n));  // Each key with itself.
+  std::iota(rows.begin(), rows.end(), 0);
   DotPairsI16(unit, d_n, rows.data(), rows.data(), t_n, self.data());
   std::vector<int64_t> col(static_cast<size_t>(t_n));
   if (d_n > kMaxPiecesHeadDim) {
