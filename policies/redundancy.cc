@@ -343,7 +343,11 @@ Status CompactRedundancy(RedundancyState* state, std::span<const int64_t> kept) 
     if (next < kept.size() && kept[next] == r) ++next;
   }
   RedundancyState out;
-  out.threshold = state->threshold;  // What the scoring spent is not carried: it was this one's.
+  out.threshold = state->threshold;
+  // Still the state that scoring made: what it spent stays (KvSequence::RedundancyStateOf).
+  out.reused_rows = state->reused_rows;
+  out.full_pass = state->full_pass;
+  out.dot_products = state->dot_products;
   out.partner.reserve(kept.size());
   out.key_hash.reserve(kept.size());
   for (int64_t i : kept) {

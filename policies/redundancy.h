@@ -62,9 +62,9 @@ struct RedundancyState {
   std::vector<int32_t> partner;
   std::vector<uint32_t> key_hash;  // UnitKeyChecksum of each row's unit key.
   int32_t threshold = 0;
-  // What the scoring that made it spent: the rows whose partners it took from the state before
-  // it, whether it ran the full pass, and its key dot products (the full pass's T(T-1)/2
-  // included).
+  // What the scoring that made it spent (kept by CompactRedundancy): the rows whose partners it
+  // took from the state before it, whether it ran the full pass, and its key dot products (the
+  // full pass's T(T-1)/2 included).
   int64_t reused_rows = 0;
   bool full_pass = false;
   int64_t dot_products = 0;

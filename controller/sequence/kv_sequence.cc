@@ -451,6 +451,10 @@ const SlotArray* KvSequence::Norms(int layer) const {
   return l.norms.size() > 0 ? &l.norms : nullptr;
 }
 
+RedundancyState KvSequence::RedundancyStateOf(int layer, int head) const {
+  return layers_[layer]->heads[head].redundancy;
+}
+
 HeadUsage KvSequence::HeadUsageOf(int layer, int head) const {
   const LayerState& l = *layers_[layer];
   const HeadStream& h = l.heads[head];

@@ -328,6 +328,9 @@ class KvSequence {
   int64_t KeptTokens() const;
   int64_t QuantizedTokens() const;
   HeadUsage HeadUsageOf(int layer, int head) const;
+  // R-KV: the redundancy state the head's next scoring starts from, with what the last scoring
+  // spent (policies/redundancy.h); empty for other policies.
+  RedundancyState RedundancyStateOf(int layer, int head) const;
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;
   int64_t tokens() const { return tokens_; }
@@ -452,6 +455,10 @@ class KvSequence {
   // AppendLayerPrepare returns.
   void CheckLayerSlots(LayerPrep& p) const;
   KeyRows FullKeys(LayerPrep& p, int h) const;
+  // R-KV on a head that holds no record yet (its first compression, usually the prefill's) of a
+  // token-separable quantized layer: p.stored_k[h] gets the keys its rows will hold once
+  // quantized, so the redundancy state carries over to the next scoring (kv_sequence_evict.cc).
+  void KeysAsStored(LayerPrep& p, int h) const;
   // The V rows (in p.all_v) of the records holding tokens[begin, end) (token indices), where
   // FullKeys decoded only K: what a re-pack or the new tail reads of partly evicted records.
   void RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& tokens, size_t begin,

@@ -383,6 +383,7 @@ Status KvSequence::AppendLayerPrepare(int l, const AppendContext& ctx, const KvT
     p.all_k.resize(heads), p.all_v.resize(heads);
     for (int h = 0; h < heads; ++h)
       p.all_k[h] = decoded.k[h].data(), p.all_v[h] = decoded.v[h].data();
+    p.stored_k.assign(heads, {});
     p.have_all.assign(heads, false);
     p.have_records.assign(heads, false);
     p.record_values.resize(heads);

@@ -9,6 +9,7 @@
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/kv_sequence_internal.h"
+#include "kernels/convert.h"
 #include "kernels/quantize.h"
 
 namespace kvctl {
@@ -32,9 +33,55 @@ KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
     CheckLayerSlots(p);
     Materialize(p.layer, h, 0, p.k, p.v, p.all_k[h], p.all_v[h], RecordRows::kKeys);
     p.record_values[h].assign(p.layer.heads[h].records.size(), 0);
+    KeysAsStored(p, h);
   }
   p.have_all[h] = p.have_records[h] = true;
-  return KeyRows{p.all_k[h], p.layer.heads[h].count() + p.n, geometry_.head_dim};
+  const float* keys = p.stored_k[h].empty() ? p.all_k[h] : p.stored_k[h].data();
+  return KeyRows{keys, p.layer.heads[h].count() + p.n, geometry_.head_dim};
+}
+
+void KvSequence::KeysAsStored(LayerPrep& p, int h) const {
+  // R-KV's redundancy state is reused by the next scoring for the rows whose unit keys are
+  // unchanged (policies/redundancy.h). Rows scored as fp16 and then quantized all change, so the
+  // first decode-time scoring after a prefill scanned every row afresh: at 8K on SmolLM2 its scan
+  // took 6x a settled one (docs/kvbench_ipc.md "The prefill's keys as they will be stored"). A
+  // token-separable method quantizes each token on its own (the same bytes in whatever record it
+  // lands: CopyRecordToken), so a row's quantized key is known before the eviction decides which
+  // record that is: the scorer reads it, decoded as FullKeys decodes records. Sinks stay fp16 and
+  // are scored as they are; so are rows the flush leaves in the tail for now (they hold this key
+  // from the next flush on). Any failure leaves the rows scored as they are.
+  const HeadStream& head = p.layer.heads[h];
+  const QuantSpec& spec = head.spec;
+  if (eviction_.policy != EvictPolicy::kRKV || head.records.size() > 0 || p.layer.plan.lossless ||
+      spec.method == QuantMethod::kFp16 || !TokenSeparable(spec.method)) {
+    return;
+  }
+  const int64_t g = spec.block_tokens, d = geometry_.head_dim, total = head.count() + p.n;
+  const int64_t first = std::min<int64_t>(p.layer.plan.rules.sink_tokens, total);
+  const int64_t rows = total - first, blocks = (rows + g - 1) / g;
+  if (rows <= 0) return;
+  // Whole blocks: the last one padded with copies of the last row (each token's bytes are its own).
+  std::vector<uint16_t> halves(static_cast<size_t>(blocks * g * d));
+  ConvertElements(DType::kF32, p.all_k[h] + first * d, DType::kF16, halves.data(), rows * d);
+  for (int64_t j = rows; j < blocks * g; ++j) {
+    std::copy_n(&halves[(rows - 1) * d], d, &halves[j * d]);
+  }
+  const size_t record_bytes = BlockLayoutOf(spec).record_bytes;
+  std::vector<uint8_t> records(record_bytes * static_cast<size_t>(blocks));
+  const BlockBatch batch{.row_stride = d,
+                         .block_stride = g * d,
+                         .n_blocks = static_cast<int>(blocks),
+                         .k_f16 = halves.data(),
+                         .v_f16 = halves.data()};  // V's codes are not read.
+  if (!QuantizeBlocks(spec, batch, records.data()).ok()) return;
+  std::vector<float>& out = p.stored_k[h];
+  out.assign(p.all_k[h], p.all_k[h] + total * d);
+  std::vector<float> block(static_cast<size_t>(g * d));
+  for (int64_t b = 0; b < blocks; ++b) {
+    DecodeRecordRounded(spec, records.data() + b * record_bytes, nullptr, true, block.data(),
+                        nullptr, block.size());
+    std::copy_n(block.data(), std::min(g, rows - b * g) * d, out.data() + (first + b * g) * d);
+  }
 }
 
 void KvSequence::RecordValues(LayerPrep& p, int h, const std::vector<int64_t>& tokens, size_t begin,
