@@ -476,6 +476,8 @@ class KvSequence {
   Status PlanHeadBudgets(LayerPrep& p) const;
   // How many of layer l's heads evict.full_heads names (EvictionSettings::full_head).
   int FullHeadsOf(int l) const;
+  // Whether evict.full_heads names (layer l, head h).
+  bool IsFullHead(int l, int h) const;
   Status FoldH2O(LayerPrep& p) const;
   Status ReallocateHeads(LayerPrep& p) const;
   // Whether head h evicts in this append: over its budget, or (evict.stagger_layers) its layer's

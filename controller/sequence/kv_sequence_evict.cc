@@ -146,6 +146,11 @@ StatusOr<KvTensorView> KvSequence::RecentQueries(const LayerPrep& p, int64_t row
   return QueryGroup(all, geometry_.kv_heads, h);
 }
 
+bool KvSequence::IsFullHead(int l, int h) const {
+  return !eviction_.full_head.empty() &&
+         eviction_.full_head[static_cast<size_t>(l) * geometry_.kv_heads + h] != 0;
+}
+
 int KvSequence::FullHeadsOf(int l) const {
   if (eviction_.full_head.empty()) return 0;
   const auto first = eviction_.full_head.begin() + static_cast<ptrdiff_t>(l) * geometry_.kv_heads;
@@ -173,7 +178,7 @@ Status KvSequence::PlanHeadBudgets(LayerPrep& p) const {
     const int64_t others = heads - FullHeadsOf(p.l);
     int64_t k = 0;
     for (int h = 0; h < heads; ++h) {
-      if (ev.full_head[static_cast<size_t>(p.l) * heads + h] != 0) {
+      if (IsFullHead(p.l, h)) {
         p.budget[h] = seen;
       } else {  // others >= 1 here.
         p.budget[h] = scoring.layer_budget / others + (k++ < scoring.layer_budget % others);
@@ -276,6 +281,9 @@ Status KvSequence::ReallocateHeads(LayerPrep& p) const {
 }
 
 bool KvSequence::Compresses(const LayerPrep& p, int h) const {
+  // A full head's budget is every token seen: it never overflows, and its layer's scheduled turn
+  // (evict.stagger_layers) would otherwise cut it to that budget less the compression headroom.
+  if (IsFullHead(p.l, h)) return false;
   const int64_t total = p.layer.heads[h].count() + p.n;
   if (total > p.budget[h]) return true;
   if (!p.ctx.CompressDue(p.l)) return false;

@@ -110,42 +110,47 @@ TEST_CASE("Full heads: named heads keep every token, the others share the rest o
   const int layers = 2, kv_heads = 2, q_heads = 4, d = 32, total = 166;
   const Stream s(layers, total, kv_heads, q_heads, d, 11);
   auto pool = testing::MakeTestPool(8 << 20, 4096);
-  for (EvictPolicy policy : {EvictPolicy::kSnapKV, EvictPolicy::kStreaming}) {
-    INFO("policy " << EvictPolicyName(policy));
-    EvictionSettings settings = testing::EvictOn(policy, 4, 8, 8);
-    settings.tokens_per_head = 48;
-    settings.compression_period = 4;
-    settings.full_head = {0, 0, 0, 1};  // Layer 1, head 1.
-    KvSequence seq(pool.get(),
-                   {.layers = layers,
-                    .kv_heads = kv_heads,
-                    .head_dim = d,
-                    .dtype = DType::kF32,
-                    .q_heads = q_heads},
-                   KiviPlans(layers, kv_heads, d), settings);
-    int t = 0;
-    for (int n : {40, 1, 1, 1, 30, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                  1,  1, 1, 1, 1,  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 50}) {
-      REQUIRE(s.Append(seq, t, n, policy != EvictPolicy::kStreaming).ok());
-      t += n;
-      INFO("after token " << t);
-      // The full head holds every token; the three others share 4 x 48 - t.
-      const HeadUsage full = seq.HeadUsageOf(1, 1);
-      CHECK(full.tokens == t);
-      const int64_t others = FullHeadsAverage(settings, 4, 48, t);
-      CHECK(others == std::max<int64_t>(12, (4 * 48 - t) / 3));
-      int64_t kept = 0;
-      for (int pair = 0; pair < 3; ++pair) {
-        const HeadUsage u = seq.HeadUsageOf(pair / 2, pair % 2);
-        CHECK(u.tokens <= u.budget);
-        CHECK(u.budget == others);
-        kept += u.tokens;
+  for (EvictPolicy policy : {EvictPolicy::kSnapKV, EvictPolicy::kStreaming, EvictPolicy::kRKV}) {
+    for (bool stagger : {false, true}) {
+      INFO("policy " << EvictPolicyName(policy) << ", stagger_layers " << stagger);
+      EvictionSettings settings = testing::EvictOn(policy, 4, 8, 8);
+      settings.tokens_per_head = 48;
+      settings.compression_period = 4;
+      // The daemon's default: a layer's scheduled turn must not cut its full head either.
+      settings.stagger_layers = stagger;
+      settings.full_head = {0, 0, 0, 1};  // Layer 1, head 1.
+      KvSequence seq(pool.get(),
+                     {.layers = layers,
+                      .kv_heads = kv_heads,
+                      .head_dim = d,
+                      .dtype = DType::kF32,
+                      .q_heads = q_heads},
+                     KiviPlans(layers, kv_heads, d), settings);
+      int t = 0;
+      for (int n : {40, 1, 1, 1, 30, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                    1,  1, 1, 1, 1,  1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 50}) {
+        REQUIRE(s.Append(seq, t, n, policy != EvictPolicy::kStreaming).ok());
+        t += n;
+        INFO("after token " << t);
+        // The full head holds every token; the three others share 4 x 48 - t.
+        const HeadUsage full = seq.HeadUsageOf(1, 1);
+        CHECK(full.tokens == t);
+        CHECK(full.compressions == 0);  // Never scored either.
+        const int64_t others = FullHeadsAverage(settings, 4, 48, t);
+        CHECK(others == std::max<int64_t>(12, (4 * 48 - t) / 3));
+        int64_t kept = 0;
+        for (int pair = 0; pair < 3; ++pair) {
+          const HeadUsage u = seq.HeadUsageOf(pair / 2, pair % 2);
+          CHECK(u.tokens <= u.budget);
+          CHECK(u.budget == others);
+          kept += u.tokens;
+        }
+        CHECK(seq.LayerBudget(0) == 2 * others);
+        CHECK(seq.LayerBudget(1) == others);
+        if (4 * 48 - t >= 3 * 12) CHECK(kept + full.tokens <= 4 * 48);
       }
-      CHECK(seq.LayerBudget(0) == 2 * others);
-      CHECK(seq.LayerBudget(1) == others);
-      if (4 * 48 - t >= 3 * 12) CHECK(kept + full.tokens <= 4 * 48);
+      CHECK(seq.Usage().evicted_tokens > 0);
     }
-    CHECK(seq.Usage().evicted_tokens > 0);
   }
 }
 
