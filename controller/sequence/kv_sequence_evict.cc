@@ -341,6 +341,8 @@ Status KvSequence::EvictHead(LayerPrep& p, int h, std::vector<uint8_t>* keep) co
     const auto below = std::lower_bound(ph.kept.begin(), ph.kept.end(), redundancy->rows());
     KVCTL_RETURN_IF_ERROR(CompactRedundancy(redundancy, {ph.kept.begin(), below}));
   }
+  // The scored keys are done with: what the compaction reads is all_k.
+  p.stored_k[h] = std::vector<float>();
   keep->assign(static_cast<size_t>(total), 0);
   for (int64_t j : ph.kept) (*keep)[j] = 1;
   const int g = head.spec.block_tokens;

@@ -187,8 +187,8 @@ struct KvSequence::LayerPrep {
   // without eviction: a decode step then touches none of this): rows of the thread's DecodedRows
   // (kv_sequence_append.cc), valid where have_all / have_records say.
   std::vector<float*> all_k{}, all_v{};
-  // Per head, the keys R-KV scores a head with before its first record (KeysAsStored); empty
-  // where the scorers read all_k.
+  // Per head, the keys R-KV scores a head with before its first record (KeysAsStored), as large
+  // as its all_k rows and freed once the head is evicted; empty where the scorers read all_k.
   std::vector<std::vector<float>> stored_k{};
   std::vector<bool> have_all{};      // The rows past the records are decoded (all_k/all_v).
   std::vector<bool> have_records{};  // The records' K rows too.
