@@ -335,6 +335,10 @@ int Main(int argc, char** argv) {
   }
   // The memory budget over quantized layers of several widths (the mixed model's overrides).
   script("variant-8-mixed", Session("mixed", 8, 2, 32));
+  // R-KV over token-separable records: a head's first compression scores the keys its rows will
+  // hold once quantized (KvSequence::KeysAsStored), with a fixed and a memory budget.
+  script("variant-4-turbo", Session("turbo", 4, 2, 16));
+  script("variant-8-quarot", Session("quarot", 8, 2, 8));
   script("session-noq-kvarn", Session("kvarn", 5, 0, 16));
   script("two-sessions-lease", TwoSessionsAndLease());
   script("pool-pressure-pool-scope", PoolPressure(5));
