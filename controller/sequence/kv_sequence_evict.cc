@@ -43,13 +43,14 @@ KeyRows KvSequence::FullKeys(LayerPrep& p, int h) const {
 void KvSequence::KeysAsStored(LayerPrep& p, int h) const {
   // R-KV's redundancy state is reused by the next scoring for the rows whose unit keys are
   // unchanged (policies/redundancy.h). Rows scored as fp16 and then quantized all change, so the
-  // first decode-time scoring after a prefill scanned every row afresh: at 8K on SmolLM2 its scan
-  // took 6x a settled one (docs/kvbench_ipc.md "The prefill's keys as they will be stored"). A
-  // token-separable method quantizes each token on its own (the same bytes in whatever record it
-  // lands: CopyRecordToken), so a row's quantized key is known before the eviction decides which
-  // record that is: the scorer reads it, decoded as FullKeys decodes records. Sinks stay fp16 and
-  // are scored as they are; so are rows the flush leaves in the tail for now (they hold this key
-  // from the next flush on). Any failure leaves the rows scored as they are.
+  // first decode-time scoring after a prefill scanned every row afresh: at 8K on SmolLM2 ten times
+  // the similarities of one that reuses the state (docs/kvbench_ipc.md "The prefill's keys as
+  // they will be stored"). A token-separable method quantizes each token on its own (the same
+  // bytes in whatever record it lands: CopyRecordToken), so a row's quantized key is known before
+  // the eviction decides which record that is: the scorer reads it, decoded as FullKeys decodes
+  // records. Sinks stay fp16 and are scored as they are; so are rows the flush leaves in the tail
+  // for now (they hold this key from the next flush on). Any failure leaves the rows scored as
+  // they are.
   const HeadStream& head = p.layer.heads[h];
   const QuantSpec& spec = head.spec;
   if (eviction_.policy != EvictPolicy::kRKV || head.records.size() > 0 || p.layer.plan.lossless ||
