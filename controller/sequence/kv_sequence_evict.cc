@@ -48,9 +48,9 @@ void KvSequence::KeysAsStored(LayerPrep& p, int h) const {
   // they will be stored"). A token-separable method quantizes each token on its own (the same
   // bytes in whatever record it lands: CopyRecordToken), so a row's quantized key is known before
   // the eviction decides which record that is: the scorer reads it, decoded as FullKeys decodes
-  // records. Sinks stay fp16 and are scored as they are; so are rows the flush leaves in the tail
-  // for now (they hold this key from the next flush on). Any failure leaves the rows scored as
-  // they are.
+  // records. Sinks stay fp16 and are scored as they are. Rows the flush leaves in the fp16 tail
+  // are scored by this key too: they hold it from the next flush on (until then they differ, and
+  // the next scoring rescans them). Any failure leaves the rows scored as they are.
   const HeadStream& head = p.layer.heads[h];
   const QuantSpec& spec = head.spec;
   if (eviction_.policy != EvictPolicy::kRKV || head.records.size() > 0 || p.layer.plan.lossless ||
