@@ -451,7 +451,7 @@ const SlotArray* KvSequence::Norms(int layer) const {
   return l.norms.size() > 0 ? &l.norms : nullptr;
 }
 
-RedundancyState KvSequence::RedundancyStateOf(int layer, int head) const {
+const RedundancyState& KvSequence::RedundancyStateOf(int layer, int head) const {
   return layers_[layer]->heads[head].redundancy;
 }
 

@@ -330,7 +330,7 @@ class KvSequence {
   HeadUsage HeadUsageOf(int layer, int head) const;
   // R-KV: the redundancy state the head's next scoring starts from, with what the last scoring
   // spent (policies/redundancy.h); empty for other policies.
-  RedundancyState RedundancyStateOf(int layer, int head) const;
+  const RedundancyState& RedundancyStateOf(int layer, int head) const;
   // Quality samples and error sums over every (layer, head).
   HeadUsage QualityTotals() const;
   int64_t tokens() const { return tokens_; }

@@ -3,7 +3,8 @@
 // File: tests/controller/sequence/evict_test_util.h
 // Shared by the controller eviction and pressure tests and the daemon evict integration tests:
 // the small RateQuant fit they plan budgets from, so the suites test against the same profile;
-// the random K/V/Q rows the sequence eviction tests append (Stream); eviction settings (EvictOn).
+// the random K/V/Q rows the sequence eviction tests append (Stream); eviction settings (EvictOn);
+// the positions a dense FETCH returned per head (PositionsOf).
 //
 // Thread safety: plain functions and values, built fresh per call.
 //
@@ -41,6 +42,14 @@ inline EvictionSettings EvictOn(EvictPolicy policy, int64_t sinks, int64_t windo
   s.obs_window = s.snapkv.obs_window = s.rkv.obs_window = obs;
   s.floor = sinks + window;
   return s;
+}
+
+// The positions FetchDense returned for (layer, head) pair `pair` of its range, in order.
+inline std::vector<int64_t> PositionsOf(const DenseKv& dense, int pair) {
+  size_t at = 0;
+  for (int i = 0; i < pair; ++i) at += dense.counts[i];
+  return {dense.positions.begin() + static_cast<std::ptrdiff_t>(at),
+          dense.positions.begin() + static_cast<std::ptrdiff_t>(at + dense.counts[pair])};
 }
 
 // Random [tokens, heads, d] fp32 rows per layer, for K, V and Q.

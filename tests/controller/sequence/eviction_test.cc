@@ -34,6 +34,7 @@
 namespace kvctl {
 namespace {
 
+using testing::PositionsOf;
 using testing::Stream;
 using testing::WithToml;
 
@@ -72,13 +73,6 @@ EvictionSettings Settings(EvictPolicy policy, int64_t budget, int64_t sinks, int
 }
 
 // Positions of (layer, head) in a dense fetch of every layer.
-std::vector<int64_t> PositionsOf(const DenseKv& dense, int pair) {
-  size_t at = 0;
-  for (int i = 0; i < pair; ++i) at += dense.counts[i];
-  return {dense.positions.begin() + static_cast<std::ptrdiff_t>(at),
-          dense.positions.begin() + static_cast<std::ptrdiff_t>(at + dense.counts[pair])};
-}
-
 TEST_CASE("Eviction: each policy keeps exactly the tokens the pure scorer picks",
           "[controller][evict]") {
   const int kv_heads = 2, q_heads = 4, d = 8, first = 24, budget = 16;

@@ -17,6 +17,7 @@
 namespace kvctl {
 namespace {
 
+using testing::PositionsOf;
 using testing::Stream;
 
 constexpr int kKvHeads = 2, kQHeads = 4, kD = 64, kPrefill = 300, kBudget = 120, kPeriod = 8;
@@ -93,12 +94,6 @@ std::vector<int64_t> ScratchKeep(const Stream& s, const std::vector<float>& keys
   return *kept;
 }
 
-std::vector<int64_t> PositionsOf(const DenseKv& dense, int h) {
-  int64_t begin = 0;
-  for (int i = 0; i < h; ++i) begin += dense.counts[i];
-  return {dense.positions.begin() + begin, dense.positions.begin() + begin + dense.counts[h]};
-}
-
 TEST_CASE(
     "R-KV: the prefill scores TurboQuant rows as they will be stored, and the next scoring "
     "reuses them",
@@ -119,7 +114,7 @@ TEST_CASE(
     // The keys as they came choose otherwise on these rows: the check below can tell the two.
     REQUIRE(ScratchKeep(s, s.Keys(0, h, kPrefill), h) != as_stored);
     CHECK(PositionsOf(dense, h) == as_stored);
-    const RedundancyState state = seq.RedundancyStateOf(0, h);
+    const RedundancyState& state = seq.RedundancyStateOf(0, h);
     CHECK(state.rows() == static_cast<int64_t>(as_stored.size()));
   }
   // Decode steps up to the next compression: it reuses every row the flush did not leave in the
@@ -134,7 +129,7 @@ TEST_CASE(
     // evict.sinks raises the fp16 sinks to 4 (KvSequence): the flush packs what follows them.
     const int64_t kept = kBudget - kPeriod + 1, sinks = 4;
     const int64_t tail = (kept - sinks) % kFlush;
-    const RedundancyState state = seq.RedundancyStateOf(0, h);
+    const RedundancyState& state = seq.RedundancyStateOf(0, h);
     CHECK(state.reused_rows == kept - tail);
     CHECK_FALSE(state.full_pass);
   }
