@@ -76,7 +76,15 @@ inline void TransposeHalves4(const __m256* a, int jb, VU* out) {
   out[4 * jb + 2] = (VU)_mm256_castpd_si256(_mm256_unpacklo_pd(d1, d3));
   out[4 * jb + 3] = (VU)_mm256_castpd_si256(_mm256_unpackhi_pd(d1, d3));
 }
-inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
+// The finite check of LoadTokensT: absmax collects the |x| bits of the tile.
+inline void FoldAbsBits(const VU* out, VU& absmax) {
+  const __m256i mask = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i a = (__m256i)absmax;
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) a = _mm256_max_epu32(a, _mm256_and_si256((__m256i)out[i], mask));
+  absmax = (VU)a;
+}
+inline void LoadTransposed(const float* src, int64_t stride, VU* out, VU& absmax) {
 #pragma GCC unroll 2
   for (int jb = 0; jb < 2; ++jb) {
     __m256 a[4];
@@ -88,10 +96,11 @@ inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
     }
     TransposeHalves4(a, jb, out);
   }
+  FoldAbsBits(out, absmax);
 }
 // The same from fp16 rows: the 4 halves (8 bytes) of rows il and il + 4 go into one 128-bit
 // register, which vcvtph2ps widens into the layout above; the transposes are the same.
-inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
+inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out, VU& absmax) {
 #pragma GCC unroll 2
   for (int jb = 0; jb < 2; ++jb) {
     __m256 a[4];
@@ -104,6 +113,7 @@ inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
     }
     TransposeHalves4(a, jb, out);
   }
+  FoldAbsBits(out, absmax);
 }
 }  // namespace
 

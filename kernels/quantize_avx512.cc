@@ -77,7 +77,7 @@ inline void TransposeBlocks4(const __m512* a, int jb, VU* out) {
   out[4 * jb + 2] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d1, d3));
   out[4 * jb + 3] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d1, d3));
 }
-inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
+inline void LoadTransposed(const float* src, int64_t stride, VU* out, VU& absmax) {
 #pragma GCC unroll 4
   for (int jb = 0; jb < 4; ++jb) {
     __m512 a[4];
@@ -91,25 +91,66 @@ inline void LoadTransposed(const float* src, int64_t stride, VU* out) {
     }
     TransposeBlocks4(a, jb, out);
   }
+  // The finite check of LoadTokensT: absmax collects the |x| bits of the tile.
+  const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i m = (__m512i)absmax;
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) m = _mm512_max_epu32(m, _mm512_and_si512((__m512i)out[i], mask));
+  absmax = (VU)m;
 }
-// The same from fp16 rows: the 4 halves (8 bytes) of rows il, il + 4, il + 8 and il + 12 go into
-// one 256-bit register, which vcvtph2ps widens into the layout above.
-inline __m128i LoadHalfPair(const uint16_t* p, int64_t stride) {
-  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + stride)));
-}
-inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out) {
+// The same from fp16 rows, transposed as 16-bit elements before widening (a 16 x 16 tile of
+// halves fills 8 registers, not 16): register i holds rows i and i + 8; three rounds of unpacks
+// transpose each 128-bit block's 8 x 8, after which register j's blocks hold channels j and j + 8
+// of tokens 0-7 and 8-15; one block permute puts channel j in the low half and channel j + 8 in
+// the high half, and vcvtph2ps widens each. The finite check runs on the halves too: Inf and NaN
+// are the halves with |h| >= 0x7C00, and the absmax lanes whose two halves hold one become all
+// ones (LoadTokensT's contract; the scalar check then names the element). About 100 vector
+// operations per tile, where gathering 8-byte pieces, transposing the widened floats and
+// checking them took about 145 (AVX-512 runs them on two ports): QuaRot 2-bit 5.3 -> 6.1 GB/s
+// with the clamp skipped too (docs/kvbench_quant.md, session 48).
+inline void LoadTransposed(const uint16_t* src, int64_t stride, VU* out, VU& absmax) {
+  __m512i z[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * stride));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (i + 8) * stride));
+    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  const __m512i abs_mask = _mm512_set1_epi16(0x7FFF);
+  __m512i h = _mm512_and_si512(z[0], abs_mask);
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) h = _mm512_max_epu16(h, _mm512_and_si512(z[i], abs_mask));
+  // |h| + 0x0400 has bit 15 set iff |h| >= 0x7C00 (no carry leaves the 16 bits).
+  const __mmask16 bad = _mm512_test_epi32_mask(_mm512_add_epi16(h, _mm512_set1_epi16(0x0400)),
+                                               _mm512_set1_epi32(static_cast<int>(0x80008000u)));
+  absmax = (VU)_mm512_mask_mov_epi32((__m512i)absmax, bad, _mm512_set1_epi32(-1));
+  __m512i a[8], b[8];
 #pragma GCC unroll 4
-  for (int jb = 0; jb < 4; ++jb) {
-    __m512 a[4];
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi16(z[2 * i], z[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi16(z[2 * i], z[2 * i + 1]);
+  }
+  // b[0..3] from rows 0-3 (a[0..3]), b[4..7] from rows 4-7 (a[4..7]): b[4h + q] holds channels
+  // 2q and 2q + 1 of four rows.
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m512i* p = a + 4 * h;
+    b[4 * h + 0] = _mm512_unpacklo_epi32(p[0], p[2]);
+    b[4 * h + 1] = _mm512_unpackhi_epi32(p[0], p[2]);
+    b[4 * h + 2] = _mm512_unpacklo_epi32(p[1], p[3]);
+    b[4 * h + 3] = _mm512_unpackhi_epi32(p[1], p[3]);
+  }
 #pragma GCC unroll 4
-    for (int il = 0; il < 4; ++il) {
-      const uint16_t* p = src + il * stride + 4 * jb;
-      const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(LoadHalfPair(p, 4 * stride)),
-                                                LoadHalfPair(p + 8 * stride, 4 * stride), 1);
-      a[il] = _mm512_cvtph_ps(h);
+  for (int q = 0; q < 4; ++q) {
+    const __m512i c[2] = {_mm512_unpacklo_epi64(b[q], b[4 + q]),
+                          _mm512_unpackhi_epi64(b[q], b[4 + q])};
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; ++e) {
+      const int j = 2 * q + e;
+      const __m512i m = _mm512_shuffle_i64x2(c[e], c[e], _MM_SHUFFLE(3, 1, 2, 0));
+      out[j] = (VU)_mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(m)));
+      out[j + 8] = (VU)_mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)));
     }
-    TransposeBlocks4(a, jb, out);
   }
 }
 }  // namespace

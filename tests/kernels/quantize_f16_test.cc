@@ -148,6 +148,26 @@ TEST_CASE("fp16 input: every method and width gives the fp32 path's bytes at eve
   CHECK(checked >= 2 * 6);  // At least one width pair per method, two head_dims.
 }
 
+// The SIMD loaders check finiteness on the halves themselves (an exponent of all ones); the
+// largest finite halves sit one below that boundary, in every position of a 16 x 16 tile.
+TEST_CASE("fp16 input: the largest finite halves are accepted as the reference accepts them",
+          "[kernels]") {
+  for (QuantMethod m : kMethods) {
+    const std::vector<int> bits = AllowedBits(m);
+    const QuantSpec spec = SpecOf(m, 128, bits.back(), bits.back());
+    const int g = spec.block_tokens;
+    for (const uint16_t big : {uint16_t{0x7BFF}, uint16_t{0xFBFF}, uint16_t{0x7800}}) {
+      INFO(QuantMethodName(m) << " bits " << big);
+      Rows rows = MakeRows(g, 128, 2 * 128, 128, 1.0f, 51);
+      for (int t = 0; t < g; ++t) {
+        rows.Set(rows.K(t, (7 * t) % 128), big);
+        rows.Set(rows.V(t, (5 * t + 3) % 128), big);
+      }
+      ExpectSameRecords(spec, rows);
+    }
+  }
+}
+
 TEST_CASE("fp16 input: QuantizeBlocks over the daemon's row slots equals block-by-block fp32",
           "[kernels]") {
   SimdLevelGuard guard;
