@@ -132,7 +132,7 @@ run_check() {
         "[hostile]$NOT_UNDER_SANITIZERS,[threads]"
       run_logged "$TSAN_BUILD" TSAN_OPTIONS "$tsan_opts" \
         "$TSAN_BUILD/tests/sequence_pressure_test" \
-        "KvSequence: under pool pressure*,KvSequence: pressure relief*"
+        "KvSequence: under pool pressure*,KvSequence: pressure relief*,KvSequence: prepared on two threads*"
       ;;
     fuzz)
       need "$ASAN_BUILD/bin/kvctl_request_fuzz"

@@ -49,6 +49,7 @@ struct ServerConfig {
   bool inline_blocks_fetch = false;  // Cheap blocks FETCHes skip the workers.
   int inline_dense_fetch_rows = 0;   // Dense FETCHes of at most this many rows skip the workers.
   int dense_fetch_split_rows = 0;    // Larger dense FETCHes decode on two threads; 0 = never.
+  int prepare_split_tokens = 0;      // Larger APPENDs prepare layers on two threads; 0 = never.
   uint64_t max_message_bytes = 0;
   int stats_interval_ms = 0;
   std::string stats_endpoint;  // ZeroMQ PUB of the stats text; "" = off.

@@ -142,6 +142,20 @@ std::vector<ConfigOption> BuildSchema() {
                   "tokens of a SmolLM2 layer on a 2-vCPU guest: 1.5x -> 1.3x a raw round trip), "
                   "but there the client's p99 rose from 3-5 ms to 21-37 ms in most runs, lost "
                   "after the handler, cause not found. 0 (the default) = one thread per FETCH."}),
+      Row<&Config::server, &ServerConfig::prepare_split_tokens>(
+          {.key = "server.prepare_split_tokens",
+           .default_text = "512",
+           .min = 0,
+           .max = 1 << 30,
+           .flags = kRel,
+           .env = "KVCTL_SERVER_PREPARE_SPLIT_TOKENS",
+           .doc = "An APPEND served by a worker whose Prepare stage works over at least this "
+                  "many tokens (its own; for the APPEND that ends a prefill sent with "
+                  "APPEND_CONTINUES, the pieces stored before it too) prepares its layers "
+                  "(scoring, eviction plans, encoding of the records) on that worker and the "
+                  "daemon's prepare helper thread together, one layer at a time from one "
+                  "counter; when the helper is busy with another APPEND the worker prepares them "
+                  "alone. The same records and state either way. 0 = one thread per APPEND."}),
       Row<&Config::server, &ServerConfig::max_message_bytes>(
           {.key = "server.max_message_bytes",
            .default_text = "256MiB",

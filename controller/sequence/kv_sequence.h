@@ -38,6 +38,7 @@
 #define KVCTL_CONTROLLER_SEQUENCE_KV_SEQUENCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -241,6 +242,16 @@ class KvSequence {
   Status Append(int64_t first_position, const std::vector<KvTensorView>& k,
                 const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q = nullptr,
                 bool allow_relief = true, bool continues = false);
+  // Runs parts 0..parts-1 of a job, each exactly once, possibly on two threads at once, and
+  // returns when all are done (the controller's HelperThread::RunShared).
+  using PartsRunner = std::function<void(size_t parts, const std::function<void(size_t)>& run)>;
+  // Appends that take the stages over at least min_tokens tokens (their own, plus, for the append
+  // that ends a prefill sent with APPEND_CONTINUES, the pieces stored before it) prepare their
+  // layers through `runner`, one part per layer: each layer's Prepare reads the sequence and
+  // writes only its own plan, so the plans, and everything committed from them, are those of one
+  // layer after another. A null runner or min_tokens <= 0 (the default): one layer after another
+  // on the calling thread.
+  void SetPrepareRunner(PartsRunner runner, int64_t min_tokens);
   // Tokens stored by deferred appends since the last append that evicted (0 = none pending):
   // the sequence is in the middle of a prefill sent with APPEND_CONTINUES.
   int64_t deferred_tokens() const { return deferred_tokens_; }
@@ -503,6 +514,11 @@ class KvSequence {
   Status EncodeNewRecords(int layer, PreparedLayer* out) const;
   Status AppendLayerPrepare(int layer, const AppendContext& ctx, const KvTensorView& k,
                             const KvTensorView& v, const KvTensorView* q, PreparedLayer* out) const;
+  // AppendLayerPrepare of every layer into prepared_, through prepare_runner_ when the append
+  // works over prepare_split_tokens_ tokens or more (SetPrepareRunner); the first failure in layer
+  // order is returned (DATA_LOSS marks the sequence lost), as the layer-by-layer loop would.
+  Status PrepareLayers(const AppendContext& ctx, int64_t n, const std::vector<KvTensorView>& k,
+                       const std::vector<KvTensorView>& v, const std::vector<KvTensorView>* q);
 
   PageAllocator* pool_;
   SequenceGeometry geometry_;
@@ -538,6 +554,8 @@ class KvSequence {
   };
   std::vector<VerifiedStamp> layer_verified_;
   std::vector<PreparedLayer> prepared_;  // The stages' plan, kept for its buffers' capacity.
+  PartsRunner prepare_runner_;           // SetPrepareRunner.
+  int64_t prepare_split_tokens_ = 0;
   // flush_after_reply: a quantized layer's tail holds flush_tokens rows or more (no eviction).
   bool HeldFlushDue() const;
   // Commits a held flush that PrepareHeldFlushStep prepared completely for the current state;

@@ -332,21 +332,13 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   // A decode step that only stores rows needs none of the stages' per-head planning.
   if (AppendIsLight(n) && TryAppendRows(first_position, n, k, v, q != nullptr)) return OkStatus();
   KVCTL_ASSIGN_OR_RETURN(const AppendContext ctx, PlanAppend(n, q != nullptr, continues));
-  // The plan buffers of the previous append are reused: a decode step then allocates little.
-  std::vector<PreparedLayer>& prepared = prepared_;
-  prepared.resize(static_cast<size_t>(geometry_.layers));
   if (Status checked = CheckFlushedTails(ctx, 0, geometry_.layers); !checked.ok()) {
     return MarkLost(checked);
   }
+  KVCTL_RETURN_IF_ERROR(PrepareLayers(ctx, n, k, v, q));
+  std::vector<PreparedLayer>& prepared = prepared_;
   SlabPlan slab_plan;
-  for (int l = 0; l < geometry_.layers; ++l) {
-    Status layer_prepared =
-        AppendLayerPrepare(l, ctx, k[l], v[l], q ? &(*q)[l] : nullptr, &prepared[l]);
-    // DATA_LOSS: stored slots it was about to re-write changed behind the daemon's back.
-    if (layer_prepared.code() == StatusCode::kDataLoss) return MarkLost(layer_prepared);
-    KVCTL_RETURN_IF_ERROR(layer_prepared);
-    CountSlots(l, prepared[l], &slab_plan);
-  }
+  for (int l = 0; l < geometry_.layers; ++l) CountSlots(l, prepared[l], &slab_plan);
   StatusOr<Reservation> reserved = ReservePages(slab_plan);
   if (reserved.status().code() == StatusCode::kResourceExhausted) {
     const Status exhausted(
@@ -366,6 +358,44 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   // on they are packed and the emptied pages go back to the pool.
   Status compacted = slabs_.Compact();
   return compacted.ok() ? compacted : MarkLost(compacted);
+}
+
+void KvSequence::SetPrepareRunner(PartsRunner runner, int64_t min_tokens) {
+  prepare_runner_ = std::move(runner);
+  prepare_split_tokens_ = min_tokens;
+}
+
+Status KvSequence::PrepareLayers(const AppendContext& ctx, int64_t n,
+                                 const std::vector<KvTensorView>& k,
+                                 const std::vector<KvTensorView>& v,
+                                 const std::vector<KvTensorView>* q) {
+  // The plan buffers of the previous append are reused: a decode step then allocates little.
+  std::vector<PreparedLayer>& prepared = prepared_;
+  const int layers = geometry_.layers;
+  prepared.resize(static_cast<size_t>(layers));
+  auto prepare = [&](int l) {
+    return AppendLayerPrepare(l, ctx, k[l], v[l], q ? &(*q)[l] : nullptr, &prepared[l]);
+  };
+  // DATA_LOSS: stored slots a layer was about to re-write changed behind the daemon's back.
+  auto fail = [&](Status s) { return s.code() == StatusCode::kDataLoss ? MarkLost(s) : s; };
+  // The tokens Prepare works over: this append's and, for the append that ends a prefill sent
+  // in flagged pieces (APPEND_CONTINUES), every piece it stored before (it evicts over all).
+  const int64_t work_tokens = n + (ctx.defer ? 0 : deferred_tokens_);
+  if (!prepare_runner_ || prepare_split_tokens_ <= 0 || work_tokens < prepare_split_tokens_ ||
+      layers < 2) {
+    for (int l = 0; l < layers; ++l) {
+      if (Status s = prepare(l); !s.ok()) return fail(s);
+    }
+    return OkStatus();
+  }
+  // Layers after a failed one are prepared too (the plans are thrown away with the append).
+  std::vector<Status> statuses(static_cast<size_t>(layers));
+  prepare_runner_(static_cast<size_t>(layers),
+                  [&](size_t l) { statuses[l] = prepare(static_cast<int>(l)); });
+  for (Status& s : statuses) {
+    if (!s.ok()) return fail(std::move(s));
+  }
+  return OkStatus();
 }
 
 void KvSequence::CommitRecords(HeadStream& head, const PreparedHead& ph,

@@ -217,6 +217,7 @@ class Controller {
     uint64_t staged_bytes = 0;  // From request.staging_offset, inside the session's slot.
     std::shared_ptr<StagingObject> object;  // Keeps the mapping while it is copied.
     const uint8_t* device_slot = nullptr;
+    int64_t prepare_split_tokens = 0;  // server.prepare_split_tokens when the request came.
   };
   // Under mu_: the session, the request's shape against its geometry, the staging span.
   StatusOr<AppendSource> ResolveAppendSource(const ipc::AppendRequest& request, SteadyTime now)
@@ -339,6 +340,8 @@ class Controller {
   ServerStats stats_;  // Internally synchronized.
   // Takes parts of a dense FETCH above server.dense_fetch_split_rows (when that is set).
   HelperThread fetch_helper_;
+  // Prepares layers of an APPEND of server.prepare_split_tokens or more (when that is set).
+  HelperThread prepare_helper_;
   std::string endpoint_;  // Set once before serving.
   mutable Mutex http_address_mu_;
   // Bound address; "" = off or not started.

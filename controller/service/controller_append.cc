@@ -77,6 +77,7 @@ StatusOr<Controller::AppendSource> Controller::ResolveAppendSource(
                          FindSessionLocked(request.session_id, now));
   AppendSource source;
   source.geometry = session->geometry;
+  source.prepare_split_tokens = config_.server.prepare_split_tokens;
   KVCTL_RETURN_IF_ERROR(ipc::CheckAppendShape(request, source.geometry));
   if (request.source != ipc::AppendSource::kStaging) return source;
   if (!session->has_staging) {
@@ -170,6 +171,15 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
       entry.host_bytes = std::min(held, now_bytes);
     }
   } settle{host_memory_, *entry, growth};
+  // A worker's large APPEND (a prefill) prepares its layers with the prepare helper too; the I/O
+  // thread hands those to a worker anyway.
+  const bool split = deferred == nullptr && source.prepare_split_tokens > 0;
+  entry->seq->SetPrepareRunner(
+      split ? KvSequence::PartsRunner([this](size_t parts, const std::function<void(size_t)>& run) {
+        prepare_helper_.RunShared(parts, run);
+      })
+            : nullptr,
+      source.prepare_split_tokens);
   KVCTL_RETURN_IF_ERROR(
       AppendWithRelief(*entry, request, tensors.k, tensors.v, tensors.q_or_null(), now, deferred));
   QueueHeldFlush(entry);

@@ -265,7 +265,7 @@ void WritePolicySection(const Config& config, std::ostream& out) {
 
 void WriteIpcSection(const std::function<ipc::ServerCounters()>& server_counters,
                      const ServerStats& stats, const HelperThread::Counters& helper,
-                     std::ostream& out) {
+                     const HelperThread::Counters& prepare_helper, std::ostream& out) {
   out << "# Ipc\n";
   if (server_counters) {
     const ipc::ServerCounters c = server_counters();
@@ -279,7 +279,9 @@ void WriteIpcSection(const std::function<ipc::ServerCounters()>& server_counters
         << "in_flight:" << c.in_flight << "\n";
   }
   out << "fetch_helper_parts_total:" << helper.helper_parts << "\n"
-      << "fetch_helper_busy_total:" << helper.jobs_alone << "\n";
+      << "fetch_helper_busy_total:" << helper.jobs_alone << "\n"
+      << "prepare_helper_parts_total:" << prepare_helper.helper_parts << "\n"
+      << "prepare_helper_busy_total:" << prepare_helper.jobs_alone << "\n";
   for (const RequestTypeStats& s : stats.Snapshot()) {
     out << s.name << "_requests_total:" << s.requests_total << "\n"
         << s.name << "_errors_total:" << s.errors_total << "\n"
@@ -456,7 +458,9 @@ StatusOr<std::string> Controller::Stats(const ipc::StatsRequest& request, Steady
   if (show("layers")) WriteLayersSection(SumLayers(sums.heads), sums.layer_budgets, max_lines, out);
   if (show("heads")) WriteHeadsSection(sums.heads, max_lines, out);
   if (show("policy")) WritePolicySection(config, out);
-  if (show("ipc")) WriteIpcSection(server_counters_, stats_, fetch_helper_.counters(), out);
+  if (show("ipc"))
+    WriteIpcSection(server_counters_, stats_, fetch_helper_.counters(), prepare_helper_.counters(),
+                    out);
   if (show("quality")) {
     HeadUsage retired;
     {

@@ -168,6 +168,11 @@ constexpr Help kHelp[] = {
      "(server.dense_fetch_split_rows)."},
     {"kvctl_fetch_helper_busy_total",
      "Large dense FETCHes that decoded alone because the fetch helper was busy."},
+    {"kvctl_prepare_helper_parts_total",
+     "Layers of large APPENDs prepared by the prepare helper thread "
+     "(server.prepare_split_tokens)."},
+    {"kvctl_prepare_helper_busy_total",
+     "Large APPENDs that prepared their layers alone because the prepare helper was busy."},
     // # Quality
     {"kvctl_quality_sample_period",
      "Every this many quantized records per head one is decoded and checked; 0 = off."},

@@ -75,6 +75,7 @@ TEST_CASE("Config: every key has its documented default", "[controller][config]"
       {"server.inline_blocks_fetch", "true"},
       {"server.inline_dense_fetch_rows", "4096"},
       {"server.dense_fetch_split_rows", "0"},
+      {"server.prepare_split_tokens", "512"},
       {"server.max_message_bytes", "\"256MiB\""},
       {"server.stats_interval_ms", "1000"},
       {"server.stats_endpoint", "\"ipc:///tmp/kvctl-stats.sock\""},

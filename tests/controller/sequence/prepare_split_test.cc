@@ -1,0 +1,151 @@
+// Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
+// KvSequence::SetPrepareRunner: an append of at least min_tokens tokens prepares its layers on
+// two threads (the controller's HelperThread), and the sequence afterwards holds exactly what
+// one layer after another gives (every policy, lossless and quantized layers), through the
+// decode steps after it; smaller appends never reach the runner. The sanitizer build runs
+// these under TSan (tools/sanitize.sh tsan-controller).
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "controller/sequence/kv_sequence.h"
+#include "controller/service/helper_thread.h"
+#include "tests/controller/sequence/evict_test_util.h"
+#include "tests/controller/sequence/sequence_test_util.h"
+
+namespace kvctl {
+namespace {
+
+constexpr int kLayers = 6, kKvHeads = 2, kQHeads = 4, kDim = 32;
+
+SequenceGeometry Geometry() {
+  return {.layers = kLayers,
+          .kv_heads = kKvHeads,
+          .head_dim = kDim,
+          .dtype = DType::kF32,
+          .q_heads = kQHeads};
+}
+
+// KIVI 2-bit records of 8 tokens flushed every 16 (the last layer lossless), or all lossless.
+std::vector<LayerPlan> Plans(bool lossless) {
+  std::vector<LayerPlan> plans(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    LayerPlan& p = plans[l];
+    p.lossless = lossless || l == kLayers - 1;
+    const QuantMethod m = p.lossless ? QuantMethod::kFp16 : QuantMethod::kKivi;
+    StatusOr<QuantSpec> spec = MakeQuantSpec(m, kDim, p.lossless ? 16 : 2, p.lossless ? 16 : 2);
+    REQUIRE(spec.ok());
+    if (!p.lossless) spec->block_tokens = spec->k_group_tokens = 8;
+    REQUIRE(ValidateQuantSpec(*spec).ok());
+    p.head_specs.assign(kKvHeads, *spec);
+    p.rules = testing::PinnedRules(m);
+    if (!p.lossless) p.rules.flush_tokens = 16, p.rules.sink_tokens = 2;
+  }
+  return plans;
+}
+
+void RequireSameContents(const KvSequence& a, const KvSequence& b) {
+  const DenseKv da = a.FetchDense(0, kLayers), db = b.FetchDense(0, kLayers);
+  REQUIRE(da.counts == db.counts);
+  REQUIRE(da.positions == db.positions);
+  REQUIRE(da.k.size() == db.k.size());
+  REQUIRE(da.v.size() == db.v.size());
+  CHECK(std::memcmp(da.k.data(), db.k.data(), da.k.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(da.v.data(), db.v.data(), da.v.size() * sizeof(float)) == 0);
+  const SequenceUsage ua = a.Usage(), ub = b.Usage();
+  CHECK(ua.kept_tokens == ub.kept_tokens);
+  CHECK(ua.evicted_tokens == ub.evicted_tokens);
+  CHECK(ua.quantized_tokens == ub.quantized_tokens);
+  CHECK(ua.payload_bytes == ub.payload_bytes);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      CHECK(a.HeadUsageOf(l, h).budget == b.HeadUsageOf(l, h).budget);
+      CHECK(a.Blocks(l, h).records == b.Blocks(l, h).records);
+    }
+  }
+}
+
+TEST_CASE("KvSequence: prepared on two threads, a prefill keeps what one thread keeps",
+          "[controller][threads]") {
+  const int prefill = 120, decode = 20;
+  const testing::Stream data(kLayers, prefill + decode, kKvHeads, kQHeads, kDim, 23);
+  HelperThread helper;
+  std::atomic<int> runs{0}, parts{0};
+  const KvSequence::PartsRunner runner = [&](size_t n, const std::function<void(size_t)>& run) {
+    runs.fetch_add(1);
+    parts.fetch_add(static_cast<int>(n));
+    helper.RunShared(n, run);
+  };
+  for (bool evict : {false, true}) {
+    for (EvictPolicy policy :
+         {EvictPolicy::kStreaming, EvictPolicy::kH2O, EvictPolicy::kSnapKV, EvictPolicy::kRKV}) {
+      if (!evict && policy != EvictPolicy::kStreaming) continue;
+      for (bool lossless : {true, false}) {
+        INFO((evict ? EvictPolicyName(policy) : "no eviction")
+             << (lossless ? " lossless" : " kivi"));
+        const bool with_q = evict && policy != EvictPolicy::kStreaming;
+        EvictionSettings settings;
+        if (evict) {
+          settings = testing::EvictOn(policy, 2, 8, 8);
+          settings.tokens_per_head = 40;
+          settings.compression_period = 4;
+        }
+        auto pool = testing::MakeTestPool(8 << 20, 4096);
+        KvSequence alone(pool.get(), Geometry(), Plans(lossless), settings);
+        KvSequence split(pool.get(), Geometry(), Plans(lossless), settings);
+        split.SetPrepareRunner(runner, 64);
+        runs = parts = 0;
+        // A light append (rows only: lossless without eviction) takes no Prepare stage at all.
+        const int expected_runs = split.AppendIsLight(prefill) ? 0 : 1;
+        CHECK(expected_runs == (!evict && lossless ? 0 : 1));
+        REQUIRE(data.Append(alone, 0, prefill, with_q).ok());
+        REQUIRE(data.Append(split, 0, prefill, with_q).ok());
+        CHECK(runs == expected_runs);  // The prefill, one part per layer.
+        CHECK(parts == expected_runs * kLayers);
+        if (evict) CHECK(split.Usage().evicted_tokens > 0);
+        RequireSameContents(alone, split);
+        // Decode steps, below min_tokens: one thread, and still the same.
+        for (int t = prefill; t < prefill + decode; ++t) {
+          REQUIRE(data.Append(alone, t, 1, with_q).ok());
+          REQUIRE(data.Append(split, t, 1, with_q).ok());
+        }
+        CHECK(runs == expected_runs);
+        RequireSameContents(alone, split);
+      }
+    }
+  }
+  CHECK(helper.counters().helper_parts + helper.counters().jobs_alone > 0);
+}
+
+TEST_CASE("KvSequence: prepared on two threads, the piece that ends a deferred prefill counts all",
+          "[controller][threads]") {
+  // Pieces of 40 tokens sent with APPEND_CONTINUES only store; the unflagged last one evicts over
+  // all 120, which is what min_tokens is compared with.
+  const testing::Stream data(kLayers, 120, kKvHeads, kQHeads, kDim, 37);
+  HelperThread helper;
+  int runs = 0;
+  auto pool = testing::MakeTestPool(8 << 20, 4096);
+  EvictionSettings settings = testing::EvictOn(EvictPolicy::kSnapKV, 2, 8, 8);
+  settings.tokens_per_head = 40;
+  settings.max_deferred_tokens = 1000;
+  KvSequence alone(pool.get(), Geometry(), Plans(false), settings);
+  KvSequence split(pool.get(), Geometry(), Plans(false), settings);
+  split.SetPrepareRunner(
+      [&](size_t n, const std::function<void(size_t)>& run) {
+        ++runs;
+        helper.RunShared(n, run);
+      },
+      100);
+  REQUIRE(data.Append(alone, 0, 120).ok());
+  for (int first : {0, 40, 80}) {
+    REQUIRE(data.Append(split, first, 40, true, /*continues=*/first < 80).ok());
+    CHECK(runs == (first < 80 ? 0 : 1));
+  }
+  CHECK(split.Usage().evicted_tokens > 0);
+  RequireSameContents(alone, split);
+}
+
+}  // namespace
+}  // namespace kvctl
