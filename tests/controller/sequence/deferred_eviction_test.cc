@@ -10,6 +10,7 @@
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/sequence/sequence_image.h"
+#include "tests/controller/sequence/compare_test_util.h"
 #include "tests/controller/sequence/evict_test_util.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 
@@ -18,30 +19,10 @@ namespace {
 
 constexpr int kLayers = 2, kKvHeads = 2, kQHeads = 4, kDim = 32;
 
-SequenceGeometry Geometry() {
-  return {.layers = kLayers,
-          .kv_heads = kKvHeads,
-          .head_dim = kDim,
-          .dtype = DType::kF32,
-          .q_heads = kQHeads};
-}
+SequenceGeometry Geometry() { return testing::GqaGeometry(kLayers, kKvHeads, kQHeads, kDim); }
 
-// Lossless fp32 rows, or KIVI 2-bit records of 8 tokens flushed every 16 (the deferred appends
-// then hold the flush).
 std::vector<LayerPlan> Plans(bool lossless) {
-  std::vector<LayerPlan> plans(kLayers);
-  for (LayerPlan& p : plans) {
-    p.lossless = lossless;
-    const QuantMethod m = lossless ? QuantMethod::kFp16 : QuantMethod::kKivi;
-    StatusOr<QuantSpec> spec = MakeQuantSpec(m, kDim, lossless ? 16 : 2, lossless ? 16 : 2);
-    REQUIRE(spec.ok());
-    if (!lossless) spec->block_tokens = spec->k_group_tokens = 8;
-    REQUIRE(ValidateQuantSpec(*spec).ok());
-    p.head_specs.assign(kKvHeads, *spec);
-    p.rules = testing::PinnedRules(m);
-    if (!lossless) p.rules.flush_tokens = 16, p.rules.sink_tokens = 0;
-  }
-  return plans;
+  return testing::SmallPlans(kLayers, kKvHeads, kDim, lossless, /*sinks=*/0);
 }
 
 // Budget schedules: a fixed average, a fraction of the tokens seen with head re-allocation, or
@@ -63,26 +44,7 @@ EvictionSettings Settings(EvictPolicy policy, Schedule schedule) {
 }
 
 void RequireSameContents(const KvSequence& a, const KvSequence& b) {
-  const DenseKv da = a.FetchDense(0, kLayers), db = b.FetchDense(0, kLayers);
-  REQUIRE(da.counts == db.counts);
-  REQUIRE(da.positions == db.positions);
-  REQUIRE(da.k.size() == db.k.size());
-  REQUIRE(da.v.size() == db.v.size());
-  CHECK(std::memcmp(da.k.data(), db.k.data(), da.k.size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(da.v.data(), db.v.data(), da.v.size() * sizeof(float)) == 0);
-  const SequenceUsage ua = a.Usage(), ub = b.Usage();
-  CHECK(ua.tokens == ub.tokens);
-  CHECK(ua.kept_tokens == ub.kept_tokens);
-  CHECK(ua.evicted_tokens == ub.evicted_tokens);
-  CHECK(ua.evicted_bytes == ub.evicted_bytes);
-  CHECK(ua.quantized_tokens == ub.quantized_tokens);
-  CHECK(ua.payload_bytes == ub.payload_bytes);
-  for (int l = 0; l < kLayers; ++l) {
-    CHECK(a.LayerBudget(l) == b.LayerBudget(l));
-    for (int h = 0; h < kKvHeads; ++h) {
-      CHECK(a.HeadUsageOf(l, h).budget == b.HeadUsageOf(l, h).budget);
-    }
-  }
+  testing::RequireSameContents(a, b, kLayers, kKvHeads);
 }
 
 TEST_CASE("Deferred eviction: flagged pieces keep exactly what one append keeps",

@@ -6,12 +6,12 @@
 // these under TSan (tools/sanitize.sh tsan-controller).
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <functional>
 #include <vector>
 
 #include "controller/sequence/kv_sequence.h"
 #include "controller/service/helper_thread.h"
+#include "tests/controller/sequence/compare_test_util.h"
 #include "tests/controller/sequence/evict_test_util.h"
 #include "tests/controller/sequence/sequence_test_util.h"
 
@@ -20,51 +20,15 @@ namespace {
 
 constexpr int kLayers = 6, kKvHeads = 2, kQHeads = 4, kDim = 32;
 
-SequenceGeometry Geometry() {
-  return {.layers = kLayers,
-          .kv_heads = kKvHeads,
-          .head_dim = kDim,
-          .dtype = DType::kF32,
-          .q_heads = kQHeads};
-}
+SequenceGeometry Geometry() { return testing::GqaGeometry(kLayers, kKvHeads, kQHeads, kDim); }
 
-// KIVI 2-bit records of 8 tokens flushed every 16 (the last layer lossless), or all lossless.
+// KIVI 2-bit records of 8 tokens flushed every 16 after 2 sinks, or lossless rows.
 std::vector<LayerPlan> Plans(bool lossless) {
-  std::vector<LayerPlan> plans(kLayers);
-  for (int l = 0; l < kLayers; ++l) {
-    LayerPlan& p = plans[l];
-    p.lossless = lossless || l == kLayers - 1;
-    const QuantMethod m = p.lossless ? QuantMethod::kFp16 : QuantMethod::kKivi;
-    StatusOr<QuantSpec> spec = MakeQuantSpec(m, kDim, p.lossless ? 16 : 2, p.lossless ? 16 : 2);
-    REQUIRE(spec.ok());
-    if (!p.lossless) spec->block_tokens = spec->k_group_tokens = 8;
-    REQUIRE(ValidateQuantSpec(*spec).ok());
-    p.head_specs.assign(kKvHeads, *spec);
-    p.rules = testing::PinnedRules(m);
-    if (!p.lossless) p.rules.flush_tokens = 16, p.rules.sink_tokens = 2;
-  }
-  return plans;
+  return testing::SmallPlans(kLayers, kKvHeads, kDim, lossless, /*sinks=*/2);
 }
 
 void RequireSameContents(const KvSequence& a, const KvSequence& b) {
-  const DenseKv da = a.FetchDense(0, kLayers), db = b.FetchDense(0, kLayers);
-  REQUIRE(da.counts == db.counts);
-  REQUIRE(da.positions == db.positions);
-  REQUIRE(da.k.size() == db.k.size());
-  REQUIRE(da.v.size() == db.v.size());
-  CHECK(std::memcmp(da.k.data(), db.k.data(), da.k.size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(da.v.data(), db.v.data(), da.v.size() * sizeof(float)) == 0);
-  const SequenceUsage ua = a.Usage(), ub = b.Usage();
-  CHECK(ua.kept_tokens == ub.kept_tokens);
-  CHECK(ua.evicted_tokens == ub.evicted_tokens);
-  CHECK(ua.quantized_tokens == ub.quantized_tokens);
-  CHECK(ua.payload_bytes == ub.payload_bytes);
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kKvHeads; ++h) {
-      CHECK(a.HeadUsageOf(l, h).budget == b.HeadUsageOf(l, h).budget);
-      CHECK(a.Blocks(l, h).records == b.Blocks(l, h).records);
-    }
-  }
+  testing::RequireSameContents(a, b, kLayers, kKvHeads);
 }
 
 TEST_CASE("KvSequence: prepared on two threads, a prefill keeps what one thread keeps",
