@@ -57,12 +57,14 @@ constexpr uint64_t kPoolBytes = 256 << 10;
 // (quant.flush_after_reply), so held tails and their images are reached too. kivi and oscar keep
 // v_group_channels 32: head_dim must be a multiple of 32 for
 // them (the registry defaults are checked at the session's head_dim before the configured values
-// apply).
+// apply). APPENDs preparing 8 tokens or more prepare their layers on two threads
+// (server.prepare_split_tokens), as large dense FETCHes decode on two.
 constexpr const char* kBaseToml = R"(
 [server]
 lease_ms = 2000
 quality_sample_period = 3
 dense_fetch_split_rows = 24
+prepare_split_tokens = 8
 [pool]
 bytes = "1MiB"
 page_bytes = "4KiB"
