@@ -54,11 +54,14 @@ def process_cpu_seconds(pid: int) -> float:
 def timed_decode(model, cache, ids, context, steps, daemon_pid=None):
     """Prefills `context` tokens, then `steps` single-token forwards; per step: the wall and CPU
     time of this process and the daemon's CPU seconds (read after each step, so a step's figure
-    also holds what the daemon's background threads did meanwhile)."""
+    also holds what the daemon's background threads did meanwhile); and the prefill's wall
+    seconds (with a KvctlCache, its APPENDs included)."""
     import torch
     walls, cpus, daemon = [], [], []
     with torch.no_grad():
+        w0 = time.perf_counter()
         model(ids[:, :context], past_key_values=cache, use_cache=True)
+        prefill = time.perf_counter() - w0
         last = process_cpu_seconds(daemon_pid) if daemon_pid else 0.0
         for i in range(context, context + steps):
             w0, c0 = time.perf_counter(), time.process_time()
@@ -69,7 +72,7 @@ def timed_decode(model, cache, ids, context, steps, daemon_pid=None):
                 now = process_cpu_seconds(daemon_pid)
                 daemon.append(now - last)
                 last = now
-    return walls, cpus, daemon
+    return walls, cpus, daemon, prefill
 
 
 def summary(xs):
@@ -90,14 +93,15 @@ def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=F
     from kvctl.hf import KvctlCache
     from kvctl.process import ManagedDaemon
 
-    base_walls, base_cpus, _ = timed_decode(model, DynamicCache(), ids, context, steps)
+    base_walls, base_cpus, _, base_prefill = timed_decode(model, DynamicCache(), ids, context,
+                                                          steps)
     with tempfile.TemporaryDirectory(prefix="kvctl-stepcost-") as workdir:
         daemon = ManagedDaemon(kvctl_bin, workdir, "stepcost", settings).start()
         try:
             with KvctlCache(model, daemon.endpoint, attention=attention, fused_min_tokens=1,
                             send_q=send_q) as cache:
-                walls, cpus, daemon_cpus = timed_decode(model, cache, ids, context, steps,
-                                                        daemon.proc.pid)
+                walls, cpus, daemon_cpus, prefill = timed_decode(model, cache, ids, context,
+                                                                 steps, daemon.proc.pid)
                 fused_steps = cache.counters["fused_steps"]
                 block_fetches = cache.counters["block_fetches"]
         finally:
@@ -118,7 +122,11 @@ def measure(model, ids, context, steps, attention, settings, kvctl_bin, send_q=F
         "daemon_cpu_ms_per_step": 1e3 * per_step,
         "daemon_cpu_step": summary(daemon_cpus),
         "daemon_cpu_first_step_ms": 1e3 * daemon_cpus[0],
-        # The first step's wall time: the engine's step plus the prefill's APPEND it waits for.
+        # The prefill forward's wall time, and the first step's: the engine's step plus the wait
+        # for the prefill's APPEND replies (the adapter sends them after the forward's last layer).
+        "dynamic_cache_prefill_s": base_prefill,
+        "kvctl_prefill_s": prefill,
+        "dynamic_cache_first_step_ms": 1e3 * base_walls[0],
         "kvctl_first_step_ms": 1e3 * walls[0],
         "daemon_cpu_ms_per_later_step": 1e3 * statistics.fmean(later),
         "daemon_cpu_later_vs_engine_step": statistics.fmean(later) / statistics.fmean(later_walls),
