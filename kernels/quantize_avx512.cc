@@ -77,6 +77,14 @@ inline void TransposeBlocks4(const __m512* a, int jb, VU* out) {
   out[4 * jb + 2] = (VU)_mm512_castpd_si512(_mm512_unpacklo_pd(d1, d3));
   out[4 * jb + 3] = (VU)_mm512_castpd_si512(_mm512_unpackhi_pd(d1, d3));
 }
+// The finite check of LoadTokensT: absmax collects the |x| bits of the tile.
+inline void FoldAbsBits(const VU* out, VU& absmax) {
+  const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i m = (__m512i)absmax;
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) m = _mm512_max_epu32(m, _mm512_and_si512((__m512i)out[i], mask));
+  absmax = (VU)m;
+}
 inline void LoadTransposed(const float* src, int64_t stride, VU* out, VU& absmax) {
 #pragma GCC unroll 4
   for (int jb = 0; jb < 4; ++jb) {
@@ -91,12 +99,7 @@ inline void LoadTransposed(const float* src, int64_t stride, VU* out, VU& absmax
     }
     TransposeBlocks4(a, jb, out);
   }
-  // The finite check of LoadTokensT: absmax collects the |x| bits of the tile.
-  const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
-  __m512i m = (__m512i)absmax;
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) m = _mm512_max_epu32(m, _mm512_and_si512((__m512i)out[i], mask));
-  absmax = (VU)m;
+  FoldAbsBits(out, absmax);
 }
 // The same from fp16 rows, transposed as 16-bit elements before widening (a 16 x 16 tile of
 // halves fills 8 registers, not 16): register i holds rows i and i + 8; three rounds of unpacks

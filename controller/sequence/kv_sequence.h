@@ -250,8 +250,9 @@ class KvSequence {
   // layers through `runner`, one part per layer: each layer's Prepare reads the sequence and
   // writes only its own plan, so the plans, and everything committed from them, are those of one
   // layer after another. A null runner or min_tokens <= 0 (the default): one layer after another
-  // on the calling thread.
-  void SetPrepareRunner(PartsRunner runner, int64_t min_tokens);
+  // on the calling thread. The runner is not copied: it must outlive the appends that use it (the
+  // controller's, which outlives its sequences, is set before each APPEND: two stores).
+  void SetPrepareRunner(const PartsRunner* runner, int64_t min_tokens);
   // Tokens stored by deferred appends since the last append that evicted (0 = none pending):
   // the sequence is in the middle of a prefill sent with APPEND_CONTINUES.
   int64_t deferred_tokens() const { return deferred_tokens_; }
@@ -554,7 +555,7 @@ class KvSequence {
   };
   std::vector<VerifiedStamp> layer_verified_;
   std::vector<PreparedLayer> prepared_;  // The stages' plan, kept for its buffers' capacity.
-  PartsRunner prepare_runner_;           // SetPrepareRunner.
+  const PartsRunner* prepare_runner_ = nullptr;  // SetPrepareRunner.
   int64_t prepare_split_tokens_ = 0;
   // flush_after_reply: a quantized layer's tail holds flush_tokens rows or more (no eviction).
   bool HeldFlushDue() const;

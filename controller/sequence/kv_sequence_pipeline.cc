@@ -360,8 +360,8 @@ Status KvSequence::AppendOnce(int64_t first_position, const std::vector<KvTensor
   return compacted.ok() ? compacted : MarkLost(compacted);
 }
 
-void KvSequence::SetPrepareRunner(PartsRunner runner, int64_t min_tokens) {
-  prepare_runner_ = std::move(runner);
+void KvSequence::SetPrepareRunner(const PartsRunner* runner, int64_t min_tokens) {
+  prepare_runner_ = runner;
   prepare_split_tokens_ = min_tokens;
 }
 
@@ -381,8 +381,8 @@ Status KvSequence::PrepareLayers(const AppendContext& ctx, int64_t n,
   // The tokens Prepare works over: this append's and, for the append that ends a prefill sent
   // in flagged pieces (APPEND_CONTINUES), every piece it stored before (it evicts over all).
   const int64_t work_tokens = n + (ctx.defer ? 0 : deferred_tokens_);
-  if (!prepare_runner_ || prepare_split_tokens_ <= 0 || work_tokens < prepare_split_tokens_ ||
-      layers < 2) {
+  if (prepare_runner_ == nullptr || prepare_split_tokens_ <= 0 ||
+      work_tokens < prepare_split_tokens_ || layers < 2) {
     for (int l = 0; l < layers; ++l) {
       if (Status s = prepare(l); !s.ok()) return fail(s);
     }
@@ -390,8 +390,8 @@ Status KvSequence::PrepareLayers(const AppendContext& ctx, int64_t n,
   }
   // Layers after a failed one are prepared too (the plans are thrown away with the append).
   std::vector<Status> statuses(static_cast<size_t>(layers));
-  prepare_runner_(static_cast<size_t>(layers),
-                  [&](size_t l) { statuses[l] = prepare(static_cast<int>(l)); });
+  (*prepare_runner_)(static_cast<size_t>(layers),
+                     [&](size_t l) { statuses[l] = prepare(static_cast<int>(l)); });
   for (Status& s : statuses) {
     if (!s.ok()) return fail(std::move(s));
   }

@@ -340,8 +340,13 @@ class Controller {
   ServerStats stats_;  // Internally synchronized.
   // Takes parts of a dense FETCH above server.dense_fetch_split_rows (when that is set).
   HelperThread fetch_helper_;
-  // Prepares layers of an APPEND of server.prepare_split_tokens or more (when that is set).
+  // Prepares layers of an APPEND of server.prepare_split_tokens or more (when that is set), as
+  // prepare_runner_, which every such APPEND hands its sequence.
   HelperThread prepare_helper_;
+  const KvSequence::PartsRunner prepare_runner_ = [this](size_t parts,
+                                                         const std::function<void(size_t)>& run) {
+    prepare_helper_.RunShared(parts, run);
+  };
   std::string endpoint_;  // Set once before serving.
   mutable Mutex http_address_mu_;
   // Bound address; "" = off or not started.

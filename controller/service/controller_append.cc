@@ -174,12 +174,7 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   // A worker's large APPEND (a prefill) prepares its layers with the prepare helper too; the I/O
   // thread hands those to a worker anyway.
   const bool split = deferred == nullptr && source.prepare_split_tokens > 0;
-  entry->seq->SetPrepareRunner(
-      split ? KvSequence::PartsRunner([this](size_t parts, const std::function<void(size_t)>& run) {
-        prepare_helper_.RunShared(parts, run);
-      })
-            : nullptr,
-      source.prepare_split_tokens);
+  entry->seq->SetPrepareRunner(split ? &prepare_runner_ : nullptr, source.prepare_split_tokens);
   KVCTL_RETURN_IF_ERROR(
       AppendWithRelief(*entry, request, tensors.k, tensors.v, tensors.q_or_null(), now, deferred));
   QueueHeldFlush(entry);

@@ -59,7 +59,7 @@ TEST_CASE("KvSequence: prepared on two threads, a prefill keeps what one thread 
         auto pool = testing::MakeTestPool(8 << 20, 4096);
         KvSequence alone(pool.get(), Geometry(), Plans(lossless), settings);
         KvSequence split(pool.get(), Geometry(), Plans(lossless), settings);
-        split.SetPrepareRunner(runner, 64);
+        split.SetPrepareRunner(&runner, 64);
         runs = parts = 0;
         // A light append (rows only: lossless without eviction) takes no Prepare stage at all.
         const int expected_runs = split.AppendIsLight(prefill) ? 0 : 1;
@@ -96,12 +96,11 @@ TEST_CASE("KvSequence: prepared on two threads, the piece that ends a deferred p
   settings.max_deferred_tokens = 1000;
   KvSequence alone(pool.get(), Geometry(), Plans(false), settings);
   KvSequence split(pool.get(), Geometry(), Plans(false), settings);
-  split.SetPrepareRunner(
-      [&](size_t n, const std::function<void(size_t)>& run) {
-        ++runs;
-        helper.RunShared(n, run);
-      },
-      100);
+  const KvSequence::PartsRunner runner = [&](size_t n, const std::function<void(size_t)>& run) {
+    ++runs;
+    helper.RunShared(n, run);
+  };
+  split.SetPrepareRunner(&runner, 100);
   REQUIRE(data.Append(alone, 0, 120).ok());
   for (int first : {0, 40, 80}) {
     REQUIRE(data.Append(split, first, 40, true, /*continues=*/first < 80).ok());
