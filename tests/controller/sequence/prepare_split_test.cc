@@ -2,11 +2,15 @@
 // KvSequence::SetPrepareRunner: an append of at least min_tokens tokens prepares its layers on
 // two threads (the controller's HelperThread), and the sequence afterwards holds exactly what
 // one layer after another gives (every policy, lossless and quantized layers), through the
-// decode steps after it; smaller appends never reach the runner. The sanitizer build runs
-// these under TSan (tools/sanitize.sh tsan-controller).
+// decode steps after it; smaller appends never reach the runner; a layer that fails on either
+// thread fails the whole append as one thread would, leaving nothing of it behind. The sanitizer
+// build runs these under TSan (tools/sanitize.sh tsan-controller).
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "controller/sequence/kv_sequence.h"
@@ -108,6 +112,72 @@ TEST_CASE("KvSequence: prepared on two threads, the piece that ends a deferred p
   }
   CHECK(split.Usage().evicted_tokens > 0);
   RequireSameContents(alone, split);
+}
+
+TEST_CASE("KvSequence: prepared on two threads, one layer's DATA_LOSS fails the append whole",
+          "[controller][threads]") {
+  // A stored slot of one layer changed behind the daemon's back (a byte written straight into
+  // the page, not through the pool): the layer's Prepare finds it when its compression reads the
+  // layer, on whichever thread runs it. The append must fail with the one-thread answer, the
+  // sequence end lost, and no page or token of the failed append remain.
+  const int prefill = 60, step = 64;
+  const testing::Stream data(kLayers, prefill + step, kKvHeads, kQHeads, kDim, 41);
+  HelperThread helper;
+  int runs = 0;
+  const KvSequence::PartsRunner runner = [&](size_t n, const std::function<void(size_t)>& run) {
+    ++runs;
+    helper.RunShared(n, run);
+  };
+  static int pools = 0;
+  for (int bad_layer : {0, kLayers / 2, kLayers - 1}) {
+    std::string alone_answer;
+    for (bool split : {false, true}) {
+      INFO("layer " << bad_layer << (split ? ", two threads" : ", one thread"));
+      auto arena = ShmArena::Create(
+          "/kvctl-test-split-" + std::to_string(getpid()) + "-" + std::to_string(pools++), 8 << 20);
+      REQUIRE(arena.ok());
+      auto created =
+          PageAllocator::Create(std::move(*arena), {.page_bytes = 4096, .checksums = true});
+      REQUIRE(created.ok());
+      PageAllocator& pool = **created;
+      EvictionSettings settings = testing::EvictOn(EvictPolicy::kSnapKV, 2, 8, 8);
+      settings.tokens_per_head = 40;
+      settings.compression_period = 4;
+      KvSequence seq(&pool, Geometry(), Plans(false), settings);
+      seq.SetPrepareRunner(split ? &runner : nullptr, 32);
+      REQUIRE(data.Append(seq, 0, prefill).ok());
+      REQUIRE(seq.Verify(0, kLayers).ok());
+      const uint32_t pages_before = pool.Stats().pages_used;
+      const SequenceUsage usage_before = seq.Usage();
+      // A code byte of the first record of (bad_layer, head 1) flipped in place. A record, not
+      // a row: the rows about to be flushed are checked before any layer is prepared.
+      const HeadBlocks blocks = seq.Blocks(bad_layer, 1);
+      REQUIRE(blocks.records > 0);
+      const uint32_t id = blocks.record_ids[0];
+      const BlockLayout layout = BlockLayoutOf(seq.HeadSpec(bad_layer, 1));
+      pool.PagePointer(
+          id / blocks.records_per_page)[(id % blocks.records_per_page) * layout.record_bytes +
+                                        layout.k_codes_offset] ^= 0x40;
+      runs = 0;
+      const Status appended = data.Append(seq, prefill, step);
+      CHECK(runs == (split ? 1 : 0));
+      CHECK(appended.code() == StatusCode::kDataLoss);
+      CHECK_THAT(appended.message(), Catch::Contains("changed outside the daemon"));
+      CHECK(seq.integrity().code() == StatusCode::kDataLoss);
+      // Nothing of the failed append stayed: no pages, no tokens, no evictions.
+      CHECK(pool.Stats().pages_used == pages_before);
+      CHECK(seq.Usage().tokens == usage_before.tokens);
+      CHECK(seq.Usage().kept_tokens == usage_before.kept_tokens);
+      CHECK(seq.Usage().evicted_tokens == usage_before.evicted_tokens);
+      // The sequence stays lost: a later append answers the same, on one thread or two.
+      CHECK(data.Append(seq, prefill, 1).code() == StatusCode::kDataLoss);
+      if (!split) {
+        alone_answer = appended.ToString();
+      } else {
+        CHECK(appended.ToString() == alone_answer);
+      }
+    }
+  }
 }
 
 }  // namespace
