@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 """What a prefill's APPENDs cost the engine that waits for them: wall time of every APPEND of a
---tokens prefill, sent in the pieces the HF adapter sends (APPEND_CONTINUES on all but the last,
-each at most 64 MiB with queries), and the daemon's CPU for them, with server.prepare_split_tokens
-at each --split value, alternated over --rounds daemons each. Random rows in SmolLM2-135M's
+--tokens prefill, sent in the pieces the HF adapter sends (APPEND_CONTINUES on all but the last;
+through the session's staging slot in pieces that fit it, or with --inline on the socket in
+pieces of at most 64 MiB with queries), and the daemon's CPU for them, with
+server.prepare_split_tokens at each --split value, alternated over --rounds daemons each. Random rows in SmolLM2-135M's
 geometry (30 layers, 3 KV heads, 9 query heads, head_dim 64, float32 as the adapter sends them):
 the scorers' and encoders' cost does not depend on the values much. The default settings are the
 1/8 recipe (configs/README.md). Prints one JSON object: per split value the medians of the total
@@ -33,7 +34,7 @@ RECIPE = {
 }
 
 
-def one_prefill(kvctl_bin, settings, k, v, q):
+def one_prefill(kvctl_bin, settings, k, v, q, inline):
     """Wall seconds of all APPENDs and of the last, and the daemon's CPU seconds for them."""
     from kvctl.client import Client
     from kvctl.hf_cli import process_cpu_seconds
@@ -47,12 +48,16 @@ def one_prefill(kvctl_bin, settings, k, v, q):
             client = Client(daemon.endpoint, timeout_ms=600000)
             client.hello(LAYERS, KV_HEADS, HEAD_DIM, dtype="float32", q_heads=Q_HEADS)
             client.open(1)
+            session = client.session
+            staging = not inline and session.has_staging and session.staging_bytes >= per_token
+            if staging:
+                step = min(step, session.staging_bytes // per_token)
             cpu0, wall0, last = process_cpu_seconds(daemon.proc.pid), time.perf_counter(), 0.0
             for a in range(0, tokens, step):
                 e = min(tokens, a + step)
                 t = time.perf_counter()
                 client.append(1, k[:, a:e], v[:, a:e], q=q[:, a:e], first_position=a,
-                              continues=e < tokens)
+                              continues=e < tokens, use_staging=staging)
                 last = time.perf_counter() - t
             wall = time.perf_counter() - wall0
             cpu = process_cpu_seconds(daemon.proc.pid) - cpu0
@@ -69,6 +74,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a daemon setting over the recipe (repeatable)")
+    ap.add_argument("--inline", action="store_true",
+                    help="send the pieces on the socket, as the adapter did before session 49")
     ap.add_argument("--kvctl-bin", default=os.path.join(os.path.dirname(HERE), "build", "bin",
                                                          "kvctl"))
     args = ap.parse_args()
@@ -87,8 +94,9 @@ def main():
     for _ in range(args.rounds):
         for s in splits:
             settings["server.prepare_split_tokens"] = str(s)
-            runs[s].append(one_prefill(args.kvctl_bin, settings, k, v, q))
-    out = {"tokens": args.tokens, "rounds": args.rounds, "settings": settings,
+            runs[s].append(one_prefill(args.kvctl_bin, settings, k, v, q, args.inline))
+    out = {"tokens": args.tokens, "rounds": args.rounds, "inline": args.inline,
+           "settings": settings,
            "load_end": os.getloadavg()[0], "splits": {}}
     base = statistics.median(w for w, _, _ in runs[splits[0]])
     for s in splits:

@@ -126,8 +126,8 @@ StatusOr<const uint8_t*> StagingSnapshot::Copy(const StagingObject& object, uint
   return data_.get();
 }
 
-void StagingSnapshot::Trim() {
-  if (capacity_ <= kRetainBytes) return;
+void StagingSnapshot::Trim(bool more_pieces) {
+  if (capacity_ <= (more_pieces ? kRetainPieceBytes : kRetainBytes)) return;
   data_.reset();
   capacity_ = 0;
 }

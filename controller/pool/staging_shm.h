@@ -59,17 +59,23 @@ class StagingObject {
 //
 // Thread safety: none; one per thread that handles APPENDs (each handles one at a time). A copy
 // of at most kRetainBytes (a decode step's rows: tens of KiB) is kept for the next APPEND;
-// Trim gives back a larger one (a prefill chunk, up to pool.staging_bytes_per_session).
+// Trim gives back a larger one (a prefill chunk, up to pool.staging_bytes_per_session), except
+// between the pieces of one prefill (APPEND_CONTINUES) up to kRetainPieceBytes: allocating the
+// buffer again for each piece faulted in fresh pages for every byte staged.
 class StagingSnapshot {
  public:
   static constexpr uint64_t kRetainBytes = uint64_t{1} << 20;
+  static constexpr uint64_t kRetainPieceBytes = uint64_t{64} << 20;
 
   // Copies bytes [offset, offset + bytes) of `object` and returns the copy, valid until the next
   // Copy or Trim. RESOURCE_EXHAUSTED when the memory for it cannot be had.
   // REQUIRES: offset + bytes <= object.bytes() (the caller checked the span against the slot).
   StatusOr<const uint8_t*> Copy(const StagingObject& object, uint64_t offset, uint64_t bytes);
-  // Frees a copy larger than kRetainBytes.
-  void Trim();
+  // Frees a copy larger than kRetainBytes; with more_pieces (the APPEND was flagged
+  // APPEND_CONTINUES), only one larger than kRetainPieceBytes.
+  void Trim(bool more_pieces);
+  // Bytes of the copy buffer held now.
+  uint64_t retained_bytes() const { return capacity_; }
 
  private:
   std::unique_ptr<uint8_t[]> data_;

@@ -126,8 +126,9 @@ StatusOr<ipc::AppendReply> Controller::Append(const ipc::AppendRequest& request,
   thread_local StagingSnapshot snapshot;
   struct TrimSnapshot {
     StagingSnapshot& snapshot;
-    ~TrimSnapshot() { snapshot.Trim(); }
-  } trim_snapshot{snapshot};
+    bool more_pieces;
+    ~TrimSnapshot() { snapshot.Trim(more_pieces); }
+  } trim_snapshot{snapshot, request.continues};
   KVCTL_ASSIGN_OR_RETURN(const uint8_t* staged, ReadStaged(request, source, snapshot, deferred));
   KVCTL_ASSIGN_OR_RETURN(const AppendTensors tensors,
                          ViewAppendTensors(request, source.geometry, staged));

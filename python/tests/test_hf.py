@@ -149,26 +149,55 @@ def test_split_prefill_is_flagged_and_keeps_what_one_append_keeps(smollm2, token
                                                                  policy):
     """A prefill split into several APPENDs (a small _MAX_APPEND_BYTES) flags all but the last
     APPEND_CONTINUES, so the daemon evicts once: the logits equal those of one APPEND, bit for
-    bit (unflagged pieces would evict the first with its own last queries)."""
+    bit (unflagged pieces would evict the first with its own last queries). Inline: the test
+    daemons' staging slots would split the prefill by themselves."""
     import kvctl.hf_cache as hf_cache
     model, _ = smollm2
     daemon = _shared_factory(quant__method="fp16", budget__mode="evict-only",
                              budget__token_fraction=0.25, evict__policy=policy, evict__sinks=4,
                              evict__window=16, evict__obs_window=16, evict__compression_period=4,
                              pool__bytes="64MiB")
-    with KvctlCache(model, daemon.endpoint, send_q=True) as cache:
+    with KvctlCache(model, daemon.endpoint, send_q=True, use_staging=False) as cache:
         whole = forward_loop(model, cache, tokens, prefill=70)
         assert cache.counters["appends_continued"] == 0
     # About 25 tokens per APPEND: 70 prefill tokens in 3 APPENDs, the first 2 flagged.
     per_token = sum(2 * l.k_proj.out_features + l.q_proj.out_features
                     for l in (layer.self_attn for layer in model.model.layers)) * 4
     monkeypatch.setattr(hf_cache, "_MAX_APPEND_BYTES", per_token * 25)
-    with KvctlCache(model, daemon.endpoint, send_q=True) as cache:
+    with KvctlCache(model, daemon.endpoint, send_q=True, use_staging=False) as cache:
         split = forward_loop(model, cache, tokens, prefill=70)
         assert cache.counters["appends_continued"] == 2
         seq = cache.stats(section="sequences")["sequences"]
         assert int(seq["tokens_evicted_total"]) > 0 and int(seq["tokens_deferred"]) == 0
     assert torch.equal(whole, split)
+
+
+def test_prefill_larger_than_the_staging_slot_goes_through_it_in_pieces(smollm2, tokens,
+                                                                      _shared_factory):
+    """A prefill that does not fit the session's staging slot is written into it in slot-sized
+    APPENDs, all but the last flagged APPEND_CONTINUES, instead of travelling inline: the logits
+    equal those of the same prefill sent inline, bit for bit, and the daemon evicts once."""
+    model, _ = smollm2
+    daemon = _shared_factory(quant__method="kivi", quant__k_bits=2, quant__v_bits=2,
+                             budget__mode="evict-only", budget__token_fraction=0.5,
+                             evict__policy="snapkv", evict__sinks=4, evict__window=16,
+                             evict__obs_window=16, evict__compression_period=4,
+                             pool__bytes="64MiB", pool__staging_bytes_per_session="1MiB")
+    with KvctlCache(model, daemon.endpoint, send_q=True, use_staging=False) as cache:
+        inline = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.counters["appends_staged"] == 0 and cache.counters["appends_continued"] == 0
+    per_token = sum(2 * l.k_proj.out_features + l.q_proj.out_features
+                    for l in (layer.self_attn for layer in model.model.layers)) * 4
+    pieces = -(-70 // ((1 << 20) // per_token))
+    assert pieces > 2
+    with KvctlCache(model, daemon.endpoint, send_q=True) as cache:
+        staged = forward_loop(model, cache, tokens, prefill=70)
+        assert cache.counters["appends_continued"] == pieces - 1
+        assert cache.counters["appends_staged"] == cache.counters["appends"]
+        assert all(seq.client.staging_fallbacks == 0 for seq in cache.seqs)
+        seq = cache.stats(section="sequences")["sequences"]
+        assert int(seq["tokens_evicted_total"]) > 0 and int(seq["tokens_deferred"]) == 0
+    assert torch.equal(inline, staged)
 
 
 @pytest.mark.parametrize("policy,stagger", [("streaming", False), ("snapkv", False),

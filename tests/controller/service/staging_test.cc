@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "controller/pool/staging_shm.h"
 #include "controller/service/controller.h"
 
 namespace kvctl {
@@ -236,6 +237,41 @@ TEST_CASE("Staging objects: a slot rewritten during its APPENDs never puts a bad
   for (size_t i = 0; i < k.size(); ++i) bad += !std::isfinite(k[i]) + !std::isfinite(v[i]);
   CHECK(bad == 0);
   munmap(slot, session->staging_bytes);
+}
+
+TEST_CASE("Staging snapshot: one copy buffer between a prefill's pieces, given back after",
+          "[controller][staging]") {
+  // Objects of 4 MiB: larger than what is kept after an APPEND (kRetainBytes), within what is
+  // kept between the pieces of one prefill (kRetainPieceBytes).
+  StagingObjects objects("/kvctl-snap-test-" + std::to_string(getpid()), 1, 4 << 20);
+  StatusOr<std::shared_ptr<StagingObject>> object = objects.Acquire();
+  REQUIRE(object.ok());
+  const uint64_t bytes = (*object)->bytes();
+  REQUIRE(bytes > StagingSnapshot::kRetainBytes);
+  REQUIRE(bytes <= StagingSnapshot::kRetainPieceBytes);
+  for (uint64_t i = 0; i < bytes; ++i) (*object)->data()[i] = static_cast<uint8_t>(i * 7);
+  StagingSnapshot snapshot;
+  StatusOr<const uint8_t*> first = snapshot.Copy(**object, 0, bytes);
+  REQUIRE(first.ok());
+  CHECK(std::memcmp(*first, (*object)->data(), bytes) == 0);
+  snapshot.Trim(/*more_pieces=*/true);
+  (*object)->data()[5] ^= 0xFF;  // The engine writes the next piece.
+  StatusOr<const uint8_t*> second = snapshot.Copy(**object, 0, bytes);
+  REQUIRE(second.ok());
+  CHECK(*second == *first);  // The same buffer, holding the new bytes.
+  CHECK(std::memcmp(*second, (*object)->data(), bytes) == 0);
+  CHECK(snapshot.retained_bytes() == bytes);
+  // The last piece: the buffer is given back; a later copy allocates again.
+  snapshot.Trim(/*more_pieces=*/false);
+  CHECK(snapshot.retained_bytes() == 0);
+  StatusOr<const uint8_t*> third = snapshot.Copy(**object, 1, bytes - 1);
+  REQUIRE(third.ok());
+  CHECK(std::memcmp(*third, (*object)->data() + 1, bytes - 1) == 0);
+  // A decode step's copy stays after any APPEND.
+  snapshot.Trim(false);
+  REQUIRE(snapshot.Copy(**object, 0, 4096).ok());
+  snapshot.Trim(false);
+  CHECK(snapshot.retained_bytes() == 4096);
 }
 
 TEST_CASE("Staging objects: a dead daemon's leftovers are removed at the next start",
