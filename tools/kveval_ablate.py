@@ -10,7 +10,9 @@ Rows come from the environment, then kveval's own arguments follow:
   ABL_MAX_APPEND_BYTES=N  the HF cache's largest APPEND (kvctl.hf_cache._MAX_APPEND_BYTES, 64 MiB):
                      larger sends a long prefill as one APPEND. Since APPEND_CONTINUES (the HF
                      cache flags every chunk but the last) the daemon evicts once either way, so
-                     this no longer changes the results; it checks that it does not
+                     this no longer changes the results; it checks that it does not. Pieces
+                     also fit the session's staging slot (8 MiB by default, since session 49):
+                     add pool.staging_bytes_per_session=0 to a row's keys for inline pieces
   ABL_ROWS='s=snapkv:0.25:evict.group=max' python3 tools/kveval_ablate.py --rows s --text F ...
 It patches kveval's row table and press factory; a rewrite of kveval may break it."""
 import os, sys
