@@ -542,8 +542,12 @@ class KvctlCache(PrefixReuse, Cache):
         # [layers, batch, n, heads, D] in one contiguous float32 array each.
         k = torch.stack([l.pending_k.transpose(1, 2) for l in layers]).float().numpy()
         v = torch.stack([l.pending_v.transpose(1, 2) for l in layers]).float().numpy()
-        q = (torch.stack([l.pending_q.transpose(1, 2) for l in layers]).float().numpy()
-             if self.send_q else None)
+        # Q is sent and never kept: each piece is stacked from the layers' [batch, n, heads, D]
+        # views when it is sent (an 8K SmolLM2 prefill's Q is 566 MB; stacking it whole took
+        # 0.35 s of the first step, and each piece was copied again to be contiguous).
+        q_layers = [l.pending_q.transpose(1, 2) for l in layers] if self.send_q else None
+        q_token_bytes = (len(layers) * q_layers[0].shape[2] * q_layers[0].shape[3] * 4
+                         if self.send_q else 0)
         if k.shape[1] not in (self.batch, 1):
             raise KvctlError("KvctlCache: a step of batch %d for a cache of batch %d (expected "
                              "%d, or 1 for a step shared by every sequence)"
@@ -555,7 +559,7 @@ class KvctlCache(PrefixReuse, Cache):
             # Pending rows of batch 1 with a larger batch: one step shared by every sequence
             # (a prefill the caller ran once for all of them, as kveval does); sent to each.
             src = b if k.shape[1] == self.batch else 0
-            per_token = 2 * k[:, src, :1].nbytes + (q[:, src, :1].nbytes if seq.send_q else 0)
+            per_token = 2 * k[:, src, :1].nbytes + (q_token_bytes if seq.send_q else 0)
             step = max(1, _MAX_APPEND_BYTES // per_token)
             # The staging layout is the tensors back to back, per_token bytes a token.
             slot_tokens = (seq.session.staging_bytes // per_token
@@ -567,9 +571,10 @@ class KvctlCache(PrefixReuse, Cache):
                 # The chunk that ends at the prefix save point is not flagged: SAVE_PREFIX
                 # needs a sequence whose prefill has ended.
                 continues = e < n and self.appended + e != self._save_at
+                q = (torch.stack([x[src, a:e] for x in q_layers]).float().numpy()
+                     if seq.send_q else None)
                 seq.last_append = seq.client.append(
-                    seq.sequence_id, k[:, src, a:e], v[:, src, a:e],
-                    q=q[:, src, a:e] if seq.send_q else None,
+                    seq.sequence_id, k[:, src, a:e], v[:, src, a:e], q=q,
                     first_position=self.appended + a, use_staging=staging,
                     continues=continues)
                 self.counters["appends_continued"] += int(continues)
