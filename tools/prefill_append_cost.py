@@ -4,12 +4,12 @@
 --tokens prefill, sent in the pieces the HF adapter sends (APPEND_CONTINUES on all but the last;
 through the session's staging slot in pieces that fit it, or with --inline on the socket in
 pieces of at most 64 MiB with queries), and the daemon's CPU for them, with
-server.prepare_split_tokens at each --split value, alternated over --rounds daemons each. Random rows in SmolLM2-135M's
-geometry (30 layers, 3 KV heads, 9 query heads, head_dim 64, float32 as the adapter sends them):
-the scorers' and encoders' cost does not depend on the values much. The default settings are the
-1/8 recipe (configs/README.md). Prints one JSON object: per split value the medians of the total
-wall, the last APPEND's wall (the one that evicts over the whole prefill) and the daemon's CPU,
-and each value's wall against the first value's.
+server.prepare_split_tokens at each --split value, alternated over --rounds daemons each. Random
+rows in SmolLM2-135M's geometry (30 layers, 3 KV heads, 9 query heads, head_dim 64, float32 as
+the adapter sends them): the scorers' and encoders' cost does not depend on the values much. The
+default settings are the 1/8 recipe (configs/README.md). Prints one JSON object: per split value
+the medians of the total wall, the last APPEND's wall (the one that evicts over the whole prefill)
+and the daemon's CPU, and each value's wall against the first value's.
 
   python3 tools/prefill_append_cost.py --tokens 8192 --split 0 --split 512 --rounds 3
 """
@@ -48,10 +48,10 @@ def one_prefill(kvctl_bin, settings, k, v, q, inline):
             client = Client(daemon.endpoint, timeout_ms=600000)
             client.hello(LAYERS, KV_HEADS, HEAD_DIM, dtype="float32", q_heads=Q_HEADS)
             client.open(1)
-            session = client.session
-            staging = not inline and session.has_staging and session.staging_bytes >= per_token
+            slot_tokens = 0 if inline else client.session.staging_tokens(per_token)
+            staging = slot_tokens > 0
             if staging:
-                step = min(step, session.staging_bytes // per_token)
+                step = min(step, slot_tokens)
             cpu0, wall0, last = process_cpu_seconds(daemon.proc.pid), time.perf_counter(), 0.0
             for a in range(0, tokens, step):
                 e = min(tokens, a + step)

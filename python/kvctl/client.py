@@ -77,6 +77,14 @@ class Session:
         device by the engine (PROTOCOL.md 4.1); this client then sends tensors inline."""
         return self.staging_bytes > 0 and bool(self.staging_shm_name or self.shm_name)
 
+    def staging_tokens(self, bytes_per_token: int) -> int:
+        """The most tokens of bytes_per_token each (K, V and Q of every layer together: the
+        staging layout puts the tensors back to back) that one APPEND can carry through the
+        slot; 0 without a slot this client can map. A longer prefill goes in pieces of this
+        many, APPEND_CONTINUES on all but the last (docs/kvbench_ipc.md "Prefill pieces through
+        the staging slot")."""
+        return self.staging_bytes // bytes_per_token if self.has_staging else 0
+
     @property
     def pool_on_device(self) -> bool:
         return self.pool_location == p.POOL_CUDA_DEVICE

@@ -565,9 +565,7 @@ class KvctlCache(PrefixReuse, Cache):
             src = b if k.shape[1] == self.batch else 0
             per_token = 2 * k[:, src, :1].nbytes + (q_token_bytes if seq.send_q else 0)
             step = max(1, _MAX_APPEND_BYTES // per_token)
-            # The staging layout is the tensors back to back, per_token bytes a token.
-            slot_tokens = (seq.session.staging_bytes // per_token
-                           if self.use_staging and seq.session.has_staging else 0)
+            slot_tokens = seq.session.staging_tokens(per_token) if self.use_staging else 0
             if slot_tokens > 0:
                 step = min(step, slot_tokens)
             for a, e in self._append_chunks(n, step):

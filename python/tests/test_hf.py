@@ -195,6 +195,7 @@ def test_prefill_larger_than_the_staging_slot_goes_through_it_in_pieces(smollm2,
         assert cache.counters["appends_continued"] == pieces - 1
         assert cache.counters["appends_staged"] == cache.counters["appends"]
         assert all(seq.client.staging_fallbacks == 0 for seq in cache.seqs)
+        assert cache.seqs[0].session.staging_tokens(per_token) == (1 << 20) // per_token
         seq = cache.stats(section="sequences")["sequences"]
         assert int(seq["tokens_evicted_total"]) > 0 and int(seq["tokens_deferred"]) == 0
     assert torch.equal(inline, staged)
