@@ -5,12 +5,9 @@
 // decode steps after it; smaller appends never reach the runner; a layer that fails on either
 // thread fails the whole append as one thread would, leaving nothing of it behind. The sanitizer
 // build runs these under TSan (tools/sanitize.sh tsan-controller).
-#include <unistd.h>
-
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "controller/sequence/kv_sequence.h"
@@ -128,18 +125,12 @@ TEST_CASE("KvSequence: prepared on two threads, one layer's DATA_LOSS fails the 
     ++runs;
     helper.RunShared(n, run);
   };
-  static int pools = 0;
   for (int bad_layer : {0, kLayers / 2, kLayers - 1}) {
     std::string alone_answer;
     for (bool split : {false, true}) {
       INFO("layer " << bad_layer << (split ? ", two threads" : ", one thread"));
-      auto arena = ShmArena::Create(
-          "/kvctl-test-split-" + std::to_string(getpid()) + "-" + std::to_string(pools++), 8 << 20);
-      REQUIRE(arena.ok());
-      auto created =
-          PageAllocator::Create(std::move(*arena), {.page_bytes = 4096, .checksums = true});
-      REQUIRE(created.ok());
-      PageAllocator& pool = **created;
+      auto created = testing::MakeTestPool(8 << 20, 4096, /*checksums=*/true);
+      PageAllocator& pool = *created;
       EvictionSettings settings = testing::EvictOn(EvictPolicy::kSnapKV, 2, 8, 8);
       settings.tokens_per_head = 40;
       settings.compression_period = 4;

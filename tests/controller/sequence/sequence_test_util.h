@@ -28,13 +28,16 @@
 namespace kvctl::testing {
 
 // A pool of `bytes` in a new POSIX shm object (unlinked when the pool goes), no staging.
-inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page_bytes = 64 << 10) {
+// `checksums`: pages sealed and verified (PageAllocator::Options::checksums).
+inline std::unique_ptr<PageAllocator> MakeTestPool(uint64_t bytes, uint64_t page_bytes = 64 << 10,
+                                                   bool checksums = false) {
   static int counter = 0;
   const std::string name =
       "/kvctl-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   auto arena = ShmArena::Create(name, bytes);
   REQUIRE(arena.ok());
-  auto pool = PageAllocator::Create(std::move(*arena), {page_bytes, 0, 0});
+  auto pool =
+      PageAllocator::Create(std::move(*arena), {.page_bytes = page_bytes, .checksums = checksums});
   REQUIRE(pool.ok());
   return std::move(pool).value();
 }
