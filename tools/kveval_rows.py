@@ -405,7 +405,11 @@ def k4v3_rows():
             ("turbo_k4v3_f80_pg16k", 0, 80, 16, {"pool.page_bytes": "16KiB"}),    # 0.2485
             # Over the band (session 33): the 128-token tail alone, to tell what the tail buys
             # from what evicting 5 % costs in evict_*_95_turbo_k4v3_f128.
-            ("turbo_k4v3_f128", 0, 128, 32, {})):                                   # 0.2605
+            ("turbo_k4v3_f128", 0, 128, 32, {}),                                    # 0.2605
+            # At 8K a tail row costs a quarter of what it does at 2K (session 50): the 64-token
+            # tail reserves 0.239 there, so a 192- or 256-token one stays inside the band.
+            ("turbo_k4v3_f192", 0, 192, 32, {}),
+            ("turbo_k4v3_f256", 0, 256, 32, {})):
         settings = quant("turbo", 4, 3, quant__sink_tokens=sinks, quant__flush_tokens=flush,
                          quant__block_tokens=block)
         settings.update(extra)
