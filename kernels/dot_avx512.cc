@@ -1,13 +1,22 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
 // AVX-512 VNNI instance of kernels/dot.h's int16 dot products (DotRowsManyI16). vpdpwssd adds 32
 // int16 products, summed in pairs, into sixteen int32 lanes in one instruction (AVX2 needs a
-// vpmaddwd and a vpaddd), and 32 vector registers hold a 4 x 4 block of accumulators with its
-// four rows of keys. Integer sums in any order equal DotI16Ref's (the lanes wrap modulo 2^32
+// vpmaddwd and a vpaddd). Integer sums in any order equal DotI16Ref's (the lanes wrap modulo 2^32
 // like the reference's sum; the true total fits int32 by the caller's requirement). Only called
-// when the CPU has AVX-512F/BW/VL and VNNI; rows whose length is not a multiple of 32, and the
-// last count % 4 rows, go to the AVX2 path.
+// when the CPU has AVX-512F/BW/VL and VNNI; rows whose length is not a multiple of 32 go to the
+// AVX2 path.
+//
+// Two layouts. With a few rows of `a` (fewer than kMinRowsLanesOverKeys), lanes over elements: a
+// 4 x 4 block of accumulators, each dot product summed across its lanes at the end. With more,
+// lanes over keys: 32 keys at a time are transposed into pairs (vector p holds elements 2p and
+// 2p + 1 of sixteen keys), and each row of `a` broadcasts its pairs against them, so a vector
+// of sixteen totals comes out with no sum across lanes. At D = 64 that sum was most of the
+// first layout's instructions: the second takes 0.5 ns a dot product against 1.3-1.4 with 1,024
+// rows x 32 keys, and is still ahead at 8 rows; at 4 rows the transposes cost more than they
+// save (D = 128). docs/eviction.md "Timings" has the table.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/dot.h"
@@ -54,6 +63,101 @@ __attribute__((always_inline)) inline void BlockVnni(const int16_t* a, int64_t a
   }
 }
 
+// The lanes-over-keys layout (see the top): kKeyGroup keys at a time, pair p of key k at
+// kt[p * kKeyGroup + k].
+constexpr int64_t kKeyGroup = 32;
+constexpr int64_t kMaxPairs = 128;  // Rows of up to 256 elements; longer ones take the other.
+constexpr int64_t kMinRowsLanesOverKeys = 8;
+
+// 16 x 16 int32 transpose in registers: r[i] lane j -> r[j] lane i.
+__attribute__((always_inline)) inline void Transpose16(__m512i* r) {
+  // v[k][m], block L: element 4L + m of rows 4k..4k+3.
+  __m512i v[4][4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512i lo01 = _mm512_unpacklo_epi32(r[4 * k], r[4 * k + 1]);
+    const __m512i hi01 = _mm512_unpackhi_epi32(r[4 * k], r[4 * k + 1]);
+    const __m512i lo23 = _mm512_unpacklo_epi32(r[4 * k + 2], r[4 * k + 3]);
+    const __m512i hi23 = _mm512_unpackhi_epi32(r[4 * k + 2], r[4 * k + 3]);
+    v[k][0] = _mm512_unpacklo_epi64(lo01, lo23);
+    v[k][1] = _mm512_unpackhi_epi64(lo01, lo23);
+    v[k][2] = _mm512_unpacklo_epi64(hi01, hi23);
+    v[k][3] = _mm512_unpackhi_epi64(hi01, hi23);
+  }
+  // Row 4L + m of the result: block L of v[0][m], v[1][m], v[2][m], v[3][m]. 0x88 takes blocks
+  // 0 and 2 of each source, 0xDD blocks 1 and 3.
+  for (int m = 0; m < 4; ++m) {
+    const __m512i x0 = _mm512_shuffle_i32x4(v[0][m], v[1][m], 0x88);
+    const __m512i x1 = _mm512_shuffle_i32x4(v[0][m], v[1][m], 0xDD);
+    const __m512i x2 = _mm512_shuffle_i32x4(v[2][m], v[3][m], 0x88);
+    const __m512i x3 = _mm512_shuffle_i32x4(v[2][m], v[3][m], 0xDD);
+    r[m] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    r[8 + m] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    r[4 + m] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+}
+
+// kt <- the pairs of `keys` (< kKeyGroup; the rest zero) rows of n elements, `stride` apart.
+void TransposePairs(const int16_t* rows, int64_t stride, int64_t keys, int64_t n, int32_t* kt) {
+  const int64_t pairs = n / 2;
+  for (int64_t k0 = 0; k0 < kKeyGroup; k0 += 16) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      __m512i r[16];
+      for (int64_t k = 0; k < 16; ++k) {
+        r[k] = k0 + k < keys ? _mm512_loadu_si512(rows + (k0 + k) * stride + 2 * p0)
+                             : _mm512_setzero_si512();
+      }
+      Transpose16(r);
+      for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(kt + (p0 + p) * kKeyGroup + k0, r[p]);
+    }
+  }
+}
+
+// out[i * out_stride + k] = a_i . key k for A rows of `a` and the first `keys` keys of kt.
+template <int A>
+__attribute__((always_inline)) inline void GroupRows(const int16_t* a, int64_t a_stride,
+                                                     const int32_t* kt, int64_t pairs, int64_t keys,
+                                                     int32_t* out, int64_t out_stride) {
+  __m512i acc[A][2];
+  for (int i = 0; i < A; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512i k0 = _mm512_load_si512(kt + p * kKeyGroup);
+    const __m512i k1 = _mm512_load_si512(kt + p * kKeyGroup + 16);
+    for (int i = 0; i < A; ++i) {
+      int32_t pair;
+      __builtin_memcpy(&pair, a + i * a_stride + 2 * p, sizeof(pair));
+      const __m512i x = _mm512_set1_epi32(pair);
+      acc[i][0] = _mm512_dpwssd_epi32(acc[i][0], x, k0);
+      acc[i][1] = _mm512_dpwssd_epi32(acc[i][1], x, k1);
+    }
+  }
+  const __mmask16 m0 = keys >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << keys) - 1);
+  const __mmask16 m1 = keys >= 32 ? 0xFFFF : static_cast<__mmask16>((1u << (keys - 16)) - 1);
+  for (int i = 0; i < A; ++i) {
+    _mm512_mask_storeu_epi32(out + i * out_stride, m0, acc[i][0]);
+    if (keys > 16) _mm512_mask_storeu_epi32(out + i * out_stride + 16, m1, acc[i][1]);
+  }
+}
+
+void LanesOverKeys(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                   int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
+  alignas(64) int32_t kt[kMaxPairs * kKeyGroup];
+  const int64_t pairs = n / 2;
+  for (int64_t r = 0; r < count; r += kKeyGroup) {
+    const int64_t keys = std::min(kKeyGroup, count - r);
+    TransposePairs(rows + r * stride, stride, keys, n, kt);
+    int64_t q = 0;
+    for (; q + 4 <= a_count; q += 4) {
+      GroupRows<4>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride + r,
+                   out_stride);
+    }
+    for (; q < a_count; ++q) {
+      GroupRows<1>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride + r,
+                   out_stride);
+    }
+  }
+}
+
 }  // namespace
 
 void DotRowsManyI16Avx512Vnni(const int16_t* a, int64_t a_stride, int64_t a_count,
@@ -61,6 +165,10 @@ void DotRowsManyI16Avx512Vnni(const int16_t* a, int64_t a_stride, int64_t a_coun
                               int32_t* out, int64_t out_stride) {
   if (n % 32 != 0) {
     DotRowsManyI16Avx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+    return;
+  }
+  if (a_count >= kMinRowsLanesOverKeys && n <= 2 * kMaxPairs) {
+    LanesOverKeys(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }
   // Four rows of `rows` at a time (in registers for the whole pass), every row of `a` over them:

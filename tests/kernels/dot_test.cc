@@ -201,6 +201,52 @@ TEST_CASE("DotRowsManyI16: DotI16Ref's values at every SIMD level") {
   }
 }
 
+TEST_CASE("DotRowsManyI16: many rows and keys, DotI16Ref's values at every SIMD level") {
+  // The AVX-512 VNNI path takes 32 keys at a time, transposed, when a has 8 rows or more: whole
+  // and partial groups of keys, whole and partial blocks of 4 rows, every row length it takes
+  // (multiples of 32 up to 256) and one it leaves to the other layout (288).
+  const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
+  if (levels.empty()) return Skip(kNoSimd);
+  SimdLevelGuard guard;
+  std::mt19937 rng(29);
+  for (SimdLevel level : levels) {
+    REQUIRE(SetSimdLevel(level).ok());
+    for (int64_t n : {32, 64, 128, 256, 288}) {
+      // Elements up to 2^15 / sqrt(n) keep every sum within int32, as unit keys are.
+      const int bound = n <= 64 ? 4095 : 2047;
+      std::uniform_int_distribution<int> element(-bound, bound);
+      for (int64_t a_count : {4, 7, 8, 13, 17}) {
+        for (int64_t count : {1, 15, 16, 17, 31, 32, 33, 64, 77}) {
+          const int64_t a_stride = n + 3, stride = n + 2 * (count % 3);
+          const int64_t out_stride = count + 5;  // Gaps between the output rows stay untouched.
+          std::vector<int16_t> a(static_cast<size_t>(a_stride * a_count + 1));
+          std::vector<int16_t> rows(static_cast<size_t>(stride * count + 1));
+          for (int16_t& v : a) v = static_cast<int16_t>(element(rng));
+          for (int16_t& v : rows) v = static_cast<int16_t>(element(rng));
+          std::vector<int32_t> out(static_cast<size_t>(out_stride * a_count + 1), 42);
+          DotRowsManyI16(a.data(), a_stride, a_count, rows.data(), stride, count, n, out.data(),
+                         out_stride);
+          int64_t wrong = 0, gaps_touched = 0;
+          for (int64_t q = 0; q < a_count; ++q) {
+            for (int64_t r = 0; r < out_stride; ++r) {
+              const int32_t got = out[static_cast<size_t>(q * out_stride + r)];
+              if (r >= count) {
+                gaps_touched += got != 42;
+              } else {
+                wrong += got != DotI16Ref(a.data() + q * a_stride, rows.data() + r * stride, n);
+              }
+            }
+          }
+          INFO(SimdLevelName(level) << " n " << n << " a_count " << a_count << " count " << count);
+          CHECK(wrong == 0);
+          CHECK(gaps_touched == 0);
+          CHECK(out.back() == 42);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("DotPairsI16: DotI16Ref's values of the chosen pairs at every SIMD level") {
   const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   if (levels.empty()) return Skip(kNoSimd);
