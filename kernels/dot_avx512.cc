@@ -68,6 +68,8 @@ __attribute__((always_inline)) inline void BlockVnni(const int16_t* a, int64_t a
 constexpr int64_t kKeyGroup = 32;
 constexpr int64_t kMaxPairs = 128;  // Rows of up to 256 elements; longer ones take the other.
 constexpr int64_t kMinRowsLanesOverKeys = 8;
+// Fewer keys leave most lanes of a vector idle (R-KV's first scan step has 8).
+constexpr int64_t kMinKeysLanesOverKeys = 16;
 
 // 16 x 16 int32 transpose in registers: r[i] lane j -> r[j] lane i.
 __attribute__((always_inline)) inline void Transpose16(__m512i* r) {
@@ -100,7 +102,7 @@ __attribute__((always_inline)) inline void Transpose16(__m512i* r) {
 // kt <- the pairs of `keys` (< kKeyGroup; the rest zero) rows of n elements, `stride` apart.
 void TransposePairs(const int16_t* rows, int64_t stride, int64_t keys, int64_t n, int32_t* kt) {
   const int64_t pairs = n / 2;
-  for (int64_t k0 = 0; k0 < kKeyGroup; k0 += 16) {
+  for (int64_t k0 = 0; k0 < keys; k0 += 16) {  // A group of 16 keys or fewer reads one half.
     for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
       __m512i r[16];
       for (int64_t k = 0; k < 16; ++k) {
@@ -113,29 +115,43 @@ void TransposePairs(const int16_t* rows, int64_t stride, int64_t keys, int64_t n
   }
 }
 
-// out[i * out_stride + k] = a_i . key k for A rows of `a` and the first `keys` keys of kt.
-template <int A>
+// out[i * out_stride + k] = a_i . key k for A rows of `a` and the first `keys` keys of kt, which
+// are at most 16 * V (V vectors of sixteen keys).
+template <int A, int V>
 __attribute__((always_inline)) inline void GroupRows(const int16_t* a, int64_t a_stride,
                                                      const int32_t* kt, int64_t pairs, int64_t keys,
                                                      int32_t* out, int64_t out_stride) {
-  __m512i acc[A][2];
-  for (int i = 0; i < A; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+  __m512i acc[A][V];
+  for (int i = 0; i < A; ++i) {
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_si512();
+  }
   for (int64_t p = 0; p < pairs; ++p) {
-    const __m512i k0 = _mm512_load_si512(kt + p * kKeyGroup);
-    const __m512i k1 = _mm512_load_si512(kt + p * kKeyGroup + 16);
+    __m512i k[V];
+    for (int v = 0; v < V; ++v) k[v] = _mm512_load_si512(kt + p * kKeyGroup + 16 * v);
     for (int i = 0; i < A; ++i) {
       int32_t pair;
       __builtin_memcpy(&pair, a + i * a_stride + 2 * p, sizeof(pair));
       const __m512i x = _mm512_set1_epi32(pair);
-      acc[i][0] = _mm512_dpwssd_epi32(acc[i][0], x, k0);
-      acc[i][1] = _mm512_dpwssd_epi32(acc[i][1], x, k1);
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpwssd_epi32(acc[i][v], x, k[v]);
     }
   }
-  const __mmask16 m0 = keys >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << keys) - 1);
-  const __mmask16 m1 = keys >= 32 ? 0xFFFF : static_cast<__mmask16>((1u << (keys - 16)) - 1);
-  for (int i = 0; i < A; ++i) {
-    _mm512_mask_storeu_epi32(out + i * out_stride, m0, acc[i][0]);
-    if (keys > 16) _mm512_mask_storeu_epi32(out + i * out_stride + 16, m1, acc[i][1]);
+  for (int v = 0; v < V; ++v) {
+    const int64_t left = keys - 16 * v;
+    const auto mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    for (int i = 0; i < A; ++i)
+      _mm512_mask_storeu_epi32(out + i * out_stride + 16 * v, mask, acc[i][v]);
+  }
+}
+
+template <int V>
+void GroupAllRows(const int16_t* a, int64_t a_stride, int64_t a_count, const int32_t* kt,
+                  int64_t pairs, int64_t keys, int32_t* out, int64_t out_stride) {
+  int64_t q = 0;
+  for (; q + 4 <= a_count; q += 4) {
+    GroupRows<4, V>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride, out_stride);
+  }
+  for (; q < a_count; ++q) {
+    GroupRows<1, V>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride, out_stride);
   }
 }
 
@@ -146,14 +162,10 @@ void LanesOverKeys(const int16_t* a, int64_t a_stride, int64_t a_count, const in
   for (int64_t r = 0; r < count; r += kKeyGroup) {
     const int64_t keys = std::min(kKeyGroup, count - r);
     TransposePairs(rows + r * stride, stride, keys, n, kt);
-    int64_t q = 0;
-    for (; q + 4 <= a_count; q += 4) {
-      GroupRows<4>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride + r,
-                   out_stride);
-    }
-    for (; q < a_count; ++q) {
-      GroupRows<1>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride + r,
-                   out_stride);
+    if (keys > 16) {
+      GroupAllRows<2>(a, a_stride, a_count, kt, pairs, keys, out + r, out_stride);
+    } else {
+      GroupAllRows<1>(a, a_stride, a_count, kt, pairs, keys, out + r, out_stride);
     }
   }
 }
@@ -167,7 +179,7 @@ void DotRowsManyI16Avx512Vnni(const int16_t* a, int64_t a_stride, int64_t a_coun
     DotRowsManyI16Avx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }
-  if (a_count >= kMinRowsLanesOverKeys && n <= 2 * kMaxPairs) {
+  if (a_count >= kMinRowsLanesOverKeys && count >= kMinKeysLanesOverKeys && n <= 2 * kMaxPairs) {
     LanesOverKeys(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }
