@@ -201,6 +201,12 @@ struct ScoreScratch {
   }
 };
 
+// One per thread, shared by the scorers and the mass metric (never nested).
+ScoreScratch& ThreadScoreScratch() {
+  thread_local ScoreScratch scratch;
+  return scratch;
+}
+
 // Where ForEachQueryLogits takes its logits from. Both fill out[r * ld + j] for query row
 // r < rows (rows back to back from `first`) and key j in [key_begin, key_begin + count).
 // Float rows: DotRef(q, k_j), every bit (SnapKV's and R-KV's logits before, H2O's and the mass
@@ -265,15 +271,17 @@ void ForEachQueryLogits(const Source& source, int64_t m, int64_t g,
   }
 }
 
-// For each query token i and head h: the causal softmax over keys [0, p_i], each probability
-// times `weight` added to out[j]. One softmax per head (H2O and the mass metric).
-void AccumulatePerHeadSoftmax(const KeyRows& keys, const ObsQueries& q, double weight,
-                              double* out) {
+// For each query token i and head h: the causal softmax over keys [0, p_i] of `tokens`, each
+// probability times `weight` added to out[j]. One softmax per head (H2O with float logits, the
+// mass metric with unit rows' ones).
+template <typename Source>
+void AccumulatePerHeadSoftmax(const Source& source, int64_t tokens, const ObsQueries& q,
+                              double weight, double* out) {
   std::vector<int64_t> counts(static_cast<size_t>(q.m));
-  for (int64_t i = 0; i < q.m; ++i) counts[i] = keys.tokens - q.m + i + 1;
-  std::vector<float> z(static_cast<size_t>(keys.tokens));
+  for (int64_t i = 0; i < q.m; ++i) counts[i] = tokens - q.m + i + 1;
+  std::vector<float> z(static_cast<size_t>(tokens));
   std::vector<float> chunk;
-  ForEachQueryLogits(FloatLogits{keys, q}, q.m, q.g, counts, chunk,
+  ForEachQueryLogits(source, q.m, q.g, counts, chunk,
                      [&](int64_t i, const float* rows, int64_t ld) {
                        const int64_t n = counts[i];
                        for (int64_t h = 0; h < q.g; ++h) {
@@ -378,7 +386,7 @@ StatusOr<std::vector<float>> ScoreAttention(const KeyRows& keys, const KvTensorV
   const CandidateRange c = Candidates(keys.tokens, regions);
   if (c.lo >= c.hi) return scores;
   // One set of unit keys serves the logits and the redundancy.
-  thread_local ScoreScratch scratch;
+  ScoreScratch& scratch = ThreadScoreScratch();
   scratch.keys.Set(keys.data, keys.tokens, keys.head_dim);
   scratch.queries.Set(q.rows.data(), q.m * q.g, q.d);
   const UnitRows& unit_keys = scratch.keys;
@@ -555,7 +563,7 @@ Status UpdateH2O(H2OState* state, const KeyRows& keys, const KvTensorView& group
   KVCTL_ASSIGN_OR_RETURN(ObsQueries q,
                          LoadQueries(group_queries, std::numeric_limits<int64_t>::max(), keys));
   state->acc.resize(static_cast<size_t>(keys.tokens), 0.0);
-  AccumulatePerHeadSoftmax(keys, q, 1.0, state->acc.data());
+  AccumulatePerHeadSoftmax(FloatLogits{keys, q}, keys.tokens, q, 1.0, state->acc.data());
   return OkStatus();
 }
 
@@ -606,7 +614,15 @@ StatusOr<std::vector<double>> TokenAttentionMass(const KeyRows& keys,
   KVCTL_ASSIGN_OR_RETURN(ObsQueries q,
                          LoadQueries(group_queries, std::numeric_limits<int64_t>::max(), keys));
   std::vector<double> mass(static_cast<size_t>(keys.tokens), 0.0);
-  AccumulatePerHeadSoftmax(keys, q, 1.0 / static_cast<double>(q.m * q.g), mass.data());
+  // The logits of the unit rows, as SnapKV's and R-KV's: the int16 dot products take about a
+  // third of the float ones' time, and this telemetry is measured on every head's first
+  // compression, the prefill's (docs/eviction.md "Attention mass retained").
+  ScoreScratch& scratch = ThreadScoreScratch();
+  scratch.keys.Set(keys.data, keys.tokens, keys.head_dim);
+  scratch.queries.Set(q.rows.data(), q.m * q.g, q.d);
+  AccumulatePerHeadSoftmax(UnitLogits{scratch.keys, scratch.queries, &scratch.dots}, keys.tokens, q,
+                           1.0 / static_cast<double>(q.m * q.g), mass.data());
+  scratch.TrimIfLarge();
   return mass;
 }
 
