@@ -3,9 +3,12 @@
 // products and sums are DotRef's own; four rows share each load of `a`, and their four final
 // combinations run as one horizontal-add tree. No FMA: the target below does not enable it, and
 // the build compiles with -ffp-contract=off. int16: vpmaddwd (16 products, summed in pairs into
-// eight int32 lanes) per 16 elements; integer sums in any order equal DotI16Ref's.
+// eight int32 lanes) per 16 elements; integer sums in any order equal DotI16Ref's. With 8 rows of
+// `a` or more, lanes over keys (below): 1.0 instead of 1.6 ns a dot product at D = 64 with many
+// rows (Intel Xeon guest at the AVX2 level; docs/eviction.md "Timings").
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -90,6 +93,121 @@ __attribute__((always_inline)) inline void BlockI16(const int16_t* a, int64_t a_
         }
       }
       out[i * out_stride + j] = static_cast<int32_t>(sum);
+    }
+  }
+}
+
+// Lanes over keys (as kernels/dot_avx512.cc's, with vpmaddwd and vpaddd): kKeyGroup keys at a
+// time, pair p (elements 2p and 2p + 1) of key k at kt[p * kKeyGroup + k], and each row of `a`
+// broadcasts its pairs against them, so eight totals come out of an accumulator with no sum
+// across lanes. Taken with enough rows to pay for the transposes (kMinRowsLanesOverKeys) and
+// rows whose length is a multiple of 16 up to 2 * kMaxPairs.
+constexpr int64_t kKeyGroup = 16;
+constexpr int64_t kMaxPairs = 128;
+constexpr int64_t kMinRowsLanesOverKeys = 8;
+constexpr int64_t kMinKeysLanesOverKeys = 8;
+
+// 8 x 8 int32 transpose in registers: r[i] lane j -> r[j] lane i.
+inline void Transpose8(__m256i* r) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4k + m], 128-bit half L: element 4L + m of rows 4k..4k+3.
+  for (int k = 0; k < 2; ++k) {
+    u[4 * k] = _mm256_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
+    r[4 + m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
+  }
+}
+
+// kt <- the pairs of `keys` (<= kKeyGroup; the rest zero) rows of n elements, `stride` apart.
+void TransposePairs(const int16_t* rows, int64_t stride, int64_t keys, int64_t n, int32_t* kt) {
+  const int64_t pairs = n / 2;
+  for (int64_t k0 = 0; k0 < keys; k0 += 8) {  // A group of 8 keys or fewer reads one half.
+    for (int64_t p0 = 0; p0 < pairs; p0 += 8) {
+      __m256i r[8];
+      for (int64_t k = 0; k < 8; ++k) {
+        r[k] = k0 + k < keys ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                   rows + (k0 + k) * stride + 2 * p0))
+                             : _mm256_setzero_si256();
+      }
+      Transpose8(r);
+      for (int64_t p = 0; p < 8; ++p) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(kt + (p0 + p) * kKeyGroup + k0), r[p]);
+      }
+    }
+  }
+}
+
+// out[i * out_stride + k] = a_i . key k for A rows of `a` and the first `keys` keys of kt (at
+// most 8 * V).
+template <int A, int V>
+__attribute__((always_inline)) inline void GroupRows(const int16_t* a, int64_t a_stride,
+                                                     const int32_t* kt, int64_t pairs, int64_t keys,
+                                                     int32_t* out, int64_t out_stride) {
+  __m256i acc[A][V];
+  for (int i = 0; i < A; ++i) {
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm256_setzero_si256();
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m256i k[V];
+    for (int v = 0; v < V; ++v) {
+      k[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kt + p * kKeyGroup + 8 * v));
+    }
+    for (int i = 0; i < A; ++i) {
+      int32_t pair;
+      __builtin_memcpy(&pair, a + i * a_stride + 2 * p, sizeof(pair));
+      const __m256i x = _mm256_set1_epi32(pair);
+      for (int v = 0; v < V; ++v) {
+        acc[i][v] = _mm256_add_epi32(acc[i][v], _mm256_madd_epi16(x, k[v]));
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int64_t left = keys - 8 * v;
+    for (int i = 0; i < A; ++i) {
+      int32_t* o = out + i * out_stride + 8 * v;
+      if (left >= 8) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), acc[i][v]);
+      } else {
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[i][v]);
+        for (int64_t k = 0; k < left; ++k) o[k] = lanes[k];
+      }
+    }
+  }
+}
+
+template <int V>
+void GroupAllRows(const int16_t* a, int64_t a_stride, int64_t a_count, const int32_t* kt,
+                  int64_t pairs, int64_t keys, int32_t* out, int64_t out_stride) {
+  int64_t q = 0;
+  for (; q + 4 <= a_count; q += 4) {
+    GroupRows<4, V>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride, out_stride);
+  }
+  for (; q < a_count; ++q) {
+    GroupRows<1, V>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride, out_stride);
+  }
+}
+
+void LanesOverKeys(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
+                   int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
+  alignas(32) int32_t kt[kMaxPairs * kKeyGroup];
+  const int64_t pairs = n / 2;
+  for (int64_t r = 0; r < count; r += kKeyGroup) {
+    const int64_t keys = std::min(kKeyGroup, count - r);
+    TransposePairs(rows + r * stride, stride, keys, n, kt);
+    if (keys > 8) {
+      GroupAllRows<2>(a, a_stride, a_count, kt, pairs, keys, out + r, out_stride);
+    } else {
+      GroupAllRows<1>(a, a_stride, a_count, kt, pairs, keys, out + r, out_stride);
     }
   }
 }
@@ -299,7 +417,10 @@ void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const fl
 void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                         int64_t stride, int64_t count, int64_t n, int32_t* out,
                         int64_t out_stride) {
-  if (n % 16 == 0) {
+  if (n % 16 == 0 && n <= 2 * kMaxPairs && a_count >= kMinRowsLanesOverKeys &&
+      count >= kMinKeysLanesOverKeys) {
+    LanesOverKeys(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
+  } else if (n % 16 == 0) {
     RowsManyI16<false>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
   } else {
     RowsManyI16<true>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
