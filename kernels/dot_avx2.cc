@@ -185,32 +185,7 @@ __attribute__((always_inline)) inline void GroupRows(const int16_t* a, int64_t a
   }
 }
 
-template <int V>
-void GroupAllRows(const int16_t* a, int64_t a_stride, int64_t a_count, const int32_t* kt,
-                  int64_t pairs, int64_t keys, int32_t* out, int64_t out_stride) {
-  int64_t q = 0;
-  for (; q + 4 <= a_count; q += 4) {
-    GroupRows<4, V>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride, out_stride);
-  }
-  for (; q < a_count; ++q) {
-    GroupRows<1, V>(a + q * a_stride, a_stride, kt, pairs, keys, out + q * out_stride, out_stride);
-  }
-}
-
-void LanesOverKeys(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
-                   int64_t stride, int64_t count, int64_t n, int32_t* out, int64_t out_stride) {
-  alignas(32) int32_t kt[kMaxPairs * kKeyGroup];
-  const int64_t pairs = n / 2;
-  for (int64_t r = 0; r < count; r += kKeyGroup) {
-    const int64_t keys = std::min(kKeyGroup, count - r);
-    TransposePairs(rows + r * stride, stride, keys, n, kt);
-    if (keys > 8) {
-      GroupAllRows<2>(a, a_stride, a_count, kt, pairs, keys, out + r, out_stride);
-    } else {
-      GroupAllRows<1>(a, a_stride, a_count, kt, pairs, keys, out + r, out_stride);
-    }
-  }
-}
+#include "kernels/dot_lanes_over_keys.inc"
 
 // DotRowsManyI16Avx2 for one value of kTail.
 template <bool kTail>
