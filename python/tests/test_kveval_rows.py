@@ -169,7 +169,8 @@ def test_fit_profile_with_target_attention_fits_the_attention_error(tmp_path):
 
 def test_k4v3_rows_set_the_sinks_flush_and_pages_they_name():
     rows = kveval_rows.k4v3_rows()
-    assert len(rows) == 9
+    assert len(rows) == 11
+    assert {"turbo_k4v3_f192", "turbo_k4v3_f256"} <= {r.name for r in rows}
     for r in rows:
         s = r.settings
         assert (s["quant.method"], s["quant.k_bits"], s["quant.v_bits"]) == ("turbo", "4", "3")
