@@ -97,12 +97,11 @@ __attribute__((always_inline)) inline void BlockI16(const int16_t* a, int64_t a_
   }
 }
 
-// Lanes over keys (as kernels/dot_avx512.cc's, with vpmaddwd and vpaddd): kKeyGroup keys at a
-// time, pair p (elements 2p and 2p + 1) of key k at kt[p * kKeyGroup + k], and each row of `a`
-// broadcasts its pairs against them, so eight totals come out of an accumulator with no sum
-// across lanes. Taken with enough rows to pay for the transposes (kMinRowsLanesOverKeys) and
-// rows whose length is a multiple of 16 up to 2 * kMaxPairs.
-constexpr int64_t kKeyGroup = 16;
+// Lanes over keys (kernels/dot_lanes_over_keys.inc, as kernels/dot_avx512.cc's, with vpmaddwd
+// and vpaddd): each row of `a` broadcasts its pairs against 16 transposed keys, so eight totals
+// come out of an accumulator with no sum across lanes. Taken with enough rows to pay for the
+// transposes (kMinRowsLanesOverKeys) and rows whose length is a multiple of 16 up to
+// 2 * kMaxPairs.
 constexpr int64_t kMaxPairs = 128;
 constexpr int64_t kMinRowsLanesOverKeys = 8;
 constexpr int64_t kMinKeysLanesOverKeys = 8;
@@ -127,63 +126,33 @@ inline void Transpose8(__m256i* r) {
   }
 }
 
-// kt <- the pairs of `keys` (<= kKeyGroup; the rest zero) rows of n elements, `stride` apart.
-void TransposePairs(const int16_t* rows, int64_t stride, int64_t keys, int64_t n, int32_t* kt) {
-  const int64_t pairs = n / 2;
-  for (int64_t k0 = 0; k0 < keys; k0 += 8) {  // A group of 8 keys or fewer reads one half.
-    for (int64_t p0 = 0; p0 < pairs; p0 += 8) {
-      __m256i r[8];
-      for (int64_t k = 0; k < 8; ++k) {
-        r[k] = k0 + k < keys ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                   rows + (k0 + k) * stride + 2 * p0))
-                             : _mm256_setzero_si256();
-      }
-      Transpose8(r);
-      for (int64_t p = 0; p < 8; ++p) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(kt + (p0 + p) * kKeyGroup + k0), r[p]);
-      }
-    }
-  }
+// The primitives kernels/dot_lanes_over_keys.inc builds on, eight int32 lanes.
+using VecI = __m256i;
+constexpr int64_t kLanes = 8;
+inline VecI ZeroI() { return _mm256_setzero_si256(); }
+inline VecI LoadI(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline VecI LoadAlignedI(const int32_t* p) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
 }
-
-// out[i * out_stride + k] = a_i . key k for A rows of `a` and the first `keys` keys of kt (at
-// most 8 * V).
-template <int A, int V>
-__attribute__((always_inline)) inline void GroupRows(const int16_t* a, int64_t a_stride,
-                                                     const int32_t* kt, int64_t pairs, int64_t keys,
-                                                     int32_t* out, int64_t out_stride) {
-  __m256i acc[A][V];
-  for (int i = 0; i < A; ++i) {
-    for (int v = 0; v < V; ++v) acc[i][v] = _mm256_setzero_si256();
-  }
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m256i k[V];
-    for (int v = 0; v < V; ++v) {
-      k[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kt + p * kKeyGroup + 8 * v));
-    }
-    for (int i = 0; i < A; ++i) {
-      int32_t pair;
-      __builtin_memcpy(&pair, a + i * a_stride + 2 * p, sizeof(pair));
-      const __m256i x = _mm256_set1_epi32(pair);
-      for (int v = 0; v < V; ++v) {
-        acc[i][v] = _mm256_add_epi32(acc[i][v], _mm256_madd_epi16(x, k[v]));
-      }
-    }
-  }
-  for (int v = 0; v < V; ++v) {
-    const int64_t left = keys - 8 * v;
-    for (int i = 0; i < A; ++i) {
-      int32_t* o = out + i * out_stride + 8 * v;
-      if (left >= 8) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), acc[i][v]);
-      } else {
-        alignas(32) int32_t lanes[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[i][v]);
-        for (int64_t k = 0; k < left; ++k) o[k] = lanes[k];
-      }
-    }
-  }
+inline void StoreAlignedI(int32_t* p, VecI v) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p), v);
 }
+inline VecI SplatI(int32_t x) { return _mm256_set1_epi32(x); }
+// acc + the products of x's and k's int16 pairs, summed in pairs (vpmaddwd, vpaddd).
+inline VecI AddPairProducts(VecI acc, VecI x, VecI k) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(x, k));
+}
+// The first n <= kLanes lanes of v to out.
+inline void StoreFirstI(int32_t* out, VecI v, int64_t n) {
+  if (n >= kLanes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+    return;
+  }
+  alignas(32) int32_t lanes[kLanes];
+  StoreAlignedI(lanes, v);
+  for (int64_t k = 0; k < n; ++k) out[k] = lanes[k];
+}
+inline void TransposeLanes(VecI* r) { Transpose8(r); }
 
 #include "kernels/dot_lanes_over_keys.inc"
 

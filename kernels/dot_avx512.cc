@@ -63,9 +63,7 @@ __attribute__((always_inline)) inline void BlockVnni(const int16_t* a, int64_t a
   }
 }
 
-// The lanes-over-keys layout (see the top): kKeyGroup keys at a time, pair p of key k at
-// kt[p * kKeyGroup + k].
-constexpr int64_t kKeyGroup = 32;
+// The lanes-over-keys layout (see the top; kernels/dot_lanes_over_keys.inc).
 constexpr int64_t kMaxPairs = 128;  // Rows of up to 256 elements; longer ones take the other.
 constexpr int64_t kMinRowsLanesOverKeys = 8;
 // Fewer keys leave most lanes of a vector idle (R-KV's first scan step has 8).
@@ -99,49 +97,21 @@ __attribute__((always_inline)) inline void Transpose16(__m512i* r) {
   }
 }
 
-// kt <- the pairs of `keys` (< kKeyGroup; the rest zero) rows of n elements, `stride` apart.
-void TransposePairs(const int16_t* rows, int64_t stride, int64_t keys, int64_t n, int32_t* kt) {
-  const int64_t pairs = n / 2;
-  for (int64_t k0 = 0; k0 < keys; k0 += 16) {  // A group of 16 keys or fewer reads one half.
-    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-      __m512i r[16];
-      for (int64_t k = 0; k < 16; ++k) {
-        r[k] = k0 + k < keys ? _mm512_loadu_si512(rows + (k0 + k) * stride + 2 * p0)
-                             : _mm512_setzero_si512();
-      }
-      Transpose16(r);
-      for (int64_t p = 0; p < 16; ++p) _mm512_store_si512(kt + (p0 + p) * kKeyGroup + k0, r[p]);
-    }
-  }
+// The primitives kernels/dot_lanes_over_keys.inc builds on, sixteen int32 lanes.
+using VecI = __m512i;
+constexpr int64_t kLanes = 16;
+inline VecI ZeroI() { return _mm512_setzero_si512(); }
+inline VecI LoadI(const void* p) { return _mm512_loadu_si512(p); }
+inline VecI LoadAlignedI(const int32_t* p) { return _mm512_load_si512(p); }
+inline void StoreAlignedI(int32_t* p, VecI v) { _mm512_store_si512(p, v); }
+inline VecI SplatI(int32_t x) { return _mm512_set1_epi32(x); }
+// acc + the products of x's and k's int16 pairs, summed in pairs (vpdpwssd).
+inline VecI AddPairProducts(VecI acc, VecI x, VecI k) { return _mm512_dpwssd_epi32(acc, x, k); }
+// The first n <= kLanes lanes of v to out.
+inline void StoreFirstI(int32_t* out, VecI v, int64_t n) {
+  _mm512_mask_storeu_epi32(out, static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1), v);
 }
-
-// out[i * out_stride + k] = a_i . key k for A rows of `a` and the first `keys` keys of kt, which
-// are at most 16 * V (V vectors of sixteen keys).
-template <int A, int V>
-__attribute__((always_inline)) inline void GroupRows(const int16_t* a, int64_t a_stride,
-                                                     const int32_t* kt, int64_t pairs, int64_t keys,
-                                                     int32_t* out, int64_t out_stride) {
-  __m512i acc[A][V];
-  for (int i = 0; i < A; ++i) {
-    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_si512();
-  }
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512i k[V];
-    for (int v = 0; v < V; ++v) k[v] = _mm512_load_si512(kt + p * kKeyGroup + 16 * v);
-    for (int i = 0; i < A; ++i) {
-      int32_t pair;
-      __builtin_memcpy(&pair, a + i * a_stride + 2 * p, sizeof(pair));
-      const __m512i x = _mm512_set1_epi32(pair);
-      for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpwssd_epi32(acc[i][v], x, k[v]);
-    }
-  }
-  for (int v = 0; v < V; ++v) {
-    const int64_t left = keys - 16 * v;
-    const auto mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
-    for (int i = 0; i < A; ++i)
-      _mm512_mask_storeu_epi32(out + i * out_stride + 16 * v, mask, acc[i][v]);
-  }
-}
+inline void TransposeLanes(VecI* r) { Transpose16(r); }
 
 #include "kernels/dot_lanes_over_keys.inc"
 

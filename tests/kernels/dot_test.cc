@@ -202,9 +202,10 @@ TEST_CASE("DotRowsManyI16: DotI16Ref's values at every SIMD level") {
 }
 
 TEST_CASE("DotRowsManyI16: many rows and keys, DotI16Ref's values at every SIMD level") {
-  // The AVX-512 VNNI path takes 32 keys at a time, transposed, when a has 8 rows or more: whole
-  // and partial groups of keys, whole and partial blocks of 4 rows, every row length it takes
-  // (multiples of 32 up to 256) and one it leaves to the other layout (288).
+  // With 8 rows of a or more the SIMD paths transpose the keys, 32 at a time on AVX-512 VNNI and
+  // 16 on AVX2 (kernels/dot_lanes_over_keys.inc): whole and partial groups of keys, whole and
+  // partial blocks of 4 rows, fewer rows than that (4, 7: the other layout), every row length
+  // they take (multiples of 32 up to 256) and one they leave to the other layout (288).
   const std::vector<SimdLevel> levels = SimdLevelsUnderTest();
   if (levels.empty()) return Skip(kNoSimd);
   SimdLevelGuard guard;
