@@ -407,7 +407,9 @@ def k4v3_rows():
             # from what evicting 5 % costs in evict_*_95_turbo_k4v3_f128.
             ("turbo_k4v3_f128", 0, 128, 32, {}),                                    # 0.2605
             # At 8K a tail row costs a quarter of what it does at 2K (session 50): the 64-token
-            # tail reserves 0.239 there, so a 192- or 256-token one stays inside the band.
+            # tail reserves 0.239 there. Step-mean reserved memory at 8K over the last 64
+            # positions (kveval runs; the 2K probe does not apply): f192 0.245, f256 0.257, over
+            # the band (docs/quality.md "A longer fp16 tail at 8K, inside the quarter").
             ("turbo_k4v3_f192", 0, 192, 32, {}),
             ("turbo_k4v3_f256", 0, 256, 32, {})):
         settings = quant("turbo", 4, 3, quant__sink_tokens=sinks, quant__flush_tokens=flush,

@@ -6,10 +6,13 @@ through the session's staging slot in pieces that fit it, or with --inline on th
 pieces of at most 64 MiB with queries), and the daemon's CPU for them, with
 server.prepare_split_tokens at each --split value, alternated over --rounds daemons each. Random
 rows in SmolLM2-135M's geometry (30 layers, 3 KV heads, 9 query heads, head_dim 64, float32 as
-the adapter sends them): the scorers' and encoders' cost does not depend on the values much. The
-default settings are the 1/8 recipe (configs/README.md). Prints one JSON object: per split value
-the medians of the total wall, the last APPEND's wall (the one that evicts over the whole prefill)
-and the daemon's CPU, and each value's wall against the first value's.
+the adapter sends them): the encoders' and the importance scorers' cost does not depend on the
+values much, but R-KV's redundancy does: random keys have no near-duplicates, so its scan gives up
+for the full pass, which a model's keys rarely need, and the figures overstate that part
+(docs/algorithms.md §12.4 (5)). The default settings are the 1/8 recipe (configs/README.md).
+Prints one JSON object: per split value the medians of the total wall, the last APPEND's wall
+(the one that evicts over the whole prefill) and the daemon's CPU, and each value's wall against
+the first value's.
 
   python3 tools/prefill_append_cost.py --tokens 8192 --split 0 --split 512 --rounds 3
 """
