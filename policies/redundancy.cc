@@ -69,10 +69,14 @@ std::vector<int64_t> FullPass(const int16_t* unit, int64_t t_n, int64_t d_n, int
 // Keys per step of the newest-first scan: the step's keys (64 x D int16, 8 KiB at D = 64) stay in
 // L1 while every pending row passes over them. Each step also gathers the pending rows and
 // searches each row's similarities, so longer steps pay that less often, for dot products past a
-// row's partner: over SmolLM2's 8K keys (90 heads) 64 keys did 21.8 % of the full pass's dot
-// products against 32 keys' 21.6 % and took 14 % less time; 96 and 128 gave up into the full pass
-// on a second head (docs/eviction.md "Timings").
-constexpr int64_t kScanKeys = 64;
+// row's partner. A fresh scan (a prefill's first scoring: many rows pending for long) takes 64:
+// over SmolLM2's 8K keys (90 heads) 21.8 % of the full pass's dot products against 32 keys' 21.6 %,
+// and 14 % less time; 96 and 128 gave up into the full pass on a second head. A scoring that
+// carries the state of the last one scans the few keys added since and the rows whose partner
+// went, most of which find one at once: there 64 keys took 11 % more time than 32 (the 1/8
+// recipe's steady state), so it keeps 32 (docs/eviction.md "Timings").
+constexpr int64_t kFreshScanKeys = 64;
+constexpr int64_t kScanKeys = 32;
 // A fresh scan's first step is shorter: it decides whether the keys have near-duplicates at all,
 // and on keys without them (the full pass follows) its 8 T dot products are the whole overhead.
 constexpr int64_t kFirstScanKeys = 8;
@@ -171,10 +175,11 @@ struct GiveUp {
 };
 
 // The newest-first scan over the keys [floor, ...) of `rows` (sorted by hi, descending): steps of
-// keys from the highest hi down, each pending row dropping out at its newest key above the
-// threshold. Rows that reach floor without one are left in *rows. false: gave up (see GiveUp).
+// step_keys keys from the highest hi down, each pending row dropping out at its newest key above
+// the threshold. Rows that reach floor without one are left in *rows. false: gave up (see GiveUp).
 bool ScanNewestFirst(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t threshold,
-                     int64_t floor, GiveUp give_up, std::vector<ScanRow>* rows, ScanResult* out) {
+                     int64_t floor, int64_t step_keys, GiveUp give_up, std::vector<ScanRow>* rows,
+                     ScanResult* out) {
   std::vector<ScanRow> active;
   active.reserve(rows->size());
   size_t next = 0;  // (*rows)[next...] have not joined yet: their keys start lower.
@@ -184,7 +189,7 @@ bool ScanNewestFirst(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t thre
   for (int64_t hi = rows->empty() ? floor : (*rows)[0].hi; hi > floor;) {
     if (active.empty() && next < rows->size()) hi = std::min<int64_t>(hi, (*rows)[next].hi);
     if (active.empty() && (next == rows->size() || hi <= floor)) break;
-    const int64_t step = first && give_up.probe_first ? kFirstScanKeys : kScanKeys;
+    const int64_t step = first && give_up.probe_first ? kFirstScanKeys : step_keys;
     const int64_t lo = std::max<int64_t>(hi - step, floor), width = hi - lo;
     while (next < rows->size() && (*rows)[next].hi > lo) active.push_back((*rows)[next++]);
     const auto n = static_cast<int64_t>(active.size());
@@ -267,7 +272,10 @@ bool FindPartners(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t thresho
   for (int64_t i = 0; i < t_n; ++i) {
     rows[i] = {static_cast<int32_t>(i), static_cast<int32_t>(t_n)};
   }
-  if (!ScanNewestFirst(unit, t_n, d_n, threshold, old_rows, give_up, &rows, out)) return false;
+  const int64_t step_keys = old_rows == 0 ? kFreshScanKeys : kScanKeys;
+  if (!ScanNewestFirst(unit, t_n, d_n, threshold, old_rows, step_keys, give_up, &rows, out)) {
+    return false;
+  }
   if (old_rows == 0) return true;
   // Then an old row keeps its partner, or scans on below the one it had; a new row scans the
   // old keys.
@@ -295,7 +303,7 @@ bool FindPartners(const int16_t* unit, int64_t t_n, int64_t d_n, int32_t thresho
   }
   std::stable_sort(below.begin(), below.end(),
                    [](const ScanRow& a, const ScanRow& b) { return a.hi > b.hi; });
-  return ScanNewestFirst(unit, t_n, d_n, threshold, 0, give_up, &below, out);
+  return ScanNewestFirst(unit, t_n, d_n, threshold, 0, step_keys, give_up, &below, out);
 }
 
 }  // namespace
