@@ -101,7 +101,7 @@ TEST_CASE("Redundancy: every pass equals the brute-force column sums", "[policie
   for (Shape shape :
        {Shape::kRandom, Shape::kShared, Shape::kFarBack, Shape::kMixed, Shape::kOutliers}) {
     for (int64_t t_n : {0, 1, 2, 3, 31, 32, 33, 64, 65, 100, 257}) {
-      for (int64_t d_n : {1, 4, 60, 64}) {
+      for (int64_t d_n : {1, 4, 60, 64, 128}) {  // 64, 128: fixed-size gathers.
         for (int32_t threshold : {kHalf, -kHalf, (1 << 28) - 1}) {
           CAPTURE(static_cast<int>(shape), t_n, d_n, threshold);
           const std::vector<int16_t> unit =
