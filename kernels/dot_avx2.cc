@@ -99,11 +99,7 @@ __attribute__((always_inline)) inline void BlockI16(const int16_t* a, int64_t a_
 
 // Lanes over keys (kernels/dot_lanes_over_keys.inc, as kernels/dot_avx512.cc's, with vpmaddwd
 // and vpaddd): each row of `a` broadcasts its pairs against 16 transposed keys, so eight totals
-// come out of an accumulator with no sum across lanes. Taken with enough rows to pay for the
-// transposes (kMinRowsLanesOverKeys) and rows whose length is a multiple of 16 up to
-// 2 * kMaxPairs.
-constexpr int64_t kMaxPairs = 128;
-constexpr int64_t kMinRowsLanesOverKeys = 8;
+// come out of an accumulator with no sum across lanes (when TakesLanesOverKeys).
 constexpr int64_t kMinKeysLanesOverKeys = 8;
 
 // 8 x 8 int32 transpose in registers: r[i] lane j -> r[j] lane i.
@@ -361,8 +357,7 @@ void DotRowsManyAvx2(const float* a, int64_t a_stride, int64_t a_count, const fl
 void DotRowsManyI16Avx2(const int16_t* a, int64_t a_stride, int64_t a_count, const int16_t* rows,
                         int64_t stride, int64_t count, int64_t n, int32_t* out,
                         int64_t out_stride) {
-  if (n % 16 == 0 && n <= 2 * kMaxPairs && a_count >= kMinRowsLanesOverKeys &&
-      count >= kMinKeysLanesOverKeys) {
+  if (TakesLanesOverKeys(n, a_count, count)) {
     LanesOverKeys(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
   } else if (n % 16 == 0) {
     RowsManyI16<false>(a, a_stride, a_count, rows, stride, count, n, out, out_stride);

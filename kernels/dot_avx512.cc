@@ -63,10 +63,8 @@ __attribute__((always_inline)) inline void BlockVnni(const int16_t* a, int64_t a
   }
 }
 
-// The lanes-over-keys layout (see the top; kernels/dot_lanes_over_keys.inc).
-constexpr int64_t kMaxPairs = 128;  // Rows of up to 256 elements; longer ones take the other.
-constexpr int64_t kMinRowsLanesOverKeys = 8;
-// Fewer keys leave most lanes of a vector idle (R-KV's first scan step has 8).
+// The lanes-over-keys layout (see the top; kernels/dot_lanes_over_keys.inc). Fewer keys leave
+// most lanes of a vector idle (R-KV's first scan step has 8).
 constexpr int64_t kMinKeysLanesOverKeys = 16;
 
 // 16 x 16 int32 transpose in registers: r[i] lane j -> r[j] lane i.
@@ -124,7 +122,7 @@ void DotRowsManyI16Avx512Vnni(const int16_t* a, int64_t a_stride, int64_t a_coun
     DotRowsManyI16Avx2(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }
-  if (a_count >= kMinRowsLanesOverKeys && count >= kMinKeysLanesOverKeys && n <= 2 * kMaxPairs) {
+  if (TakesLanesOverKeys(n, a_count, count)) {
     LanesOverKeys(a, a_stride, a_count, rows, stride, count, n, out, out_stride);
     return;
   }

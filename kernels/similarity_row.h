@@ -46,8 +46,8 @@ int64_t LastAboveRef(const int32_t* s, int64_t n, int32_t threshold, int64_t ski
 int64_t LastAbove(const int32_t* s, int64_t n, int32_t threshold, int64_t skip);
 
 namespace simd {
-// LastAbove on AVX2: up to 64 elements in one mask; longer rows eight compares per step from the
-// end, stopping at the first step with one.
+// LastAbove on AVX2: 64 elements at a time from the end in one mask, stopping at the first chunk
+// with one.
 int64_t LastAboveAvx2(const int32_t* s, int64_t n, int32_t threshold, int64_t skip);
 
 // SimilarityRow on AVX2 (kernels/similarity_row_avx2.cc); only called when the CPU has it.

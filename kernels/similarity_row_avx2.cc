@@ -1,9 +1,9 @@
 // Copyright 2026 The kvctl Authors. SPDX-License-Identifier: Apache-2.0
-// AVX2 instances of LastAbove and SimilarityRow (kernels/similarity_row.h). LastAbove: up to 64
-// elements, every compare into one mask and its highest bit; longer rows eight compares per step
-// from the end, a movemask, the highest bit. SimilarityRow: eight similarities
-// per step, widened to int64 four at a time for the column and row sums (exact, so the order does
-// not matter), and the threshold as a compare mask that blends the partner and value arrays.
+// AVX2 instances of LastAbove and SimilarityRow (kernels/similarity_row.h). LastAbove: 64
+// elements at a time from the end, every compare into one mask and its highest bit.
+// SimilarityRow: eight similarities per step, widened to int64 four at a time for the column and
+// row sums (exact, so the order does not matter), and the threshold as a compare mask that blends
+// the partner and value arrays.
 #include <immintrin.h>
 
 #include <bit>
@@ -16,36 +16,43 @@
 
 namespace kvctl::simd {
 
+namespace {
+
+// Bit k set where s[k] > threshold, for k < n <= 64.
+__attribute__((always_inline)) inline uint64_t AboveMask(const int32_t* s, int64_t n, __m256i thr,
+                                                         int32_t threshold) {
+  uint64_t mask = 0;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k));
+    const auto bits =
+        static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x, thr))));
+    mask |= uint64_t{bits} << k;
+  }
+  for (; k < n; ++k) mask |= uint64_t{s[k] > threshold} << k;
+  return mask;
+}
+
+}  // namespace
+
+// 64 elements at a time from the end, each chunk's compares in one mask and one test, instead of
+// a data-dependent branch per 8: a scan step (64 keys or fewer) is one chunk. It took 3 % off
+// R-KV's scan over SmolLM2's 8K keys (docs/eviction.md "Timings").
 int64_t LastAboveAvx2(const int32_t* s, int64_t n, int32_t threshold, int64_t skip) {
   const __m256i thr = _mm256_set1_epi32(threshold);
-  // A scan step (64 keys or fewer): every compare into one 64-bit mask, then one test, instead
-  // of a data-dependent branch per chunk of 8. It took 3 % off R-KV's scan over SmolLM2's 8K keys
-  // (docs/eviction.md "Timings").
-  if (n <= 64) {
-    uint64_t mask = 0;
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k));
-      const auto bits = static_cast<uint32_t>(
-          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x, thr))));
-      mask |= uint64_t{bits} << k;
-    }
-    for (; k < n; ++k) mask |= uint64_t{s[k] > threshold} << k;
-    // Unsigned: skip < 0 wraps to a large value, outside the row.
-    if (static_cast<uint64_t>(skip) < static_cast<uint64_t>(n)) mask &= ~(uint64_t{1} << skip);
-    return mask == 0 ? -1 : 63 - std::countl_zero(mask);
-  }
+  // The newest element of chunk [begin, begin + len) above the threshold, skip excluded; -1: none.
+  auto chunk = [&](int64_t begin, int64_t len) -> int64_t {
+    uint64_t mask = AboveMask(s + begin, len, thr, threshold);
+    // Unsigned: a skip outside the chunk (negative ones wrap) clears nothing.
+    const auto at = static_cast<uint64_t>(skip - begin);
+    if (at < static_cast<uint64_t>(len)) mask &= ~(uint64_t{1} << at);
+    return mask == 0 ? -1 : begin + 63 - std::countl_zero(mask);
+  };
   int64_t end = n;
-  for (; end >= 8; end -= 8) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + end - 8));
-    auto mask =
-        static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x, thr))));
-    // Unsigned: skip < 0 wraps to a large value, outside the step.
-    const auto at = static_cast<uint64_t>(skip - (end - 8));
-    if (at < 8) mask &= ~(uint32_t{1} << at);
-    if (mask != 0) return end - 8 + 31 - std::countl_zero(mask);
+  for (; end > 64; end -= 64) {
+    if (const int64_t k = chunk(end - 64, 64); k >= 0) return k;
   }
-  return LastAboveRef(s, end, threshold, skip);
+  return chunk(0, end);  // The oldest chunk, and all of a row of 64 or fewer.
 }
 
 SimilarityRowSums SimilarityRowAvx2(const int32_t* s, int64_t n, int32_t threshold, int32_t row,

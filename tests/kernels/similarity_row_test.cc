@@ -102,7 +102,7 @@ TEST_CASE("LastAbove: the reference's answer at every SIMD level") {
   std::uniform_int_distribution<int32_t> sim(INT32_MIN, INT32_MAX);
   for (SimdLevel level : levels) {
     REQUIRE(SetSimdLevel(level).ok());
-    // Up to 64 the AVX2 path builds one mask; past it, it steps from the end.
+    // The AVX2 path takes 64 elements a mask: one chunk up to 64, two or more past it.
     for (int64_t n : {0, 1, 7, 8, 9, 16, 17, 31, 32, 33, 56, 63, 64, 65, 100}) {
       for (int trial = 0; trial < 50; ++trial) {
         std::vector<int32_t> s(static_cast<size_t>(n));
